@@ -1,0 +1,141 @@
+package config
+
+import (
+	"time"
+
+	"github.com/turnguard/turnguard/timeout"
+)
+
+// Config is the whole configuration. Keys are camelCase in YAML; every key
+// is documented in docs/configuration.md. A Config is immutable once loaded:
+// hot reload swaps in a new one.
+type Config struct {
+	Server   Server            `koanf:"server"`
+	Agents   Agents            `koanf:"agents"`
+	Channels Channels          `koanf:"channels"`
+	Watchdog Watchdog          `koanf:"watchdog"`
+	Messages map[string]string `koanf:"messages"` // template overrides, see gateway/messages
+	Store    Store             `koanf:"store"`
+	Alerts   Alerts            `koanf:"alerts"`
+}
+
+// Server configures the HTTP/WebSocket listener.
+type Server struct {
+	Listen                string  `koanf:"listen"`                // host:port; default 127.0.0.1:18789
+	Token                 string  `koanf:"token"`                 // secret; required off loopback
+	OperatorToken         string  `koanf:"operatorToken"`         // secret for /api and /admin; default: Token
+	MaxConnsPerIP         int     `koanf:"maxConnsPerIP"`         // default 64
+	RequestsPerSecond     float64 `koanf:"requestsPerSecond"`     // per connection; default 50
+	RequestBurst          int     `koanf:"requestBurst"`          // default 100
+	TickIntervalMs        int     `koanf:"tickIntervalMs"`        // default 30000
+	MaxPayloadBytes       int     `koanf:"maxPayloadBytes"`       // WebSocket read limit; default 25 MiB
+	MaxMessageChars       int     `koanf:"maxMessageChars"`       // longest user message accepted; default 100000
+	SendQueue             int     `koanf:"sendQueue"`             // frames buffered per client; default 256
+	IdempotencyTTLSeconds float64 `koanf:"idempotencyTTLSeconds"` // how long finished results answer a repeated key; default 300
+	HistoryLimit          int     `koanf:"historyLimit"`          // messages kept per session in memory; default 200
+}
+
+// Agents configures the runners and the default turn limits.
+type Agents struct {
+	Defaults AgentDefaults `koanf:"defaults"`
+	OpenAI   OpenAI        `koanf:"openai"`
+	Exec     Exec          `koanf:"exec"`
+}
+
+// AgentDefaults are the timeout keys shared by all channels, and the runner.
+type AgentDefaults struct {
+	timeout.Keys `koanf:",squash"`
+	Runner       string `koanf:"runner"` // demo | openai | exec; default demo
+}
+
+// OpenAI configures the OpenAI-compatible Chat Completions runner.
+type OpenAI struct {
+	BaseURL               string      `koanf:"baseURL"`
+	APIKey                string      `koanf:"apiKey"` // secret
+	Model                 string      `koanf:"model"`
+	SystemPrompt          string      `koanf:"systemPrompt"`
+	MaxSteps              int         `koanf:"maxSteps"`              // default 8
+	LLMIdleTimeoutSeconds float64     `koanf:"llmIdleTimeoutSeconds"` // default 120
+	Tools                 OpenAITools `koanf:"tools"`
+}
+
+// OpenAITools enables the built-in tools; each is off unless enabled.
+type OpenAITools struct {
+	CurrentTime bool          `koanf:"currentTime"`
+	HTTPGet     HTTPGetTool   `koanf:"httpGet"`
+	Commands    []CommandTool `koanf:"commands"`
+}
+
+// HTTPGetTool is the http_get tool.
+type HTTPGetTool struct {
+	Enabled        bool     `koanf:"enabled"`
+	Allow          []string `koanf:"allow"`          // URL prefixes the model may fetch
+	MaxBytes       int      `koanf:"maxBytes"`       // default 1 MiB
+	TimeoutSeconds float64  `koanf:"timeoutSeconds"` // default 20
+}
+
+// CommandTool is a command declared in YAML. The model's arguments reach it
+// as JSON on stdin; argv is fixed.
+type CommandTool struct {
+	Name           string         `koanf:"name"`
+	Description    string         `koanf:"description"`
+	Argv           []string       `koanf:"argv"`
+	Parameters     map[string]any `koanf:"parameters"` // JSON schema of the arguments
+	TimeoutSeconds float64        `koanf:"timeoutSeconds"`
+	MaxOutputBytes int            `koanf:"maxOutputBytes"`
+}
+
+// Exec configures the command-line agent runner.
+type Exec struct {
+	Command string            `koanf:"command"`
+	Args    []string          `koanf:"args"`
+	Env     map[string]string `koanf:"env"`
+	Workdir string            `koanf:"workdir"`
+	Format  string            `koanf:"format"` // jsonl | claude-stream-json; default jsonl
+}
+
+// Channels configures each channel.
+type Channels struct {
+	WS       Channel  `koanf:"ws"` // WebSocket clients: OpenClaw CLI/TUI and the web chat
+	Telegram Telegram `koanf:"telegram"`
+}
+
+// Channel holds what every channel may override.
+type Channel struct {
+	Timeouts timeout.Keys `koanf:"timeouts"`
+	Runner   string       `koanf:"runner"` // overrides agents.defaults.runner
+}
+
+// Telegram configures the Telegram bot channel.
+type Telegram struct {
+	Channel        `koanf:",squash"`
+	Enabled        bool    `koanf:"enabled"`
+	Token          string  `koanf:"token"`         // secret
+	APIURL         string  `koanf:"apiURL"`        // default https://api.telegram.org
+	Mode           string  `koanf:"mode"`          // polling | webhook; default polling
+	WebhookSecret  string  `koanf:"webhookSecret"` // secret; the secret_token Telegram echoes
+	WebhookURL     string  `koanf:"webhookURL"`    // public URL registered with setWebhook
+	AllowedChatIDs []int64 `koanf:"allowedChatIDs"`
+	ShowSteps      bool    `koanf:"showSteps"`
+	MaxInputChars  int     `koanf:"maxInputChars"` // longer messages are refused; default 8000
+}
+
+// Watchdog holds the killswitches. Enabled false wins over AutoAbort.
+type Watchdog struct {
+	Enabled   bool `koanf:"enabled"`   // default true; false: no tier fires
+	AutoAbort bool `koanf:"autoAbort"` // default true; false: notices only, no aborts
+}
+
+// Store configures persistence.
+type Store struct {
+	Path      string `koanf:"path"`      // SQLite file; default turnguard.db; ":memory:" for none
+	QueueSize int    `koanf:"queueSize"` // asynchronous write queue; default 4096
+}
+
+// Alerts configures operator alerts.
+type Alerts struct {
+	TelegramChatIDs  []int64       `koanf:"telegramChatIDs"`
+	WebhookURL       string        `koanf:"webhookURL"`
+	StepTimeoutBurst int           `koanf:"stepTimeoutBurst"` // default 5
+	Window           time.Duration `koanf:"window"`           // default 10m
+}

@@ -1,0 +1,288 @@
+// Package abort owns the registry of chat abort controllers: one Run per turn,
+// keyed by run id (the client's idempotency key). A Run holds the turn's
+// context, its three deadlines (wall clock, per-step liveness, hard ceiling),
+// its current and last step, and its outcome, which moves exactly once from
+// running to finished or aborted by a compare-and-swap.
+//
+// The registry decides nothing about time: the maintenance scheduler reads
+// runs through View and calls Abort; the runner's callbacks write progress.
+package abort
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/timeout"
+)
+
+// ErrDuplicate is returned (wrapped in *DuplicateError) by Register when the
+// run id is already live.
+var ErrDuplicate = errors.New("run already in flight")
+
+// DuplicateError reports a Register refused because the run id is live; Run
+// is the existing run so the caller can answer "in flight".
+type DuplicateError struct{ Run *Run }
+
+func (e *DuplicateError) Error() string { return fmt.Sprintf("run %q: %v", e.Run.ID, ErrDuplicate) }
+func (e *DuplicateError) Unwrap() error { return ErrDuplicate }
+
+const shards = 64
+
+// Registry holds the live runs. The zero Registry is not usable; call New.
+// All methods are safe for concurrent use. Register and Release take one of
+// 64 shard locks; nothing on a run's progress path takes a registry lock.
+type Registry struct {
+	epoch     time.Time
+	seed      maphash.Seed
+	shard     [shards]shard
+	onRelease func(*Run)
+}
+
+type shard struct {
+	mu   sync.Mutex
+	runs map[string]*Run
+	_    [40]byte // keep shards on separate cache lines
+}
+
+// New returns an empty registry whose clock starts now. onRelease, if not
+// nil, is called once per run when its session becomes free (the runner
+// returned, or the run was force-finalized).
+func New(onRelease func(*Run)) *Registry {
+	r := &Registry{epoch: time.Now(), seed: maphash.MakeSeed(), onRelease: onRelease}
+	for i := range r.shard {
+		r.shard[i].runs = make(map[string]*Run)
+	}
+	return r
+}
+
+// now is the registry clock: monotonic nanoseconds since the epoch.
+func (g *Registry) now() int64 { return int64(time.Since(g.epoch)) }
+
+// Now returns the registry clock as a duration since its epoch.
+func (g *Registry) Now() time.Duration { return time.Duration(g.now()) }
+
+func (g *Registry) wall(ns int64) time.Time { return g.epoch.Add(time.Duration(ns)) }
+
+func (g *Registry) shardOf(id string) *shard {
+	return &g.shard[maphash.String(g.seed, id)%shards]
+}
+
+// Spec describes a turn to register.
+type Spec struct {
+	RunID      string
+	SessionKey string
+	Channel    string
+	ChatRef    string
+	Settings   timeout.Settings
+	Messages   *messages.Set // nil = the built-in texts
+}
+
+var defaultMessages = messages.MustDefault()
+
+// Register creates the Run for spec. Its context derives from ctx, which must
+// outlive the turn (pass the gateway's base context, not a request's). If the
+// run id is live, Register returns a *DuplicateError carrying the existing run.
+func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
+	if spec.RunID == "" {
+		return nil, errors.New("register: empty run id")
+	}
+	s := g.shardOf(spec.RunID)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.runs[spec.RunID]; ok {
+		return nil, &DuplicateError{Run: old}
+	}
+	now := g.now()
+	r := &Run{
+		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef,
+		Settings: spec.Settings, StartedAt: g.wall(now), reg: g, msgs: spec.Messages, start: now,
+		wallDeadline: now + int64(spec.Settings.Timeout),
+	}
+	if r.msgs == nil {
+		r.msgs = defaultMessages
+	}
+	if spec.Settings.MaxTurnTime > 0 {
+		r.ceiling = now + int64(spec.Settings.MaxTurnTime)
+	}
+	r.ctx, r.cancel = context.WithCancelCause(ctx)
+	s.runs[spec.RunID] = r
+	return r, nil
+}
+
+// Get returns the live run with id.
+func (g *Registry) Get(id string) (*Run, bool) {
+	s := g.shardOf(id)
+	s.mu.Lock()
+	r, ok := s.runs[id]
+	s.mu.Unlock()
+	return r, ok
+}
+
+// Release frees the run's session: it removes the run from the registry,
+// cancels its context and calls the onRelease hook. Only the first call for a
+// run does anything; it reports whether it was that call. forced is true
+// when the run is force-finalized (its runner never returned).
+func (g *Registry) Release(r *Run) bool {
+	if !r.released.CompareAndSwap(false, true) {
+		return false
+	}
+	s := g.shardOf(r.ID)
+	s.mu.Lock()
+	if s.runs[r.ID] == r {
+		delete(s.runs, r.ID)
+	}
+	s.mu.Unlock()
+	r.cancel(context.Canceled)
+	if g.onRelease != nil {
+		g.onRelease(r)
+	}
+	return true
+}
+
+// Len returns the number of live runs.
+func (g *Registry) Len() int {
+	n := 0
+	for i := range g.shard {
+		s := &g.shard[i]
+		s.mu.Lock()
+		n += len(s.runs)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// Runs returns the live runs, in no particular order.
+func (g *Registry) Runs() []*Run {
+	var out []*Run
+	for i := range g.shard {
+		s := &g.shard[i]
+		s.mu.Lock()
+		for _, r := range s.runs {
+			out = append(out, r)
+		}
+		s.mu.Unlock()
+	}
+	return out
+}
+
+// View is a consistent-enough snapshot of a run for deciding what is due,
+// in registry time (durations since the epoch). Deadlines that do not apply
+// are 0.
+type View struct {
+	Start        time.Duration
+	WallDeadline time.Duration
+	Ceiling      time.Duration // 0 = none
+	LivenessRef  time.Duration // last progress
+	Paused       bool
+	StepRunning  bool
+	StepSeq      uint32
+	StepStarted  time.Duration
+	NoticeSeq    uint32 // step with an open progress notice, 0 = none
+	LastNoticeAt time.Duration
+	State        State
+	AbortedAt    time.Duration
+	Returned     bool
+	Released     bool
+	Settings     timeout.Settings
+}
+
+// View returns the run's current view.
+func (r *Run) View() View {
+	v := View{
+		Start:        time.Duration(r.start),
+		WallDeadline: time.Duration(r.wallDeadline),
+		Ceiling:      time.Duration(r.ceiling),
+		LivenessRef:  time.Duration(r.livenessRef()),
+		Paused:       r.pausedAt.Load() != 0,
+		NoticeSeq:    r.noticeSeq.Load(),
+		LastNoticeAt: time.Duration(r.lastNoticeAt.Load()),
+		State:        r.State(),
+		AbortedAt:    time.Duration(r.abortedAt.Load()),
+		Returned:     r.returned.Load(),
+		Released:     r.released.Load(),
+		Settings:     r.Settings,
+	}
+	if c := r.cur.Load(); c != nil && c.done.Load() == 0 {
+		v.StepRunning, v.StepSeq, v.StepStarted = true, c.seq, time.Duration(c.started)
+	}
+	return v
+}
+
+// Scheduler bookkeeping. These are for the maintenance scheduler only.
+
+// SetNotice records that a progress notice was sent for step seq at now.
+func (r *Run) SetNotice(seq uint32, now time.Duration) {
+	r.lastNoticeAt.Store(int64(now))
+	r.noticeSeq.Store(seq)
+}
+
+// ClearNotice closes an open progress notice and reports whether there was
+// one (the caller then emits Recovered). Cheap when none is open.
+func (r *Run) ClearNotice() bool {
+	if r.noticeSeq.Load() == 0 {
+		return false
+	}
+	return r.noticeSeq.Swap(0) != 0
+}
+
+// Armed returns when the scheduler will next look at the run (0 = never).
+func (r *Run) Armed() time.Duration { return time.Duration(r.armed.Load()) }
+
+// SetArmed records the scheduler's next look.
+func (r *Run) SetArmed(t time.Duration) { r.armed.Store(int64(t)) }
+
+// SchedIndex and SetSchedIndex hold the run's heap index; only the scheduler
+// touches them, under its own lock.
+func (r *Run) SchedIndex() int     { return r.schedIndex }
+func (r *Run) SetSchedIndex(i int) { r.schedIndex = i }
+
+// Snapshot is a run as operators and /status see it.
+type Snapshot struct {
+	RunID        string           `json:"runId"`
+	SessionKey   string           `json:"sessionKey"`
+	Channel      string           `json:"channel"`
+	ChatRef      string           `json:"chatRef,omitempty"`
+	State        string           `json:"state"`
+	StopReason   event.StopReason `json:"stopReason,omitempty"`
+	StartedAt    time.Time        `json:"startedAt"`
+	Elapsed      time.Duration    `json:"elapsedNs"`
+	CurrentStep  event.Step       `json:"currentStep,omitzero"`
+	StepElapsed  time.Duration    `json:"stepElapsedNs,omitempty"`
+	LastStep     event.Step       `json:"lastStep,omitzero"`
+	Paused       bool             `json:"paused"`
+	Stalled      bool             `json:"stalled"`
+	UntilStep    time.Duration    `json:"untilStepTimeoutNs,omitempty"` // 0 = disabled or paused
+	UntilWall    time.Duration    `json:"untilTimeoutNs"`
+	UntilCeiling time.Duration    `json:"untilMaxTurnTimeNs,omitempty"` // 0 = no ceiling
+	Returned     bool             `json:"returned"`
+}
+
+// Snapshot returns the run as of now.
+func (r *Run) Snapshot() Snapshot {
+	now := r.now()
+	v := r.View()
+	cur, last := r.steps2()
+	s := Snapshot{
+		RunID: r.ID, SessionKey: r.SessionKey, Channel: r.Channel, ChatRef: r.ChatRef,
+		State: r.State().String(), StopReason: r.StopReason(), StartedAt: r.StartedAt,
+		Elapsed: time.Duration(now - r.start), CurrentStep: cur, LastStep: last, Paused: v.Paused,
+		UntilWall: time.Duration(r.wallDeadline - now), Returned: v.Returned,
+	}
+	if v.StepRunning {
+		s.StepElapsed = time.Duration(now) - v.StepStarted
+		s.Stalled = r.Settings.ProgressNotifyAfter > 0 && s.StepElapsed >= r.Settings.ProgressNotifyAfter
+	}
+	if r.Settings.StepTimeout > 0 && !v.Paused {
+		s.UntilStep = v.LivenessRef + r.Settings.StepTimeout - time.Duration(now)
+	}
+	if r.ceiling > 0 {
+		s.UntilCeiling = time.Duration(r.ceiling - now)
+	}
+	return s
+}

@@ -1,0 +1,336 @@
+package abort
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/timeout"
+)
+
+// State is the outcome state of a run. Running is the only non-terminal
+// state; the move out of it is a compare-and-swap, so exactly one of Finish
+// and Abort wins.
+type State uint32
+
+// The states.
+const (
+	StateRunning  State = iota // the runner is working
+	StateFinished              // the runner returned first: its result stands
+	StateAborted               // an abort won: the stop reason stands
+)
+
+func (s State) String() string {
+	switch s {
+	case StateRunning:
+		return "running"
+	case StateFinished:
+		return "finished"
+	case StateAborted:
+		return "aborted"
+	}
+	return "unknown"
+}
+
+// stepRec is one step. Records are immutable except done, which the runner's
+// goroutine sets once when the step completes; readers see either 0
+// (running) or the completion time.
+type stepRec struct {
+	kind, name string
+	seq        uint32
+	started    int64 // ns since the registry's epoch
+	done       atomic.Int64
+	prev       *stepRec // the last step completed before this one started
+}
+
+// Run is the abort controller of one turn. Its identity and settings are
+// fixed at Register; its progress fields are atomics written by the runner's
+// callbacks; its outcome moves once out of StateRunning.
+//
+// Run deliberately holds the turn's context.Context: the runner receives it
+// and Abort cancels it (with the stop reason as the cause). It is the one
+// context in the gateway that outlives a call, and it lives exactly as long as
+// the turn.
+//
+// Who may call what: the runner's goroutine calls StepStarted, StepCompleted,
+// Activity, Heartbeat, Pause and Resume (they are safe from any goroutine but
+// assume one writer for step bookkeeping); anyone may call Abort, Finish,
+// Snapshot and the getters.
+type Run struct {
+	ID         string
+	SessionKey string
+	Channel    string
+	ChatRef    string
+	Settings   timeout.Settings
+	StartedAt  time.Time // wall clock, for display
+
+	reg          *Registry
+	msgs         *messages.Set
+	ctx          context.Context
+	cancel       context.CancelCauseFunc
+	start        int64 // ns since the registry epoch
+	wallDeadline int64
+	ceiling      int64 // 0 = none
+
+	state     atomic.Uint32
+	reason    atomic.Pointer[event.StopReason]
+	cur       atomic.Pointer[stepRec] // the running step, or the last completed one
+	activity  atomic.Int64            // last liveness reset not due to a step (heartbeat, activity, resume shift)
+	pausedAt  atomic.Int64            // 0 = not paused
+	abortedAt atomic.Int64
+	returned  atomic.Bool // the runner's Run call has returned
+	released  atomic.Bool // the session is free again (returned or force-finalized)
+	steps     atomic.Uint32
+
+	// Owned by the maintenance scheduler (written only by it).
+	noticeSeq    atomic.Uint32 // step seq that has an open progress notice; 0 = none
+	lastNoticeAt atomic.Int64
+	armed        atomic.Int64 // when the scheduler will next look at this run; 0 = not armed
+	schedIndex   int          // heap index, guarded by the scheduler's mutex
+
+	mu   sync.Mutex // orders event publication and guards seq and text
+	seq  uint64
+	text strings.Builder
+}
+
+// Context returns the context the runner must use. It is cancelled when the
+// run is aborted (context.Cause reports an *AbortError) and after release.
+func (r *Run) Context() context.Context { return r.ctx }
+
+// State reports the run's outcome state.
+func (r *Run) State() State { return State(r.state.Load()) }
+
+// StopReason reports why the run stopped (ReasonNone while running).
+func (r *Run) StopReason() event.StopReason {
+	if p := r.reason.Load(); p != nil {
+		return *p
+	}
+	return event.ReasonNone
+}
+
+// Now returns the registry clock: time since the registry's epoch.
+func (r *Run) now() int64 { return r.reg.now() }
+
+// StepStarted records that a step began. It allocates one small record (the
+// start path is not the hot path).
+func (r *Run) StepStarted(kind, name string) {
+	now := r.now()
+	prev := r.cur.Load()
+	if prev != nil && prev.done.Load() == 0 {
+		// A step started while another was running (a runner that does not
+		// report completions, or parallel tools): the older one counts as
+		// superseded; keep its predecessor as the last completed step.
+		prev = prev.prev
+	}
+	r.cur.Store(&stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now, prev: prev})
+}
+
+// StepCompleted records that the running step finished, which resets the
+// liveness deadline. This is the hot path: when it matches the running step
+// (the normal case) it costs one clock read, one atomic load and one atomic
+// store, takes no lock and allocates nothing.
+func (r *Run) StepCompleted(kind, name string) {
+	now := r.now()
+	if c := r.cur.Load(); c != nil && c.done.Load() == 0 && c.name == name && c.kind == kind {
+		c.done.Store(now)
+		return
+	}
+	r.completeUnmatched(kind, name, now)
+}
+
+// completeUnmatched handles a completion without a matching start.
+func (r *Run) completeUnmatched(kind, name string, now int64) {
+	prev := r.cur.Load()
+	if prev != nil && prev.done.Load() == 0 {
+		prev = prev.prev
+	}
+	s := &stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now, prev: prev}
+	s.done.Store(now)
+	r.cur.Store(s)
+}
+
+// Activity records streamed output or other activity. It resets the liveness
+// deadline only when the turn's livenessResetOn is "activity".
+func (r *Run) Activity() {
+	if r.Settings.LivenessResetOn == timeout.LivenessActivity {
+		r.activity.Store(r.now())
+	}
+}
+
+// Heartbeat is an explicit "still alive" from the runner: it always resets
+// the liveness deadline.
+func (r *Run) Heartbeat() { r.activity.Store(r.now()) }
+
+// Pause stops the liveness clock (a tool waits for a human). The wall clock
+// and the ceiling keep running. Pausing a paused run does nothing.
+func (r *Run) Pause() { r.pausedAt.CompareAndSwap(0, r.now()) }
+
+// Resume restarts the liveness clock where Pause stopped it: the time spent
+// paused is added to the liveness deadline.
+func (r *Run) Resume() {
+	p := r.pausedAt.Load()
+	if p == 0 || !r.pausedAt.CompareAndSwap(p, 0) {
+		return
+	}
+	now := r.now()
+	ref := r.livenessRef()
+	r.activity.Store(ref + (now - p))
+}
+
+// livenessRef is the latest moment of progress: the turn's start, the last
+// step completion or the last counted activity.
+func (r *Run) livenessRef() int64 {
+	ref := r.start
+	if c := r.cur.Load(); c != nil {
+		if d := c.done.Load(); d != 0 {
+			ref = max(ref, d)
+		} else if c.prev != nil {
+			ref = max(ref, c.prev.done.Load())
+		}
+	}
+	return max(ref, r.activity.Load())
+}
+
+// AbortError is the cause of a run context's cancellation.
+type AbortError struct {
+	RunID  string
+	Reason event.StopReason
+}
+
+func (e *AbortError) Error() string { return "turn " + e.RunID + " aborted: " + string(e.Reason) }
+
+// Abort stops the run with reason. It wins only if the run is still running:
+// then it cancels the run's context, and returns the Aborted event (with the
+// rendered user message and the partial reply) for the caller to publish, and
+// true. If Finish or another Abort won first it changes nothing and returns
+// false.
+func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
+	if !r.state.CompareAndSwap(uint32(StateRunning), uint32(StateAborted)) {
+		return event.Event{}, false
+	}
+	now := r.now()
+	r.reason.Store(&reason)
+	r.abortedAt.Store(now)
+	r.cancel(&AbortError{RunID: r.ID, Reason: reason})
+	cur, last := r.steps2()
+	ev := event.Event{
+		Kind:       event.Aborted,
+		StopReason: reason,
+		Elapsed:    time.Duration(now - r.start),
+		Step:       cur,
+		LastStep:   last,
+	}
+	ev.Message = r.render(reason, ev)
+	r.mu.Lock()
+	ev.FullText = r.text.String()
+	r.mu.Unlock()
+	return ev, true
+}
+
+// Finish records the runner's outcome: reason is event.ReasonStop for a
+// normal answer or event.ReasonError for a failure. It wins only if the run is
+// still running and returns true; if an abort won first it changes nothing
+// and returns false (the abort's message stands).
+func (r *Run) Finish(reason event.StopReason) bool {
+	if !r.state.CompareAndSwap(uint32(StateRunning), uint32(StateFinished)) {
+		return false
+	}
+	r.reason.Store(&reason)
+	return true
+}
+
+// MarkReturned records that the runner's Run call has returned.
+func (r *Run) MarkReturned() { r.returned.Store(true) }
+
+// Returned reports whether the runner's Run call has returned.
+func (r *Run) Returned() bool { return r.returned.Load() }
+
+// Released reports whether the run's session is free again.
+func (r *Run) Released() bool { return r.released.Load() }
+
+// AppendText adds streamed reply text and returns the full text so far.
+func (r *Run) AppendText(chunk string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.text.WriteString(chunk)
+	return r.text.String()
+}
+
+// Text returns the reply text streamed so far.
+func (r *Run) Text() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.text.String()
+}
+
+// Publish stamps ev with the run's identity, the next per-run sequence number
+// and the time, and passes it to pub. Calls are serialised per run, so pub
+// sees one run's events in sequence order. pub must not block.
+func (r *Run) Publish(pub func(event.Event), ev event.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seq++
+	ev.Seq = r.seq
+	ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef = r.ID, r.SessionKey, r.Channel, r.ChatRef
+	if ev.Time.IsZero() {
+		ev.Time = time.Now()
+	}
+	pub(ev)
+}
+
+// CurrentStep returns the running step (zero if none) and the last completed
+// step.
+func (r *Run) CurrentStep() (current, last event.Step) { return r.steps2() }
+
+func (r *Run) steps2() (current, last event.Step) {
+	c := r.cur.Load()
+	if c == nil {
+		return
+	}
+	if c.done.Load() != 0 {
+		return event.Step{}, r.toStep(c)
+	}
+	if c.prev != nil {
+		last = r.toStep(c.prev)
+	}
+	return r.toStep(c), last
+}
+
+func (r *Run) toStep(s *stepRec) event.Step {
+	return event.Step{Kind: s.kind, Name: s.name, Seq: s.seq, StartedAt: r.reg.wall(s.started)}
+}
+
+// render produces the user message for an abort with reason.
+func (r *Run) render(reason event.StopReason, ev event.Event) string {
+	f := messages.Fields{
+		Elapsed:     messages.Duration(ev.Elapsed),
+		LastStep:    ev.LastStep.Label(),
+		CurrentStep: ev.Step.Label(),
+		StepTimeout: messages.Duration(r.Settings.StepTimeout),
+	}
+	var n messages.Name
+	switch reason {
+	case event.ReasonTimeout:
+		n, f.Limit = messages.Timeout, messages.Duration(r.Settings.Timeout)
+	case event.ReasonStepTimeout:
+		n, f.Limit = messages.StepTimeout, messages.Duration(r.Settings.StepTimeout)
+	case event.ReasonMaxTurnTime:
+		n, f.Limit = messages.MaxTurnTime, messages.Duration(r.Settings.MaxTurnTime)
+	case event.ReasonShutdown:
+		n = messages.Shutdown
+	case event.ReasonInterrupted:
+		n = messages.Interrupted
+	case event.ReasonError:
+		n = messages.Error
+	default:
+		n = messages.User
+	}
+	return r.msgs.Render(n, f)
+}
+
+// Messages returns the template set the run renders with.
+func (r *Run) Messages() *messages.Set { return r.msgs }

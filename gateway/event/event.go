@@ -1,0 +1,148 @@
+// Package event owns the vocabulary of a turn's life: the stop reasons, the
+// step descriptions and the Event values that the engine publishes, plus the
+// Bus that fans every event out to its subscribers.
+//
+// The engine emits events and never sends a message itself; channels (the
+// WebSocket protocol, Telegram, the store) subscribe to the bus and turn
+// events into messages. Event is a plain value: it is copied, never shared,
+// so a subscriber may keep it.
+package event
+
+import "time"
+
+// StopReason says why a turn ended. The zero value means the turn has not
+// ended (or ended normally, see Finished events, whose reason is ReasonStop).
+type StopReason string
+
+// The stop reasons. They are machine-readable and stable: clients, metrics and
+// the store key on them.
+const (
+	ReasonNone        StopReason = ""
+	ReasonStop        StopReason = "stop" // finished normally
+	ReasonTimeout     StopReason = "timeout"
+	ReasonStepTimeout StopReason = "step_timeout"
+	ReasonMaxTurnTime StopReason = "max_turn_time"
+	ReasonUser        StopReason = "user"
+	ReasonShutdown    StopReason = "shutdown"
+	ReasonInterrupted StopReason = "interrupted"
+	ReasonError       StopReason = "error"
+)
+
+// Valid reports whether r is one of the defined stop reasons.
+func (r StopReason) Valid() bool {
+	switch r {
+	case ReasonStop, ReasonTimeout, ReasonStepTimeout, ReasonMaxTurnTime, ReasonUser,
+		ReasonShutdown, ReasonInterrupted, ReasonError:
+		return true
+	}
+	return false
+}
+
+// IsTimeout reports whether r is one of the three deadline reasons.
+func (r StopReason) IsTimeout() bool {
+	return r == ReasonTimeout || r == ReasonStepTimeout || r == ReasonMaxTurnTime
+}
+
+// Step kinds reported by runners. Runners may use other kinds; these are the
+// ones the gateway renders specially.
+const (
+	StepLLM  = "llm"
+	StepTool = "tool"
+)
+
+// Step describes one step of a turn: an LLM call or a tool call. The zero
+// Step means "no step".
+type Step struct {
+	Kind      string    `json:"kind,omitempty"`
+	Name      string    `json:"name,omitempty"`
+	Seq       uint32    `json:"seq,omitempty"` // 1-based index of the step within its turn
+	StartedAt time.Time `json:"startedAt,omitzero"`
+}
+
+// IsZero reports whether s describes no step.
+func (s Step) IsZero() bool { return s.Name == "" && s.Kind == "" }
+
+// Label is the name a person reads: the tool name, or the kind for an
+// unnamed step.
+func (s Step) Label() string {
+	if s.Name != "" {
+		return s.Name
+	}
+	return s.Kind
+}
+
+// Kind enumerates event types.
+type Kind uint8
+
+// The event kinds, in the order they typically occur in a turn.
+const (
+	TurnStarted Kind = iota + 1
+	StepStarted
+	StepCompleted
+	Delta
+	Paused
+	Resumed
+	Progress       // a step has been running long: "⏳ Still working"
+	Recovered      // progress after a Progress notice
+	Aborted        // the turn was stopped; StopReason and Message say why
+	ForceFinalized // the runner ignored an abort past the grace period
+	Finished       // the runner returned a final answer (or an error)
+)
+
+var kindNames = [...]string{
+	TurnStarted:    "turn_started",
+	StepStarted:    "step_started",
+	StepCompleted:  "step_completed",
+	Delta:          "delta",
+	Paused:         "paused",
+	Resumed:        "resumed",
+	Progress:       "progress",
+	Recovered:      "recovered",
+	Aborted:        "aborted",
+	ForceFinalized: "force_finalized",
+	Finished:       "finished",
+}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
+	}
+	return "unknown"
+}
+
+// Terminal reports whether an event of kind k ends its turn for the user:
+// after it no further reply text arrives. (ForceFinalized follows an Aborted
+// and is terminal for the session, not for the user.)
+func (k Kind) Terminal() bool { return k == Aborted || k == Finished }
+
+// Event is one transition of one turn.
+//
+// Field use by kind:
+//   - TurnStarted: Text = the user's message.
+//   - StepStarted, StepCompleted: Step.
+//   - Delta: Text = the new chunk, FullText = all reply text so far.
+//   - Paused: Text = the reason. Resumed: nothing extra.
+//   - Progress: Step (the long step), Elapsed (how long it has run), Message (rendered notice).
+//   - Recovered: Step (the step that had the notice).
+//   - Aborted: StopReason, Elapsed (turn age), Step (current step, may be zero),
+//     LastStep (last completed), Message (rendered user text), FullText (partial reply).
+//   - ForceFinalized: StopReason (of the abort), Elapsed (since the abort), Step.
+//   - Finished: StopReason (ReasonStop or ReasonError), FullText (the reply),
+//     Message (the error text shown to the user when StopReason is ReasonError).
+type Event struct {
+	Kind       Kind
+	RunID      string
+	SessionKey string
+	Channel    string // the channel the turn came from: "ws", "telegram", …
+	ChatRef    string // the channel's own reference for the conversation (e.g. a Telegram chat id)
+	Seq        uint64 // per-run sequence, 1-based, increasing
+	Time       time.Time
+
+	Step       Step
+	LastStep   Step
+	StopReason StopReason
+	Elapsed    time.Duration
+	Text       string
+	FullText   string
+	Message    string
+}

@@ -1,0 +1,146 @@
+// Package messages owns the plain-words texts a user reads when a turn does
+// not end normally (a timeout, a stop, a restart) or is slow (the "⏳ Still
+// working" notice). Each text is a Go text/template configured under
+// `messages:`; templates are parsed and test-executed once, at load, so a bad
+// template is a configuration error and Render never fails at run time.
+package messages
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strings"
+	"text/template"
+	"time"
+)
+
+// Name identifies one message template; the names are the YAML keys under
+// `messages:`.
+type Name string
+
+// The templates.
+const (
+	Timeout     Name = "timeout"
+	StepTimeout Name = "stepTimeout"
+	MaxTurnTime Name = "maxTurnTime"
+	Progress    Name = "progress"
+	Interrupted Name = "interrupted"
+	Shutdown    Name = "shutdown"
+	User        Name = "user"
+	Error       Name = "error"
+)
+
+// Defaults are the built-in texts.
+var Defaults = map[Name]string{
+	Timeout:     `⚠️ This request hit its time limit of {{.Limit}} after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Try again, or ask for something smaller.`,
+	StepTimeout: `⚠️ No progress for {{.StepTimeout}}{{if .LastStep}} — last action was {{.LastStep}}{{else if .CurrentStep}} — {{.CurrentStep}} never finished{{end}}. The task may be stuck. Retry or ask for a simpler approach.`,
+	MaxTurnTime: `⚠️ This request reached the maximum time of {{.Limit}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. It was stopped; please split it into smaller requests.`,
+	Progress:    `⏳ Still working — {{.CurrentStep}} has been running for {{.Elapsed}}…`,
+	Interrupted: `⚠️ The gateway restarted while working on your request{{if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again.`,
+	Shutdown:    `⚠️ The gateway is shutting down, so your request was stopped after {{.Elapsed}}{{if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again in a minute.`,
+	User:        `⏹️ Stopped{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} after {{.Elapsed}}.`,
+	Error:       `⚠️ Something went wrong{{if .CurrentStep}} during {{.CurrentStep}}{{end}}: {{.Error}}`,
+}
+
+// Fields are what a template can use. Durations render in human form
+// (1m30s, not 90000).
+type Fields struct {
+	Elapsed     Duration // how long the turn (or, for Progress, the step) has run
+	LastStep    string   // the last completed step's name, or ""
+	CurrentStep string   // the running step's name, or ""
+	StepTimeout Duration // the liveness window
+	Limit       Duration // the limit that was hit (wall clock or ceiling)
+	Error       string   // the runner's error, for Error
+}
+
+// Duration renders as a rounded, human Go duration: 1m30s, 2s, 450ms.
+type Duration time.Duration
+
+// String rounds to a unit a person reads: whole seconds from one second up,
+// milliseconds below it.
+func (d Duration) String() string {
+	t := time.Duration(d)
+	switch {
+	case t >= time.Second:
+		t = t.Round(time.Second)
+	case t >= time.Millisecond:
+		t = t.Round(time.Millisecond)
+	}
+	return t.String()
+}
+
+// Set is a parsed, validated set of templates. It is immutable and safe for
+// concurrent use.
+type Set struct {
+	t map[Name]*template.Template
+}
+
+// Parse builds a Set from overrides (name → template text) on top of the
+// defaults. An unknown name, a template that does not parse, or one that
+// fails on sample fields is an error naming the key
+// ("messages.stepTimeout: …").
+func Parse(overrides map[string]string) (*Set, error) {
+	s := &Set{t: make(map[Name]*template.Template, len(Defaults))}
+	keys := make([]string, 0, len(overrides))
+	for k := range overrides {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if _, ok := Defaults[Name(k)]; !ok {
+			return nil, fmt.Errorf("messages.%s: unknown message (known: %s)", k, knownNames())
+		}
+	}
+	for name, def := range Defaults {
+		text := def
+		if o, ok := overrides[string(name)]; ok {
+			text = o
+		}
+		t, err := template.New(string(name)).Option("missingkey=error").Parse(text)
+		if err != nil {
+			return nil, fmt.Errorf("messages.%s: %w", name, err)
+		}
+		sample := Fields{Elapsed: Duration(90 * time.Second), LastStep: "web_search", CurrentStep: "shell",
+			StepTimeout: Duration(5 * time.Minute), Limit: Duration(30 * time.Minute), Error: "boom"}
+		if err := t.Execute(new(bytes.Buffer), sample); err != nil {
+			return nil, fmt.Errorf("messages.%s: %w", name, err)
+		}
+		s.t[name] = t
+	}
+	return s, nil
+}
+
+// MustDefault returns the Set of built-in texts.
+func MustDefault() *Set {
+	s, err := Parse(nil)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Render executes template n with f. Templates were checked at Parse, so an
+// execution error can only come from a pathological value; Render then falls
+// back to the default text and, failing that, a plain sentence.
+func (s *Set) Render(n Name, f Fields) string {
+	var b strings.Builder
+	if t, ok := s.t[n]; ok {
+		if err := t.Execute(&b, f); err == nil {
+			return strings.TrimSpace(b.String())
+		}
+	}
+	b.Reset()
+	if t, err := template.New("").Parse(Defaults[n]); err == nil && t.Execute(&b, f) == nil {
+		return strings.TrimSpace(b.String())
+	}
+	return fmt.Sprintf("The request stopped (%s) after %s.", n, f.Elapsed)
+}
+
+func knownNames() string {
+	names := make([]string, 0, len(Defaults))
+	for n := range Defaults {
+		names = append(names, string(n))
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,91 @@
+// Package runner owns the contract between the gateway and whatever does a
+// turn's work: the Runner interface and the Callbacks a runner uses to report
+// step boundaries, streamed text and liveness. Runners live in the
+// sub-packages (demo, openai, exec); the engine in package gateway calls them.
+package runner
+
+import (
+	"context"
+	"errors"
+)
+
+// Message is one earlier message of the conversation.
+type Message struct {
+	Role string // "user" or "assistant"
+	Text string
+}
+
+// Turn is the input of one run.
+type Turn struct {
+	RunID      string
+	SessionKey string
+	Channel    string
+	Message    string    // the user's message
+	History    []Message // earlier messages of the session, oldest first (not including Message)
+}
+
+// Result is what a runner returns. After its context is cancelled a runner
+// returns promptly with whatever text it had (partial text) and the
+// context's error.
+type Result struct {
+	Text string
+}
+
+// Callbacks are how a runner reports progress. They are safe to call from
+// any goroutine, never block for long, and may be called after the turn was
+// aborted (they are then ignored for the user, but still recorded).
+//
+//   - StepStarted/StepCompleted bracket each LLM call (kind "llm", name = the
+//     model) and each tool call (kind "tool", name = the tool). A completed
+//     step resets the turn's liveness deadline.
+//   - Delta streams reply text; it counts as activity (resets liveness only
+//     when livenessResetOn is "activity").
+//   - Heartbeat says "alive" explicitly and always resets liveness.
+//   - Pause/Resume bracket a wait for a human: the liveness clock stops, the
+//     wall clock and ceiling do not.
+type Callbacks interface {
+	StepStarted(kind, name string)
+	StepCompleted(kind, name string)
+	Delta(text string)
+	Heartbeat()
+	Pause(reason string)
+	Resume()
+}
+
+// Runner does the work of one turn. Run blocks until the turn is done or
+// ctx is cancelled; it must not keep using cb after it returns.
+type Runner interface {
+	Run(ctx context.Context, turn Turn, cb Callbacks) (Result, error)
+}
+
+// Func adapts a function to Runner.
+type Func func(ctx context.Context, turn Turn, cb Callbacks) (Result, error)
+
+// Run calls f.
+func (f Func) Run(ctx context.Context, turn Turn, cb Callbacks) (Result, error) {
+	return f(ctx, turn, cb)
+}
+
+// UserError is an error whose message is meant for the user as-is (for
+// example a bad /steps script). The engine shows Message instead of a
+// generic failure text.
+type UserError struct{ Message string }
+
+func (e *UserError) Error() string { return e.Message }
+
+// AsUserError reports whether err carries a message for the user.
+func AsUserError(err error) (*UserError, bool) {
+	var u *UserError
+	ok := errors.As(err, &u)
+	return u, ok
+}
+
+// Nop is Callbacks that ignores everything (for tests and tools).
+type Nop struct{}
+
+func (Nop) StepStarted(kind, name string)   {}
+func (Nop) StepCompleted(kind, name string) {}
+func (Nop) Delta(text string)               {}
+func (Nop) Heartbeat()                      {}
+func (Nop) Pause(reason string)             {}
+func (Nop) Resume()                         {}

@@ -1,0 +1,194 @@
+// Package timeout owns the rules that turn configured timeout keys into the
+// effective durations of one turn. Everything here is a pure function: no
+// clock, no I/O, no globals, so the precedence and clamping tables are tested
+// exhaustively on their own (see docs/configuration.md for the table).
+//
+// Precedence, highest first: a per-request override of the wall clock (a
+// WebSocket chat.send may pass timeoutMs), the channel's override
+// (channels.<name>.timeouts), agents.defaults, the built-in defaults.
+package timeout
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// LivenessMode says what resets a turn's per-step liveness deadline.
+type LivenessMode string
+
+const (
+	// LivenessStep resets the deadline when a step completes (and on an
+	// explicit runner heartbeat). Streamed tokens do not count.
+	LivenessStep LivenessMode = "step"
+	// LivenessActivity also resets it on any activity: streamed tokens.
+	LivenessActivity LivenessMode = "activity"
+)
+
+// Built-in defaults, in seconds.
+const (
+	DefaultTimeoutSeconds             = 1800
+	DefaultStepTimeoutSeconds         = 300
+	DefaultMaxTurnTimeSeconds         = 3600
+	DefaultProgressNotifyAfterSeconds = 30
+	DefaultProgressRepeatSeconds      = 60
+	DefaultAbortGraceSeconds          = 10
+)
+
+// Clamping bounds. A positive duration below Min is raised to Min; each key
+// has its own maximum (see Resolve). These bounds are part of the documented
+// contract in docs/configuration.md.
+const (
+	Min             = 100 * time.Millisecond
+	MaxWallClock    = 7 * 24 * time.Hour
+	MaxCeiling      = 7 * 24 * time.Hour
+	MaxStep         = 24 * time.Hour
+	MaxProgress     = 24 * time.Hour
+	MaxAbortGrace   = 10 * time.Minute
+	DefaultLiveness = LivenessStep
+)
+
+// Keys is one layer of timeout configuration, as written in YAML. A nil
+// pointer or empty string means "not set in this layer".
+type Keys struct {
+	TimeoutSeconds             *float64     `koanf:"timeoutSeconds" json:"timeoutSeconds,omitempty"`
+	StepTimeoutSeconds         *float64     `koanf:"stepTimeoutSeconds" json:"stepTimeoutSeconds,omitempty"`
+	MaxTurnTimeSeconds         *float64     `koanf:"maxTurnTimeSeconds" json:"maxTurnTimeSeconds,omitempty"`
+	ProgressNotifyAfterSeconds *float64     `koanf:"progressNotifyAfterSeconds" json:"progressNotifyAfterSeconds,omitempty"`
+	ProgressRepeatSeconds      *float64     `koanf:"progressRepeatSeconds" json:"progressRepeatSeconds,omitempty"`
+	AbortGraceSeconds          *float64     `koanf:"abortGraceSeconds" json:"abortGraceSeconds,omitempty"`
+	LivenessResetOn            LivenessMode `koanf:"livenessResetOn" json:"livenessResetOn,omitempty"`
+}
+
+// Settings are the effective durations of one turn. A zero StepTimeout,
+// MaxTurnTime or ProgressNotifyAfter means that tier is disabled; Timeout,
+// ProgressRepeat and AbortGrace are always positive.
+type Settings struct {
+	Timeout             time.Duration // wall clock, already clamped to MaxTurnTime
+	StepTimeout         time.Duration // liveness window; 0 = disabled
+	MaxTurnTime         time.Duration // hard ceiling; 0 = none
+	ProgressNotifyAfter time.Duration // 0 = no progress notices
+	ProgressRepeat      time.Duration
+	AbortGrace          time.Duration
+	LivenessResetOn     LivenessMode
+}
+
+// Defaults returns the built-in settings.
+func Defaults() Settings { return Resolve(0) }
+
+// Resolve computes the settings of a turn. request is the per-request wall
+// clock override (0 = none; negative is treated as the minimum). layers are
+// the configured layers in precedence order, highest first (typically the
+// channel's timeouts, then agents.defaults); a key unset in every layer takes
+// its built-in default.
+//
+// Clamping rules (never turning a value into "no timeout"):
+//   - NaN or a negative value of any key → the minimum (0.1 s), except that
+//     0 keeps its meaning where it has one (disabled / none).
+//   - timeoutSeconds: 0 → the minimum (the wall clock cannot be disabled);
+//     above 7 days → 7 days; above the ceiling → the ceiling.
+//   - stepTimeoutSeconds: 0 disables; above 24 h → 24 h.
+//   - maxTurnTimeSeconds: 0 = no ceiling; above 7 days → 7 days.
+//   - progressNotifyAfterSeconds: 0 disables; above 24 h → 24 h.
+//   - progressRepeatSeconds: 0 → the minimum; above 24 h → 24 h.
+//   - abortGraceSeconds: 0 → the minimum; above 10 min → 10 min.
+//   - the request override replaces the wall clock (shorter or longer) and is
+//     then clamped like timeoutSeconds, so never past the ceiling.
+//   - an unknown livenessResetOn value → "step".
+func Resolve(request time.Duration, layers ...Keys) Settings {
+	pick := func(get func(Keys) *float64, def float64) float64 {
+		for _, l := range layers {
+			if v := get(l); v != nil {
+				return *v
+			}
+		}
+		return def
+	}
+	s := Settings{
+		StepTimeout:         clamp(pick(func(k Keys) *float64 { return k.StepTimeoutSeconds }, DefaultStepTimeoutSeconds), true, MaxStep),
+		MaxTurnTime:         clamp(pick(func(k Keys) *float64 { return k.MaxTurnTimeSeconds }, DefaultMaxTurnTimeSeconds), true, MaxCeiling),
+		ProgressNotifyAfter: clamp(pick(func(k Keys) *float64 { return k.ProgressNotifyAfterSeconds }, DefaultProgressNotifyAfterSeconds), true, MaxProgress),
+		ProgressRepeat:      clamp(pick(func(k Keys) *float64 { return k.ProgressRepeatSeconds }, DefaultProgressRepeatSeconds), false, MaxProgress),
+		AbortGrace:          clamp(pick(func(k Keys) *float64 { return k.AbortGraceSeconds }, DefaultAbortGraceSeconds), false, MaxAbortGrace),
+		LivenessResetOn:     DefaultLiveness,
+	}
+	for _, l := range layers {
+		if l.LivenessResetOn != "" {
+			if l.LivenessResetOn == LivenessActivity {
+				s.LivenessResetOn = LivenessActivity
+			}
+			break
+		}
+	}
+	if request != 0 {
+		s.Timeout = clampDuration(request, false, MaxWallClock)
+	} else {
+		s.Timeout = clamp(pick(func(k Keys) *float64 { return k.TimeoutSeconds }, DefaultTimeoutSeconds), false, MaxWallClock)
+	}
+	if s.MaxTurnTime > 0 && s.Timeout > s.MaxTurnTime {
+		s.Timeout = s.MaxTurnTime
+	}
+	return s
+}
+
+// clamp converts seconds to a duration and applies the rules above.
+func clamp(seconds float64, zeroDisables bool, max time.Duration) time.Duration {
+	switch {
+	case math.IsNaN(seconds) || seconds < 0:
+		return Min
+	case seconds == 0:
+		if zeroDisables {
+			return 0
+		}
+		return Min
+	case seconds >= max.Seconds():
+		return max
+	}
+	return clampDuration(time.Duration(seconds*float64(time.Second)), zeroDisables, max)
+}
+
+func clampDuration(d time.Duration, zeroDisables bool, max time.Duration) time.Duration {
+	switch {
+	case d < 0:
+		return Min
+	case d == 0 && zeroDisables:
+		return 0
+	case d < Min:
+		return Min
+	case d > max:
+		return max
+	}
+	return d
+}
+
+// Check reports the first problem with the keys of one configuration layer,
+// for config validation: a negative or non-finite value, or an unknown
+// livenessResetOn. prefix names the layer in the error (e.g.
+// "agents.defaults"). Resolve would clamp such values; Check lets the loader
+// refuse them instead, naming the key.
+func (k Keys) Check(prefix string) error {
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{
+		{"timeoutSeconds", k.TimeoutSeconds},
+		{"stepTimeoutSeconds", k.StepTimeoutSeconds},
+		{"maxTurnTimeSeconds", k.MaxTurnTimeSeconds},
+		{"progressNotifyAfterSeconds", k.ProgressNotifyAfterSeconds},
+		{"progressRepeatSeconds", k.ProgressRepeatSeconds},
+		{"abortGraceSeconds", k.AbortGraceSeconds},
+	} {
+		if f.v == nil {
+			continue
+		}
+		if v := *f.v; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return fmt.Errorf("%s.%s: must be a number ≥ 0, got %v", prefix, f.name, v)
+		}
+	}
+	switch k.LivenessResetOn {
+	case "", LivenessStep, LivenessActivity:
+	default:
+		return fmt.Errorf("%s.livenessResetOn: must be %q or %q, got %q", prefix, LivenessStep, LivenessActivity, k.LivenessResetOn)
+	}
+	return nil
+}
