@@ -1,0 +1,414 @@
+// Package exec owns the runner that does each turn by running a configured
+// command (a CLI agent) and reading its progress from its stdout, and the
+// process-group handling (Process) that every runner starting commands uses.
+//
+// Per turn the command runs in its own process group, in agents.exec.workdir,
+// with the user's message on stdin (then closed) and this environment: the
+// gateway's own, without TURNGUARD_* variables (see Environ), then
+// agents.exec.env, then TURNGUARD_RUN_ID, TURNGUARD_SESSION_KEY and
+// TURNGUARD_CHANNEL describing the turn. Every stderr line goes to the log
+// with the run id.
+//
+// Stdout is read line by line in one of two formats (agents.exec.format):
+//
+//   - "jsonl" (default): the turnguard event protocol, one JSON object per
+//     line, documented in docs/runners.md:
+//     {"type":"step_start","kind":"tool","name":"search"},
+//     {"type":"step_complete","kind":"tool","name":"search"},
+//     {"type":"delta","text":"…"}, {"type":"heartbeat"},
+//     {"type":"pause","reason":"…"}, {"type":"resume"},
+//     {"type":"final","text":"…"}, {"type":"error","message":"…"}.
+//   - "claude-stream-json": the lines of the Claude Code CLI's
+//     --output-format stream-json (see claude.go for the mapping).
+//
+// A line that cannot be understood is logged and counted (Malformed), never
+// fatal. The turn's answer is the final event's text (or, if it has none, the
+// streamed deltas); an error event fails the turn with its message for the
+// user (*runner.UserError). A command that exits without a final or error
+// event fails the turn with an *ExitError naming the exit status and the last
+// stderr lines.
+//
+// Abort: when ctx is cancelled the process group gets SIGTERM and, if the
+// command has not exited abortGrace later, SIGKILL; Run then returns the text
+// streamed so far and ctx.Err(). After a final or error event the command
+// has abortGrace to exit on its own before it is stopped the same way. When
+// the command exits, whatever is left of its process group is killed.
+package exec
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/timeout"
+)
+
+// Output formats (agents.exec.format).
+const (
+	FormatJSONL  = "jsonl"
+	FormatClaude = "claude-stream-json"
+)
+
+const (
+	stderrKeep = 10       // stderr lines kept for an ExitError
+	maxLine    = 16 << 20 // longest stdout line parsed
+	// drainWait bounds how long output is still read after the command
+	// exited (a process that escaped the group may hold the pipes open).
+	drainWait = 2 * time.Second
+)
+
+// Runner runs a configured command per turn. It is safe for concurrent use
+// by many turns.
+type Runner struct {
+	path   string
+	args   []string
+	env    []string // agents.exec.env as KEY=value, sorted
+	dir    string
+	format string
+	grace  time.Duration
+	log    *slog.Logger
+
+	malformed atomic.Uint64
+}
+
+var _ runner.Runner = (*Runner)(nil)
+
+// ExitError is the failure of a command that exited without a final or
+// error event.
+type ExitError struct {
+	Status string   // as the OS reports it: "exit status 3", "signal: killed"
+	Stderr []string // its last stderr lines, oldest first
+}
+
+func (e *ExitError) Error() string {
+	s := fmt.Sprintf("exec: the agent exited (%s) without a final answer", e.Status)
+	if len(e.Stderr) > 0 {
+		s += "; last stderr: " + strings.Join(e.Stderr, " | ")
+	} else {
+		s += "; no stderr output"
+	}
+	return s
+}
+
+// New validates cfg and returns a runner. abortGrace is how long an aborted
+// command has between SIGTERM and SIGKILL (≤ 0: the default abortGraceSeconds,
+// 10s); log receives stderr and protocol problems (nil: discard). The
+// command must exist (looked up in PATH when it has no slash; a relative path
+// is relative to workdir); workdir, if set, must be a directory.
+func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger) (*Runner, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if abortGrace <= 0 {
+		abortGrace = timeout.DefaultAbortGraceSeconds * time.Second
+	}
+	r := &Runner{args: slices.Clone(cfg.Args), grace: abortGrace, log: log}
+
+	switch f := strings.TrimSpace(cfg.Format); f {
+	case "", FormatJSONL:
+		r.format = FormatJSONL
+	case FormatClaude:
+		r.format = FormatClaude
+	default:
+		return nil, fmt.Errorf("agents.exec.format: %q is not %q or %q", cfg.Format, FormatJSONL, FormatClaude)
+	}
+
+	if cfg.Workdir != "" {
+		dir, err := filepath.Abs(cfg.Workdir)
+		if err != nil {
+			return nil, fmt.Errorf("agents.exec.workdir: %w", err)
+		}
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return nil, fmt.Errorf("agents.exec.workdir: %w", err)
+		}
+		if !fi.IsDir() {
+			return nil, fmt.Errorf("agents.exec.workdir: %q is not a directory", cfg.Workdir)
+		}
+		r.dir = dir
+	}
+
+	cmd := strings.TrimSpace(cfg.Command)
+	switch {
+	case cmd == "":
+		return nil, errors.New("agents.exec.command: required: the agent program to run, e.g. claude or ./agent.sh")
+	case strings.ContainsRune(cmd, os.PathSeparator):
+		p := cmd
+		if !filepath.IsAbs(p) && r.dir != "" {
+			p = filepath.Join(r.dir, p)
+		}
+		p, err := filepath.Abs(p)
+		if err != nil {
+			return nil, fmt.Errorf("agents.exec.command: %w", err)
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			return nil, fmt.Errorf("agents.exec.command: %w", err)
+		}
+		if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+			return nil, fmt.Errorf("agents.exec.command: %q is not an executable file", cmd)
+		}
+		r.path = p
+	default:
+		p, err := osexec.LookPath(cmd)
+		if err != nil {
+			return nil, fmt.Errorf("agents.exec.command: %w", err)
+		}
+		r.path = p
+	}
+
+	for k, v := range cfg.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, fmt.Errorf("agents.exec.env: %q is not a valid environment variable", k)
+		}
+		r.env = append(r.env, k+"="+v)
+	}
+	slices.Sort(r.env)
+	return r, nil
+}
+
+// Format returns the configured output format.
+func (r *Runner) Format() string { return r.format }
+
+// Malformed returns how many stdout lines, over all turns, could not be
+// understood.
+func (r *Runner) Malformed() uint64 { return r.malformed.Load() }
+
+// Run does one turn. See the package documentation.
+func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return runner.Result{}, err
+	}
+	if cb == nil {
+		cb = runner.Nop{}
+	}
+	log := r.log.With("run_id", turn.RunID)
+
+	var pipes [3][2]*os.File // stdin, stdout, stderr: {read, write}
+	closeAll := func() {
+		for _, p := range pipes {
+			for _, f := range p {
+				if f != nil {
+					f.Close()
+				}
+			}
+		}
+	}
+	for i := range pipes {
+		rd, wr, err := os.Pipe()
+		if err != nil {
+			closeAll()
+			return runner.Result{}, fmt.Errorf("exec: pipe: %w", err)
+		}
+		pipes[i] = [2]*os.File{rd, wr}
+	}
+	stdinW, stdoutR, stderrR := pipes[0][1], pipes[1][0], pipes[2][0]
+
+	cmd := osexec.Command(r.path, r.args...)
+	cmd.Dir = r.dir
+	cmd.Env = Environ(r.env...)
+	cmd.Env = append(cmd.Env,
+		"TURNGUARD_RUN_ID="+turn.RunID,
+		"TURNGUARD_SESSION_KEY="+turn.SessionKey,
+		"TURNGUARD_CHANNEL="+turn.Channel)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = pipes[0][0], pipes[1][1], pipes[2][1]
+	p, err := Start(cmd)
+	// The child has its copies; keep only our ends.
+	for _, f := range []*os.File{pipes[0][0], pipes[1][1], pipes[2][1]} {
+		f.Close()
+	}
+	if err != nil {
+		stdinW.Close()
+		stdoutR.Close()
+		stderrR.Close()
+		return runner.Result{}, fmt.Errorf("exec: start %s: %w", r.path, err)
+	}
+	log.Debug("exec: agent started", "pid", p.Pid(), "command", r.path)
+
+	var wg sync.WaitGroup
+	wg.Go(func() { // stdin
+		_, _ = io.WriteString(stdinW, turn.Message)
+		stdinW.Close()
+	})
+	tail := &stderrTail{}
+	stderrDone := make(chan struct{})
+	go func() {
+		defer close(stderrDone)
+		readLines(stderrR, func(line []byte, tooLong bool) {
+			s := cut(string(line), 2000)
+			log.Info("exec: agent stderr", "line", s)
+			tail.add(s)
+		})
+	}()
+	st := newState(cb, log, r.format)
+	stdoutDone := make(chan struct{})
+	go func() {
+		defer close(stdoutDone)
+		readLines(stdoutR, func(line []byte, tooLong bool) {
+			if tooLong {
+				st.malformed(fmt.Sprintf("line longer than %d bytes", maxLine), line)
+				return
+			}
+			st.line(line)
+		})
+	}()
+
+	// Supervise: abort on ctx, stop a command that lingers after its answer.
+	var (
+		aborted   bool
+		terminal  = st.terminal
+		lingerC   <-chan time.Time
+		killC     <-chan time.Time
+		termState string // why SIGTERM was sent, for the log
+	)
+	terminate := func(why string) {
+		if killC != nil {
+			return
+		}
+		termState = why
+		log.Info("exec: stopping agent", "reason", why, "grace", r.grace)
+		if err := p.Signal(syscall.SIGTERM); err != nil {
+			log.Warn("exec: SIGTERM failed", "err", err)
+		}
+		killC = time.After(r.grace)
+	}
+	ctxDone := ctx.Done()
+wait:
+	for {
+		select {
+		case <-p.Done():
+			break wait
+		case <-ctxDone:
+			ctxDone = nil
+			aborted = true
+			terminate("aborted")
+		case <-terminal:
+			terminal = nil
+			lingerC = time.After(r.grace)
+		case <-lingerC:
+			lingerC = nil
+			terminate("still running after its final answer")
+		case <-killC:
+			killC = make(chan time.Time) // never again
+			log.Warn("exec: agent ignored SIGTERM; sending SIGKILL", "after", termState)
+			if err := p.Signal(syscall.SIGKILL); err != nil {
+				log.Warn("exec: SIGKILL failed", "err", err)
+			}
+		}
+	}
+
+	// The command exited and its group was killed: read what is left.
+	drain := time.NewTimer(drainWait)
+	for _, done := range []chan struct{}{stdoutDone, stderrDone} {
+		select {
+		case <-done:
+		case <-drain.C:
+			log.Warn("exec: output still open after the agent exited; closing it")
+			stdoutR.Close()
+			stderrR.Close()
+			<-done
+		}
+	}
+	drain.Stop()
+	stdoutR.Close()
+	stderrR.Close()
+	stdinW.Close()
+	wg.Wait()
+
+	status := p.State().String()
+	if n := st.malformedCount; n > 0 {
+		r.malformed.Add(uint64(n))
+		log.Warn("exec: malformed output lines", "count", n)
+	}
+	res := runner.Result{Text: st.reply()}
+	switch {
+	case aborted:
+		log.Info("exec: agent stopped", "status", status)
+		return res, ctx.Err()
+	case st.errMsg != nil:
+		log.Info("exec: agent reported an error", "status", status, "message", *st.errMsg)
+		return res, &runner.UserError{Message: *st.errMsg}
+	case st.final != nil:
+		if !p.State().Success() {
+			log.Warn("exec: agent exited with an error after its final answer", "status", status)
+		}
+		return res, nil
+	}
+	log.Warn("exec: agent exited without a final answer", "status", status)
+	return res, &ExitError{Status: status, Stderr: tail.lines()}
+}
+
+// readLines calls fn for each line of rd (without its line ending; fn must
+// not keep the slice). A line longer than maxLine is passed truncated, with
+// tooLong set.
+func readLines(rd io.Reader, fn func(line []byte, tooLong bool)) {
+	br := bufio.NewReaderSize(rd, 64<<10)
+	var buf []byte
+	tooLong := false
+	for {
+		part, err := br.ReadSlice('\n')
+		if !tooLong {
+			if len(buf)+len(part) > maxLine {
+				tooLong = true
+				buf = append(buf, part[:maxLine-len(buf)]...)
+			} else {
+				buf = append(buf, part...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if len(buf) > 0 {
+			fn(trimNL(buf), tooLong)
+		}
+		buf, tooLong = buf[:0], false
+		if err != nil {
+			return
+		}
+	}
+}
+
+func trimNL(b []byte) []byte {
+	b = bytes.TrimSuffix(b, []byte("\n"))
+	return bytes.TrimSuffix(b, []byte("\r"))
+}
+
+// stderrTail keeps the last stderrKeep lines of stderr.
+type stderrTail struct {
+	mu  sync.Mutex
+	buf []string
+}
+
+func (t *stderrTail) add(s string) {
+	if strings.TrimSpace(s) == "" {
+		return
+	}
+	s = cut(s, 500)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.buf) == stderrKeep {
+		t.buf = append(t.buf[:0], t.buf[1:]...)
+	}
+	t.buf = append(t.buf, s)
+}
+
+func (t *stderrTail) lines() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.buf)
+}

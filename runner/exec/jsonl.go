@@ -1,0 +1,163 @@
+package exec
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/runner"
+)
+
+// state is what one turn's stdout parser has seen. Its fields are written by
+// the stdout goroutine and read by Run after that goroutine ended.
+type state struct {
+	cb     runner.Callbacks
+	log    *slog.Logger
+	format string
+
+	text           strings.Builder // streamed deltas
+	sepPending     bool            // the next delta starts a new message
+	final          *string
+	errMsg         *string
+	malformedCount int
+
+	terminal     chan struct{} // closed at the first final or error event
+	terminalOnce sync.Once
+
+	claude claudeState
+}
+
+func newState(cb runner.Callbacks, log *slog.Logger, format string) *state {
+	return &state{cb: cb, log: log, format: format, terminal: make(chan struct{}),
+		claude: claudeState{tools: map[string]string{}}}
+}
+
+// reply is the turn's text: the final text, or else the streamed deltas.
+func (s *state) reply() string {
+	if s.final != nil && *s.final != "" {
+		return *s.final
+	}
+	return s.text.String()
+}
+
+func (s *state) line(b []byte) {
+	if len(bytes.TrimSpace(b)) == 0 {
+		return
+	}
+	if s.format == FormatClaude {
+		s.claudeLine(b)
+		return
+	}
+	s.jsonlLine(b)
+}
+
+// done reports (and logs) an event arriving after the final or error event.
+func (s *state) done(typ string) bool {
+	if s.final == nil && s.errMsg == nil {
+		return false
+	}
+	s.log.Debug("exec: event after the final answer ignored", "type", typ)
+	return true
+}
+
+func (s *state) malformed(why string, line []byte) {
+	s.malformedCount++
+	s.log.Warn("exec: malformed output line", "why", why, "line", cut(string(line), 200))
+}
+
+// emit streams reply text; a new message is separated from earlier text by
+// a blank line.
+func (s *state) emit(text string) {
+	if text == "" {
+		return
+	}
+	if s.sepPending {
+		s.sepPending = false
+		if s.text.Len() > 0 && !strings.HasSuffix(s.text.String(), "\n") {
+			text = "\n\n" + text
+		}
+	}
+	s.text.WriteString(text)
+	s.cb.Delta(text)
+}
+
+func (s *state) setFinal(text string) {
+	s.final = &text
+	s.terminalOnce.Do(func() { close(s.terminal) })
+}
+
+func (s *state) setError(msg string) {
+	s.errMsg = &msg
+	s.terminalOnce.Do(func() { close(s.terminal) })
+}
+
+// jsonlEvent is one line of the jsonl protocol.
+type jsonlEvent struct {
+	Type    string `json:"type"`
+	Kind    string `json:"kind"`
+	Name    string `json:"name"`
+	Text    string `json:"text"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+func (s *state) jsonlLine(b []byte) {
+	var ev jsonlEvent
+	if err := json.Unmarshal(b, &ev); err != nil {
+		s.malformed("not a JSON event object: "+err.Error(), b)
+		return
+	}
+	if s.done(ev.Type) {
+		return
+	}
+	switch ev.Type {
+	case "step_start", "step_complete":
+		if ev.Kind == "" {
+			ev.Kind = event.StepTool
+		}
+		if ev.Name == "" && ev.Kind == event.StepTool {
+			s.malformed(ev.Type+" without a name", b)
+			return
+		}
+		if ev.Type == "step_start" {
+			s.cb.StepStarted(ev.Kind, ev.Name)
+		} else {
+			s.cb.StepCompleted(ev.Kind, ev.Name)
+		}
+	case "delta":
+		s.emit(ev.Text)
+	case "heartbeat":
+		s.cb.Heartbeat()
+	case "pause":
+		s.cb.Pause(ev.Reason)
+	case "resume":
+		s.cb.Resume()
+	case "final":
+		s.setFinal(ev.Text)
+	case "error":
+		if ev.Message == "" {
+			ev.Message = "The agent reported an error."
+		}
+		s.setError(ev.Message)
+	case "":
+		s.malformed(`no "type"`, b)
+	default:
+		s.malformed(fmt.Sprintf("unknown type %q", ev.Type), b)
+	}
+}
+
+// cut shortens s to at most n bytes at a rune boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
