@@ -3,6 +3,7 @@ package config
 import (
 	"time"
 
+	"github.com/turnguard/turnguard/gateway/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 
@@ -17,6 +18,8 @@ type Config struct {
 	Messages map[string]string `koanf:"messages"` // template overrides, see gateway/messages
 	Store    Store             `koanf:"store"`
 	Alerts   Alerts            `koanf:"alerts"`
+
+	msgs *messages.Set // Messages parsed at load; see MessageSet
 }
 
 // Server configures the HTTP/WebSocket listener.

@@ -144,7 +144,13 @@ func clamp(seconds float64, zeroDisables bool, max time.Duration) time.Duration 
 	case seconds >= max.Seconds():
 		return max
 	}
-	return clampDuration(time.Duration(seconds*float64(time.Second)), zeroDisables, max)
+	d := time.Duration(seconds * float64(time.Second))
+	if d < Min {
+		// Positive but below the minimum; without this a value under 1 ns
+		// would truncate to 0 and disable the tier.
+		return Min
+	}
+	return clampDuration(d, zeroDisables, max)
 }
 
 func clampDuration(d time.Duration, zeroDisables bool, max time.Duration) time.Duration {

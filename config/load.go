@@ -1,0 +1,359 @@
+// Package config owns turnguard's configuration: the schema (types.go), the
+// built-in defaults, loading (defaults → YAML file → GATEWAY_ environment),
+// validation that names the offending key, the per-turn view of a config
+// (TurnSettings, RunnerFor, MessageSet), secret redaction, and hot reload
+// (Source). Every key is documented in docs/configuration.md.
+//
+// A *Config returned by Load is valid and must not be modified: hot reload
+// swaps in a new one, and turns read the one that was current when they
+// started.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/confmap"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/v2"
+)
+
+// Error is a configuration that could not be loaded because of one or more
+// problems, each tied to a key or an environment variable. No problem text
+// contains a configured value, so an Error is safe to log.
+type Error struct {
+	File     string    // the YAML file, or "" when none was given
+	Problems []Problem // at least one
+}
+
+// Problem is one thing wrong with a configuration.
+type Problem struct {
+	// Key is the key path ("server.token",
+	// "agents.openai.tools.commands[0].name") or, for an environment
+	// variable that names no key, the variable.
+	Key string
+	// Text is the complete sentence, naming Key.
+	Text string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("config")
+	if e.File != "" {
+		b.WriteString(" " + e.File)
+	}
+	b.WriteString(": ")
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String()
+}
+
+// defaults are the built-in values, as flat koanf keys. Keys not listed are
+// the zero value; the timeout keys are deliberately unset so that
+// timeout.Resolve applies its own built-in defaults.
+func defaults() map[string]any {
+	return map[string]any{
+		"server.listen":                "127.0.0.1:18789",
+		"server.maxConnsPerIP":         64,
+		"server.requestsPerSecond":     50.0,
+		"server.requestBurst":          100,
+		"server.tickIntervalMs":        30000,
+		"server.maxPayloadBytes":       25 << 20,
+		"server.maxMessageChars":       100000,
+		"server.sendQueue":             256,
+		"server.idempotencyTTLSeconds": 300.0,
+		"server.historyLimit":          200,
+
+		"agents.defaults.runner":                     RunnerDemo,
+		"agents.openai.maxSteps":                     8,
+		"agents.openai.llmIdleTimeoutSeconds":        120.0,
+		"agents.openai.tools.httpGet.maxBytes":       1 << 20,
+		"agents.openai.tools.httpGet.timeoutSeconds": 20.0,
+		"agents.exec.format":                         ExecFormatJSONL,
+
+		"channels.telegram.apiURL":        "https://api.telegram.org",
+		"channels.telegram.mode":          TelegramPolling,
+		"channels.telegram.maxInputChars": 8000,
+
+		"watchdog.enabled":   true,
+		"watchdog.autoAbort": true,
+
+		"store.path":      "turnguard.db",
+		"store.queueSize": 4096,
+
+		"alerts.stepTimeoutBurst": 5,
+		"alerts.window":           10 * time.Minute,
+	}
+}
+
+// Load reads the configuration: the built-in defaults, then the YAML file at
+// path (skipped when path is ""), then GATEWAY_ environment variables, each
+// layer overriding the one before. The result is validated. An error names
+// the file and every offending key; a *Error when the problem is with keys
+// or values, a wrapped I/O or YAML syntax error otherwise.
+func Load(path string) (*Config, error) {
+	var src koanf.Provider
+	if path != "" {
+		src = file.Provider(path)
+	}
+	return load(path, src, os.Environ())
+}
+
+// Check loads and validates the file at path as Load does (environment
+// included) and reports the first error; it backs `gateway -check`.
+func Check(path string) error {
+	_, err := Load(path)
+	return err
+}
+
+// Default returns the built-in configuration, ignoring files and the
+// environment. It is valid (a test asserts so).
+func Default() *Config {
+	c, err := load("", nil, nil)
+	if err != nil {
+		panic("config: built-in defaults are invalid: " + err.Error())
+	}
+	return c
+}
+
+// load is Load with the file as a provider (nil = none) and the environment
+// given, so that tests and the fuzzer control both.
+func load(name string, src koanf.Provider, environ []string) (*Config, error) {
+	k := koanf.New(".")
+	if err := k.Load(confmap.Provider(defaults(), "."), nil); err != nil {
+		return nil, fmt.Errorf("config defaults: %w", err)
+	}
+	if src != nil {
+		if err := k.Load(src, yamlParser{}); err != nil {
+			return nil, fmt.Errorf("config %s: %w", name, err)
+		}
+	}
+	env := newEnvReader()
+	if err := k.Load(env.provider(environ), nil); err != nil {
+		return nil, fmt.Errorf("config environment: %w", err)
+	}
+	if len(env.problems) > 0 {
+		return nil, &Error{File: name, Problems: env.problems}
+	}
+
+	c := new(Config)
+	if probs := decode(k, c); len(probs) > 0 {
+		return nil, &Error{File: name, Problems: probs}
+	}
+	if c.Server.OperatorToken == "" {
+		c.Server.OperatorToken = c.Server.Token
+	}
+	set, probs := c.validate()
+	if len(probs) > 0 {
+		return nil, &Error{File: name, Problems: probs}
+	}
+	c.msgs = set
+	return c, nil
+}
+
+// decode unmarshals the merged layers into c. Keys match exactly (camelCase
+// as documented); unknown keys and values of the wrong type are problems
+// naming the key path.
+func decode(k *koanf.Koanf, c *Config) []Problem {
+	err := k.UnmarshalWithConf("", c, koanf.UnmarshalConf{
+		Tag: "koanf",
+		DecoderConfig: &mapstructure.DecoderConfig{
+			DecodeHook:  mapstructure.ComposeDecodeHookFunc(durationHook, wholeNumberHook),
+			ErrorUnused: true,
+			MatchName:   func(mapKey, fieldName string) bool { return mapKey == fieldName },
+		},
+	})
+	if err == nil {
+		return nil
+	}
+	var probs []Problem
+	collectDecodeProblems(err, &probs)
+	return probs
+}
+
+var (
+	rootTypeName = reflect.TypeFor[Config]().String()
+	// mapstructure names a map entry "messages[timeout]"; the key path is
+	// "messages.timeout". List indices ("commands[0]") stay.
+	mapKeyBrackets = regexp.MustCompile(`\[([^\]]*[^\]0-9][^\]]*)\]`)
+)
+
+// collectDecodeProblems turns mapstructure's error tree into problems.
+func collectDecodeProblems(err error, probs *[]Problem) {
+	de, isDecode := err.(*mapstructure.DecodeError)
+	switch {
+	case isDecode:
+		name := mapKeyBrackets.ReplaceAllString(de.Name(), ".$1")
+		if name == rootTypeName {
+			name = ""
+		}
+		msg := de.Unwrap().Error()
+		if keys, ok := strings.CutPrefix(msg, "has invalid keys: "); ok {
+			parent := rootSchema().lookup(name)
+			for _, key := range strings.Split(keys, ", ") {
+				text := fmt.Sprintf("unknown key %q", joinKey(name, key))
+				if parent != nil {
+					if s := parent.suggest(key); s != "" {
+						text += fmt.Sprintf(" (did you mean %q?)", joinKey(name, s))
+					}
+				}
+				*probs = append(*probs, Problem{Key: joinKey(name, key), Text: text})
+			}
+			return
+		}
+		var ute *mapstructure.UnconvertibleTypeError
+		switch {
+		case errors.As(de.Unwrap(), &ute):
+			msg = fmt.Sprintf("must be %s, got %s", describeType(ute.Expected.Type()), describeValue(ute.Value))
+		case strings.HasPrefix(msg, "expected a map"):
+			msg = "must be a mapping of keys to values"
+		case strings.HasPrefix(msg, "source data must be an array or slice"):
+			msg = "must be a list, such as [a, b]"
+		}
+		*probs = append(*probs, Problem{Key: name, Text: name + ": " + msg})
+	case isJoin(err):
+		for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+			collectDecodeProblems(e, probs)
+		}
+	case errors.Unwrap(err) != nil: // mapstructure's "decoding failed due to…" wrapper
+		collectDecodeProblems(errors.Unwrap(err), probs)
+	default:
+		*probs = append(*probs, Problem{Text: err.Error()})
+	}
+}
+
+func isJoin(err error) bool {
+	_, ok := err.(interface{ Unwrap() []error })
+	return ok
+}
+
+func describeType(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice:
+		return "a list"
+	case reflect.Map, reflect.Struct:
+		return "a mapping"
+	}
+	return t.String()
+}
+
+func describeValue(v any) string {
+	if v == nil {
+		return "nothing"
+	}
+	return describeType(reflect.TypeOf(v))
+}
+
+// durationHook decodes a duration key from a Go duration string ("90s",
+// "10m", "1h30m"). A bare number is refused: it would be nanoseconds.
+func durationHook(from, to reflect.Type, data any) (any, error) {
+	if to != durationType || from == durationType {
+		return data, nil
+	}
+	if from.Kind() == reflect.String {
+		d, err := time.ParseDuration(strings.TrimSpace(reflect.ValueOf(data).String()))
+		if err != nil {
+			return nil, errors.New("must be a duration such as 90s or 10m")
+		}
+		return d, nil
+	}
+	return nil, errors.New("must be a duration with a unit, such as 90s or 10m")
+}
+
+// wholeNumberHook refuses to truncate or wrap: a fraction or an
+// out-of-range number for an integer key is an error, not a silent change.
+func wholeNumberHook(from, to reflect.Type, data any) (any, error) {
+	if to == durationType || to.Kind() < reflect.Int || to.Kind() > reflect.Int64 {
+		return data, nil
+	}
+	v := reflect.ValueOf(data)
+	var i int64
+	switch v.Kind() {
+	case reflect.Float32, reflect.Float64:
+		f := v.Float()
+		if f != math.Trunc(f) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("must be a whole number, got %v", f)
+		}
+		if f < math.MinInt64 || f >= math.MaxInt64 {
+			return nil, errors.New("is out of range")
+		}
+		i = int64(f)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		u := v.Uint()
+		if u > math.MaxInt64 {
+			return nil, errors.New("is out of range")
+		}
+		i = int64(u)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		i = v.Int()
+	default:
+		return data, nil
+	}
+	if reflect.New(to).Elem().OverflowInt(i) {
+		return nil, errors.New("is out of range")
+	}
+	return i, nil
+}
+
+// yamlParser is koanf's YAML parser with two changes: a key with no value
+// ("server:" with everything below commented out) is the same as an absent
+// key, so it does not wipe the defaults below it; and quoted text in YAML
+// errors is elided so a mis-pasted secret is not echoed.
+type yamlParser struct{}
+
+var yamlQuoted = regexp.MustCompile("`[^`]*`")
+
+func (yamlParser) Unmarshal(b []byte) (map[string]any, error) {
+	m, err := yaml.Parser().Unmarshal(b)
+	if err != nil {
+		msg := yamlQuoted.ReplaceAllString(err.Error(), "`…`")
+		msg = strings.ReplaceAll(strings.ReplaceAll(msg, ":\n  ", ": "), "\n  ", "; ")
+		return nil, errors.New(msg)
+	}
+	pruneNil(m)
+	return m, nil
+}
+
+func (yamlParser) Marshal(m map[string]any) ([]byte, error) { return yaml.Parser().Marshal(m) }
+
+// pruneNil deletes null values from nested maps. Lists are left alone (a
+// JSON schema under a command's parameters may use null).
+func pruneNil(m map[string]any) {
+	for k, v := range m {
+		switch v := v.(type) {
+		case nil:
+			delete(m, k)
+		case map[string]any:
+			pruneNil(v)
+		case map[any]any:
+			for k2, v2 := range v {
+				if v2 == nil {
+					delete(v, k2)
+				} else if sub, ok := v2.(map[string]any); ok {
+					pruneNil(sub)
+				}
+			}
+		}
+	}
+}

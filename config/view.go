@@ -1,0 +1,206 @@
+package config
+
+import (
+	"maps"
+	"net/url"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/timeout"
+)
+
+// Redaction replaces every non-empty secret in Redacted and String.
+const Redaction = "[redacted]"
+
+// MessageSet returns the message templates, parsed once at load. For a
+// Config not made by Load it parses Messages on each call and falls back to
+// the built-in texts if they do not parse (Validate reports why).
+func (c *Config) MessageSet() *messages.Set {
+	if c.msgs != nil {
+		return c.msgs
+	}
+	if s, err := messages.Parse(c.Messages); err == nil {
+		return s
+	}
+	return messages.MustDefault()
+}
+
+// TurnSettings returns the effective limits of a turn on channel ("ws" or
+// "telegram"; any other name gets agents.defaults alone): request (the
+// per-request wall clock override, 0 = none) over
+// channels.<channel>.timeouts over agents.defaults over the built-in
+// defaults, clamped as timeout.Resolve documents.
+func (c *Config) TurnSettings(channel string, request time.Duration) timeout.Settings {
+	layers := make([]timeout.Keys, 0, 2)
+	switch channel {
+	case ChannelWS:
+		layers = append(layers, c.Channels.WS.Timeouts)
+	case ChannelTelegram:
+		layers = append(layers, c.Channels.Telegram.Timeouts)
+	}
+	layers = append(layers, c.Agents.Defaults.Keys)
+	return timeout.Resolve(request, layers...)
+}
+
+// RunnerFor returns the runner name for a turn on channel: the channel's
+// runner override if set, else agents.defaults.runner.
+func (c *Config) RunnerFor(channel string) string {
+	var r string
+	switch channel {
+	case ChannelWS:
+		r = c.Channels.WS.Runner
+	case ChannelTelegram:
+		r = c.Channels.Telegram.Runner
+	}
+	if r != "" {
+		return r
+	}
+	return c.Agents.Defaults.Runner
+}
+
+// Redacted returns a deep copy of c in which every non-empty secret is
+// replaced by Redaction: server.token, server.operatorToken,
+// agents.openai.apiKey, channels.telegram.token,
+// channels.telegram.webhookSecret and the values of agents.exec.env. In
+// URLs (agents.openai.baseURL, channels.telegram.apiURL and webhookURL,
+// alerts.webhookURL) the user info, query string and fragment are
+// replaced. c is not modified.
+func (c *Config) Redacted() Config {
+	r := *c
+	r.Messages = maps.Clone(c.Messages)
+	r.Alerts.TelegramChatIDs = slices.Clone(c.Alerts.TelegramChatIDs)
+
+	r.Server.Token = redact(c.Server.Token)
+	r.Server.OperatorToken = redact(c.Server.OperatorToken)
+
+	r.Agents.Defaults.Keys = cloneKeys(c.Agents.Defaults.Keys)
+	o := &r.Agents.OpenAI
+	o.APIKey = redact(o.APIKey)
+	o.BaseURL = redactURL(o.BaseURL)
+	o.Tools.HTTPGet.Allow = slices.Clone(o.Tools.HTTPGet.Allow)
+	o.Tools.Commands = slices.Clone(o.Tools.Commands)
+	for i := range o.Tools.Commands {
+		cmd := &o.Tools.Commands[i]
+		cmd.Argv = slices.Clone(cmd.Argv)
+		cmd.Parameters, _ = deepCopy(cmd.Parameters).(map[string]any)
+	}
+	r.Agents.Exec.Args = slices.Clone(c.Agents.Exec.Args)
+	if c.Agents.Exec.Env != nil {
+		r.Agents.Exec.Env = make(map[string]string, len(c.Agents.Exec.Env))
+		for k, v := range c.Agents.Exec.Env {
+			r.Agents.Exec.Env[k] = redact(v)
+		}
+	}
+
+	r.Channels.WS.Timeouts = cloneKeys(c.Channels.WS.Timeouts)
+	tg := &r.Channels.Telegram
+	tg.Timeouts = cloneKeys(tg.Timeouts)
+	tg.Token = redact(tg.Token)
+	tg.WebhookSecret = redact(tg.WebhookSecret)
+	tg.APIURL = redactURL(tg.APIURL)
+	tg.WebhookURL = redactURL(tg.WebhookURL)
+	tg.AllowedChatIDs = slices.Clone(tg.AllowedChatIDs)
+
+	r.Alerts.WebhookURL = redactURL(c.Alerts.WebhookURL)
+	return r
+}
+
+// String renders c as YAML in the shape of the configuration file, with
+// every secret redacted (see Redacted), so printing a Config or *Config with
+// %v or %s, or logging it, never reveals a secret.
+func (c Config) String() string {
+	r := c.Redacted()
+	var b strings.Builder
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(toPlain(reflect.ValueOf(r))); err != nil {
+		return "config: " + err.Error()
+	}
+	_ = enc.Close()
+	return b.String()
+}
+
+// GoString is String, so that %#v is as safe as %v.
+func (c Config) GoString() string { return c.String() }
+
+func redact(s string) string {
+	if s == "" {
+		return ""
+	}
+	return Redaction
+}
+
+// redactURL keeps the scheme, host and path of a URL and replaces user
+// info, query and fragment; a URL that does not parse is redacted whole.
+func redactURL(s string) string {
+	if s == "" {
+		return ""
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" || u.Opaque != "" {
+		return Redaction
+	}
+	var b strings.Builder
+	b.WriteString(u.Scheme + "://")
+	if u.User != nil {
+		b.WriteString(Redaction + "@")
+	}
+	b.WriteString(u.Host + u.EscapedPath())
+	if u.RawQuery != "" || u.ForceQuery {
+		b.WriteString("?" + Redaction)
+	}
+	if u.Fragment != "" {
+		b.WriteString("#" + Redaction)
+	}
+	return b.String()
+}
+
+func cloneKeys(k timeout.Keys) timeout.Keys {
+	clone := func(p *float64) *float64 {
+		if p == nil {
+			return nil
+		}
+		v := *p
+		return &v
+	}
+	k.TimeoutSeconds = clone(k.TimeoutSeconds)
+	k.StepTimeoutSeconds = clone(k.StepTimeoutSeconds)
+	k.MaxTurnTimeSeconds = clone(k.MaxTurnTimeSeconds)
+	k.ProgressNotifyAfterSeconds = clone(k.ProgressNotifyAfterSeconds)
+	k.ProgressRepeatSeconds = clone(k.ProgressRepeatSeconds)
+	k.AbortGraceSeconds = clone(k.AbortGraceSeconds)
+	return k
+}
+
+// deepCopy copies the maps and slices of a decoded YAML value.
+func deepCopy(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		if v == nil {
+			return v
+		}
+		m := make(map[string]any, len(v))
+		for k, e := range v {
+			m[k] = deepCopy(e)
+		}
+		return m
+	case map[any]any:
+		m := make(map[any]any, len(v))
+		for k, e := range v {
+			m[k] = deepCopy(e)
+		}
+		return m
+	case []any:
+		s := make([]any, len(v))
+		for i, e := range v {
+			s[i] = deepCopy(e)
+		}
+		return s
+	}
+	return v
+}
