@@ -1,0 +1,47 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"net/url"
+)
+
+// WithBeforeBatch returns o with a hook the writer goroutine calls before
+// writing each batch; tests block in it to hold the writer.
+func WithBeforeBatch(o Options, f func()) Options {
+	o.beforeBatch = f
+	return o
+}
+
+// CreateAtVersion creates the database at path with the schema migrated to
+// version v only, as an older turnguard would have left it.
+func CreateAtVersion(ctx context.Context, path string, v int) error {
+	db, err := sql.Open("sqlite", dsn(path, false, url.Values{"_txlock": {"immediate"}}))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = migrate(ctx, db, v)
+	return err
+}
+
+// UserVersion reads the schema version of the database at path.
+func UserVersion(ctx context.Context, path string) (int, error) {
+	db, err := sql.Open("sqlite", dsn(path, false, url.Values{}))
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	return userVersion(ctx, db)
+}
+
+// ExecFile runs SQL against the database at path (fixtures).
+func ExecFile(ctx context.Context, path, query string) error {
+	db, err := sql.Open("sqlite", dsn(path, false, url.Values{"_pragma": {"foreign_keys(1)"}}))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, query)
+	return err
+}

@@ -1,0 +1,116 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// The schema is versioned by PRAGMA user_version. migrations/NNNN_*.sql is
+// the SQL that takes the schema from version NNNN-1 to NNNN; files are never
+// edited once released, only added.
+//
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations is the ordered list, loaded once; a malformed embedded file is
+// a build defect, so it panics at init (and in every test).
+var migrations = loadMigrations()
+
+// SchemaVersion is the schema version this build writes.
+var SchemaVersion = len(migrations)
+
+func loadMigrations() []migration {
+	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+	if err != nil {
+		panic(err)
+	}
+	sort.Strings(names)
+	out := make([]migration, 0, len(names))
+	for i, name := range names {
+		base := path.Base(name)
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v != i+1 {
+			panic(fmt.Sprintf("store: migration %s: want version %04d", base, i+1))
+		}
+		b, err := migrationFS.ReadFile(name)
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, migration{version: v, name: base, sql: string(b)})
+	}
+	return out
+}
+
+// userVersion reads the schema version.
+func userVersion(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) (int, error) {
+	var v int
+	if err := q.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return 0, err
+	}
+	return v, nil
+}
+
+// migrate brings db to schema version target (0 < target <= SchemaVersion),
+// one transaction per version, and returns the version it started from. A
+// database newer than this build is left alone with ErrSchemaTooNew. Safe
+// against a concurrent migrator: each step re-reads the version inside its
+// write transaction.
+func migrate(ctx context.Context, db *sql.DB, target int) (from int, err error) {
+	from, err = userVersion(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	if from > SchemaVersion {
+		return from, fmt.Errorf("schema version %d, this build knows up to %d: %w", from, SchemaVersion, ErrSchemaTooNew)
+	}
+	for _, m := range migrations[:target] {
+		if err := applyMigration(ctx, db, m); err != nil {
+			return from, err
+		}
+	}
+	return from, nil
+}
+
+func applyMigration(ctx context.Context, db *sql.DB, m migration) error {
+	tx, err := db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (see the DSN)
+	if err != nil {
+		return fmt.Errorf("migration %s: begin: %w", m.name, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
+	cur, err := userVersion(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("migration %s: read schema version: %w", m.name, err)
+	}
+	if cur >= m.version {
+		return nil
+	}
+	if cur != m.version-1 {
+		return fmt.Errorf("migration %s: schema is at version %d, want %d", m.name, cur, m.version-1)
+	}
+	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+		return fmt.Errorf("migration %s: %w", m.name, err)
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", m.version)); err != nil {
+		return fmt.Errorf("migration %s: set schema version: %w", m.name, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migration %s: commit: %w", m.name, err)
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/store"
+)
+
+func TestMigrateEmptyFileToLatest(t *testing.T) {
+	ctx := context.Background()
+	path := dbPath(t)
+	s := open(t, path, store.Options{})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := store.UserVersion(ctx, path)
+	if err != nil || v != store.SchemaVersion || v < 2 {
+		t.Fatalf("schema version = %d, %v; want %d (at least 2)", v, err, store.SchemaVersion)
+	}
+	// Reopening an up-to-date file changes nothing.
+	open(t, path, store.Options{}).Close()
+	if v2, _ := store.UserVersion(ctx, path); v2 != v {
+		t.Errorf("schema version after reopen = %d, want %d", v2, v)
+	}
+}
+
+// Version 1 is the previous schema version. When a version is added, add a
+// fixture of the then-previous version and a test like this one.
+func TestMigrateFromVersion1KeepsRows(t *testing.T) {
+	ctx := context.Background()
+	path := dbPath(t)
+	if err := store.CreateAtVersion(ctx, path, 1); err != nil {
+		t.Fatalf("create at version 1: %v", err)
+	}
+	fixture, err := os.ReadFile("testdata/v1_rows.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.ExecFile(ctx, path, string(fixture)); err != nil {
+		t.Fatalf("load fixture: %v", err)
+	}
+
+	s := open(t, path, store.Options{})
+	if v, _ := store.UserVersion(ctx, path); v != store.SchemaVersion {
+		t.Errorf("schema version = %d, want %d", v, store.SchemaVersion)
+	}
+	want := []msg{
+		{store.RoleUser, "What is the capital of France?", ""},
+		{store.RoleAssistant, "Paris.", event.ReasonStop},
+		{store.RoleUser, "Find me flights to Paris.", ""},
+	}
+	if got := msgs(mustHistory(t, s, "telegram:42")); !slices.Equal(got, want) {
+		t.Errorf("history = %q, want %q", got, want)
+	}
+	old := mustTurn(t, s, "run-old-1")
+	if old.State != store.TurnFinished || !old.StartedAt.Equal(t0) || old.LastStep.Name != "gpt-4o" || !old.Deadline.IsZero() {
+		t.Errorf("migrated turn = %+v", old)
+	}
+	running, err := s.RunningTurns(ctx)
+	if err != nil || len(running) != 1 || running[0].RunID != "run-old-2" || running[0].CurrentStep.Name != "web_search" {
+		t.Fatalf("RunningTurns = %+v, %v; want run-old-2 in web_search", running, err)
+	}
+
+	// What version 2 added works on the migrated file: interruption
+	// recovery journals, the outbox stores.
+	if ok, err := s.MarkInterrupted(ctx, "run-old-2", "⚠️ restarted"); !ok || err != nil {
+		t.Fatalf("MarkInterrupted = %v, %v", ok, err)
+	}
+	if _, err := s.Enqueue(ctx, store.OutboxMessage{Channel: "telegram", ChatRef: "42", RunID: "run-old-2",
+		Kind: store.OutboxNotice, Text: "⚠️ restarted"}); err != nil {
+		t.Fatalf("Enqueue: %v", err)
+	}
+	tr := newTurn("run-new", "telegram:42")
+	handleAll(s, tr.ev(event.TurnStarted, time.Hour, func(e *event.Event) { e.Text = "and hotels?" }))
+	flush(t, s)
+	if got := len(mustHistory(t, s, "telegram:42")); got != 5 {
+		t.Errorf("history has %d messages, want 5", got)
+	}
+	j, err := s.Journal(ctx, store.Filter{SessionKey: "telegram:42"})
+	if err != nil || len(j) != 2 {
+		t.Errorf("journal = %+v, %v; want the interruption and the new start", j, err)
+	}
+}
+
+func TestOpenRefusesNewerSchema(t *testing.T) {
+	ctx := context.Background()
+	path := dbPath(t)
+	open(t, path, store.Options{}).Close()
+	if err := store.ExecFile(ctx, path, "PRAGMA user_version = 99"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := store.Open(ctx, path, store.Options{Logger: quiet})
+	if !errors.Is(err, store.ErrSchemaTooNew) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Open of a newer schema = %v, want ErrSchemaTooNew naming the file", err)
+	}
+	if v, _ := store.UserVersion(ctx, path); v != 99 {
+		t.Errorf("schema version = %d: the newer file was changed", v)
+	}
+}
+
+func TestOpenRefusesNonDatabase(t *testing.T) {
+	path := dbPath(t)
+	junk := bytes.Repeat([]byte("this is not a database\n"), 200)
+	if err := os.WriteFile(path, junk, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := store.Open(context.Background(), path, store.Options{Logger: quiet})
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Open of a text file = %v, want an error naming it", err)
+	}
+	after, _ := os.ReadFile(path)
+	if !bytes.Equal(after, junk) {
+		t.Errorf("the file was modified")
+	}
+}

@@ -1,0 +1,422 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/turnguard/turnguard/gateway/event"
+)
+
+// Handle records ev. It is an event.Handler for bus.Subscribe("", …): it is
+// called on the publishing goroutine, so it never blocks, never does I/O
+// and never fails. It copies ev into the bounded queue; when the queue is
+// full, or the store is closed, the event is dropped and counted (Dropped).
+// Delta events are ignored (the reply is recorded whole when the turn ends).
+//
+// The writer goroutine applies queued events in order, in batches of up to
+// Options.BatchSize per transaction:
+//   - TurnStarted creates the session if new, the turn (state running) and
+//     the user's message in the history.
+//   - StepStarted / StepCompleted update the turn's current and last step.
+//   - Aborted and Finished end the turn (state aborted / finished, stop
+//     reason, end time) and append the assistant message described on
+//     Message; they create the turn if its TurnStarted was lost. Only the
+//     first ending of a turn counts.
+//   - Every event except Delta, including the above, is journaled.
+//
+// An event without a run id or session key is counted as failed.
+func (s *SQLite) Handle(ev event.Event) {
+	if ev.Kind == event.Delta {
+		return
+	}
+	if s.closed.Load() {
+		s.dropped.Add(1)
+		return
+	}
+	select {
+	case s.queue <- ev:
+		s.enqueued.Add(1)
+	default:
+		s.dropped.Add(1)
+	}
+}
+
+// Dropped reports how many events Handle refused because the queue was full
+// (or the store closed).
+func (s *SQLite) Dropped() uint64 { return s.dropped.Load() }
+
+// QueueDepth reports how many events are waiting for the writer.
+func (s *SQLite) QueueDepth() int { return len(s.queue) }
+
+// Stats returns the recorder's counters.
+func (s *SQLite) Stats() Stats {
+	return Stats{
+		Enqueued: s.enqueued.Load(), Written: s.written.Load(), Dropped: s.dropped.Load(),
+		Failed: s.failed.Load(), QueueDepth: len(s.queue),
+	}
+}
+
+// Flush returns nil once every event that Handle accepted before the call
+// has been written or counted as failed. It returns ctx's error if ctx ends
+// first, and ErrClosed if the store is closed before then (Close itself
+// writes what was queued).
+func (s *SQLite) Flush(ctx context.Context) error {
+	target := s.enqueued.Load()
+	for {
+		s.mu.Lock()
+		reached, wait := s.processed >= target, s.progress
+		s.mu.Unlock()
+		if reached {
+			return nil
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return fmt.Errorf("flush store: %w", ctx.Err())
+		case <-s.done:
+			s.mu.Lock()
+			reached = s.processed >= target
+			s.mu.Unlock()
+			if reached {
+				return nil
+			}
+			return fmt.Errorf("flush store: %w", ErrClosed)
+		}
+	}
+}
+
+// run is the writer goroutine.
+func (s *SQLite) run() {
+	defer close(s.done)
+	batch := make([]event.Event, 0, s.batchSize)
+	for {
+		select {
+		case ev := <-s.queue:
+			batch = append(batch, ev)
+		case <-s.stop:
+			// Close: write what is queued, then exit.
+			for {
+				batch = s.fill(batch)
+				if len(batch) == 0 {
+					return
+				}
+				s.write(batch)
+				batch = batch[:0]
+			}
+		}
+		batch = s.fill(batch)
+		s.write(batch)
+		batch = batch[:0]
+	}
+}
+
+// fill appends queued events to batch without waiting, up to the batch size.
+func (s *SQLite) fill(batch []event.Event) []event.Event {
+	for len(batch) < s.batchSize {
+		select {
+		case ev := <-s.queue:
+			batch = append(batch, ev)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// write applies batch in one transaction. Events that cannot be valid are
+// counted as failed without touching the database. If the transaction fails
+// because of one event's content (a constraint, a value too big), each
+// event is retried in its own transaction so that the bad one costs only
+// itself; any other failure (disk full, I/O error, a lock held past the busy
+// timeout) fails the whole batch at once, so a sick disk does not hold the
+// writer for batch-size × busy-timeout.
+func (s *SQLite) write(batch []event.Event) {
+	if s.beforeBatch != nil {
+		s.beforeBatch()
+	}
+	ctx := context.Background()
+	var ok, bad uint64
+	valid := batch
+	for i := range batch {
+		if err := validEvent(&batch[i]); err != nil {
+			valid = nil
+			break
+		}
+	}
+	if valid == nil { // rare: copy the valid ones out
+		for i := range batch {
+			if err := validEvent(&batch[i]); err != nil {
+				bad++
+				s.log.Error("store: event not recorded", "run", batch[i].RunID, "kind", batch[i].Kind.String(), "err", err)
+				continue
+			}
+			valid = append(valid, batch[i])
+		}
+	}
+	var err error
+	if len(valid) > 0 {
+		err = s.inTx(ctx, func(tx *sql.Tx) error {
+			for i := range valid {
+				if err := s.apply(ctx, tx, &valid[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	switch {
+	case err == nil:
+		ok += uint64(len(valid))
+	case !eventSpecific(err):
+		bad += uint64(len(valid))
+		s.log.Error("store: events not recorded", "count", len(valid), "err", err)
+	default:
+		for i := range valid {
+			ev := &valid[i]
+			if err := s.inTx(ctx, func(tx *sql.Tx) error { return s.apply(ctx, tx, ev) }); err != nil {
+				bad++
+				s.log.Error("store: event not recorded", "run", ev.RunID, "kind", ev.Kind.String(), "err", err)
+				continue
+			}
+			ok++
+		}
+	}
+	clear(batch) // do not keep the texts alive until the slots are reused
+	s.written.Add(ok)
+	s.failed.Add(bad)
+	s.mu.Lock()
+	s.processed += ok + bad
+	close(s.progress)
+	s.progress = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// eventSpecific reports whether err is due to the content of a statement
+// rather than the state of the database.
+func eventSpecific(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_RANGE:
+		return true
+	}
+	return false
+}
+
+// validEvent rejects what cannot be recorded.
+func validEvent(ev *event.Event) error {
+	switch {
+	case ev.RunID == "":
+		return fmt.Errorf("%w: no run id", ErrInvalid)
+	case ev.SessionKey == "":
+		return fmt.Errorf("%w: no session key", ErrInvalid)
+	case ev.Kind.String() == "unknown":
+		return fmt.Errorf("%w: unknown event kind %d", ErrInvalid, ev.Kind)
+	}
+	return nil
+}
+
+// apply records one valid event inside tx.
+func (s *SQLite) apply(ctx context.Context, tx *sql.Tx, ev *event.Event) error {
+	at := ev.Time
+	if at.IsZero() {
+		at = time.Now()
+	}
+	now := nanos(at)
+	st := &s.st
+	stmt := func(p *sql.Stmt) *sql.Stmt { return tx.StmtContext(ctx, p) }
+
+	switch ev.Kind {
+	case event.TurnStarted:
+		if _, err := stmt(st.upsertSession).ExecContext(ctx, ev.SessionKey, now); err != nil {
+			return fmt.Errorf("upsert session: %w", err)
+		}
+		res, err := stmt(st.startTurn).ExecContext(ctx, ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, now)
+		if err != nil {
+			return fmt.Errorf("start turn: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 1 && ev.Text != "" {
+			if _, err := stmt(st.insertMessage).ExecContext(ctx, ev.SessionKey, ev.RunID, RoleUser, ev.Text, "", now); err != nil {
+				return fmt.Errorf("insert user message: %w", err)
+			}
+		}
+	case event.StepStarted:
+		k, n, q := stepArgs(ev.Step)
+		if _, err := stmt(st.stepStarted).ExecContext(ctx, k, n, q, now, ev.RunID); err != nil {
+			return fmt.Errorf("step started: %w", err)
+		}
+	case event.StepCompleted:
+		k, n, q := stepArgs(ev.Step)
+		if _, err := stmt(st.stepCompleted).ExecContext(ctx, k, n, q, now, ev.RunID); err != nil {
+			return fmt.Errorf("step completed: %w", err)
+		}
+	case event.Aborted, event.Finished:
+		if err := s.endTurn(ctx, tx, ev, now); err != nil {
+			return err
+		}
+	}
+
+	j := journalRow(ev, at)
+	if _, err := stmt(st.insertJournal).ExecContext(ctx, j...); err != nil {
+		return fmt.Errorf("journal %s: %w", ev.Kind, err)
+	}
+	return nil
+}
+
+// endTurn records an Aborted or Finished event: the turn's final state and,
+// if this is the turn's first ending, the assistant message.
+func (s *SQLite) endTurn(ctx context.Context, tx *sql.Tx, ev *event.Event, now int64) error {
+	st := &s.st
+	state, text := TurnFinished, ev.FullText
+	started := now
+	var cur event.Step // a finished turn has no running step
+	if ev.Kind == event.Aborted {
+		state, text, cur = TurnAborted, joinEnding(ev.FullText, ev.Message), ev.Step
+		if ev.Elapsed > 0 {
+			started = now - int64(ev.Elapsed) // only used if TurnStarted was lost
+		}
+	} else if ev.StopReason != event.ReasonStop {
+		text = joinEnding(ev.FullText, ev.Message)
+	}
+	if _, err := tx.StmtContext(ctx, st.upsertSession).ExecContext(ctx, ev.SessionKey, now); err != nil {
+		return fmt.Errorf("upsert session: %w", err)
+	}
+	ck, cn, cq := stepArgs(cur)
+	lk, ln, lq := stepArgs(ev.LastStep)
+	res, err := tx.StmtContext(ctx, st.endTurn).ExecContext(ctx,
+		ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, state, string(ev.StopReason), started, now,
+		ck, cn, cq, lk, ln, lq)
+	if err != nil {
+		return fmt.Errorf("end turn: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 || text == "" {
+		return nil // already ended: its message is in the history
+	}
+	if _, err := tx.StmtContext(ctx, st.insertMessage).ExecContext(ctx,
+		ev.SessionKey, ev.RunID, RoleAssistant, text, string(ev.StopReason), now); err != nil {
+		return fmt.Errorf("insert assistant message: %w", err)
+	}
+	return nil
+}
+
+// joinEnding is the history text of a turn that did not end normally: the
+// partial reply, a blank line, the notice.
+func joinEnding(partial, notice string) string {
+	switch {
+	case partial == "":
+		return notice
+	case notice == "":
+		return partial
+	}
+	return partial + "\n\n" + notice
+}
+
+// stepArgs are the nullable column values of a step.
+func stepArgs(st event.Step) (kind, name, seq any) {
+	if st.IsZero() {
+		return nil, nil, nil
+	}
+	return st.Kind, st.Name, int64(st.Seq)
+}
+
+// journalRow is the insertJournal arguments for ev. It keeps the journal
+// compact: no user text, no reply text.
+func journalRow(ev *event.Event, at time.Time) []any {
+	msg := ev.Message
+	elapsed := ev.Elapsed
+	switch ev.Kind {
+	case event.Paused:
+		msg = ev.Text
+	case event.Finished:
+		if ev.StopReason == event.ReasonStop {
+			msg = ""
+		}
+	case event.StepCompleted:
+		if elapsed == 0 && !ev.Step.StartedAt.IsZero() {
+			elapsed = at.Sub(ev.Step.StartedAt)
+		}
+	}
+	return []any{
+		ev.RunID, ev.SessionKey, int64(ev.Seq), ev.Kind.String(), string(ev.StopReason),
+		ev.Step.Kind, ev.Step.Name, int64(ev.Step.Seq), ev.LastStep.Label(), int64(elapsed), msg, nanos(at),
+	}
+}
+
+// stmts are the writer's prepared statements, prepared once on the write
+// connection and bound to each batch's transaction.
+type stmts struct {
+	upsertSession, startTurn, insertMessage, stepStarted, stepCompleted, endTurn, insertJournal *sql.Stmt
+}
+
+func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
+	for _, p := range []struct {
+		dst **sql.Stmt
+		sql string
+	}{
+		{&st.upsertSession, `INSERT INTO sessions (key, created_at, updated_at) VALUES (?1, ?2, ?2)
+			ON CONFLICT (key) DO UPDATE SET updated_at = max(updated_at, excluded.updated_at)`},
+		// A TurnStarted for a run id whose turn has ended starts it afresh
+		// (the id was reused); for a running turn it is a duplicate.
+		{&st.startTurn, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at)
+			VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?5)
+			ON CONFLICT (run_id) DO UPDATE SET session_key = excluded.session_key, channel = excluded.channel,
+				chat_ref = excluded.chat_ref, state = 'running', stop_reason = '', started_at = excluded.started_at,
+				updated_at = excluded.updated_at, ended_at = NULL, step_kind = NULL, step_name = NULL,
+				step_seq = NULL, last_step_kind = NULL, last_step_name = NULL, last_step_seq = NULL
+			WHERE turns.state <> 'running'`},
+		{&st.insertMessage, `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
+			VALUES (?, ?, ?, ?, ?, ?)`},
+		{&st.stepStarted, `UPDATE turns SET step_kind = ?1, step_name = ?2, step_seq = ?3, updated_at = ?4
+			WHERE run_id = ?5 AND state = 'running'`},
+		// SET expressions see the row's old values: the current step is
+		// cleared only if it is the one that completed.
+		{&st.stepCompleted, `UPDATE turns SET last_step_kind = ?1, last_step_name = ?2, last_step_seq = ?3,
+				step_kind = CASE WHEN step_seq IS ?3 THEN NULL ELSE step_kind END,
+				step_name = CASE WHEN step_seq IS ?3 THEN NULL ELSE step_name END,
+				step_seq = CASE WHEN step_seq IS ?3 THEN NULL ELSE step_seq END,
+				updated_at = ?4
+			WHERE run_id = ?5 AND state = 'running'`},
+		// Ends a running turn, or creates the ended turn if its TurnStarted
+		// was never recorded. Changes no row if the turn already ended.
+		{&st.endTurn, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, stop_reason,
+				started_at, updated_at, ended_at, step_kind, step_name, step_seq,
+				last_step_kind, last_step_name, last_step_seq)
+			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+			ON CONFLICT (run_id) DO UPDATE SET state = excluded.state, stop_reason = excluded.stop_reason,
+				updated_at = excluded.updated_at, ended_at = excluded.ended_at,
+				step_kind = excluded.step_kind, step_name = excluded.step_name, step_seq = excluded.step_seq,
+				last_step_kind = coalesce(excluded.last_step_kind, last_step_kind),
+				last_step_name = coalesce(excluded.last_step_name, last_step_name),
+				last_step_seq = coalesce(excluded.last_step_seq, last_step_seq)
+			WHERE turns.state = 'running'`},
+		{&st.insertJournal, `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
+				step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
+	} {
+		stmt, err := db.PrepareContext(ctx, p.sql)
+		if err != nil {
+			return fmt.Errorf("prepare: %w", err)
+		}
+		*p.dst = stmt
+	}
+	return nil
+}
+
+func (st *stmts) close() error {
+	var errs []error
+	for _, p := range []*sql.Stmt{st.upsertSession, st.startTurn, st.insertMessage, st.stepStarted,
+		st.stepCompleted, st.endTurn, st.insertJournal} {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
+	}
+	return errors.Join(errs...)
+}

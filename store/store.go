@@ -1,0 +1,295 @@
+// Package store owns turnguard's persistence: sessions, the chat history that
+// chat.history returns, one row per turn (its state, stop reason, steps and
+// timestamps), a journal of turn events, and the outbox of terminal messages
+// (final replies and timeout/stop notices) that a channel has not yet
+// delivered.
+//
+// The default implementation, SQLite, keeps everything in one SQLite file
+// (modernc.org/sqlite, pure Go, WAL mode) whose schema is versioned and
+// migrated on Open.
+//
+// Two paths with different guarantees feed it:
+//
+//   - Turn events. The engine publishes every transition on the event bus;
+//     Handle is subscribed there and copies the event into a bounded queue
+//     without blocking. One writer goroutine drains the queue in batches, one
+//     transaction per batch. When the queue is full the event is dropped and
+//     counted (Dropped), so a slow disk never slows a turn. Recording is
+//     therefore best-effort: use Flush to wait for what was enqueued.
+//   - Terminal messages. Enqueue writes an outbox row synchronously and
+//     durably before the channel attempts delivery; the channel then calls
+//     MarkDelivered, MarkAttempt or MarkFailed. After a restart, Pending
+//     lists what still has to be sent, so no final reply or notice is lost.
+//
+// At start-up the gateway calls RunningTurns: every turn still "running" was
+// cut off by the previous process. For each, MarkInterrupted (exactly once,
+// even with concurrent callers) ends it with stop reason "interrupted",
+// journals it and appends the notice to the history; the caller then
+// enqueues the notice in the outbox for the turn's channel and chat.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/turnguard/turnguard/gateway/event"
+)
+
+// Errors callers branch on. They are returned wrapped; test with errors.Is.
+var (
+	// ErrNotFound: no turn or outbox message has that id.
+	ErrNotFound = errors.New("not found")
+	// ErrDuplicate: Enqueue found the run's message of that kind already in
+	// the outbox; the returned id is the existing row's.
+	ErrDuplicate = errors.New("already in the outbox")
+	// ErrInvalid: an argument is missing or malformed.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrClosed: the store has been closed.
+	ErrClosed = errors.New("store closed")
+	// ErrSchemaTooNew: the database was written by a newer turnguard whose
+	// schema this build does not know; it is left untouched.
+	ErrSchemaTooNew = errors.New("database schema is newer than this build")
+)
+
+// Limits on the number of rows a query returns.
+const (
+	DefaultLimit = 200   // used when a limit is 0 or negative
+	MaxLimit     = 10000 // larger limits are lowered to this
+)
+
+// Store is everything the gateway asks of persistence. SQLite is the default
+// implementation; consumers should depend on the smallest of Recorder,
+// Reader and Outbox they need.
+type Store interface {
+	Recorder
+	Reader
+	Outbox
+	Close() error
+}
+
+// Recorder records turn events. Handle is an event.Handler: subscribe it to
+// the bus for all sessions.
+type Recorder interface {
+	// Handle enqueues ev for writing. It never blocks and never fails: when
+	// the queue is full the event is dropped and counted.
+	Handle(ev event.Event)
+	// Flush returns once every event enqueued before the call has been
+	// written (or has failed and been counted), or when ctx is done.
+	Flush(ctx context.Context) error
+	// Stats returns the recorder's counters.
+	Stats() Stats
+}
+
+// Reader answers questions about the recorded past.
+type Reader interface {
+	History(ctx context.Context, sessionKey string, limit int) ([]Message, error)
+	Sessions(ctx context.Context, limit int) ([]Session, error)
+	Turn(ctx context.Context, runID string) (Turn, error)
+	RunningTurns(ctx context.Context) ([]Turn, error)
+	MarkInterrupted(ctx context.Context, runID, message string) (bool, error)
+	Journal(ctx context.Context, f Filter) ([]JournalEntry, error)
+	StallHistory(ctx context.Context, f Filter) ([]Episode, error)
+}
+
+// Outbox holds terminal messages until their channel has delivered them.
+type Outbox interface {
+	Enqueue(ctx context.Context, m OutboxMessage) (int64, error)
+	MarkDelivered(ctx context.Context, id int64) error
+	MarkAttempt(ctx context.Context, id int64, err error) error
+	MarkFailed(ctx context.Context, id int64, reason string) error
+	Pending(ctx context.Context, channel string, limit int) ([]OutboxMessage, error)
+	Counts(ctx context.Context) (OutboxCounts, error)
+}
+
+var _ Store = (*SQLite)(nil)
+
+// Role is who wrote a history message.
+type Role string
+
+// The roles.
+const (
+	RoleUser      Role = "user"
+	RoleAssistant Role = "assistant"
+)
+
+// Message is one entry of a session's chat history.
+//
+// A turn contributes the user's message when it starts and, when it ends,
+// one assistant message whose StopReason is the turn's:
+//   - finished normally ("stop"): the reply;
+//   - finished with an error ("error"), aborted (timeout, step_timeout,
+//     max_turn_time, user, shutdown) or interrupted by a restart: the partial
+//     reply if there was one, a blank line, then the notice the user was
+//     shown. An empty ending adds no message.
+type Message struct {
+	RunID      string           `json:"runId,omitempty"`
+	Role       Role             `json:"role"`
+	Text       string           `json:"text"`
+	StopReason event.StopReason `json:"stopReason,omitempty"`
+	Time       time.Time        `json:"time"`
+}
+
+// Session is one conversation.
+type Session struct {
+	Key       string    `json:"key"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"` // last turn start or end
+	Messages  int       `json:"messages"`  // history length
+}
+
+// TurnState is where a turn is in its life. The values match abort.State's
+// names.
+type TurnState string
+
+// The turn states. Running is the only non-terminal one. A turn cut off by a
+// restart is Aborted with stop reason "interrupted".
+const (
+	TurnRunning  TurnState = "running"
+	TurnFinished TurnState = "finished"
+	TurnAborted  TurnState = "aborted"
+)
+
+// Turn is one run as recorded.
+type Turn struct {
+	RunID      string           `json:"runId"`
+	SessionKey string           `json:"sessionKey"`
+	Channel    string           `json:"channel"`
+	ChatRef    string           `json:"chatRef,omitempty"`
+	State      TurnState        `json:"state"`
+	StopReason event.StopReason `json:"stopReason,omitempty"`
+	StartedAt  time.Time        `json:"startedAt"`
+	UpdatedAt  time.Time        `json:"updatedAt"`
+	EndedAt    time.Time        `json:"endedAt,omitzero"` // zero while running
+	// CurrentStep is the step running at the last recorded event: zero once
+	// it completed or the turn finished; for an aborted turn, the step that
+	// was running when it was stopped. StartedAt is not kept.
+	CurrentStep event.Step `json:"currentStep,omitzero"`
+	// LastStep is the last completed step. StartedAt is not kept.
+	LastStep event.Step `json:"lastStep,omitzero"`
+	// Deadline (wall clock), Ceiling (max turn time) and StepTimeout are
+	// zero when unknown: the turn events do not carry them yet.
+	Deadline    time.Time     `json:"deadline,omitzero"`
+	Ceiling     time.Time     `json:"ceiling,omitzero"`
+	StepTimeout time.Duration `json:"stepTimeoutNs,omitempty"`
+}
+
+// JournalEntry is one recorded turn event. Delta events are not journaled;
+// TurnStarted entries do not repeat the user's text (it is in the history)
+// and Finished entries do not repeat the reply.
+type JournalEntry struct {
+	ID         int64            `json:"id"`
+	RunID      string           `json:"runId"`
+	SessionKey string           `json:"sessionKey"`
+	Seq        uint64           `json:"seq,omitempty"` // the event's per-run sequence; 0 for store-made entries
+	Kind       event.Kind       `json:"-"`
+	KindName   string           `json:"kind"` // Kind.String()
+	StopReason event.StopReason `json:"stopReason,omitempty"`
+	Step       event.Step       `json:"step,omitzero"` // StartedAt is not kept
+	LastStep   string           `json:"lastStep,omitempty"`
+	// Elapsed: for Progress how long the step had run, for Aborted the
+	// turn's age, for ForceFinalized the time since the abort, for
+	// StepCompleted the step's duration.
+	Elapsed time.Duration `json:"elapsedNs,omitempty"`
+	// Message is the rendered notice (Progress, Aborted, Finished with an
+	// error) or the pause reason (Paused).
+	Message string    `json:"message,omitempty"`
+	Time    time.Time `json:"time"`
+}
+
+// Filter selects journal entries or stall episodes. Empty fields do not
+// filter. Since is inclusive, Until exclusive. When more than Limit rows
+// match, the most recent Limit are returned, oldest first.
+type Filter struct {
+	SessionKey string
+	RunID      string
+	Since      time.Time
+	Until      time.Time
+	Limit      int // 0: DefaultLimit; capped at MaxLimit
+}
+
+// Outcome is how a stall episode ended.
+type Outcome string
+
+// The outcomes.
+const (
+	OutcomeRecovered      Outcome = "recovered"       // the slow step made progress again
+	OutcomeFinished       Outcome = "finished"        // the turn finished while the notice was open
+	OutcomeAborted        Outcome = "aborted"         // the turn was stopped (and its runner returned)
+	OutcomeForceFinalized Outcome = "force_finalized" // stopped, and the runner ignored the abort
+	OutcomeOpen           Outcome = "open"            // nothing has ended it (yet)
+)
+
+// Episode is one stall of a turn: from its first progress notice (or, if
+// none came first, its abort) to what ended it.
+type Episode struct {
+	RunID      string           `json:"runId"`
+	SessionKey string           `json:"sessionKey"`
+	Step       event.Step       `json:"step,omitzero"` // the slow step, or the step running at the abort
+	Started    time.Time        `json:"started"`
+	Ended      time.Time        `json:"ended,omitzero"` // zero when Outcome is OutcomeOpen
+	Outcome    Outcome          `json:"outcome"`
+	StopReason event.StopReason `json:"stopReason,omitempty"` // of the abort or finish that ended it
+	Notices    int              `json:"notices"`              // progress notices sent during the episode
+}
+
+// Duration is how long the episode lasted, 0 while open.
+func (e Episode) Duration() time.Duration {
+	if e.Ended.IsZero() {
+		return 0
+	}
+	return e.Ended.Sub(e.Started)
+}
+
+// OutboxKind says which terminal message of a run an outbox row is. A run
+// has at most one of each.
+type OutboxKind string
+
+// The outbox kinds.
+const (
+	OutboxFinal  OutboxKind = "final"  // the reply of a finished turn
+	OutboxNotice OutboxKind = "notice" // the notice of an aborted or interrupted turn
+)
+
+// OutboxMessage is a terminal message for a channel to deliver. Enqueue
+// reads Channel, ChatRef, RunID, Kind and Text; the other fields are
+// reported by Pending.
+type OutboxMessage struct {
+	ID            int64      `json:"id"`
+	Channel       string     `json:"channel"`
+	ChatRef       string     `json:"chatRef,omitempty"`
+	RunID         string     `json:"runId"`
+	Kind          OutboxKind `json:"kind"`
+	Text          string     `json:"text"`
+	CreatedAt     time.Time  `json:"createdAt"`
+	Attempts      int        `json:"attempts"`
+	LastError     string     `json:"lastError,omitempty"`
+	LastAttemptAt time.Time  `json:"lastAttemptAt,omitzero"`
+}
+
+// OutboxCounts counts outbox rows by status.
+type OutboxCounts struct {
+	Pending   int `json:"pending"`
+	Delivered int `json:"delivered"`
+	Failed    int `json:"failed"`
+}
+
+// Stats are the recorder's counters, for metrics.
+type Stats struct {
+	Enqueued   uint64 // events accepted by Handle
+	Written    uint64 // events committed
+	Dropped    uint64 // events refused because the queue was full or the store closed
+	Failed     uint64 // events accepted but not written (invalid, or the write failed)
+	QueueDepth int    // events waiting now
+}
+
+// clampLimit applies DefaultLimit and MaxLimit.
+func clampLimit(n int) int {
+	switch {
+	case n <= 0:
+		return DefaultLimit
+	case n > MaxLimit:
+		return MaxLimit
+	}
+	return n
+}
