@@ -1,0 +1,318 @@
+// Package openai owns the runner that talks to an OpenAI-compatible Chat
+// Completions API (OpenAI, Ollama, vLLM, llama.cpp's server, LM Studio, …)
+// with streaming, and the built-in tools it can offer the model
+// (current_time, http_get and command tools declared in YAML).
+//
+// One turn is an agent loop: an LLM call, then the tool calls the model asked
+// for, then another LLM call with the results, and so on until the model
+// answers without calling a tool or maxSteps LLM calls have been made.
+//
+// What the runner reports through runner.Callbacks:
+//
+//   - StepStarted/StepCompleted("llm", model) around each LLM call (retries
+//     of one call stay inside one step) and ("tool", name) around each tool
+//     call. Tool calls run one after another, in the order the model gave.
+//     A step that fails or is interrupted is not reported complete.
+//   - Delta for every streamed piece of reply text. When a later LLM call
+//     streams text after earlier text, a blank line ("\n\n") is streamed
+//     first, so Result.Text is always exactly the concatenation of the deltas.
+//
+// Failure behaviour:
+//
+//   - Idle stream: if no byte arrives for llmIdleTimeoutSeconds (default 120)
+//     — while waiting for response headers or in the middle of a stream — the
+//     request is cancelled and made once more. A second silent attempt fails
+//     the turn with ErrIdleTimeout. No retry is made when the silent attempt
+//     had already streamed reply text to the user (the retry would repeat it).
+//   - Circuit breaker: idle timeouts of attempts that produced no stream data
+//     are counted across turns; after BreakerThreshold in a row the runner
+//     stops retrying idle attempts (each LLM call gets one attempt and fails
+//     with ErrBreakerOpen) until an attempt produces data again. A dead
+//     provider thus costs one request per LLM call, not two.
+//   - HTTP 408, 429 and 5xx: retried up to 3 times (WithRetries), waiting
+//     what Retry-After says (seconds or an HTTP date) or 1s, 2s, 4s; a wait
+//     longer than the cap (60s by default) is not made and the turn fails.
+//   - Other 4xx: the turn fails at once with a *StatusError whose message is
+//     meant for the user; the API key never appears in any error or log, even
+//     when the provider echoes it.
+//
+// Errors meant for the user also satisfy runner.AsUserError; errors.Is and
+// errors.As reach the typed cause (ErrIdleTimeout, ErrBreakerOpen,
+// ErrMaxSteps, *StatusError). After ctx is cancelled Run returns promptly with
+// the text streamed so far and ctx.Err(); a running command tool's process
+// group is killed.
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/runner"
+)
+
+// Defaults applied by New.
+const (
+	DefaultBaseURL            = "https://api.openai.com/v1"
+	DefaultMaxSteps           = 8
+	DefaultLLMIdleTimeout     = 120 * time.Second
+	DefaultRetries            = 3
+	DefaultRetryMaxWait       = 60 * time.Second
+	DefaultHTTPGetMaxBytes    = 1 << 20
+	DefaultHTTPGetTimeout     = 20 * time.Second
+	DefaultCommandTimeout     = 30 * time.Second
+	DefaultCommandOutputBytes = 64 << 10
+
+	// BreakerThreshold is how many idle timeouts in a row, without any
+	// stream data in between, open the circuit breaker.
+	BreakerThreshold = 5
+)
+
+// Runner runs turns against an OpenAI-compatible Chat Completions API. It is
+// safe for concurrent use by many turns.
+type Runner struct {
+	endpoint     string // …/chat/completions
+	apiKey       string
+	model        string
+	systemPrompt string
+	maxSteps     int
+	idle         time.Duration
+	retries      int
+	retryMaxWait time.Duration
+	client       *http.Client
+	log          *slog.Logger
+	toolByName   map[string]tool
+	toolDefs     []toolDef
+
+	toolClient *http.Client // for http_get; nil = a default client
+
+	idleStreak atomic.Int32 // consecutive idle timeouts without stream data
+}
+
+var _ runner.Runner = (*Runner)(nil)
+
+// Option configures a Runner.
+type Option func(*Runner)
+
+// WithHTTPClient sets the client used to call the provider (default: a
+// client with no overall timeout; the idle timeout bounds each request).
+func WithHTTPClient(c *http.Client) Option { return func(r *Runner) { r.client = c } }
+
+// WithToolHTTPClient sets the client the http_get tool uses. Its
+// CheckRedirect is replaced by the allowlist check.
+func WithToolHTTPClient(c *http.Client) Option { return func(r *Runner) { r.toolClient = c } }
+
+// WithLogger sets the logger (default: discard). The API key is never logged.
+func WithLogger(l *slog.Logger) Option { return func(r *Runner) { r.log = l } }
+
+// WithRetries sets how many times a 408/429/5xx answer is retried (default 3;
+// negative means 0) and the longest wait between attempts the runner accepts
+// (default 60s; ≤ 0 keeps the default).
+func WithRetries(n int, maxWait time.Duration) Option {
+	return func(r *Runner) {
+		r.retries = max(n, 0)
+		if maxWait > 0 {
+			r.retryMaxWait = maxWait
+		}
+	}
+}
+
+// New validates cfg and returns a runner. Unset keys take their defaults:
+// baseURL https://api.openai.com/v1, maxSteps 8, llmIdleTimeoutSeconds 120.
+// model is required; apiKey is optional (local servers need none). Errors
+// name the offending key (agents.openai.…) and never contain the API key.
+func New(cfg config.OpenAI, opts ...Option) (*Runner, error) {
+	r := &Runner{
+		apiKey:       cfg.APIKey,
+		model:        strings.TrimSpace(cfg.Model),
+		systemPrompt: cfg.SystemPrompt,
+		maxSteps:     cfg.MaxSteps,
+		retries:      DefaultRetries,
+		retryMaxWait: DefaultRetryMaxWait,
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	if r.client == nil {
+		r.client = &http.Client{}
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+
+	base := strings.TrimSpace(cfg.BaseURL)
+	if base == "" {
+		base = DefaultBaseURL
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("agents.openai.baseURL: %q is not an http(s) URL (e.g. https://api.openai.com/v1 or http://127.0.0.1:11434/v1)", redact(base, cfg.APIKey))
+	}
+	if u.User != nil {
+		return nil, errors.New("agents.openai.baseURL: must not contain credentials; use agents.openai.apiKey")
+	}
+	r.endpoint = strings.TrimRight(u.String(), "/") + "/chat/completions"
+
+	if r.model == "" {
+		return nil, errors.New("agents.openai.model: required (e.g. gpt-4o-mini, or llama3.2 on Ollama)")
+	}
+	switch {
+	case r.maxSteps == 0:
+		r.maxSteps = DefaultMaxSteps
+	case r.maxSteps < 0:
+		return nil, fmt.Errorf("agents.openai.maxSteps: must be ≥ 1, got %d", r.maxSteps)
+	}
+	switch s := cfg.LLMIdleTimeoutSeconds; {
+	case math.IsNaN(s) || math.IsInf(s, 0) || s < 0:
+		return nil, fmt.Errorf("agents.openai.llmIdleTimeoutSeconds: must be a number ≥ 0, got %v", s)
+	case s == 0:
+		r.idle = DefaultLLMIdleTimeout
+	default:
+		r.idle = max(time.Duration(s*float64(time.Second)), 100*time.Millisecond)
+	}
+	if err := r.buildTools(cfg.Tools); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Model returns the configured model name (the name of "llm" steps).
+func (r *Runner) Model() string { return r.model }
+
+// BreakerOpen reports whether the idle circuit breaker is open.
+func (r *Runner) BreakerOpen() bool { return r.idleStreak.Load() >= BreakerThreshold }
+
+// turnState is what one Run accumulates.
+type turnState struct {
+	cb        runner.Callbacks
+	text      strings.Builder
+	stepStart bool // no delta yet in the current LLM step
+}
+
+// emit streams reply text, separating the text of successive LLM calls.
+func (t *turnState) emit(s string) {
+	if s == "" {
+		return
+	}
+	if t.stepStart {
+		t.stepStart = false
+		if t.text.Len() > 0 && !strings.HasSuffix(t.text.String(), "\n") {
+			s = "\n\n" + s
+		}
+	}
+	t.text.WriteString(s)
+	t.cb.Delta(s)
+}
+
+// Run does one turn. See the package documentation for what it reports.
+func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+	if cb == nil {
+		cb = runner.Nop{}
+	}
+	st := &turnState{cb: cb}
+	result := func(err error) (runner.Result, error) {
+		if ctx.Err() != nil {
+			return runner.Result{Text: st.text.String()}, ctx.Err()
+		}
+		return runner.Result{Text: st.text.String()}, err
+	}
+
+	msgs := make([]chatMessage, 0, len(turn.History)+2)
+	if r.systemPrompt != "" {
+		msgs = append(msgs, chatMessage{Role: "system", Content: ptr(r.systemPrompt)})
+	}
+	for _, m := range turn.History {
+		role := m.Role
+		if role != "assistant" {
+			role = "user"
+		}
+		msgs = append(msgs, chatMessage{Role: role, Content: ptr(m.Text)})
+	}
+	msgs = append(msgs, chatMessage{Role: "user", Content: ptr(turn.Message)})
+
+	for step := 1; step <= r.maxSteps; step++ {
+		cb.StepStarted(event.StepLLM, r.model)
+		st.stepStart = true
+		reply, err := r.complete(ctx, turn.RunID, msgs, st)
+		if err != nil {
+			return result(err)
+		}
+		cb.StepCompleted(event.StepLLM, r.model)
+		if len(reply.toolCalls) == 0 {
+			return result(nil)
+		}
+		if step == r.maxSteps {
+			break
+		}
+		calls := make([]chatToolCall, len(reply.toolCalls))
+		for i, c := range reply.toolCalls {
+			calls[i] = chatToolCall{ID: c.id, Type: "function", Function: chatFunction{Name: c.name, Arguments: c.args}}
+		}
+		am := chatMessage{Role: "assistant", ToolCalls: calls}
+		if reply.text != "" {
+			am.Content = ptr(reply.text)
+		}
+		msgs = append(msgs, am)
+		for _, c := range reply.toolCalls {
+			name := stepName(c.name)
+			cb.StepStarted(event.StepTool, name)
+			out, err := r.callTool(ctx, c.name, c.args)
+			if err != nil { // only cancellation ends the turn
+				return result(err)
+			}
+			cb.StepCompleted(event.StepTool, name)
+			msgs = append(msgs, chatMessage{Role: "tool", ToolCallID: c.id, Content: ptr(out)})
+		}
+	}
+	return result(&failure{
+		user:  fmt.Sprintf("The agent stopped after %d model calls without a final answer (agents.openai.maxSteps).", r.maxSteps),
+		cause: ErrMaxSteps,
+	})
+}
+
+// callTool runs one tool call. A tool's own failure becomes text for the
+// model; only cancellation of ctx is returned as an error.
+func (r *Runner) callTool(ctx context.Context, name, args string) (string, error) {
+	t, ok := r.toolByName[name]
+	if !ok {
+		return fmt.Sprintf("error: unknown tool %q", stepName(name)), nil
+	}
+	raw := json.RawMessage(args)
+	if strings.TrimSpace(args) == "" {
+		raw = json.RawMessage("{}")
+	}
+	if !json.Valid(raw) {
+		return "error: the arguments are not valid JSON", nil
+	}
+	out, err := t.run(ctx, raw)
+	if ctx.Err() != nil {
+		return "", ctx.Err()
+	}
+	if err != nil {
+		return "error: " + err.Error(), nil
+	}
+	return out, nil
+}
+
+// stepName bounds a model-chosen tool name for display.
+func stepName(s string) string {
+	if len(s) > 64 {
+		s = s[:64]
+	}
+	if s == "" {
+		return "unnamed"
+	}
+	return s
+}
+
+func ptr[T any](v T) *T { return &v }
