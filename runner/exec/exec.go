@@ -4,10 +4,10 @@
 //
 // Per turn the command runs in its own process group, in agents.exec.workdir,
 // with the user's message on stdin (then closed) and this environment: the
-// gateway's own, without TURNGUARD_* variables (see Environ), then
-// agents.exec.env, then TURNGUARD_RUN_ID, TURNGUARD_SESSION_KEY and
-// TURNGUARD_CHANNEL describing the turn. Every stderr line goes to the log
-// with the run id.
+// gateway's own without its GATEWAY_* configuration variables (see
+// Environ), then agents.exec.env, then TURNGUARD_RUN_ID,
+// TURNGUARD_SESSION_KEY and TURNGUARD_CHANNEL describing the turn. Every
+// stderr line goes to the log with the run id (never the environment).
 //
 // Stdout is read line by line in one of two formats (agents.exec.format):
 //

@@ -201,7 +201,8 @@ func TestJSONLProtocol(t *testing.T) {
 }
 
 func TestEnvironmentAndWorkdir(t *testing.T) {
-	t.Setenv("TURNGUARD_SECRET", "s3cret") // the gateway's own variables stay out
+	t.Setenv("GATEWAY_SERVER__TOKEN", "s3cret") // the gateway's own variables stay out
+	t.Setenv("TURNGUARD_RUN_ID", "spoofed")     // the turn's variables are the runner's
 	dir := t.TempDir()
 	r, _ := newRunner(t, config.Exec{
 		Command: mustAbs(t, script("env.sh")),

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/turnguard/turnguard/config"
 )
 
 // Process is a command started in its own process group, so that a signal
@@ -93,17 +95,19 @@ func (p *Process) State() *os.ProcessState {
 	}
 }
 
-// EnvPrefix marks the gateway's own environment variables (its secrets may be
-// configured through them); Environ leaves them out of a child's environment.
-const EnvPrefix = "TURNGUARD_"
+// TurnEnvPrefix starts the variables that describe a turn to an exec agent
+// (TURNGUARD_RUN_ID, …).
+const TurnEnvPrefix = "TURNGUARD_"
 
-// Environ returns the gateway's environment for a child process, without the
-// variables whose name starts with EnvPrefix, followed by extra ("KEY=value"
-// entries, which win over inherited ones).
+// Environ returns the gateway's environment for a child process, followed by
+// extra ("KEY=value" entries, which win over inherited ones). It leaves out
+// the gateway's configuration variables (config.EnvPrefix, "GATEWAY_": they
+// may carry its secrets, such as the server token or the OpenAI API key) and
+// TurnEnvPrefix variables (the runner sets those itself).
 func Environ(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, EnvPrefix) {
+		if !strings.HasPrefix(kv, config.EnvPrefix) && !strings.HasPrefix(kv, TurnEnvPrefix) {
 			env = append(env, kv)
 		}
 	}

@@ -82,6 +82,7 @@ const (
 // safe for concurrent use by many turns.
 type Runner struct {
 	endpoint     string // …/chat/completions
+	endpointSafe string // endpoint without its query, for messages
 	apiKey       string
 	model        string
 	systemPrompt string
@@ -154,14 +155,19 @@ func New(cfg config.OpenAI, opts ...Option) (*Runner, error) {
 	if base == "" {
 		base = DefaultBaseURL
 	}
+	// The URL is not echoed: its query may hold a secret.
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("agents.openai.baseURL: %q is not an http(s) URL (e.g. https://api.openai.com/v1 or http://127.0.0.1:11434/v1)", redact(base, cfg.APIKey))
+		return nil, errors.New("agents.openai.baseURL: not an http(s) URL (e.g. https://api.openai.com/v1 or http://127.0.0.1:11434/v1)")
 	}
 	if u.User != nil {
 		return nil, errors.New("agents.openai.baseURL: must not contain credentials; use agents.openai.apiKey")
 	}
-	r.endpoint = strings.TrimRight(u.String(), "/") + "/chat/completions"
+	u.Fragment, u.RawFragment = "", ""
+	u.Path = strings.TrimRight(u.Path, "/") + "/chat/completions"
+	u.RawPath = ""
+	r.endpoint = u.String()
+	r.endpointSafe = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 
 	if r.model == "" {
 		return nil, errors.New("agents.openai.model: required (e.g. gpt-4o-mini, or llama3.2 on Ollama)")

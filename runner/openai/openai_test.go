@@ -623,3 +623,29 @@ func isZombie(pid int) bool {
 	i := strings.LastIndexByte(string(b), ')')
 	return i > 0 && strings.HasPrefix(string(b[i+1:]), " Z")
 }
+
+// TestUnreachableProvider: a connection error names the endpoint without
+// its query (which may hold a secret) and is not retried.
+func TestUnreachableProvider(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	base := srv.URL
+	srv.Close()
+	r, err := New(config.OpenAI{BaseURL: base + "/v1?token=q-secret", Model: "m", APIKey: "sk-unreachable-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	_, err = r.Run(t.Context(), turn, rec)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if want := "openai: request to " + base + "/v1/chat/completions: "; !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("err = %q, want %q… connection refused", err, want)
+	}
+	if strings.Contains(err.Error(), "q-secret") || strings.Contains(err.Error(), "sk-unreachable-key") {
+		t.Errorf("err leaks a secret: %q", err)
+	}
+	if ev := rec.events(); !slices.Equal(ev, []string{"start llm m"}) {
+		t.Errorf("events %q", ev)
+	}
+}

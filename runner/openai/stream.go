@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -226,7 +227,11 @@ func (r *Runner) attempt(ctx context.Context, body []byte, st *turnState) (reply
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
-		return llmReply{}, fmt.Errorf("openai: request to model provider: %s", redact(err.Error(), r.apiKey))
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the URL, whose query may hold a secret
+		}
+		return llmReply{}, fmt.Errorf("openai: request to %s: %s", r.endpointSafe, redact(err.Error(), r.apiKey))
 	}
 	defer resp.Body.Close()
 
