@@ -101,14 +101,10 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 	now := g.now()
 	r := &Run{
 		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef,
-		Settings: spec.Settings, StartedAt: g.wall(now), reg: g, msgs: spec.Messages, start: now,
-		wallDeadline: now + int64(spec.Settings.Timeout),
+		Settings: spec.Settings, reg: g, msgs: spec.Messages, start: now,
 	}
 	if r.msgs == nil {
 		r.msgs = defaultMessages
-	}
-	if spec.Settings.MaxTurnTime > 0 {
-		r.ceiling = now + int64(spec.Settings.MaxTurnTime)
 	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	s.runs[spec.RunID] = r
@@ -196,8 +192,8 @@ type View struct {
 func (r *Run) View() View {
 	v := View{
 		Start:        time.Duration(r.start),
-		WallDeadline: time.Duration(r.wallDeadline),
-		Ceiling:      time.Duration(r.ceiling),
+		WallDeadline: time.Duration(r.wallDeadline()),
+		Ceiling:      time.Duration(r.ceiling()),
 		LivenessRef:  time.Duration(r.livenessRef()),
 		Paused:       r.pausedAt.Load() != 0,
 		NoticeSeq:    r.noticeSeq.Load(),
@@ -237,10 +233,11 @@ func (r *Run) Armed() time.Duration { return time.Duration(r.armed.Load()) }
 // SetArmed records the scheduler's next look.
 func (r *Run) SetArmed(t time.Duration) { r.armed.Store(int64(t)) }
 
-// SchedIndex and SetSchedIndex hold the run's heap index; only the scheduler
+// SchedIndex and SetSchedIndex hold the run's heap slot: index+1 while the
+// run is in the scheduler's heap, 0 when it is not. Only the scheduler
 // touches them, under its own lock.
-func (r *Run) SchedIndex() int     { return r.schedIndex }
-func (r *Run) SetSchedIndex(i int) { r.schedIndex = i }
+func (r *Run) SchedIndex() int     { return int(r.schedIndex) }
+func (r *Run) SetSchedIndex(i int) { r.schedIndex = int32(i) }
 
 // Snapshot is a run as operators and /status see it.
 type Snapshot struct {
@@ -270,9 +267,9 @@ func (r *Run) Snapshot() Snapshot {
 	cur, last := r.steps2()
 	s := Snapshot{
 		RunID: r.ID, SessionKey: r.SessionKey, Channel: r.Channel, ChatRef: r.ChatRef,
-		State: r.State().String(), StopReason: r.StopReason(), StartedAt: r.StartedAt,
+		State: r.State().String(), StopReason: r.StopReason(), StartedAt: r.StartedAt(),
 		Elapsed: time.Duration(now - r.start), CurrentStep: cur, LastStep: last, Paused: v.Paused,
-		UntilWall: time.Duration(r.wallDeadline - now), Returned: v.Returned,
+		UntilWall: time.Duration(r.wallDeadline() - now), Returned: v.Returned,
 	}
 	if v.StepRunning {
 		s.StepElapsed = time.Duration(now) - v.StepStarted
@@ -281,8 +278,8 @@ func (r *Run) Snapshot() Snapshot {
 	if r.Settings.StepTimeout > 0 && !v.Paused {
 		s.UntilStep = v.LivenessRef + r.Settings.StepTimeout - time.Duration(now)
 	}
-	if r.ceiling > 0 {
-		s.UntilCeiling = time.Duration(r.ceiling - now)
+	if c := r.ceiling(); c > 0 {
+		s.UntilCeiling = time.Duration(c - now)
 	}
 	return s
 }

@@ -61,40 +61,53 @@ type stepRec struct {
 // assume one writer for step bookkeeping); anyone may call Abort, Finish,
 // Snapshot and the getters.
 type Run struct {
+	// Hot: read on every StepCompleted. Kept together at the front so the
+	// hot path touches one cache line of the Run.
+	reg   *Registry
+	cur   atomic.Pointer[stepRec] // the running step, or the last completed one
+	start int64                   // ns since the registry epoch
+
 	ID         string
 	SessionKey string
 	Channel    string
 	ChatRef    string
 	Settings   timeout.Settings
-	StartedAt  time.Time // wall clock, for display
 
-	reg          *Registry
-	msgs         *messages.Set
-	ctx          context.Context
-	cancel       context.CancelCauseFunc
-	start        int64 // ns since the registry epoch
-	wallDeadline int64
-	ceiling      int64 // 0 = none
+	msgs   *messages.Set
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 
-	state     atomic.Uint32
 	reason    atomic.Pointer[event.StopReason]
-	cur       atomic.Pointer[stepRec] // the running step, or the last completed one
-	activity  atomic.Int64            // last liveness reset not due to a step (heartbeat, activity, resume shift)
-	pausedAt  atomic.Int64            // 0 = not paused
+	activity  atomic.Int64 // last liveness reset not due to a step (heartbeat, activity, resume shift)
+	pausedAt  atomic.Int64 // 0 = not paused
 	abortedAt atomic.Int64
+	state     atomic.Uint32
+	steps     atomic.Uint32
 	returned  atomic.Bool // the runner's Run call has returned
 	released  atomic.Bool // the session is free again (returned or force-finalized)
-	steps     atomic.Uint32
 
 	// Owned by the maintenance scheduler (written only by it).
 	noticeSeq    atomic.Uint32 // step seq that has an open progress notice; 0 = none
+	schedIndex   int32         // heap slot, guarded by the scheduler's mutex
 	lastNoticeAt atomic.Int64
 	armed        atomic.Int64 // when the scheduler will next look at this run; 0 = not armed
-	schedIndex   int          // heap index, guarded by the scheduler's mutex
 
 	mu   sync.Mutex // orders event publication and guards seq and text
 	seq  uint64
-	text strings.Builder
+	text *strings.Builder // streamed reply text; nil until the first delta
+}
+
+// StartedAt returns when the run was registered (wall clock, for display).
+func (r *Run) StartedAt() time.Time { return r.reg.wall(r.start) }
+
+// wallDeadline and ceiling are in registry time; ceiling 0 = none.
+func (r *Run) wallDeadline() int64 { return r.start + int64(r.Settings.Timeout) }
+
+func (r *Run) ceiling() int64 {
+	if r.Settings.MaxTurnTime <= 0 {
+		return 0
+	}
+	return r.start + int64(r.Settings.MaxTurnTime)
 }
 
 // Context returns the context the runner must use. It is cancelled when the
@@ -130,12 +143,15 @@ func (r *Run) StepStarted(kind, name string) {
 }
 
 // StepCompleted records that the running step finished, which resets the
-// liveness deadline. This is the hot path: when it matches the running step
+// liveness deadline. This is the hot path: when it matches the current step
 // (the normal case) it costs one clock read, one atomic load and one atomic
-// store, takes no lock and allocates nothing.
+// store, takes no lock and allocates nothing. A completion that matches no
+// started step is recorded as a step of its own (one allocation).
 func (r *Run) StepCompleted(kind, name string) {
 	now := r.now()
-	if c := r.cur.Load(); c != nil && c.done.Load() == 0 && c.name == name && c.kind == kind {
+	// The running step completes; or the step that just completed reports
+	// again (a runner that reports only completions): either way one store.
+	if c := r.cur.Load(); c != nil && c.name == name && c.kind == kind {
 		c.done.Store(now)
 		return
 	}
@@ -225,9 +241,7 @@ func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
 		LastStep:   last,
 	}
 	ev.Message = r.render(reason, ev)
-	r.mu.Lock()
-	ev.FullText = r.text.String()
-	r.mu.Unlock()
+	ev.FullText = r.Text()
 	return ev, true
 }
 
@@ -256,6 +270,9 @@ func (r *Run) Released() bool { return r.released.Load() }
 func (r *Run) AppendText(chunk string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.text == nil {
+		r.text = new(strings.Builder)
+	}
 	r.text.WriteString(chunk)
 	return r.text.String()
 }
@@ -264,6 +281,9 @@ func (r *Run) AppendText(chunk string) string {
 func (r *Run) Text() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.text == nil {
+		return ""
+	}
 	return r.text.String()
 }
 
@@ -334,3 +354,12 @@ func (r *Run) render(reason event.StopReason, ev event.Event) string {
 
 // Messages returns the template set the run renders with.
 func (r *Run) Messages() *messages.Set { return r.msgs }
+
+// RenderError renders the user message for a runner failure.
+func (r *Run) RenderError(err error) string {
+	cur, last := r.steps2()
+	return r.msgs.Render(messages.Error, messages.Fields{
+		Elapsed: messages.Duration(time.Duration(r.now() - r.start)), CurrentStep: cur.Label(),
+		LastStep: last.Label(), Error: err.Error(),
+	})
+}

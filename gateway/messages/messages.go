@@ -56,13 +56,15 @@ type Fields struct {
 // Duration renders as a rounded, human Go duration: 1m30s, 2s, 450ms.
 type Duration time.Duration
 
-// String rounds to a unit a person reads: whole seconds from one second up,
-// milliseconds below it.
+// String rounds to a unit a person reads: whole seconds from a minute up,
+// tenths of a second from one second, milliseconds below.
 func (d Duration) String() string {
 	t := time.Duration(d)
 	switch {
-	case t >= time.Second:
+	case t >= time.Minute:
 		t = t.Round(time.Second)
+	case t >= time.Second:
+		t = t.Round(100 * time.Millisecond)
 	case t >= time.Millisecond:
 		t = t.Round(time.Millisecond)
 	}

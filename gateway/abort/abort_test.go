@@ -1,0 +1,208 @@
+package abort
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/timeout"
+)
+
+func register(t testing.TB, g *Registry, id string) *Run {
+	t.Helper()
+	r, err := g.Register(context.Background(), Spec{RunID: id, SessionKey: "main", Channel: "ws", Settings: timeout.Defaults()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestRegisterRefusesDuplicateAndReturnsExisting(t *testing.T) {
+	g := New(nil)
+	r := register(t, g, "k1")
+	_, err := g.Register(context.Background(), Spec{RunID: "k1"})
+	var dup *DuplicateError
+	if !errors.As(err, &dup) || dup.Run != r || !errors.Is(err, ErrDuplicate) {
+		t.Fatalf("second Register = %v, want DuplicateError with the first run", err)
+	}
+	if _, err := g.Register(context.Background(), Spec{}); err == nil {
+		t.Fatal("empty run id accepted")
+	}
+	// After release the id can start a new run.
+	g.Release(r)
+	if _, err := g.Register(context.Background(), Spec{RunID: "k1", Settings: timeout.Defaults()}); err != nil {
+		t.Fatalf("Register after release: %v", err)
+	}
+}
+
+// TestFinishAbortRaceHasOneWinner runs the race of a runner completing just
+// as a deadline passes thousands of times: exactly one side wins, the loser
+// changes nothing and says it lost.
+func TestFinishAbortRaceHasOneWinner(t *testing.T) {
+	g := New(nil)
+	for i := range 5000 {
+		r := register(t, g, "race")
+		var finishWon, abortWon atomic.Bool
+		var ev event.Event
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() { defer wg.Done(); <-start; finishWon.Store(r.Finish(event.ReasonStop)) }()
+		go func() {
+			defer wg.Done()
+			<-start
+			e, ok := r.Abort(event.ReasonStepTimeout)
+			ev = e
+			abortWon.Store(ok)
+		}()
+		close(start)
+		wg.Wait()
+		if finishWon.Load() == abortWon.Load() {
+			t.Fatalf("iteration %d: finish won %v, abort won %v — want exactly one", i, finishWon.Load(), abortWon.Load())
+		}
+		switch {
+		case finishWon.Load():
+			if r.State() != StateFinished || r.StopReason() != event.ReasonStop || r.Context().Err() != nil {
+				t.Fatalf("finish won but state %v reason %v ctx %v", r.State(), r.StopReason(), r.Context().Err())
+			}
+		default:
+			if r.State() != StateAborted || r.StopReason() != event.ReasonStepTimeout || ev.Kind != event.Aborted {
+				t.Fatalf("abort won but state %v reason %v event %v", r.State(), r.StopReason(), ev.Kind)
+			}
+			if c := context.Cause(r.Context()); c == nil {
+				t.Fatal("abort won but the runner's context is not cancelled")
+			}
+		}
+		g.Release(r)
+	}
+}
+
+func TestAbortTwiceSecondLoses(t *testing.T) {
+	g := New(nil)
+	r := register(t, g, "a")
+	if _, ok := r.Abort(event.ReasonUser); !ok {
+		t.Fatal("first abort lost")
+	}
+	if _, ok := r.Abort(event.ReasonTimeout); ok {
+		t.Fatal("second abort won")
+	}
+	if r.Finish(event.ReasonStop) {
+		t.Fatal("finish after abort won")
+	}
+	if r.StopReason() != event.ReasonUser {
+		t.Fatalf("reason %v", r.StopReason())
+	}
+	var ae *AbortError
+	if !errors.As(context.Cause(r.Context()), &ae) || ae.Reason != event.ReasonUser {
+		t.Fatalf("cause = %v", context.Cause(r.Context()))
+	}
+}
+
+func TestStepsAndAbortMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := New(nil)
+		r := register(t, g, "s")
+		r.StepStarted("tool", "web_search")
+		time.Sleep(2 * time.Second)
+		r.StepCompleted("tool", "web_search")
+		r.StepStarted("tool", "shell")
+		time.Sleep(3 * time.Second)
+		cur, last := r.CurrentStep()
+		if cur.Name != "shell" || cur.Seq != 2 || last.Name != "web_search" {
+			t.Fatalf("current %+v last %+v", cur, last)
+		}
+		r.AppendText("partial ")
+		ev, ok := r.Abort(event.ReasonStepTimeout)
+		if !ok {
+			t.Fatal("abort lost")
+		}
+		want := "⚠️ No progress for 5m0s — last action was web_search. The task may be stuck. Retry or ask for a simpler approach."
+		if ev.Message != want {
+			t.Fatalf("message\n got  %q\n want %q", ev.Message, want)
+		}
+		if ev.Elapsed != 5*time.Second || ev.Step.Name != "shell" || ev.LastStep.Name != "web_search" || ev.FullText != "partial " {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+}
+
+func TestCompletionWithoutStartIsRecorded(t *testing.T) {
+	g := New(nil)
+	r := register(t, g, "u")
+	r.StepCompleted("tool", "memory_lookup")
+	cur, last := r.CurrentStep()
+	if !cur.IsZero() || last.Name != "memory_lookup" {
+		t.Fatalf("current %+v last %+v", cur, last)
+	}
+	r.StepStarted("llm", "gpt")
+	r.StepStarted("tool", "shell") // superseding a running step keeps the completed one as last
+	cur, last = r.CurrentStep()
+	if cur.Name != "shell" || last.Name != "memory_lookup" {
+		t.Fatalf("current %+v last %+v", cur, last)
+	}
+}
+
+func TestLivenessResetRules(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := New(nil)
+		stepMode := register(t, g, "step")
+		s := timeout.Defaults()
+		s.LivenessResetOn = timeout.LivenessActivity
+		act, _ := g.Register(context.Background(), Spec{RunID: "act", Settings: s})
+		time.Sleep(10 * time.Second)
+		stepMode.Activity()
+		act.Activity()
+		if got := stepMode.View().LivenessRef; got != stepMode.View().Start {
+			t.Fatalf("activity reset liveness in step mode: ref %v", got)
+		}
+		if got := act.View().LivenessRef - act.View().Start; got != 10*time.Second {
+			t.Fatalf("activity mode ref moved %v, want 10s", got)
+		}
+		stepMode.Heartbeat()
+		if got := stepMode.View().LivenessRef - stepMode.View().Start; got != 10*time.Second {
+			t.Fatalf("heartbeat moved ref %v, want 10s", got)
+		}
+	})
+}
+
+func TestSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := New(nil)
+		s := timeout.Resolve(0, timeout.Keys{StepTimeoutSeconds: f(60), ProgressNotifyAfterSeconds: f(30)})
+		r, _ := g.Register(context.Background(), Spec{RunID: "snap", SessionKey: "main", Channel: "telegram", Settings: s})
+		r.StepStarted("tool", "shell")
+		time.Sleep(45 * time.Second)
+		sn := r.Snapshot()
+		if !sn.Stalled || sn.StepElapsed != 45*time.Second || sn.UntilStep != 15*time.Second || sn.CurrentStep.Name != "shell" {
+			t.Fatalf("snapshot %+v", sn)
+		}
+		if sn.UntilWall != 30*time.Minute-45*time.Second || sn.UntilCeiling != time.Hour-45*time.Second {
+			t.Fatalf("deadlines %+v", sn)
+		}
+		if sn.State != "running" || !strings.Contains(sn.Channel, "telegram") {
+			t.Fatalf("snapshot %+v", sn)
+		}
+	})
+}
+
+func TestReleaseOnceCallsHook(t *testing.T) {
+	var calls atomic.Int32
+	g := New(func(*Run) { calls.Add(1) })
+	r := register(t, g, "x")
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() { g.Release(r) })
+	}
+	wg.Wait()
+	if calls.Load() != 1 || g.Len() != 0 || r.Context().Err() == nil {
+		t.Fatalf("hook calls %d, len %d, ctx %v", calls.Load(), g.Len(), r.Context().Err())
+	}
+}
+
+func f(v float64) *float64 { return &v }

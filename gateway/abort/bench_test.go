@@ -1,0 +1,106 @@
+package abort
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/timeout"
+)
+
+var sizes = []int{1, 1_000, 100_000, 1_000_000}
+
+// liveRuns registers n runs, each with a running tool step.
+func liveRuns(b *testing.B, n int) []*Run {
+	g := New(nil)
+	runs := make([]*Run, n)
+	st := timeout.Defaults()
+	for i := range runs {
+		r, err := g.Register(context.Background(), Spec{RunID: "run-" + strconv.Itoa(i), SessionKey: "s", Settings: st})
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.StepStarted("tool", "web_search")
+		runs[i] = r
+	}
+	return runs
+}
+
+// BenchmarkStepCompleted measures the hot path at growing numbers of live
+// turns, next to the baseline of what it must at least do: read the clock
+// and store one word atomically.
+func BenchmarkStepCompleted(b *testing.B) {
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("baseline/turns=%d", n), func(b *testing.B) {
+			words := make([]atomic.Int64, n)
+			epoch := time.Now()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				words[i%n].Store(int64(time.Since(epoch)))
+			}
+		})
+		b.Run(fmt.Sprintf("registry/turns=%d", n), func(b *testing.B) {
+			runs := liveRuns(b, n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				runs[i%n].StepCompleted("tool", "web_search")
+			}
+		})
+	}
+}
+
+// BenchmarkStepCompletedParallel is the same with all cores completing steps
+// of different turns at once (turns=1: all on one turn).
+func BenchmarkStepCompletedParallel(b *testing.B) {
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("baseline/turns=%d", n), func(b *testing.B) {
+			words := make([]atomic.Int64, n)
+			epoch := time.Now()
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(next.Add(1)) * 7919
+				for pb.Next() {
+					i++
+					words[i%n].Store(int64(time.Since(epoch)))
+				}
+			})
+		})
+		b.Run(fmt.Sprintf("registry/turns=%d", n), func(b *testing.B) {
+			runs := liveRuns(b, n)
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(next.Add(1)) * 7919
+				for pb.Next() {
+					i++
+					runs[i%n].StepCompleted("tool", "web_search")
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkRegistryMemory reports the heap bytes each live turn costs in the
+// registry (run, context, map entry, one step record).
+func BenchmarkRegistryMemory(b *testing.B) {
+	const n = 100_000
+	for i := 0; i < b.N; i++ {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		runs := liveRuns(b, n)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/turn")
+		runtime.KeepAlive(runs)
+	}
+}

@@ -1,0 +1,77 @@
+package gateway
+
+import (
+	"github.com/turnguard/turnguard/gateway/abort"
+	"github.com/turnguard/turnguard/gateway/event"
+)
+
+// callbacks connect a runner to its run: each call updates the abort
+// controller (liveness, steps) and publishes the matching event. After the
+// run has stopped, calls still update the controller (so a force-finalized
+// run shows where it hung) but publish nothing.
+type callbacks struct {
+	e   *Engine
+	run *abort.Run
+}
+
+func (c *callbacks) live() bool { return c.run.State() == abort.StateRunning }
+
+func (c *callbacks) StepStarted(kind, name string) {
+	c.recovered()
+	c.run.StepStarted(kind, name)
+	c.e.sched.Touch(c.run)
+	if c.live() {
+		cur, last := c.run.CurrentStep()
+		c.run.Publish(c.e.publish, event.Event{Kind: event.StepStarted, Step: cur, LastStep: last})
+	}
+}
+
+func (c *callbacks) StepCompleted(kind, name string) {
+	c.run.StepCompleted(kind, name)
+	if c.live() {
+		_, last := c.run.CurrentStep()
+		c.run.Publish(c.e.publish, event.Event{Kind: event.StepCompleted, Step: last, LastStep: last})
+	}
+	c.recovered()
+}
+
+// recovered closes an open progress notice: the step it was about ended.
+func (c *callbacks) recovered() {
+	if c.run.ClearNotice() && c.live() {
+		cur, last := c.run.CurrentStep()
+		if cur.IsZero() {
+			cur = last
+		}
+		c.run.Publish(c.e.publish, event.Event{Kind: event.Recovered, Step: cur, LastStep: last})
+	}
+}
+
+func (c *callbacks) Delta(text string) {
+	if text == "" {
+		return
+	}
+	c.run.Activity()
+	if !c.live() {
+		return
+	}
+	full := c.run.AppendText(text)
+	c.run.Publish(c.e.publish, event.Event{Kind: event.Delta, Text: text, FullText: full})
+}
+
+func (c *callbacks) Heartbeat() { c.run.Heartbeat() }
+
+func (c *callbacks) Pause(reason string) {
+	c.run.Pause()
+	if c.live() {
+		cur, _ := c.run.CurrentStep()
+		c.run.Publish(c.e.publish, event.Event{Kind: event.Paused, Step: cur, Text: reason})
+	}
+}
+
+func (c *callbacks) Resume() {
+	c.run.Resume()
+	if c.live() {
+		cur, _ := c.run.CurrentStep()
+		c.run.Publish(c.e.publish, event.Event{Kind: event.Resumed, Step: cur})
+	}
+}
