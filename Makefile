@@ -1,0 +1,48 @@
+# turnguard — every set-up step lives here, so a fresh machine needs only
+# `make run` or `make test`.
+SHELL := /bin/bash
+GO ?= go
+export PATH := $(PATH):/usr/local/go/bin
+PKGS := ./...
+FUZZTIME ?= 20s
+BENCHTIME ?= 1s
+
+.PHONY: all deps build run test vet fmt-check bench fuzz e2e load clean
+
+all: test
+
+deps:
+	$(GO) mod download
+
+build: deps
+	mkdir -p bin
+	$(GO) build -o bin/gateway ./cmd/gateway
+
+## run: the gateway on its embedded defaults (web chat on http://127.0.0.1:18789, demo runner, SQLite store).
+run: build
+	./bin/gateway $(if $(CONFIG),-config $(CONFIG))
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet: deps
+	$(GO) vet $(PKGS)
+
+## test: gofmt check, go vet and the race-enabled unit tests.
+test: deps fmt-check vet
+	$(GO) test -race -count=1 $(PKGS)
+
+## bench: the benchmarks recorded in docs/performance.md.
+bench: deps
+	$(GO) test -run '^$$' -bench 'StepCompleted' -benchmem -benchtime=3000000x ./gateway/abort/
+	$(GO) test -run '^$$' -bench 'RegistryMemory' -benchtime=1x ./gateway/abort/
+	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 30m ./gateway/maintenance/
+
+## fuzz: each fuzz target for FUZZTIME.
+fuzz: deps
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./runner/demo/
+	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./config/
+
+clean:
+	rm -rf bin artifacts .e2e
