@@ -1,0 +1,552 @@
+// turnguard web chat: a client of the OpenClaw gateway protocol (v4) on the
+// same origin. No build step, no dependencies.
+//
+// Flow: open ws://<host>/ → wait for connect.challenge → connect (token from
+// the URL fragment "#token=…", the query "?token=…", this tab's storage, or
+// the token form) → hello-ok → sessions.list + chat.history. chat.send with a
+// fresh idempotencyKey starts a turn; its chat/agent events are drawn as they
+// come: streamed text (each delta carries the full text), one line per tool
+// step (a "still working" notice replaces that line's note in place), and a
+// terminal final | aborted (warning with the stop reason) | error.
+"use strict";
+
+(() => {
+  const PROTOCOL = 4;
+  const CLIENT_VERSION = "turnguard-web/1";
+  const NEW_SESSION = "__new__";
+  const MAX_BACKOFF_MS = 10000;
+
+  const $ = (id) => document.getElementById(id);
+  const ui = {
+    messages: $("messages"), input: $("input"), send: $("send"), stop: $("stop"),
+    session: $("session"), status: $("status"), tokenForm: $("token-form"),
+    token: $("token"), tokenReason: $("token-reason"), composer: $("composer"),
+  };
+
+  const state = {
+    ws: null,
+    connected: false,
+    seq: 0,
+    pending: new Map(), // request id → {resolve, reject}
+    token: takeToken(),
+    sessionKey: canonical(initialSession()),
+    runs: new Map(), // runId → view
+    activeRun: "", // the session's running turn, "" when idle
+    backoff: 500,
+    stopReconnect: false,
+    instanceId: uuid(),
+    sessionsTimer: 0,
+  };
+
+  // ---- helpers -----------------------------------------------------------
+
+  function uuid() {
+    const b = new Uint8Array(16);
+    crypto.getRandomValues(b); // available outside secure contexts too
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    const h = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+    return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+  }
+
+  // canonical turns a bare session key into the agent:main:<key> spelling
+  // the gateway uses, so events in either spelling match.
+  function canonical(key) {
+    key = String(key || "").trim() || "main";
+    return key.startsWith("agent:") ? key : `agent:main:${key}`;
+  }
+
+  function shortKey(key) {
+    return key.startsWith("agent:main:") ? key.slice("agent:main:".length) : key;
+  }
+
+  // takeToken reads the token from the fragment or query (then removes it
+  // from the address bar so it is not bookmarked or shared) or this tab's
+  // storage.
+  function takeToken() {
+    const url = new URL(location.href);
+    const frag = new URLSearchParams(url.hash.replace(/^#/, ""));
+    let token = frag.get("token") || url.searchParams.get("token") || "";
+    if (token) {
+      frag.delete("token");
+      url.searchParams.delete("token");
+      const hash = frag.toString();
+      url.hash = hash ? `#${hash}` : "";
+      history.replaceState(null, "", url.toString());
+      try { sessionStorage.setItem("turnguard.token", token); } catch (_) { /* storage off */ }
+      return token;
+    }
+    try { token = sessionStorage.getItem("turnguard.token") || ""; } catch (_) { token = ""; }
+    return token;
+  }
+
+  function initialSession() {
+    const q = new URL(location.href).searchParams.get("session");
+    if (q) return q;
+    try { return localStorage.getItem("turnguard.session") || "main"; } catch (_) { return "main"; }
+  }
+
+  function rememberSession(key) {
+    try { localStorage.setItem("turnguard.session", key); } catch (_) { /* storage off */ }
+  }
+
+  function textOf(message) {
+    if (!message) return "";
+    if (typeof message === "string") return message;
+    if (typeof message.text === "string") return message.text;
+    if (!Array.isArray(message.content)) return "";
+    return message.content.filter((c) => c && c.type === "text").map((c) => c.text || "").join("");
+  }
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function nearBottom() {
+    const m = ui.messages;
+    return m.scrollHeight - m.scrollTop - m.clientHeight < 80;
+  }
+
+  function append(node, parent) {
+    const stick = nearBottom();
+    (parent || ui.messages).appendChild(node);
+    if (stick) ui.messages.scrollTop = ui.messages.scrollHeight;
+    return node;
+  }
+
+  function keepScrolled(fn) {
+    const stick = nearBottom();
+    fn();
+    if (stick) ui.messages.scrollTop = ui.messages.scrollHeight;
+  }
+
+  function setStatus(s, text) {
+    ui.status.dataset.state = s;
+    ui.status.textContent = text;
+  }
+
+  function setActive(runId) {
+    state.activeRun = runId || "";
+    ui.stop.disabled = !state.connected || !state.activeRun;
+    ui.messages.dataset.activeRun = state.activeRun;
+  }
+
+  function updateButtons() {
+    ui.send.disabled = !state.connected;
+    ui.stop.disabled = !state.connected || !state.activeRun;
+  }
+
+  // ---- rendering ---------------------------------------------------------
+
+  function userMessage(text, parent) {
+    return append(el("div", "msg user", text), parent);
+  }
+
+  // notice draws a warning (a stop: timeout, user, shutdown…) or an error.
+  function notice(kind, text, stopReason, parent) {
+    const n = el("div", `notice ${kind}`);
+    n.setAttribute("role", kind === "info" ? "status" : "alert");
+    if (stopReason) n.dataset.stopReason = stopReason;
+    n.appendChild(el("span", "notice-text", text));
+    if (stopReason) n.appendChild(el("span", "stop-reason", stopReason));
+    return append(n, parent);
+  }
+
+  // run returns the view of a run, creating its block at the end of the
+  // conversation.
+  function run(runId) {
+    let v = state.runs.get(runId);
+    if (v) return v;
+    const block = el("div", "run");
+    block.dataset.runId = runId;
+    const steps = el("div", "steps");
+    block.appendChild(steps);
+    append(block);
+    v = { id: runId, block, steps, stepsById: new Map(), reply: null, done: false };
+    state.runs.set(runId, v);
+    return v;
+  }
+
+  function replyText(v, text, streaming) {
+    if (!v.reply) {
+      if (!text && streaming) return;
+      v.reply = el("div", "msg assistant");
+      v.block.appendChild(v.reply);
+    }
+    keepScrolled(() => {
+      v.reply.textContent = text;
+      v.reply.classList.toggle("streaming", !!streaming);
+    });
+  }
+
+  function step(v, id, name) {
+    let s = v.stepsById.get(id);
+    if (s) {
+      if (name && !s.name) { s.name = name; s.nameEl.textContent = `🛠️ ${name}`; }
+      return s;
+    }
+    const line = el("div", "step");
+    line.dataset.stepId = id;
+    const nameEl = el("span", "step-name", `🛠️ ${name || "step"}`);
+    const statusEl = el("span", "step-status");
+    const noteEl = el("span", "step-note");
+    line.append(nameEl, statusEl, noteEl);
+    keepScrolled(() => v.steps.appendChild(line));
+    s = { line, name: name || "", nameEl, statusEl, noteEl };
+    v.stepsById.set(id, s);
+    setStepStatus(s, "running");
+    return s;
+  }
+
+  function setStepStatus(s, status) {
+    s.line.dataset.status = status;
+    s.statusEl.textContent = { running: "(running)", completed: "✓", failed: "✗ failed", stopped: "■ stopped" }[status] || `(${status})`;
+  }
+
+  function setStepNote(s, note) {
+    s.noteEl.textContent = note || "";
+    s.line.classList.toggle("has-note", !!note);
+  }
+
+  function finishRun(v) {
+    v.done = true;
+    if (v.reply) v.reply.classList.remove("streaming");
+    for (const s of v.stepsById.values()) {
+      if (s.line.dataset.status === "running") setStepStatus(s, "stopped");
+      setStepNote(s, "");
+    }
+    if (state.activeRun === v.id) setActive("");
+  }
+
+  // ---- protocol ----------------------------------------------------------
+
+  function request(method, params) {
+    return new Promise((resolve, reject) => {
+      if (!state.ws || state.ws.readyState !== WebSocket.OPEN) {
+        reject(new Error("not connected"));
+        return;
+      }
+      const id = `web-${++state.seq}`;
+      state.pending.set(id, { resolve, reject });
+      state.ws.send(JSON.stringify({ type: "req", id, method, params: params || {} }));
+    });
+  }
+
+  function connect() {
+    setStatus("connecting", "connecting…");
+    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`);
+    state.ws = ws;
+    ws.onmessage = (e) => {
+      let frame;
+      try { frame = JSON.parse(e.data); } catch (_) { return; }
+      if (frame && typeof frame === "object") onFrame(ws, frame);
+    };
+    ws.onclose = (e) => onClose(ws, e);
+  }
+
+  function onClose(ws, e) {
+    if (state.ws !== ws) return;
+    state.ws = null;
+    state.connected = false;
+    for (const p of state.pending.values()) p.reject(new Error("connection closed"));
+    state.pending.clear();
+    updateButtons();
+    if (state.stopReconnect) return;
+    const why = e.code === 1012 ? "gateway restarting" : "disconnected";
+    setStatus("disconnected", `${why} — reconnecting…`);
+    setTimeout(connect, state.backoff);
+    state.backoff = Math.min(state.backoff * 2, MAX_BACKOFF_MS);
+  }
+
+  function onFrame(ws, f) {
+    if (f.type === "res") {
+      const p = state.pending.get(f.id);
+      if (!p) return;
+      state.pending.delete(f.id);
+      if (f.ok) p.resolve(f.payload);
+      else p.reject(Object.assign(new Error((f.error && f.error.message) || "request failed"), { info: f.error || {} }));
+      return;
+    }
+    if (f.type !== "event") return;
+    const payload = f.payload || {};
+    switch (f.event) {
+      case "connect.challenge": hello(ws, payload); break;
+      case "chat": onChat(payload); break;
+      case "agent": onAgent(payload); break;
+      case "sessions.changed": refreshSessionsSoon(); break;
+      case "shutdown": setStatus("disconnected", "gateway shutting down…"); break;
+      default: break; // tick, presence, …
+    }
+  }
+
+  async function hello(ws, challenge) {
+    if (!challenge.nonce) return;
+    const params = {
+      minProtocol: PROTOCOL, maxProtocol: PROTOCOL,
+      client: {
+        id: "turnguard-web", displayName: "turnguard web chat", version: CLIENT_VERSION,
+        platform: "web", deviceFamily: "browser", mode: "webchat", instanceId: state.instanceId,
+      },
+      caps: ["tool-events"],
+      role: "operator",
+      scopes: ["operator.read", "operator.write", "operator.admin"],
+    };
+    if (state.token) params.auth = { token: state.token };
+    try {
+      await request("connect", params);
+    } catch (err) {
+      const code = (err.info && err.info.details && err.info.details.code) || "";
+      if (code.startsWith("AUTH_") || /unauthorized/i.test(err.message)) {
+        askToken(code === "AUTH_TOKEN_MISSING" || !state.token
+          ? "This gateway needs a token."
+          : "The gateway refused this token.");
+      } else {
+        setStatus("disconnected", `connect failed: ${err.message}`);
+      }
+      return;
+    }
+    if (state.ws !== ws) return;
+    state.connected = true;
+    state.backoff = 500;
+    ui.tokenForm.hidden = true;
+    setStatus("connected", "connected");
+    updateButtons();
+    await refreshSessions();
+    await loadHistory();
+  }
+
+  function askToken(reason) {
+    state.stopReconnect = true;
+    if (state.ws) state.ws.close();
+    setStatus("auth", "token required");
+    ui.tokenReason.textContent = reason;
+    ui.tokenForm.hidden = false;
+    ui.token.focus();
+  }
+
+  // ---- events ------------------------------------------------------------
+
+  function mine(p) {
+    return !p.sessionKey || canonical(p.sessionKey) === state.sessionKey;
+  }
+
+  function onChat(p) {
+    if (!p.runId || !mine(p)) {
+      if (p.state && p.state !== "delta") refreshSessionsSoon();
+      return;
+    }
+    const v = run(p.runId);
+    switch (p.state) {
+      case "delta": {
+        if (v.done) return;
+        const full = textOf(p.message) || ((v.reply ? v.reply.textContent : "") + (p.deltaText || ""));
+        replyText(v, full, true);
+        if (!state.activeRun) setActive(p.runId);
+        break;
+      }
+      case "final": {
+        const text = textOf(p.message);
+        if (text || !v.reply) replyText(v, text || (v.reply ? v.reply.textContent : ""), false);
+        finishRun(v);
+        refreshSessionsSoon();
+        break;
+      }
+      case "aborted": {
+        const partial = textOf(p.message);
+        if (partial) replyText(v, partial, false);
+        finishRun(v);
+        notice("warning", p.errorMessage || "Stopped.", p.stopReason || "aborted", v.block);
+        refreshSessionsSoon();
+        break;
+      }
+      case "error": {
+        finishRun(v);
+        notice("error", p.errorMessage || "Something went wrong.", p.stopReason || "error", v.block);
+        refreshSessionsSoon();
+        break;
+      }
+      default: break;
+    }
+  }
+
+  function onAgent(p) {
+    if (!p.runId || !mine(p)) return;
+    const v = run(p.runId);
+    const d = p.data || {};
+    if (p.stream === "lifecycle") {
+      if (d.phase === "start" && !v.done) setActive(p.runId);
+      return;
+    }
+    if (v.done) return;
+    if (p.stream === "tool") {
+      if (!d.toolCallId) return;
+      const s = step(v, d.toolCallId, d.name);
+      if (d.phase === "result") {
+        setStepStatus(s, d.isError ? "failed" : "completed");
+        setStepNote(s, "");
+      } else {
+        setStepStatus(s, "running");
+      }
+      if (!state.activeRun) setActive(p.runId);
+      return;
+    }
+    if (p.stream === "item") {
+      if (d.kind === "preamble") return;
+      const id = d.toolCallId || d.itemId;
+      if (!id) return;
+      const s = step(v, id, d.name || (d.title && !d.title.includes(" ") ? d.title : ""));
+      const ended = d.phase === "end" || d.status === "completed" || d.status === "failed";
+      if (ended) {
+        setStepStatus(s, d.status === "failed" ? "failed" : "completed");
+        setStepNote(s, "");
+        return;
+      }
+      // A title other than the step's own name is a notice about the step
+      // ("⏳ Still working — shell has been running for 30s…"): it replaces
+      // the line's note in place.
+      const note = d.progressText || (d.title && d.title !== s.name ? d.title : "");
+      setStepNote(s, note);
+      if (d.status && d.status !== "running") setStepStatus(s, d.status);
+    }
+  }
+
+  // ---- history and sessions ---------------------------------------------
+
+  const NOTICE_START = /^(⚠️|⏹️|⏳|⚠)/u;
+
+  async function loadHistory() {
+    const key = state.sessionKey;
+    let res;
+    try {
+      res = await request("chat.history", { sessionKey: key, limit: 200 });
+    } catch (err) {
+      notice("error", `Could not load the history: ${err.message}`);
+      return;
+    }
+    if (key !== state.sessionKey) return;
+    ui.messages.replaceChildren();
+    state.runs.clear();
+    for (const m of (res && res.messages) || []) {
+      const text = textOf(m);
+      if (m.role === "user") { userMessage(text); continue; }
+      if (m.role !== "assistant") continue;
+      const reason = m.stopReason || "";
+      if (!reason || reason === "stop" || reason === "end_turn") {
+        if (text) append(el("div", "msg assistant", text));
+        continue;
+      }
+      // A stopped turn: the partial reply (if any), then the notice the
+      // user was shown.
+      const cut = text.search(/\n\n(⚠️|⏹️|⏳|⚠)/u);
+      const partial = cut >= 0 ? text.slice(0, cut) : (NOTICE_START.test(text) ? "" : text);
+      const shown = cut >= 0 ? text.slice(cut + 2) : (NOTICE_START.test(text) ? text : "");
+      if (partial) append(el("div", "msg assistant", partial));
+      if (shown) notice(reason === "error" ? "error" : "warning", shown, reason);
+    }
+    ui.messages.scrollTop = ui.messages.scrollHeight;
+  }
+
+  async function refreshSessions() {
+    let rows = [];
+    try {
+      const res = await request("sessions.list", { limit: 50 });
+      rows = (res && res.sessions) || [];
+    } catch (_) { /* keep the current list */ }
+    const keys = [];
+    for (const r of rows) {
+      if (r && r.key && !keys.includes(canonical(r.key))) keys.push(canonical(r.key));
+    }
+    if (!keys.includes(state.sessionKey)) keys.unshift(state.sessionKey);
+    ui.session.replaceChildren();
+    for (const k of keys) {
+      const o = el("option", "", shortKey(k));
+      o.value = k;
+      o.selected = k === state.sessionKey;
+      ui.session.appendChild(o);
+    }
+    const n = el("option", "", "+ New session");
+    n.value = NEW_SESSION;
+    ui.session.appendChild(n);
+  }
+
+  function refreshSessionsSoon() {
+    clearTimeout(state.sessionsTimer);
+    state.sessionsTimer = setTimeout(() => { if (state.connected) refreshSessions(); }, 300);
+  }
+
+  async function switchSession(key) {
+    state.sessionKey = canonical(key);
+    rememberSession(state.sessionKey);
+    setActive("");
+    ui.messages.replaceChildren();
+    state.runs.clear();
+    await refreshSessions();
+    await loadHistory();
+    ui.input.focus();
+  }
+
+  // ---- user actions ------------------------------------------------------
+
+  async function send() {
+    const text = ui.input.value;
+    if (!text.trim() || !state.connected) return;
+    ui.input.value = "";
+    const runId = uuid();
+    userMessage(text);
+    const v = run(runId);
+    setActive(runId);
+    try {
+      const ack = await request("chat.send", { sessionKey: state.sessionKey, message: text, idempotencyKey: runId });
+      const status = ack && ack.status;
+      if (status && status !== "started" && status !== "in_flight" && !v.done) {
+        // Terminal at once (a repeated key): the history has the outcome.
+        finishRun(v);
+        await loadHistory();
+      }
+    } catch (err) {
+      finishRun(v);
+      notice("error", err.message, "", v.block);
+    }
+  }
+
+  async function stop() {
+    ui.stop.disabled = true;
+    const params = { sessionKey: state.sessionKey };
+    if (state.activeRun) params.runId = state.activeRun;
+    try {
+      const res = await request("chat.abort", params);
+      if (res && res.aborted === false) {
+        setActive("");
+        notice("info", "No request is running.");
+      }
+    } catch (err) {
+      notice("error", `Stop failed: ${err.message}`);
+      updateButtons();
+    }
+  }
+
+  ui.composer.addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  ui.input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
+  });
+  ui.stop.addEventListener("click", stop);
+  ui.session.addEventListener("change", () => {
+    const v = ui.session.value;
+    switchSession(v === NEW_SESSION ? `web-${uuid().slice(0, 8)}` : v);
+  });
+  ui.tokenForm.addEventListener("submit", (e) => {
+    e.preventDefault();
+    state.token = ui.token.value.trim();
+    ui.token.value = "";
+    try { sessionStorage.setItem("turnguard.token", state.token); } catch (_) { /* storage off */ }
+    state.stopReconnect = false;
+    ui.tokenForm.hidden = true;
+    connect();
+  });
+
+  rememberSession(state.sessionKey);
+  connect();
+})();

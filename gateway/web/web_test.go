@@ -1,0 +1,113 @@
+package web
+
+import (
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func get(t *testing.T, path string, hdr map[string]string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest("GET", path, nil)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	Handler().ServeHTTP(rec, req)
+	return rec
+}
+
+func TestServesPage(t *testing.T) {
+	tests := []struct {
+		path        string
+		wantType    string
+		wantContain []string
+	}{
+		// The ids and classes the end-to-end tests and users rely on.
+		{"/", "text/html", []string{`id="input"`, `id="send"`, `id="stop"`, `id="session"`, `id="status"`,
+			`id="messages"`, `id="token-form"`, `src="/assets/chat.js"`, `href="/assets/chat.css"`}},
+		{"/?token=abc", "text/html", []string{`id="input"`}},
+		{"/assets/chat.js", "text/javascript", []string{`"connect.challenge"`, `minProtocol: PROTOCOL`,
+			`"chat.send"`, `idempotencyKey`, `"chat.abort"`, `"chat.history"`, `"sessions.list"`,
+			`notice("warning"`, "dataset.stopReason", `"step"`}},
+		{"/assets/chat.css", "text/css", []string{".notice.warning", ".step"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.path, func(t *testing.T) {
+			rec := get(t, tc.path, nil)
+			if rec.Code != http.StatusOK {
+				t.Fatalf("status %d", rec.Code)
+			}
+			if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, tc.wantType) {
+				t.Errorf("Content-Type %q, want %s", ct, tc.wantType)
+			}
+			for _, h := range []string{"Content-Security-Policy", "X-Content-Type-Options", "Referrer-Policy"} {
+				if rec.Header().Get(h) == "" {
+					t.Errorf("missing header %s", h)
+				}
+			}
+			for _, s := range tc.wantContain {
+				if !strings.Contains(rec.Body.String(), s) {
+					t.Errorf("body does not contain %q", s)
+				}
+			}
+		})
+	}
+}
+
+func TestNotFound(t *testing.T) {
+	for _, path := range []string{"/assets/", "/assets/index.html", "/assets/../web.go", "/assets/static/chat.js",
+		"/index.html", "/chat.js", "/assets/nope.js"} {
+		if rec := get(t, path, nil); rec.Code != http.StatusNotFound {
+			t.Errorf("GET %s: status %d, want 404", path, rec.Code)
+		}
+	}
+}
+
+func TestRevalidates(t *testing.T) {
+	first := get(t, "/assets/chat.js", nil)
+	etag := first.Header().Get("ETag")
+	if etag == "" || first.Header().Get("Cache-Control") != "no-cache" {
+		t.Fatalf("ETag %q Cache-Control %q", etag, first.Header().Get("Cache-Control"))
+	}
+	if rec := get(t, "/assets/chat.js", map[string]string{"If-None-Match": etag}); rec.Code != http.StatusNotModified {
+		t.Fatalf("conditional GET: status %d, want 304", rec.Code)
+	}
+}
+
+// TestNoExternalAssets: the page must work without internet access, so no
+// embedded file may reference another origin.
+func TestNoExternalAssets(t *testing.T) {
+	external := regexp.MustCompile(`(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}|@import|url\(\s*['"]?(https?:|//)`)
+	err := fs.WalkDir(files, "static", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := files.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if m := external.Find(b); m != nil {
+			t.Errorf("%s references an external resource: %q", p, m)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPolicyKeepsPageOnItsOrigin(t *testing.T) {
+	csp := get(t, "/", nil).Header().Get("Content-Security-Policy")
+	for _, want := range []string{"default-src 'none'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"} {
+		if !strings.Contains(csp, want) {
+			t.Errorf("CSP %q lacks %q", csp, want)
+		}
+	}
+	if strings.Contains(csp, "unsafe-inline") || strings.Contains(csp, "unsafe-eval") {
+		t.Errorf("CSP %q allows inline or eval code", csp)
+	}
+}
