@@ -1,0 +1,414 @@
+package ws
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/turnguard/turnguard/config"
+)
+
+func TestChatSendStreamsToolsAndFinal(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("tui", "")
+	c.call("sessions.subscribe", map[string]any{})
+	ack := c.call("chat.send", map[string]any{"sessionKey": "agent:main:main", "message": "/steps shell:20ms llm:40ms say:Found_it",
+		"idempotencyKey": "run-1"})
+	if !ack.OK || ack.str("runId") != "run-1" || ack.str("status") != "started" {
+		t.Fatalf("ack %s", ack.raw)
+	}
+	final := c.chat("run-1", "final")
+	if got := final.str("message.content.0.text"); got != "Thinking about the next step. Found it" {
+		t.Fatalf("final text %q", got)
+	}
+	if final.str("stopReason") != "stop" || final.str("sessionKey") != "agent:main:main" || final.get("endedAt") == nil {
+		t.Fatalf("final %s", final.raw)
+	}
+	c.until("lifecycle end", func(f frame) bool { return f.Event == "agent" && f.str("data.phase") == "end" })
+
+	got := c.runEvents("run-1")
+	// Deltas: the llm step streams in chunks; collapse them for the comparison.
+	got = slices.Compact(got)
+	want := []string{"lifecycle:start", "tool:start:shell", "tool:result:shell", "chat:delta", "chat:final", "lifecycle:end"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events %v\nwant %v", got, want)
+	}
+	// Every delta carries its chunk and the full text so far.
+	var text string
+	for _, f := range c.all {
+		if f.Event == "chat" && f.str("state") == "delta" {
+			text += f.str("deltaText")
+			if full := f.str("message.content.0.text"); full != text {
+				t.Fatalf("delta message %q, want the full text so far %q", full, text)
+			}
+		}
+	}
+	// Tool events carry a toolCallId shared by start and result.
+	var ids []string
+	for _, f := range c.all {
+		if f.Event == "agent" && f.str("stream") == "tool" {
+			ids = append(ids, f.str("data.toolCallId"))
+		}
+	}
+	if len(ids) != 2 || ids[0] != ids[1] || !strings.HasPrefix(ids[0], "run-1:") {
+		t.Fatalf("toolCallIds %v", ids)
+	}
+}
+
+func TestToolEventsOnlyForToolEventsCap(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	cli, _ := e.connect("cli", "")
+	ack := cli.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:10ms", "idempotencyKey": "r"})
+	if !ack.OK {
+		t.Fatal(ack.raw)
+	}
+	cli.chat("r", "final")
+	cli.until("lifecycle end", func(f frame) bool { return f.Event == "agent" && f.str("data.phase") == "end" })
+	if got := cli.runEvents("r"); !slices.Equal(got, []string{"lifecycle:start", "chat:delta", "chat:final", "lifecycle:end"}) {
+		t.Fatalf("cli (no tool-events cap) saw %v", got)
+	}
+}
+
+func TestSessionKeysMainAndCanonicalAreOneSession(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("cli", "")
+	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:hello", "idempotencyKey": "k1"})
+	f := c.chat("k1", "final")
+	if f.str("sessionKey") != "agent:main:main" {
+		t.Fatalf("event session key %q", f.str("sessionKey"))
+	}
+	h := c.call("chat.history", map[string]any{"sessionKey": "agent:main:main", "limit": 200})
+	if !h.OK || h.str("sessionKey") != "agent:main:main" || h.str("verboseLevel") != "on" || h.str("sessionId") == "" {
+		t.Fatalf("history %s", h.raw)
+	}
+	msgs, _ := h.get("messages").([]any)
+	if len(msgs) != 2 || h.str("messages.0.role") != "user" || h.str("messages.0.content.0.text") != "/steps say:hello" ||
+		h.str("messages.1.role") != "assistant" || h.str("messages.1.content.0.text") != "hello" ||
+		h.get("messages.1.timestamp") == nil {
+		t.Fatalf("history messages %s", h.raw)
+	}
+	// The session is busy/idle under either spelling.
+	d := c.call("sessions.describe", map[string]any{"key": "main"})
+	if d.str("session.key") != "agent:main:main" || d.str("session.sessionId") != h.str("sessionId") || d.str("session.verboseLevel") != "on" {
+		t.Fatalf("describe %s", d.raw)
+	}
+}
+
+func TestIdempotency(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("tui", "")
+	send := func() frame {
+		return c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "same"})
+	}
+	if a := send(); a.str("status") != "started" {
+		t.Fatalf("first %s", a.raw)
+	}
+	if a := send(); !a.OK || a.str("status") != "in_flight" || a.str("runId") != "same" {
+		t.Fatalf("repeat while running %s", a.raw)
+	}
+	c.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "same"})
+	c.chat("same", "aborted")
+	a := send()
+	if !a.OK || a.str("status") != "timeout" || a.str("stopReason") != "user" || !strings.HasPrefix(a.str("summary"), "⏹️ Stopped") {
+		t.Fatalf("repeat after the end %s", a.raw)
+	}
+	starts := 0
+	for _, f := range c.all {
+		if f.Event == "agent" && f.str("stream") == "lifecycle" && f.str("data.phase") == "start" {
+			starts++
+		}
+	}
+	if starts != 1 {
+		t.Fatalf("%d turns started for one idempotencyKey", starts)
+	}
+	// A finished ok run answers "ok".
+	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:x", "idempotencyKey": "done"})
+	c.chat("done", "final")
+	if a := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:x", "idempotencyKey": "done"}); a.str("status") != "ok" {
+		t.Fatalf("repeat of a finished run %s", a.raw)
+	}
+}
+
+func TestBusySessionRefused(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("tui", "")
+	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "a"})
+	r := c.call("chat.send", map[string]any{"sessionKey": "agent:main:main", "message": "hello?", "idempotencyKey": "b"})
+	if r.OK || r.Error.Code != "UNAVAILABLE" || !strings.Contains(r.Error.Message, "still working on your previous message") {
+		t.Fatalf("busy %s", r.raw)
+	}
+	// Another session is not busy.
+	if r := c.call("chat.send", map[string]any{"sessionKey": "other", "message": "/steps say:hi", "idempotencyKey": "c"}); r.str("status") != "started" {
+		t.Fatalf("other session %s", r.raw)
+	}
+}
+
+func TestFanOutToTwoClientsOnOneSession(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	a, _ := e.connect("tui", "")
+	b, _ := e.connect("tui", "")
+	// b watches the way the TUI does at start-up (history of its session);
+	// a third client watches another session and must see nothing.
+	b.call("chat.history", map[string]any{"sessionKey": "agent:main:main", "limit": 200})
+	other, _ := e.connect("tui", "")
+	other.call("chat.history", map[string]any{"sessionKey": "agent:main:elsewhere"})
+
+	a.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps web_search:10ms say:Shared_reply", "idempotencyKey": "fan"})
+	fa := a.chat("fan", "final")
+	fb := b.chat("fan", "final")
+	if fa.str("message.content.0.text") != "Shared reply" || fb.str("message.content.0.text") != "Shared reply" {
+		t.Fatalf("finals %s / %s", fa.raw, fb.raw)
+	}
+	b.until("lifecycle end", func(f frame) bool { return f.Event == "agent" && f.str("data.phase") == "end" })
+	if got := b.runEvents("fan"); !slices.Equal(got, []string{"lifecycle:start", "tool:start:web_search", "tool:result:web_search", "chat:delta", "chat:final", "lifecycle:end"}) {
+		t.Fatalf("watcher saw %v", got)
+	}
+	if h := other.call("health", nil); !h.OK {
+		t.Fatal(h.raw)
+	}
+	if got := other.runEvents("fan"); len(got) != 0 {
+		t.Fatalf("a client watching another session saw %v", got)
+	}
+}
+
+func TestAbortAuthorization(t *testing.T) {
+	e := newTCPEnv(t, envOpts{opts: Options{Token: "T", OperatorToken: "OP"}})
+	owner, _ := e.connect("tui", "T")
+	stranger, _ := e.connect("cli", "T")
+	op, _ := e.connect("probe", "OP")
+
+	owner.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r1"})
+	if r := stranger.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "r1"}); r.OK || r.Error.Code != "FORBIDDEN" {
+		t.Fatalf("stranger abort %s", r.raw)
+	}
+	if r := stranger.call("chat.abort", map[string]any{"sessionKey": "main"}); r.OK || r.Error.Code != "FORBIDDEN" {
+		t.Fatalf("stranger abort without runId %s", r.raw)
+	}
+	if r := owner.call("chat.abort", map[string]any{"sessionKey": "agent:main:other", "runId": "r1"}); r.OK ||
+		r.Error.Message != "runId does not match sessionKey" {
+		t.Fatalf("wrong session %s", r.raw)
+	}
+	// The owner aborts without a runId (the TUI's Esc); the aborted event
+	// arrives before the response.
+	id := owner.request("chat.abort", map[string]any{"sessionKey": "agent:main:main", "preserveSideRuns": true})
+	ab := owner.chat("r1", "aborted")
+	res := owner.response(id)
+	if !res.OK || res.get("aborted") != true || res.str("runIds") != "[r1]" {
+		t.Fatalf("owner abort %s", res.raw)
+	}
+	if ab.str("stopReason") != "user" || !strings.HasPrefix(ab.str("errorMessage"), "⏹️ Stopped while shell was running") {
+		t.Fatalf("aborted event %s", ab.raw)
+	}
+	if i, j := indexOf(owner.all, ab.raw), indexOf(owner.all, res.raw); i > j {
+		t.Fatal("aborted event came after the abort response")
+	}
+	// Nothing running: aborted false, no run ids.
+	if r := owner.call("chat.abort", map[string]any{"sessionKey": "main"}); !r.OK || r.get("aborted") != false || r.str("runIds") != "[]" {
+		t.Fatalf("idle abort %s", r.raw)
+	}
+	// An operator may abort anyone's run.
+	owner.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r2"})
+	if r := op.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "r2"}); !r.OK || r.get("aborted") != true {
+		t.Fatalf("operator abort %s", r.raw)
+	}
+	owner.chat("r2", "aborted")
+}
+
+func TestAbortSurvivesReconnectOfTheSameInstance(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	first, _ := e.connect("tui", "")
+	first.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r1"})
+	first.ws.Close()
+	again, _ := e.connect("tui", "") // same client.instanceId
+	if r := again.call("chat.abort", map[string]any{"sessionKey": "main"}); !r.OK || r.get("aborted") != true {
+		t.Fatalf("abort after reconnect %s", r.raw)
+	}
+}
+
+func indexOf(fs []frame, raw string) int {
+	for i, f := range fs {
+		if f.raw == raw {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestErrorRunAndHistoryKeepsNotices(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("tui", "")
+	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:abc", "idempotencyKey": "bad"})
+	f := c.chat("bad", "error")
+	if !strings.Contains(f.str("errorMessage"), `token 1 "shell:abc"`) {
+		t.Fatalf("error event %s", f.raw)
+	}
+	c.until("lifecycle error", func(f frame) bool { return f.Event == "agent" && f.str("data.phase") == "error" })
+
+	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:partial shell:hang", "idempotencyKey": "stop"})
+	c.until("delta", func(f frame) bool { return f.Event == "chat" && f.str("state") == "delta" && f.str("runId") == "stop" })
+	c.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "stop"})
+	ab := c.chat("stop", "aborted")
+	if ab.str("message.content.0.text") != "partial" {
+		t.Fatalf("aborted event lacks the partial text: %s", ab.raw)
+	}
+	h := c.call("chat.history", map[string]any{"sessionKey": "main"})
+	var texts []string
+	for _, m := range h.get("messages").([]any) {
+		texts = append(texts, lookup(m, "role").(string)+": "+lookup(m, "content.0.text").(string))
+	}
+	want := []string{
+		"user: /steps shell:abc",
+		`assistant: bad /steps script: token 1 "shell:abc": "abc" is not a duration (use 300ms, 2s, hang or stuck)`,
+		"user: /steps say:partial shell:hang",
+		"assistant: partial",
+	}
+	if len(texts) != 5 || !slices.Equal(texts[:4], want) || !strings.HasPrefix(texts[4], "assistant: ⏹️ Stopped while shell was running") {
+		t.Fatalf("history:\n%s", strings.Join(texts, "\n"))
+	}
+	if h.str("messages.4.stopReason") != "user" {
+		t.Fatalf("notice stopReason %q", h.str("messages.4.stopReason"))
+	}
+}
+
+func TestMethodsAnswerTruthfully(t *testing.T) {
+	e := newTCPEnv(t, envOpts{opts: Options{Version: "turnguard 0.1.0"}})
+	c, _ := e.connect("tui", "")
+	cases := []struct {
+		method string
+		params any
+		want   map[string]any // payload path → value
+	}{
+		{"health", nil, map[string]any{"ok": true}},
+		{"status", nil, map[string]any{"runtimeVersion": "turnguard 0.1.0", "heartbeat.defaultAgentId": "main", "sessions.defaults.model": "demo"}},
+		{"sessions.subscribe", map[string]any{}, map[string]any{"subscribed": true}},
+		{"agents.list", map[string]any{}, map[string]any{"defaultId": "main", "agents.0.id": "main", "mainKey": "main"}},
+		{"question.list", map[string]any{}, map[string]any{"questions": []any{}}},
+		{"commands.list", map[string]any{"agentId": "main", "scope": "text", "includeArgs": false}, map[string]any{"commands": []any{}}},
+		{"models.list", map[string]any{}, map[string]any{"models.0.id": "demo", "models.0.provider": "turnguard"}},
+		{"sessions.list", map[string]any{"agentId": "main", "limit": 1}, map[string]any{"defaults.model": "demo", "defaults.contextTokens": float64(100000)}},
+		{"sessions.describe", map[string]any{"key": "agent:main:main"}, map[string]any{"session.key": "agent:main:main", "session.verboseLevel": "on", "session.kind": "direct"}},
+		{"sessions.patch", map[string]any{"key": "main", "verboseLevel": "full"}, map[string]any{"ok": true, "key": "agent:main:main", "entry.verboseLevel": "on"}},
+		{"sessions.reset", map[string]any{"key": "main"}, map[string]any{"ok": true, "key": "agent:main:main"}},
+		{"sessions.create", map[string]any{"key": "scratch"}, map[string]any{"key": "agent:main:scratch"}},
+	}
+	for _, tc := range cases {
+		r := c.call(tc.method, tc.params)
+		if !r.OK {
+			t.Errorf("%s: %s", tc.method, r.raw)
+			continue
+		}
+		for path, v := range tc.want {
+			got := r.get(path)
+			if gs, ok := v.([]any); ok {
+				if a, ok := got.([]any); !ok || len(a) != len(gs) {
+					t.Errorf("%s %s = %v, want %v", tc.method, path, got, v)
+				}
+				continue
+			}
+			if got != v {
+				t.Errorf("%s %s = %v, want %v", tc.method, path, got, v)
+			}
+		}
+	}
+	if r := c.call("plugin.approval.list", map[string]any{}); !r.OK || string(r.Payload) != "[]" {
+		t.Errorf("plugin.approval.list %s", r.raw)
+	}
+}
+
+func TestResetStartsFreshHistory(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("cli", "")
+	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:one", "idempotencyKey": "1"})
+	c.chat("1", "final")
+	before := c.call("chat.history", map[string]any{"sessionKey": "main"})
+	c.call("sessions.reset", map[string]any{"key": "main"})
+	after := c.call("chat.history", map[string]any{"sessionKey": "main"})
+	if after.str("sessionId") == before.str("sessionId") || len(after.get("messages").([]any)) != 0 {
+		t.Fatalf("after reset %s", after.raw)
+	}
+}
+
+func TestAgentMethodAnswersTwice(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("cli", "")
+	id := c.request("agent", map[string]any{"message": "/steps web_search:10ms say:All_good", "idempotencyKey": "ag1", "agentId": "main"})
+	first := c.response(id)
+	if !first.OK || first.str("status") != "accepted" || first.str("runId") != "ag1" || first.str("sessionKey") != "agent:main:main" ||
+		first.get("acceptedAt") == nil {
+		t.Fatalf("first response %s", first.raw)
+	}
+	second := c.response(id)
+	if !second.OK || second.str("status") != "ok" || second.str("summary") != "completed" ||
+		second.str("result.payloads.0.text") != "All good" || second.get("result.meta.durationMs") == nil {
+		t.Fatalf("second response %s", second.raw)
+	}
+	// agent.wait on a finished run answers at once.
+	w := c.call("agent.wait", map[string]any{"runId": "ag1", "timeoutMs": 1000})
+	if w.str("status") != "ok" || w.get("startedAt") == nil || w.get("endedAt") == nil {
+		t.Fatalf("agent.wait %s", w.raw)
+	}
+	// An aborted run: status timeout, summary the notice.
+	id = c.request("agent", map[string]any{"message": "/steps shell:hang", "idempotencyKey": "ag2", "sessionKey": "main"})
+	c.response(id)
+	waitID := c.request("agent.wait", map[string]any{"runId": "ag2", "timeoutMs": 60000})
+	c.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "ag2"})
+	second = c.response(id)
+	if !second.OK || second.str("status") != "timeout" || second.str("stopReason") != "user" || !strings.HasPrefix(second.str("summary"), "⏹️ Stopped") {
+		t.Fatalf("aborted agent %s", second.raw)
+	}
+	if w := c.response(waitID); w.str("status") != "timeout" || w.str("stopReason") != "user" {
+		t.Fatalf("agent.wait of the aborted run %s", w.raw)
+	}
+	// A failing run: ok:false with the payload.
+	id = c.request("agent", map[string]any{"message": "/steps shell:xyz", "idempotencyKey": "ag3"})
+	c.response(id)
+	second = c.response(id)
+	if second.OK || second.Error.Code != "UNAVAILABLE" || second.str("status") != "error" {
+		t.Fatalf("failed agent %s", second.raw)
+	}
+	// Unknown run: timeout.
+	if w := c.call("agent.wait", map[string]any{"runId": "nope", "timeoutMs": 10}); w.str("status") != "timeout" {
+		t.Fatalf("agent.wait unknown %s", w.raw)
+	}
+}
+
+func TestBadRequestsAfterHello(t *testing.T) {
+	e := newTCPEnv(t, envOpts{adjust: func(c *config.Config) { c.Server.MaxMessageChars = 20 }})
+	c, _ := e.connect("cli", "")
+	cases := []struct {
+		name  string
+		frame string
+		code  string
+		msg   string
+	}{
+		{"unknown method", `{"type":"req","id":"1","method":"frobnicate"}`, "INVALID_REQUEST", "unknown method: frobnicate"},
+		{"malformed JSON", `{"type":"req","id":"2",`, "INVALID_REQUEST", "invalid frame: malformed JSON at byte"},
+		{"not a request", `{"type":"event","event":"x"}`, "INVALID_REQUEST", `invalid frame: type must be "req"`},
+		{"id not a string", `{"type":"req","id":5,"method":"health"}`, "INVALID_REQUEST", "invalid frame: id must be a string"},
+		{"params not an object", `{"type":"req","id":"3","method":"chat.send","params":[1]}`, "INVALID_REQUEST", "invalid chat.send params: must be an object"},
+		{"message of wrong type", `{"type":"req","id":"4","method":"chat.send","params":{"message":5,"idempotencyKey":"k"}}`, "INVALID_REQUEST", "invalid chat.send params: message must be a string, not number"},
+		{"no idempotencyKey", `{"type":"req","id":"5","method":"chat.send","params":{"message":"hi"}}`, "INVALID_REQUEST", "invalid chat.send params: idempotencyKey is required"},
+		{"no message", `{"type":"req","id":"6","method":"chat.send","params":{"idempotencyKey":"k"}}`, "INVALID_REQUEST", "invalid chat.send params: message is required"},
+		{"blank message", `{"type":"req","id":"7","method":"chat.send","params":{"message":"  ","idempotencyKey":"k"}}`, "INVALID_REQUEST", "invalid chat.send params: message is empty"},
+		{"message too long", `{"type":"req","id":"8","method":"chat.send","params":{"message":"` + strings.Repeat("x", 21) + `","idempotencyKey":"k"}}`, "INVALID_REQUEST", "invalid chat.send params: message too long: 21 characters, the limit is 20"},
+		{"negative timeoutMs", `{"type":"req","id":"9","method":"chat.send","params":{"message":"hi","idempotencyKey":"k","timeoutMs":-1}}`, "INVALID_REQUEST", "invalid chat.send params: timeoutMs must be ≥ 0"},
+		{"bad session key", `{"type":"req","id":"10","method":"chat.history","params":{"sessionKey":"agent:main"}}`, "INVALID_REQUEST", `invalid chat.history params: sessionKey "agent:main" is not agent:<agentId>:<key>`},
+		{"session key with spaces", `{"type":"req","id":"11","method":"chat.history","params":{"sessionKey":"a b"}}`, "INVALID_REQUEST", "invalid chat.history params: sessionKey must not contain spaces"},
+		{"agent without message", `{"type":"req","id":"12","method":"agent","params":{"idempotencyKey":"k"}}`, "INVALID_REQUEST", "invalid agent params: message is required"},
+		{"agent.wait without runId", `{"type":"req","id":"13","method":"agent.wait","params":{}}`, "INVALID_REQUEST", "invalid agent.wait params: runId is required"},
+		{"second connect", `{"type":"req","id":"14","method":"connect","params":{"minProtocol":4,"maxProtocol":4}}`, "INVALID_REQUEST", "already connected"},
+	}
+	for _, tc := range cases {
+		if err := c.ws.WriteMessage(1, []byte(tc.frame)); err != nil {
+			t.Fatal(err)
+		}
+		r := c.until(tc.name, func(f frame) bool { return f.Type == "res" })
+		if r.OK || r.Error.Code != tc.code || !strings.HasPrefix(r.Error.Message, tc.msg) {
+			t.Errorf("%s: %s, want %s %q", tc.name, r.raw, tc.code, tc.msg)
+		}
+	}
+	// The connection is still usable.
+	if r := c.call("health", nil); !r.OK {
+		t.Fatalf("health after bad input: %s", r.raw)
+	}
+}

@@ -1,0 +1,334 @@
+package ws
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gorilla/websocket"
+)
+
+// frameKind says what the queue may do with a frame when the client is slow.
+type frameKind uint8
+
+const (
+	kindMust  frameKind = iota // responses, terminal and tool events: never dropped
+	kindDelta                  // chat delta: merged with a pending delta of its run, or dropped (the next carries the full text)
+	kindTick                   // tick: dropped when the queue is full
+)
+
+// outFrame is one frame waiting for the writer.
+type outFrame struct {
+	// data is the whole frame, or, when seq is set, the frame up to the value
+	// of its "seq" field: the writer appends the connection's next seq and
+	// the closing brace.
+	data     []byte
+	seq      bool
+	kind     frameKind
+	toolOnly bool   // only for connections with the tool-events cap
+	runID    string // kindDelta and terminal frames: the run
+	terminal bool   // the run's last chat frame: forget its carried delta text
+	delta    *chatEvent
+}
+
+// conn is one WebSocket connection.
+type conn struct {
+	s  *Server
+	ws *websocket.Conn
+	ip string
+	id string // connId in hello-ok
+
+	ctx    context.Context // cancelled when the connection ends
+	cancel context.CancelFunc
+
+	// Set by the reader before hello, read-only afterwards.
+	owner      string // who may abort the runs this connection starts
+	operator   bool
+	toolEvents bool
+
+	// Guarded by s.watchMu.
+	all       bool
+	watched   int
+	watchKeys []string
+
+	mu        sync.Mutex
+	queue     []outFrame
+	carry     map[string]string // run id → delta text of dropped deltas, prepended to the run's next delta
+	closing   bool              // a close was requested: no more frames are accepted
+	closeCode int
+	closeWhy  string
+
+	wake       chan struct{} // cap 1: the queue or the state changed
+	writerDone chan struct{}
+	tickEvery  atomic.Int64 // ns; set at hello, starts ticks
+	waiters    atomic.Int32 // running agent / agent.wait calls
+	queueCap   int
+}
+
+func newConn(s *Server, ws *websocket.Conn, ip string) *conn {
+	ctx, cancel := context.WithCancel(context.Background())
+	q := s.cfg.Current().Server.SendQueue
+	if q <= 0 {
+		q = 256
+	}
+	return &conn{
+		s: s, ws: ws, ip: ip, id: uuid.NewString(), ctx: ctx, cancel: cancel,
+		wake: make(chan struct{}, 1), writerDone: make(chan struct{}), queueCap: q,
+	}
+}
+
+// serve runs the connection: the writer in its own goroutine, the reader on
+// this one, until the connection ends.
+func (c *conn) serve() {
+	go c.writer()
+	c.push(challengeFrame())
+	r := newReader(c)
+	r.loop()
+
+	c.cancel()
+	c.mu.Lock()
+	requested := c.closing
+	c.closing = true
+	c.mu.Unlock()
+	if requested {
+		// We asked to close: let the writer flush and send the close frame
+		// (it is bounded by writeWait) before the socket goes.
+		c.signal()
+		<-c.writerDone
+		c.ws.Close()
+	} else {
+		c.ws.Close()
+		c.signal()
+		<-c.writerDone
+	}
+}
+
+func (c *conn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// pushAll queues frames (from the bus) for this connection.
+func (c *conn) pushAll(frames []outFrame) {
+	for _, f := range frames {
+		if f.toolOnly && !c.toolEvents {
+			continue
+		}
+		c.push(f)
+	}
+}
+
+// push queues f for the writer without blocking. The queue holds at most
+// queueCap frames. A delta replaces a pending delta of the same run (their
+// texts merged); when the queue is full deltas and ticks are dropped (a
+// dropped delta's text is carried into the run's next delta), and a frame
+// that must not be lost first evicts the droppable frames — if there are
+// none the client cannot keep up and the connection is closed with 1013
+// "slow consumer".
+func (c *conn) push(f outFrame) {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return
+	}
+	switch f.kind {
+	case kindDelta:
+		if t, ok := c.carry[f.runID]; ok {
+			delete(c.carry, f.runID)
+			f = mergeDelta(f, t)
+		}
+		for i := len(c.queue) - 1; i >= 0; i-- {
+			if q := &c.queue[i]; q.kind == kindDelta && q.runID == f.runID {
+				*q = mergeDelta(f, q.delta.DeltaText)
+				c.s.stats.droppedDeltas.Add(1)
+				c.mu.Unlock()
+				return
+			}
+		}
+		if len(c.queue) >= c.queueCap {
+			c.carryLocked(f)
+			c.mu.Unlock()
+			return
+		}
+	case kindTick:
+		if len(c.queue) >= c.queueCap {
+			c.mu.Unlock()
+			return
+		}
+	default:
+		if len(c.queue) >= c.queueCap && !c.evictLocked() {
+			c.failLocked(websocket.CloseTryAgainLater, "slow consumer")
+			c.mu.Unlock()
+			c.s.stats.slowClosed.Add(1)
+			c.s.log.Warn("closing slow websocket client: its send queue is full of frames that cannot be dropped",
+				"conn", c.id, "ip", c.ip, "queue", c.queueCap)
+			return
+		}
+		if f.terminal {
+			delete(c.carry, f.runID)
+		}
+	}
+	c.queue = append(c.queue, f)
+	c.mu.Unlock()
+	c.signal()
+}
+
+// carryLocked drops delta f, keeping its text for the run's next delta.
+func (c *conn) carryLocked(f outFrame) {
+	if c.carry == nil {
+		c.carry = map[string]string{}
+	}
+	c.carry[f.runID] += f.delta.DeltaText
+	c.s.stats.droppedDeltas.Add(1)
+}
+
+// evictLocked removes the droppable frames from the queue and reports
+// whether any were removed.
+func (c *conn) evictLocked() bool {
+	kept := c.queue[:0]
+	for _, f := range c.queue {
+		switch f.kind {
+		case kindDelta:
+			c.carryLocked(f)
+		case kindTick:
+		default:
+			kept = append(kept, f)
+		}
+	}
+	evicted := len(kept) < len(c.queue)
+	clear(c.queue[len(kept):])
+	c.queue = kept
+	return evicted
+}
+
+// closeWith asks the writer to close the connection with code and reason:
+// after the frames already queued when flush is set (an error response
+// explaining the close), at once otherwise. Later frames are discarded.
+func (c *conn) closeWith(code int, reason string, flush bool) {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return
+	}
+	if !flush {
+		clear(c.queue)
+		c.queue = c.queue[:0]
+	}
+	c.closing, c.closeCode, c.closeWhy = true, code, reason
+	c.mu.Unlock()
+	c.signal()
+}
+
+// failLocked is closeWith without flushing, with c.mu held.
+func (c *conn) failLocked(code int, reason string) {
+	clear(c.queue)
+	c.queue = c.queue[:0]
+	c.closing, c.closeCode, c.closeWhy = true, code, reason
+	c.signal()
+}
+
+func (c *conn) isClosing() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closing
+}
+
+// writer owns the write side: it writes queued frames, numbering the event
+// frames with the connection's gap-free seq, sends ticks (and pings) every
+// tickIntervalMs after hello, and sends the close frame when one was
+// requested. It exits after the close frame or on a write error (then the
+// socket is closed, which ends the reader).
+func (c *conn) writer() {
+	defer close(c.writerDone)
+	var (
+		seq    uint64
+		batch  []outFrame
+		ticker *time.Ticker
+		tickC  <-chan time.Time
+		num    []byte
+	)
+	defer func() {
+		if ticker != nil {
+			ticker.Stop()
+		}
+	}()
+	for {
+		select {
+		case <-c.wake:
+		case <-tickC:
+			c.push(tickFrame())
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+				c.ws.NetConn().Close()
+				return
+			}
+			continue
+		}
+		if ticker == nil {
+			if d := time.Duration(c.tickEvery.Load()); d > 0 {
+				ticker = time.NewTicker(d)
+				tickC = ticker.C
+			}
+		}
+		c.mu.Lock()
+		batch, c.queue = c.queue, batch[:0]
+		closing, code, why := c.closing, c.closeCode, c.closeWhy
+		c.mu.Unlock()
+
+		if len(batch) > 0 {
+			c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+		}
+		for i := range batch {
+			f := &batch[i]
+			w, err := c.ws.NextWriter(websocket.TextMessage)
+			if err == nil {
+				_, err = w.Write(f.data)
+				if err == nil && f.seq {
+					seq++
+					num = strconv.AppendUint(num[:0], seq, 10)
+					num = append(num, '}')
+					_, err = w.Write(num)
+				}
+				if cerr := w.Close(); err == nil {
+					err = cerr
+				}
+			}
+			if err != nil {
+				c.s.log.Debug("websocket write failed", "conn", c.id, "err", err)
+				c.ws.NetConn().Close()
+				return
+			}
+		}
+		clear(batch)
+		if closing && code != 0 {
+			c.mu.Lock()
+			rest := len(c.queue)
+			c.mu.Unlock()
+			if rest == 0 {
+				err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, why), time.Now().Add(writeWait))
+				if err != nil && !errors.Is(err, websocket.ErrCloseSent) {
+					c.ws.NetConn().Close()
+				} else {
+					c.ws.SetReadDeadline(time.Now().Add(closeGrace))
+				}
+				return
+			}
+			continue
+		}
+		if closing {
+			return // the reader has ended
+		}
+	}
+}
+
+// isTimeout reports whether err is a deadline error.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

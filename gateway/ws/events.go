@@ -1,0 +1,369 @@
+package ws
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/gateway/event"
+)
+
+// chatEvent is the payload of a `chat` event.
+type chatEvent struct {
+	RunID        string          `json:"runId"`
+	SessionKey   string          `json:"sessionKey"`
+	Seq          uint64          `json:"seq"`
+	AgentID      string          `json:"agentId,omitempty"`
+	State        string          `json:"state"` // delta | final | aborted | error
+	DeltaText    string          `json:"deltaText,omitempty"`
+	Message      *historyMessage `json:"message,omitempty"`
+	StopReason   string          `json:"stopReason,omitempty"`
+	ErrorMessage string          `json:"errorMessage,omitempty"`
+	ErrorKind    string          `json:"errorKind,omitempty"`
+	EndedAt      int64           `json:"endedAt,omitempty"` // unix ms of the run's end (terminal states)
+}
+
+// agentEvent is the payload of an `agent` event.
+type agentEvent struct {
+	RunID      string `json:"runId"`
+	Seq        uint64 `json:"seq"`
+	Stream     string `json:"stream"` // lifecycle | tool | item
+	Ts         int64  `json:"ts"`
+	SessionKey string `json:"sessionKey"`
+	AgentID    string `json:"agentId,omitempty"`
+	Data       any    `json:"data"`
+}
+
+type lifecycleData struct {
+	Phase      string `json:"phase"` // start | running | end | error
+	StartedAt  int64  `json:"startedAt,omitempty"`
+	EndedAt    int64  `json:"endedAt,omitempty"`
+	StopReason string `json:"stopReason,omitempty"`
+	Aborted    bool   `json:"aborted,omitempty"`
+	Error      string `json:"error,omitempty"`
+	ToolCallID string `json:"toolCallId,omitempty"` // running: the step that is running
+	Name       string `json:"name,omitempty"`
+	ElapsedMs  int64  `json:"elapsedMs,omitempty"`
+}
+
+type toolData struct {
+	Phase      string      `json:"phase"` // start | update | result
+	ToolCallID string      `json:"toolCallId"`
+	Name       string      `json:"name"`
+	Args       *struct{}   `json:"args,omitempty"`
+	Result     *toolResult `json:"result,omitempty"`
+	IsError    bool        `json:"isError,omitempty"`
+	Meta       *toolMeta   `json:"meta,omitempty"`
+}
+
+type toolResult struct {
+	Content []contentBlock `json:"content"`
+}
+
+type toolMeta struct {
+	DurationMs int64 `json:"durationMs"`
+}
+
+type itemData struct {
+	ItemID       string `json:"itemId"`
+	ToolCallID   string `json:"toolCallId"`
+	Phase        string `json:"phase"` // update | end
+	Kind         string `json:"kind"`
+	Title        string `json:"title"`
+	Status       string `json:"status"` // running | blocked | completed | failed
+	Name         string `json:"name"`
+	ProgressText string `json:"progressText,omitempty"`
+}
+
+// runState is the protocol's view of one live turn: its payload seq, the
+// open tool block and progress notice, and the keepalive timer. Its mutex
+// orders the run's frames, whether they come from the bus or the timer.
+type runState struct {
+	s     *Server
+	id    string
+	key   string
+	agent string
+
+	started time.Time // the TurnStarted event's time
+
+	mu      sync.Mutex
+	seq     uint64
+	last    time.Time  // when watchers last got a frame that resets the TUI's 30 s watchdog
+	tool    event.Step // the open tool block (zero: none)
+	notice  event.Step // the step whose progress notice is shown (zero: none)
+	done    bool
+	timer   *time.Timer
+	frames  []outFrame // scratch
+	watched bool       // the current event has watchers: encode frames
+}
+
+func (s *Server) newRun(ev event.Event, timer bool) *runState {
+	rs := &runState{s: s, id: ev.RunID, key: ev.SessionKey, agent: agentOf(ev.SessionKey), last: time.Now(), started: ev.Time}
+	if timer {
+		rs.timer = time.AfterFunc(s.opts.Keepalive, rs.keepalive)
+	}
+	return rs
+}
+
+func (rs *runState) stop() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.done = true
+	if rs.timer != nil {
+		rs.timer.Stop()
+	}
+}
+
+// onEvent is the bus handler: it turns one engine event into protocol
+// frames, encoded once, and hands them to every connection watching the
+// session. It runs on the publisher's goroutine (in the run's order) and
+// never blocks.
+func (s *Server) onEvent(ev event.Event) {
+	if ev.Kind == event.ForceFinalized {
+		return // the run already ended for its users
+	}
+	s.runsMu.Lock()
+	rs := s.runs[ev.RunID]
+	switch {
+	case rs != nil && ev.Kind.Terminal():
+		delete(s.runs, ev.RunID)
+	case rs == nil && ev.Kind.Terminal():
+		rs = s.newRun(ev, false) // a run that started before the server
+	case rs == nil:
+		rs = s.newRun(ev, true)
+		s.runs[ev.RunID] = rs
+	}
+	s.runsMu.Unlock()
+
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.done {
+		return
+	}
+	rs.watched = s.hasWatchers(rs.key)
+	rs.frames = rs.frames[:0]
+	rs.apply(ev)
+	if len(rs.frames) > 0 {
+		s.fanout(rs.key, rs.frames)
+		clear(rs.frames)
+	}
+	if ev.Kind.Terminal() {
+		rs.done = true
+		if rs.timer != nil {
+			rs.timer.Stop()
+		}
+		s.endAgentWaiters(rs.outcome(ev))
+	}
+}
+
+// outcome is the engine's Outcome of a terminal event.
+func (rs *runState) outcome(ev event.Event) gateway.Outcome {
+	out := gateway.Outcome{RunID: rs.id, SessionKey: rs.key, StopReason: ev.StopReason, Text: ev.FullText,
+		Message: ev.Message, StartedAt: rs.started, EndedAt: ev.Time}
+	switch {
+	case ev.Kind == event.Aborted:
+		out.Status = gateway.StatusAborted
+	case ev.StopReason == event.ReasonError:
+		out.Status = gateway.StatusError
+	default:
+		out.Status = gateway.StatusOK
+	}
+	return out
+}
+
+func (rs *runState) toolCallID(st event.Step) string {
+	return rs.id + ":" + strconv.FormatUint(uint64(st.Seq), 10)
+}
+
+func isTool(st event.Step) bool { return !st.IsZero() && st.Kind != event.StepLLM }
+
+// apply updates the run's state for ev and appends its frames.
+func (rs *runState) apply(ev event.Event) {
+	t := ev.Time
+	switch ev.Kind {
+	case event.TurnStarted:
+		rs.lifecycle(t, lifecycleData{Phase: "start", StartedAt: ms(t)})
+
+	case event.StepStarted:
+		if !rs.tool.IsZero() {
+			rs.toolResult(t, rs.tool, false) // superseded
+		}
+		if isTool(ev.Step) {
+			rs.tool = ev.Step
+			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label(), Args: &struct{}{}})
+		}
+
+	case event.StepCompleted:
+		switch {
+		case !rs.tool.IsZero() && rs.tool.Seq == ev.Step.Seq:
+			rs.toolResult(t, rs.tool, false)
+		case isTool(ev.Step): // a completion without a start: show it as a finished tool
+			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label(), Args: &struct{}{}})
+			rs.toolResult(t, ev.Step, false)
+		}
+
+	case event.Delta:
+		rs.last = time.Now()
+		if !rs.watched {
+			return
+		}
+		rs.seq++
+		p := &chatEvent{RunID: rs.id, SessionKey: rs.key, Seq: rs.seq, AgentID: rs.agent, State: "delta",
+			DeltaText: ev.Text, Message: textMessage("assistant", ev.FullText, t, "")}
+		rs.frames = append(rs.frames, outFrame{data: eventHead("chat", mustJSON(p)), seq: true, kind: kindDelta, runID: rs.id, delta: p})
+
+	case event.Paused:
+		if !rs.tool.IsZero() {
+			rs.item(t, rs.tool, "update", "⏸️ "+rs.tool.Label()+" — "+ev.Text, "blocked", "")
+		}
+
+	case event.Resumed:
+		if !rs.tool.IsZero() {
+			rs.item(t, rs.tool, "update", rs.tool.Label(), "running", "")
+		}
+
+	case event.Progress:
+		rs.notice = ev.Step
+		rs.item(t, ev.Step, "update", ev.Message, "running", ev.Message)
+		lc := lifecycleData{Phase: "running", Name: ev.Step.Label(), ElapsedMs: ev.Elapsed.Milliseconds()}
+		if !ev.Step.IsZero() {
+			lc.ToolCallID = rs.toolCallID(ev.Step)
+		}
+		rs.lifecycle(t, lc)
+
+	case event.Recovered:
+		if !rs.notice.IsZero() {
+			rs.item(t, rs.notice, "end", rs.notice.Label(), "completed", "")
+			rs.notice = event.Step{}
+		}
+
+	case event.Aborted:
+		rs.closeSteps(t, true)
+		p := &chatEvent{RunID: rs.id, SessionKey: rs.key, AgentID: rs.agent, State: "aborted",
+			StopReason: string(ev.StopReason), ErrorMessage: ev.Message, EndedAt: ms(t)}
+		if ev.FullText != "" {
+			p.Message = textMessage("assistant", ev.FullText, t, ev.StopReason)
+		}
+		rs.chat(p)
+		rs.lifecycle(t, lifecycleData{Phase: "end", EndedAt: ms(t), StopReason: string(ev.StopReason), Aborted: true})
+
+	case event.Finished:
+		if ev.StopReason == event.ReasonError {
+			rs.closeSteps(t, true)
+			rs.chat(&chatEvent{RunID: rs.id, SessionKey: rs.key, AgentID: rs.agent, State: "error",
+				ErrorMessage: ev.Message, ErrorKind: "unknown", StopReason: string(ev.StopReason), EndedAt: ms(t)})
+			rs.lifecycle(t, lifecycleData{Phase: "error", Error: ev.Message, EndedAt: ms(t)})
+			return
+		}
+		rs.closeSteps(t, false)
+		rs.chat(&chatEvent{RunID: rs.id, SessionKey: rs.key, AgentID: rs.agent, State: "final",
+			StopReason: string(event.ReasonStop), Message: textMessage("assistant", ev.FullText, t, ""), EndedAt: ms(t)})
+		rs.lifecycle(t, lifecycleData{Phase: "end", EndedAt: ms(t), StopReason: string(event.ReasonStop)})
+	}
+}
+
+// closeSteps ends the open tool block and progress notice at the end of
+// the run.
+func (rs *runState) closeSteps(t time.Time, failed bool) {
+	if !rs.tool.IsZero() {
+		rs.toolResult(t, rs.tool, failed)
+	}
+	if !rs.notice.IsZero() {
+		status := "completed"
+		if failed {
+			status = "failed"
+		}
+		rs.item(t, rs.notice, "end", rs.notice.Label(), status, "")
+		rs.notice = event.Step{}
+	}
+}
+
+func (rs *runState) toolResult(t time.Time, st event.Step, failed bool) {
+	d := toolData{Phase: "result", ToolCallID: rs.toolCallID(st), Name: st.Label(),
+		Result: &toolResult{Content: []contentBlock{}}, IsError: failed}
+	if !st.StartedAt.IsZero() {
+		d.Meta = &toolMeta{DurationMs: t.Sub(st.StartedAt).Milliseconds()}
+	}
+	rs.agentEvent(t, "tool", true, true, d)
+	if rs.tool.Seq == st.Seq {
+		rs.tool = event.Step{}
+	}
+}
+
+func (rs *runState) item(t time.Time, st event.Step, phase, title, status, progress string) {
+	id := rs.toolCallID(st)
+	rs.agentEvent(t, "item", true, false, itemData{ItemID: id + ":status", ToolCallID: id, Phase: phase, Kind: "tool",
+		Title: title, Status: status, Name: st.Label(), ProgressText: progress})
+}
+
+func (rs *runState) lifecycle(t time.Time, d lifecycleData) {
+	rs.agentEvent(t, "lifecycle", false, true, d)
+}
+
+// agentEvent appends an agent event. toolOnly frames go only to clients with
+// the tool-events cap; resets says the frame resets the TUI's watchdog.
+func (rs *runState) agentEvent(t time.Time, stream string, toolOnly, resets bool, data any) {
+	if resets {
+		rs.last = time.Now()
+	}
+	if !rs.watched {
+		return
+	}
+	rs.seq++
+	p := agentEvent{RunID: rs.id, Seq: rs.seq, Stream: stream, Ts: ms(t), SessionKey: rs.key, AgentID: rs.agent, Data: data}
+	rs.frames = append(rs.frames, outFrame{data: eventHead("agent", mustJSON(p)), seq: true, toolOnly: toolOnly})
+}
+
+// chat appends a terminal chat event.
+func (rs *runState) chat(p *chatEvent) {
+	if !rs.watched {
+		return
+	}
+	rs.seq++
+	p.Seq = rs.seq
+	rs.frames = append(rs.frames, outFrame{data: eventHead("chat", mustJSON(p)), seq: true, runID: rs.id, terminal: true})
+}
+
+// keepalive runs on the run's timer: after Keepalive of silence towards the
+// watchers it sends a lifecycle "running" event (naming the running tool, if
+// any), so the TUI's own "taking longer than expected" line never appears
+// while a step is legitimately long.
+func (rs *runState) keepalive() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.done {
+		return
+	}
+	every := rs.s.opts.Keepalive
+	if since := time.Since(rs.last); since < every {
+		rs.timer.Reset(every - since)
+		return
+	}
+	now := time.Now()
+	rs.watched = rs.s.hasWatchers(rs.key)
+	rs.frames = rs.frames[:0]
+	lc := lifecycleData{Phase: "running"}
+	if !rs.tool.IsZero() {
+		lc.ToolCallID, lc.Name = rs.toolCallID(rs.tool), rs.tool.Label()
+		lc.ElapsedMs = now.Sub(rs.tool.StartedAt).Milliseconds()
+	}
+	rs.lifecycle(now, lc)
+	if len(rs.frames) > 0 {
+		rs.s.fanout(rs.key, rs.frames)
+		clear(rs.frames)
+	}
+	rs.timer.Reset(every)
+}
+
+// mergeDelta returns delta frame f with prefix put before its deltaText
+// (the text of deltas the client did not get). The message, which carries
+// the full text, is f's.
+func mergeDelta(f outFrame, prefix string) outFrame {
+	if prefix == "" {
+		return f
+	}
+	p := *f.delta
+	p.DeltaText = prefix + p.DeltaText
+	return outFrame{data: eventHead("chat", mustJSON(&p)), seq: true, kind: kindDelta, runID: f.runID, delta: &p}
+}

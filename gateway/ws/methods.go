@@ -1,0 +1,697 @@
+package ws
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/gateway/event"
+)
+
+// handler serves one method. It returns the response payload or error; a
+// handler that answers later (agent, agent.wait) returns deferred.
+type handler func(c *conn, req request) (any, *rpcError)
+
+// deferred is returned by handlers that send their own responses.
+var deferred = &struct{ deferred bool }{true}
+
+var methods map[string]handler
+
+// methodNames are the methods hello-ok lists, in that order.
+var methodNames = []string{
+	"health", "status", "chat.send", "chat.abort", "chat.history", "agent", "agent.wait",
+	"sessions.subscribe", "sessions.unsubscribe", "sessions.list", "sessions.describe", "sessions.patch",
+	"sessions.reset", "sessions.create", "agents.list", "commands.list", "models.list", "question.list",
+	"plugin.approval.list",
+}
+
+// eventNames are the events this server sends.
+var eventNames = []string{"connect.challenge", "tick", "chat", "agent", "shutdown"}
+
+func init() {
+	methods = map[string]handler{
+		"connect":              func(*conn, request) (any, *rpcError) { return nil, invalid("already connected") },
+		"health":               health,
+		"status":               status,
+		"chat.send":            chatSend,
+		"chat.abort":           chatAbort,
+		"chat.history":         chatHistory,
+		"agent":                agentRun,
+		"agent.wait":           agentWait,
+		"sessions.subscribe":   sessionsSubscribe,
+		"sessions.unsubscribe": sessionsUnsubscribe,
+		"sessions.list":        sessionsList,
+		"sessions.describe":    sessionsDescribe,
+		"sessions.patch":       sessionsPatch,
+		"sessions.reset":       sessionsReset,
+		"sessions.create":      sessionsCreate,
+		"agents.list":          agentsList,
+		"commands.list":        func(*conn, request) (any, *rpcError) { return map[string]any{"commands": []any{}}, nil },
+		"models.list":          modelsList,
+		"question.list":        func(*conn, request) (any, *rpcError) { return map[string]any{"questions": []any{}}, nil },
+		"plugin.approval.list": func(*conn, request) (any, *rpcError) { return []any{}, nil },
+	}
+}
+
+// helloOK is the payload of a successful connect.
+func (s *Server) helloOK(c *conn, p connectParams, maxPayload int, tick time.Duration) map[string]any {
+	authMode, method := "token", "token"
+	if s.opts.Token == "" && s.opts.OperatorToken == "" {
+		authMode, method = "none", "none"
+	}
+	role := p.Role
+	if role == "" {
+		role = "operator"
+	}
+	scopes := p.Scopes
+	if len(scopes) == 0 {
+		scopes = []string{"operator.admin", "operator.read", "operator.write", "operator.approvals"}
+	}
+	now := time.Now()
+	return map[string]any{
+		"type":     "hello-ok",
+		"protocol": ProtocolVersion,
+		"server":   map[string]any{"version": s.opts.Version, "connId": c.id},
+		"features": map[string]any{"methods": methodNames, "events": eventNames},
+		"snapshot": map[string]any{
+			"presence":     []any{},
+			"health":       map[string]any{"ok": true, "ts": now.UnixMilli()},
+			"stateVersion": map[string]any{"presence": 0, "health": 0},
+			"uptimeMs":     now.Sub(s.started).Milliseconds(),
+			"sessionDefaults": map[string]any{
+				"defaultAgentId": defaultAgent, "mainKey": mainKey, "mainSessionKey": mainSessionKey,
+			},
+			"authMode": authMode,
+		},
+		"auth": map[string]any{"method": method, "role": role, "scopes": scopes, "operator": c.operator},
+		"policy": map[string]any{
+			"maxPayload": maxPayload, "maxBufferedBytes": 2 * maxPayload, "tickIntervalMs": tick.Milliseconds(),
+			"sendQueue": c.queueCap,
+		},
+	}
+}
+
+func health(c *conn, _ request) (any, *rpcError) {
+	now := time.Now()
+	return map[string]any{
+		"ok": true, "ts": now.UnixMilli(), "durationMs": 0, "uptimeMs": now.Sub(c.s.started).Milliseconds(),
+		"clients": c.s.Clients(), "liveTurns": len(c.s.eng.Live()),
+	}, nil
+}
+
+func status(c *conn, _ request) (any, *rpcError) {
+	s := c.s
+	cfg := s.cfg.Current()
+	channels := []string{"websocket: " + strconv.Itoa(s.Clients()) + " clients"}
+	if cfg.Channels.Telegram.Enabled {
+		channels = append(channels, "telegram: "+cfg.Channels.Telegram.Mode)
+	}
+	sessions := s.eng.Sessions()
+	recent := make([]map[string]any, 0, min(len(sessions), 10))
+	now := time.Now()
+	for _, si := range sessions[:min(len(sessions), 10)] {
+		recent = append(recent, map[string]any{
+			"key": si.Key, "kind": "direct", "age": now.Sub(si.Updated).Milliseconds(), "model": modelName(cfg),
+			"totalTokens": 0, "contextTokens": contextTokens,
+		})
+	}
+	return map[string]any{
+		"runtimeVersion":     s.opts.Version,
+		"heartbeat":          map[string]any{"defaultAgentId": defaultAgent, "agents": []any{}},
+		"channelSummary":     channels,
+		"queuedSystemEvents": []any{},
+		"sessions": map[string]any{
+			"paths": []any{}, "count": len(sessions),
+			"defaults": map[string]any{"model": modelName(cfg), "contextTokens": contextTokens},
+			"recent":   recent,
+		},
+		"liveTurns": s.eng.Live(),
+	}, nil
+}
+
+type chatSendParams struct {
+	SessionKey     string  `json:"sessionKey"`
+	Message        *string `json:"message"`
+	IdempotencyKey string  `json:"idempotencyKey"`
+	TimeoutMs      *int64  `json:"timeoutMs"`
+}
+
+const maxIdempotencyKey = 256
+
+func chatSend(c *conn, req request) (any, *rpcError) {
+	var p chatSendParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	switch {
+	case p.Message == nil:
+		return nil, invalid("invalid chat.send params: message is required")
+	case p.IdempotencyKey == "":
+		return nil, invalid("invalid chat.send params: idempotencyKey is required")
+	case len(p.IdempotencyKey) > maxIdempotencyKey:
+		return nil, invalid("invalid chat.send params: idempotencyKey is longer than %d bytes", maxIdempotencyKey)
+	case p.TimeoutMs != nil && *p.TimeoutMs < 0:
+		return nil, invalid("invalid chat.send params: timeoutMs must be ≥ 0")
+	}
+	key, rerr := canonicalKey(req.Method, p.SessionKey)
+	if rerr != nil {
+		return nil, rerr
+	}
+	var timeout time.Duration
+	if p.TimeoutMs != nil {
+		timeout = time.Duration(min(*p.TimeoutMs, int64(maxWaitMs))) * time.Millisecond
+	}
+	ack, rerr := c.send(req.Method, key, p.IdempotencyKey, *p.Message, timeout)
+	if rerr != nil {
+		return nil, rerr
+	}
+	switch ack.Status {
+	case gateway.StatusStarted, gateway.StatusInFlight:
+		return map[string]any{"runId": ack.RunID, "status": string(ack.Status)}, nil
+	}
+	return cachedAck(ack), nil
+}
+
+// send watches key and starts a turn, mapping the engine's refusals to
+// error responses.
+func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gateway.Ack, *rpcError) {
+	if !c.s.watch(c, key) {
+		return gateway.Ack{}, unavailable("this connection already watches too many sessions; open a new connection")
+	}
+	req := gateway.SendRequest{
+		SessionKey: key, Channel: config.ChannelWS, ChatRef: c.id, RunID: runID, Text: text, Timeout: timeout, Owner: c.owner,
+	}
+	ack, err := c.s.eng.Send(c.ctx, req)
+	var busy *gateway.BusyError
+	for try := 0; try < finishingRetries && errors.As(err, &busy) && c.s.finishing(busy); try++ {
+		time.Sleep(finishingPause)
+		ack, err = c.s.eng.Send(c.ctx, req)
+	}
+	if err == nil {
+		return ack, nil
+	}
+	switch {
+	case errors.As(err, &busy):
+		return ack, &rpcError{Code: CodeUnavailable, Message: busy.UserText(),
+			Details: map[string]any{"code": "SESSION_BUSY", "runId": busy.RunID, "stopping": busy.Stopping}}
+	case errors.Is(err, gateway.ErrEmpty):
+		return ack, invalid("invalid %s params: message is empty", method)
+	case errors.Is(err, gateway.ErrTooLong):
+		return ack, invalid("invalid %s params: %s", method, err.Error())
+	case errors.Is(err, gateway.ErrWrongSession):
+		return ack, invalid("invalid %s params: idempotencyKey %q was used for another session", method, clip(runID, 80))
+	case errors.Is(err, gateway.ErrShutdown):
+		return ack, &rpcError{Code: CodeUnavailable, Message: "gateway is shutting down", Retryable: true, RetryAfterMs: 2000}
+	default:
+		c.s.log.Error("starting a turn failed", "conn", c.id, "session", key, "err", err)
+		return ack, unavailable("could not start the turn: " + err.Error())
+	}
+}
+
+// A run whose runner returned normally has published its final event a
+// moment before the engine frees its session; a client that answers the
+// final at once may land in that gap. Such a busy refusal is retried for up
+// to finishingRetries × finishingPause.
+const (
+	finishingRetries = 50
+	finishingPause   = time.Millisecond
+)
+
+// finishing reports whether busy is such a gap: the active run has already
+// finished (ok or error), so the session is about to be free.
+func (s *Server) finishing(busy *gateway.BusyError) bool {
+	if !busy.Stopping {
+		return false
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s.runsMu.Lock()
+	_, live := s.runs[busy.RunID]
+	s.runsMu.Unlock()
+	if live {
+		return false // its terminal event has not been published yet
+	}
+	out, ok := s.eng.Wait(ctx, busy.RunID)
+	return ok && out.Status != gateway.StatusAborted
+}
+
+// protoStatus maps an engine outcome status to the protocol's terminal
+// statuses: an aborted run (timeouts, stops, shutdown) is "timeout".
+func protoStatus(st gateway.Status) string {
+	switch st {
+	case gateway.StatusOK:
+		return "ok"
+	case gateway.StatusError:
+		return "error"
+	}
+	return "timeout"
+}
+
+// cachedAck answers a repeated idempotencyKey whose run has ended.
+func cachedAck(ack gateway.Ack) map[string]any {
+	m := map[string]any{"runId": ack.RunID, "status": protoStatus(ack.Status)}
+	if o := ack.Outcome; o != nil {
+		m["stopReason"] = string(o.StopReason)
+		if o.Message != "" {
+			m["summary"] = o.Message
+		}
+	}
+	return m
+}
+
+type chatAbortParams struct {
+	SessionKey       string `json:"sessionKey"`
+	RunID            string `json:"runId"`
+	PreserveSideRuns bool   `json:"preserveSideRuns"` // accepted; there are no side runs
+}
+
+func chatAbort(c *conn, req request) (any, *rpcError) {
+	var p chatAbortParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	key, rerr := canonicalKey(req.Method, p.SessionKey)
+	if rerr != nil {
+		return nil, rerr
+	}
+	c.s.watch(c, key) // the aborted event goes out before this response
+	res, err := c.s.eng.Abort(c.ctx, key, p.RunID, event.ReasonUser, c.owner, c.operator)
+	switch {
+	case errors.Is(err, gateway.ErrNotOwner):
+		return nil, &rpcError{Code: CodeForbidden, Message: "not allowed to abort this run: another client started it"}
+	case errors.Is(err, gateway.ErrWrongSession):
+		return nil, invalid("runId does not match sessionKey")
+	case err != nil:
+		return nil, unavailable("abort failed: " + err.Error())
+	}
+	ids := res.RunIDs
+	if ids == nil {
+		ids = []string{}
+	}
+	return map[string]any{"ok": true, "aborted": res.Aborted, "runIds": ids}, nil
+}
+
+type historyParams struct {
+	SessionKey string `json:"sessionKey"`
+	Limit      int    `json:"limit"`
+}
+
+// historyMessage is a chat.history message (and the message of chat
+// events).
+type historyMessage struct {
+	Role       string         `json:"role"`
+	Content    []contentBlock `json:"content"`
+	Timestamp  int64          `json:"timestamp"`
+	StopReason string         `json:"stopReason,omitempty"`
+}
+
+type contentBlock struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+func textMessage(role, text string, at time.Time, stop event.StopReason) *historyMessage {
+	return &historyMessage{Role: role, Content: []contentBlock{{Type: "text", Text: text}}, Timestamp: ms(at), StopReason: string(stop)}
+}
+
+func chatHistory(c *conn, req request) (any, *rpcError) {
+	var p historyParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	key, rerr := canonicalKey(req.Method, p.SessionKey)
+	if rerr != nil {
+		return nil, rerr
+	}
+	if p.Limit < 0 {
+		return nil, invalid("invalid chat.history params: limit must be ≥ 0")
+	}
+	c.s.watch(c, key)
+	id, msgs := c.s.eng.History(c.ctx, key, p.Limit)
+	out := make([]*historyMessage, 0, len(msgs))
+	for _, m := range msgs {
+		out = append(out, textMessage(m.Role, m.Text, m.Time, m.StopReason))
+	}
+	return map[string]any{
+		"sessionKey": key, "sessionId": id, "messages": out, "thinkingLevel": "off", "verboseLevel": "on",
+	}, nil
+}
+
+type agentParams struct {
+	Message        *string  `json:"message"`
+	IdempotencyKey string   `json:"idempotencyKey"`
+	SessionKey     string   `json:"sessionKey"`
+	AgentID        string   `json:"agentId"`
+	Timeout        *float64 `json:"timeout"` // seconds
+}
+
+// agentRun starts a turn and answers twice on the request's id: "accepted"
+// at once, then the outcome when the run ends.
+func agentRun(c *conn, req request) (any, *rpcError) {
+	var p agentParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	switch {
+	case p.Message == nil:
+		return nil, invalid("invalid agent params: message is required")
+	case p.IdempotencyKey == "":
+		return nil, invalid("invalid agent params: idempotencyKey is required")
+	case len(p.IdempotencyKey) > maxIdempotencyKey:
+		return nil, invalid("invalid agent params: idempotencyKey is longer than %d bytes", maxIdempotencyKey)
+	case p.Timeout != nil && !(*p.Timeout >= 0):
+		return nil, invalid("invalid agent params: timeout must be a number of seconds ≥ 0")
+	}
+	key := p.SessionKey
+	if key == "" && p.AgentID != "" {
+		key = "agent:" + p.AgentID + ":" + mainKey
+	}
+	key, rerr := canonicalKey(req.Method, key)
+	if rerr != nil {
+		return nil, rerr
+	}
+	if !c.acquireWaiter() {
+		return nil, &rpcError{Code: CodeUnavailable, Message: "too many agent calls waiting on this connection", Retryable: true, RetryAfterMs: 1000}
+	}
+	var timeout time.Duration
+	if p.Timeout != nil {
+		timeout = time.Duration(min(*p.Timeout, maxWaitMs/1000) * float64(time.Second))
+	}
+	// The waiter is registered before the turn starts, so the run's end
+	// cannot be missed; the bus handler answers it right after the run's
+	// terminal chat event (see Server.endAgentWaiters).
+	w := &agentWaiter{c: c, id: req.ID}
+	c.s.addAgentWaiter(p.IdempotencyKey, w)
+	ack, rerr := c.send(req.Method, key, p.IdempotencyKey, *p.Message, timeout)
+	if rerr != nil {
+		c.s.removeAgentWaiter(p.IdempotencyKey, w)
+		c.releaseWaiter()
+		return nil, rerr
+	}
+	c.push(resFrame(req.ID, map[string]any{
+		"runId": ack.RunID, "sessionKey": key, "agentId": agentOf(key), "status": "accepted", "acceptedAt": time.Now().UnixMilli(),
+	}, nil))
+	if ack.Outcome != nil { // a repeated key of a finished run
+		c.s.removeAgentWaiter(p.IdempotencyKey, w)
+		c.push(agentFinal(req.ID, *ack.Outcome))
+		c.releaseWaiter()
+		return deferred, nil
+	}
+	if out, ended := c.s.acceptAgentWaiter(p.IdempotencyKey, w); ended {
+		c.push(agentFinal(req.ID, out))
+		c.releaseWaiter()
+	}
+	return deferred, nil
+}
+
+// agentWaiter is an agent call waiting for its run's end.
+type agentWaiter struct {
+	c        *conn
+	id       json.RawMessage
+	accepted bool             // the "accepted" response is queued
+	out      *gateway.Outcome // the run ended before that
+}
+
+func (s *Server) addAgentWaiter(runID string, w *agentWaiter) {
+	s.runsMu.Lock()
+	defer s.runsMu.Unlock()
+	s.agentWaits[runID] = append(s.agentWaits[runID], w)
+}
+
+func (s *Server) removeAgentWaiter(runID string, w *agentWaiter) {
+	s.runsMu.Lock()
+	defer s.runsMu.Unlock()
+	s.dropWaiterLocked(runID, w)
+}
+
+func (s *Server) dropWaiterLocked(runID string, w *agentWaiter) {
+	ws := s.agentWaits[runID]
+	for i, x := range ws {
+		if x == w {
+			ws = append(ws[:i:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(s.agentWaits, runID)
+	} else {
+		s.agentWaits[runID] = ws
+	}
+}
+
+// acceptAgentWaiter records that w's "accepted" response is queued. If the
+// run already ended it returns the outcome for the caller to send.
+func (s *Server) acceptAgentWaiter(runID string, w *agentWaiter) (gateway.Outcome, bool) {
+	s.runsMu.Lock()
+	defer s.runsMu.Unlock()
+	w.accepted = true
+	if w.out == nil {
+		return gateway.Outcome{}, false
+	}
+	s.dropWaiterLocked(runID, w)
+	return *w.out, true
+}
+
+// endAgentWaiters answers the agent calls waiting for run out.RunID: those
+// already accepted get the final response now, the others when their
+// handler has queued "accepted".
+func (s *Server) endAgentWaiters(out gateway.Outcome) {
+	s.runsMu.Lock()
+	ws := s.agentWaits[out.RunID]
+	var now []*agentWaiter
+	for _, w := range ws {
+		if w.accepted {
+			now = append(now, w)
+		} else {
+			w.out = &out
+		}
+	}
+	for _, w := range now {
+		s.dropWaiterLocked(out.RunID, w)
+	}
+	s.runsMu.Unlock()
+	for _, w := range now {
+		w.c.push(agentFinal(w.id, out))
+		w.c.releaseWaiter()
+	}
+}
+
+// agentFinal is the agent method's second response.
+func agentFinal(id []byte, out gateway.Outcome) outFrame {
+	switch out.Status {
+	case gateway.StatusOK:
+		return resFrame(id, map[string]any{
+			"runId": out.RunID, "status": "ok", "summary": "completed",
+			"result": map[string]any{
+				"payloads": []map[string]any{{"text": out.Text}},
+				"meta":     map[string]any{"durationMs": out.EndedAt.Sub(out.StartedAt).Milliseconds()},
+			},
+		}, nil)
+	case gateway.StatusError:
+		return resFrame(id, map[string]any{"runId": out.RunID, "status": "error", "summary": out.Message}, unavailable(out.Message))
+	}
+	summary := out.Message
+	if summary == "" {
+		summary = "aborted"
+	}
+	return resFrame(id, map[string]any{"runId": out.RunID, "status": "timeout", "summary": summary, "stopReason": string(out.StopReason)}, nil)
+}
+
+func (c *conn) acquireWaiter() bool {
+	if c.waiters.Add(1) > maxWaiters {
+		c.waiters.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (c *conn) releaseWaiter() { c.waiters.Add(-1) }
+
+type agentWaitParams struct {
+	RunID     string `json:"runId"`
+	TimeoutMs *int64 `json:"timeoutMs"`
+}
+
+func agentWait(c *conn, req request) (any, *rpcError) {
+	var p agentWaitParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	if p.RunID == "" {
+		return nil, invalid("invalid agent.wait params: runId is required")
+	}
+	wait := int64(defaultWaitMs)
+	if p.TimeoutMs != nil {
+		if *p.TimeoutMs < 0 {
+			return nil, invalid("invalid agent.wait params: timeoutMs must be ≥ 0")
+		}
+		wait = min(*p.TimeoutMs, maxWaitMs)
+	}
+	if !c.acquireWaiter() {
+		return nil, &rpcError{Code: CodeUnavailable, Message: "too many agent.wait calls on this connection", Retryable: true, RetryAfterMs: 1000}
+	}
+	go func() {
+		defer c.releaseWaiter()
+		ctx, cancel := context.WithTimeout(c.ctx, time.Duration(wait)*time.Millisecond)
+		defer cancel()
+		out, ok := c.s.eng.Wait(ctx, p.RunID)
+		if c.ctx.Err() != nil {
+			return
+		}
+		res := map[string]any{"runId": p.RunID, "status": "timeout"}
+		if ok {
+			res["status"] = protoStatus(out.Status)
+			res["startedAt"], res["endedAt"] = ms(out.StartedAt), ms(out.EndedAt)
+			if out.Status != gateway.StatusOK {
+				res["stopReason"] = string(out.StopReason)
+				res["error"] = out.Message
+			}
+		}
+		c.push(resFrame(req.ID, res, nil))
+	}()
+	return deferred, nil
+}
+
+func sessionsSubscribe(c *conn, _ request) (any, *rpcError) {
+	c.s.watchEverything(c, true)
+	return map[string]any{"subscribed": true}, nil
+}
+
+func sessionsUnsubscribe(c *conn, _ request) (any, *rpcError) {
+	c.s.watchEverything(c, false)
+	return map[string]any{"subscribed": false}, nil
+}
+
+type sessionsListParams struct {
+	AgentID string `json:"agentId"`
+	Limit   int    `json:"limit"`
+}
+
+func sessionsList(c *conn, req request) (any, *rpcError) {
+	var p sessionsListParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	all := c.s.eng.Sessions()
+	rows := make([]sessionRow, 0, min(len(all), 100))
+	for _, si := range all {
+		if p.AgentID != "" && !strings.HasPrefix(si.Key, "agent:"+p.AgentID+":") {
+			continue
+		}
+		if p.Limit > 0 && len(rows) >= p.Limit {
+			break
+		}
+		rows = append(rows, c.s.row(si))
+	}
+	cfg := c.s.cfg.Current()
+	return map[string]any{
+		"ts": time.Now().UnixMilli(), "count": len(rows),
+		"defaults": map[string]any{"model": modelName(cfg), "modelProvider": modelProvider, "contextTokens": contextTokens},
+		"sessions": rows,
+	}, nil
+}
+
+// keyParams are the params of the sessions.* methods that name one
+// session: key (sessionKey is accepted too).
+type keyParams struct {
+	Key        string `json:"key"`
+	SessionKey string `json:"sessionKey"`
+	AgentID    string `json:"agentId"`
+}
+
+func (p keyParams) canonical(method string) (string, *rpcError) {
+	k := p.Key
+	if k == "" {
+		k = p.SessionKey
+	}
+	return canonicalKey(method, k)
+}
+
+// describe returns the row of key, creating the session if it is new.
+func (s *Server) describe(ctx context.Context, key string) sessionRow {
+	id, _ := s.eng.History(ctx, key, 1)
+	for _, si := range s.eng.Sessions() {
+		if si.Key == key {
+			return s.row(si)
+		}
+	}
+	return s.row(gateway.SessionInfo{Key: key, ID: id})
+}
+
+func sessionsDescribe(c *conn, req request) (any, *rpcError) {
+	var p keyParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	key, rerr := p.canonical(req.Method)
+	if rerr != nil {
+		return nil, rerr
+	}
+	c.s.watch(c, key)
+	return map[string]any{"session": c.s.describe(c.ctx, key)}, nil
+}
+
+// sessionsPatch accepts a patch but changes nothing: verbose and thinking
+// levels are fixed ("on", "off"); the answer shows the unchanged row.
+func sessionsPatch(c *conn, req request) (any, *rpcError) {
+	var p keyParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	key, rerr := p.canonical(req.Method)
+	if rerr != nil {
+		return nil, rerr
+	}
+	return map[string]any{"ok": true, "key": key, "entry": c.s.describe(c.ctx, key), "applied": false}, nil
+}
+
+func sessionsReset(c *conn, req request) (any, *rpcError) {
+	var p keyParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	key, rerr := p.canonical(req.Method)
+	if rerr != nil {
+		return nil, rerr
+	}
+	return map[string]any{"ok": true, "key": key, "entry": c.s.row(c.s.eng.Reset(key))}, nil
+}
+
+func sessionsCreate(c *conn, req request) (any, *rpcError) {
+	var p keyParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	if p.Key == "" && p.SessionKey == "" {
+		agent := p.AgentID
+		if agent == "" {
+			agent = defaultAgent
+		}
+		p.Key = "agent:" + agent + ":" + uuid.NewString()[:8]
+	}
+	key, rerr := p.canonical(req.Method)
+	if rerr != nil {
+		return nil, rerr
+	}
+	c.s.watch(c, key)
+	return map[string]any{"ok": true, "key": key, "entry": c.s.row(c.s.eng.Reset(key))}, nil
+}
+
+func agentsList(*conn, request) (any, *rpcError) {
+	return map[string]any{
+		"defaultId": defaultAgent, "mainKey": mainKey, "scope": "per-sender",
+		"agents": []map[string]any{{"id": defaultAgent, "name": "Main"}},
+	}, nil
+}
+
+func modelsList(c *conn, _ request) (any, *rpcError) {
+	m := modelName(c.s.cfg.Current())
+	return map[string]any{"models": []map[string]any{{"id": m, "name": m, "provider": modelProvider}}}, nil
+}

@@ -1,0 +1,255 @@
+package ws
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// reader is the read side of one connection: the handshake, the rate limit
+// and the dispatch of requests. It runs on the ServeHTTP goroutine.
+type reader struct {
+	c        *conn
+	hello    bool
+	idle     time.Duration // read deadline after hello, extended by every frame and pong
+	bucket   bucket
+	rejected int // consecutive requests refused by the rate limit
+	flood    int // consecutive refusals that close the connection
+}
+
+func newReader(c *conn) *reader { return &reader{c: c} }
+
+func (r *reader) loop() {
+	c := r.c
+	c.ws.SetReadLimit(preConnectLimit)
+	c.ws.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	closingSeen := false
+	for {
+		mt, data, err := c.ws.ReadMessage()
+		if err != nil {
+			switch {
+			case !r.hello && isTimeout(err) && !c.isClosing():
+				c.s.log.Debug("websocket client sent no connect in time", "conn", c.id, "ip", c.ip)
+				c.closeWith(ClosePolicy, "connect timeout", true)
+			case errors.Is(err, websocket.ErrReadLimit):
+				// gorilla/websocket has sent 1009. Swallow the rest of the
+				// frame for a moment so the client reads the close frame
+				// instead of a connection reset.
+				c.s.log.Info("websocket frame too large; closed with 1009", "conn", c.id, "ip", c.ip)
+				nc := c.ws.NetConn()
+				nc.SetReadDeadline(time.Now().Add(closeGrace))
+				io.CopyN(io.Discard, nc, 64<<20)
+			default:
+				c.s.log.Debug("websocket read ended", "conn", c.id, "err", err)
+			}
+			return
+		}
+		if c.isClosing() {
+			if !closingSeen {
+				closingSeen = true
+				c.ws.SetReadDeadline(time.Now().Add(closeGrace))
+			}
+			continue // waiting for the client's close frame
+		}
+		if r.hello {
+			c.ws.SetReadDeadline(time.Now().Add(r.idle))
+		}
+		if mt != websocket.TextMessage {
+			c.closeWith(CloseUnsupportedData, "binary frames are not supported", true)
+			continue
+		}
+		if !r.hello {
+			r.handshake(data)
+			continue
+		}
+		r.handle(data)
+	}
+}
+
+// connectParams are the params of connect. Fields the server does not use
+// (client.version, device, …) are accepted and ignored.
+type connectParams struct {
+	MinProtocol *int `json:"minProtocol"`
+	MaxProtocol *int `json:"maxProtocol"`
+	Client      struct {
+		ID         string `json:"id"`
+		Mode       string `json:"mode"`
+		InstanceID string `json:"instanceId"`
+	} `json:"client"`
+	Caps []string `json:"caps"`
+	Auth struct {
+		Token string `json:"token"`
+	} `json:"auth"`
+	Role   string          `json:"role"`
+	Scopes []string        `json:"scopes"`
+	Device json.RawMessage `json:"device"` // accepted unverified
+}
+
+// handshake handles the one frame allowed before hello: connect. Anything
+// else, bad params, a protocol range without 4 or a bad token is answered
+// with an error response and the connection is closed.
+func (r *reader) handshake(data []byte) {
+	c := r.c
+	req, err := parseFrame(data)
+	if err != nil {
+		c.push(resFrame(req.ID, nil, invalid("%s", err.Error())))
+		c.closeWith(ClosePolicy, "invalid frame before connect", true)
+		return
+	}
+	if req.Method != "connect" {
+		c.push(resFrame(req.ID, nil, invalid("connect required: the first request must be connect, not %s", clip(req.Method, 60))))
+		c.closeWith(ClosePolicy, "connect required", true)
+		return
+	}
+	var p connectParams
+	if rerr := decodeParams("connect", req.Params, &p); rerr != nil {
+		c.push(resFrame(req.ID, nil, rerr))
+		c.closeWith(ClosePolicy, "invalid connect params", true)
+		return
+	}
+	if p.MinProtocol == nil || p.MaxProtocol == nil {
+		c.push(resFrame(req.ID, nil, invalid("invalid connect params: minProtocol and maxProtocol are required")))
+		c.closeWith(ClosePolicy, "invalid connect params", true)
+		return
+	}
+	if *p.MinProtocol > ProtocolVersion || *p.MaxProtocol < ProtocolVersion {
+		c.push(resFrame(req.ID, nil, &rpcError{Code: CodeInvalidRequest, Message: "protocol mismatch", Details: map[string]any{
+			"code": "PROTOCOL_MISMATCH", "expectedProtocol": ProtocolVersion,
+			"clientMinProtocol": *p.MinProtocol, "clientMaxProtocol": *p.MaxProtocol,
+		}}))
+		c.closeWith(CloseProtocolMismatch, "protocol mismatch", true)
+		return
+	}
+	operator, rerr := c.s.authenticate(p.Auth.Token)
+	if rerr != nil {
+		c.s.log.Info("websocket client failed authentication", "conn", c.id, "ip", c.ip, "client", clip(p.Client.ID, 60), "reason", rerr.Details)
+		c.push(resFrame(req.ID, nil, rerr))
+		c.closeWith(ClosePolicy, "unauthorized", true)
+		return
+	}
+
+	c.operator = operator
+	c.toolEvents = slices.Contains(p.Caps, "tool-events")
+	if p.Client.InstanceID != "" {
+		c.owner = "instance:" + p.Client.InstanceID
+	} else {
+		c.owner = "conn:" + c.id
+	}
+	cfg := c.s.cfg.Current().Server
+	tick := time.Duration(cfg.TickIntervalMs) * time.Millisecond
+	if tick <= 0 {
+		tick = 30 * time.Second
+	}
+	r.idle = 2*tick + 10*time.Second
+	r.bucket = newBucket(cfg.RequestsPerSecond, cfg.RequestBurst)
+	r.flood = max(10*cfg.RequestBurst, 100)
+	r.hello = true
+
+	c.push(resFrame(req.ID, c.s.helloOK(c, p, cfg.MaxPayloadBytes, tick), nil))
+	if cfg.MaxPayloadBytes > 0 {
+		c.ws.SetReadLimit(int64(cfg.MaxPayloadBytes))
+	}
+	c.ws.SetPongHandler(func(string) error {
+		return c.ws.SetReadDeadline(time.Now().Add(r.idle))
+	})
+	c.ws.SetReadDeadline(time.Now().Add(r.idle))
+	c.tickEvery.Store(int64(tick))
+	c.signal()
+	c.s.log.Debug("websocket client connected", "conn", c.id, "ip", c.ip, "client", clip(p.Client.ID, 60), "mode", clip(p.Client.Mode, 20), "operator", operator)
+}
+
+// authenticate checks a presented token against the configured ones in
+// constant time (both are hashed first, so not even their lengths leak). It
+// returns whether the token is the operator token, or the error response.
+func (s *Server) authenticate(token string) (operator bool, rerr *rpcError) {
+	if s.opts.OperatorToken != "" && sameSecret(token, s.opts.OperatorToken) {
+		return true, nil
+	}
+	if s.opts.Token == "" || sameSecret(token, s.opts.Token) {
+		return false, nil
+	}
+	if token == "" {
+		return false, &rpcError{Code: CodeInvalidRequest, Message: "unauthorized: gateway token missing (set auth.token)",
+			Details: map[string]any{"code": "AUTH_TOKEN_MISSING"}}
+	}
+	return false, &rpcError{Code: CodeInvalidRequest, Message: "unauthorized: gateway token mismatch",
+		Details: map[string]any{"code": "AUTH_TOKEN_MISMATCH"}}
+}
+
+func sameSecret(a, b string) bool {
+	ha, hb := sha256.Sum256([]byte(a)), sha256.Sum256([]byte(b))
+	return subtle.ConstantTimeCompare(ha[:], hb[:]) == 1
+}
+
+// handle serves one request after hello.
+func (r *reader) handle(data []byte) {
+	c := r.c
+	if ok, wait := r.bucket.take(time.Now()); !ok {
+		r.rejected++
+		id := json.RawMessage(nil)
+		if req, err := parseFrame(data); err == nil {
+			id = req.ID
+		}
+		c.push(resFrame(id, nil, &rpcError{Code: CodeUnavailable, Retryable: true, RetryAfterMs: max(wait.Milliseconds(), 1),
+			Message: fmt.Sprintf("rate limit exceeded: at most %g requests per second", r.bucket.rate)}))
+		if r.rejected >= r.flood {
+			c.s.log.Warn("closing websocket client that keeps exceeding the request rate", "conn", c.id, "ip", c.ip, "refused", r.rejected)
+			c.closeWith(ClosePolicy, "rate limit exceeded", true)
+		}
+		return
+	}
+	r.rejected = 0
+	req, err := parseFrame(data)
+	if err != nil {
+		c.push(resFrame(req.ID, nil, invalid("%s", err.Error())))
+		return
+	}
+	h, ok := methods[req.Method]
+	if !ok {
+		c.push(resFrame(req.ID, nil, invalid("unknown method: %s", clip(req.Method, 100))))
+		return
+	}
+	payload, rerr := h(c, req)
+	if payload == deferred && rerr == nil {
+		return // the handler responds itself
+	}
+	c.push(resFrame(req.ID, payload, rerr))
+}
+
+// bucket is a token bucket: rate tokens per second, at most burst.
+type bucket struct {
+	rate, burst, tokens float64
+	last                time.Time
+}
+
+func newBucket(rate float64, burst int) bucket {
+	if burst < 1 {
+		burst = 1
+	}
+	return bucket{rate: rate, burst: float64(burst), tokens: float64(burst)}
+}
+
+// take spends a token, or reports how long until one is available. A
+// non-positive rate is unlimited.
+func (b *bucket) take(now time.Time) (bool, time.Duration) {
+	if b.rate <= 0 || math.IsInf(b.rate, 1) {
+		return true, 0
+	}
+	if !b.last.IsZero() {
+		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	}
+	b.last = now
+	if b.tokens >= 1 {
+		b.tokens--
+		return true, 0
+	}
+	return false, time.Duration((1 - b.tokens) / b.rate * float64(time.Second))
+}

@@ -1,0 +1,326 @@
+// Package ws owns the OpenClaw gateway protocol v4 over WebSocket: the
+// handshake (connect.challenge → connect → hello-ok), ticks, the methods the
+// OpenClaw CLI and TUI call (chat.send, chat.abort, chat.history, agent,
+// agent.wait, sessions.*, …) and the translation of the engine's turn events
+// into `chat` and `agent` protocol events. docs/protocol.md describes what is
+// spoken on the wire; ../shared/openclaw-protocol.md is the measured
+// reference it follows.
+//
+// Each connection has one reader goroutine (the ServeHTTP call) and one
+// writer goroutine that owns the socket's write side, the per-connection
+// frame seq and the ticks. Everything else — the engine's bus, the keepalive
+// timers, method handlers — hands frames to the writer through a bounded
+// queue (see conn.push), so a slow client never blocks a turn.
+//
+// The server subscribes once to the engine's bus and encodes each event once;
+// the encoded payload is shared by every connection watching the session.
+package ws
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
+)
+
+// ProtocolVersion is the OpenClaw gateway protocol version spoken.
+const ProtocolVersion = 4
+
+// Built-in limits that are not configuration keys.
+const (
+	preConnectLimit   = 64 << 10         // bytes: largest frame before hello
+	handshakeTimeout  = 10 * time.Second // time from open to a valid connect
+	writeWait         = 10 * time.Second // longest a batch of writes may block
+	closeGrace        = 2 * time.Second  // wait for the client's close reply
+	keepaliveInterval = 20 * time.Second // longest silence of a running turn
+	maxWatched        = 1024             // sessions one connection may watch by name
+	maxWaiters        = 64               // concurrent agent / agent.wait calls per connection
+	defaultWaitMs     = 30000            // agent.wait default timeoutMs
+	maxWaitMs         = 24 * 3600 * 1000 // agent.wait longest timeoutMs
+)
+
+// Options configure a Server.
+type Options struct {
+	// Token is the shared token a client must present in connect.auth.token.
+	// "" means no authentication is required (the HTTP server only allows
+	// that on loopback).
+	Token string
+	// OperatorToken, when set, is a second accepted token: a connection that
+	// authenticates with it is an operator and may abort any run.
+	OperatorToken string
+	// Version is reported in hello-ok server.version and status
+	// (e.g. "turnguard 0.1.0").
+	Version string
+	// Log receives connection-level events; nil means slog.Default().
+	Log *slog.Logger
+	// Keepalive is the longest a running turn may stay silent towards its
+	// watchers: after this much silence a lifecycle "running" event is sent
+	// so the TUI's own 30 s "taking longer than expected" line never
+	// appears. 0 means 20 s.
+	Keepalive time.Duration
+}
+
+// Server is the WebSocket endpoint. Create with NewServer; it is an
+// http.Handler for the upgrade request.
+type Server struct {
+	eng     *gateway.Engine
+	cfg     *config.Source
+	opts    Options
+	log     *slog.Logger
+	started time.Time
+	up      websocket.Upgrader
+	unsub   func()
+
+	mu      sync.Mutex
+	conns   map[*conn]struct{}
+	perIP   map[string]int
+	closing bool
+	wg      sync.WaitGroup // one per connection
+
+	watchMu  sync.RWMutex
+	watchers map[string]map[*conn]struct{} // canonical session key → connections watching it by name
+	watchAll map[*conn]struct{}            // connections that called sessions.subscribe
+
+	runsMu     sync.Mutex
+	runs       map[string]*runState      // live turns by run id
+	agentWaits map[string][]*agentWaiter // agent calls waiting for a run's end, by run id
+
+	nextConn atomic.Uint64
+	stats    stats
+}
+
+// stats are counters for diagnostics and tests.
+type stats struct {
+	droppedDeltas atomic.Uint64 // deltas not sent to a slow client (merged or dropped)
+	slowClosed    atomic.Uint64 // connections closed as slow consumers
+}
+
+// NewServer returns a server that runs turns on eng and reads its limits
+// from cfg (server.*: tickIntervalMs, maxPayloadBytes, sendQueue,
+// maxConnsPerIP, requestsPerSecond, requestBurst; each connection reads
+// them when it opens). It subscribes to eng's bus at once; Shutdown
+// unsubscribes.
+func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Version == "" {
+		opts.Version = "turnguard dev"
+	}
+	if opts.Keepalive <= 0 {
+		opts.Keepalive = keepaliveInterval
+	}
+	s := &Server{
+		eng: eng, cfg: cfg, opts: opts, log: opts.Log, started: time.Now(),
+		conns: map[*conn]struct{}{}, perIP: map[string]int{},
+		watchers: map[string]map[*conn]struct{}{}, watchAll: map[*conn]struct{}{},
+		runs: map[string]*runState{}, agentWaits: map[string][]*agentWaiter{},
+	}
+	s.up = websocket.Upgrader{
+		HandshakeTimeout: handshakeTimeout,
+		WriteBufferPool:  &sync.Pool{},
+		// CheckOrigin stays the default: no Origin header (CLI, TUI) or an
+		// Origin equal to the Host. A web page elsewhere cannot drive the
+		// gateway from a user's browser.
+	}
+	s.unsub = eng.Bus().Subscribe("", s.onEvent)
+	return s
+}
+
+// Clients returns the number of open WebSocket connections.
+func (s *Server) Clients() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// ServeHTTP upgrades the request to a WebSocket connection and serves it
+// until it closes. Before the upgrade it answers 503 while shutting down and
+// 429 when the client's IP already has server.maxConnsPerIP connections.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ip := remoteIP(r.RemoteAddr)
+	limit := s.cfg.Current().Server.MaxConnsPerIP
+	s.mu.Lock()
+	switch {
+	case s.closing:
+		s.mu.Unlock()
+		http.Error(w, "gateway is shutting down", http.StatusServiceUnavailable)
+		return
+	case limit > 0 && s.perIP[ip] >= limit:
+		s.mu.Unlock()
+		s.log.Warn("websocket connection refused: too many connections from one address", "ip", ip, "limit", limit)
+		http.Error(w, "too many connections from this address", http.StatusTooManyRequests)
+		return
+	}
+	s.perIP[ip]++
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	defer s.releaseIP(ip)
+
+	ws, err := s.up.Upgrade(w, r, nil)
+	if err != nil {
+		s.log.Debug("websocket upgrade failed", "ip", ip, "err", err) // Upgrade already answered
+		return
+	}
+	c := newConn(s, ws, ip)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.closeWith(websocket.CloseServiceRestart, "gateway restarting", true)
+	} else {
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+	}
+	c.serve()
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.unwatch(c)
+}
+
+func (s *Server) releaseIP(ip string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.perIP[ip]--; s.perIP[ip] <= 0 {
+		delete(s.perIP, ip)
+	}
+}
+
+// Shutdown tells every connection that the gateway is going away (a
+// `shutdown` event), flushes what is queued for it — call it after the
+// engine's Shutdown, so the aborted events of the running turns are among
+// that — and closes it with 1012 (service restart; clients reconnect). New
+// upgrades are refused with 503. It returns when every connection has ended
+// or ctx is done; connections still open then are cut.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.mu.Lock()
+	s.closing = true
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	s.unsub()
+	for _, c := range conns {
+		c.push(outFrame{data: eventHead("shutdown", mustJSON(map[string]any{"reason": "gateway shutting down"})), seq: true})
+		c.closeWith(websocket.CloseServiceRestart, "gateway restarting", true)
+	}
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		for _, c := range conns {
+			c.ws.NetConn().Close()
+		}
+		<-done
+	}
+	s.runsMu.Lock()
+	runs := make([]*runState, 0, len(s.runs))
+	for id, rs := range s.runs {
+		runs = append(runs, rs)
+		delete(s.runs, id)
+	}
+	s.runsMu.Unlock()
+	for _, rs := range runs {
+		rs.stop() // takes rs.mu, which is held before runsMu elsewhere
+	}
+}
+
+// watch makes c receive the events of session key. It reports false when c
+// already watches maxWatched sessions by name (it then keeps the ones it
+// has).
+func (s *Server) watch(c *conn, key string) bool {
+	s.watchMu.RLock()
+	_, ok := s.watchers[key][c]
+	s.watchMu.RUnlock()
+	if ok {
+		return true
+	}
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if c.watched >= maxWatched {
+		return false
+	}
+	m := s.watchers[key]
+	if m == nil {
+		m = map[*conn]struct{}{}
+		s.watchers[key] = m
+	}
+	if _, ok := m[c]; !ok {
+		m[c] = struct{}{}
+		c.watched++
+		c.watchKeys = append(c.watchKeys, key)
+	}
+	return true
+}
+
+// watchEverything makes c receive the events of every session (on) or only
+// of the sessions it named (off).
+func (s *Server) watchEverything(c *conn, on bool) {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if on {
+		s.watchAll[c] = struct{}{}
+	} else {
+		delete(s.watchAll, c)
+	}
+	c.all = on
+}
+
+func (s *Server) unwatch(c *conn) {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	delete(s.watchAll, c)
+	for _, k := range c.watchKeys {
+		if m := s.watchers[k]; m != nil {
+			delete(m, c)
+			if len(m) == 0 {
+				delete(s.watchers, k)
+			}
+		}
+	}
+	c.watchKeys, c.watched = nil, 0
+}
+
+// hasWatchers reports whether any connection would receive events of key.
+func (s *Server) hasWatchers(key string) bool {
+	s.watchMu.RLock()
+	defer s.watchMu.RUnlock()
+	return len(s.watchAll) > 0 || len(s.watchers[key]) > 0
+}
+
+// fanout hands frames to every connection watching key. Frames marked
+// toolOnly go only to connections that declared the tool-events cap.
+func (s *Server) fanout(key string, frames []outFrame) {
+	s.watchMu.RLock()
+	defer s.watchMu.RUnlock()
+	for c := range s.watchAll {
+		c.pushAll(frames)
+	}
+	for c := range s.watchers[key] {
+		if !c.all {
+			c.pushAll(frames)
+		}
+	}
+}
+
+func remoteIP(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return host
+}
