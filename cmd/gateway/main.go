@@ -1,0 +1,158 @@
+// Command gateway runs turnguard: it loads the configuration, opens the
+// store, starts the turn engine with its runners, the channels (WebSocket
+// protocol and web chat on one HTTP port; Telegram when enabled) and serves
+// until SIGTERM or SIGINT.
+//
+// Usage:
+//
+//	gateway [-config FILE]          run (without -config: built-in defaults and GATEWAY_ variables)
+//	gateway -check [-config FILE]   load and validate the configuration, report every problem, exit
+//	gateway -version                print the version
+//
+// Logs go to stderr through log/slog: text by default, JSON when
+// GATEWAY_LOG_FORMAT=json; GATEWAY_LOG_LEVEL is debug, info (default), warn
+// or error. At start the gateway logs "listening" with the address it bound
+// (addr) and the web chat URL (url).
+//
+// Shutdown: the first SIGTERM/SIGINT stops accepting connections, aborts
+// every running turn with stop reason "shutdown" (its user gets the
+// configured shutdown message), waits up to abortGraceSeconds for the
+// runners to return, closes client connections (1012, clients reconnect),
+// flushes the store and exits 0. A second signal exits at once with status 1.
+//
+// Exit status: 0 after a clean run or a good -check, 1 when the gateway
+// cannot start (or -check finds problems), 2 for bad command-line usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/turnguard/turnguard/config"
+)
+
+// version is the gateway's version; release builds set it with
+// -ldflags "-X main.version=…".
+var version = "0.1.0"
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+func main() {
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv, sig, os.Exit))
+}
+
+// run is the whole program behind main, with its inputs injected: it returns
+// the exit status. sig delivers shutdown signals; exit is called by a second
+// signal, which must not wait for a graceful shutdown.
+func run(args []string, stdout, stderr io.Writer, getenv func(string) string, sig <-chan os.Signal, exit func(int)) int {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "YAML configuration `file` (optional; GATEWAY_ environment variables override it)")
+	check := fs.Bool("check", false, "load and validate the configuration, report every problem, and exit")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: gateway [-config FILE] [-check] [-version]\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gateway: unexpected argument %q (flags: -config FILE, -check, -version)\n", fs.Arg(0))
+		return exitUsage
+	}
+	if *showVersion {
+		fmt.Fprintf(stdout, "turnguard gateway %s\n", version)
+		return exitOK
+	}
+
+	if *check {
+		if err := config.Check(*cfgPath); err != nil {
+			fmt.Fprintf(stderr, "%v\n", err)
+			return exitError
+		}
+		what := *cfgPath
+		if what == "" {
+			what = "built-in defaults and environment"
+		}
+		fmt.Fprintf(stdout, "config OK: %s\n", what)
+		return exitOK
+	}
+
+	log, err := newLogger(stderr, getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "gateway: %v\n", err)
+		return exitUsage
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		log.Error("cannot start: invalid configuration", "error", err)
+		return exitError
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, err := start(ctx, *cfgPath, cfg, log)
+	if err != nil {
+		log.Error("cannot start", "error", err)
+		return exitError
+	}
+
+	var served error
+	select {
+	case s := <-sig:
+		log.Info("signal received: shutting down (a second signal exits at once)", "signal", s.String())
+	case served = <-a.serveErr:
+		log.Error("HTTP server failed; shutting down", "error", served)
+	}
+	go func() {
+		s := <-sig
+		log.Warn("second signal: exiting at once", "signal", s.String())
+		exit(exitError)
+	}()
+	a.shutdown(ctx)
+	if served != nil {
+		return exitError
+	}
+	log.Info("stopped")
+	return exitOK
+}
+
+// newLogger builds the slog logger from GATEWAY_LOG_FORMAT (text | json;
+// default text) and GATEWAY_LOG_LEVEL (debug | info | warn | error; default
+// info).
+func newLogger(w io.Writer, getenv func(string) string) (*slog.Logger, error) {
+	var level slog.Level
+	if v := strings.TrimSpace(getenv("GATEWAY_LOG_LEVEL")); v != "" {
+		if err := level.UnmarshalText([]byte(v)); err != nil {
+			return nil, fmt.Errorf("GATEWAY_LOG_LEVEL must be debug, info, warn or error, got %q", v)
+		}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch f := strings.ToLower(strings.TrimSpace(getenv("GATEWAY_LOG_FORMAT"))); f {
+	case "", "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("GATEWAY_LOG_FORMAT must be text or json, got %q", f)
+	}
+}

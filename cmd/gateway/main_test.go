@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// runCLI runs the program in-process for invocations that end before
+// serving (flags, -check, a configuration that cannot start).
+func runCLI(t *testing.T, vars map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	exit := func(c int) { t.Fatalf("exit(%d) called for %v", c, args) }
+	code = run(args, &out, &errOut, env(vars), make(chan os.Signal), exit)
+	return code, out.String(), errOut.String()
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		env        map[string]string
+		wantCode   int
+		wantStdout string
+		wantStderr string
+		notStderr  string
+	}{
+		{name: "check valid", args: []string{"-check", "-config", "testdata/valid.yaml"},
+			wantCode: exitOK, wantStdout: "config OK: testdata/valid.yaml"},
+		{name: "check defaults", args: []string{"-check"},
+			wantCode: exitOK, wantStdout: "config OK: built-in defaults and environment"},
+		{name: "check unknown key", args: []string{"-check", "-config", "testdata/unknown_key.yaml"},
+			wantCode: exitError, wantStderr: `unknown key "agents.defaults.stepTimeout" (did you mean "agents.defaults.stepTimeoutSeconds"?)`},
+		{name: "check missing file", args: []string{"-check", "-config", "testdata/nope.yaml"},
+			wantCode: exitError, wantStderr: "testdata/nope.yaml"},
+		{name: "check off loopback without token", args: []string{"-check", "-config", "testdata/offloopback.yaml"},
+			wantCode: exitError, wantStderr: "server.token is required when server.listen (0.0.0.0:0) is not a loopback address"},
+		{name: "check off loopback with token", args: []string{"-check", "-config", "testdata/offloopback_token.yaml"},
+			wantCode: exitOK, wantStdout: "config OK", notStderr: "a-secret-token-value"},
+		{name: "refuses to start off loopback without token", args: []string{"-config", "testdata/offloopback.yaml"},
+			wantCode: exitError, wantStderr: "server.token is required when server.listen (0.0.0.0:0) is not a loopback address"},
+		{name: "version", args: []string{"-version"}, wantCode: exitOK, wantStdout: "turnguard gateway " + version},
+		{name: "unknown flag", args: []string{"-nope"}, wantCode: exitUsage, wantStderr: "usage: gateway"},
+		{name: "stray argument", args: []string{"serve"}, wantCode: exitUsage, wantStderr: `unexpected argument "serve"`},
+		{name: "bad log format", args: []string{"-config", "testdata/valid.yaml"}, env: map[string]string{"GATEWAY_LOG_FORMAT": "xml"},
+			wantCode: exitUsage, wantStderr: `GATEWAY_LOG_FORMAT must be text or json, got "xml"`},
+		{name: "bad log level", args: []string{"-config", "testdata/valid.yaml"}, env: map[string]string{"GATEWAY_LOG_LEVEL": "loud"},
+			wantCode: exitUsage, wantStderr: `GATEWAY_LOG_LEVEL must be debug, info, warn or error, got "loud"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, tc.env, tc.args...)
+			if code != tc.wantCode {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tc.wantCode, stdout, stderr)
+			}
+			if !strings.Contains(stdout, tc.wantStdout) {
+				t.Errorf("stdout %q does not contain %q", stdout, tc.wantStdout)
+			}
+			if !strings.Contains(stderr, tc.wantStderr) {
+				t.Errorf("stderr %q does not contain %q", stderr, tc.wantStderr)
+			}
+			if tc.notStderr != "" && strings.Contains(stderr+stdout, tc.notStderr) {
+				t.Errorf("output reveals %q", tc.notStderr)
+			}
+		})
+	}
+}
+
+func TestLogger(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		json    bool
+		debug   bool
+		wantErr string
+	}{
+		{name: "default is text at info", env: map[string]string{}},
+		{name: "text", env: map[string]string{"GATEWAY_LOG_FORMAT": "text"}},
+		{name: "json", env: map[string]string{"GATEWAY_LOG_FORMAT": "json"}, json: true},
+		{name: "json any case", env: map[string]string{"GATEWAY_LOG_FORMAT": " JSON "}, json: true},
+		{name: "debug level", env: map[string]string{"GATEWAY_LOG_LEVEL": "debug"}, debug: true},
+		{name: "bad format", env: map[string]string{"GATEWAY_LOG_FORMAT": "yaml"}, wantErr: "GATEWAY_LOG_FORMAT"},
+		{name: "bad level", env: map[string]string{"GATEWAY_LOG_LEVEL": "chatty"}, wantErr: "GATEWAY_LOG_LEVEL"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			log, err := newLogger(&buf, env(tc.env))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			log.Debug("dbg line")
+			log.Info("listening", "addr", "127.0.0.1:1")
+			out := buf.String()
+			if got := strings.Contains(out, "dbg line"); got != tc.debug {
+				t.Errorf("debug line logged = %v, want %v:\n%s", got, tc.debug, out)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			last := lines[len(lines)-1]
+			var rec map[string]any
+			isJSON := json.Unmarshal([]byte(last), &rec) == nil
+			if isJSON != tc.json {
+				t.Fatalf("JSON output = %v, want %v: %q", isJSON, tc.json, last)
+			}
+			if tc.json && (rec["msg"] != "listening" || rec["addr"] != "127.0.0.1:1") {
+				t.Errorf("JSON record %v", rec)
+			}
+			if !tc.json && !strings.Contains(last, "msg=listening addr=127.0.0.1:1") {
+				t.Errorf("text record %q", last)
+			}
+		})
+	}
+}
