@@ -241,7 +241,8 @@ type client struct {
 	lastSeq uint64
 	pending []frame // read but not yet consumed
 	ticks   int
-	all     []frame // every frame read, in order
+	all     []frame       // every frame read, in order
+	wait    time.Duration // read limit per frame; 5 s when 0
 }
 
 func (e *env) connectRaw(remote string) *client {
@@ -316,7 +317,11 @@ func (c *client) request(method string, params any) string {
 // readRaw reads one frame from the socket (5 s limit, fake time in a
 // bubble), checking event seq continuity.
 func (c *client) readRaw() (frame, error) {
-	c.ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	wait := c.wait
+	if wait == 0 {
+		wait = 5 * time.Second
+	}
+	c.ws.SetReadDeadline(time.Now().Add(wait))
 	_, data, err := c.ws.ReadMessage()
 	if err != nil {
 		return frame{}, err
