@@ -44,5 +44,10 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./runner/demo/
 	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./config/
 
+## e2e: the built binary against the real OpenClaw CLI/TUI (tmux) and the web chat in headless
+## Chromium; installs chromium, tmux, Node 24, openclaw itself (e2e/run.sh). Artifacts: artifacts/e2e/.
+e2e:
+	bash e2e/run.sh
+
 clean:
 	rm -rf bin artifacts .e2e

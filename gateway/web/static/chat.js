@@ -211,11 +211,15 @@
     s.line.classList.toggle("has-note", !!note);
   }
 
-  function finishRun(v) {
+  // finishRun ends a run's view. For a stopped run (aborted), the step that
+  // was cut off is "stopped", not "failed": the gateway reports the step it
+  // closes at the end of a run as an error result.
+  function finishRun(v, aborted) {
     v.done = true;
     if (v.reply) v.reply.classList.remove("streaming");
     for (const s of v.stepsById.values()) {
-      if (s.line.dataset.status === "running") setStepStatus(s, "stopped");
+      const st = s.line.dataset.status;
+      if (st === "running" || (aborted && st === "failed")) setStepStatus(s, "stopped");
       setStepNote(s, "");
     }
     if (state.activeRun === v.id) setActive("");
@@ -314,6 +318,9 @@
     ui.tokenForm.hidden = true;
     setStatus("connected", "connected");
     updateButtons();
+    // Watch every session's events (filtered by sessionKey here), so a turn
+    // started elsewhere — the TUI, another tab — shows up too.
+    try { await request("sessions.subscribe", {}); } catch (_) { /* events of our own sends still arrive */ }
     await refreshSessions();
     await loadHistory();
   }
@@ -357,7 +364,7 @@
       case "aborted": {
         const partial = textOf(p.message);
         if (partial) replyText(v, partial, false);
-        finishRun(v);
+        finishRun(v, true);
         notice("warning", p.errorMessage || "Stopped.", p.stopReason || "aborted", v.block);
         refreshSessionsSoon();
         break;
