@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"path/filepath"
 	"testing"
@@ -15,7 +14,7 @@ import (
 // t0 is when the test turns start.
 var t0 = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+var quiet = slog.New(slog.DiscardHandler)
 
 // dbPath is a fresh database file in the test's temp dir.
 func dbPath(t testing.TB) string {

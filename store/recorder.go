@@ -149,15 +149,18 @@ func (s *SQLite) write(batch []event.Event) {
 			break
 		}
 	}
-	if valid == nil { // rare: copy the valid ones out
+	if valid == nil { // rare: copy the valid ones out, log the first bad one
+		var firstErr error
 		for i := range batch {
 			if err := validEvent(&batch[i]); err != nil {
-				bad++
-				s.log.Error("store: event not recorded", "run", batch[i].RunID, "kind", batch[i].Kind.String(), "err", err)
+				if bad++; firstErr == nil {
+					firstErr = fmt.Errorf("run %q, %s: %w", batch[i].RunID, batch[i].Kind, err)
+				}
 				continue
 			}
 			valid = append(valid, batch[i])
 		}
+		s.log.Error("store: invalid events not recorded", "count", bad, "first", firstErr)
 	}
 	var err error
 	if len(valid) > 0 {

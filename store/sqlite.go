@@ -118,7 +118,7 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 func (s *SQLite) openDBs(ctx context.Context, busy time.Duration) (err error) {
 	params := func(pragmas ...string) url.Values {
 		q := url.Values{}
-		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()))
+		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", max(busy.Milliseconds(), 1)))
 		q.Add("_pragma", "foreign_keys(1)")
 		for _, p := range pragmas {
 			q.Add("_pragma", p)
