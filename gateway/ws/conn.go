@@ -1,9 +1,13 @@
 package ws
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -67,10 +71,12 @@ type conn struct {
 	writerDone chan struct{}
 	tickEvery  atomic.Int64 // ns; set at hello, starts ticks
 	waiters    atomic.Int32 // running agent / agent.wait calls
+	holdWake   atomic.Int32 // > 0 while the reader handles a request: its response wakes the writer, once
 	queueCap   int
+	out        *batchConn // the socket's write side, batched per writer round
 }
 
-func newConn(s *Server, ws *websocket.Conn, ip string) *conn {
+func newConn(s *Server, ws *websocket.Conn, out *batchConn, ip string) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
 	q := s.cfg.Current().Server.SendQueue
 	if q <= 0 {
@@ -78,7 +84,7 @@ func newConn(s *Server, ws *websocket.Conn, ip string) *conn {
 	}
 	return &conn{
 		s: s, ws: ws, ip: ip, id: uuid.NewString(), ctx: ctx, cancel: cancel,
-		wake: make(chan struct{}, 1), writerDone: make(chan struct{}), queueCap: q,
+		wake: make(chan struct{}, 1), writerDone: make(chan struct{}), queueCap: q, out: out,
 	}
 }
 
@@ -115,28 +121,52 @@ func (c *conn) signal() {
 	}
 }
 
-// pushAll queues frames (from the bus) for this connection.
+// pushAll queues frames (from the bus) for this connection and wakes the
+// writer once.
 func (c *conn) pushAll(frames []outFrame) {
-	for _, f := range frames {
-		if f.toolOnly && !c.toolEvents {
+	c.mu.Lock()
+	slow := false
+	for i := range frames {
+		if frames[i].toolOnly && !c.toolEvents {
 			continue
 		}
-		c.push(f)
+		if slow = c.pushLocked(frames[i]); slow {
+			break
+		}
+	}
+	c.mu.Unlock()
+	c.pushed(slow)
+}
+
+// push queues f for the writer without blocking (see pushLocked).
+func (c *conn) push(f outFrame) {
+	c.mu.Lock()
+	slow := c.pushLocked(f)
+	c.mu.Unlock()
+	c.pushed(slow)
+}
+
+func (c *conn) pushed(slow bool) {
+	if slow || c.holdWake.Load() == 0 {
+		c.signal()
+	}
+	if slow {
+		c.s.stats.slowClosed.Add(1)
+		c.s.log.Warn("closing slow websocket client: its send queue is full of frames that cannot be dropped",
+			"conn", c.id, "ip", c.ip, "queue", c.queueCap)
 	}
 }
 
-// push queues f for the writer without blocking. The queue holds at most
-// queueCap frames. A delta replaces a pending delta of the same run (their
-// texts merged); when the queue is full deltas and ticks are dropped (a
-// dropped delta's text is carried into the run's next delta), and a frame
-// that must not be lost first evicts the droppable frames — if there are
-// none the client cannot keep up and the connection is closed with 1013
-// "slow consumer".
-func (c *conn) push(f outFrame) {
-	c.mu.Lock()
+// pushLocked queues f, with c.mu held. The queue holds at most queueCap
+// frames. A delta replaces a pending delta of the same run (their texts
+// merged); when the queue is full deltas and ticks are dropped (a dropped
+// delta's text is carried into the run's next delta), and a frame that must
+// not be lost first evicts the droppable frames — if there are none the
+// client cannot keep up: the connection is closed with 1013 "slow consumer"
+// and pushLocked reports true.
+func (c *conn) pushLocked(f outFrame) (slow bool) {
 	if c.closing {
-		c.mu.Unlock()
-		return
+		return false
 	}
 	switch f.kind {
 	case kindDelta:
@@ -148,36 +178,28 @@ func (c *conn) push(f outFrame) {
 			if q := &c.queue[i]; q.kind == kindDelta && q.runID == f.runID {
 				*q = mergeDelta(f, q.delta.DeltaText)
 				c.s.stats.droppedDeltas.Add(1)
-				c.mu.Unlock()
-				return
+				return false
 			}
 		}
 		if len(c.queue) >= c.queueCap {
 			c.carryLocked(f)
-			c.mu.Unlock()
-			return
+			return false
 		}
 	case kindTick:
 		if len(c.queue) >= c.queueCap {
-			c.mu.Unlock()
-			return
+			return false
 		}
 	default:
 		if len(c.queue) >= c.queueCap && !c.evictLocked() {
-			c.failLocked(websocket.CloseTryAgainLater, "slow consumer")
-			c.mu.Unlock()
-			c.s.stats.slowClosed.Add(1)
-			c.s.log.Warn("closing slow websocket client: its send queue is full of frames that cannot be dropped",
-				"conn", c.id, "ip", c.ip, "queue", c.queueCap)
-			return
+			c.failLocked(CloseSlowConsumer, "slow consumer")
+			return true
 		}
 		if f.terminal {
 			delete(c.carry, f.runID)
 		}
 	}
 	c.queue = append(c.queue, f)
-	c.mu.Unlock()
-	c.signal()
+	return false
 }
 
 // carryLocked drops delta f, keeping its text for the run's next delta.
@@ -226,12 +248,12 @@ func (c *conn) closeWith(code int, reason string, flush bool) {
 	c.signal()
 }
 
-// failLocked is closeWith without flushing, with c.mu held.
+// failLocked is closeWith without flushing, with c.mu held; the caller
+// wakes the writer.
 func (c *conn) failLocked(code int, reason string) {
 	clear(c.queue)
 	c.queue = c.queue[:0]
 	c.closing, c.closeCode, c.closeWhy = true, code, reason
-	c.signal()
 }
 
 func (c *conn) isClosing() bool {
@@ -262,6 +284,10 @@ func (c *conn) writer() {
 	for {
 		select {
 		case <-c.wake:
+			// Let the producer that woke us finish its burst (a step's
+			// result and the next step's start, a final and the lifecycle
+			// end) so that they leave in one write.
+			runtime.Gosched()
 		case <-tickC:
 			c.push(tickFrame())
 			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
@@ -283,10 +309,13 @@ func (c *conn) writer() {
 
 		if len(batch) > 0 {
 			c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+			c.out.hold()
 		}
+		var err error
 		for i := range batch {
 			f := &batch[i]
-			w, err := c.ws.NextWriter(websocket.TextMessage)
+			var w io.WriteCloser
+			w, err = c.ws.NextWriter(websocket.TextMessage)
 			if err == nil {
 				_, err = w.Write(f.data)
 				if err == nil && f.seq {
@@ -300,10 +329,20 @@ func (c *conn) writer() {
 				}
 			}
 			if err != nil {
-				c.s.log.Debug("websocket write failed", "conn", c.id, "err", err)
-				c.ws.NetConn().Close()
-				return
+				break
 			}
+		}
+		if len(batch) > 0 {
+			if ferr := c.out.flush(); err == nil {
+				err = ferr
+			}
+			c.s.stats.frames.Add(uint64(len(batch)))
+			c.s.stats.writes.Add(1)
+		}
+		if err != nil {
+			c.s.log.Debug("websocket write failed", "conn", c.id, "err", err)
+			c.ws.NetConn().Close()
+			return
 		}
 		clear(batch)
 		if closing && code != 0 {
@@ -331,4 +370,87 @@ func (c *conn) writer() {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// batchConn is the hijacked connection with a write side that the writer
+// can hold: while held, writes (frames, and control frames other goroutines
+// send) collect in a buffer that flush sends in one system call. Released,
+// writes go straight through. One syscall per writer round instead of one
+// per frame is most of the server's CPU under load.
+type batchConn struct {
+	net.Conn
+	mu   sync.Mutex
+	held bool
+	buf  []byte
+	err  error
+}
+
+const batchFlushAt = 64 << 10 // flush early past this many buffered bytes
+
+func (b *batchConn) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err != nil {
+		return 0, b.err
+	}
+	if !b.held {
+		return b.Conn.Write(p)
+	}
+	b.buf = append(b.buf, p...)
+	if len(b.buf) >= batchFlushAt {
+		if err := b.flushLocked(); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (b *batchConn) hold() {
+	b.mu.Lock()
+	b.held = true
+	b.mu.Unlock()
+}
+
+// flush sends what was buffered and releases the write side.
+func (b *batchConn) flush() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held = false
+	return b.flushLocked()
+}
+
+func (b *batchConn) flushLocked() error {
+	if b.err != nil || len(b.buf) == 0 {
+		return b.err
+	}
+	_, err := b.Conn.Write(b.buf)
+	if cap(b.buf) > batchFlushAt {
+		b.buf = nil // do not keep a large buffer per idle connection
+	} else {
+		b.buf = b.buf[:0]
+	}
+	if err != nil {
+		b.err = err
+	}
+	return err
+}
+
+// hijacker wraps the ResponseWriter so that the upgrade hands gorilla a
+// batchConn.
+type hijacker struct {
+	http.ResponseWriter
+	out *batchConn
+}
+
+func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, ok := h.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("websocket: the response writer cannot be hijacked")
+	}
+	nc, brw, err := hj.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	h.out = &batchConn{Conn: nc}
+	return h.out, brw, nil
 }

@@ -211,7 +211,7 @@ func (rs *runState) apply(ev event.Event) {
 		rs.seq++
 		p := &chatEvent{RunID: rs.id, SessionKey: rs.key, Seq: rs.seq, AgentID: rs.agent, State: "delta",
 			DeltaText: ev.Text, Message: textMessage("assistant", ev.FullText, t, "")}
-		rs.frames = append(rs.frames, outFrame{data: eventHead("chat", mustJSON(p)), seq: true, kind: kindDelta, runID: rs.id, delta: p})
+		rs.frames = append(rs.frames, outFrame{data: encodeChat(p), seq: true, kind: kindDelta, runID: rs.id, delta: p})
 
 	case event.Paused:
 		if !rs.tool.IsZero() {
@@ -312,7 +312,7 @@ func (rs *runState) agentEvent(t time.Time, stream string, toolOnly, resets bool
 	}
 	rs.seq++
 	p := agentEvent{RunID: rs.id, Seq: rs.seq, Stream: stream, Ts: ms(t), SessionKey: rs.key, AgentID: rs.agent, Data: data}
-	rs.frames = append(rs.frames, outFrame{data: eventHead("agent", mustJSON(p)), seq: true, toolOnly: toolOnly})
+	rs.frames = append(rs.frames, outFrame{data: encodeAgent(&p), seq: true, toolOnly: toolOnly})
 }
 
 // chat appends a terminal chat event.
@@ -322,7 +322,7 @@ func (rs *runState) chat(p *chatEvent) {
 	}
 	rs.seq++
 	p.Seq = rs.seq
-	rs.frames = append(rs.frames, outFrame{data: eventHead("chat", mustJSON(p)), seq: true, runID: rs.id, terminal: true})
+	rs.frames = append(rs.frames, outFrame{data: encodeChat(p), seq: true, runID: rs.id, terminal: true})
 }
 
 // keepalive runs on the run's timer: after Keepalive of silence towards the
@@ -365,5 +365,5 @@ func mergeDelta(f outFrame, prefix string) outFrame {
 	}
 	p := *f.delta
 	p.DeltaText = prefix + p.DeltaText
-	return outFrame{data: eventHead("chat", mustJSON(&p)), seq: true, kind: kindDelta, runID: f.runID, delta: &p}
+	return outFrame{data: encodeChat(&p), seq: true, kind: kindDelta, runID: f.runID, delta: &p}
 }

@@ -168,6 +168,7 @@ func TestTokensAndOperator(t *testing.T) {
 		{name: "shared token", token: "T", present: "T", ok: true},
 		{name: "operator token", token: "T", opToken: "OP", present: "OP", ok: true, operator: true},
 		{name: "operator token without shared token", opToken: "OP", present: "OP", ok: true, operator: true},
+		{name: "operator token equal to the shared token grants nothing", token: "T", opToken: "T", present: "T", ok: true},
 		{name: "wrong token", token: "T", opToken: "OP", present: "OPX"},
 		{name: "prefix of token", token: "TT", present: "T"},
 	}

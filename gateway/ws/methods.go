@@ -145,6 +145,12 @@ type chatSendParams struct {
 
 const maxIdempotencyKey = 256
 
+// sendAck is chat.send's answer while the run is live.
+type sendAck struct {
+	RunID  string `json:"runId"`
+	Status string `json:"status"`
+}
+
 func chatSend(c *conn, req request) (any, *rpcError) {
 	var p chatSendParams
 	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
@@ -174,7 +180,7 @@ func chatSend(c *conn, req request) (any, *rpcError) {
 	}
 	switch ack.Status {
 	case gateway.StatusStarted, gateway.StatusInFlight:
-		return map[string]any{"runId": ack.RunID, "status": string(ack.Status)}, nil
+		return sendAck{RunID: ack.RunID, Status: string(ack.Status)}, nil
 	}
 	return cachedAck(ack), nil
 }
@@ -190,8 +196,10 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 	}
 	ack, err := c.s.eng.Send(c.ctx, req)
 	var busy *gateway.BusyError
-	for try := 0; try < finishingRetries && errors.As(err, &busy) && c.s.finishing(busy); try++ {
-		time.Sleep(finishingPause)
+	for pause, waited := time.Millisecond, time.Duration(0); waited < finishingWait && errors.As(err, &busy) && c.s.finishing(busy); {
+		time.Sleep(pause)
+		waited += pause
+		pause = min(2*pause, 50*time.Millisecond)
 		ack, err = c.s.eng.Send(c.ctx, req)
 	}
 	if err == nil {
@@ -217,12 +225,10 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 
 // A run whose runner returned normally has published its final event a
 // moment before the engine frees its session; a client that answers the
-// final at once may land in that gap. Such a busy refusal is retried for up
-// to finishingRetries × finishingPause.
-const (
-	finishingRetries = 50
-	finishingPause   = time.Millisecond
-)
+// final at once may land in that gap (under load the gap can last
+// milliseconds). Such a busy refusal is retried, backing off from 1 ms, for
+// up to finishingWait; only this connection's reader waits.
+const finishingWait = 2 * time.Second
 
 // finishing reports whether busy is such a gap: the active run has already
 // finished (ok or error), so the session is about to be free.

@@ -207,6 +207,13 @@ func (r *reader) handle(data []byte) {
 		return
 	}
 	r.rejected = 0
+	// Frames the handler causes (a turn's first events) and its response
+	// leave in one write.
+	c.holdWake.Add(1)
+	defer func() {
+		c.holdWake.Add(-1)
+		c.signal()
+	}()
 	req, err := parseFrame(data)
 	if err != nil {
 		c.push(resFrame(req.ID, nil, invalid("%s", err.Error())))

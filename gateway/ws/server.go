@@ -53,8 +53,10 @@ type Options struct {
 	// "" means no authentication is required (the HTTP server only allows
 	// that on loopback).
 	Token string
-	// OperatorToken, when set, is a second accepted token: a connection that
-	// authenticates with it is an operator and may abort any run.
+	// OperatorToken, when set and different from Token, is a second accepted
+	// token: a connection that authenticates with it is an operator and may
+	// abort any run. Equal to Token (config's default) it grants nothing
+	// extra, or every client would be an operator.
 	OperatorToken string
 	// Version is reported in hello-ok server.version and status
 	// (e.g. "turnguard 0.1.0").
@@ -101,6 +103,23 @@ type Server struct {
 type stats struct {
 	droppedDeltas atomic.Uint64 // deltas not sent to a slow client (merged or dropped)
 	slowClosed    atomic.Uint64 // connections closed as slow consumers
+	frames        atomic.Uint64 // frames written
+	writes        atomic.Uint64 // socket writes (a write carries one or more frames)
+}
+
+// Stats are the server's counters since it started.
+type Stats struct {
+	Clients       int    `json:"clients"`
+	Frames        uint64 `json:"frames"`        // frames written
+	Writes        uint64 `json:"writes"`        // socket writes; Frames/Writes is the batching factor
+	DroppedDeltas uint64 `json:"droppedDeltas"` // chat deltas a slow client did not get (their text went into a later frame)
+	SlowClosed    uint64 `json:"slowClosed"`    // connections closed with 1013 "slow consumer"
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() Stats {
+	return Stats{Clients: s.Clients(), Frames: s.stats.frames.Load(), Writes: s.stats.writes.Load(),
+		DroppedDeltas: s.stats.droppedDeltas.Load(), SlowClosed: s.stats.slowClosed.Load()}
 }
 
 // NewServer returns a server that runs turns on eng and reads its limits
@@ -114,6 +133,9 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 	}
 	if opts.Version == "" {
 		opts.Version = "turnguard dev"
+	}
+	if opts.OperatorToken == opts.Token {
+		opts.OperatorToken = ""
 	}
 	if opts.Keepalive <= 0 {
 		opts.Keepalive = keepaliveInterval
@@ -166,12 +188,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer s.wg.Done()
 	defer s.releaseIP(ip)
 
-	ws, err := s.up.Upgrade(w, r, nil)
+	hj := &hijacker{ResponseWriter: w}
+	ws, err := s.up.Upgrade(hj, r, nil)
 	if err != nil {
 		s.log.Debug("websocket upgrade failed", "ip", ip, "err", err) // Upgrade already answered
 		return
 	}
-	c := newConn(s, ws, ip)
+	c := newConn(s, ws, hj.out, ip)
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()

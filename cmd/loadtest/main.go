@@ -1,0 +1,496 @@
+// Command loadtest is the loopback WebSocket load test behind `make load`:
+// many concurrent OpenClaw-protocol clients, each running scripted demo
+// turns against a gateway on 127.0.0.1, measuring turns per second, the
+// latency from a run's end (the engine's terminal event) to the client's
+// receipt of its `final`, and terminal events that never arrived.
+//
+// The gateway runs in a child process (this binary with -serve): one process
+// cannot hold both ends of 10,000 sockets under the machine's 20,000 open
+// files limit. Both processes read the same wall clock; the child reports the
+// exact end time of every run when it stops, and the parent joins them with
+// the receipt times.
+//
+// It is bounded: a fixed number of turns per client, at most -max overall,
+// loopback only.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/gateway/ws"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/demo"
+)
+
+type options struct {
+	clients  int
+	turns    int
+	rate     float64
+	script   string
+	max      time.Duration
+	dialPar  int
+	serve    bool
+	addr     string
+	turnWait time.Duration
+	profile  string
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.clients, "clients", 10000, "concurrent WebSocket clients")
+	flag.IntVar(&o.turns, "turns", 10, "turns per client")
+	flag.Float64Var(&o.rate, "rate", 2500, "offered turns per second over all clients (0: each client sends its next turn as soon as the last one ended)")
+	flag.StringVar(&o.script, "script", "/steps a:10ms b:10ms c:10ms", "the message of every turn (a demo runner script)")
+	flag.DurationVar(&o.max, "max", 120*time.Second, "upper bound on the whole run")
+	flag.IntVar(&o.dialPar, "dial-parallel", 200, "connections opened at once while connecting")
+	flag.DurationVar(&o.turnWait, "turn-wait", 30*time.Second, "how long a client waits for a turn's terminal event before counting it lost")
+	flag.StringVar(&o.profile, "gateway-cpuprofile", "", "write a CPU profile of the gateway process to this file")
+	flag.BoolVar(&o.serve, "serve", false, "internal: run the gateway (the parent starts this)")
+	flag.StringVar(&o.addr, "addr", "", "internal: address for -serve (default 127.0.0.1:0)")
+	flag.Parse()
+	var err error
+	if o.serve {
+		err = serve(o)
+	} else {
+		err = drive(o)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		os.Exit(1)
+	}
+}
+
+// serve runs the gateway (engine, demo runner, WebSocket server) on a
+// loopback port, prints "LISTEN <addr>", and stops when stdin closes. It
+// then prints "END <runId> <unix ns>" for every run's terminal event and
+// "CPU <seconds>".
+func serve(o options) error {
+	c := config.Default()
+	c.Store.Path = ":memory:"
+	c.Server.MaxConnsPerIP = o.clients + 16
+	c.Server.RequestsPerSecond = 1000
+	c.Server.RequestBurst = 1000
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	src := config.NewSource(c)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": demo.New()}, Log: log})
+	if err != nil {
+		return err
+	}
+	var (
+		endMu sync.Mutex
+		ends  = make([]runEnd, 0, o.clients*o.turns)
+	)
+	eng.Bus().Subscribe("", func(ev event.Event) {
+		if ev.Kind.Terminal() {
+			endMu.Lock()
+			ends = append(ends, runEnd{ev.RunID, ev.Time.UnixNano()})
+			endMu.Unlock()
+		}
+	})
+	ctx := context.Background()
+	eng.Start(ctx)
+	srv := ws.NewServer(eng, src, ws.Options{Version: "turnguard loadtest", Log: log})
+	addr := o.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(ln)
+	if o.profile != "" {
+		f, err := os.Create(o.profile)
+		if err != nil {
+			return err
+		}
+		pprof.StartCPUProfile(f)
+		defer f.Close()
+	}
+	fmt.Printf("LISTEN %s\n", ln.Addr())
+
+	io.Copy(io.Discard, os.Stdin) // the parent closes stdin when it is done
+	if o.profile != "" {
+		pprof.StopCPUProfile()
+	}
+	hs.Close()
+	eng.Shutdown(ctx)
+	srv.Shutdown(ctx)
+	w := bufio.NewWriter(os.Stdout)
+	endMu.Lock()
+	for _, e := range ends {
+		fmt.Fprintf(w, "END %s %d\n", e.run, e.ns)
+	}
+	endMu.Unlock()
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	fmt.Fprintf(w, "CPU %.2f\n", tvSec(ru.Utime)+tvSec(ru.Stime))
+	st := srv.Stats()
+	fmt.Fprintf(w, "STATS frames=%d writes=%d droppedDeltas=%d slowClosed=%d\n", st.Frames, st.Writes, st.DroppedDeltas, st.SlowClosed)
+	return w.Flush()
+}
+
+type runEnd struct {
+	run string
+	ns  int64
+}
+
+func tvSec(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+
+// result is what one client saw.
+type result struct {
+	recv      map[string]int64 // run id → unix ns when its terminal chat event arrived
+	sent      int
+	lost      int
+	errors    int
+	states    map[string]int // terminal states seen: final, aborted, error
+	firstSend int64
+	lastRecv  int64
+	errText   string
+}
+
+func drive(o options) error {
+	if o.clients < 1 || o.turns < 1 {
+		return errors.New("-clients and -turns must be ≥ 1")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.max)
+	defer cancel()
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	child := exec.Command(exe, "-serve", "-clients", strconv.Itoa(o.clients), "-turns", strconv.Itoa(o.turns),
+		"-gateway-cpuprofile", o.profile)
+	child.Stderr = os.Stderr
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := child.Start(); err != nil {
+		return fmt.Errorf("starting the gateway: %w", err)
+	}
+	defer child.Process.Kill()
+	out := bufio.NewScanner(stdout)
+	out.Buffer(make([]byte, 1<<20), 1<<20)
+	if !out.Scan() || !strings.HasPrefix(out.Text(), "LISTEN ") {
+		return fmt.Errorf("the gateway did not start: %q", out.Text())
+	}
+	addr := strings.TrimPrefix(out.Text(), "LISTEN ")
+	url := "ws://" + addr + "/"
+
+	fmt.Printf("loadtest: %d clients × %d turns of %q, offered %s, gateway on %s (GOMAXPROCS %d)\n",
+		o.clients, o.turns, o.script, rateText(o.rate), addr, runtime.GOMAXPROCS(0))
+
+	// Connect everyone first.
+	t0 := time.Now()
+	conns := make([]*websocket.Conn, o.clients)
+	var dialErr atomic.Value
+	sem := make(chan struct{}, o.dialPar)
+	var wg sync.WaitGroup
+	for i := range conns {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c, err := connect(ctx, url)
+			if err != nil {
+				dialErr.CompareAndSwap(nil, fmt.Errorf("client %d: %w", i, err))
+				return
+			}
+			conns[i] = c
+		}()
+	}
+	wg.Wait()
+	if err, _ := dialErr.Load().(error); err != nil {
+		closeAll(conns)
+		return err
+	}
+	fmt.Printf("connected %d clients in %.1fs\n", o.clients, time.Since(t0).Seconds())
+
+	// Run the turns.
+	results := make([]result, o.clients)
+	start := time.Now().Add(100 * time.Millisecond)
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = runClient(ctx, o, c, i, start)
+		}()
+	}
+	wg.Wait()
+	closeAll(conns)
+
+	// Collect the run end times from the gateway.
+	stdin.Close()
+	ends := map[string]int64{}
+	var serverCPU float64
+	for out.Scan() {
+		f := strings.Fields(out.Text())
+		switch {
+		case len(f) == 3 && f[0] == "END":
+			ns, _ := strconv.ParseInt(f[2], 10, 64)
+			ends[f[1]] = ns
+		case len(f) == 2 && f[0] == "CPU":
+			serverCPU, _ = strconv.ParseFloat(f[1], 64)
+		case len(f) > 0 && f[0] == "STATS":
+			fmt.Println("gateway:", strings.Join(f[1:], " "))
+		}
+	}
+	child.Wait()
+	return report(o, results, ends, serverCPU)
+}
+
+func rateText(r float64) string {
+	if r <= 0 {
+		return "as fast as possible (closed loop)"
+	}
+	return fmt.Sprintf("%.0f turns/s", r)
+}
+
+func closeAll(conns []*websocket.Conn) {
+	for _, c := range conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+// connect opens one client: challenge, connect (as the TUI does, with the
+// tool-events cap), hello.
+func connect(ctx context.Context, url string) (*websocket.Conn, error) {
+	d := websocket.Dialer{HandshakeTimeout: 30 * time.Second, ReadBufferSize: 2048, WriteBufferSize: 1024}
+	c, _, err := d.DialContext(ctx, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, msg, err := c.ReadMessage(); err != nil || !bytes.Contains(msg, []byte(`"connect.challenge"`)) {
+		c.Close()
+		return nil, fmt.Errorf("no challenge: %v", err)
+	}
+	err = c.WriteJSON(map[string]any{"type": "req", "id": "hello", "method": "connect", "params": map[string]any{
+		"minProtocol": 4, "maxProtocol": 4, "role": "operator",
+		"client": map[string]any{"id": "loadtest", "version": "1", "platform": "linux", "mode": "cli"},
+		"caps":   []string{"tool-events"},
+	}})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	if _, msg, err := c.ReadMessage(); err != nil || !bytes.Contains(msg, []byte(`"hello-ok"`)) {
+		c.Close()
+		return nil, fmt.Errorf("no hello: %v %s", err, msg)
+	}
+	return c, nil
+}
+
+// terminal is the part of a chat event the client decodes.
+type terminal struct {
+	Payload struct {
+		RunID string `json:"runId"`
+		State string `json:"state"`
+	} `json:"payload"`
+}
+
+// runClient runs o.turns turns on session "load-<i>". With a rate, turn j of
+// client i is due at start + (j·clients + i)/rate: together an even offered
+// load.
+func runClient(ctx context.Context, o options, c *websocket.Conn, i int, start time.Time) result {
+	r := result{recv: make(map[string]int64, o.turns), states: map[string]int{}}
+	session := "load-" + strconv.Itoa(i)
+	for j := range o.turns {
+		if o.rate > 0 {
+			due := start.Add(time.Duration(float64(j*o.clients+i) / o.rate * float64(time.Second)))
+			if d := time.Until(due); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+				}
+			}
+		} else if j == 0 {
+			time.Sleep(time.Duration(rand.Int64N(int64(time.Second)))) // spread the first turns
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		run := "c" + strconv.Itoa(i) + "-t" + strconv.Itoa(j)
+		req := `{"type":"req","id":"` + run + `","method":"chat.send","params":{"sessionKey":"` + session +
+			`","message":` + strconv.Quote(o.script) + `,"idempotencyKey":"` + run + `"}}`
+		now := time.Now().UnixNano()
+		if r.firstSend == 0 {
+			r.firstSend = now
+		}
+		if err := c.WriteMessage(websocket.TextMessage, []byte(req)); err != nil {
+			r.errText = err.Error()
+			r.lost += o.turns - j
+			return r
+		}
+		r.sent++
+		switch awaitTerminal(ctx, c, run, o.turnWait, &r) {
+		case gotTerminal, refused:
+		case broken:
+			r.lost += o.turns - j
+			return r
+		default:
+			r.lost++
+		}
+	}
+	return r
+}
+
+var (
+	chatEvent = []byte(`"event":"chat"`)
+	ackFail   = []byte(`"ok":false`)
+)
+
+type outcome int
+
+const (
+	timedOut    outcome = iota
+	gotTerminal         // the run's final, aborted or error event arrived
+	refused             // chat.send was answered with an error: no run, nothing to lose
+	broken              // the connection failed
+)
+
+// awaitTerminal reads until the terminal chat event of run.
+func awaitTerminal(ctx context.Context, c *websocket.Conn, run string, wait time.Duration, r *result) outcome {
+	deadline := time.Now().Add(wait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	c.SetReadDeadline(deadline)
+	for {
+		_, msg, err := c.ReadMessage()
+		if err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				r.errText = err.Error()
+				return broken
+			}
+			return timedOut
+		}
+		now := time.Now().UnixNano()
+		if bytes.Contains(msg, ackFail) {
+			r.errors++
+			if r.errText == "" {
+				r.errText = string(msg)
+			}
+			return refused
+		}
+		if !bytes.Contains(msg, chatEvent) || bytes.Contains(msg, []byte(`"state":"delta"`)) {
+			continue
+		}
+		var t terminal
+		if json.Unmarshal(msg, &t) != nil || t.Payload.RunID != run {
+			continue
+		}
+		r.recv[run] = now
+		r.lastRecv = now
+		r.states[t.Payload.State]++
+		return gotTerminal
+	}
+}
+
+func report(o options, results []result, ends map[string]int64, serverCPU float64) error {
+	var (
+		sent, lost, errs, got int
+		first, last           int64
+		lat                   []time.Duration
+		states                = map[string]int{}
+		unmatched             int
+		errText               string
+	)
+	for _, r := range results {
+		sent += r.sent
+		lost += r.lost
+		errs += r.errors
+		got += len(r.recv)
+		if r.firstSend != 0 && (first == 0 || r.firstSend < first) {
+			first = r.firstSend
+		}
+		last = max(last, r.lastRecv)
+		for k, v := range r.states {
+			states[k] += v
+		}
+		for run, ns := range r.recv {
+			end, ok := ends[run]
+			if !ok {
+				unmatched++
+				continue
+			}
+			lat = append(lat, time.Duration(ns-end))
+		}
+		if errText == "" && r.errText != "" {
+			errText = r.errText
+		}
+	}
+	slices.Sort(lat)
+	q := func(p float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
+	}
+	elapsed := time.Duration(last - first)
+	fmt.Printf("turns: %d sent, %d terminal events received (%v), %d refused, lost terminal events: %d\n",
+		sent, got, states, errs, lost)
+	if elapsed > 0 {
+		fmt.Printf("throughput: %.0f turns/s (%d turns in %.1fs)\n", float64(got)/elapsed.Seconds(), got, elapsed.Seconds())
+	}
+	fmt.Printf("latency, run end → final at the client: p50 %v  p90 %v  p99 %v  max %v  (%d samples)\n",
+		q(0.50).Round(time.Microsecond), q(0.90).Round(time.Microsecond), q(0.99).Round(time.Microsecond),
+		q(1).Round(time.Microsecond), len(lat))
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	fmt.Printf("CPU: gateway process %.1fs, client process %.1fs\n", serverCPU, tvSec(ru.Utime)+tvSec(ru.Stime))
+	if unmatched > 0 {
+		fmt.Printf("warning: %d received runs have no end time from the gateway\n", unmatched)
+	}
+	if errText != "" {
+		fmt.Printf("first error: %s\n", errText)
+	}
+	if lost > 0 || errs > 0 {
+		return fmt.Errorf("%d terminal events lost, %d turns refused", lost, errs)
+	}
+	return nil
+}
