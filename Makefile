@@ -49,5 +49,14 @@ fuzz: deps
 e2e:
 	bash e2e/run.sh
 
+## load: the loopback WebSocket load test: 10,000 concurrent clients, each running 3-step demo
+## turns, bounded in turns and time (-max); prints turns/s, run-end → final latency and lost
+## terminal events (must be 0). Figures in docs/performance.md ("WebSocket load").
+LOADFLAGS ?= -clients 10000 -turns 10 -rate 2500 -max 120s
+load: deps
+	mkdir -p bin
+	$(GO) build -o bin/loadtest ./cmd/loadtest
+	./bin/loadtest $(LOADFLAGS)
+
 clean:
 	rm -rf bin artifacts .e2e
