@@ -345,7 +345,8 @@ func (x *tmux) save(name string) {
 }
 
 // TestTUI drives `openclaw tui` in tmux: a streamed reply with tool lines,
-// then a step timeout shown as "run aborted: ⚠️ No progress …".
+// a step timeout shown as "run aborted: ⚠️ No progress …", and Esc stopping
+// a running turn.
 func TestTUI(t *testing.T) {
 	x := &tmux{t: t, socket: filepath.Join(t.TempDir(), "tmux.sock")}
 	cmdline := append([]string{"new-session", "-d", "-s", "tui", "-x", "160", "-y", "48", "--", "env"}, clientEnv(t)...)
@@ -356,8 +357,10 @@ func TestTUI(t *testing.T) {
 		_ = exec.Command("tmux", "-S", x.socket, "kill-server").Run()
 	})
 
-	x.waitFor("the connected footer", 30*time.Second, func(s string) bool {
-		return strings.Contains(s, "e2e-tui") && !strings.Contains(s, "connecting")
+	// Typing before the TUI is connected would be refused; wait for its
+	// status line ("gateway connected | idle").
+	x.waitFor("the connected, idle status line", 90*time.Second, func(s string) bool {
+		return strings.Contains(s, "connected | idle")
 	})
 
 	// 1. Streamed reply with tool lines.
@@ -389,6 +392,18 @@ func TestTUI(t *testing.T) {
 	})
 	x.save("tui-step-timeout.txt")
 	t.Logf("TUI screen after the step timeout (still-working notice seen: %v):\n%s", sawNotice, s)
+
+	// 3. Esc stops the running turn (chat.abort without a runId).
+	x.send("/steps shell:hang")
+	x.waitFor("the running shell step", 15*time.Second, func(s string) bool {
+		i := strings.LastIndex(s, "/steps shell:hang")
+		return i >= 0 && strings.Contains(strings.ToLower(s[i+len("/steps shell:hang"):]), "shell")
+	})
+	x.run("send-keys", "-t", "tui", "Escape")
+	x.waitFor("run aborted: ⏹️ Stopped", 15*time.Second, func(s string) bool {
+		return strings.Contains(s, "run aborted: ⏹️ Stopped")
+	})
+	x.save("tui-esc-abort.txt")
 }
 
 // TestWebChat drives the web chat page in headless Chromium (webchat.mjs).
