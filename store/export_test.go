@@ -45,3 +45,15 @@ func ExecFile(ctx context.Context, path, query string) error {
 	_, err = db.ExecContext(ctx, query)
 	return err
 }
+
+// JournalMode reads the journal mode of the database at path.
+func JournalMode(ctx context.Context, path string) (string, error) {
+	db, err := sql.Open("sqlite", dsn(path, false, url.Values{}))
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	var mode string
+	err = db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode)
+	return mode, err
+}

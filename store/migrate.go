@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -66,18 +67,38 @@ func userVersion(ctx context.Context, q interface {
 	return v, nil
 }
 
-// migrate brings db to schema version target (0 < target <= SchemaVersion),
-// one transaction per version, and returns the version it started from. A
-// database newer than this build is left alone with ErrSchemaTooNew. Safe
-// against a concurrent migrator: each step re-reads the version inside its
-// write transaction.
-func migrate(ctx context.Context, db *sql.DB, target int) (from int, err error) {
-	from, err = userVersion(ctx, db)
+// checkVersion returns the schema version of db, or an error if this build
+// must not touch it: a newer schema (ErrSchemaTooNew), or tables without a
+// version (another application's database).
+func checkVersion(ctx context.Context, db *sql.DB) (int, error) {
+	v, err := userVersion(ctx, db)
 	if err != nil {
 		return 0, fmt.Errorf("read schema version: %w", err)
 	}
-	if from > SchemaVersion {
-		return from, fmt.Errorf("schema version %d, this build knows up to %d: %w", from, SchemaVersion, ErrSchemaTooNew)
+	if v > SchemaVersion {
+		return v, fmt.Errorf("schema version %d, this build knows up to %d: %w", v, SchemaVersion, ErrSchemaTooNew)
+	}
+	if v == 0 {
+		// Version 0 is an empty file. One with tables belongs to something
+		// else: do not add ours to it.
+		var tables int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema`).Scan(&tables); err != nil {
+			return 0, fmt.Errorf("read schema: %w", err)
+		}
+		if tables > 0 {
+			return 0, errors.New("not a turnguard database: it has tables but no schema version")
+		}
+	}
+	return v, nil
+}
+
+// migrate brings db to schema version target (0 < target <= SchemaVersion),
+// one transaction per version, and returns the version it started from. It
+// refuses what checkVersion refuses. Safe against a concurrent migrator:
+// each step re-reads the version inside its write transaction.
+func migrate(ctx context.Context, db *sql.DB, target int) (from int, err error) {
+	if from, err = checkVersion(ctx, db); err != nil {
+		return from, err
 	}
 	for _, m := range migrations[:target] {
 		if err := applyMigration(ctx, db, m); err != nil {

@@ -25,6 +25,9 @@ func TestMigrateEmptyFileToLatest(t *testing.T) {
 	if err != nil || v != store.SchemaVersion || v < 2 {
 		t.Fatalf("schema version = %d, %v; want %d (at least 2)", v, err, store.SchemaVersion)
 	}
+	if mode, err := store.JournalMode(ctx, path); mode != "wal" {
+		t.Errorf("journal mode = %q, %v; want wal", mode, err)
+	}
 	// Reopening an up-to-date file changes nothing.
 	open(t, path, store.Options{}).Close()
 	if v2, _ := store.UserVersion(ctx, path); v2 != v {
@@ -119,5 +122,23 @@ func TestOpenRefusesNonDatabase(t *testing.T) {
 	after, _ := os.ReadFile(path)
 	if !bytes.Equal(after, junk) {
 		t.Errorf("the file was modified")
+	}
+}
+
+func TestOpenRefusesAnotherApplicationsDatabase(t *testing.T) {
+	ctx := context.Background()
+	path := dbPath(t)
+	if err := store.ExecFile(ctx, path, "CREATE TABLE contacts (name TEXT); INSERT INTO contacts VALUES ('Ada')"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := store.Open(ctx, path, store.Options{Logger: quiet})
+	if err == nil || !strings.Contains(err.Error(), "not a turnguard database") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Open of another application's database = %v, want a refusal naming it", err)
+	}
+	if v, _ := store.UserVersion(ctx, path); v != 0 {
+		t.Errorf("schema version = %d: the file was migrated", v)
+	}
+	if mode, _ := store.JournalMode(ctx, path); mode != "delete" {
+		t.Errorf("journal mode = %q: the file was switched from delete", mode)
 	}
 }

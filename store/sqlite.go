@@ -83,9 +83,10 @@ type SQLite struct {
 // everything in memory (one connection, lost on Close). The caller must call
 // Close.
 //
-// Open refuses, with an error naming the file, a file that is not a SQLite
-// database and one whose schema is newer than this build (ErrSchemaTooNew);
-// in both cases the file is left as it was.
+// Open refuses, with an error naming the file and without changing its
+// data, a file that is not a SQLite database, a SQLite database of another
+// application, and one whose schema is newer than this build
+// (ErrSchemaTooNew).
 func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	if path == "" {
 		return nil, fmt.Errorf("open store: empty path: %w", ErrInvalid)
@@ -127,7 +128,7 @@ func (s *SQLite) openDBs(ctx context.Context, busy time.Duration) (err error) {
 	}
 	wq := params()
 	if !s.memory {
-		wq = params("journal_mode(WAL)", "synchronous(NORMAL)")
+		wq = params("synchronous(NORMAL)")
 	}
 	// A write transaction takes the lock up front (BEGIN IMMEDIATE), so it
 	// never fails to upgrade a read lock under another process's write.
@@ -150,6 +151,20 @@ func (s *SQLite) openDBs(ctx context.Context, busy time.Duration) (err error) {
 	s.w.SetConnMaxIdleTime(0)
 	if err := s.w.PingContext(ctx); err != nil {
 		return err
+	}
+	// WAL is a property of the file: switch it only once the file is known
+	// to be ours.
+	if _, err := checkVersion(ctx, s.w); err != nil {
+		return err
+	}
+	if !s.memory {
+		var mode string
+		if err := s.w.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode); err != nil {
+			return fmt.Errorf("enable WAL: %w", err)
+		}
+		if !strings.EqualFold(mode, "wal") {
+			return fmt.Errorf("enable WAL: journal mode is %q", mode)
+		}
 	}
 	if _, err := migrate(ctx, s.w, SchemaVersion); err != nil {
 		return err
@@ -183,7 +198,9 @@ func dsn(path string, memory bool, q url.Values) string {
 }
 
 // Close writes every event enqueued before it, stops the writer and closes
-// the database. Events handed to Handle during or after Close are dropped.
+// the database. Events handed to Handle after Close are dropped and counted;
+// one handed over while Close runs may be written or lost. Call it after the
+// engine has stopped publishing.
 // Close is safe to call more than once; later calls return the first
 // call's result.
 func (s *SQLite) Close() error {
