@@ -583,3 +583,44 @@ func waitRecorded(t *testing.T, path, runID, lastStep string) {
 	}
 	t.Fatalf("turn %s never recorded with last step %s", runID, lastStep)
 }
+
+// waitLog waits until the gateway's log contains s.
+func (p *gatewayProc) waitLog(s string, d time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if strings.Contains(p.log(), s) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // real time: polling another process's log
+	}
+	p.t.Fatalf("log line %q did not appear within %v", s, d)
+}
+
+// TestHotReload: an edit of the configuration file applies to the next turn
+// without a restart; a runner that was not built at start is reported.
+func TestHotReload(t *testing.T) {
+	dir := t.TempDir()
+	base := testConfig(dir, 5)
+	p := startGateway(t, dir, base)
+	cl := dialGateway(t, p.addr, testToken)
+	path := filepath.Join(dir, "gateway.yaml")
+
+	edited := strings.Replace(base, "    abortGraceSeconds: 5\n", "    abortGraceSeconds: 5\n    stepTimeoutSeconds: 0.5\n", 1)
+	if err := os.WriteFile(path, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLog("config reloaded", 10*time.Second)
+	chatSend(cl, "main", "run-reloaded", "/steps shell:hang")
+	ab := aborted(t, cl.waitEvent("chat", 10*time.Second, chatState("run-reloaded", "aborted")))
+	if ab.StopReason != "step_timeout" || !strings.Contains(ab.ErrorMessage, "No progress for 500ms") {
+		t.Errorf("after the reload: stopReason %q, message %q; want the 0.5s step timeout", ab.StopReason, ab.ErrorMessage)
+	}
+
+	withOpenAI := strings.Replace(edited, "agents:\n  defaults:\n",
+		"agents:\n  openai:\n    model: some-model\n  defaults:\n    runner: openai\n", 1)
+	if err := os.WriteFile(path, []byte(withOpenAI), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLog("restart the gateway to use it", 10*time.Second)
+}
