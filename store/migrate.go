@@ -26,12 +26,13 @@ type migration struct {
 	sql     string
 }
 
-// migrations is the ordered list, loaded once; a malformed embedded file is
-// a build defect, so it panics at init (and in every test).
-var migrations = loadMigrations()
+// SchemaVersion is the schema version this build writes: the number of
+// migrations.
+const SchemaVersion = 2
 
-// SchemaVersion is the schema version this build writes.
-var SchemaVersion = len(migrations)
+// migrations is the ordered list, loaded once; a malformed or missing
+// embedded file is a build defect, so it panics at init (and in every test).
+var migrations = loadMigrations()
 
 func loadMigrations() []migration {
 	names, err := fs.Glob(migrationFS, "migrations/*.sql")
@@ -52,6 +53,9 @@ func loadMigrations() []migration {
 			panic(err)
 		}
 		out = append(out, migration{version: v, name: base, sql: string(b)})
+	}
+	if len(out) != SchemaVersion {
+		panic(fmt.Sprintf("store: %d migrations embedded, SchemaVersion is %d", len(out), SchemaVersion))
 	}
 	return out
 }

@@ -24,8 +24,11 @@
 // At start-up the gateway calls RunningTurns: every turn still "running" was
 // cut off by the previous process. For each, MarkInterrupted (exactly once,
 // even with concurrent callers) ends it with stop reason "interrupted",
-// journals it and appends the notice to the history; the caller then
-// enqueues the notice in the outbox for the turn's channel and chat.
+// journals it and appends the notice to the history. The notice for the
+// turn's channel and chat goes into the outbox too; enqueueing it before
+// MarkInterrupted makes the pair crash-safe (a crash in between leaves the
+// turn running, and the next start's Enqueue is deduplicated), where the
+// other order can lose the notice.
 package store
 
 import (
