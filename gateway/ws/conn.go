@@ -275,6 +275,7 @@ func (c *conn) writer() {
 		ticker *time.Ticker
 		tickC  <-chan time.Time
 		num    []byte
+		ping   bool // send a ping with the next write
 	)
 	defer func() {
 		if ticker != nil {
@@ -289,11 +290,8 @@ func (c *conn) writer() {
 			// end) so that they leave in one write.
 			runtime.Gosched()
 		case <-tickC:
-			c.push(tickFrame())
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
-				c.ws.NetConn().Close()
-				return
-			}
+			c.push(tickFrame()) // the ping goes out with it, below
+			ping = true
 			continue
 		}
 		if ticker == nil {
@@ -312,7 +310,11 @@ func (c *conn) writer() {
 			c.out.hold()
 		}
 		var err error
-		for i := range batch {
+		if ping && len(batch) > 0 {
+			ping = false
+			err = c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait))
+		}
+		for i := 0; i < len(batch) && err == nil; i++ {
 			f := &batch[i]
 			var w io.WriteCloser
 			w, err = c.ws.NextWriter(websocket.TextMessage)
@@ -345,20 +347,16 @@ func (c *conn) writer() {
 			return
 		}
 		clear(batch)
+		// Once closing, push accepts nothing more: the batch just written
+		// was the last.
 		if closing && code != 0 {
-			c.mu.Lock()
-			rest := len(c.queue)
-			c.mu.Unlock()
-			if rest == 0 {
-				err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, why), time.Now().Add(writeWait))
-				if err != nil && !errors.Is(err, websocket.ErrCloseSent) {
-					c.ws.NetConn().Close()
-				} else {
-					c.ws.SetReadDeadline(time.Now().Add(closeGrace))
-				}
-				return
+			err := c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, why), time.Now().Add(writeWait))
+			if err != nil && !errors.Is(err, websocket.ErrCloseSent) {
+				c.ws.NetConn().Close()
+			} else {
+				c.ws.SetReadDeadline(time.Now().Add(closeGrace))
 			}
-			continue
+			return
 		}
 		if closing {
 			return // the reader has ended

@@ -255,3 +255,35 @@ func TestOversizedFrameAfterHello(t *testing.T) {
 		}
 	})
 }
+
+// An idle client stays connected as long as it answers the pings that go
+// out with the ticks; one that answers nothing is dropped after
+// 2 × tickIntervalMs + 10 s.
+func TestPingsKeepIdleClientsAndDropDeadOnes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) { c.Server.TickIntervalMs = 2000 }})
+		alive, _ := e.connect("tui", "")
+		dead, _ := e.connect("tui", "")
+		dead.ws.SetPingHandler(func(string) error { return nil }) // never pongs
+		start := time.Now()
+		droppedAfter := make(chan time.Duration, 1)
+		dead.ws.SetReadDeadline(time.Time{})
+		go func() {
+			for {
+				if _, _, err := dead.ws.ReadMessage(); err != nil {
+					droppedAfter <- time.Since(start)
+					return
+				}
+			}
+		}()
+		for range 15 { // 30 s of ticks, answering pings while reading
+			alive.read()
+		}
+		if r := alive.call("health", nil); !r.OK {
+			t.Fatalf("idle client after 30s: %s", r.raw)
+		}
+		if d := <-droppedAfter; d != 14*time.Second {
+			t.Fatalf("silent client dropped after %v, want 14s", d)
+		}
+	})
+}
