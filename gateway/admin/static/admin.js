@@ -1,0 +1,252 @@
+// turnguard admin dashboard: polls the operator API and renders the live
+// turns (with stall warnings and an abort button), the recent aborts and
+// the stall history. The operator token comes from the URL fragment
+// (#token=…), the query (?token=…), the tab's session storage or the form;
+// it is sent only as "Authorization: Bearer …" to this origin.
+//
+// Element ids, classes and data attributes are a contract with the
+// end-to-end test (e2e/admin.mjs): #status[data-state], tr.turn[data-run-id]
+// [data-stalled][data-state], .stall-warning, button.abort[data-run-id]
+// [data-armed], #aborts tr.abort-row[data-run-id][data-stop-reason],
+// #stalls tr.episode[data-run-id][data-outcome].
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "turnguard.operatorToken";
+  const LIVE_EVERY = 1000; // ms between /api/turns polls
+  const HISTORY_EVERY = 5000; // ms between stall history and diagnose polls
+  const ARM_FOR = 4000; // ms an armed abort button waits for the confirming click
+
+  const $ = (sel) => document.querySelector(sel);
+  const el = (tag, props = {}, ...children) => {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(props)) {
+      if (k === "class") e.className = v;
+      else if (k === "dataset") Object.assign(e.dataset, v);
+      else if (k === "text") e.textContent = v;
+      else e.setAttribute(k, v);
+    }
+    for (const c of children) if (c != null) e.append(c);
+    return e;
+  };
+
+  let token = readToken();
+  let authFailed = false;
+
+  function readToken() {
+    const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
+    const fromQuery = new URLSearchParams(location.search).get("token");
+    const t = fromHash || fromQuery;
+    if (t) {
+      sessionStorage.setItem(TOKEN_KEY, t);
+      history.replaceState(null, "", location.pathname); // keep the token out of the address bar and history
+      return t;
+    }
+    return sessionStorage.getItem(TOKEN_KEY) || "";
+  }
+
+  class AuthError extends Error {}
+
+  async function api(path, opts = {}) {
+    const headers = { Accept: "application/json" };
+    if (token) headers.Authorization = "Bearer " + token;
+    if (opts.method === "POST") headers["Content-Type"] = "application/json";
+    const res = await fetch(path, { ...opts, headers, cache: "no-store", credentials: "omit" });
+    const body = await res.json().catch(() => ({}));
+    if (res.status === 401 || res.status === 403) throw new AuthError(body.error || `HTTP ${res.status}`);
+    if (!res.ok) throw new Error(body.error || `HTTP ${res.status}`);
+    return body;
+  }
+
+  function setStatus(state, text) {
+    const s = $("#status");
+    s.dataset.state = state;
+    s.textContent = text;
+  }
+
+  function showAuth(reason) {
+    authFailed = true;
+    setStatus("auth", "operator token needed");
+    $("#auth-reason").textContent = reason;
+    $("#auth").hidden = false;
+    $("#token-input").focus();
+  }
+
+  $("#auth").addEventListener("submit", (e) => {
+    e.preventDefault();
+    token = $("#token-input").value.trim();
+    $("#token-input").value = "";
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $("#auth").hidden = true;
+    authFailed = false;
+    refreshAll();
+  });
+
+  // Formatting.
+  function dur(ms) {
+    if (ms == null) return "—";
+    const neg = ms < 0;
+    let s = Math.abs(ms) / 1000;
+    let out;
+    if (s < 10) out = s.toFixed(1) + "s";
+    else if (s < 60) out = Math.floor(s) + "s";
+    else if (s < 3600) out = Math.floor(s / 60) + "m" + String(Math.floor(s % 60)).padStart(2, "0") + "s";
+    else out = Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
+    return neg ? "−" + out : out;
+  }
+  const time = (iso) => (iso ? new Date(iso).toLocaleString() : "—");
+  const stepLabel = (s) => (s ? s.name || s.kind : "");
+  const short = (id) => (id.length > 14 ? id.slice(0, 12) + "…" : id);
+
+  // Live turns.
+  const armed = new Map(); // runId → timer of an armed abort button
+
+  function deadline(label, ms) {
+    if (ms == null) return null;
+    const cls = ms < 0 ? "deadline passed" : ms < 10000 ? "deadline near" : "deadline";
+    return el("span", { class: cls, text: `${label} ${dur(ms)}` });
+  }
+
+  function renderTurns(data) {
+    const body = $("#turns tbody");
+    body.replaceChildren(...data.turns.map(turnRow));
+    $("#live-count").textContent = String(data.count);
+    const st = $("#stalled-count");
+    st.hidden = data.stalled === 0;
+    st.textContent = `${data.stalled} stalled`;
+    $("#no-turns").hidden = data.count > 0;
+  }
+
+  function turnRow(t) {
+    const step = t.currentStep;
+    const stepCell = el("td", {},
+      step ? el("span", { class: "mono", text: `${stepLabel(step)} · ${dur(step.elapsedMs)}` }) : el("span", { class: "sub", text: "between steps" }),
+      t.lastStep ? el("span", { class: "sub", text: `last: ${stepLabel(t.lastStep)}` }) : null,
+      t.stalled ? el("span", { class: "stall-warning", text: `⚠️ Stalled: ${t.warning}` }) : null,
+      t.paused ? el("span", { class: "sub", text: "⏸ paused" }) : null);
+    const d = t.deadlines;
+    const deadlines = el("td", { class: "mono" });
+    for (const part of [deadline("step", d.stepTimeoutInMs), deadline("wall", d.timeoutInMs), deadline("max", d.maxTurnTimeInMs)]) {
+      if (part) deadlines.append(part, el("br"));
+    }
+    const actions = el("td", {});
+    if (t.state === "running") {
+      const b = el("button", { class: "abort", type: "button", dataset: { runId: t.runId, armed: armed.has(t.runId) ? "true" : "false" },
+        title: "Abort this turn (its user is told it was stopped)", text: armed.has(t.runId) ? "Click to confirm" : "Abort" });
+      b.addEventListener("click", () => onAbort(b, t));
+      actions.append(b);
+    } else {
+      actions.append(el("span", { class: "sub", text: `stopping (${t.stopReason})` }));
+    }
+    return el("tr", { class: "turn", dataset: { runId: t.runId, stalled: String(t.stalled), state: t.state } },
+      el("td", {}, el("span", { text: t.sessionKey }), t.chatRef ? el("span", { class: "sub", text: `chat ${t.chatRef}` }) : null),
+      el("td", { text: t.channel }),
+      el("td", { class: "mono", title: t.runId, text: short(t.runId) }),
+      el("td", {}, el("span", { text: dur(t.elapsedMs) }), el("span", { class: "sub", text: `since ${time(t.startedAt)}` })),
+      stepCell, deadlines, actions);
+  }
+
+  // The abort button takes two clicks: the first arms it, the second (within
+  // ARM_FOR) aborts.
+  async function onAbort(button, t) {
+    if (!armed.has(t.runId)) {
+      armed.set(t.runId, setTimeout(() => { armed.delete(t.runId); refreshLive(); }, ARM_FOR));
+      button.dataset.armed = "true";
+      button.textContent = "Click to confirm";
+      return;
+    }
+    clearTimeout(armed.get(t.runId));
+    armed.delete(t.runId);
+    button.disabled = true;
+    button.textContent = "Aborting…";
+    try {
+      await api(`/api/turns/${encodeURIComponent(t.runId)}/abort`, { method: "POST", body: "{}" });
+    } catch (err) {
+      if (err instanceof AuthError) return showAuth(err.message);
+      setStatus("error", `abort failed: ${err.message}`);
+    }
+    refreshAll();
+  }
+
+  // Stall history and recent aborts.
+  function historyQuery() {
+    const q = new URLSearchParams({ limit: "500" });
+    const session = $("#filter-session").value.trim();
+    const since = $("#filter-since").value;
+    if (session) q.set("session", session);
+    if (since) q.set("since", since);
+    return q.toString();
+  }
+
+  function renderHistory(data) {
+    const eps = data.episodes.slice().reverse(); // most recent first
+    $("#stalls tbody").replaceChildren(...eps.slice(0, 100).map((e) =>
+      el("tr", { class: "episode", dataset: { runId: e.runId, outcome: e.outcome } },
+        el("td", { text: time(e.started) }),
+        el("td", { text: e.sessionKey }),
+        el("td", { class: "mono", title: e.runId, text: short(e.runId) }),
+        el("td", { class: "mono", text: stepLabel(e.step) || "—" }),
+        el("td", { text: e.outcome === "open" ? "still open" : dur(e.durationMs) }),
+        el("td", { text: String(e.notices) }),
+        el("td", {}, el("span", { class: `outcome-${e.outcome}`, text: e.outcome.replace("_", "-") }),
+          e.stopReason ? el("span", { class: "reason", text: e.stopReason }) : null))));
+    $("#no-stalls").hidden = eps.length > 0;
+
+    const aborts = eps.filter((e) => e.outcome === "aborted" || e.outcome === "force_finalized")
+      .sort((a, b) => (b.ended || "").localeCompare(a.ended || "")).slice(0, 25);
+    $("#aborts tbody").replaceChildren(...aborts.map((e) =>
+      el("tr", { class: "abort-row", dataset: { runId: e.runId, stopReason: e.stopReason || "" } },
+        el("td", { text: time(e.ended) }),
+        el("td", { text: e.sessionKey }),
+        el("td", { class: "mono", title: e.runId, text: short(e.runId) }),
+        el("td", {}, el("span", { class: "reason", text: e.stopReason || "—" })),
+        el("td", { class: "mono", text: stepLabel(e.step) || "—" }),
+        el("td", { class: `outcome-${e.outcome}`,
+          text: e.outcome === "force_finalized" ? "force-finalized (runner ignored the abort)" : "stopped" }))));
+    $("#no-aborts").hidden = aborts.length > 0;
+  }
+
+  function renderFigures(d) {
+    const c = d.counters;
+    const aborts = Object.entries(c.abortsByReason).filter(([, n]) => n > 0).map(([r, n]) => `${r} ${n}`).join(", ") || "none";
+    $("#figures").textContent = `aborts: ${aborts} · force-finalized ${c.forceFinalizations} · progress notices ${c.progressNotices}` +
+      ` · delivery retries ${c.deliveryRetries}, failures ${c.deliveryFailures} · ${d.build.version}`;
+  }
+
+  // Polling.
+  async function refreshLive() {
+    if (authFailed) return;
+    try {
+      renderTurns(await api("/api/turns"));
+      setStatus("connected", `updated ${new Date().toLocaleTimeString()}`);
+    } catch (err) {
+      if (err instanceof AuthError) return showAuth(err.message);
+      setStatus("error", `cannot reach the gateway: ${err.message}`);
+    }
+  }
+
+  async function refreshHistory() {
+    if (authFailed) return;
+    try {
+      const [hist, diag] = await Promise.all([api("/api/stall-history?" + historyQuery()), api("/api/diagnose")]);
+      renderHistory(hist);
+      renderFigures(diag);
+    } catch (err) {
+      if (err instanceof AuthError) return showAuth(err.message);
+      setStatus("error", `cannot reach the gateway: ${err.message}`);
+    }
+  }
+
+  function refreshAll() {
+    refreshLive();
+    refreshHistory();
+  }
+
+  $("#stall-filter").addEventListener("submit", (e) => e.preventDefault());
+  $("#filter-session").addEventListener("change", refreshHistory);
+  $("#filter-since").addEventListener("change", refreshHistory);
+
+  setInterval(refreshLive, LIVE_EVERY);
+  setInterval(refreshHistory, HISTORY_EVERY);
+  refreshAll();
+})();
