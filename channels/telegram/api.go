@@ -1,0 +1,165 @@
+package telegram
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-telegram/bot"
+	"github.com/go-telegram/bot/models"
+)
+
+// ServerError is a Bot API answer with an HTTP 5xx status: Telegram (or a
+// proxy in front of it) failed; the call may be retried.
+type ServerError struct {
+	Status int
+}
+
+func (e *ServerError) Error() string {
+	return fmt.Sprintf("telegram server error: HTTP %d", e.Status)
+}
+
+// doer is the HTTP client handed to the bot library. It turns a 5xx
+// response into a *ServerError (the library would otherwise try to decode
+// an HTML error page and report an untyped error), so the retry logic can
+// tell a server failure from a refused request.
+type doer struct{ c *http.Client }
+
+func (d doer) Do(req *http.Request) (*http.Response, error) {
+	resp, err := d.c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 500 {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+		return nil, &ServerError{Status: resp.StatusCode}
+	}
+	return resp, nil
+}
+
+// redactor removes the bot token from text. The Bot API puts the token in
+// every URL, so any error that quotes a URL would leak it.
+type redactor struct{ secrets []string }
+
+func newRedactor(token string) redactor {
+	r := redactor{}
+	if token != "" {
+		r.secrets = append(r.secrets, token)
+		// The part after the colon is the secret proper; catch it alone too
+		// (an escaped or partly quoted URL).
+		if _, s, ok := strings.Cut(token, ":"); ok && len(s) >= 8 {
+			r.secrets = append(r.secrets, s)
+		}
+	}
+	return r
+}
+
+const redacted = "[redacted]"
+
+func (r redactor) text(s string) string {
+	for _, sec := range r.secrets {
+		s = strings.ReplaceAll(s, sec, redacted)
+	}
+	return s
+}
+
+// err returns err with the token removed from its text; errors.Is and
+// errors.As still see the original chain. nil stays nil.
+func (r redactor) err(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := r.text(err.Error())
+	if msg == err.Error() {
+		var re *redactedError
+		if errors.As(err, &re) {
+			return err
+		}
+	}
+	return &redactedError{msg: msg, err: err}
+}
+
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+// errClass says what to do about a failed Bot API call.
+type errClass int
+
+const (
+	classOK        errClass = iota
+	classRateLimit          // 429: wait retry_after, then retry
+	classTransient          // 5xx, network, undecodable answer: retry with backoff
+	classPermanent          // Telegram refused the request: do not retry
+	classCanceled           // our own context ended
+)
+
+// classify sorts an error from the bot library. retryAfter is set for
+// classRateLimit (at least one second).
+func classify(ctx context.Context, err error) (c errClass, retryAfter time.Duration) {
+	if err == nil {
+		return classOK, 0
+	}
+	var tm *bot.TooManyRequestsError
+	if errors.As(err, &tm) {
+		return classRateLimit, time.Duration(max(tm.RetryAfter, 1)) * time.Second
+	}
+	if ctx.Err() != nil {
+		return classCanceled, 0
+	}
+	var me *bot.MigrateError
+	if errors.As(err, &me) || errors.Is(err, bot.ErrorBadRequest) || errors.Is(err, bot.ErrorForbidden) ||
+		errors.Is(err, bot.ErrorUnauthorized) || errors.Is(err, bot.ErrorNotFound) || errors.Is(err, bot.ErrorConflict) {
+		return classPermanent, 0
+	}
+	return classTransient, 0
+}
+
+// Bad-request descriptions the channel branches on.
+func notModified(err error) bool {
+	return errors.Is(err, bot.ErrorBadRequest) && strings.Contains(err.Error(), "message is not modified")
+}
+
+func editGone(err error) bool {
+	if !errors.Is(err, bot.ErrorBadRequest) {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "message to edit not found") || strings.Contains(s, "message can't be edited")
+}
+
+// api is the handful of Bot API calls the channel makes.
+type api struct{ b *bot.Bot }
+
+func (a api) send(ctx context.Context, chatID int64, text string, html bool) (int, error) {
+	p := &bot.SendMessageParams{ChatID: chatID, Text: text,
+		LinkPreviewOptions: &models.LinkPreviewOptions{IsDisabled: bot.True()}}
+	if html {
+		p.ParseMode = models.ParseModeHTML
+	}
+	m, err := a.b.SendMessage(ctx, p)
+	if err != nil {
+		return 0, err
+	}
+	return m.ID, nil
+}
+
+func (a api) edit(ctx context.Context, chatID int64, msgID int, text string) error {
+	_, err := a.b.EditMessageText(ctx, &bot.EditMessageTextParams{ChatID: chatID, MessageID: msgID, Text: text,
+		LinkPreviewOptions: &models.LinkPreviewOptions{IsDisabled: bot.True()}})
+	return err
+}
+
+func (a api) typing(ctx context.Context, chatID int64) error {
+	_, err := a.b.SendChatAction(ctx, &bot.SendChatActionParams{ChatID: chatID, Action: models.ChatActionTyping})
+	return err
+}

@@ -1,0 +1,225 @@
+package telegram
+
+import (
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
+)
+
+func secs(v float64) *float64 { return &v }
+
+// step is one move of a scripted conversation with chat alice: a message
+// from the user, or time passing.
+type step struct {
+	say  string
+	wait time.Duration
+}
+
+func say(text string) step      { return step{say: text} }
+func wait(d time.Duration) step { return step{wait: d} }
+
+var busyText = (&gateway.BusyError{}).UserText()
+var stoppingText = (&gateway.BusyError{Stopping: true}).UserText()
+
+// TestConversations runs scripted conversations against the demo runner
+// and compares what the user sees at the end, message by message.
+func TestConversations(t *testing.T) {
+	cases := []struct {
+		name   string
+		adjust func(*config.Config)
+		script []step
+		want   []string
+	}{
+		{
+			name:   "happy path",
+			script: []step{say("/steps web_search:300ms llm:1s say:Found_it"), wait(2 * time.Second)},
+			want:   []string{"Thinking about the next step. Found it"},
+		},
+		{
+			name:   "markdown reply rendered",
+			script: []step{say("/steps say:**Done**_—_a<b_&&_c>d"), wait(time.Second)},
+			want:   []string{"Done — a<b && c>d"},
+		},
+		{
+			name:   "status with nothing running",
+			script: []step{say("/status")},
+			want:   []string{textIdle},
+		},
+		{
+			name:   "status of a running step",
+			script: []step{say("/steps web_search:300ms shell:hang"), wait(10 * time.Second), say("/status")},
+			want: []string{"⏳ Working — step 2: shell, running for 9.7s.\n" +
+				"The request has run for 10s.\n" +
+				"Time left:\n" +
+				"• 4m50s before the no-progress limit (5m0s)\n" +
+				"• 29m50s before the time limit (30m0s)\n" +
+				"• 59m50s before the hard maximum (1h0m0s)\n" +
+				"Send /stop to stop it."},
+		},
+		{
+			name:   "status while paused",
+			script: []step{say("/steps pause:hang"), wait(4 * time.Second), say("/status")},
+			want: []string{"⏳ Working — no step has started yet.\n" +
+				"The request has run for 4s.\n" +
+				"⏸️ Paused — waiting for a person; the no-progress clock is stopped.\n" +
+				"Time left:\n" +
+				"• 29m56s before the time limit (30m0s)\n" +
+				"• 59m56s before the hard maximum (1h0m0s)\n" +
+				"Send /stop to stop it."},
+		},
+		{
+			name:   "stop a running turn",
+			script: []step{say("/steps web_search:300ms shell:hang"), wait(5 * time.Second), say("/stop")},
+			want:   []string{"⏹️ Stopped while shell was running after 5s."},
+		},
+		{
+			name:   "stop keeps the partial reply",
+			script: []step{say("/steps say:Half_done shell:hang"), wait(2 * time.Second), say("/stop"), wait(time.Second)},
+			want:   []string{"Half done", "⏹️ Stopped while shell was running after 2s."},
+		},
+		{
+			name:   "stop with nothing running",
+			script: []step{say("/stop")},
+			want:   []string{textNothingToStop},
+		},
+		{
+			name:   "busy session",
+			script: []step{say("/steps shell:hang"), wait(time.Second), say("and another thing")},
+			want:   []string{busyText},
+		},
+		{
+			name:   "new conversation stops the running turn",
+			script: []step{say("/steps shell:hang"), wait(3 * time.Second), say("/new"), wait(time.Second)},
+			want:   []string{"⏹️ Stopped while shell was running after 3s.", textNew},
+		},
+		{
+			name:   "new conversation when idle",
+			script: []step{say("/new")},
+			want:   []string{textNew},
+		},
+		{
+			name: "step timeout",
+			adjust: func(c *config.Config) {
+				c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(5)
+			},
+			script: []step{say("/steps web_search:300ms shell:hang"), wait(10 * time.Second)},
+			want: []string{"⚠️ No progress for 5s — last action was web_search. The task may be stuck. " +
+				"Retry or ask for a simpler approach."},
+		},
+		{
+			name: "heartbeats keep a long step alive",
+			adjust: func(c *config.Config) {
+				c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(5)
+			},
+			script: []step{say("/steps build:20s:hb=2s say:Built"), wait(21 * time.Second)},
+			want:   []string{"Built"},
+		},
+		{
+			name: "wall clock",
+			adjust: func(c *config.Config) {
+				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(10)
+			},
+			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
+			want: []string{"⚠️ This request hit its time limit of 10s after 10s while build was running. " +
+				"Try again, or ask for something smaller."},
+		},
+		{
+			name: "ceiling",
+			adjust: func(c *config.Config) {
+				c.Channels.Telegram.Timeouts.MaxTurnTimeSeconds = secs(8)
+				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(100)
+			},
+			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
+			want: []string{"⚠️ This request reached the maximum time of 8s while build was running. " +
+				"It was stopped; please split it into smaller requests."},
+		},
+		{
+			name: "stuck runner: busy while stopping, free after the grace",
+			adjust: func(c *config.Config) {
+				c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(5)
+				c.Channels.Telegram.Timeouts.AbortGraceSeconds = secs(3)
+			},
+			script: []step{
+				say("/steps shell:stuck"), wait(6 * time.Second),
+				say("hello?"), wait(3 * time.Second),
+				say("/steps say:Back"), wait(time.Second),
+			},
+			want: []string{
+				"⚠️ No progress for 5s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
+				stoppingText,
+				"Back",
+			},
+		},
+		{
+			name:   "bad script is explained",
+			script: []step{say("/steps shell:abc"), wait(time.Second)},
+			want:   []string{`bad /steps script: token 1 "shell:abc": "abc" is not a duration (use 300ms, 2s, hang or stuck)`},
+		},
+		{
+			name: "too long",
+			adjust: func(c *config.Config) {
+				c.Channels.Telegram.MaxInputChars = 20
+			},
+			script: []step{say("this is more than twenty characters"), say("/steps say:ok"), wait(time.Second)},
+			want:   []string{tooLongText(35, 20), "ok"},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, setup{adjust: tc.adjust})
+				for _, s := range tc.script {
+					if s.say != "" {
+						h.say(alice, s.say)
+					}
+					if s.wait > 0 {
+						h.advance(s.wait)
+					}
+				}
+				h.wantScreen(alice, tc.want...)
+			})
+		})
+	}
+}
+
+// TestHelp checks /help and /start: the commands, the limits in force and,
+// for the demo runner, its /steps help.
+func TestHelp(t *testing.T) {
+	for _, cmd := range []string{"/help", "/start"} {
+		t.Run(cmd, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, setup{adjust: func(c *config.Config) {
+					c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(120)
+				}})
+				h.say(alice, cmd)
+				got := h.last(alice)
+				for _, want := range []string{"/stop — stop the request", "/status", "/new", "/help",
+					"A request is stopped after 30m0s, or after 2m0s without progress.", "/steps web_search:300ms shell:hang"} {
+					if !strings.Contains(got, want) {
+						t.Errorf("help lacks %q:\n%s", want, got)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestShutdownNotice: a turn running when the gateway stops ends with the
+// shutdown notice, delivered before Close returns.
+func TestShutdownNotice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, setup{})
+		h.say(alice, "/steps web_search:1s shell:hang")
+		h.advance(5 * time.Second)
+		h.stop()
+		h.wantScreen(alice, "⚠️ The gateway is shutting down, so your request was stopped after 5s — last action was web_search. "+
+			"Please send it again in a minute.")
+		if got := h.outbox.states(); strings.Join(got, ",") != "notice:delivered" {
+			t.Errorf("outbox = %v, want the notice delivered", got)
+		}
+	})
+}

@@ -1,0 +1,483 @@
+package telegram
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-telegram/bot/models"
+)
+
+// fakeAPI is a fake Telegram Bot API server. It parses the multipart
+// bodies the client sends, keeps the messages of each chat (with edits),
+// validates HTML the way Telegram does (unknown tags, unbalanced tags and
+// bare & < > are refused with "can't parse entities"), enforces the 4096
+// limit, long-polls getUpdates, and can be scripted to fail.
+type fakeAPI struct {
+	token    string
+	botID    int64
+	username string
+	start    time.Time
+
+	mu         sync.Mutex
+	updates    []models.Update
+	nextUpdate int64
+	updWake    chan struct{} // closed when an update is added
+	nextMsg    map[int64]int
+	msgs       map[int64][]*fakeMsg
+	calls      []apiCall
+	faults     []*fault
+	commands   []models.BotCommand
+	webhook    map[string]string
+	getUpdates int
+	notify     chan struct{} // signalled (non-blocking) on every call; for real-time tests
+}
+
+type fakeMsg struct {
+	id    int
+	text  string // visible text
+	edits int
+}
+
+// apiCall is one request to a chat method, as the fake saw it.
+type apiCall struct {
+	At        time.Duration // since the fake started
+	Method    string
+	Chat      int64
+	MsgID     int
+	Text      string // visible text (HTML decoded)
+	Raw       string // text as sent
+	ParseMode string
+	Action    string
+	Fault     string // the scripted failure answered, if any
+}
+
+// fault is a scripted failure: the next Times calls of Method (to Chat, or
+// any chat when 0) get it.
+type fault struct {
+	Method     string
+	Chat       int64
+	Times      int
+	Status     int // HTTP status for a non-JSON 5xx page; 0 for a JSON error
+	Code       int
+	Desc       string
+	RetryAfter int
+}
+
+func newFakeAPI(token string) *fakeAPI {
+	return &fakeAPI{
+		token: token, botID: 777000111, username: "turnguard_test_bot", start: time.Now(),
+		nextUpdate: 1000, updWake: make(chan struct{}), nextMsg: map[int64]int{}, msgs: map[int64][]*fakeMsg{},
+		notify: make(chan struct{}, 1),
+	}
+}
+
+func (f *fakeAPI) fail(ft fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults = append(f.faults, &ft)
+}
+
+// push queues an update for getUpdates.
+func (f *fakeAPI) push(u models.Update) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextUpdate++
+	u.ID = f.nextUpdate
+	if u.Message != nil && u.Message.ID == 0 {
+		u.Message.ID = int(f.nextUpdate)
+	}
+	f.updates = append(f.updates, u)
+	close(f.updWake)
+	f.updWake = make(chan struct{})
+}
+
+// userText is a private message from user chatID.
+func userText(chatID int64, text string) models.Update {
+	return models.Update{Message: &models.Message{
+		Chat: models.Chat{ID: chatID, Type: models.ChatTypePrivate},
+		From: &models.User{ID: chatID, FirstName: "User"}, Text: text, Date: 1,
+		Entities: commandEntity(text),
+	}}
+}
+
+func commandEntity(text string) []models.MessageEntity {
+	if !strings.HasPrefix(text, "/") {
+		return nil
+	}
+	end := strings.IndexAny(text, " \n")
+	if end < 0 {
+		end = len(text)
+	}
+	return []models.MessageEntity{{Type: models.MessageEntityTypeBotCommand, Offset: 0, Length: textLen(text[:end])}}
+}
+
+func (f *fakeAPI) say(chatID int64, text string) { f.push(userText(chatID, text)) }
+
+// screen is what the user sees in the chat: the bot's messages, oldest
+// first, with their current (edited) text.
+func (f *fakeAPI) screen(chatID int64) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, m := range f.msgs[chatID] {
+		out = append(out, m.text)
+	}
+	return out
+}
+
+// callsTo returns the calls of method to chatID (all chats when 0).
+func (f *fakeAPI) callsTo(method string, chatID int64) []apiCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []apiCall
+	for _, c := range f.calls {
+		if c.Method == method && (chatID == 0 || c.Chat == chatID) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (f *fakeAPI) allCalls() []apiCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		select {
+		case f.notify <- struct{}{}:
+		default:
+		}
+	}()
+	rest, ok := strings.CutPrefix(r.URL.Path, "/bot")
+	tok, method, ok2 := strings.Cut(rest, "/")
+	if !ok || !ok2 || r.Method != http.MethodPost {
+		writeErr(w, 404, "Not Found", 0)
+		return
+	}
+	if tok != f.token {
+		writeErr(w, 401, "Unauthorized", 0)
+		return
+	}
+	form, err := parseForm(r)
+	if err != nil {
+		writeErr(w, 400, "Bad Request: "+err.Error(), 0)
+		return
+	}
+	chat, _ := strconv.ParseInt(form["chat_id"], 10, 64)
+	if ft := f.takeFault(method, chat); ft != nil {
+		f.record(apiCall{Method: method, Chat: chat, Raw: form["text"], ParseMode: form["parse_mode"], Fault: ft.Desc})
+		if ft.Status >= 500 {
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(ft.Status)
+			fmt.Fprintf(w, "<html><body>%d %s</body></html>", ft.Status, http.StatusText(ft.Status))
+			return
+		}
+		writeErr(w, ft.Code, ft.Desc, ft.RetryAfter)
+		return
+	}
+	switch method {
+	case "getMe", "setMyCommands", "setWebhook", "deleteWebhook":
+		f.record(apiCall{Method: method})
+	}
+	switch method {
+	case "getMe":
+		writeOK(w, models.User{ID: f.botID, IsBot: true, FirstName: "Turnguard Test", Username: f.username})
+	case "getUpdates":
+		f.serveUpdates(w, r, form)
+	case "setMyCommands":
+		var cmds []models.BotCommand
+		if err := json.Unmarshal([]byte(form["commands"]), &cmds); err != nil {
+			writeErr(w, 400, "Bad Request: can't parse commands", 0)
+			return
+		}
+		f.mu.Lock()
+		f.commands = cmds
+		f.mu.Unlock()
+		writeOK(w, true)
+	case "setWebhook", "deleteWebhook":
+		f.mu.Lock()
+		if method == "setWebhook" {
+			f.webhook = form
+		} else {
+			f.webhook = nil
+		}
+		f.mu.Unlock()
+		writeOK(w, true)
+	case "sendChatAction":
+		f.record(apiCall{Method: method, Chat: chat, Action: form["action"]})
+		writeOK(w, true)
+	case "sendMessage":
+		visible, err := checkText(form["text"], form["parse_mode"])
+		if err != nil {
+			f.record(apiCall{Method: method, Chat: chat, Raw: form["text"], ParseMode: form["parse_mode"], Fault: err.Error()})
+			writeErr(w, 400, err.Error(), 0)
+			return
+		}
+		f.mu.Lock()
+		f.nextMsg[chat]++
+		id := f.nextMsg[chat]
+		f.msgs[chat] = append(f.msgs[chat], &fakeMsg{id: id, text: visible})
+		f.mu.Unlock()
+		f.record(apiCall{Method: method, Chat: chat, MsgID: id, Text: visible, Raw: form["text"], ParseMode: form["parse_mode"]})
+		writeOK(w, models.Message{ID: id, Date: 1, Chat: models.Chat{ID: chat, Type: models.ChatTypePrivate}, Text: visible})
+	case "editMessageText":
+		id, _ := strconv.Atoi(form["message_id"])
+		visible, err := checkText(form["text"], form["parse_mode"])
+		if err == nil {
+			err = f.edit(chat, id, visible)
+		}
+		if err != nil {
+			f.record(apiCall{Method: method, Chat: chat, MsgID: id, Raw: form["text"], Fault: err.Error()})
+			writeErr(w, 400, err.Error(), 0)
+			return
+		}
+		f.record(apiCall{Method: method, Chat: chat, MsgID: id, Text: visible, Raw: form["text"], ParseMode: form["parse_mode"]})
+		writeOK(w, models.Message{ID: id, Date: 1, Chat: models.Chat{ID: chat, Type: models.ChatTypePrivate}, Text: visible})
+	default:
+		writeErr(w, 404, "Not Found: method "+method, 0)
+	}
+}
+
+func (f *fakeAPI) edit(chat int64, id int, text string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.msgs[chat] {
+		if m.id == id {
+			if m.text == text {
+				return errors.New("Bad Request: message is not modified: specified new message content and reply markup are exactly the same")
+			}
+			m.text = text
+			m.edits++
+			return nil
+		}
+	}
+	return errors.New("Bad Request: message to edit not found")
+}
+
+func (f *fakeAPI) record(c apiCall) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c.At = time.Since(f.start)
+	f.calls = append(f.calls, c)
+}
+
+func (f *fakeAPI) takeFault(method string, chat int64) *fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, ft := range f.faults {
+		if ft.Method == method && (ft.Chat == 0 || ft.Chat == chat) && ft.Times > 0 {
+			ft.Times--
+			return ft
+		}
+	}
+	return nil
+}
+
+func (f *fakeAPI) serveUpdates(w http.ResponseWriter, r *http.Request, form map[string]string) {
+	offset, _ := strconv.ParseInt(form["offset"], 10, 64)
+	wait, _ := strconv.Atoi(form["timeout"])
+	deadline := time.NewTimer(time.Duration(wait) * time.Second)
+	defer deadline.Stop()
+	for {
+		f.mu.Lock()
+		f.getUpdates++
+		// Telegram forgets the updates below the offset: they are confirmed.
+		f.updates = slices.DeleteFunc(f.updates, func(u models.Update) bool { return u.ID < offset })
+		if len(f.updates) > 0 || wait == 0 {
+			out := slices.Clone(f.updates)
+			f.mu.Unlock()
+			if out == nil {
+				out = []models.Update{}
+			}
+			writeOK(w, out)
+			return
+		}
+		wake := f.updWake
+		f.mu.Unlock()
+		select {
+		case <-wake:
+		case <-deadline.C:
+			wait = 0
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// parseForm reads the multipart body the client sends.
+func parseForm(r *http.Request) (map[string]string, error) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	if len(body) == 0 {
+		return out, nil
+	}
+	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != "multipart/form-data" {
+		return nil, fmt.Errorf("content type %q is not multipart/form-data", r.Header.Get("Content-Type"))
+	}
+	form, err := multipart.NewReader(bytes.NewReader(body), params["boundary"]).ReadForm(1 << 20)
+	if err != nil {
+		return nil, fmt.Errorf("multipart: %w", err)
+	}
+	for k, v := range form.Value {
+		out[k] = v[0]
+	}
+	return out, nil
+}
+
+func writeOK(w http.ResponseWriter, result any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"ok": true, "result": result})
+}
+
+func writeErr(w http.ResponseWriter, code int, desc string, retryAfter int) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	body := map[string]any{"ok": false, "error_code": code, "description": desc}
+	if retryAfter > 0 {
+		body["parameters"] = map[string]any{"retry_after": retryAfter}
+	}
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// checkText validates a message text as Telegram does and returns the
+// visible text.
+func checkText(text, parseMode string) (string, error) {
+	visible := text
+	if parseMode == "HTML" {
+		var err error
+		if visible, err = parseHTML(text); err != nil {
+			return "", err
+		}
+	} else if parseMode != "" {
+		return "", fmt.Errorf("Bad Request: unsupported parse_mode %q", parseMode)
+	}
+	switch n := textLen(visible); {
+	case strings.TrimSpace(visible) == "":
+		return "", errors.New("Bad Request: message text is empty")
+	case n > MaxMessageLen:
+		return "", fmt.Errorf("Bad Request: message is too long (%d)", n)
+	}
+	return visible, nil
+}
+
+var htmlTags = map[string]bool{"b": true, "strong": true, "i": true, "em": true, "u": true, "ins": true,
+	"s": true, "strike": true, "del": true, "code": true, "pre": true, "a": true, "tg-spoiler": true,
+	"span": true, "blockquote": true}
+
+// parseHTML checks Telegram HTML and returns the visible text.
+func parseHTML(s string) (string, error) {
+	bad := func(why string) error { return errors.New("Bad Request: can't parse entities: " + why) }
+	var out strings.Builder
+	var stack []string
+	for i := 0; i < len(s); {
+		switch s[i] {
+		case '<':
+			j := strings.IndexByte(s[i:], '>')
+			if j < 0 {
+				return "", bad("unclosed start tag")
+			}
+			tag := s[i+1 : i+j]
+			i += j + 1
+			if name, ok := strings.CutPrefix(tag, "/"); ok {
+				if len(stack) == 0 || stack[len(stack)-1] != name {
+					return "", bad("unmatched end tag " + name)
+				}
+				stack = stack[:len(stack)-1]
+				continue
+			}
+			name, _, _ := strings.Cut(tag, " ")
+			if !htmlTags[name] {
+				return "", bad("unsupported start tag \"" + name + "\"")
+			}
+			stack = append(stack, name)
+		case '&':
+			j := strings.IndexByte(s[i:], ';')
+			if j < 0 {
+				return "", bad("bare &")
+			}
+			switch ent := s[i+1 : i+j]; ent {
+			case "amp":
+				out.WriteByte('&')
+			case "lt":
+				out.WriteByte('<')
+			case "gt":
+				out.WriteByte('>')
+			case "quot":
+				out.WriteByte('"')
+			default:
+				return "", bad("unsupported entity &" + ent + ";")
+			}
+			i += j + 1
+		case '>':
+			return "", bad("bare >")
+		default:
+			out.WriteByte(s[i])
+			i++
+		}
+	}
+	if len(stack) > 0 {
+		return "", bad("unclosed tag " + stack[len(stack)-1])
+	}
+	return out.String(), nil
+}
+
+// memTransport calls the fake server's handler in-process, so that a
+// synctest bubble sees every wait as durably blocking. fail, if set, can
+// make a request fail like a broken network.
+type memTransport struct {
+	h    http.Handler
+	mu   sync.Mutex
+	fail func(*http.Request) error
+}
+
+func (m *memTransport) setFail(f func(*http.Request) error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fail = f
+}
+
+func (m *memTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	m.mu.Lock()
+	fail := m.fail
+	m.mu.Unlock()
+	drain := func() {
+		if req.Body != nil {
+			_, _ = io.Copy(io.Discard, req.Body)
+			_ = req.Body.Close()
+		}
+	}
+	if fail != nil {
+		if err := fail(req); err != nil {
+			drain()
+			return nil, err
+		}
+	}
+	rec := httptest.NewRecorder()
+	m.h.ServeHTTP(rec, req)
+	drain()
+	if err := req.Context().Err(); err != nil {
+		return nil, err
+	}
+	resp := rec.Result()
+	resp.Request = req
+	return resp, nil
+}

@@ -1,0 +1,346 @@
+package telegram
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/demo"
+	"github.com/turnguard/turnguard/store"
+)
+
+const (
+	testToken   = "123456789:AAHsecret-test-token-value_XYZ"
+	testAPIURL  = "http://telegram.test"
+	alice       = int64(1001)
+	bob         = int64(1002)
+	groupChatID = int64(-100500)
+)
+
+// syncBuffer collects log output safely.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// fakeOutbox is an in-memory Outbox.
+type fakeOutbox struct {
+	mu     sync.Mutex
+	next   int64
+	rows   map[int64]*outboxRow
+	byKey  map[string]int64
+	errOut error // Enqueue fails with it when set
+}
+
+type outboxRow struct {
+	m                 store.OutboxMessage
+	delivered, failed bool
+	failReason        string
+}
+
+func newFakeOutbox() *fakeOutbox {
+	return &fakeOutbox{rows: map[int64]*outboxRow{}, byKey: map[string]int64{}}
+}
+
+func (o *fakeOutbox) Enqueue(_ context.Context, m store.OutboxMessage) (int64, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.errOut != nil {
+		return 0, o.errOut
+	}
+	key := m.RunID + "/" + string(m.Kind)
+	if id, ok := o.byKey[key]; ok {
+		return id, fmt.Errorf("enqueue: %w", store.ErrDuplicate)
+	}
+	o.next++
+	m.ID = o.next
+	o.rows[m.ID] = &outboxRow{m: m}
+	o.byKey[key] = m.ID
+	return m.ID, nil
+}
+
+func (o *fakeOutbox) row(id int64) (*outboxRow, error) {
+	r, ok := o.rows[id]
+	if !ok {
+		return nil, store.ErrNotFound
+	}
+	return r, nil
+}
+
+func (o *fakeOutbox) MarkDelivered(_ context.Context, id int64) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	r, err := o.row(id)
+	if err == nil {
+		r.delivered = true
+	}
+	return err
+}
+
+func (o *fakeOutbox) MarkAttempt(_ context.Context, id int64, e error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	r, err := o.row(id)
+	if err == nil {
+		r.m.Attempts++
+		r.m.LastError = e.Error()
+	}
+	return err
+}
+
+func (o *fakeOutbox) MarkFailed(_ context.Context, id int64, reason string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	r, err := o.row(id)
+	if err == nil && !r.delivered {
+		r.failed, r.failReason = true, reason
+	}
+	return err
+}
+
+func (o *fakeOutbox) Pending(_ context.Context, channel string, limit int) ([]store.OutboxMessage, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []store.OutboxMessage
+	for id := int64(1); id <= o.next && len(out) < limit; id++ {
+		if r, ok := o.rows[id]; ok && !r.delivered && !r.failed && (channel == "" || r.m.Channel == channel) {
+			out = append(out, r.m)
+		}
+	}
+	return out, nil
+}
+
+// states returns each row as "kind:state" in id order.
+func (o *fakeOutbox) states() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []string
+	for id := int64(1); id <= o.next; id++ {
+		r := o.rows[id]
+		st := "pending"
+		switch {
+		case r.delivered:
+			st = "delivered"
+		case r.failed:
+			st = "failed"
+		}
+		out = append(out, fmt.Sprintf("%s:%s", r.m.Kind, st))
+	}
+	return out
+}
+
+// harness runs the channel against the fake API inside a synctest bubble,
+// with a real engine and the demo runner.
+type harness struct {
+	t      *testing.T
+	api    *fakeAPI
+	tr     *memTransport
+	eng    *gateway.Engine
+	ch     *Channel
+	demo   *demo.Runner
+	outbox *fakeOutbox
+	logs   *syncBuffer
+	src    *config.Source
+	start  time.Time
+
+	runCtx    context.Context
+	cancelRun context.CancelFunc
+	runErr    chan error
+	running   bool
+	stopped   bool
+}
+
+type setup struct {
+	adjust  func(*config.Config)
+	runner  runner.Runner // replaces the demo runner when set
+	outbox  *fakeOutbox   // pre-filled outbox
+	noRun   bool          // do not call Run
+	prepare func(*fakeAPI, *memTransport)
+}
+
+// testConfig is the default configuration with Telegram enabled against
+// the fake API.
+func testConfig(adjust func(*config.Config)) *config.Config {
+	c := config.Default()
+	tg := &c.Channels.Telegram
+	tg.Enabled, tg.Token, tg.APIURL = true, testToken, testAPIURL
+	if adjust != nil {
+		adjust(c)
+	}
+	return c
+}
+
+// newHarness must be called inside a synctest bubble.
+func newHarness(t *testing.T, s setup) *harness {
+	t.Helper()
+	c := testConfig(s.adjust)
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, api: newFakeAPI(testToken), logs: &syncBuffer{}, src: config.NewSource(c), start: time.Now()}
+	h.tr = &memTransport{h: h.api}
+	if s.prepare != nil {
+		s.prepare(h.api, h.tr)
+	}
+	h.demo = demo.New()
+	var rn runner.Runner = h.demo
+	if s.runner != nil {
+		rn = s.runner
+	}
+	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	eng, err := gateway.New(gateway.Options{Config: h.src, Runners: map[string]runner.Runner{"demo": rn}, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.Start(context.Background())
+	h.eng = eng
+	// Let the engine's registry clock leave zero, as it has in any real
+	// gateway by the time a message arrives (a pause at registry time 0 is
+	// not recorded).
+	time.Sleep(time.Second)
+	h.start = time.Now()
+	h.api.start = h.start
+	h.outbox = s.outbox
+	if h.outbox == nil {
+		h.outbox = newFakeOutbox()
+	}
+	h.ch, err = New(eng, h.src, Options{Log: log, Outbox: h.outbox,
+		HTTPClient: &http.Client{Transport: h.tr}, PollTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.runCtx, h.cancelRun = context.WithCancel(context.Background())
+	h.runErr = make(chan error, 1)
+	if !s.noRun {
+		h.run()
+	}
+	t.Cleanup(h.stop)
+	return h
+}
+
+// run starts Run (with the harness's context) and lets start-up settle.
+func (h *harness) run() {
+	h.running = true
+	go func() { h.runErr <- h.ch.Run(h.runCtx) }()
+	synctest.Wait()
+}
+
+// stop shuts everything down in the order the gateway does and checks that
+// the token never reached the logs.
+func (h *harness) stop() {
+	if h.stopped {
+		return
+	}
+	h.stopped = true
+	h.cancelRun()
+	if h.running && !h.waitRun() {
+		h.t.Error("Run did not return after its context ended")
+	}
+	h.demo.Release()
+	h.eng.Shutdown(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := h.ch.Close(ctx); err != nil {
+		h.t.Errorf("Close: %v", err)
+	}
+	h.checkLogs()
+}
+
+func (h *harness) waitRun() bool {
+	select {
+	case err := <-h.runErr:
+		if err != nil {
+			h.t.Errorf("Run: %v", err)
+		}
+		return true
+	case <-time.After(time.Minute):
+		return false
+	}
+}
+
+func (h *harness) checkLogs() {
+	h.t.Helper()
+	logs := h.logs.String()
+	for _, secret := range newRedactor(testToken).secrets {
+		if strings.Contains(logs, secret) {
+			h.t.Errorf("the bot token appears in the logs:\n%s", logs)
+		}
+	}
+}
+
+// finishedEvent is the Finished event of the chat's first run, as the
+// engine published it.
+func finishedEvent(h *harness, chatID int64) event.Event {
+	h.outbox.mu.Lock()
+	defer h.outbox.mu.Unlock()
+	r := h.outbox.rows[1]
+	return event.Event{Kind: event.Finished, RunID: r.m.RunID, SessionKey: SessionKey(chatID), Channel: "telegram",
+		ChatRef: r.m.ChatRef, StopReason: event.ReasonStop, FullText: r.m.Text, Time: time.Now()}
+}
+
+// say sends a user message and lets everything settle.
+func (h *harness) say(chatID int64, text string) {
+	h.api.say(chatID, text)
+	synctest.Wait()
+}
+
+// advance moves the fake clock by d and lets everything settle.
+func (h *harness) advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
+func (h *harness) screen(chatID int64) []string { return h.api.screen(chatID) }
+
+// last is the newest message in the chat.
+func (h *harness) last(chatID int64) string {
+	s := h.screen(chatID)
+	if len(s) == 0 {
+		return ""
+	}
+	return s[len(s)-1]
+}
+
+func (h *harness) wantScreen(chatID int64, want ...string) {
+	h.t.Helper()
+	got := h.screen(chatID)
+	if strings.Join(got, "\n---\n") != strings.Join(want, "\n---\n") {
+		h.t.Errorf("chat %d shows:\n%s\nwant:\n%s\nlogs:\n%s", chatID, quoteAll(got), quoteAll(want), h.logs.String())
+	}
+}
+
+func quoteAll(s []string) string {
+	var b strings.Builder
+	for i, x := range s {
+		fmt.Fprintf(&b, "  %d: %q\n", i+1, x)
+	}
+	return b.String()
+}
+
+func (h *harness) since() time.Duration { return time.Since(h.start) }
+
+var errNetwork = errors.New("dial tcp: connection refused")

@@ -1,0 +1,346 @@
+package telegram
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/go-telegram/bot/models"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/gateway/abort"
+	"github.com/turnguard/turnguard/gateway/event"
+)
+
+// maxRejectedLogged bounds the set of refused chats remembered for "log
+// once"; past it, refused chats are no longer logged one by one.
+const maxRejectedLogged = 10000
+
+// dispatch routes an update to its chat's incoming queue. It never blocks
+// (it runs on the library's update loop or a webhook request): updates of
+// one chat are handled in arrival order by one goroutine at a time, those
+// of different chats in parallel.
+func (c *Channel) dispatch(u *models.Update) {
+	var in inMsg
+	switch {
+	case u.Message != nil:
+		in.msg = u.Message
+	case u.EditedMessage != nil:
+		in.msg, in.edited = u.EditedMessage, true
+	default:
+		return // channel posts, reactions, …: not for this bot
+	}
+	m := in.msg
+	id := m.Chat.ID
+	tg := c.cfg.Current().Channels.Telegram
+	if len(tg.AllowedChatIDs) > 0 && !slices.Contains(tg.AllowedChatIDs, id) {
+		c.rejectChat(id)
+		return
+	}
+	if m.Chat.Type == models.ChatTypeChannel || (m.From != nil && m.From.IsBot) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		return
+	}
+	ch := c.chatLocked(id)
+	ch.setGroup(m.Chat.Type == models.ChatTypeGroup || m.Chat.Type == models.ChatTypeSupergroup)
+	if len(ch.inbox) >= inboxLimit {
+		if !ch.dropping {
+			ch.dropping = true
+			c.log.Warn("telegram: chat sends faster than it is handled; dropping its updates", "chat", id)
+		}
+		return
+	}
+	ch.dropping = false
+	ch.inbox = append(ch.inbox, in)
+	if !ch.inRunning {
+		ch.inRunning = true
+		c.wg.Add(1)
+		go c.runIn(ch)
+	}
+}
+
+// rejectChat logs, once per chat, an update from a chat outside the
+// allow-list. The chat gets no answer at all.
+func (c *Channel) rejectChat(id int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch n := len(c.rejected); {
+	case c.rejected[id]:
+	case n < maxRejectedLogged:
+		c.rejected[id] = true
+		c.log.Warn("telegram: ignoring a chat that is not in channels.telegram.allowedChatIDs", "chat", id)
+	case n == maxRejectedLogged:
+		c.rejected[0] = true
+		c.log.Warn("telegram: many chats outside allowedChatIDs; no longer logging each")
+	}
+}
+
+// runIn handles a chat's incoming queue in order, then exits.
+func (c *Channel) runIn(ch *chat) {
+	defer c.wg.Done()
+	for {
+		c.mu.Lock()
+		if len(ch.inbox) == 0 || c.closed {
+			ch.inbox = nil
+			ch.inRunning = false
+			c.releaseLocked(ch)
+			c.mu.Unlock()
+			return
+		}
+		in := ch.inbox[0]
+		ch.inbox[0] = inMsg{}
+		ch.inbox = ch.inbox[1:]
+		c.mu.Unlock()
+		c.handle(c.baseCtx, ch, in)
+	}
+}
+
+// reply queues a plain-text answer.
+func (c *Channel) reply(ch *chat, text string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.enqueueLocked(ch, &outItem{kind: itemReply, text: text})
+}
+
+// handle acts on one incoming message.
+func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
+	m := in.msg
+	me := c.me.Load()
+	if me == nil {
+		me = &identity{}
+	}
+	tg := c.cfg.Current().Channels.Telegram
+	private := m.Chat.Type == models.ChatTypePrivate || m.Chat.Type == ""
+	if in.edited {
+		if private {
+			c.reply(ch, textEdited)
+		}
+		return
+	}
+	text := m.Text
+	if text == "" {
+		if private && !isService(m) {
+			c.reply(ch, textNotText)
+		}
+		return
+	}
+	if !private {
+		var ok bool
+		if text, ok = addressed(m, *me); !ok {
+			return
+		}
+	}
+	cmd, forOther := parseCommand(text, me.username)
+	if forOther {
+		return
+	}
+	owner, requester := "", ""
+	if !private && m.From != nil {
+		owner = "telegram-user:" + strconv.FormatInt(m.From.ID, 10)
+		requester = owner
+	}
+	switch cmd {
+	case "stop":
+		c.cmdStop(ctx, ch, requester)
+		return
+	case "status":
+		c.reply(ch, c.statusText(ch))
+		return
+	case "new":
+		c.cmdNew(ctx, ch, requester)
+		return
+	case "help", "start":
+		c.reply(ch, helpText(c.cfg.Current()))
+		return
+	}
+	if cmd != "" {
+		text = stripBotName(text) // "/steps@bot x" → "/steps x": the runner's own commands
+	}
+	if n := utf8.RuneCountInString(text); n > tg.MaxInputChars && tg.MaxInputChars > 0 {
+		c.reply(ch, tooLongText(n, tg.MaxInputChars))
+		return
+	}
+	ack, err := c.eng.Send(ctx, gateway.SendRequest{
+		SessionKey: ch.key, Channel: config.ChannelTelegram, ChatRef: ch.ref,
+		RunID: fmt.Sprintf("tg-%d-%d", ch.id, m.ID), // a redelivered update is the same run
+		Text:  text, Owner: owner,
+	})
+	var busy *gateway.BusyError
+	switch {
+	case err == nil:
+		if ack.Status != gateway.StatusStarted {
+			c.log.Debug("telegram: message already handled", "chat", ch.id, "message", m.ID, "status", ack.Status)
+		}
+	case errors.As(err, &busy):
+		c.reply(ch, busy.UserText())
+	case errors.Is(err, gateway.ErrEmpty):
+		c.reply(ch, textEmpty)
+	case errors.Is(err, gateway.ErrTooLong):
+		c.reply(ch, tooLongText(utf8.RuneCountInString(text), c.cfg.Current().Server.MaxMessageChars))
+	case errors.Is(err, gateway.ErrShutdown):
+		c.reply(ch, textRestarting)
+	default:
+		c.log.Error("telegram: could not start a turn", "chat", ch.id, "err", c.red.err(err))
+		c.reply(ch, textCannotStart)
+	}
+}
+
+// cmdStop aborts the chat's running turn (stop reason "user"). The stop
+// notice that the abort publishes is the acknowledgement.
+func (c *Channel) cmdStop(ctx context.Context, ch *chat, requester string) {
+	run, ok := c.eng.Active(ch.key)
+	if !ok {
+		c.reply(ch, textNothingToStop)
+		return
+	}
+	res, err := c.eng.Abort(ctx, ch.key, "", event.ReasonUser, requester, false)
+	switch {
+	case errors.Is(err, gateway.ErrNotOwner):
+		c.reply(ch, textNotOwner)
+	case err != nil:
+		c.log.Error("telegram: stop failed", "chat", ch.id, "err", c.red.err(err))
+		c.reply(ch, textCannotStop)
+	case !res.Aborted && run.State() != abort.StateRunning:
+		c.reply(ch, textStillStopping)
+	case !res.Aborted:
+		c.reply(ch, textNothingToStop)
+	}
+}
+
+// cmdNew stops a running turn, then starts a fresh conversation.
+func (c *Channel) cmdNew(ctx context.Context, ch *chat, requester string) {
+	if _, ok := c.eng.Active(ch.key); ok {
+		if _, err := c.eng.Abort(ctx, ch.key, "", event.ReasonUser, requester, false); errors.Is(err, gateway.ErrNotOwner) {
+			c.reply(ch, textNotOwner)
+			return
+		}
+	}
+	c.eng.Reset(ch.key)
+	c.reply(ch, textNew)
+}
+
+// isService reports whether m is a service message (members joining, a
+// title change, a pin, …) rather than something a person sent.
+func isService(m *models.Message) bool {
+	return len(m.NewChatMembers) > 0 || m.LeftChatMember != nil || m.NewChatTitle != "" ||
+		len(m.NewChatPhoto) > 0 || m.DeleteChatPhoto || m.GroupChatCreated || m.SupergroupChatCreated ||
+		m.PinnedMessage != nil || m.MigrateToChatID != 0 || m.MigrateFromChatID != 0
+}
+
+// parseCommand returns the command of a message that starts with one
+// ("/Stop@MyBot now" → "stop"), lower-cased and without the bot name, or ""
+// for other text. forOther is true for a command addressed to another bot.
+func parseCommand(text, username string) (cmd string, forOther bool) {
+	if !strings.HasPrefix(text, "/") {
+		return "", false
+	}
+	word := text[1:]
+	if i := strings.IndexFunc(word, unicode.IsSpace); i >= 0 {
+		word = word[:i]
+	}
+	name, at, hasAt := strings.Cut(word, "@")
+	if hasAt && !strings.EqualFold(at, username) {
+		return "", true
+	}
+	if name == "" {
+		return "", false
+	}
+	return strings.ToLower(name), false
+}
+
+// stripBotName removes "@bot" from a leading command word.
+func stripBotName(text string) string {
+	end := strings.IndexFunc(text, unicode.IsSpace)
+	if end < 0 {
+		end = len(text)
+	}
+	if at := strings.IndexByte(text[:end], '@'); at >= 0 {
+		return text[:at] + text[end:]
+	}
+	return text
+}
+
+// ourCommands are the commands that, sent bare in a group, are taken as
+// addressed to this bot.
+var ourCommands = []string{"stop", "status", "new", "help", "start"}
+
+// addressed reports whether a group message is meant for the bot — it
+// mentions the bot, replies to one of the bot's messages, or is one of the
+// bot's commands (bare or /cmd@bot) — and returns its text without the
+// mention.
+func addressed(m *models.Message, me identity) (string, bool) {
+	text := m.Text
+	ok := m.ReplyToMessage != nil && m.ReplyToMessage.From != nil && me.id != 0 && m.ReplyToMessage.From.ID == me.id
+	type span struct{ from, to int }
+	var cut []span
+	for _, e := range m.Entities {
+		from, to, valid := byteRange(text, e.Offset, e.Length)
+		if !valid {
+			continue
+		}
+		s := text[from:to]
+		switch e.Type {
+		case models.MessageEntityTypeMention:
+			if me.username != "" && strings.EqualFold(s, "@"+me.username) {
+				ok = true
+				cut = append(cut, span{from, to})
+			}
+		case models.MessageEntityTypeTextMention:
+			if e.User != nil && me.id != 0 && e.User.ID == me.id {
+				ok = true
+			}
+		case models.MessageEntityTypeBotCommand:
+			if from != 0 {
+				continue
+			}
+			name, at, hasAt := strings.Cut(strings.TrimPrefix(s, "/"), "@")
+			if hasAt && me.username != "" && strings.EqualFold(at, me.username) {
+				ok = true
+			} else if !hasAt && slices.Contains(ourCommands, strings.ToLower(name)) {
+				ok = true
+			}
+		}
+	}
+	if !ok {
+		return "", false
+	}
+	for i := len(cut) - 1; i >= 0; i-- {
+		text = text[:cut[i].from] + text[cut[i].to:]
+	}
+	return strings.TrimSpace(text), true
+}
+
+// byteRange converts an entity's UTF-16 offset and length to byte offsets
+// in s.
+func byteRange(s string, off, length int) (from, to int, ok bool) {
+	if off < 0 || length <= 0 {
+		return 0, 0, false
+	}
+	from, to = -1, -1
+	u := 0
+	for i, r := range s {
+		if u == off {
+			from = i
+		}
+		if u == off+length {
+			to = i
+			break
+		}
+		u += utf16.RuneLen(r)
+	}
+	if to < 0 && u == off+length {
+		to = len(s)
+	}
+	return from, to, from >= 0 && to > from
+}

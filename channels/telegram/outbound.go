@@ -1,0 +1,450 @@
+package telegram
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/go-telegram/bot"
+
+	"github.com/turnguard/turnguard/store"
+)
+
+// The outgoing worker of a chat. One runs per chat while the chat has
+// something to send or a turn to show; it exits when idle. It sends, in
+// order of priority:
+//
+//  1. queued items — replies and terminal messages, oldest first, never
+//     dropped (retried, then recorded as failed);
+//  2. views — the step lines and the "still working" notice. Only the
+//     latest wanted text is sent, at most once per chat interval, so a burst
+//     of changes becomes one edit; an edit that cannot get a slot of the
+//     shared limiter soon is skipped and retried later with the then-latest
+//     text;
+//  3. the typing action, every typingEvery while a turn runs (and at once
+//     after a message, which clears it on the user's screen).
+
+type actKind uint8
+
+const (
+	actWait actKind = iota
+	actItem
+	actView
+	actTyping
+	actExit
+)
+
+type action struct {
+	kind actKind
+	wait time.Duration // actWait: how long (0 = until poked)
+	item *outItem
+	turn *turnView
+	view *view
+}
+
+func (c *Channel) runOut(ch *chat) {
+	defer c.wg.Done()
+	ctx := c.baseCtx
+	for {
+		c.mu.Lock()
+		act := c.nextLocked(ch, time.Now())
+		if act.kind == actExit {
+			ch.outRunning = false
+			c.releaseLocked(ch)
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		switch act.kind {
+		case actWait:
+			c.waitWake(ctx, ch, act.wait)
+		case actItem:
+			c.deliver(ctx, ch, act.item)
+		case actView:
+			c.updateView(ctx, ch, act.turn, act.view)
+		case actTyping:
+			c.sendTyping(ctx, ch, act.turn)
+		}
+	}
+}
+
+func (c *Channel) waitWake(ctx context.Context, ch *chat, d time.Duration) {
+	var timer <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-ch.wake:
+	case <-timer:
+	case <-ctx.Done():
+	}
+}
+
+// nextLocked decides the worker's next step. Called with c.mu held.
+func (c *Channel) nextLocked(ch *chat, now time.Time) action {
+	if c.baseCtx.Err() != nil {
+		return action{kind: actExit} // Close gave up waiting: what is queued is shelved
+	}
+	if now.Before(ch.blockedUntil) {
+		return action{kind: actWait, wait: ch.blockedUntil.Sub(now)}
+	}
+	ready := ch.pace.readyAt()
+	paced := !now.Before(ready)
+	if len(ch.queue) > 0 {
+		if !paced {
+			return action{kind: actWait, wait: ready.Sub(now)}
+		}
+		it := ch.queue[0]
+		ch.queue[0] = nil
+		ch.queue = ch.queue[1:]
+		return action{kind: actItem, item: it}
+	}
+
+	var soon time.Time
+	consider := func(t time.Time) {
+		if soon.IsZero() || t.Before(soon) {
+			soon = t
+		}
+	}
+	if !c.closing {
+		for _, t := range ch.turns {
+			for _, v := range t.views {
+				switch {
+				case !v.dirty(t.active):
+				case now.Before(v.retryAt):
+					consider(v.retryAt)
+				case !paced:
+					consider(ready)
+				default:
+					ch.pace.take(now)
+					return action{kind: actView, turn: t, view: v}
+				}
+			}
+		}
+		if t := ch.activeTurn(); t != nil && !t.paused {
+			if !now.Before(t.typingDue) {
+				t.typingDue = now.Add(typingEvery)
+				return action{kind: actTyping, turn: t}
+			}
+			consider(t.typingDue)
+		}
+	}
+	// Forget ended turns with nothing left to edit.
+	kept := ch.turns[:0]
+	for _, t := range ch.turns {
+		if t.active || (!c.closing && t.pending()) {
+			kept = append(kept, t)
+		}
+	}
+	clear(ch.turns[len(kept):])
+	ch.turns = kept
+
+	switch {
+	case !soon.IsZero():
+		return action{kind: actWait, wait: soon.Sub(now)}
+	case ch.activeTurn() != nil && !c.closing:
+		return action{kind: actWait} // paused: until something changes
+	case !paced:
+		return action{kind: actWait, wait: ready.Sub(now)} // keep the pacing until it no longer matters
+	}
+	return action{kind: actExit}
+}
+
+// deliver sends a queued item and records the outcome.
+func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
+	if it.durable() && c.outbox != nil && it.outboxID == 0 {
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		id, err := c.outbox.Enqueue(octx, it.outboxMessage(ch))
+		cancel()
+		switch {
+		case errors.Is(err, store.ErrDuplicate):
+			// Already in the outbox: whoever put it there delivers it.
+			c.log.Debug("telegram: message already in the outbox", "chat", ch.id, "run", it.runID)
+			c.itemDone(it, nil)
+			return
+		case err != nil:
+			c.log.Warn("telegram: outbox enqueue failed; sending anyway", "chat", ch.id, "run", it.runID, "err", c.red.err(err))
+		default:
+			it.outboxID = id
+		}
+	}
+	err := c.sendText(ctx, ch, it.text, it.html())
+	c.record(ctx, ch, it, err)
+	c.itemDone(it, err)
+}
+
+// itemDone accounts for a finished item.
+func (c *Channel) itemDone(it *outItem, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.queued--
+	if it.durable() {
+		delete(c.inflight, it.key())
+	}
+	if c.queued == 0 && c.drained != nil {
+		close(c.drained)
+		c.drained = nil
+	}
+	if it.done != nil {
+		it.done <- c.red.err(err)
+	}
+}
+
+// record writes the outcome of a delivery to the outbox and the log.
+func (c *Channel) record(ctx context.Context, ch *chat, it *outItem, err error) {
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err == nil {
+		if it.outboxID != 0 {
+			if merr := c.outbox.MarkDelivered(octx, it.outboxID); merr != nil {
+				c.log.Warn("telegram: outbox update failed", "chat", ch.id, "run", it.runID, "err", c.red.err(merr))
+			}
+		}
+		return
+	}
+	class, _ := classify(ctx, err)
+	rerr := c.red.err(err)
+	if class == classCanceled {
+		if it.outboxID != 0 {
+			c.log.Warn("telegram: message not delivered before shutdown; it will be sent at the next start", "chat", ch.id, "run", it.runID)
+		} else {
+			c.log.Warn("telegram: message dropped at shutdown", "chat", ch.id, "run", it.runID)
+		}
+		return
+	}
+	c.log.Error("telegram: message not delivered", "chat", ch.id, "run", it.runID, "kind", it.kind.String(), "err", rerr)
+	if it.outboxID == 0 {
+		return
+	}
+	var merr error
+	if class == classPermanent {
+		merr = c.outbox.MarkFailed(octx, it.outboxID, rerr.Error())
+	} else {
+		merr = c.outbox.MarkAttempt(octx, it.outboxID, rerr) // stays pending: resent by the next sweep
+	}
+	if merr != nil {
+		c.log.Warn("telegram: outbox update failed", "chat", ch.id, "run", it.runID, "err", c.red.err(merr))
+	}
+}
+
+func (k itemKind) String() string {
+	switch k {
+	case itemFinal:
+		return "final"
+	case itemNotice:
+		return "notice"
+	}
+	return "reply"
+}
+
+// sendText sends text as one or more messages: a reply rendered as HTML
+// (split with code blocks repaired), anything else as plain text.
+func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool) error {
+	text = strings.ToValidUTF8(text, "\uFFFD") // Telegram refuses invalid UTF-8
+	var chunks []string
+	if html {
+		chunks = splitReply(text)
+	} else {
+		chunks = splitText(text, MaxMessageLen)
+	}
+	for _, chunk := range chunks {
+		if err := c.sendChunk(ctx, ch, chunk, html); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendChunk sends one message, waiting for the chat's pacing and the
+// shared limiter, waiting out 429s (at most maxRateLimits of them) and
+// retrying 5xx and network errors (maxAttempts tries, backing off). If
+// Telegram refuses the HTML, it is sent again as plain text.
+func (c *Channel) sendChunk(ctx context.Context, ch *chat, chunk string, html bool) error {
+	body := chunk
+	if html {
+		body = toHTML(chunk)
+	}
+	backoff := firstBackoff
+	var failures, limited int
+	for {
+		if err := c.waitChat(ctx, ch); err != nil {
+			return err
+		}
+		if err := c.global.wait(ctx, forever); err != nil {
+			return err
+		}
+		c.holdChat(ch)
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		_, err := c.api.send(cctx, ch.id, body, html)
+		cancel()
+		class, retryAfter := classify(ctx, err)
+		switch class {
+		case classOK:
+			c.sentMessage(ch)
+			return nil
+		case classRateLimit:
+			c.block(ch, retryAfter)
+			if limited++; limited > maxRateLimits {
+				return err
+			}
+			c.log.Info("telegram: rate limited; waiting", "chat", ch.id, "retryAfter", retryAfter)
+		case classTransient:
+			if failures++; failures >= maxAttempts {
+				return err
+			}
+			c.log.Warn("telegram: send failed; retrying", "chat", ch.id, "in", backoff, "err", c.red.err(err))
+			if err := sleep(ctx, backoff); err != nil {
+				return err
+			}
+			backoff = min(backoff*2, maxBackoff)
+		case classPermanent:
+			if html && errors.Is(err, bot.ErrorBadRequest) {
+				c.log.Info("telegram: formatted text refused; sending it as plain text", "chat", ch.id, "err", c.red.err(err))
+				body, html = chunk, false
+				continue
+			}
+			return err
+		default:
+			return err
+		}
+	}
+}
+
+// waitChat waits until the chat may receive a message (its pacing and any
+// 429 block) and takes the slot.
+func (c *Channel) waitChat(ctx context.Context, ch *chat) error {
+	for {
+		c.mu.Lock()
+		now := time.Now()
+		at := ch.pace.readyAt()
+		if ch.blockedUntil.After(at) {
+			at = ch.blockedUntil
+		}
+		if !now.Before(at) {
+			ch.pace.take(now)
+			c.mu.Unlock()
+			return nil
+		}
+		c.mu.Unlock()
+		if err := sleep(ctx, at.Sub(now)); err != nil {
+			return err
+		}
+	}
+}
+
+// holdChat restarts the chat's spacing from now: a message is going.
+func (c *Channel) holdChat(ch *chat) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch.pace.hold(time.Now())
+}
+
+// block holds every message to the chat for d (a 429's retry_after).
+func (c *Channel) block(ch *chat, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.blockLocked(ch, d)
+}
+
+func (c *Channel) blockLocked(ch *chat, d time.Duration) {
+	if until := time.Now().Add(d); until.After(ch.blockedUntil) {
+		ch.blockedUntil = until
+	}
+}
+
+// sentMessage notes that a new message reached the chat: Telegram clears
+// the typing indicator then, so it is sent again at once.
+func (c *Channel) sentMessage(ch *chat) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t := ch.activeTurn(); t != nil {
+		t.typingDue = time.Now()
+	}
+}
+
+// updateView sends or edits a view with its latest wanted text. The chat's
+// pacing slot was taken by nextLocked.
+func (c *Channel) updateView(ctx context.Context, ch *chat, t *turnView, v *view) {
+	c.mu.Lock()
+	text, id := v.want, v.msgID
+	c.mu.Unlock()
+
+	var err error
+	if err = c.global.wait(ctx, progressMaxWait); err == nil {
+		c.holdChat(ch)
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		if id == 0 {
+			var newID int
+			newID, err = c.api.send(cctx, ch.id, text, false)
+			if err == nil {
+				c.mu.Lock()
+				v.msgID = newID
+				c.mu.Unlock()
+			}
+		} else {
+			err = c.api.edit(cctx, ch.id, id, text)
+		}
+		cancel()
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	switch {
+	case err == nil:
+		v.sent, v.failures = text, 0
+		if id == 0 && t.active {
+			t.typingDue = now
+		}
+	case notModified(err):
+		v.sent = text
+	case editGone(err):
+		v.msgID, v.sent = 0, "" // sent anew while the turn runs, else dropped
+	case errors.Is(err, errSaturated):
+		v.retryAt = now.Add(viewRetry) // under pressure: skip; the latest text goes later
+	default:
+		class, retryAfter := classify(ctx, err)
+		if class == classCanceled {
+			return
+		}
+		if class == classRateLimit {
+			c.blockLocked(ch, retryAfter)
+		}
+		v.failures++
+		v.retryAt = now.Add(viewRetry)
+		if class == classPermanent || v.failures >= maxViewFailures {
+			v.gone = true
+			c.log.Warn("telegram: giving up on a progress message", "chat", ch.id, "run", t.runID, "err", c.red.err(err))
+		}
+	}
+}
+
+// sendTyping sends the typing action. It is skipped when the shared
+// limiter is busy, and retried a second later after an error.
+func (c *Channel) sendTyping(ctx context.Context, ch *chat, t *turnView) {
+	err := c.global.wait(ctx, typingMaxWait)
+	if err == nil {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		err = c.api.typing(cctx, ch.id)
+		cancel()
+	}
+	if err == nil {
+		return
+	}
+	class, retryAfter := classify(ctx, err)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case class == classCanceled:
+	case class == classRateLimit:
+		c.blockLocked(ch, retryAfter)
+	case t.active && !errors.Is(err, errSaturated):
+		t.typingDue = time.Now().Add(time.Second)
+		c.log.Debug("telegram: typing action failed", "chat", ch.id, "err", c.red.err(err))
+	case t.active:
+		t.typingDue = time.Now().Add(typingMaxWait)
+	}
+}

@@ -1,0 +1,106 @@
+package telegram
+
+import (
+	"context"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/demo"
+	"github.com/turnguard/turnguard/store"
+)
+
+// waitUntil polls cond each time the fake API answers a call (getUpdates
+// long-polls return at least every second), up to a real-time limit.
+func waitUntil(t *testing.T, api *fakeAPI, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(limit)
+	for !cond() {
+		select {
+		case <-api.notify:
+		case <-deadline:
+			t.Fatalf("timed out after %v waiting for %s; calls:\n%s", limit, what, strings.Join(callLines(api.allCalls()), "\n"))
+		}
+	}
+}
+
+// TestRealHTTP runs the channel over real TCP against the fake API (the
+// client's own HTTP stack and multipart encoding), with the SQLite store
+// as its outbox.
+func TestRealHTTP(t *testing.T) {
+	api := newFakeAPI(testToken)
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+
+	c := testConfig(func(c *config.Config) {
+		c.Channels.Telegram.APIURL = srv.URL + "/" // a trailing slash is fine
+		c.Channels.Telegram.ShowSteps = true
+	})
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	src := config.NewSource(c)
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "turnguard.db"), store.Options{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	d := demo.New()
+	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": d}, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.Start(ctx)
+	ch, err := New(eng, src, Options{Log: log, Outbox: st, PollTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- ch.Run(runCtx) }()
+
+	api.say(alice, "/steps web_search:1s say:Hello_<over>_&_HTTP")
+	want := []string{"✅ web_search · 1s", "Hello <over> & HTTP"}
+	waitUntil(t, api, 20*time.Second, "the reply and the step line", func() bool { return slices.Equal(api.screen(alice), want) })
+	var names []string
+	for _, c := range api.commands {
+		names = append(names, c.Command)
+	}
+	if !slices.Equal(names, []string{"stop", "status", "new", "help"}) {
+		t.Errorf("setMyCommands over multipart registered %v", names)
+	}
+	waitUntil(t, api, 10*time.Second, "the outbox to record the delivery", func() bool {
+		n, err := st.Counts(ctx)
+		return err == nil && n.Delivered == 1 && n.Pending == 0
+	})
+
+	stopRun()
+	select {
+	case err := <-runDone:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	d.Release()
+	eng.Shutdown(ctx)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := ch.Close(cctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if strings.Contains(logs.String(), testToken) {
+		t.Errorf("the token is in the logs:\n%s", logs.String())
+	}
+}
