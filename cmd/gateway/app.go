@@ -46,6 +46,7 @@ type app struct {
 	stopBG  context.CancelFunc // config watcher
 	bg      sync.WaitGroup
 	runners map[string]bool // names built at start
+	ops     *ops            // metrics, alerts, /api, /admin (ops.go)
 
 	serveErr chan error // the HTTP server's fatal error, if it fails
 }
@@ -79,7 +80,8 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	for name := range runners {
 		a.runners[name] = true
 	}
-	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: runners, Log: log, History: storeHistory(a.store)})
+	a.ops = newOps(a.cfg, log)
+	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: runners, Log: log, History: storeHistory(a.store), Observer: a.ops.observer()})
 	if err != nil {
 		return a, fmt.Errorf("engine: %w", err)
 	}
@@ -100,6 +102,10 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		log.Warn("channels.telegram.enabled is set but this build does not run the Telegram channel yet")
 	}
 
+	if err := a.ops.wire(ctx, a, nil); err != nil {
+		return a, fmt.Errorf("operator routes: %w", err)
+	}
+
 	// HTTP last: once it listens, everything it serves is ready.
 	a.ln, err = server.Listen(ctx, cfg.Server.Listen, cfg.Server.Token)
 	if err != nil {
@@ -109,6 +115,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		WebSocket: a.ws,
 		Page:      web.Handler(),
 		Ready:     a.readiness,
+		Mount:     a.ops.mount,
 		Log:       log,
 	})
 	a.http = server.HTTPServer(handler, log)
@@ -197,6 +204,7 @@ func (a *app) close() {
 	if a.eng != nil && a.http == nil {
 		a.eng.Shutdown(context.Background())
 	}
+	a.ops.close()
 	if a.unsub != nil {
 		a.unsub()
 	}
