@@ -1,0 +1,117 @@
+// Drives turnguard's admin dashboard in headless Chromium (Debian's, through
+// playwright-core) as an operator would, while a user waits in the web chat:
+// the user starts a turn that hangs in its shell step; the dashboard shows
+// it as stalled with a warning naming the step and how long it has run
+// (screenshot), updating without a reload; the operator aborts it with the
+// two-click abort button; the turn leaves the live list and appears under
+// recent aborts with stop reason "user" (screenshot); the user's chat shows
+// the stop notice.
+//
+// Usage: node admin.mjs BASE_URL ARTIFACTS_DIR
+// Env:   E2E_CHROMIUM (executable), E2E_NODE_MODULES (where playwright-core is),
+//        ADMIN_GATEWAY_TOKEN (web chat), ADMIN_OPERATOR_TOKEN (dashboard)
+// Prints one "ok: …" line per check; on failure "FAIL: …", a screenshot
+// admin-failure.png, and exit status 1.
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const [base, artifacts] = process.argv.slice(2);
+const gatewayToken = process.env.ADMIN_GATEWAY_TOKEN;
+const operatorToken = process.env.ADMIN_OPERATOR_TOKEN;
+if (!base || !artifacts || !gatewayToken || !operatorToken) {
+  console.error("usage: ADMIN_GATEWAY_TOKEN=… ADMIN_OPERATOR_TOKEN=… node admin.mjs BASE_URL ARTIFACTS_DIR");
+  process.exit(2);
+}
+const require = createRequire(path.join(process.env.E2E_NODE_MODULES || ".", "_.js"));
+const { chromium } = require("playwright-core");
+
+const ok = (msg) => console.log(`ok: ${msg}`);
+const T = { connect: 20000, stall: 20000, update: 15000 };
+
+async function main() {
+  const browser = await chromium.launch({
+    executablePath: process.env.E2E_CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync"],
+  });
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const chat = await ctx.newPage();
+  const admin = await ctx.newPage();
+  const consoleErrors = [];
+  for (const [name, page] of [["chat", chat], ["admin", admin]]) {
+    page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(`${name}: ${m.text()}`); });
+    page.on("pageerror", (e) => consoleErrors.push(`${name}: ${e}`));
+  }
+  try {
+    // The user: a fresh web chat session, a turn that hangs in shell.
+    await chat.goto(`${base}/#token=${encodeURIComponent(gatewayToken)}`);
+    await chat.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    await chat.selectOption("#session", "__new__");
+    await chat.waitForFunction(() => document.querySelector("#session").value.startsWith("agent:main:web-"));
+    const session = await chat.$eval("#session", (s) => s.value);
+    await chat.fill("#input", "/steps web_search:200ms shell:hang");
+    await chat.click("#send");
+    ok(`user started a turn in ${session}`);
+
+    // The operator: the dashboard, token from the fragment.
+    await admin.goto(`${base}/admin#token=${encodeURIComponent(operatorToken)}`);
+    await admin.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    if ((await admin.evaluate(() => location.href)).includes("token")) throw new Error("the operator token stayed in the address bar");
+    ok("dashboard connected; token removed from the address bar");
+
+    // The live turn appears, then turns stalled — without a reload.
+    const row = admin.locator("tr.turn", { hasText: session });
+    await row.waitFor({ timeout: T.update });
+    ok("the live turn is listed");
+    await admin.waitForSelector('tr.turn[data-stalled="true"] .stall-warning', { timeout: T.stall });
+    const warning = await row.locator(".stall-warning").textContent();
+    if (!/shell has been running for \d/.test(warning)) throw new Error(`stall warning ${JSON.stringify(warning)} does not name shell and its duration`);
+    ok(`stall warning: ${warning}`);
+    const first = await row.locator(".stall-warning").textContent();
+    await admin.waitForFunction((prev) => {
+      const w = document.querySelector('tr.turn[data-stalled="true"] .stall-warning');
+      return w && w.textContent !== prev;
+    }, first, { timeout: T.update });
+    ok("the stall duration updates in place");
+    await admin.waitForSelector("#stalled-count:not([hidden])");
+    const shot = path.join(artifacts, "admin-stalled.png");
+    await admin.screenshot({ path: shot, fullPage: true });
+    ok(`screenshot ${shot}`);
+
+    // Abort: the first click arms the button, the second aborts.
+    const button = row.locator("button.abort");
+    const runId = await button.getAttribute("data-run-id");
+    await button.click();
+    await admin.waitForSelector(`button.abort[data-run-id="${runId}"][data-armed="true"]`, { timeout: 2000 });
+    ok("abort button armed (asks for a confirming click)");
+    await admin.locator(`button.abort[data-run-id="${runId}"]`).click();
+    await admin.waitForSelector(`tr.turn[data-run-id="${runId}"]`, { state: "detached", timeout: T.update });
+    ok("the aborted turn left the live list");
+    await admin.waitForSelector(`#aborts tr.abort-row[data-run-id="${runId}"][data-stop-reason="user"]`, { timeout: T.update });
+    ok("the abort is listed under recent aborts with stop reason user");
+    await admin.waitForSelector(`#stalls tr.episode[data-run-id="${runId}"][data-outcome="aborted"]`, { timeout: T.update });
+    ok("the stall history shows the episode ended by the abort");
+    const after = path.join(artifacts, "admin-aborted.png");
+    await admin.screenshot({ path: after, fullPage: true });
+    ok(`screenshot ${after}`);
+
+    // The user is told.
+    await chat.waitForSelector('.run:last-child .notice.warning[data-stop-reason="user"]', { timeout: T.update });
+    ok("the user's chat shows the stop notice");
+
+    if (consoleErrors.length) throw new Error(`console errors: ${consoleErrors.join("; ")}`);
+    ok("no console errors");
+  } catch (err) {
+    console.log(`FAIL: ${err.message}`);
+    await admin.screenshot({ path: path.join(artifacts, "admin-failure.png"), fullPage: true }).catch(() => {});
+    await browser.close();
+    process.exit(1);
+  }
+  await browser.close();
+}
+
+main().catch((err) => {
+  console.log(`FAIL: ${err.stack || err}`);
+  process.exit(1);
+});
