@@ -191,7 +191,7 @@ func (rs *runState) apply(ev event.Event) {
 		}
 		if isTool(ev.Step) {
 			rs.tool = ev.Step
-			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label(), Args: &struct{}{}})
+			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label()})
 		}
 
 	case event.StepCompleted:
@@ -199,7 +199,7 @@ func (rs *runState) apply(ev event.Event) {
 		case !rs.tool.IsZero() && rs.tool.Seq == ev.Step.Seq:
 			rs.toolResult(t, rs.tool, false)
 		case isTool(ev.Step): // a completion without a start: show it as a finished tool
-			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label(), Args: &struct{}{}})
+			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label()})
 			rs.toolResult(t, ev.Step, false)
 		}
 
