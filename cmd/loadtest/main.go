@@ -61,6 +61,10 @@ type options struct {
 	addr     string
 	turnWait time.Duration
 	profile  string
+
+	out io.Writer // the report; os.Stdout
+	// child starts the gateway process with args; nil runs this executable.
+	child func(args ...string) *exec.Cmd
 }
 
 func main() {
@@ -76,6 +80,7 @@ func main() {
 	flag.BoolVar(&o.serve, "serve", false, "internal: run the gateway (the parent starts this)")
 	flag.StringVar(&o.addr, "addr", "", "internal: address for -serve (default 127.0.0.1:0)")
 	flag.Parse()
+	o.out = os.Stdout
 	var err error
 	if o.serve {
 		err = serve(o)
@@ -190,11 +195,14 @@ func drive(o options) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	exe, err := os.Executable()
-	if err != nil {
-		return err
+	if o.child == nil {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		o.child = func(args ...string) *exec.Cmd { return exec.Command(exe, args...) }
 	}
-	child := exec.Command(exe, "-serve", "-clients", strconv.Itoa(o.clients), "-turns", strconv.Itoa(o.turns),
+	child := o.child("-serve", "-clients", strconv.Itoa(o.clients), "-turns", strconv.Itoa(o.turns),
 		"-gateway-cpuprofile", o.profile)
 	child.Stderr = os.Stderr
 	stdin, err := child.StdinPipe()
@@ -217,7 +225,7 @@ func drive(o options) error {
 	addr := strings.TrimPrefix(out.Text(), "LISTEN ")
 	url := "ws://" + addr + "/"
 
-	fmt.Printf("loadtest: %d clients × %d turns of %q, offered %s, gateway on %s (GOMAXPROCS %d)\n",
+	fmt.Fprintf(o.out, "loadtest: %d clients × %d turns of %q, offered %s, gateway on %s (GOMAXPROCS %d)\n",
 		o.clients, o.turns, o.script, rateText(o.rate), addr, runtime.GOMAXPROCS(0))
 
 	// Connect everyone first.
@@ -245,7 +253,7 @@ func drive(o options) error {
 		closeAll(conns)
 		return err
 	}
-	fmt.Printf("connected %d clients in %.1fs\n", o.clients, time.Since(t0).Seconds())
+	fmt.Fprintf(o.out, "connected %d clients in %.1fs\n", o.clients, time.Since(t0).Seconds())
 
 	// Run the turns.
 	results := make([]result, o.clients)
@@ -273,7 +281,7 @@ func drive(o options) error {
 		case len(f) == 2 && f[0] == "CPU":
 			serverCPU, _ = strconv.ParseFloat(f[1], 64)
 		case len(f) > 0 && f[0] == "STATS":
-			fmt.Println("gateway:", strings.Join(f[1:], " "))
+			fmt.Fprintln(o.out, "gateway:", strings.Join(f[1:], " "))
 		}
 	}
 	child.Wait()
@@ -472,22 +480,22 @@ func report(o options, results []result, ends map[string]int64, serverCPU float6
 		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
 	}
 	elapsed := time.Duration(last - first)
-	fmt.Printf("turns: %d sent, %d terminal events received (%v), %d refused, lost terminal events: %d\n",
+	fmt.Fprintf(o.out, "turns: %d sent, %d terminal events received (%v), %d refused, lost terminal events: %d\n",
 		sent, got, states, errs, lost)
 	if elapsed > 0 {
-		fmt.Printf("throughput: %.0f turns/s (%d turns in %.1fs)\n", float64(got)/elapsed.Seconds(), got, elapsed.Seconds())
+		fmt.Fprintf(o.out, "throughput: %.0f turns/s (%d turns in %.1fs)\n", float64(got)/elapsed.Seconds(), got, elapsed.Seconds())
 	}
-	fmt.Printf("latency, run end → final at the client: p50 %v  p90 %v  p99 %v  max %v  (%d samples)\n",
+	fmt.Fprintf(o.out, "latency, run end → final at the client: p50 %v  p90 %v  p99 %v  max %v  (%d samples)\n",
 		q(0.50).Round(time.Microsecond), q(0.90).Round(time.Microsecond), q(0.99).Round(time.Microsecond),
 		q(1).Round(time.Microsecond), len(lat))
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	fmt.Printf("CPU: gateway process %.1fs, client process %.1fs\n", serverCPU, tvSec(ru.Utime)+tvSec(ru.Stime))
+	fmt.Fprintf(o.out, "CPU: gateway process %.1fs, client process %.1fs\n", serverCPU, tvSec(ru.Utime)+tvSec(ru.Stime))
 	if unmatched > 0 {
-		fmt.Printf("warning: %d received runs have no end time from the gateway\n", unmatched)
+		fmt.Fprintf(o.out, "warning: %d received runs have no end time from the gateway\n", unmatched)
 	}
 	if errText != "" {
-		fmt.Printf("first error: %s\n", errText)
+		fmt.Fprintf(o.out, "first error: %s\n", errText)
 	}
 	if lost > 0 || errs > 0 {
 		return fmt.Errorf("%d terminal events lost, %d turns refused", lost, errs)
