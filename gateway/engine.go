@@ -325,16 +325,27 @@ func (e *Engine) runTurn(rn runner.Runner, run *abort.Run, t runner.Turn) {
 	switch {
 	case err == nil:
 		if run.Finish(event.ReasonStop) {
-			run.Publish(e.publish, event.Event{Kind: event.Finished, StopReason: event.ReasonStop, FullText: text})
+			run.Publish(e.finish(run), event.Event{Kind: event.Finished, StopReason: event.ReasonStop, FullText: text})
 		}
 	default:
 		if run.Finish(event.ReasonError) {
 			msg := userErrorText(run, err)
 			e.log.Warn("turn failed", "run", run.ID, "session", run.SessionKey, "err", err)
-			run.Publish(e.publish, event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text, Message: msg})
+			run.Publish(e.finish(run), event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text, Message: msg})
 		}
 	}
 	e.reg.Release(run)
+}
+
+// finish publishes a Finished event so that, by the time any subscriber sees
+// it, the outcome is recorded and the session is free: a client that answers
+// a final reply at once is never told the session is busy.
+func (e *Engine) finish(run *abort.Run) func(event.Event) {
+	return func(ev event.Event) {
+		e.recordOutcome(ev)
+		e.reg.Release(run)
+		e.bus.Publish(ev)
+	}
 }
 
 func userErrorText(run *abort.Run, err error) string {

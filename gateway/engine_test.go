@@ -342,3 +342,24 @@ func TestShutdownAbortsRunningTurns(t *testing.T) {
 		}
 	})
 }
+
+// TestNextMessageRightAfterFinalIsAccepted: a client that sends its next
+// message the instant it sees the final reply must not be told "busy".
+func TestNextMessageRightAfterFinalIsAccepted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newEnv(t, nil)
+		errs := make(chan error, 1)
+		unsub := v.e.Bus().Subscribe("main", func(ev event.Event) {
+			if ev.Kind == event.Finished && ev.RunID == "r1" {
+				// Synchronously, as the fastest possible client would.
+				_, err := v.e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r2", Text: "/steps say:next"})
+				errs <- err
+			}
+		})
+		defer unsub()
+		v.send(t, "r1", "/steps say:first")
+		if err := <-errs; err != nil {
+			t.Fatalf("send right after final: %v", err)
+		}
+	})
+}
