@@ -30,11 +30,39 @@ func liveRuns(b *testing.B, n int) []*Run {
 	return runs
 }
 
+// turnWord is the per-turn baseline: the one word a turn's progress must
+// store, in its own heap object the size of a Run, so the baseline pays the
+// same cache misses a real per-turn record does.
+type turnWord struct {
+	_    [2]uint64
+	word atomic.Int64
+	_    [33]uint64
+}
+
+func turnWords(n int) []*turnWord {
+	out := make([]*turnWord, n)
+	for i := range out {
+		out[i] = new(turnWord)
+		_ = make([]byte, 200) // interleave other per-turn allocations, as Register does
+	}
+	return out
+}
+
 // BenchmarkStepCompleted measures the hot path at growing numbers of live
 // turns, next to the baseline of what it must at least do: read the clock
-// and store one word atomically.
+// and store one word atomically — into a dense array ("baseline"), and into
+// the turn's own heap object ("baseline-per-turn").
 func BenchmarkStepCompleted(b *testing.B) {
 	for _, n := range sizes {
+		b.Run(fmt.Sprintf("baseline-per-turn/turns=%d", n), func(b *testing.B) {
+			words := turnWords(n)
+			epoch := time.Now()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				words[i%n].word.Store(int64(time.Since(epoch)))
+			}
+		})
 		b.Run(fmt.Sprintf("baseline/turns=%d", n), func(b *testing.B) {
 			words := make([]atomic.Int64, n)
 			epoch := time.Now()
@@ -59,6 +87,20 @@ func BenchmarkStepCompleted(b *testing.B) {
 // of different turns at once (turns=1: all on one turn).
 func BenchmarkStepCompletedParallel(b *testing.B) {
 	for _, n := range sizes {
+		b.Run(fmt.Sprintf("baseline-per-turn/turns=%d", n), func(b *testing.B) {
+			words := turnWords(n)
+			epoch := time.Now()
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(next.Add(1)) * 7919
+				for pb.Next() {
+					i++
+					words[i%n].word.Store(int64(time.Since(epoch)))
+				}
+			})
+		})
 		b.Run(fmt.Sprintf("baseline/turns=%d", n), func(b *testing.B) {
 			words := make([]atomic.Int64, n)
 			epoch := time.Now()

@@ -204,7 +204,7 @@ func (r *Run) View() View {
 		Released:     r.released.Load(),
 		Settings:     r.Settings,
 	}
-	if c := r.cur.Load(); c != nil && c.done.Load() == 0 {
+	if c, done := r.load(); c != nil && done == 0 {
 		v.StepRunning, v.StepSeq, v.StepStarted = true, c.seq, time.Duration(c.started)
 	}
 	return v

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/gateway/messages"
@@ -36,9 +37,9 @@ func (s State) String() string {
 	return "unknown"
 }
 
-// stepRec is one step. Records are immutable except done, which the runner's
-// goroutine sets once when the step completes; readers see either 0
-// (running) or the completion time.
+// stepRec is one step. Records are immutable except done: while a record is
+// current its completion time lives in Run.curDone (on the hot cache line);
+// when the next step replaces it, the completion is frozen into done.
 type stepRec struct {
 	kind, name string
 	seq        uint32
@@ -61,11 +62,25 @@ type stepRec struct {
 // assume one writer for step bookkeeping); anyone may call Abort, Finish,
 // Snapshot and the getters.
 type Run struct {
-	// Hot: read on every StepCompleted. Kept together at the front so the
-	// hot path touches one cache line of the Run.
-	reg   *Registry
-	cur   atomic.Pointer[stepRec] // the running step, or the last completed one
-	start int64                   // ns since the registry epoch
+	// Hot: everything StepCompleted reads or writes is in the first 64 bytes,
+	// so the hot path touches one cache line of the Run.
+	reg      *Registry
+	cur      atomic.Pointer[stepRec] // the running step, or the last completed one
+	curDone  atomic.Int64            // when cur completed; 0 while it runs (see load)
+	curName  atomic.Pointer[byte]    // cur's name string data, for the hot path's identity check
+	start    int64                   // ns since the registry epoch
+	curLen   atomic.Int32            // len(cur.name)
+	returned atomic.Bool             // the runner's Run call has returned
+	released atomic.Bool             // the session is free again (returned or force-finalized)
+	state    atomic.Uint32           // State in the low byte, the stop reason's index above it
+	steps    atomic.Uint32
+
+	// Owned by the maintenance scheduler (written only by it).
+	noticeSeq    atomic.Uint32 // step seq that has an open progress notice; 0 = none
+	schedIndex   int32         // heap slot, guarded by the scheduler's mutex
+	seq          uint32        // per-run event sequence, guarded by mu
+	lastNoticeAt atomic.Int64
+	armed        atomic.Int64 // when the scheduler will next look at this run; 0 = not armed
 
 	ID         string
 	SessionKey string
@@ -77,24 +92,28 @@ type Run struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	reason    atomic.Pointer[event.StopReason]
 	activity  atomic.Int64 // last liveness reset not due to a step (heartbeat, activity, resume shift)
 	pausedAt  atomic.Int64 // 0 = not paused
 	abortedAt atomic.Int64
-	state     atomic.Uint32
-	steps     atomic.Uint32
-	returned  atomic.Bool // the runner's Run call has returned
-	released  atomic.Bool // the session is free again (returned or force-finalized)
 
-	// Owned by the maintenance scheduler (written only by it).
-	noticeSeq    atomic.Uint32 // step seq that has an open progress notice; 0 = none
-	schedIndex   int32         // heap slot, guarded by the scheduler's mutex
-	lastNoticeAt atomic.Int64
-	armed        atomic.Int64 // when the scheduler will next look at this run; 0 = not armed
-
-	mu   sync.Mutex // orders event publication and guards seq and text
-	seq  uint64
+	mu   sync.Mutex       // orders event publication and guards seq and text
 	text *strings.Builder // streamed reply text; nil until the first delta
+}
+
+// stopReasons are the reasons a state word can carry (index 0 = none).
+var stopReasons = [...]event.StopReason{event.ReasonNone, event.ReasonStop, event.ReasonTimeout,
+	event.ReasonStepTimeout, event.ReasonMaxTurnTime, event.ReasonUser, event.ReasonShutdown,
+	event.ReasonInterrupted, event.ReasonError}
+
+// stateWord packs a terminal state and its reason; an unknown reason is
+// recorded as "error".
+func stateWord(s State, reason event.StopReason) uint32 {
+	for i, r := range stopReasons {
+		if r == reason {
+			return uint32(s) | uint32(i)<<8
+		}
+	}
+	return uint32(s) | uint32(len(stopReasons)-1)<<8
 }
 
 // StartedAt returns when the run was registered (wall clock, for display).
@@ -115,14 +134,11 @@ func (r *Run) ceiling() int64 {
 func (r *Run) Context() context.Context { return r.ctx }
 
 // State reports the run's outcome state.
-func (r *Run) State() State { return State(r.state.Load()) }
+func (r *Run) State() State { return State(r.state.Load() & 0xff) }
 
 // StopReason reports why the run stopped (ReasonNone while running).
 func (r *Run) StopReason() event.StopReason {
-	if p := r.reason.Load(); p != nil {
-		return *p
-	}
-	return event.ReasonNone
+	return stopReasons[r.state.Load()>>8]
 }
 
 // Now returns the registry clock: time since the registry's epoch.
@@ -132,41 +148,71 @@ func (r *Run) now() int64 { return r.reg.now() }
 // start path is not the hot path).
 func (r *Run) StepStarted(kind, name string) {
 	now := r.now()
-	prev := r.cur.Load()
-	if prev != nil && prev.done.Load() == 0 {
-		// A step started while another was running (a runner that does not
-		// report completions, or parallel tools): the older one counts as
-		// superseded; keep its predecessor as the last completed step.
-		prev = prev.prev
-	}
-	r.cur.Store(&stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now, prev: prev})
+	r.setCur(&stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now, prev: r.lastDone()}, 0)
 }
 
 // StepCompleted records that the running step finished, which resets the
-// liveness deadline. This is the hot path: when it matches the current step
-// (the normal case) it costs one clock read, one atomic load and one atomic
-// store, takes no lock and allocates nothing. A completion that matches no
-// started step is recorded as a step of its own (one allocation).
+// liveness deadline. This is the hot path: when the runner passes the same
+// name string it passed to StepStarted (the normal case) it costs one clock
+// read, two atomic loads and one atomic store, all on the Run's first cache
+// line; it takes no lock and allocates nothing. Otherwise the current step is
+// compared by kind and name. The same step reporting again is a liveness
+// reset too. A completion that matches no started step is recorded as a step
+// of its own (one allocation). The fast path identifies the step by its name
+// alone: a runner that reuses one name string for two kinds of step at once
+// completes whichever is current.
 func (r *Run) StepCompleted(kind, name string) {
 	now := r.now()
-	// The running step completes; or the step that just completed reports
-	// again (a runner that reports only completions): either way one store.
-	if c := r.cur.Load(); c != nil && c.name == name && c.kind == kind {
-		c.done.Store(now)
+	if len(name) > 0 && r.curName.Load() == unsafe.StringData(name) && r.curLen.Load() == int32(len(name)) {
+		r.curDone.Store(now)
 		return
 	}
-	r.completeUnmatched(kind, name, now)
+	if c := r.cur.Load(); c != nil && c.name == name && c.kind == kind {
+		r.curDone.Store(now)
+		return
+	}
+	r.setCur(&stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now, prev: r.lastDone()}, now)
 }
 
-// completeUnmatched handles a completion without a matching start.
-func (r *Run) completeUnmatched(kind, name string, now int64) {
-	prev := r.cur.Load()
-	if prev != nil && prev.done.Load() == 0 {
-		prev = prev.prev
+// lastDone returns the most recent completed step record (the writer's view).
+func (r *Run) lastDone() *stepRec {
+	c, done := r.load()
+	if c == nil || done != 0 {
+		return c
 	}
-	s := &stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now, prev: prev}
-	s.done.Store(now)
+	return c.prev // a step started while another ran: the older one is superseded
+}
+
+// setCur makes s the current step (done = its completion time, 0 = running).
+// Called by the step writer only. The old record's completion is frozen into
+// it first, so a reader holding the old record still sees it completed.
+func (r *Run) setCur(s *stepRec, done int64) {
+	if old := r.cur.Load(); old != nil {
+		if d := r.curDone.Load(); d != 0 {
+			old.done.Store(d)
+		}
+	}
+	r.curDone.Store(done)
+	r.curName.Store(unsafe.StringData(s.name))
+	r.curLen.Store(int32(min(len(s.name), 1<<30)))
 	r.cur.Store(s)
+}
+
+// load returns the current step record and its completion time (0 while it
+// runs). Safe from any goroutine: cur is read before curDone, and setCur
+// writes them in the other order, so a reader that sees the new record sees
+// its fresh curDone, and a reader holding the old record falls back to the
+// completion frozen into it.
+func (r *Run) load() (*stepRec, int64) {
+	c := r.cur.Load()
+	if c == nil {
+		return nil, 0
+	}
+	d := r.curDone.Load()
+	if d == 0 {
+		d = c.done.Load()
+	}
+	return c, d
 }
 
 // Activity records streamed output or other activity. It resets the liveness
@@ -201,8 +247,8 @@ func (r *Run) Resume() {
 // step completion or the last counted activity.
 func (r *Run) livenessRef() int64 {
 	ref := r.start
-	if c := r.cur.Load(); c != nil {
-		if d := c.done.Load(); d != 0 {
+	if c, d := r.load(); c != nil {
+		if d != 0 {
 			ref = max(ref, d)
 		} else if c.prev != nil {
 			ref = max(ref, c.prev.done.Load())
@@ -225,11 +271,10 @@ func (e *AbortError) Error() string { return "turn " + e.RunID + " aborted: " + 
 // true. If Finish or another Abort won first it changes nothing and returns
 // false.
 func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
-	if !r.state.CompareAndSwap(uint32(StateRunning), uint32(StateAborted)) {
+	if !r.state.CompareAndSwap(uint32(StateRunning), stateWord(StateAborted, reason)) {
 		return event.Event{}, false
 	}
 	now := r.now()
-	r.reason.Store(&reason)
 	r.abortedAt.Store(now)
 	r.cancel(&AbortError{RunID: r.ID, Reason: reason})
 	cur, last := r.steps2()
@@ -250,10 +295,9 @@ func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
 // still running and returns true; if an abort won first it changes nothing
 // and returns false (the abort's message stands).
 func (r *Run) Finish(reason event.StopReason) bool {
-	if !r.state.CompareAndSwap(uint32(StateRunning), uint32(StateFinished)) {
+	if !r.state.CompareAndSwap(uint32(StateRunning), stateWord(StateFinished, reason)) {
 		return false
 	}
-	r.reason.Store(&reason)
 	return true
 }
 
@@ -294,7 +338,7 @@ func (r *Run) Publish(pub func(event.Event), ev event.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
-	ev.Seq = r.seq
+	ev.Seq = uint64(r.seq)
 	ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef = r.ID, r.SessionKey, r.Channel, r.ChatRef
 	if ev.Time.IsZero() {
 		ev.Time = time.Now()
@@ -307,11 +351,11 @@ func (r *Run) Publish(pub func(event.Event), ev event.Event) {
 func (r *Run) CurrentStep() (current, last event.Step) { return r.steps2() }
 
 func (r *Run) steps2() (current, last event.Step) {
-	c := r.cur.Load()
+	c, done := r.load()
 	if c == nil {
 		return
 	}
-	if c.done.Load() != 0 {
+	if done != 0 {
 		return event.Step{}, r.toStep(c)
 	}
 	if c.prev != nil {
