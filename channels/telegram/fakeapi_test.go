@@ -41,7 +41,7 @@ type fakeAPI struct {
 	commands   []models.BotCommand
 	webhook    map[string]string
 	getUpdates int
-	notify     chan struct{} // signalled (non-blocking) on every call; for real-time tests
+	notify     chan struct{} // signalled (non-blocking) after every call and when a long poll waits; for real-time tests
 }
 
 type fakeMsg struct {
@@ -156,13 +156,16 @@ func (f *fakeAPI) allCalls() []apiCall {
 	return slices.Clone(f.calls)
 }
 
+// signal tells a real-time waiter that something changed.
+func (f *fakeAPI) signal() {
+	select {
+	case f.notify <- struct{}{}:
+	default:
+	}
+}
+
 func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	defer func() {
-		select {
-		case f.notify <- struct{}{}:
-		default:
-		}
-	}()
+	defer f.signal()
 	rest, ok := strings.CutPrefix(r.URL.Path, "/bot")
 	tok, method, ok2 := strings.Cut(rest, "/")
 	if !ok || !ok2 || r.Method != http.MethodPost {
@@ -309,6 +312,7 @@ func (f *fakeAPI) serveUpdates(w http.ResponseWriter, r *http.Request, form map[
 		}
 		wake := f.updWake
 		f.mu.Unlock()
+		f.signal() // a long poll is waiting
 		select {
 		case <-wake:
 		case <-deadline.C:

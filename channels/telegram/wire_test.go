@@ -61,7 +61,7 @@ func TestRealHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	eng.Start(ctx)
-	ch, err := New(eng, src, Options{Log: log, Outbox: st, PollTimeout: 2 * time.Second})
+	ch, err := New(eng, src, Options{Log: log, Outbox: st, PollTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,9 +69,19 @@ func TestRealHTTP(t *testing.T) {
 	runDone := make(chan error, 1)
 	go func() { runDone <- ch.Run(runCtx) }()
 
+	// Let the client's long poll start first, so the update wakes it.
+	waitUntil(t, api, 20*time.Second, "the first long poll", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return api.getUpdates > 0
+	})
+	sent := time.Now()
 	api.say(alice, "/steps web_search:1s say:Hello_<over>_&_HTTP")
 	want := []string{"✅ web_search · 1s", "Hello <over> & HTTP"}
 	waitUntil(t, api, 20*time.Second, "the reply and the step line", func() bool { return slices.Equal(api.screen(alice), want) })
+	if d := time.Since(sent); d > 10*time.Second {
+		t.Errorf("the reply took %v: the long poll did not return when the update came", d)
+	}
 	var names []string
 	for _, c := range api.commands {
 		names = append(names, c.Command)
