@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-chi/chi/v5"
+
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/messages"
@@ -47,6 +49,7 @@ type app struct {
 	bg      sync.WaitGroup
 	runners map[string]bool // names built at start
 	ops     *ops            // metrics, alerts, /api, /admin (ops.go)
+	tg      *tgChannel      // the Telegram bot, when enabled (telegram.go)
 
 	serveErr chan error // the HTTP server's fatal error, if it fails
 }
@@ -95,14 +98,13 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		Token: cfg.Server.Token, OperatorToken: cfg.Server.OperatorToken,
 		Version: "turnguard " + version, Log: log.With("channel", "ws"),
 	})
-	// TODO(telegram): when channels.telegram.enabled, construct and start
-	// the Telegram channel here (it subscribes to a.eng.Bus() and delivers
-	// pending outbox messages), and stop it in shutdown after the engine.
-	if cfg.Channels.Telegram.Enabled {
-		log.Warn("channels.telegram.enabled is set but this build does not run the Telegram channel yet")
+	// Telegram, when enabled: polling starts now; webhook updates are
+	// accepted once the router serves /telegram/webhook.
+	if a.tg, err = startTelegram(ctx, a); err != nil {
+		return a, err // "telegram: …"
 	}
 
-	if err := a.ops.wire(ctx, a, nil); err != nil {
+	if err := a.ops.wire(ctx, a, a.tg.sender()); err != nil {
 		return a, fmt.Errorf("operator routes: %w", err)
 	}
 
@@ -115,7 +117,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		WebSocket: a.ws,
 		Page:      web.Handler(),
 		Ready:     a.readiness,
-		Mount:     a.ops.mount,
+		Mount:     func(r chi.Router) { a.ops.mount(r); a.tg.mount(r) },
 		Log:       log,
 	})
 	a.http = server.HTTPServer(handler, log)
@@ -182,7 +184,9 @@ func (a *app) shutdown(ctx context.Context) {
 	}
 	cancel()
 
-	// The engine bounds its own wait by the runs' abortGraceSeconds.
+	// No more Telegram updates; the engine bounds its own wait by the runs'
+	// abortGraceSeconds, and its shutdown notices reach Telegram in close.
+	a.tg.stopReceiving()
 	a.eng.Shutdown(ctx)
 
 	wctx, cancel := context.WithTimeout(ctx, wsShutdownWait)
@@ -204,6 +208,7 @@ func (a *app) close() {
 	if a.eng != nil && a.http == nil {
 		a.eng.Shutdown(context.Background())
 	}
+	a.tg.close(a)
 	a.ops.close()
 	if a.unsub != nil {
 		a.unsub()

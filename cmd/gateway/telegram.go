@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/turnguard/turnguard/channels/telegram"
+	"github.com/turnguard/turnguard/gateway/alerts"
+)
+
+// telegramShutdownWait bounds the delivery of the replies and notices still
+// queued for Telegram at shutdown; what is left stays in the outbox.
+const telegramShutdownWait = 10 * time.Second
+
+// tgChannel is the running Telegram channel (nil when disabled).
+type tgChannel struct {
+	ch   *telegram.Channel
+	stop context.CancelFunc // ends Run: no more updates
+	done chan struct{}      // closed when Run returned
+}
+
+// startTelegram builds the Telegram channel when channels.telegram.enabled
+// and starts receiving updates (polling, or the webhook mounted by mount).
+// Its replies and notices go through the store's outbox.
+func startTelegram(ctx context.Context, a *app) (*tgChannel, error) {
+	cfg := a.cfg.Current()
+	if !cfg.Channels.Telegram.Enabled {
+		return nil, nil
+	}
+	ch, err := telegram.New(a.eng, a.cfg, telegram.Options{
+		Log:        a.log,
+		Outbox:     a.ops.telegramOutbox(a.store),
+		HTTPClient: a.ops.telegramHTTPClient(telegram.DefaultPollTimeout + 15*time.Second),
+	})
+	if err != nil {
+		return nil, err
+	}
+	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	t := &tgChannel{ch: ch, stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(t.done)
+		if err := ch.Run(rctx); err != nil {
+			a.log.Error("the Telegram channel could not start; the other channels keep running", "error", err)
+		}
+	}()
+	return t, nil
+}
+
+// sender is the alerts' Telegram sender: nil (untyped) when disabled.
+func (t *tgChannel) sender() alerts.TelegramSender {
+	if t == nil {
+		return nil
+	}
+	return t.ch
+}
+
+// mount adds POST /telegram/webhook (it answers 404 in polling mode).
+func (t *tgChannel) mount(r chi.Router) {
+	if t != nil {
+		r.Method(http.MethodPost, "/telegram/webhook", t.ch.WebhookHandler())
+	}
+}
+
+// stopReceiving ends polling (or webhook acceptance) and waits for Run.
+func (t *tgChannel) stopReceiving() {
+	if t == nil {
+		return
+	}
+	t.stop()
+	<-t.done
+}
+
+// close delivers what is still queued (bounded) and stops the channel.
+// Call it after the engine's shutdown (which queues the shutdown notices)
+// and before the store closes.
+func (t *tgChannel) close(a *app) {
+	if t == nil {
+		return
+	}
+	t.stopReceiving()
+	ctx, cancel := context.WithTimeout(context.Background(), telegramShutdownWait)
+	defer cancel()
+	if err := t.ch.Close(ctx); err != nil {
+		a.log.Warn("telegram: shutdown", "error", err)
+	}
+}
