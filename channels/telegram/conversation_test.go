@@ -155,6 +155,22 @@ func TestConversations(t *testing.T) {
 			},
 		},
 		{
+			name: "status while a stuck turn is stopping",
+			adjust: func(c *config.Config) {
+				c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(5)
+			},
+			script: []step{say("/steps shell:stuck"), wait(6 * time.Second), say("/status")},
+			want: []string{
+				"⚠️ No progress for 5s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
+				"⏹️ Stopping (no progress) — waiting for the work to end; the request has run for 6s.",
+			},
+		},
+		{
+			name:   "stop twice",
+			script: []step{say("/steps shell:stuck"), wait(time.Second), say("/stop"), wait(time.Second), say("/stop"), wait(time.Second)},
+			want:   []string{"⏹️ Stopped while shell was running after 1s.", textStillStopping},
+		},
+		{
 			name:   "bad script is explained",
 			script: []step{say("/steps shell:abc"), wait(time.Second)},
 			want:   []string{`bad /steps script: token 1 "shell:abc": "abc" is not a duration (use 300ms, 2s, hang or stuck)`},

@@ -32,6 +32,11 @@ func (c *Channel) onEvent(ev event.Event) {
 		}
 		return
 	}
+	if ev.Kind == event.ForceFinalized {
+		// The user already got the stop notice; nothing more to show.
+		c.log.Warn("telegram: a stopped turn's runner did not end; its session was freed", "chat", chatID, "run", ev.RunID, "reason", ev.StopReason)
+		return
+	}
 	ch := c.chatLocked(chatID)
 	t := ch.turn(ev.RunID)
 	now := time.Now()
@@ -57,8 +62,6 @@ func (c *Channel) onEvent(ev event.Event) {
 	case event.Finished, event.Aborted:
 		t.end(ev)
 		c.enqueueEnding(ch, ev)
-	case event.ForceFinalized:
-		c.log.Warn("telegram: a stopped turn's runner did not end; its session was freed", "chat", chatID, "run", ev.RunID, "reason", ev.StopReason)
 	}
 	c.kickLocked(ch)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway/abort"
+	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/gateway/messages"
 	"github.com/turnguard/turnguard/runner/demo"
 )
@@ -77,7 +78,7 @@ func (c *Channel) statusText(ch *chat) string {
 	d := func(x int64) messages.Duration { return messages.Duration(max(x, 0)) }
 	var b strings.Builder
 	if s.State != abort.StateRunning.String() {
-		fmt.Fprintf(&b, "⏹️ Stopping (%s) — waiting for the work to end; the request has run for %s.", s.StopReason, d(int64(s.Elapsed)))
+		fmt.Fprintf(&b, "⏹️ Stopping (%s) — waiting for the work to end; the request has run for %s.", reasonText(s.StopReason), d(int64(s.Elapsed)))
 		return b.String()
 	}
 	switch {
@@ -102,4 +103,21 @@ func (c *Channel) statusText(ch *chat) string {
 	}
 	b.WriteString("\nSend /stop to stop it.")
 	return b.String()
+}
+
+// reasonText names a stop reason in words.
+func reasonText(r event.StopReason) string {
+	switch r {
+	case event.ReasonTimeout:
+		return "time limit reached"
+	case event.ReasonStepTimeout:
+		return "no progress"
+	case event.ReasonMaxTurnTime:
+		return "hard maximum reached"
+	case event.ReasonUser:
+		return "stopped by /stop"
+	case event.ReasonShutdown:
+		return "gateway shutting down"
+	}
+	return string(r)
 }
