@@ -2,10 +2,12 @@ package telegram
 
 import (
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -76,7 +78,7 @@ func (p *gatewayProc) stop(t *testing.T, sig syscall.Signal) error {
 
 func writeConfig(t *testing.T, dir, name, apiURL, db, timeouts string) string {
 	t.Helper()
-	yaml := fmt.Sprintf(`server:
+	return writeYAML(t, dir, name, fmt.Sprintf(`server:
   listen: 127.0.0.1:0
 store:
   path: %s
@@ -91,7 +93,11 @@ channels:
     mode: polling
     timeouts:
 %s
-`, db, testToken, apiURL, timeouts)
+`, db, testToken, apiURL, timeouts))
+}
+
+func writeYAML(t *testing.T, dir, name, yaml string) string {
+	t.Helper()
 	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
@@ -299,3 +305,96 @@ func checkNoToken(t *testing.T, p *gatewayProc) {
 		t.Errorf("the bot token is in the gateway's log:\n%s", logs)
 	}
 }
+
+// TestScenarioWebhook runs the built gateway in webhook mode: it registers
+// the webhook with its secret, serves POST /telegram/webhook on its own
+// router, refuses a wrong secret and answers an accepted update.
+func TestScenarioWebhook(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the gateway binary")
+	}
+	bin := buildGateway(t)
+	api := newFakeAPI(testToken)
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	dir := t.TempDir()
+	const secret = "scenario_webhook-secret"
+	cfg := writeYAML(t, dir, "webhook.yaml", fmt.Sprintf(`server:
+  listen: 127.0.0.1:0
+store:
+  path: %s
+channels:
+  telegram:
+    enabled: true
+    token: %q
+    apiURL: %s
+    mode: webhook
+    webhookSecret: %s
+    webhookURL: https://bot.example.com/telegram/webhook
+`, filepath.Join(dir, "turnguard.db"), testToken, srv.URL, secret))
+	p := startGateway(t, bin, cfg)
+
+	// The address the gateway bound, from its "listening" line.
+	var addr string
+	deadline := time.After(60 * time.Second) // real time: process start-up
+	for addr == "" {
+		if m := listenAddr.FindStringSubmatch(p.stderr.String()); m != nil {
+			addr = m[1]
+			break
+		}
+		select {
+		case <-api.notify:
+		case <-deadline:
+			t.Fatalf("the gateway did not start:\n%s", p.stderr.String())
+		case <-time.After(100 * time.Millisecond): // real time: polling the process's log
+		}
+	}
+	waitUntil(t, api, 20*time.Second, "setWebhook", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return api.webhook != nil
+	})
+	api.mu.Lock()
+	wh := api.webhook
+	api.mu.Unlock()
+	if wh["url"] != "https://bot.example.com/telegram/webhook" || wh["secret_token"] != secret {
+		t.Errorf("setWebhook got %v", wh)
+	}
+
+	update := `{"update_id":1,"message":{"message_id":1,"date":1,"chat":{"id":31,"type":"private"},"from":{"id":31,"first_name":"A"},"text":"/steps say:Hooked"}}`
+	post := func(secretHeader string) int {
+		t.Helper()
+		// Start-up calls finish just before the webhook accepts updates:
+		// a 503 asks to come back, as Telegram would.
+		for range 50 {
+			req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/telegram/webhook", strings.NewReader(update))
+			req.Header.Set(SecretHeader, secretHeader)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable {
+				return resp.StatusCode
+			}
+			time.Sleep(100 * time.Millisecond) // real time: Retry-After of a starting process
+		}
+		return http.StatusServiceUnavailable
+	}
+	if code := post("wrong"); code != http.StatusUnauthorized {
+		t.Errorf("wrong secret: status %d, want 401", code)
+	}
+	if code := post(secret); code != http.StatusOK {
+		t.Errorf("right secret: status %d, want 200", code)
+	}
+	waitUntil(t, api, 20*time.Second, "the reply", func() bool { return slices.Equal(api.screen(31), []string{"Hooked"}) })
+	if err := p.stop(t, syscall.SIGTERM); err != nil {
+		t.Errorf("gateway exit: %v", err)
+	}
+	checkNoToken(t, p)
+	if strings.Contains(p.stderr.String(), secret) {
+		t.Errorf("the webhook secret is in the gateway's log")
+	}
+}
+
+var listenAddr = regexp.MustCompile(`msg=listening addr=(\S+)`)
