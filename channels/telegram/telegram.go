@@ -316,8 +316,10 @@ func (c *Channel) retryStartup(ctx context.Context, what string, fn func(context
 // Close stops the channel: no new updates are accepted and progress updates
 // stop, the queued replies and notices are delivered (until ctx ends), and
 // then the workers stop. A final reply or notice still undelivered when ctx
-// ends stays in the outbox and is sent at the next start. Call it after the
-// engine's Shutdown, so the users of stopped turns get the shutdown notice.
+// ends stays in the outbox and is sent at the next start. Order at
+// shutdown: end Run's context (no more updates), then the engine's
+// Shutdown (which publishes the shutdown notices), then Close — and only
+// then close the store the outbox lives in.
 func (c *Channel) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {
