@@ -239,3 +239,31 @@ func TestShutdownNotice(t *testing.T) {
 		}
 	})
 }
+
+// TestConfiguredTexts: the notices are the operator's templates from the
+// configuration file.
+func TestConfiguredTexts(t *testing.T) {
+	cases := []struct {
+		name   string
+		script []step
+		want   []string
+	}{
+		{"step timeout", []step{say("/steps shell:hang"), wait(10 * time.Second)}, []string{"🛑 Nothing happened for 5s (shell hung)."}},
+		{"wall clock", []step{say("/steps build:1m:hb=1s"), wait(25 * time.Second)}, []string{"🛑 Out of time after 20s."}},
+		{"stop", []step{say("/steps shell:hang"), wait(time.Second), say("/stop"), wait(time.Second)}, []string{"🛑 You stopped it."}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, setup{file: "messages.yaml"})
+				for _, s := range tc.script {
+					if s.say != "" {
+						h.say(alice, s.say)
+					}
+					h.advance(s.wait)
+				}
+				h.wantScreen(alice, tc.want...)
+			})
+		})
+	}
+}

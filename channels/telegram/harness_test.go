@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -175,6 +176,7 @@ type harness struct {
 }
 
 type setup struct {
+	file    string // a YAML configuration in testdata/ instead of the defaults
 	adjust  func(*config.Config)
 	runner  runner.Runner // replaces the demo runner when set
 	outbox  *fakeOutbox   // pre-filled outbox
@@ -197,7 +199,15 @@ func testConfig(adjust func(*config.Config)) *config.Config {
 // newHarness must be called inside a synctest bubble.
 func newHarness(t *testing.T, s setup) *harness {
 	t.Helper()
-	c := testConfig(s.adjust)
+	var c *config.Config
+	if s.file != "" {
+		var err error
+		if c, err = config.Load(filepath.Join("testdata", s.file)); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		c = testConfig(s.adjust)
+	}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
