@@ -194,14 +194,10 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 	req := gateway.SendRequest{
 		SessionKey: key, Channel: config.ChannelWS, ChatRef: c.id, RunID: runID, Text: text, Timeout: timeout, Owner: c.owner,
 	}
+	// The engine frees a session before its final event is published, so a
+	// client answering a final at once is never refused as busy.
 	ack, err := c.s.eng.Send(c.ctx, req)
 	var busy *gateway.BusyError
-	for pause, waited := time.Millisecond, time.Duration(0); waited < finishingWait && errors.As(err, &busy) && c.s.finishing(busy); {
-		time.Sleep(pause)
-		waited += pause
-		pause = min(2*pause, 50*time.Millisecond)
-		ack, err = c.s.eng.Send(c.ctx, req)
-	}
 	if err == nil {
 		return ack, nil
 	}
@@ -221,31 +217,6 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 		c.s.log.Error("starting a turn failed", "conn", c.id, "session", key, "err", err)
 		return ack, unavailable("could not start the turn: " + err.Error())
 	}
-}
-
-// A run whose runner returned normally has published its final event a
-// moment before the engine frees its session; a client that answers the
-// final at once may land in that gap (under load the gap can last
-// milliseconds). Such a busy refusal is retried, backing off from 1 ms, for
-// up to finishingWait; only this connection's reader waits.
-const finishingWait = 2 * time.Second
-
-// finishing reports whether busy is such a gap: the active run has already
-// finished (ok or error), so the session is about to be free.
-func (s *Server) finishing(busy *gateway.BusyError) bool {
-	if !busy.Stopping {
-		return false
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	s.runsMu.Lock()
-	_, live := s.runs[busy.RunID]
-	s.runsMu.Unlock()
-	if live {
-		return false // its terminal event has not been published yet
-	}
-	out, ok := s.eng.Wait(ctx, busy.RunID)
-	return ok && out.Status != gateway.StatusAborted
 }
 
 // protoStatus maps an engine outcome status to the protocol's terminal
