@@ -206,3 +206,21 @@ func TestReleaseOnceCallsHook(t *testing.T) {
 }
 
 func f(v float64) *float64 { return &v }
+
+// TestZeroTimeIsATime: a pause or a completion at the registry's very first
+// instant (fake time that has not moved) still counts.
+func TestZeroTimeIsATime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := New(nil)
+		r := register(t, g, "z")
+		r.StepStarted("tool", "shell")
+		r.StepCompleted("tool", "shell")
+		if cur, last := r.CurrentStep(); !cur.IsZero() || last.Name != "shell" {
+			t.Fatalf("completion at time zero lost: current %+v last %+v", cur, last)
+		}
+		r.Pause()
+		if !r.View().Paused {
+			t.Fatal("pause at time zero lost")
+		}
+	})
+}

@@ -61,13 +61,14 @@ func New(onRelease func(*Run)) *Registry {
 	return r
 }
 
-// now is the registry clock: monotonic nanoseconds since the epoch.
-func (g *Registry) now() int64 { return int64(time.Since(g.epoch)) }
+// now is the registry clock: monotonic nanoseconds since the epoch, plus
+// one, so that 0 never is a time and can mean "not yet" in every field.
+func (g *Registry) now() int64 { return int64(time.Since(g.epoch)) + 1 }
 
 // Now returns the registry clock as a duration since its epoch.
 func (g *Registry) Now() time.Duration { return time.Duration(g.now()) }
 
-func (g *Registry) wall(ns int64) time.Time { return g.epoch.Add(time.Duration(ns)) }
+func (g *Registry) wall(ns int64) time.Time { return g.epoch.Add(time.Duration(ns - 1)) }
 
 func (g *Registry) shardOf(id string) *shard {
 	return &g.shard[maphash.String(g.seed, id)%shards]
