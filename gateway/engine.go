@@ -292,7 +292,12 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	e.wg.Add(1)
 	e.mu.Unlock()
 
-	run.Publish(e.publish, event.Event{Kind: event.TurnStarted, Text: req.Text})
+	started := event.Event{Kind: event.TurnStarted, Text: req.Text, StepTimeout: run.Settings.StepTimeout,
+		Deadline: run.StartedAt().Add(run.Settings.Timeout)}
+	if run.Settings.MaxTurnTime > 0 {
+		started.Ceiling = run.StartedAt().Add(run.Settings.MaxTurnTime)
+	}
+	run.Publish(e.publish, started)
 	e.sched.Track(run)
 	go e.runTurn(rn, run, runner.Turn{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, Message: req.Text, History: history,

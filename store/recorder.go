@@ -242,7 +242,8 @@ func (s *SQLite) apply(ctx context.Context, tx *sql.Tx, ev *event.Event) error {
 		if _, err := stmt(st.upsertSession).ExecContext(ctx, ev.SessionKey, now); err != nil {
 			return fmt.Errorf("upsert session: %w", err)
 		}
-		res, err := stmt(st.startTurn).ExecContext(ctx, ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, now)
+		res, err := stmt(st.startTurn).ExecContext(ctx, ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, now,
+			nullNanos(ev.Deadline), nullNanos(ev.Ceiling), nullDuration(ev.StepTimeout))
 		if err != nil {
 			return fmt.Errorf("start turn: %w", err)
 		}
@@ -368,10 +369,12 @@ func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
 			ON CONFLICT (key) DO UPDATE SET updated_at = max(updated_at, excluded.updated_at)`},
 		// A TurnStarted for a run id whose turn has ended starts it afresh
 		// (the id was reused); for a running turn it is a duplicate.
-		{&st.startTurn, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at)
-			VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?5)
+		{&st.startTurn, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at,
+				deadline_at, ceiling_at, step_timeout_ns)
+			VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?5, ?6, ?7, ?8)
 			ON CONFLICT (run_id) DO UPDATE SET session_key = excluded.session_key, channel = excluded.channel,
 				chat_ref = excluded.chat_ref, state = 'running', stop_reason = '', started_at = excluded.started_at,
+				deadline_at = excluded.deadline_at, ceiling_at = excluded.ceiling_at, step_timeout_ns = excluded.step_timeout_ns,
 				updated_at = excluded.updated_at, ended_at = NULL, step_kind = NULL, step_name = NULL,
 				step_seq = NULL, last_step_kind = NULL, last_step_name = NULL, last_step_seq = NULL
 			WHERE turns.state <> 'running'`},

@@ -599,3 +599,24 @@ func TestQueriesAfterCloseReturnErrClosed(t *testing.T) {
 		}
 	}
 }
+
+func TestTurnDeadlinesRecorded(t *testing.T) {
+	s := open(t, dbPath(t), store.Options{})
+	tr := newTurn("run-d", "s")
+	noCeiling := newTurn("run-n", "s2")
+	handleAll(s,
+		tr.ev(event.TurnStarted, 0, func(e *event.Event) {
+			e.Deadline, e.Ceiling, e.StepTimeout = t0.Add(30*time.Minute), t0.Add(time.Hour), 5*time.Minute
+		}),
+		noCeiling.ev(event.TurnStarted, 0, func(e *event.Event) { e.Deadline = t0.Add(time.Minute) }),
+	)
+	flush(t, s)
+	got := mustTurn(t, s, "run-d")
+	if !got.Deadline.Equal(t0.Add(30*time.Minute)) || !got.Ceiling.Equal(t0.Add(time.Hour)) || got.StepTimeout != 5*time.Minute {
+		t.Errorf("turn limits = deadline %v ceiling %v step %v", got.Deadline, got.Ceiling, got.StepTimeout)
+	}
+	got = mustTurn(t, s, "run-n")
+	if !got.Deadline.Equal(t0.Add(time.Minute)) || !got.Ceiling.IsZero() || got.StepTimeout != 0 {
+		t.Errorf("turn without ceiling or step timeout = %+v", got)
+	}
+}

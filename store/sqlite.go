@@ -284,6 +284,14 @@ func nullNanos(t time.Time) any {
 	return t.UnixNano()
 }
 
+// nullDuration stores a positive duration in nanoseconds; 0 (disabled) is NULL.
+func nullDuration(d time.Duration) any {
+	if d <= 0 {
+		return nil
+	}
+	return int64(d)
+}
+
 func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
 
 func fromNullNanos(n sql.NullInt64) time.Time {

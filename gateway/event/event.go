@@ -118,7 +118,8 @@ func (k Kind) Terminal() bool { return k == Aborted || k == Finished }
 // Event is one transition of one turn.
 //
 // Field use by kind:
-//   - TurnStarted: Text = the user's message.
+//   - TurnStarted: Text = the user's message; Deadline, Ceiling, StepTimeout =
+//     the turn's limits (zero Ceiling/StepTimeout: none).
 //   - StepStarted, StepCompleted: Step.
 //   - Delta: Text = the new chunk, FullText = all reply text so far.
 //   - Paused: Text = the reason. Resumed: nothing extra.
@@ -145,4 +146,8 @@ type Event struct {
 	Text       string
 	FullText   string
 	Message    string
+
+	Deadline    time.Time     // TurnStarted: the wall clock deadline
+	Ceiling     time.Time     // TurnStarted: the hard ceiling (zero = none)
+	StepTimeout time.Duration // TurnStarted: the liveness window (0 = disabled)
 }
