@@ -285,8 +285,11 @@ func storeHistory(st *store.SQLite) gateway.HistoryLoader {
 // recoverInterrupted ends every turn the previous process was cut off in
 // with stop reason "interrupted": the interrupted message goes into the
 // session's history and, for channels that deliver from the outbox (all but
-// WebSocket, whose clients read the history), into the outbox. Failures are
-// logged; they do not stop the gateway from starting.
+// WebSocket, whose clients read the history), into the outbox. The notice
+// is enqueued before the turn is marked, so a crash in between loses
+// nothing: the turn stays running and the next start's Enqueue is
+// deduplicated. Failures are logged; they do not stop the gateway from
+// starting.
 func recoverInterrupted(ctx context.Context, st *store.SQLite, cfg *config.Config, log *slog.Logger) {
 	turns, err := st.RunningTurns(ctx)
 	if err != nil {
@@ -300,21 +303,21 @@ func recoverInterrupted(ctx context.Context, st *store.SQLite, cfg *config.Confi
 			LastStep:    t.LastStep.Label(),
 			CurrentStep: t.CurrentStep.Label(),
 		})
+		if t.Channel != config.ChannelWS && t.ChatRef != "" {
+			if _, err := st.Enqueue(ctx, store.OutboxMessage{Channel: t.Channel, ChatRef: t.ChatRef, RunID: t.RunID,
+				Kind: store.OutboxNotice, Text: text}); err != nil && !errors.Is(err, store.ErrDuplicate) {
+				log.Error("store: cannot queue the interrupted notice; the turn stays running until the next start",
+					"run", t.RunID, "error", err)
+				continue
+			}
+		}
 		won, err := st.MarkInterrupted(ctx, t.RunID, text)
 		if err != nil {
 			log.Error("store: cannot end an interrupted turn", "run", t.RunID, "error", err)
 			continue
 		}
-		if !won {
-			continue
-		}
-		log.Warn("turn interrupted by the last stop", "run", t.RunID, "session", t.SessionKey, "channel", t.Channel)
-		if t.Channel == config.ChannelWS || t.ChatRef == "" {
-			continue
-		}
-		if _, err := st.Enqueue(ctx, store.OutboxMessage{Channel: t.Channel, ChatRef: t.ChatRef, RunID: t.RunID,
-			Kind: store.OutboxNotice, Text: text}); err != nil && !errors.Is(err, store.ErrDuplicate) {
-			log.Error("store: cannot queue the interrupted notice", "run", t.RunID, "error", err)
+		if won {
+			log.Warn("turn interrupted by the last stop", "run", t.RunID, "session", t.SessionKey, "channel", t.Channel)
 		}
 	}
 }
