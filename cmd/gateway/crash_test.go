@@ -127,10 +127,9 @@ func TestCrashInterruptedNoticeOnce(t *testing.T) {
 	cfg := crashConfig(dir)
 	db := filepath.Join(dir, "gateway.db")
 	const run, session = "run-crash-once", "main"
-	// The interrupted message (messages.interrupted). Whether it names the
-	// step that was running ("— last action was shell") is up to
-	// recoverInterrupted; this test pins that it arrives, once.
-	const wantStart, wantEnd = "⚠️ The gateway restarted while working on your request", "Please send it again."
+	// The interrupted message (messages.interrupted), naming the step that
+	// was running when the process died.
+	const wantStart, wantEnd = "⚠️ The gateway restarted while working on your request — last action was shell.", "Please send it again."
 
 	p := startGateway(t, dir, cfg)
 	cl := dialGateway(t, p.addr, testToken)

@@ -555,7 +555,7 @@ func TestInterruptedTurnAfterCrash(t *testing.T) {
 	if !res.OK {
 		t.Fatalf("chat.history: %+v", res.Error)
 	}
-	want := "The gateway restarted while working on your request — last action was web_search"
+	want := "The gateway restarted while working on your request — last action was shell"
 	if !strings.Contains(string(res.Payload), want) {
 		t.Fatalf("history %s\nlacks %q", res.Payload, want)
 	}

@@ -97,9 +97,14 @@ func (l *logBuffer) String() string {
 
 func newRunner(t *testing.T, cfg config.Exec) (*exec.Runner, *logBuffer) {
 	t.Helper()
+	return newRunnerGrace(t, cfg, grace)
+}
+
+func newRunnerGrace(t *testing.T, cfg config.Exec, g time.Duration) (*exec.Runner, *logBuffer) {
+	t.Helper()
 	logs := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r, err := exec.New(cfg, grace, log)
+	r, err := exec.New(cfg, g, log)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -254,13 +259,16 @@ func TestAbort(t *testing.T) {
 		text      string
 		minTime   time.Duration // Run may not return before this
 		killedLog bool          // SIGKILL needed
+		grace     time.Duration
 	}{
-		{"child ignoring SIGTERM is killed after the grace", "ignore_term.sh", "working", grace, true},
-		{"child exiting on SIGTERM", "graceful_term.sh", "working (stopped)", 0, false},
+		{"child ignoring SIGTERM is killed after the grace", "ignore_term.sh", "working", grace, true, grace},
+		// A generous grace: the child exits on SIGTERM long before it, so the
+		// test does not depend on how fast a loaded machine runs the trap.
+		{"child exiting on SIGTERM", "graceful_term.sh", "working (stopped)", 0, false, 10 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, logs := newRunner(t, config.Exec{Command: script(tt.script)})
+			r, logs := newRunnerGrace(t, config.Exec{Command: script(tt.script)}, tt.grace)
 			rec := newRecorder()
 			ctx, cancel := context.WithCancel(t.Context())
 			ch := start(ctx, r, "", rec)
