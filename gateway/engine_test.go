@@ -140,7 +140,7 @@ func TestSilentStepTimesOutWithToolNameAndFreesSession(t *testing.T) {
 		v := newEnv(t, stepTimeout(2))
 		v.send(t, "r1", "/steps web_search:300ms shell:hang")
 		out, _ := v.e.Wait(context.Background(), "r1")
-		want := "⚠️ No progress for 2s — last action was web_search. The task may be stuck. Retry or ask for a simpler approach."
+		want := "⚠️ No progress for 2s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
 		if out.Status != StatusAborted || out.StopReason != event.ReasonStepTimeout || out.Message != want {
 			t.Fatalf("outcome %+v", out)
 		}

@@ -107,7 +107,7 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(5)
 			},
 			script: []step{say("/steps web_search:300ms shell:hang"), wait(10 * time.Second)},
-			want: []string{"⚠️ No progress for 5s — last action was web_search. The task may be stuck. " +
+			want: []string{"⚠️ No progress for 5s — shell never finished (last completed: web_search). The task may be stuck. " +
 				"Retry or ask for a simpler approach."},
 		},
 		{
@@ -232,7 +232,7 @@ func TestShutdownNotice(t *testing.T) {
 		h.say(alice, "/steps web_search:1s shell:hang")
 		h.advance(5 * time.Second)
 		h.stop()
-		h.wantScreen(alice, "⚠️ The gateway is shutting down, so your request was stopped after 5s — last action was web_search. "+
+		h.wantScreen(alice, "⚠️ The gateway is shutting down, so your request was stopped after 5s while shell was running. "+
 			"Please send it again in a minute.")
 		if got := h.outbox.states(); strings.Join(got, ",") != "notice:delivered" {
 			t.Errorf("outbox = %v, want the notice delivered", got)

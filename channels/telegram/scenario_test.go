@@ -221,7 +221,7 @@ func TestScenarioBinary(t *testing.T) {
 	mark("next: Step timeout.")
 	// Step timeout.
 	api.say(3, "/steps web_search:100ms shell:hang")
-	waitLast(p, 3, "step timeout", is("⚠️ No progress for 2s — last action was web_search. The task may be stuck. Retry or ask for a simpler approach."))
+	waitLast(p, 3, "step timeout", is("⚠️ No progress for 2s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."))
 
 	mark("next: Wall clock.")
 	// Wall clock.

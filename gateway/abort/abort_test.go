@@ -122,7 +122,7 @@ func TestStepsAndAbortMessage(t *testing.T) {
 		if !ok {
 			t.Fatal("abort lost")
 		}
-		want := "⚠️ No progress for 5m0s — last action was web_search. The task may be stuck. Retry or ask for a simpler approach."
+		want := "⚠️ No progress for 5m0s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
 		if ev.Message != want {
 			t.Fatalf("message\n got  %q\n want %q", ev.Message, want)
 		}

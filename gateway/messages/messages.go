@@ -33,11 +33,11 @@ const (
 // Defaults are the built-in texts.
 var Defaults = map[Name]string{
 	Timeout:     `⚠️ This request hit its time limit of {{.Limit}} after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Try again, or ask for something smaller.`,
-	StepTimeout: `⚠️ No progress for {{.StepTimeout}}{{if .LastStep}} — last action was {{.LastStep}}{{else if .CurrentStep}} — {{.CurrentStep}} never finished{{end}}. The task may be stuck. Retry or ask for a simpler approach.`,
+	StepTimeout: `⚠️ No progress for {{.StepTimeout}}{{if .CurrentStep}} — {{.CurrentStep}} never finished{{if .LastStep}} (last completed: {{.LastStep}}){{end}}{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. The task may be stuck. Retry or ask for a simpler approach.`,
 	MaxTurnTime: `⚠️ This request reached the maximum time of {{.Limit}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. It was stopped; please split it into smaller requests.`,
 	Progress:    `⏳ Still working — {{.CurrentStep}} has been running for {{.Elapsed}}…`,
 	Interrupted: `⚠️ The gateway restarted while working on your request{{with or .CurrentStep .LastStep}} — last action was {{.}}{{end}}. Please send it again.`,
-	Shutdown:    `⚠️ The gateway is shutting down, so your request was stopped after {{.Elapsed}}{{if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again in a minute.`,
+	Shutdown:    `⚠️ The gateway is shutting down, so your request was stopped after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again in a minute.`,
 	User:        `⏹️ Stopped{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} after {{.Elapsed}}.`,
 	Error:       `⚠️ Something went wrong{{if .CurrentStep}} during {{.CurrentStep}}{{end}}: {{.Error}}`,
 }

@@ -149,7 +149,7 @@ func TestStepTimeoutShownAsAbortedAndStored(t *testing.T) {
 		start := time.Now()
 		c.request("chat.send", map[string]any{"sessionKey": "main", "message": "/steps web_search:300ms shell:hang", "idempotencyKey": "stuck"})
 		times := readRun(c, "stuck")
-		notice := "⚠️ No progress for 2s — last action was web_search. The task may be stuck. Retry or ask for a simpler approach."
+		notice := "⚠️ No progress for 2s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
 		want := `0s lifecycle:start
 0s tool:start web_search
 300ms tool:result web_search
