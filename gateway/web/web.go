@@ -33,39 +33,48 @@ import (
 //go:embed static
 var files embed.FS
 
-// contentSecurityPolicy allows only the page's own files and WebSocket
-// connections to its own origin.
+// contentSecurityPolicy allows only the page's own files and requests
+// (including WebSocket connections) to its own origin.
 const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; " +
 	"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-// Handler serves the page: GET / is index.html, GET /assets/NAME a file of
-// the page. Anything else (directories, unknown names) is 404. Responses
-// carry a strict Content-Security-Policy and are revalidated on each load
-// (an ETag, no-cache), so a new binary's page is seen at once.
-func Handler() http.Handler {
+// Handler serves the chat page: GET / is index.html, GET /assets/NAME a file
+// of the page. See Static.
+func Handler() http.Handler { return Static(files, "static", "/") }
+
+// Static serves an embedded single-page app whose files are under dir in
+// fsys: base (e.g. "/" or "/admin") and base+"/" are index.html,
+// base+"/assets/NAME" the file NAME; anything else (directories, unknown
+// names) is 404. Responses carry a strict Content-Security-Policy and are
+// revalidated on each load (an ETag, no-cache), so a new binary's page is
+// seen at once. It panics if dir holds no index.html: the files are
+// embedded, so that is a build mistake.
+func Static(fsys fs.FS, dir, base string) http.Handler {
+	base = strings.TrimSuffix(base, "/")
+	assets := base + "/assets/"
 	pages := map[string]page{}
-	err := fs.WalkDir(files, "static", func(p string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(fsys, dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
-		b, err := files.ReadFile(p)
+		b, err := fs.ReadFile(fsys, p)
 		if err != nil {
 			return err
 		}
 		sum := sha256.Sum256(b)
-		pages[strings.TrimPrefix(p, "static/")] = page{body: b, etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
+		pages[strings.TrimPrefix(p, dir+"/")] = page{body: b, etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
 		return nil
 	})
 	if err != nil || pages["index.html"].body == nil {
-		panic(fmt.Sprintf("web: embedded files missing: %v", err))
+		panic(fmt.Sprintf("web: embedded files missing under %s: %v", dir, err))
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var name string
 		switch {
-		case r.URL.Path == "/":
+		case r.URL.Path == base || r.URL.Path == base+"/":
 			name = "index.html"
-		case strings.HasPrefix(r.URL.Path, "/assets/"):
-			name = strings.TrimPrefix(r.URL.Path, "/assets/")
+		case strings.HasPrefix(r.URL.Path, assets):
+			name = strings.TrimPrefix(r.URL.Path, assets)
 			if name == "index.html" {
 				name = ""
 			}
