@@ -156,14 +156,10 @@ func chatSend(c *conn, req request) (any, *rpcError) {
 	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
 		return nil, rerr
 	}
-	switch {
-	case p.Message == nil:
-		return nil, invalid("invalid chat.send params: message is required")
-	case p.IdempotencyKey == "":
-		return nil, invalid("invalid chat.send params: idempotencyKey is required")
-	case len(p.IdempotencyKey) > maxIdempotencyKey:
-		return nil, invalid("invalid chat.send params: idempotencyKey is longer than %d bytes", maxIdempotencyKey)
-	case p.TimeoutMs != nil && *p.TimeoutMs < 0:
+	if rerr := checkStart(req.Method, p.Message != nil, p.IdempotencyKey); rerr != nil {
+		return nil, rerr
+	}
+	if p.TimeoutMs != nil && *p.TimeoutMs < 0 {
 		return nil, invalid("invalid chat.send params: timeoutMs must be ≥ 0")
 	}
 	key, rerr := canonicalKey(req.Method, p.SessionKey)
@@ -329,6 +325,20 @@ type agentParams struct {
 	Timeout        *float64 `json:"timeout"` // seconds
 }
 
+// checkStart validates what chat.send and agent share: a message and an
+// idempotency key of bounded length.
+func checkStart(method string, hasMessage bool, key string) *rpcError {
+	switch {
+	case !hasMessage:
+		return invalid("invalid %s params: message is required", method)
+	case key == "":
+		return invalid("invalid %s params: idempotencyKey is required", method)
+	case len(key) > maxIdempotencyKey:
+		return invalid("invalid %s params: idempotencyKey is longer than %d bytes", method, maxIdempotencyKey)
+	}
+	return nil
+}
+
 // agentRun starts a turn and answers twice on the request's id: "accepted"
 // at once, then the outcome when the run ends.
 func agentRun(c *conn, req request) (any, *rpcError) {
@@ -336,14 +346,10 @@ func agentRun(c *conn, req request) (any, *rpcError) {
 	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
 		return nil, rerr
 	}
-	switch {
-	case p.Message == nil:
-		return nil, invalid("invalid agent params: message is required")
-	case p.IdempotencyKey == "":
-		return nil, invalid("invalid agent params: idempotencyKey is required")
-	case len(p.IdempotencyKey) > maxIdempotencyKey:
-		return nil, invalid("invalid agent params: idempotencyKey is longer than %d bytes", maxIdempotencyKey)
-	case p.Timeout != nil && !(*p.Timeout >= 0):
+	if rerr := checkStart(req.Method, p.Message != nil, p.IdempotencyKey); rerr != nil {
+		return nil, rerr
+	}
+	if p.Timeout != nil && !(*p.Timeout >= 0) {
 		return nil, invalid("invalid agent params: timeout must be a number of seconds ≥ 0")
 	}
 	key := p.SessionKey
