@@ -435,8 +435,8 @@ func TestGracefulShutdown(t *testing.T) {
 	if ab.StopReason != "shutdown" {
 		t.Errorf("stopReason %q, want shutdown", ab.StopReason)
 	}
-	if !strings.Contains(ab.ErrorMessage, "shutting down") || !strings.Contains(ab.ErrorMessage, "web_search") {
-		t.Errorf("errorMessage %q: want the shutdown message naming the last action", ab.ErrorMessage)
+	if !strings.Contains(ab.ErrorMessage, "shutting down") || !strings.Contains(ab.ErrorMessage, "while shell was running") {
+		t.Errorf("errorMessage %q: want the shutdown message naming the running step", ab.ErrorMessage)
 	}
 	if code := cl.waitClosed(5 * time.Second); code != websocket.CloseServiceRestart {
 		t.Errorf("close code %d, want 1012", code)
