@@ -224,8 +224,14 @@ func (rs *runState) apply(ev event.Event) {
 		}
 
 	case event.Progress:
-		rs.notice = ev.Step
-		rs.item(t, ev.Step, "update", ev.Message, "running", ev.Message)
+		// The notice goes on the step's own tool line. An LLM call has no
+		// tool line (its progress is the streamed text): an item would open a
+		// block in the middle of the reply, so it gets only the lifecycle
+		// "running" below, which keeps the TUI's own watchdog quiet.
+		if ev.Step.Kind != event.StepLLM {
+			rs.notice = ev.Step
+			rs.item(t, ev.Step, "update", ev.Message, "running", ev.Message)
+		}
 		lc := lifecycleData{Phase: "running", Name: ev.Step.Label(), ElapsedMs: ev.Elapsed.Milliseconds()}
 		if !ev.Step.IsZero() {
 			lc.ToolCallID = rs.toolCallID(ev.Step)

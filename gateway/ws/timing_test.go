@@ -139,6 +139,31 @@ func TestLongStepKeepaliveAndProgressNotice(t *testing.T) {
 	})
 }
 
+// TestLongLLMStepHasNoItemBlock: an LLM call has no tool line, so its
+// progress notice is not an item (which would open a block in the middle of
+// the streamed reply); lifecycle "running" events still keep the TUI's
+// watchdog quiet.
+func TestLongLLMStepHasNoItemBlock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) {
+			c.Agents.Defaults.ProgressNotifyAfterSeconds = secs(30)
+			c.Agents.Defaults.ProgressRepeatSeconds = secs(50)
+		}})
+		c, _ := e.connect("tui", "")
+		c.wait = time.Minute
+		start := time.Now()
+		c.request("chat.send", map[string]any{"sessionKey": "main", "message": "/steps llm:40s", "idempotencyKey": "llm"})
+		times := readRun(c, "llm")
+		got := transcript(c, "llm", start, times)
+		if strings.Contains(got, "item:") {
+			t.Fatalf("an LLM step's progress opened an item block:\n%s", got)
+		}
+		if !strings.Contains(got, "30s lifecycle:running") {
+			t.Fatalf("no lifecycle running at the progress notice:\n%s", got)
+		}
+	})
+}
+
 func TestStepTimeoutShownAsAbortedAndStored(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) {
