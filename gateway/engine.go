@@ -588,11 +588,11 @@ func (e *Engine) Sessions() []SessionInfo {
 	return out
 }
 
-// Reset starts a fresh conversation in sessionKey: the history is cleared and
-// the session id changes. A running turn is not affected.
+// Reset starts a fresh conversation in sessionKey: the history is cleared
+// (in memory, and in the store through a SessionReset event) and the session
+// id changes. A running turn is not affected.
 func (e *Engine) Reset(sessionKey string) SessionInfo {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	s, ok := e.sessions[sessionKey]
 	if !ok {
 		s = &session{key: sessionKey, loaded: true}
@@ -602,7 +602,12 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 	s.history = nil
 	s.loaded = true
 	s.updated = time.Now()
-	return SessionInfo{Key: s.key, ID: s.id, Updated: s.updated}
+	info := SessionInfo{Key: s.key, ID: s.id, Updated: s.updated}
+	e.mu.Unlock()
+	// Published (outside the lock: handlers may call the engine) so the store
+	// forgets the history too, across restarts.
+	e.bus.Publish(event.Event{Kind: event.SessionReset, SessionKey: sessionKey, Time: info.Updated})
+	return info
 }
 
 // session returns the session for key, creating it and loading its stored

@@ -363,3 +363,26 @@ func TestNextMessageRightAfterFinalIsAccepted(t *testing.T) {
 		}
 	})
 }
+
+func TestResetClearsHistoryAndIsPublished(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newEnv(t, nil)
+		v.send(t, "r1", "/steps say:one")
+		v.e.Wait(context.Background(), "r1")
+		idBefore, h := v.e.History(context.Background(), "main", 0)
+		if len(h) != 2 {
+			t.Fatalf("history %+v", h)
+		}
+		v.e.Reset("main")
+		idAfter, h := v.e.History(context.Background(), "main", 0)
+		if len(h) != 0 || idAfter == idBefore {
+			t.Fatalf("after reset: id %q (was %q), history %+v", idAfter, idBefore, h)
+		}
+		v.sink.mu.Lock()
+		defer v.sink.mu.Unlock()
+		last := v.sink.events[len(v.sink.events)-1]
+		if last.Kind != event.SessionReset || last.SessionKey != "main" || last.RunID != "" {
+			t.Fatalf("last event %+v, want a SessionReset of main", last)
+		}
+	})
+}

@@ -12,8 +12,8 @@ import (
 	"github.com/turnguard/turnguard/gateway/event"
 )
 
-// History returns the last limit messages of the session, oldest first (what
-// chat.history returns). An unknown session has an empty history. Messages
+// History returns the last limit messages of the session since its last
+// reset (/new), oldest first (what chat.history returns). An unknown session has an empty history. Messages
 // still in the recorder's queue are not included; see Flush.
 func (s *SQLite) History(ctx context.Context, sessionKey string, limit int) ([]Message, error) {
 	if err := s.checkOpen(); err != nil {
@@ -21,7 +21,9 @@ func (s *SQLite) History(ctx context.Context, sessionKey string, limit int) ([]M
 	}
 	rows, err := s.r.QueryContext(ctx, `SELECT run_id, role, text, stop_reason, created_at FROM (
 			SELECT id, run_id, role, text, stop_reason, created_at FROM messages
-			WHERE session_key = ? ORDER BY id DESC LIMIT ?
+			WHERE session_key = ?1
+			AND id > coalesce((SELECT reset_after FROM sessions WHERE key = ?1), 0)
+			ORDER BY id DESC LIMIT ?2
 		) ORDER BY id`, sessionKey, clampLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("history of %q: %w", sessionKey, err)

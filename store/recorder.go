@@ -217,7 +217,7 @@ func eventSpecific(err error) bool {
 // validEvent rejects what cannot be recorded.
 func validEvent(ev *event.Event) error {
 	switch {
-	case ev.RunID == "":
+	case ev.RunID == "" && ev.Kind != event.SessionReset:
 		return fmt.Errorf("%w: no run id", ErrInvalid)
 	case ev.SessionKey == "":
 		return fmt.Errorf("%w: no session key", ErrInvalid)
@@ -238,6 +238,15 @@ func (s *SQLite) apply(ctx context.Context, tx *sql.Tx, ev *event.Event) error {
 	stmt := func(p *sql.Stmt) *sql.Stmt { return tx.StmtContext(ctx, p) }
 
 	switch ev.Kind {
+	case event.SessionReset:
+		if _, err := stmt(st.upsertSession).ExecContext(ctx, ev.SessionKey, now); err != nil {
+			return fmt.Errorf("upsert session: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE sessions SET reset_after =
+				(SELECT coalesce(max(id), 0) FROM messages WHERE session_key = ?1) WHERE key = ?1`, ev.SessionKey); err != nil {
+			return fmt.Errorf("reset session: %w", err)
+		}
+		return nil // not a turn event: nothing to journal
 	case event.TurnStarted:
 		if _, err := stmt(st.upsertSession).ExecContext(ctx, ev.SessionKey, now); err != nil {
 			return fmt.Errorf("upsert session: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -618,5 +619,46 @@ func TestTurnDeadlinesRecorded(t *testing.T) {
 	got = mustTurn(t, s, "run-n")
 	if !got.Deadline.Equal(t0.Add(time.Minute)) || !got.Ceiling.IsZero() || got.StepTimeout != 0 {
 		t.Errorf("turn without ceiling or step timeout = %+v", got)
+	}
+}
+
+// TestSessionResetSurvivesRestart: after /new the history starts afresh, in
+// this process and after the file is opened again.
+func TestSessionResetSurvivesRestart(t *testing.T) {
+	path := dbPath(t)
+	s, err := store.Open(context.Background(), path, store.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := newTurn("run-old", "telegram:42")
+	handleAll(s,
+		old.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "before" }),
+		old.ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "old reply" }),
+		event.Event{Kind: event.SessionReset, SessionKey: "telegram:42", Time: t0.Add(2 * time.Second)},
+	)
+	fresh := newTurn("run-new", "telegram:42")
+	handleAll(s,
+		fresh.ev(event.TurnStarted, 3*time.Second, func(e *event.Event) { e.Text = "after" }),
+		fresh.ev(event.Finished, 4*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "new reply" }),
+	)
+	flush(t, s)
+	texts := func(h []store.Message) (out []string) {
+		for _, m := range h {
+			out = append(out, m.Text)
+		}
+		return out
+	}
+	if got := texts(mustHistory(t, s, "telegram:42")); strings.Join(got, "|") != "after|new reply" {
+		t.Fatalf("history after reset = %q", got)
+	}
+	if st := s.Stats(); st.Failed != 0 {
+		t.Fatalf("reset counted as failed: %+v", st)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := open(t, path, store.Options{})
+	if got := texts(mustHistory(t, s2, "telegram:42")); strings.Join(got, "|") != "after|new reply" {
+		t.Fatalf("history after reopening = %q", got)
 	}
 }

@@ -89,7 +89,8 @@ func TestRealHTTP(t *testing.T) {
 	if !slices.Equal(names, []string{"stop", "status", "new", "help"}) {
 		t.Errorf("setMyCommands over multipart registered %v", names)
 	}
-	waitUntil(t, api, 10*time.Second, "the outbox to record the delivery", func() bool {
+	// Real SQLite I/O with a full sync: give a loaded machine time.
+	waitUntil(t, api, 30*time.Second, "the outbox to record the delivery", func() bool {
 		n, err := st.Counts(ctx)
 		return err == nil && n.Delivered == 1 && n.Pending == 0
 	})

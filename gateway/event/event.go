@@ -87,6 +87,7 @@ const (
 	Aborted        // the turn was stopped; StopReason and Message say why
 	ForceFinalized // the runner ignored an abort past the grace period
 	Finished       // the runner returned a final answer (or an error)
+	SessionReset   // not a turn event: the session's conversation starts afresh (/new)
 )
 
 var kindNames = [...]string{
@@ -101,6 +102,7 @@ var kindNames = [...]string{
 	Aborted:        "aborted",
 	ForceFinalized: "force_finalized",
 	Finished:       "finished",
+	SessionReset:   "session_reset",
 }
 
 func (k Kind) String() string {
@@ -130,6 +132,8 @@ func (k Kind) Terminal() bool { return k == Aborted || k == Finished }
 //   - ForceFinalized: StopReason (of the abort), Elapsed (since the abort), Step.
 //   - Finished: StopReason (ReasonStop or ReasonError), FullText (the reply),
 //     Message (the error text shown to the user when StopReason is ReasonError).
+//   - SessionReset: SessionKey only (no RunID): earlier history is no longer
+//     part of the conversation.
 type Event struct {
 	Kind       Kind
 	RunID      string

@@ -120,8 +120,8 @@ func (rs *runState) stop() {
 // session. It runs on the publisher's goroutine (in the run's order) and
 // never blocks.
 func (s *Server) onEvent(ev event.Event) {
-	if ev.Kind == event.ForceFinalized {
-		return // the run already ended for its users
+	if ev.Kind == event.ForceFinalized || ev.RunID == "" {
+		return // the run already ended for its users; or not a run's event (a session reset)
 	}
 	s.runsMu.Lock()
 	rs := s.runs[ev.RunID]
