@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 // logBuffer collects log lines from the watcher's goroutine.
@@ -69,14 +71,14 @@ func TestReloadDebounce(t *testing.T) {
 		writeFile(t, path, historyConfig("20"))
 		for range 5 {
 			event(path, fsnotify.Write)
-			time.Sleep(100 * time.Millisecond)
+			faketime.Advance(100 * time.Millisecond)
 		}
-		time.Sleep(ReloadDebounce - 100*time.Millisecond - time.Millisecond)
+		faketime.Advance(ReloadDebounce - 100*time.Millisecond - time.Millisecond)
 		synctest.Wait()
 		if limit() != 10 || len(changes) != 0 {
 			t.Fatalf("reloaded %v after the last event, before the debounce elapsed", ReloadDebounce-time.Millisecond)
 		}
-		time.Sleep(time.Millisecond)
+		faketime.Advance(time.Millisecond)
 		synctest.Wait()
 		if limit() != 20 || len(changes) != 1 {
 			t.Fatalf("after the debounce: historyLimit %d, %d changes; want 20, 1", limit(), len(changes))
@@ -88,14 +90,14 @@ func TestReloadDebounce(t *testing.T) {
 		// Events for other files in the directory are ignored.
 		writeFile(t, path, historyConfig("30"))
 		event(filepath.Join(dir, "turnguard.db-wal"), fsnotify.Write)
-		time.Sleep(time.Minute)
+		faketime.Advance(time.Minute)
 		synctest.Wait()
 		eq(t, "after an unrelated event", limit(), 20)
 
 		// A chmod or touch with the same content is not a change.
 		writeFile(t, path, historyConfig("20"))
 		event(path, fsnotify.Chmod)
-		time.Sleep(time.Minute)
+		faketime.Advance(time.Minute)
 		synctest.Wait()
 		eq(t, "changes after an unchanged file", len(changes), 0)
 
@@ -103,7 +105,7 @@ func TestReloadDebounce(t *testing.T) {
 		// and the current config stays.
 		writeFile(t, path, "server:\n  token: zzsecret-token\n  lisen: x\n")
 		event(path, fsnotify.Write)
-		time.Sleep(time.Minute)
+		faketime.Advance(time.Minute)
 		synctest.Wait()
 		eq(t, "after an invalid edit", limit(), 20)
 		eq(t, "changes after an invalid edit", len(changes), 0)
@@ -121,7 +123,7 @@ func TestReloadDebounce(t *testing.T) {
 		// Rename-replace (Create of the name) and a key that needs a restart.
 		writeFile(t, path, "server:\n  listen: 127.0.0.1:9000\n")
 		event(path, fsnotify.Create)
-		time.Sleep(ReloadDebounce)
+		faketime.Advance(ReloadDebounce)
 		synctest.Wait()
 		eq(t, "listen after rename", src.Current().Server.Listen, "127.0.0.1:9000")
 		if !strings.Contains(logs.String(), "key=server.listen") {
@@ -133,7 +135,7 @@ func TestReloadDebounce(t *testing.T) {
 			t.Fatal(err)
 		}
 		event(path, fsnotify.Remove)
-		time.Sleep(ReloadDebounce)
+		faketime.Advance(ReloadDebounce)
 		synctest.Wait()
 		eq(t, "after removal", src.Current().Server.Listen, "127.0.0.1:9000")
 		if !strings.Contains(logs.String(), "config file unreadable") {

@@ -14,6 +14,8 @@ import (
 	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 // sink records the bus's events as a user-facing transcript.
@@ -163,14 +165,14 @@ func TestStuckRunnerForceFinalizedThenSessionFree(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		v := newEnv(t, stepTimeout(2))
 		v.send(t, "r1", "/steps shell:stuck")
-		time.Sleep(3 * time.Second)
+		faketime.Advance(3 * time.Second)
 		synctest.Wait()
 		_, err := v.e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r2", Text: "hi"})
 		var busy *BusyError
 		if !errors.As(err, &busy) || !busy.Stopping {
 			t.Fatalf("during grace: %v, want busy (stopping)", err)
 		}
-		time.Sleep(2 * time.Second)
+		faketime.Advance(2 * time.Second)
 		synctest.Wait()
 		if !strings.Contains(v.sink.transcript(), "4s force_finalized step_timeout") {
 			t.Fatalf("transcript:\n%s", v.sink.transcript())
@@ -203,7 +205,7 @@ func TestBusyAndIdempotency(t *testing.T) {
 			t.Fatalf("%d turns started for one key", n)
 		}
 		// After the dedupe window the key starts a new turn.
-		time.Sleep(6 * time.Minute)
+		faketime.Advance(6 * time.Minute)
 		if ack := v.send(t, "r1", "/steps say:again"); ack.Status != StatusStarted {
 			t.Fatalf("after TTL: %+v", ack)
 		}
@@ -221,7 +223,7 @@ func TestAbortAuthorization(t *testing.T) {
 		if _, err := v.e.Abort(ctx, "other", "r1", event.ReasonUser, "conn1", false); !errors.Is(err, ErrWrongSession) {
 			t.Fatalf("wrong session: %v", err)
 		}
-		time.Sleep(1500 * time.Millisecond)
+		faketime.Advance(1500 * time.Millisecond)
 		res, err := v.e.Abort(ctx, "main", "", event.ReasonUser, "conn1", false)
 		if err != nil || !res.Aborted || len(res.RunIDs) != 1 || res.RunIDs[0] != "r1" {
 			t.Fatalf("owner abort: %+v %v", res, err)
@@ -331,7 +333,7 @@ func TestShutdownAbortsRunningTurns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		v := newEnv(t, nil)
 		v.send(t, "r1", "/steps web_search:1s shell:hang")
-		time.Sleep(2 * time.Second)
+		faketime.Advance(2 * time.Second)
 		v.e.Shutdown(context.Background())
 		out, _ := v.e.Wait(context.Background(), "r1")
 		if out.StopReason != event.ReasonShutdown || !strings.Contains(out.Message, "shutting down") {

@@ -20,6 +20,8 @@ import (
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 	"github.com/turnguard/turnguard/store"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 const (
@@ -231,7 +233,7 @@ func newHarness(t *testing.T, s setup) *harness {
 	// Let the engine's registry clock leave zero, as it has in any real
 	// gateway by the time a message arrives (a pause at registry time 0 is
 	// not recorded).
-	time.Sleep(time.Second)
+	faketime.Advance(time.Second)
 	h.start = time.Now()
 	h.api.start = h.start
 	h.outbox = s.outbox
@@ -320,7 +322,7 @@ func (h *harness) say(chatID int64, text string) {
 
 // advance moves the fake clock by d and lets everything settle.
 func (h *harness) advance(d time.Duration) {
-	time.Sleep(d)
+	faketime.Advance(d)
 	synctest.Wait()
 }
 

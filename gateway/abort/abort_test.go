@@ -12,6 +12,8 @@ import (
 
 	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/timeout"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 func register(t testing.TB, g *Registry, id string) *Run {
@@ -109,10 +111,10 @@ func TestStepsAndAbortMessage(t *testing.T) {
 		g := New(nil)
 		r := register(t, g, "s")
 		r.StepStarted("tool", "web_search")
-		time.Sleep(2 * time.Second)
+		faketime.Advance(2 * time.Second)
 		r.StepCompleted("tool", "web_search")
 		r.StepStarted("tool", "shell")
-		time.Sleep(3 * time.Second)
+		faketime.Advance(3 * time.Second)
 		cur, last := r.CurrentStep()
 		if cur.Name != "shell" || cur.Seq != 2 || last.Name != "web_search" {
 			t.Fatalf("current %+v last %+v", cur, last)
@@ -155,7 +157,7 @@ func TestLivenessResetRules(t *testing.T) {
 		s := timeout.Defaults()
 		s.LivenessResetOn = timeout.LivenessActivity
 		act, _ := g.Register(context.Background(), Spec{RunID: "act", Settings: s})
-		time.Sleep(10 * time.Second)
+		faketime.Advance(10 * time.Second)
 		stepMode.Activity()
 		act.Activity()
 		if got := stepMode.View().LivenessRef; got != stepMode.View().Start {
@@ -177,7 +179,7 @@ func TestSnapshot(t *testing.T) {
 		s := timeout.Resolve(0, timeout.Keys{StepTimeoutSeconds: f(60), ProgressNotifyAfterSeconds: f(30)})
 		r, _ := g.Register(context.Background(), Spec{RunID: "snap", SessionKey: "main", Channel: "telegram", Settings: s})
 		r.StepStarted("tool", "shell")
-		time.Sleep(45 * time.Second)
+		faketime.Advance(45 * time.Second)
 		sn := r.Snapshot()
 		if !sn.Stalled || sn.StepElapsed != 45*time.Second || sn.UntilStep != 15*time.Second || sn.CurrentStep.Name != "shell" {
 			t.Fatalf("snapshot %+v", sn)

@@ -25,6 +25,8 @@ import (
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 	"github.com/turnguard/turnguard/store"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current answers")
@@ -229,14 +231,14 @@ func TestAPIGolden(t *testing.T) {
 		e.send(t, "r-stuck", "agent:main:c", "ws", "", "/steps shell:stuck")
 		e.send(t, "r-live", "telegram:42", "telegram", "42", "/steps web_search:100ms shell:hang")
 
-		time.Sleep(2 * time.Second)
+		faketime.Advance(2 * time.Second)
 		code, body := e.do(t, http.MethodGet, "/api/turns")
 		if code != http.StatusOK {
 			t.Fatalf("GET /api/turns: %d %s", code, body)
 		}
 		golden(t, "turns.golden", normalise(t, body))
 
-		time.Sleep(3 * time.Second) // r-stuck: step timeout at 3s, force-finalized at 4s
+		faketime.Advance(3 * time.Second) // r-stuck: step timeout at 3s, force-finalized at 4s
 		code, body = e.do(t, http.MethodPost, "/api/turns/r-live/abort")
 		if code != http.StatusOK {
 			t.Fatalf("POST abort: %d %s", code, body)
@@ -280,9 +282,9 @@ func TestStallHistoryFilters(t *testing.T) {
 		e := newEnv(t, testConfig(t))
 		start := time.Now().UTC()
 		e.send(t, "r-1", "agent:main:a", "ws", "", "/steps fetch_page:1500ms say:ok")
-		time.Sleep(10 * time.Second)
+		faketime.Advance(10 * time.Second)
 		e.send(t, "r-2", "agent:main:b", "ws", "", "/steps shell:hang")
-		time.Sleep(10 * time.Second)
+		faketime.Advance(10 * time.Second)
 		e.flush(t)
 		at := func(d time.Duration) string { return start.Add(d).Format(time.RFC3339) }
 
@@ -341,9 +343,9 @@ func TestAbortErrors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t, testConfig(t))
 		e.send(t, "r-1", "agent:main:a", "ws", "", "/steps shell:stuck")
-		time.Sleep(4 * time.Second) // step timeout at 3s; the runner ignores it; force-finalized at 4s
+		faketime.Advance(4 * time.Second) // step timeout at 3s; the runner ignores it; force-finalized at 4s
 		e.send(t, "r-2", "agent:main:b", "ws", "", "/steps shell:stuck")
-		time.Sleep(3500 * time.Millisecond) // r-2 aborted at 3s, still stopping
+		faketime.Advance(3500 * time.Millisecond) // r-2 aborted at 3s, still stopping
 
 		tests := []struct {
 			path     string

@@ -20,6 +20,8 @@ import (
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway/alerts"
 	"github.com/turnguard/turnguard/gateway/event"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 const (
@@ -243,12 +245,12 @@ func TestEpisodes(t *testing.T) {
 				h := newHarness(t, defaults, op, op)
 				var now time.Duration
 				for _, in := range tt.events {
-					time.Sleep(in.offset - now)
+					faketime.Advance(in.offset - now)
 					now = in.offset
 					h.a.Handle(in.ev)
 					synctest.Wait()
 				}
-				time.Sleep(tt.until - now)
+				faketime.Advance(tt.until - now)
 				synctest.Wait()
 
 				var hook, tg []string
@@ -281,7 +283,7 @@ func TestAlertContent(t *testing.T) {
 		h := newHarness(t, defaults, op, op)
 		h.a.Handle(forced("run-7"))
 		synctest.Wait()
-		time.Sleep(10 * time.Minute)
+		faketime.Advance(10 * time.Minute)
 		synctest.Wait()
 		got := op.deliveries()
 		if len(got) != 4 {
@@ -364,7 +366,7 @@ func TestDeliveryRetries(t *testing.T) {
 				op := &operator{hookCode: tt.hookCodes, tgFail: tt.tgFail}
 				h := newHarness(t, defaults, op, op)
 				h.a.Handle(forced("r1"))
-				time.Sleep(time.Minute)
+				faketime.Advance(time.Minute)
 				synctest.Wait()
 				var hook, tg []time.Duration
 				for _, d := range op.deliveries() {

@@ -152,7 +152,7 @@ func BenchmarkIdleFarDeadlines(b *testing.B) {
 			}
 			before := sched.Stats()
 			cpu0 := cpuTime()
-			time.Sleep(window) // observing an idle process for 10 s of real time is the point
+			time.Sleep(window) // real time: the benchmark observes an idle process for 10 s of wall time
 			cpu := cpuTime() - cpu0
 			after := sched.Stats()
 			cancel()
@@ -179,7 +179,7 @@ func BenchmarkIdleFarDeadlines(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
 			go sw.run(ctx, time.Second)
 			cpu0 := cpuTime()
-			time.Sleep(window) // observing 10 s of real time is the point
+			time.Sleep(window) // real time: the benchmark observes an idle process for 10 s of wall time
 			cpu := cpuTime() - cpu0
 			cancel()
 			b.ReportMetric(float64(perPass.Microseconds())/1000, "ms/pass")

@@ -11,6 +11,8 @@ import (
 	"github.com/turnguard/turnguard/gateway/abort"
 	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/timeout"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 // recorder collects published events with the fake time they arrived.
@@ -90,7 +92,7 @@ func TestSilentStepAbortedAtExactlyTheStepDeadline(t *testing.T) {
 		r := h.start(t, "r1", st(5*time.Second, time.Hour, 0, 0))
 		r.StepStarted("tool", "shell")
 		h.sched.Touch(r)
-		time.Sleep(10 * time.Second)
+		faketime.Advance(10 * time.Second)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@5s", "force_finalized:step_timeout@8s"})
 		if r.State() != abort.StateAborted || r.StopReason() != event.ReasonStepTimeout {
@@ -116,7 +118,7 @@ func TestLivenessKeepsBusyTurnAlivePastStepWindow(t *testing.T) {
 		for range 100 {
 			r.StepStarted("tool", "web_search")
 			h.sched.Touch(r)
-			time.Sleep(time.Second)
+			faketime.Advance(time.Second)
 			r.StepCompleted("tool", "web_search")
 		}
 		synctest.Wait()
@@ -125,7 +127,7 @@ func TestLivenessKeepsBusyTurnAlivePastStepWindow(t *testing.T) {
 			t.Fatalf("busy turn was stopped: %v", r.StopReason())
 		}
 		// Then it goes silent: aborted 5s after the last completion.
-		time.Sleep(6 * time.Second)
+		faketime.Advance(6 * time.Second)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@1m45s"})
 		// Lazy re-arm: completions never touched the heap; the run surfaced
@@ -143,7 +145,7 @@ func TestCeilingBeatsProgress(t *testing.T) {
 		for range 100 { // always making progress, with heartbeats too
 			r.StepStarted("tool", "fetch_page")
 			h.sched.Touch(r)
-			time.Sleep(time.Second)
+			faketime.Advance(time.Second)
 			r.Heartbeat()
 			r.StepCompleted("tool", "fetch_page")
 		}
@@ -157,7 +159,7 @@ func TestRequestCannotExtendPastCeiling(t *testing.T) {
 		h := newHarness(t, on)
 		s := timeout.Resolve(time.Hour, timeout.Keys{MaxTurnTimeSeconds: ptr(20), StepTimeoutSeconds: ptr(0)})
 		h.start(t, "r1", s)
-		time.Sleep(time.Minute)
+		faketime.Advance(time.Minute)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:max_turn_time@20s", "force_finalized:max_turn_time@30s"})
 	})
@@ -170,7 +172,7 @@ func TestWallClock(t *testing.T) {
 		for range 10 {
 			r.StepStarted("llm", "m")
 			h.sched.Touch(r)
-			time.Sleep(2 * time.Second)
+			faketime.Advance(2 * time.Second)
 			r.StepCompleted("llm", "m")
 		}
 		synctest.Wait()
@@ -184,24 +186,24 @@ func TestPauseStopsLivenessNotCeiling(t *testing.T) {
 		r := h.start(t, "r1", st(5*time.Second, time.Hour, 60*time.Second, 0))
 		r.StepStarted("tool", "ask_human")
 		h.sched.Touch(r)
-		time.Sleep(2 * time.Second)
+		faketime.Advance(2 * time.Second)
 		r.Pause()
-		time.Sleep(30 * time.Second) // far past the 5s window: paused, so no step timeout
+		faketime.Advance(30 * time.Second) // far past the 5s window: paused, so no step timeout
 		synctest.Wait()
 		equal(t, h.rec.kinds(), nil)
 		r.Resume() // 3s of the window remain
 		h.sched.Touch(r)
-		time.Sleep(2 * time.Second)
+		faketime.Advance(2 * time.Second)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), nil)
-		time.Sleep(2 * time.Second)
+		faketime.Advance(2 * time.Second)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@35s"})
 
 		// A second turn stays paused: the ceiling still fires.
 		r2 := h.start(t, "r2", st(5*time.Second, time.Hour, 60*time.Second, 0))
 		r2.Pause()
-		time.Sleep(2 * time.Minute)
+		faketime.Advance(2 * time.Minute)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@35s", "force_finalized:step_timeout@38s",
 			"aborted:max_turn_time@1m36s", "force_finalized:max_turn_time@1m39s"})
@@ -216,7 +218,7 @@ func TestProgressNoticeRepeatsAndStopsWithTheStep(t *testing.T) {
 		r := h.start(t, "r1", s)
 		r.StepStarted("tool", "shell")
 		h.sched.Touch(r)
-		time.Sleep(100 * time.Second)
+		faketime.Advance(100 * time.Second)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"progress@30s", "progress@1m30s"})
 		h.rec.mu.Lock()
@@ -229,7 +231,7 @@ func TestProgressNoticeRepeatsAndStopsWithTheStep(t *testing.T) {
 		if !r.ClearNotice() {
 			t.Fatal("completion did not find the open notice")
 		}
-		time.Sleep(10 * time.Minute)
+		faketime.Advance(10 * time.Minute)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"progress@30s", "progress@1m30s"})
 	})
@@ -241,7 +243,7 @@ func TestStuckRunnerForceFinalizedAfterGrace(t *testing.T) {
 		r := h.start(t, "r1", st(5*time.Second, time.Hour, 0, 0))
 		r.StepStarted("tool", "shell")
 		h.sched.Touch(r) // and the runner never returns
-		time.Sleep(time.Minute)
+		faketime.Advance(time.Minute)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@5s", "force_finalized:step_timeout@8s"})
 		if !r.Released() {
@@ -259,11 +261,11 @@ func TestRunnerThatReturnsInGraceIsNotForceFinalized(t *testing.T) {
 		r := h.start(t, "r1", st(5*time.Second, time.Hour, 0, 0))
 		go func() {
 			<-r.Context().Done()
-			time.Sleep(time.Second) // cleanup takes a second, within the 3s grace
+			faketime.Advance(time.Second) // cleanup takes a second, within the 3s grace
 			r.MarkReturned()
 			h.reg.Release(r)
 		}()
-		time.Sleep(time.Minute)
+		faketime.Advance(time.Minute)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@5s"})
 	})
@@ -287,7 +289,7 @@ func TestKillswitches(t *testing.T) {
 				r := h.start(t, "r1", st(5*time.Second, 9*time.Second, 0, 2*time.Second))
 				r.StepStarted("tool", "shell")
 				h.sched.Touch(r)
-				time.Sleep(11 * time.Second)
+				faketime.Advance(11 * time.Second)
 				synctest.Wait()
 				equal(t, h.rec.kinds(), tt.want)
 			})
@@ -299,7 +301,7 @@ func TestKillswitchAppliesToLiveTurns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, Policy{})
 		h.start(t, "r1", st(5*time.Second, time.Hour, 0, 0))
-		time.Sleep(10 * time.Second)
+		faketime.Advance(10 * time.Second)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), nil)
 		h.sched.SetPolicy(on) // re-enabled: the overdue step deadline fires at once
@@ -314,7 +316,7 @@ func TestFarDeadlinesCauseNoWakeups(t *testing.T) {
 		for i := range 1000 {
 			h.start(t, "r"+string(rune('a'+i%26))+time.Duration(i).String(), st(time.Hour, 2*time.Hour, 3*time.Hour, 0))
 		}
-		time.Sleep(10 * time.Minute)
+		faketime.Advance(10 * time.Minute)
 		synctest.Wait()
 		if w := h.sched.Stats().Wakeups; w != 0 {
 			t.Fatalf("wakeups = %d in 10 minutes with deadlines an hour away", w)

@@ -25,6 +25,8 @@ import (
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 	"github.com/turnguard/turnguard/store"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -149,9 +151,9 @@ func TestTurnMetrics(t *testing.T) {
 		wait("r2", event.ReasonStepTimeout)
 		send("r3", "s3", "ws", "/steps shell:stuck")
 		wait("r3", event.ReasonStepTimeout)
-		time.Sleep(2500 * time.Millisecond) // fake time: past the abort grace of r3, which is force-finalized
+		faketime.Advance(2500 * time.Millisecond) // fake time: past the abort grace of r3, which is force-finalized
 		send("r4", "s4", "ws", "/steps shell:5s")
-		time.Sleep(100 * time.Millisecond)
+		faketime.Advance(100 * time.Millisecond)
 		if res, err := eng.Abort(ctx, "s4", "r4", event.ReasonUser, "operator", true); err != nil || !res.Aborted {
 			t.Fatalf("abort r4: %+v %v", res, err)
 		}
@@ -222,11 +224,11 @@ func TestActiveTurnsWhileRunning(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(time.Second)
+		faketime.Advance(time.Second)
 		if got := series(scrape(t, m.Handler()))[`turnguard_active_turns{}`]; got != "2" {
 			t.Errorf("active turns while two run: %s, want 2", got)
 		}
-		time.Sleep(10 * time.Second)
+		faketime.Advance(10 * time.Second)
 		synctest.Wait()
 		if got := series(scrape(t, m.Handler()))[`turnguard_active_turns{}`]; got != "0" {
 			t.Errorf("active turns after they ended: %s, want 0", got)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 // A client that stops reading while a reply streams loses deltas (merged
@@ -20,7 +22,7 @@ func TestSlowClientLosesDeltasNotFinal(t *testing.T) {
 		// nothing for 5s (the pipe has no buffer: the writer blocks on the
 		// first frame at once).
 		c.request("chat.send", map[string]any{"sessionKey": "main", "message": "/steps llm:1s llm:1s say:end", "idempotencyKey": "slow"})
-		time.Sleep(5 * time.Second)
+		faketime.Advance(5 * time.Second)
 		synctest.Wait()
 
 		var deltas int

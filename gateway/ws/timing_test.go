@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 // These tests run inside synctest bubbles over net.Pipe: the gateway's
@@ -43,7 +45,7 @@ func TestTicksEveryIntervalWithGapFreeSeq(t *testing.T) {
 		// Events and ticks share the connection's seq.
 		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:hi", "idempotencyKey": "r"})
 		c.chat("r", "final")
-		time.Sleep(2 * time.Second)
+		faketime.Advance(2 * time.Second)
 		c.until("tick", func(f frame) bool { return f.Event == "tick" })
 	})
 }
@@ -254,7 +256,7 @@ func TestRateLimitAndFlood(t *testing.T) {
 		if strings.Join(got, " ") != want {
 			t.Fatalf("got %v\nwant %s", got, want)
 		}
-		time.Sleep(500 * time.Millisecond) // one token back
+		faketime.Advance(500 * time.Millisecond) // one token back
 		if r := c.call("health", nil); !r.OK {
 			t.Fatalf("after refill: %s", r.raw)
 		}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/runner"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 const ms = time.Millisecond
@@ -350,7 +352,7 @@ func TestCancel(t *testing.T) {
 				ctx, cancel := context.WithCancel(t.Context())
 				rec := newRecorder()
 				done := start(ctx, New(), tt.msg, rec)
-				time.Sleep(tt.cancelAt)
+				faketime.Advance(tt.cancelAt)
 				synctest.Wait()
 				select {
 				case o := <-done:
@@ -411,9 +413,9 @@ func TestStuckIgnoresCancelUntilRelease(t *testing.T) {
 		rec := newRecorder()
 		done := start(ctx, r, "/steps say:partial shell:stuck:hb=1s say:never", rec)
 
-		time.Sleep(1500 * ms)
+		faketime.Advance(1500 * ms)
 		cancel()
-		time.Sleep(8500 * ms) // to 10s
+		faketime.Advance(8500 * ms) // to 10s
 		synctest.Wait()
 		select {
 		case o := <-done:
@@ -450,10 +452,10 @@ func TestReleasedStuckBehavesLikeHang(t *testing.T) {
 		r := New()
 		rec := newRecorder()
 		done := start(ctx, r, "/steps shell:stuck", rec)
-		time.Sleep(time.Second)
+		faketime.Advance(time.Second)
 		r.Release()
 		r.Release() // idempotent
-		time.Sleep(time.Hour)
+		faketime.Advance(time.Hour)
 		synctest.Wait()
 		select {
 		case o := <-done:
@@ -470,7 +472,7 @@ func TestReleasedStuckBehavesLikeHang(t *testing.T) {
 		ctx, cancel = context.WithCancel(t.Context())
 		rec = newRecorder()
 		done = start(ctx, r, "/steps shell:stuck", rec)
-		time.Sleep(time.Minute)
+		faketime.Advance(time.Minute)
 		cancel()
 		if o := <-done; !errors.Is(o.err, context.Canceled) || o.at != time.Minute {
 			t.Errorf("Run = %v at %v, want context.Canceled at 1m", o.err, o.at)

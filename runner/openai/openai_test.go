@@ -19,6 +19,8 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 var turn = runner.Turn{RunID: "run-1", SessionKey: "s", Channel: "ws", Message: "What time is it in Paris?"}
@@ -261,7 +263,7 @@ func TestKeepAliveCommentsAreNotSilence(t *testing.T) {
 		fake := newFake(t, func(w http.ResponseWriter, r *http.Request) {
 			sseHeader(w)
 			for range 3 {
-				time.Sleep(20 * time.Second)
+				faketime.Advance(20 * time.Second)
 				fmt.Fprint(w, ": processing\n\n")
 			}
 			writeEvents(w, []string{textChunk("slow but alive"), finishChunk("stop"), "[DONE]"})
