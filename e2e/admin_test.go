@@ -9,8 +9,6 @@ package e2e
 // admin-aborted.png.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,8 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -31,24 +27,9 @@ const (
 	adminOperatorToken = "e2e-admin-operator-93bc"
 )
 
-// adminGateway is the dashboard test's own gateway process.
-type adminGateway struct {
-	cmd  *exec.Cmd
-	addr string
-	mu   sync.Mutex
-	log  bytes.Buffer
-	done chan struct{}
-}
-
-func (g *adminGateway) logs() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.log.String()
-}
-
 // startAdminGateway runs the gateway with progress notices after 1s and a
 // step timeout of 2 minutes, and returns once it listens.
-func startAdminGateway(t *testing.T) *adminGateway {
+func startAdminGateway(t *testing.T) *gatewayProc {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := fmt.Sprintf(`server:
@@ -65,54 +46,14 @@ agents:
 store:
   path: %s
 `, adminGatewayToken, adminOperatorToken, filepath.Join(dir, "admin.db"))
-	path := filepath.Join(dir, "gateway.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	g := &adminGateway{done: make(chan struct{})}
-	g.cmd = exec.Command(env.gateway, "-config", path)
-	g.cmd.Dir = dir
-	g.cmd.Env = append(os.Environ(), "GATEWAY_LOG_FORMAT=json", "GATEWAY_LOG_LEVEL=debug")
-	stderr, err := g.cmd.StderrPipe()
+	g, err := launchGateway(dir, cfg)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the admin gateway: %v\n%s", err, g.logs())
 	}
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		for sc.Scan() {
-			g.mu.Lock()
-			g.log.WriteString(sc.Text() + "\n")
-			g.mu.Unlock()
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "listening" {
-				addr <- rec.Addr
-			}
-		}
-		_ = g.cmd.Wait()
-		close(g.done)
-	}()
 	t.Cleanup(func() {
-		_ = g.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-g.done:
-		case <-time.After(15 * time.Second):
-			_ = g.cmd.Process.Kill()
-			<-g.done
-		}
+		g.stop()
 		_ = os.WriteFile(filepath.Join(env.artifacts, "admin-gateway.log"), []byte(g.logs()), 0o644)
 	})
-	select {
-	case g.addr = <-addr:
-	case <-g.done:
-		t.Fatalf("the admin gateway exited before listening:\n%s", g.logs())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the admin gateway did not listen within 30s:\n%s", g.logs())
-	}
 	return g
 }
 

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -12,8 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,13 +29,7 @@ var env struct {
 }
 
 // gw is the gateway under test, shared by all tests.
-var gw struct {
-	cmd  *exec.Cmd
-	addr string
-	mu   sync.Mutex
-	log  bytes.Buffer
-	done chan struct{}
-}
+var gw *gatewayProc
 
 func TestMain(m *testing.M) {
 	for _, v := range []struct {
@@ -87,62 +78,14 @@ agents:
 store:
   path: %s
 `, token, stepTimeout, filepath.Join(dir, "e2e.db"))
-	path := filepath.Join(dir, "gateway.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		return err
-	}
-	gw.cmd = exec.Command(env.gateway, "-config", path)
-	gw.cmd.Dir = dir
-	gw.cmd.Env = append(os.Environ(), "GATEWAY_LOG_FORMAT=json", "GATEWAY_LOG_LEVEL=debug")
-	stderr, err := gw.cmd.StderrPipe()
-	if err != nil {
-		return err
-	}
-	if err := gw.cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", env.gateway, err)
-	}
-	gw.done = make(chan struct{})
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		for sc.Scan() {
-			gw.mu.Lock()
-			gw.log.WriteString(sc.Text() + "\n")
-			gw.mu.Unlock()
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "listening" {
-				addr <- rec.Addr
-			}
-		}
-		_ = gw.cmd.Wait()
-		close(gw.done)
-	}()
-	select {
-	case gw.addr = <-addr:
-		return nil
-	case <-gw.done:
-		return fmt.Errorf("the gateway exited before listening")
-	case <-time.After(30 * time.Second):
-		return fmt.Errorf("the gateway did not listen within 30s")
-	}
+	var err error
+	gw, err = launchGateway(dir, cfg)
+	return err
 }
 
-func stopGateway() {
-	_ = gw.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-gw.done:
-	case <-time.After(15 * time.Second):
-		_ = gw.cmd.Process.Kill()
-		<-gw.done
-	}
-}
+func stopGateway() { gw.stop() }
 
-func gatewayLog() string {
-	gw.mu.Lock()
-	defer gw.mu.Unlock()
-	return gw.log.String()
-}
+func gatewayLog() string { return gw.logs() }
 
 func wsURL() string { return "ws://" + gw.addr }
 
