@@ -142,3 +142,32 @@ func TestOpenRefusesAnotherApplicationsDatabase(t *testing.T) {
 		t.Errorf("journal mode = %q: the file was switched from delete", mode)
 	}
 }
+
+// Version 2 is the previous schema version since v3 (session reset): its
+// rows survive the migration, and a reset works on the migrated file.
+func TestMigrateFromVersion2KeepsRowsAndResets(t *testing.T) {
+	ctx := context.Background()
+	path := dbPath(t)
+	if err := store.CreateAtVersion(ctx, path, 2); err != nil {
+		t.Fatalf("create at version 2: %v", err)
+	}
+	fixture, err := os.ReadFile("testdata/v1_rows.sql") // v2 only added tables and columns
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.ExecFile(ctx, path, string(fixture)); err != nil {
+		t.Fatalf("load fixture: %v", err)
+	}
+	s := open(t, path, store.Options{})
+	if v, _ := store.UserVersion(ctx, path); v != store.SchemaVersion {
+		t.Errorf("schema version = %d, want %d", v, store.SchemaVersion)
+	}
+	if got := mustHistory(t, s, "telegram:42"); len(got) != 3 {
+		t.Fatalf("history after migration = %+v, want the 3 stored messages", got)
+	}
+	s.Handle(event.Event{Kind: event.SessionReset, SessionKey: "telegram:42", Time: t0.Add(time.Hour)})
+	flush(t, s)
+	if got := mustHistory(t, s, "telegram:42"); len(got) != 0 {
+		t.Fatalf("history after a reset on the migrated file = %+v, want none", got)
+	}
+}
