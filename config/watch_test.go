@@ -14,27 +14,13 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/turnguard/turnguard/internal/faketime"
+
+	"github.com/turnguard/turnguard/internal/testlog"
 )
 
-// logBuffer collects log lines from the watcher's goroutine.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
+type logBuffer = testlog.Buffer
 
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+func loggerTo(l *logBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
@@ -56,7 +42,7 @@ func TestReloadDebounce(t *testing.T) {
 		src := NewSource(mustLoad(t, path))
 		var logs logBuffer
 		changes := make(chan [2]*Config, 10)
-		r := newReloader(src, path, logs.logger(), func(old, new *Config) { changes <- [2]*Config{old, new} })
+		r := newReloader(src, path, loggerTo(&logs), func(old, new *Config) { changes <- [2]*Config{old, new} })
 		events := make(chan fsnotify.Event)
 		errs := make(chan error)
 		ctx, cancel := context.WithCancel(t.Context())
@@ -172,7 +158,7 @@ func TestWatchRealFile(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- src.Watch(ctx, path, logs.logger(), func(old, new *Config) {
+		done <- src.Watch(ctx, path, loggerTo(&logs), func(old, new *Config) {
 			mu.Lock()
 			defer mu.Unlock()
 			seen = append(seen, new.Server.HistoryLimit)

@@ -1,7 +1,6 @@
 package telegram
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +21,8 @@ import (
 	"github.com/turnguard/turnguard/store"
 
 	"github.com/turnguard/turnguard/internal/faketime"
+
+	"github.com/turnguard/turnguard/internal/testlog"
 )
 
 const (
@@ -32,23 +33,7 @@ const (
 	groupChatID = int64(-100500)
 )
 
-// syncBuffer collects log output safely.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testlog.Buffer
 
 // fakeOutbox is an in-memory Outbox.
 type fakeOutbox struct {

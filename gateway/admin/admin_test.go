@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -27,6 +26,8 @@ import (
 	"github.com/turnguard/turnguard/store"
 
 	"github.com/turnguard/turnguard/internal/faketime"
+
+	"github.com/turnguard/turnguard/internal/testlog"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current answers")
@@ -73,22 +74,7 @@ type env struct {
 	logs *syncBuffer
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testlog.Buffer
 
 func newEnv(t *testing.T, c *config.Config) *env {
 	t.Helper()

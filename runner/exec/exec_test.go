@@ -23,6 +23,8 @@ import (
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/exec"
+
+	"github.com/turnguard/turnguard/internal/testlog"
 )
 
 const grace = 200 * time.Millisecond
@@ -77,23 +79,7 @@ func (r *recorder) waitFor(t *testing.T, ev string) {
 	}
 }
 
-// logBuffer is a concurrency-safe log sink.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer = testlog.Buffer
 
 func newRunner(t *testing.T, cfg config.Exec) (*exec.Runner, *logBuffer) {
 	t.Helper()

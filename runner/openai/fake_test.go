@@ -4,7 +4,6 @@ package openai
 // that serves it inside a synctest bubble, and a callback recorder.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+
+	"github.com/turnguard/turnguard/internal/testlog"
 )
 
 // fakeLLM answers request i with handlers[i]; the last handler repeats.
@@ -249,23 +250,7 @@ func (r *recorder) events() []string {
 	return slices.Clone(r.evs)
 }
 
-// logBuffer is a concurrency-safe log sink.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer = testlog.Buffer
 
 const testModel = "test-model"
 
