@@ -81,6 +81,13 @@ func interruptedNotices(msgs []historyMessage) []string {
 // asynchronous writer.
 func waitCurrentStep(t *testing.T, path, runID, current string) {
 	t.Helper()
+	waitTurn(t, path, runID, "in step "+current, func(tr store.Turn) bool { return tr.CurrentStep.Name == current })
+}
+
+// waitTurn polls the store file (written by another process) until the turn
+// runID satisfies ok, for at most 10 s.
+func waitTurn(t *testing.T, path, runID, what string, ok func(store.Turn) bool) {
+	t.Helper()
 	ctx := context.Background()
 	st, err := store.Open(ctx, path, store.Options{})
 	if err != nil {
@@ -89,12 +96,12 @@ func waitCurrentStep(t *testing.T, path, runID, current string) {
 	defer st.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if turn, err := st.Turn(ctx, runID); err == nil && turn.CurrentStep.Name == current {
+		if turn, err := st.Turn(ctx, runID); err == nil && ok(turn) {
 			return
 		}
 		time.Sleep(20 * time.Millisecond) // real time: polling another process's database
 	}
-	t.Fatalf("turn %s never recorded in step %s", runID, current)
+	t.Fatalf("turn %s never recorded %s", runID, what)
 }
 
 // operatorGet GETs an operator API path with the operator token.

@@ -7,7 +7,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -568,20 +567,7 @@ func TestInterruptedTurnAfterCrash(t *testing.T) {
 // lastStep, so that killing the process cannot race the asynchronous writer.
 func waitRecorded(t *testing.T, path, runID, lastStep string) {
 	t.Helper()
-	ctx := context.Background()
-	st, err := store.Open(ctx, path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if turn, err := st.Turn(ctx, runID); err == nil && turn.LastStep.Name == lastStep {
-			return
-		}
-		time.Sleep(20 * time.Millisecond) // real time: polling another process's database
-	}
-	t.Fatalf("turn %s never recorded with last step %s", runID, lastStep)
+	waitTurn(t, path, runID, "with last step "+lastStep, func(tr store.Turn) bool { return tr.LastStep.Name == lastStep })
 }
 
 // waitLog waits until the gateway's log contains s.
