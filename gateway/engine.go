@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -144,10 +145,15 @@ type session struct {
 }
 
 type turn struct {
-	run   *abort.Run
-	owner string
-	done  chan struct{} // closed when the outcome is known
-	out   Outcome
+	run     *abort.Run
+	owner   string
+	started chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
+	done    chan struct{} // closed when the outcome is known
+	out     Outcome
+	// pending counts what must happen before the session is free: the
+	// runner returns, and the terminal event is recorded. The side that
+	// brings it to 0 releases the run (see settle).
+	pending atomic.Int32
 }
 
 type cached struct {
@@ -287,7 +293,8 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	s.active = run
 	s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
 	s.updated = run.StartedAt()
-	t := &turn{run: run, owner: req.Owner, done: make(chan struct{})}
+	t := &turn{run: run, owner: req.Owner, started: make(chan struct{}), done: make(chan struct{})}
+	t.pending.Store(2)
 	e.turns[req.RunID] = t
 	e.wg.Add(1)
 	e.mu.Unlock()
@@ -297,9 +304,13 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	if run.Settings.MaxTurnTime > 0 {
 		started.Ceiling = run.StartedAt().Add(run.Settings.MaxTurnTime)
 	}
+	// Nothing else may publish for this run before TurnStarted: Abort and
+	// Shutdown wait for t.started, and the scheduler and the runner only
+	// learn of the run below.
 	run.Publish(e.publish, started)
+	close(t.started)
 	e.sched.Track(run)
-	go e.runTurn(rn, run, runner.Turn{
+	go e.runTurn(rn, t, runner.Turn{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, Message: req.Text, History: history,
 	})
 	return Ack{RunID: req.RunID, Status: StatusStarted}, nil
@@ -307,8 +318,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 
 // runTurn runs the runner and records its outcome. A panicking runner is an
 // error, not a crash.
-func (e *Engine) runTurn(rn runner.Runner, run *abort.Run, t runner.Turn) {
+func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 	defer e.wg.Done()
+	run := tr.run
 	var (
 		res runner.Result
 		err error
@@ -323,6 +335,9 @@ func (e *Engine) runTurn(rn runner.Runner, run *abort.Run, t runner.Turn) {
 		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run})
 	}()
 	run.MarkReturned()
+	// The runner's side of the release; the terminal event's side follows
+	// (Finished below, or an Aborted that was or will be published).
+	e.settle(tr)
 	text := res.Text
 	if text == "" {
 		text = run.Text()
@@ -339,7 +354,17 @@ func (e *Engine) runTurn(rn runner.Runner, run *abort.Run, t runner.Turn) {
 			run.Publish(e.finish(run), event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text, Message: msg})
 		}
 	}
-	e.reg.Release(run)
+}
+
+// settle marks one of the two conditions of a run's release as met (the
+// runner returned; the terminal event is recorded) and releases the run when
+// both are: the session becomes free only after its turn's ending is in the
+// history and the outcome cache, so the next user message always comes after
+// it. (A runner that never returns is released by force-finalization.)
+func (e *Engine) settle(t *turn) {
+	if t != nil && t.pending.Add(-1) == 0 {
+		e.reg.Release(t.run)
+	}
 }
 
 // finish publishes a Finished event so that, by the time any subscriber sees
@@ -347,8 +372,7 @@ func (e *Engine) runTurn(rn runner.Runner, run *abort.Run, t runner.Turn) {
 // a final reply at once is never told the session is busy.
 func (e *Engine) finish(run *abort.Run) func(event.Event) {
 	return func(ev event.Event) {
-		e.recordOutcome(ev)
-		e.reg.Release(run)
+		e.settle(e.recordOutcome(ev))
 		e.bus.Publish(ev)
 	}
 }
@@ -413,12 +437,14 @@ func (e *Engine) drainedLocked() <-chan struct{} {
 // lock (abort.Run.Publish), so one run's events arrive in order.
 func (e *Engine) publish(ev event.Event) {
 	if ev.Kind.Terminal() {
-		e.recordOutcome(ev)
+		e.settle(e.recordOutcome(ev))
 	}
 	e.bus.Publish(ev)
 }
 
-func (e *Engine) recordOutcome(ev event.Event) {
+// recordOutcome records a terminal event in the history and the outcome
+// cache and returns the live turn it ends (nil if none).
+func (e *Engine) recordOutcome(ev event.Event) *turn {
 	cfg := e.cfg.Current()
 	out := Outcome{RunID: ev.RunID, SessionKey: ev.SessionKey, StopReason: ev.StopReason, Text: ev.FullText,
 		Message: ev.Message, EndedAt: ev.Time}
@@ -446,7 +472,8 @@ func (e *Engine) recordOutcome(ev event.Event) {
 		}
 		s.updated = ev.Time
 	}
-	if t, ok := e.turns[ev.RunID]; ok {
+	t, ok := e.turns[ev.RunID]
+	if ok {
 		out.StartedAt = t.run.StartedAt()
 		t.out = out
 		close(t.done)
@@ -456,6 +483,7 @@ func (e *Engine) recordOutcome(ev event.Event) {
 	}
 	e.purgeExpired(ev.Time)
 	e.outcomes[ev.RunID] = e.expiry.PushBack(&cached{out: out, expires: ev.Time.Add(ttl)})
+	return t
 }
 
 func (e *Engine) purgeExpired(now time.Time) {
@@ -505,6 +533,13 @@ func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason eve
 	}
 	if !operator && t.owner != "" && t.owner != requester {
 		return AbortResult{}, ErrNotOwner
+	}
+	// A run is abortable once its TurnStarted is out (Send publishes it
+	// right after registering), so no event of it precedes TurnStarted.
+	select {
+	case <-t.started:
+	case <-ctx.Done():
+		return AbortResult{}, fmt.Errorf("abort %s: %w", t.run.ID, context.Cause(ctx))
 	}
 	ev, ok := t.run.Abort(reason)
 	if !ok {
@@ -646,9 +681,17 @@ func (e *Engine) session(ctx context.Context, key string) *session {
 func (e *Engine) Shutdown(ctx context.Context) {
 	e.mu.Lock()
 	e.closing = true
+	// Every run is registered under e.mu while not closing, so this is all
+	// of them; each is aborted only once its TurnStarted is out.
+	live := make([]*turn, 0, len(e.turns))
+	for _, t := range e.turns {
+		live = append(live, t)
+	}
 	e.mu.Unlock()
 	var grace time.Duration
-	for _, r := range e.reg.Runs() {
+	for _, t := range live {
+		<-t.started // Send publishes it right after registering, without waiting on anything
+		r := t.run
 		grace = max(grace, r.Settings.AbortGrace)
 		if ev, ok := r.Abort(event.ReasonShutdown); ok {
 			r.Publish(e.publish, ev)
