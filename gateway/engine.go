@@ -140,7 +140,8 @@ type session struct {
 	id      string // a stable id for this conversation (changes on Reset)
 	active  *abort.Run
 	history []Message
-	loaded  bool
+	loaded  bool          // the stored history is in history (or there is no loader)
+	loading chan struct{} // closed when the in-flight load ends; nil when none is
 	updated time.Time
 }
 
@@ -266,7 +267,10 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	if !ok {
 		return Ack{}, fmt.Errorf("%w: %q (channel %s)", ErrNoRunner, name, req.Channel)
 	}
-	s := e.session(ctx, req.SessionKey)
+	s, err := e.session(ctx, req.SessionKey)
+	if err != nil {
+		return Ack{}, fmt.Errorf("send: %w", err)
+	}
 
 	e.mu.Lock()
 	if e.closing {
@@ -588,7 +592,7 @@ func (e *Engine) Active(sessionKey string) (*abort.Run, bool) {
 // History returns up to limit most recent messages of the session, oldest
 // first, and the session's id.
 func (e *Engine) History(ctx context.Context, sessionKey string, limit int) (sessionID string, msgs []Message) {
-	s := e.session(ctx, sessionKey)
+	s, _ := e.session(ctx, sessionKey) // on a failed load: what the session has so far
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	h := s.history
@@ -645,33 +649,69 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 	return info
 }
 
+// historyLoadTimeout bounds one load of a session's stored history.
+const historyLoadTimeout = 10 * time.Second
+
 // session returns the session for key, creating it and loading its stored
-// history on first use.
-func (e *Engine) session(ctx context.Context, key string) *session {
+// history on first use. The load runs on the engine's context (bounded by
+// historyLoadTimeout), not the caller's: a caller that gives up does not
+// cancel it for the others. Concurrent callers share one in-flight load; the
+// session counts as loaded only once a load succeeded, so a failed one is
+// retried by the next caller. The error is the caller's context ending
+// while it waited; a failed load is logged and the session is returned
+// without its stored history.
+func (e *Engine) session(ctx context.Context, key string) (*session, error) {
 	e.mu.Lock()
 	s, ok := e.sessions[key]
 	if !ok {
-		s = &session{key: key, id: uuid.NewString(), updated: time.Now()}
+		s = &session{key: key, id: uuid.NewString(), updated: time.Now(), loaded: e.loadHist == nil}
 		e.sessions[key] = s
 	}
-	need := !s.loaded
-	s.loaded = true
-	e.mu.Unlock()
-	if need && e.loadHist != nil {
-		limit := e.cfg.Current().Server.HistoryLimit
-		h, err := e.loadHist(ctx, key, limit)
-		if err != nil {
-			e.log.Warn("loading history failed", "session", key, "err", err)
-		} else if len(h) > 0 {
-			e.mu.Lock()
-			s.history = append(h, s.history...)
-			if limit > 0 && len(s.history) > limit {
-				s.history = s.history[len(s.history)-limit:]
-			}
-			e.mu.Unlock()
-		}
+	if s.loaded {
+		e.mu.Unlock()
+		return s, nil
 	}
-	return s
+	wait := s.loading
+	if wait == nil {
+		wait = make(chan struct{})
+		s.loading = wait
+		go e.loadHistory(s, wait)
+	}
+	e.mu.Unlock()
+	select {
+	case <-wait:
+		return s, nil
+	case <-ctx.Done():
+		return s, fmt.Errorf("loading the history of session %s: %w", key, context.Cause(ctx))
+	}
+}
+
+// loadHistory loads s's stored history and closes done.
+func (e *Engine) loadHistory(s *session, done chan struct{}) {
+	base := e.baseCtx
+	if base == nil {
+		base = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(base, historyLoadTimeout)
+	defer cancel()
+	limit := e.cfg.Current().Server.HistoryLimit
+	h, err := e.loadHist(ctx, s.key, limit)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer close(done)
+	s.loading = nil
+	if err != nil {
+		e.log.Warn("loading history failed; the next message retries", "session", s.key, "err", err)
+		return
+	}
+	if s.loaded {
+		return // reset meanwhile: the stored history is gone
+	}
+	s.loaded = true
+	s.history = append(h, s.history...)
+	if limit > 0 && len(s.history) > limit {
+		s.history = s.history[len(s.history)-limit:]
+	}
 }
 
 // Shutdown stops the engine: new turns are refused, every running turn is

@@ -66,13 +66,7 @@ type env struct {
 // adjustments applied to the defaults.
 func newEnv(t *testing.T, adjust func(*config.Config)) *env {
 	t.Helper()
-	c := config.Default()
-	if adjust != nil {
-		adjust(c)
-	}
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	c := testConfig(t, adjust)
 	d := demo.New()
 	e, err := New(Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}})
 	if err != nil {
@@ -89,6 +83,19 @@ func newEnv(t *testing.T, adjust func(*config.Config)) *env {
 		cancel()
 	})
 	return &env{e: e, sink: s, demo: d}
+}
+
+// testConfig returns the default config with adjust applied, validated.
+func testConfig(t testing.TB, adjust func(*config.Config)) *config.Config {
+	t.Helper()
+	c := config.Default()
+	if adjust != nil {
+		adjust(c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func secs(v float64) *float64 { return &v }

@@ -26,13 +26,7 @@ var blockingRunner = runner.Func(func(ctx context.Context, turn runner.Turn, cb 
 
 func newRawEngine(t testing.TB, rn runner.Runner, adjust func(*config.Config)) *Engine {
 	t.Helper()
-	c := config.Default()
-	if adjust != nil {
-		adjust(c)
-	}
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	c := testConfig(t, adjust)
 	e, err := New(Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": rn}})
 	if err != nil {
 		t.Fatal(err)
