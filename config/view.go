@@ -110,6 +110,18 @@ func (c *Config) Redacted() Config {
 	return r
 }
 
+// Secrets returns the non-empty secret values of c (those Redacted
+// replaces, URL credentials aside), for redacting them from free text such
+// as a runner's error.
+func (c *Config) Secrets() []string {
+	out := []string{c.Server.Token, c.Server.OperatorToken, c.Agents.OpenAI.APIKey,
+		c.Channels.Telegram.Token, c.Channels.Telegram.WebhookSecret}
+	for _, v := range c.Agents.Exec.Env {
+		out = append(out, v)
+	}
+	return slices.DeleteFunc(out, func(s string) bool { return s == "" })
+}
+
 // String renders c as YAML in the shape of the configuration file, with
 // every secret redacted (see Redacted), so printing a Config or *Config with
 // %v or %s, or logging it, never reveals a secret.

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,8 +26,10 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway/abort"
+	"github.com/turnguard/turnguard/gateway/errlog"
 	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/gateway/maintenance"
+	"github.com/turnguard/turnguard/gateway/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -118,6 +121,7 @@ type Engine struct {
 	log      *slog.Logger
 	loadHist HistoryLoader
 
+	errs  *errlog.Ring
 	reg   *abort.Registry
 	sched *maintenance.Scheduler
 	bus   *event.Bus
@@ -148,6 +152,7 @@ type session struct {
 type turn struct {
 	run     *abort.Run
 	owner   string
+	runner  string        // the runner's name
 	started chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
 	done    chan struct{} // closed when the outcome is known
 	out     Outcome
@@ -173,7 +178,7 @@ func New(opts Options) (*Engine, error) {
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History,
 		bus: event.NewBus(), sessions: map[string]*session{}, turns: map[string]*turn{},
-		outcomes: map[string]*list.Element{}, expiry: list.New(),
+		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
 	}
 	e.reg = abort.New(e.released)
 	e.sched = maintenance.New(e.reg, e.publish, opts.Observer)
@@ -297,7 +302,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	s.active = run
 	s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
 	s.updated = run.StartedAt()
-	t := &turn{run: run, owner: req.Owner, started: make(chan struct{}), done: make(chan struct{})}
+	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{})}
 	t.pending.Store(2)
 	e.turns[req.RunID] = t
 	e.wg.Add(1)
@@ -326,14 +331,16 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 	defer e.wg.Done()
 	run := tr.run
 	var (
-		res runner.Result
-		err error
+		res      runner.Result
+		err      error
+		panicked any
+		stack    []byte
 	)
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
-				err = fmt.Errorf("runner panicked: %v", p)
-				e.log.Error("runner panicked", "run", run.ID, "panic", p)
+				panicked, stack = p, debug.Stack()
+				err = errors.New("runner panicked")
 			}
 		}()
 		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run})
@@ -353,8 +360,7 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 		}
 	default:
 		if run.Finish(event.ReasonError) {
-			msg := userErrorText(run, err)
-			e.log.Warn("turn failed", "run", run.ID, "session", run.SessionKey, "err", err)
+			msg := e.failure(tr, err, panicked, stack)
 			run.Publish(e.finish(run), event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text, Message: msg})
 		}
 	}
@@ -381,12 +387,48 @@ func (e *Engine) finish(run *abort.Run) func(event.Event) {
 	}
 }
 
-func userErrorText(run *abort.Run, err error) string {
-	if u, ok := runner.AsUserError(err); ok {
+// errorRingSize is how many failures the engine keeps for /api/errors.
+const errorRingSize = 256
+
+// failure returns the user's text for a failed turn. A runner.UserError's
+// message was written for the user and is shown as it is. Anything else —
+// an error chain that may hold stderr lines or a secret, a panic — is kept
+// under a fresh error id, with the configuration's secrets and credential-
+// shaped values redacted, in the log and the error ring (GET /api/errors);
+// the user reads only the id.
+func (e *Engine) failure(t *turn, err error, panicked any, stack []byte) string {
+	run := t.run
+	if u, ok := runner.AsUserError(err); ok && panicked == nil {
+		e.log.Info("turn failed with a message for the user", "run", run.ID, "session", run.SessionKey)
 		return u.Message
 	}
-	return run.RenderError(err)
+	cur, last := run.CurrentStep()
+	rec := errlog.Record{
+		ID: errlog.NewID(), Time: time.Now(), RunID: run.ID, SessionKey: run.SessionKey, Channel: run.Channel,
+		Runner: t.runner, Step: cur.Label(), Error: err.Error(), Chain: errlog.Chain(err),
+	}
+	if panicked != nil {
+		rec.Panic, rec.Stack = fmt.Sprint(panicked), string(stack)
+	}
+	rec = errlog.NewRedactor(e.cfg.Current().Secrets()).RedactRecord(rec)
+	e.errs.Add(rec)
+	attrs := []any{"errorId", rec.ID, "run", run.ID, "session", run.SessionKey, "runner", rec.Runner, "err", rec.Error}
+	if panicked != nil {
+		attrs = append(attrs, "panic", rec.Panic, "stack", rec.Stack)
+	}
+	e.log.Error("turn failed", attrs...)
+	return run.Messages().Render(messages.Error, messages.Fields{
+		Elapsed: messages.Duration(time.Since(run.StartedAt())), CurrentStep: cur.Label(), LastStep: last.Label(),
+		ErrorID: rec.ID, Error: rec.ID,
+	})
 }
+
+// Errors returns the recent turn failures, newest first, secrets redacted
+// (for operators only: never show them to a user).
+func (e *Engine) Errors() []errlog.Record { return e.errs.List() }
+
+// ErrorDetail returns the failure with error id id.
+func (e *Engine) ErrorDetail(id string) (errlog.Record, bool) { return e.errs.Get(id) }
 
 // released is the registry's hook: the run's session is free.
 func (e *Engine) released(run *abort.Run) {

@@ -1,5 +1,6 @@
 // Package admin owns the operator's HTTP surface: the diagnostics API
-// (/api/turns, /api/turns/{runId}/abort, /api/diagnose, /api/stall-history),
+// (/api/turns, /api/turns/{runId}/abort, /api/diagnose, /api/stall-history,
+// /api/errors),
 // the /metrics route, and the admin dashboard at /admin — one embedded
 // static page (no build step, no external assets) that shows the live turns
 // with their stall warnings, recent aborts and the stall history, updates
@@ -41,6 +42,7 @@ import (
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/abort"
 	"github.com/turnguard/turnguard/gateway/alerts"
+	"github.com/turnguard/turnguard/gateway/errlog"
 	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/gateway/maintenance"
 	"github.com/turnguard/turnguard/gateway/server"
@@ -53,6 +55,8 @@ type Engine interface {
 	Live() []abort.Snapshot
 	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
 	Scheduler() *maintenance.Scheduler
+	Errors() []errlog.Record
+	ErrorDetail(id string) (errlog.Record, bool)
 }
 
 // Store is what the API asks of persistence; *store.SQLite implements it.
@@ -120,6 +124,8 @@ func New(opts Options) (*Handler, error) {
 //	POST /api/turns/{runId}/abort    abort a live turn as operator (token)
 //	GET  /api/diagnose               configuration, build, scheduler, counters (token)
 //	GET  /api/stall-history          stall and abort episodes (token)
+//	GET  /api/errors                 recent turn failures, newest first (token)
+//	GET  /api/errors/{id}            one failure by the error id its user was shown (token)
 //	GET  /metrics                    Prometheus metrics (token), if MetricsHandler is set
 //	GET  /admin, /admin/assets/NAME  the dashboard page (no data; no token)
 func (h *Handler) Mount(r chi.Router) {
@@ -129,6 +135,8 @@ func (h *Handler) Mount(r chi.Router) {
 		r.Post("/api/turns/{runId}/abort", h.abort)
 		r.Get("/api/diagnose", h.diagnose)
 		r.Get("/api/stall-history", h.stallHistory)
+		r.Get("/api/errors", h.errors)
+		r.Get("/api/errors/{id}", h.errorDetail)
 		r.Get("/api/*", func(w http.ResponseWriter, _ *http.Request) {
 			writeError(w, http.StatusNotFound, "no such API endpoint")
 		})

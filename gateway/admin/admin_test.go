@@ -78,6 +78,12 @@ type syncBuffer = testlog.Buffer
 
 func newEnv(t *testing.T, c *config.Config) *env {
 	t.Helper()
+	return newEnvRunner(t, c, demo.New())
+}
+
+// newEnvRunner is newEnv with rn as the runner of every channel.
+func newEnvRunner(t *testing.T, c *config.Config, rn runner.Runner) *env {
+	t.Helper()
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	src := config.NewSource(c)
@@ -86,8 +92,7 @@ func newEnv(t *testing.T, c *config.Config) *env {
 		t.Fatal(err)
 	}
 	m := metrics.New("test")
-	d := demo.New()
-	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": d}, Log: log, Observer: m.Observer()})
+	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": rn}, Log: log, Observer: m.Observer()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +109,9 @@ func newEnv(t *testing.T, c *config.Config) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		d.Release()
+		if d, ok := rn.(*demo.Runner); ok {
+			d.Release()
+		}
 		eng.Shutdown(context.Background())
 		unsubMetrics()
 		unsubStore()

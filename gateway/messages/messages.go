@@ -39,7 +39,7 @@ var Defaults = map[Name]string{
 	Interrupted: `⚠️ The gateway restarted while working on your request{{with or .CurrentStep .LastStep}} — last action was {{.}}{{end}}. Please send it again.`,
 	Shutdown:    `⚠️ The gateway is shutting down, so your request was stopped after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again in a minute.`,
 	User:        `⏹️ Stopped{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} after {{.Elapsed}}.`,
-	Error:       `⚠️ Something went wrong{{if .CurrentStep}} during {{.CurrentStep}}{{end}}: {{.Error}}`,
+	Error:       `❌ Something went wrong on my side{{if .CurrentStep}} during {{.CurrentStep}}{{end}} (error id {{.ErrorID}}) — try again, or tell the operator this id.`,
 }
 
 // Fields are what a template can use. Durations render in human form
@@ -50,7 +50,11 @@ type Fields struct {
 	CurrentStep string   // the running step's name, or ""
 	StepTimeout Duration // the liveness window
 	Limit       Duration // the limit that was hit (wall clock or ceiling)
-	Error       string   // the runner's error, for Error
+	ErrorID     string   // for Error: the id under which the failure's details are logged and kept for operators
+	// Error is the error id too (kept for templates written before ErrorID).
+	// A template never sees the runner's error: it may hold stderr lines,
+	// a stack or a secret, and goes to the log and the admin API only.
+	Error string
 }
 
 // Duration renders as a rounded, human Go duration: 1m30s, 2s, 450ms.
@@ -103,7 +107,7 @@ func Parse(overrides map[string]string) (*Set, error) {
 			return nil, fmt.Errorf("messages.%s: %w", name, err)
 		}
 		sample := Fields{Elapsed: Duration(90 * time.Second), LastStep: "web_search", CurrentStep: "shell",
-			StepTimeout: Duration(5 * time.Minute), Limit: Duration(30 * time.Minute), Error: "boom"}
+			StepTimeout: Duration(5 * time.Minute), Limit: Duration(30 * time.Minute), ErrorID: "E7K2QX", Error: "E7K2QX"}
 		if err := t.Execute(new(bytes.Buffer), sample); err != nil {
 			return nil, fmt.Errorf("messages.%s: %w", name, err)
 		}
