@@ -75,6 +75,10 @@ func defaults() map[string]any {
 		"server.sendQueue":             256,
 		"server.idempotencyTTLSeconds": 300.0,
 		"server.historyLimit":          200,
+		// Engine memory bounds (issue 9).
+		"server.maxSessions":        10000,
+		"server.sessionIdleSeconds": 3600.0,
+		"server.maxStuckRuns":       16,
 
 		"agents.defaults.runner":                     RunnerDemo,
 		"agents.openai.maxSteps":                     8,

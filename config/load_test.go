@@ -47,6 +47,7 @@ func TestDefaults(t *testing.T) {
 			Listen: "127.0.0.1:18789", MaxConnsPerIP: 64, RequestsPerSecond: 50, RequestBurst: 100,
 			TickIntervalMs: 30000, MaxPayloadBytes: 26214400, MaxMessageChars: 100000, SendQueue: 256,
 			IdempotencyTTLSeconds: 300, HistoryLimit: 200,
+			MaxSessions: 10000, SessionIdleSeconds: 3600, MaxStuckRuns: 16,
 		},
 		Agents: Agents{
 			Defaults: AgentDefaults{Runner: "demo"},

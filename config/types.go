@@ -36,6 +36,13 @@ type Server struct {
 	SendQueue             int     `koanf:"sendQueue"`             // frames buffered per client; default 256
 	IdempotencyTTLSeconds float64 `koanf:"idempotencyTTLSeconds"` // how long finished results answer a repeated key; default 300
 	HistoryLimit          int     `koanf:"historyLimit"`          // messages kept per session in memory; default 200
+
+	// Engine memory bounds (issue 9): idle sessions are evicted (their
+	// history reloads from the store on next use); runs that ignore
+	// cancellation are capped per runner.
+	MaxSessions        int     `koanf:"maxSessions"`        // sessions kept in memory; default 10000, at most 1000000
+	SessionIdleSeconds float64 `koanf:"sessionIdleSeconds"` // an unused session is evicted after this; default 3600, at most 604800
+	MaxStuckRuns       int     `koanf:"maxStuckRuns"`       // per runner: force-finalized runs whose runner still runs; default 16, at most 1000
 }
 
 // Agents configures the runners and the default turn limits.

@@ -50,6 +50,13 @@ func (c *Config) Validate() error {
 
 type problems []Problem
 
+// Upper bounds of the engine's memory keys.
+const (
+	MaxSessionsLimit        = 1_000_000
+	SessionIdleSecondsLimit = 7 * 24 * 3600
+	MaxStuckRunsLimit       = 1000
+)
+
 func (p *problems) add(key, format string, args ...any) {
 	*p = append(*p, Problem{Key: key, Text: key + ": " + fmt.Sprintf(format, args...)})
 }
@@ -122,6 +129,16 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	p.positive("server.sendQueue", s.SendQueue)
 	p.positiveFloat("server.idempotencyTTLSeconds", s.IdempotencyTTLSeconds)
 	p.positive("server.historyLimit", s.HistoryLimit)
+	// Engine memory bounds (issue 9).
+	if s.MaxSessions < 1 || s.MaxSessions > MaxSessionsLimit {
+		p.add("server.maxSessions", "must be from 1 to %d, got %d", MaxSessionsLimit, s.MaxSessions)
+	}
+	if !(s.SessionIdleSeconds > 0 && s.SessionIdleSeconds <= SessionIdleSecondsLimit) {
+		p.add("server.sessionIdleSeconds", "must be more than 0 and at most %d (7 days), got %g", SessionIdleSecondsLimit, s.SessionIdleSeconds)
+	}
+	if s.MaxStuckRuns < 1 || s.MaxStuckRuns > MaxStuckRunsLimit {
+		p.add("server.maxStuckRuns", "must be from 1 to %d, got %d", MaxStuckRunsLimit, s.MaxStuckRuns)
+	}
 
 	p.timeouts("agents.defaults", c.Agents.Defaults.Keys)
 	p.timeouts("channels.ws.timeouts", c.Channels.WS.Timeouts)

@@ -132,6 +132,7 @@ type Engine struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session
+	lru      *list.List // of *session, least recently used first
 	turns    map[string]*turn // live runs by id
 	outcomes map[string]*list.Element
 	expiry   *list.List // of *cached, oldest first
@@ -147,6 +148,8 @@ type session struct {
 	loaded  bool          // the stored history is in history (or there is no loader)
 	loading chan struct{} // closed when the in-flight load ends; nil when none is
 	updated time.Time
+	used    time.Time     // last use, for eviction
+	lru     *list.Element // in Engine.lru
 }
 
 type turn struct {
@@ -177,7 +180,7 @@ func New(opts Options) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History,
-		bus: event.NewBus(), sessions: map[string]*session{}, turns: map[string]*turn{},
+		bus: event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
 	}
 	e.reg = abort.New(e.released)
@@ -272,12 +275,18 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	if !ok {
 		return Ack{}, fmt.Errorf("%w: %q (channel %s)", ErrNoRunner, name, req.Channel)
 	}
-	s, err := e.session(ctx, req.SessionKey)
-	if err != nil {
-		return Ack{}, fmt.Errorf("send: %w", err)
+	var s *session
+	for {
+		var err error
+		if s, err = e.session(ctx, req.SessionKey); err != nil {
+			return Ack{}, fmt.Errorf("send: %w", err)
+		}
+		e.mu.Lock()
+		if e.sessions[req.SessionKey] == s {
+			break // still the session (not evicted since): e.mu is held
+		}
+		e.mu.Unlock()
 	}
-
-	e.mu.Lock()
 	if e.closing {
 		e.mu.Unlock()
 		return Ack{}, ErrShutdown
@@ -302,6 +311,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	s.active = run
 	s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
 	s.updated = run.StartedAt()
+	e.touchLocked(s, time.Now())
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{})}
 	t.pending.Store(2)
 	e.turns[req.RunID] = t
@@ -436,6 +446,7 @@ func (e *Engine) released(run *abort.Run) {
 	e.mu.Lock()
 	if s, ok := e.sessions[run.SessionKey]; ok && s.active == run {
 		s.active = nil
+		e.touchLocked(s, time.Now()) // idle from now on
 	}
 	// The turn entry goes when both the session is free and the outcome is
 	// known; an abort cancels the runner before its event is published, so
@@ -679,6 +690,8 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 		s = &session{key: sessionKey, loaded: true}
 		e.sessions[sessionKey] = s
 	}
+	e.touchLocked(s, time.Now())
+	e.evictLocked(time.Now(), s)
 	s.id = uuid.NewString()
 	s.history = nil
 	s.loaded = true
@@ -689,6 +702,49 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 	// forgets the history too, across restarts.
 	e.bus.Publish(event.Event{Kind: event.SessionReset, SessionKey: sessionKey, Time: info.Updated})
 	return info
+}
+
+// touchLocked records that s is used at now. Called with e.mu held.
+func (e *Engine) touchLocked(s *session, now time.Time) {
+	s.used = now
+	if s.lru == nil {
+		s.lru = e.lru.PushBack(s)
+	} else {
+		e.lru.MoveToBack(s.lru)
+	}
+}
+
+// evictScan bounds the sessions one eviction pass may skip (those with an
+// active turn or a load in flight), so a pass is O(1) however many there are.
+const evictScan = 64
+
+// evictLocked evicts, least recently used first, the sessions unused for
+// server.sessionIdleSeconds and, while more than server.maxSessions remain,
+// the least recently used idle ones. A session with an active turn (until
+// its terminal event is recorded and the run released) or a history load in
+// flight is never evicted, nor is keep (the session being used). An evicted session's history is reloaded from the
+// store on its next use. Called with e.mu held, on every session lookup: no
+// timer.
+func (e *Engine) evictLocked(now time.Time, keep *session) {
+	srv := e.cfg.Current().Server
+	idle := time.Duration(srv.SessionIdleSeconds * float64(time.Second))
+	skipped := 0
+	for el := e.lru.Front(); el != nil && skipped < evictScan; {
+		s := el.Value.(*session)
+		next := el.Next()
+		over := srv.MaxSessions > 0 && len(e.sessions) > srv.MaxSessions
+		if !over && (idle <= 0 || now.Sub(s.used) < idle) {
+			return // the rest were used more recently
+		}
+		if s.active != nil || s.loading != nil || s == keep {
+			skipped++
+		} else {
+			e.lru.Remove(el)
+			s.lru = nil
+			delete(e.sessions, s.key)
+		}
+		el = next
+	}
 }
 
 // historyLoadTimeout bounds one load of a session's stored history.
@@ -704,11 +760,14 @@ const historyLoadTimeout = 10 * time.Second
 // without its stored history.
 func (e *Engine) session(ctx context.Context, key string) (*session, error) {
 	e.mu.Lock()
+	now := time.Now()
 	s, ok := e.sessions[key]
 	if !ok {
-		s = &session{key: key, id: uuid.NewString(), updated: time.Now(), loaded: e.loadHist == nil}
+		s = &session{key: key, id: uuid.NewString(), updated: now, loaded: e.loadHist == nil}
 		e.sessions[key] = s
 	}
+	e.touchLocked(s, now)
+	e.evictLocked(now, s)
 	if s.loaded {
 		e.mu.Unlock()
 		return s, nil
