@@ -132,7 +132,7 @@ type Engine struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session
-	lru      *list.List // of *session, least recently used first
+	lru      *list.List       // of *session, least recently used first
 	turns    map[string]*turn // live runs by id
 	outcomes map[string]*list.Element
 	expiry   *list.List // of *cached, oldest first
