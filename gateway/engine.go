@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -42,7 +43,33 @@ var (
 	ErrNotOwner     = errors.New("not allowed to abort this run")
 	ErrWrongSession = errors.New("runId does not match sessionKey")
 	ErrShutdown     = errors.New("gateway is shutting down")
+	ErrRunnerStuck  = errors.New("runner refuses new turns: too many of its runs ignore cancellation")
 )
+
+// RunnerStuckError is returned by Send when the channel's runner has
+// server.maxStuckRuns force-finalized runs that still run (they ignored
+// cancellation): a new turn would only add one more.
+type RunnerStuckError struct {
+	Runner string
+	Stuck  int // force-finalized runs of Runner still running
+	Limit  int // server.maxStuckRuns
+}
+
+func (e *RunnerStuckError) Error() string {
+	return fmt.Sprintf("runner %s: %d force-finalized runs still running (server.maxStuckRuns %d): %v", e.Runner, e.Stuck, e.Limit, ErrRunnerStuck)
+}
+func (e *RunnerStuckError) Unwrap() error { return ErrRunnerStuck }
+
+// UserText is what a channel shows a person whose message was refused.
+func (e *RunnerStuckError) UserText() string {
+	return "⚠️ I can't take new requests right now: earlier ones are stuck and still being cleaned up. The operator has been alerted — please try again later."
+}
+
+// StuckRunsFunc is told when a runner reaches its cap of stuck runs
+// (saturated, new turns refused) and when it is below it again. Calls are
+// edge-triggered (one per change), outside the engine's locks; it must not
+// block.
+type StuckRunsFunc func(runner string, stuck, limit int, saturated bool)
 
 // BusyError is returned by Send when the session already has an active turn.
 type BusyError struct {
@@ -111,6 +138,9 @@ type Options struct {
 	Log      *slog.Logger
 	History  HistoryLoader
 	Observer maintenance.Observer
+	// StuckRuns, optional, is told when a runner's stuck runs reach
+	// server.maxStuckRuns and when they drop below it (operator alerts).
+	StuckRuns StuckRunsFunc
 }
 
 // Engine runs turns. Create with New, then Start. Methods are safe for
@@ -120,6 +150,7 @@ type Engine struct {
 	runners  map[string]runner.Runner
 	log      *slog.Logger
 	loadHist HistoryLoader
+	onStuck  StuckRunsFunc
 
 	errs  *errlog.Ring
 	reg   *abort.Registry
@@ -137,7 +168,9 @@ type Engine struct {
 	outcomes map[string]*list.Element
 	expiry   *list.List // of *cached, oldest first
 	closing  bool
-	drained  chan struct{} // closed when turns becomes empty; nil until asked for
+	stuck    map[string]int  // by runner: force-finalized runs still running
+	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
+	drained  chan struct{}   // closed when turns becomes empty; nil until asked for
 }
 
 type session struct {
@@ -159,6 +192,10 @@ type turn struct {
 	started chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
 	done    chan struct{} // closed when the outcome is known
 	out     Outcome
+	// life: 0 while the runner runs; 1 once it returned; 2 when the run
+	// was force-finalized first (then it counts in Engine.stuck until the
+	// runner returns).
+	life atomic.Int32
 	// pending counts what must happen before the session is free: the
 	// runner returns, and the terminal event is recorded. The side that
 	// brings it to 0 releases the run (see settle).
@@ -179,7 +216,8 @@ func New(opts Options) (*Engine, error) {
 		opts.Log = slog.Default()
 	}
 	e := &Engine{
-		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History,
+		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
+		stuck: map[string]int{}, refusing: map[string]bool{},
 		bus: event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
 	}
@@ -296,6 +334,10 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		e.mu.Unlock()
 		return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: a.ID, Stopping: a.State() != abort.StateRunning}
 	}
+	if n := e.stuck[name]; n >= cfg.Server.MaxStuckRuns && cfg.Server.MaxStuckRuns > 0 {
+		e.mu.Unlock()
+		return Ack{}, &RunnerStuckError{Runner: name, Stuck: n, Limit: cfg.Server.MaxStuckRuns}
+	}
 	run, err := e.reg.Register(e.baseCtx, abort.Spec{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
 		Settings: cfg.TurnSettings(req.Channel, req.Timeout), Messages: cfg.MessageSet(),
@@ -356,6 +398,9 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run})
 	}()
 	run.MarkReturned()
+	if !tr.life.CompareAndSwap(0, 1) {
+		e.stuckChanged(tr.runner, -1) // force-finalized earlier: no longer stuck
+	}
 	// The runner's side of the release; the terminal event's side follows
 	// (Finished below, or an Aborted that was or will be published).
 	e.settle(tr)
@@ -440,10 +485,60 @@ func (e *Engine) Errors() []errlog.Record { return e.errs.List() }
 // ErrorDetail returns the failure with error id id.
 func (e *Engine) ErrorDetail(id string) (errlog.Record, bool) { return e.errs.Get(id) }
 
+// stuckChanged adds delta to runner's count of force-finalized runs still
+// running and tells StuckRuns when the runner reaches server.maxStuckRuns
+// or drops below it.
+func (e *Engine) stuckChanged(runner string, delta int) {
+	limit := e.cfg.Current().Server.MaxStuckRuns
+	e.mu.Lock()
+	n := e.stuck[runner] + delta
+	if n <= 0 {
+		delete(e.stuck, runner)
+	} else {
+		e.stuck[runner] = n
+	}
+	at := limit > 0 && n >= limit
+	changed := at != e.refusing[runner]
+	if at {
+		e.refusing[runner] = true
+	} else {
+		delete(e.refusing, runner)
+	}
+	e.mu.Unlock()
+	if changed {
+		if at {
+			e.log.Error("runner refuses new turns: too many of its runs ignored cancellation and still run",
+				"runner", runner, "stuck", n, "limit", limit)
+		} else {
+			e.log.Info("runner accepts new turns again", "runner", runner, "stuck", n, "limit", limit)
+		}
+		if e.onStuck != nil {
+			e.onStuck(runner, n, limit, at)
+		}
+	}
+}
+
+// StuckRuns returns, by runner, the force-finalized runs whose runner has
+// not returned yet.
+func (e *Engine) StuckRuns() map[string]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.stuck)
+}
+
 // released is the registry's hook: the run's session is free.
 func (e *Engine) released(run *abort.Run) {
 	e.sched.Remove(run)
+	var stuck *turn
+	defer func() {
+		if stuck != nil {
+			e.stuckChanged(stuck.runner, +1)
+		}
+	}()
 	e.mu.Lock()
+	if t, ok := e.turns[run.ID]; ok && t.run == run && t.life.CompareAndSwap(0, 2) {
+		stuck = t // force-finalized: its runner has not returned
+	}
 	if s, ok := e.sessions[run.SessionKey]; ok && s.active == run {
 		s.active = nil
 		e.touchLocked(s, time.Now()) // idle from now on

@@ -177,6 +177,7 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		Text:  text, Owner: owner,
 	})
 	var busy *gateway.BusyError
+	var stuck *gateway.RunnerStuckError
 	switch {
 	case err == nil:
 		if ack.Status != gateway.StatusStarted {
@@ -184,6 +185,8 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		}
 	case errors.As(err, &busy):
 		c.reply(ch, busy.UserText())
+	case errors.As(err, &stuck):
+		c.reply(ch, stuck.UserText())
 	case errors.Is(err, gateway.ErrEmpty):
 		c.reply(ch, textEmpty)
 	case errors.Is(err, gateway.ErrTooLong):

@@ -84,7 +84,8 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		a.runners[name] = true
 	}
 	a.ops = newOps(a.cfg, log)
-	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: runners, Log: log, History: storeHistory(a.store), Observer: a.ops.observer()})
+	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: runners, Log: log, History: storeHistory(a.store), Observer: a.ops.observer(),
+		StuckRuns: a.ops.stuckRuns})
 	if err != nil {
 		return a, fmt.Errorf("engine: %w", err)
 	}

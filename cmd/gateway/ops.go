@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -29,6 +30,7 @@ type ops struct {
 	started time.Time
 	metrics *metrics.Metrics
 	alerts  *alerts.Alerter
+	stuckAl atomic.Pointer[alerts.Alerter] // alerts, for the engine's StuckRuns hook (called from any goroutine)
 	admin   *admin.Handler
 	unsub   []func()
 	stop    context.CancelFunc
@@ -46,6 +48,17 @@ func (o *ops) observer() maintenance.Observer {
 		return maintenance.Observer{}
 	}
 	return o.metrics.Observer()
+}
+
+// stuckRuns is the engine's StuckRuns hook: it raises (and recovers) the
+// stuck_runs operator alert once the alerter is wired.
+func (o *ops) stuckRuns(runner string, stuck, limit int, saturated bool) {
+	if o == nil {
+		return
+	}
+	if al := o.stuckAl.Load(); al != nil {
+		al.StuckRuns(runner, stuck, limit, saturated)
+	}
 }
 
 // telegramOutbox wraps the outbox given to the Telegram channel so that its
@@ -88,6 +101,7 @@ func (o *ops) wire(ctx context.Context, a *app, tg alerts.TelegramSender) error 
 		return err
 	}
 	o.alerts = al
+	o.stuckAl.Store(al)
 	o.unsub = append(o.unsub, bus.Subscribe("", al.Handle))
 	actx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	o.stop, o.done = stop, make(chan struct{})

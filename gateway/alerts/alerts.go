@@ -63,6 +63,7 @@ const (
 	KindForceFinalized   Kind = "force_finalized"    // a turn's runner ignored its abort
 	KindStepTimeoutBurst Kind = "step_timeout_burst" // stepTimeoutBurst step timeouts within the window
 	KindRecovered        Kind = "recovered"          // the episode of Alert.Episode ended
+	KindStuckRuns        Kind = "stuck_runs"         // a runner reached server.maxStuckRuns: its new turns are refused
 )
 
 // Alert is one message to the operator. It is the JSON body POSTed to
@@ -121,6 +122,7 @@ type Alerter struct {
 	log *slog.Logger
 
 	events chan event.Event
+	stuck  chan stuckSignal
 	out    chan Alert
 
 	raised, delivered, failed, droppedEvents, droppedAlerts atomic.Uint64
@@ -143,7 +145,7 @@ func New(opts Options) (*Alerter, error) {
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &Alerter{
 		cfg: opts.Config, tg: opts.Telegram, hc: &c, log: opts.Log,
-		events: make(chan event.Event, eventQueue), out: make(chan Alert, alertQueue),
+		events: make(chan event.Event, eventQueue), stuck: make(chan stuckSignal, eventQueue), out: make(chan Alert, alertQueue),
 	}, nil
 }
 
@@ -163,6 +165,27 @@ func (a *Alerter) Handle(ev event.Event) {
 	}
 	select {
 	case a.events <- ev:
+	default:
+		a.droppedEvents.Add(1)
+	}
+}
+
+// stuckSignal is one change of a runner's stuck-runs state.
+type stuckSignal struct {
+	runner       string
+	stuck, limit int
+	saturated    bool
+	at           time.Time
+}
+
+// StuckRuns is the engine's gateway.StuckRunsFunc: a runner reached its cap
+// of force-finalized runs that still run (saturated: its new turns are
+// refused), or dropped below it. The first raises one stuck_runs alert for
+// the runner; the second closes it with a recovered alert. It never blocks
+// (overflow is counted as a dropped event).
+func (a *Alerter) StuckRuns(runner string, stuck, limit int, saturated bool) {
+	select {
+	case a.stuck <- stuckSignal{runner: runner, stuck: stuck, limit: limit, saturated: saturated, at: time.Now()}:
 	default:
 		a.droppedEvents.Add(1)
 	}
@@ -197,6 +220,8 @@ func (a *Alerter) Run(ctx context.Context) {
 				at = time.Now()
 			}
 			a.raise(tr.observe(ev, at, a.settings()))
+		case sig := <-a.stuck:
+			a.raise(tr.observeStuck(sig, a.settings()))
 		case <-timer.C:
 		}
 		// Recoveries that are due, then re-arm for the next one.
@@ -343,9 +368,36 @@ func (a *Alerter) post(ctx context.Context, u string, al Alert) error {
 // tracker holds the two kinds of episode. It is used by Run's goroutine
 // only.
 type tracker struct {
-	ff    episode     // force-finalizations
-	burst episode     // step-timeout bursts
-	steps []time.Time // step timeouts within the window, oldest first
+	ff    episode             // force-finalizations
+	burst episode             // step-timeout bursts
+	steps []time.Time         // step timeouts within the window, oldest first
+	stuck map[string]*episode // by runner: at its cap of stuck runs
+}
+
+// observeStuck opens a runner's stuck-runs episode when it reaches its cap
+// and closes it when it drops below; it ends on that signal, not on a quiet
+// window.
+func (t *tracker) observeStuck(sig stuckSignal, c config.Alerts) []Alert {
+	ep := t.stuck[sig.runner]
+	switch {
+	case sig.saturated && ep == nil:
+		if t.stuck == nil {
+			t.stuck = map[string]*episode{}
+		}
+		ep = &episode{open: true, id: episodeID(KindStuckRuns, sig.at) + "-" + sig.runner, started: sig.at, last: sig.at, count: sig.stuck}
+		t.stuck[sig.runner] = ep
+		return []Alert{{Source: "turnguard", Kind: KindStuckRuns, Episode: ep.id, Time: sig.at, Count: sig.stuck,
+			WindowSeconds: c.Window.Seconds(), EpisodeStart: sig.at,
+			Text: fmt.Sprintf("🚨 turnguard: runner %s has %d turns that ignored cancellation and still run (server.maxStuckRuns is %d). "+
+				"New turns for it are refused until one of them returns; check the runner's processes.", sig.runner, sig.stuck, sig.limit)}}
+	case !sig.saturated && ep != nil:
+		delete(t.stuck, sig.runner)
+		al := t.recovered(ep, sig.at, c.Window, fmt.Sprintf(
+			"✅ turnguard recovered: runner %s is below its cap of stuck runs (%d of %d) and accepts new turns again. The episode lasted %s.",
+			sig.runner, sig.stuck, sig.limit, messages.Duration(sig.at.Sub(ep.started))))
+		return []Alert{al}
+	}
+	return nil
 }
 
 type episode struct {

@@ -469,3 +469,31 @@ func TestNewRequiresConfig(t *testing.T) {
 		t.Errorf("New without config: %v", err)
 	}
 }
+
+// TestStuckRunsAlert: a runner reaching its cap of stuck runs raises one
+// stuck_runs alert (a repeated signal raises nothing), and dropping below the
+// cap closes it with a recovered alert, whatever the window.
+func TestStuckRunsAlert(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		op := &operator{}
+		h := newHarness(t, config.Alerts{WebhookURL: hookURL, Window: 10 * time.Minute}, op, nil)
+		h.a.StuckRuns("exec", 16, 16, true)
+		h.a.StuckRuns("exec", 16, 16, true)
+		synctest.Wait()
+		faketime.Advance(time.Minute)
+		h.a.StuckRuns("exec", 15, 16, false)
+		synctest.Wait()
+		got := op.deliveries()
+		var lines []string
+		for _, d := range got {
+			lines = append(lines, d.String())
+		}
+		if strings.Join(lines, "; ") != "0s webhook stuck_runs count=16; 1m0s webhook recovered count=16" {
+			t.Fatalf("deliveries %v", lines)
+		}
+		if a := got[0].alert; !strings.Contains(a.Text, "runner exec has 16 turns") || !strings.Contains(a.Text, "refused") ||
+			got[1].alert.Episode != a.Episode || !strings.Contains(got[1].alert.Text, "accepts new turns again") {
+			t.Fatalf("alerts %+v", got)
+		}
+	})
+}
