@@ -661,7 +661,9 @@ type AbortResult struct {
 // active run when runID is "". Only the run's owner or an operator may abort
 // it (ErrNotOwner); a runID of another session is ErrWrongSession. An unknown
 // or finished run is not an error: Aborted is false. The Aborted event is
-// published before Abort returns.
+// published before Abort returns. A run whose TurnStarted is still being
+// published is aborted right after it (so Abort must not be called from a
+// bus handler, which must not block anyway).
 func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (AbortResult, error) {
 	e.mu.Lock()
 	var t *turn
