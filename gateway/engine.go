@@ -446,16 +446,17 @@ func (e *Engine) finish(run *abort.Run) func(event.Event) {
 const errorRingSize = 256
 
 // failure returns the user's text for a failed turn. A runner.UserError's
-// message was written for the user and is shown as it is. Anything else —
+// message was written for the user and is shown (secrets redacted). Anything else —
 // an error chain that may hold stderr lines or a secret, a panic — is kept
 // under a fresh error id, with the configuration's secrets and credential-
 // shaped values redacted, in the log and the error ring (GET /api/errors);
 // the user reads only the id.
 func (e *Engine) failure(t *turn, err error, panicked any, stack []byte) string {
 	run := t.run
+	red := errlog.NewRedactor(e.cfg.Current().Secrets())
 	if u, ok := runner.AsUserError(err); ok && panicked == nil {
 		e.log.Info("turn failed with a message for the user", "run", run.ID, "session", run.SessionKey)
-		return u.Message
+		return red.Redact(u.Message) // written for the user, but never with a secret in it
 	}
 	cur, last := run.CurrentStep()
 	rec := errlog.Record{
@@ -465,7 +466,7 @@ func (e *Engine) failure(t *turn, err error, panicked any, stack []byte) string 
 	if panicked != nil {
 		rec.Panic, rec.Stack = fmt.Sprint(panicked), string(stack)
 	}
-	rec = errlog.NewRedactor(e.cfg.Current().Secrets()).RedactRecord(rec)
+	rec = red.RedactRecord(rec)
 	e.errs.Add(rec)
 	attrs := []any{"errorId", rec.ID, "run", run.ID, "session", run.SessionKey, "runner", rec.Runner, "err", rec.Error}
 	if panicked != nil {

@@ -65,3 +65,26 @@ func TestRunnerFailureShowsOnlyAnErrorID(t *testing.T) {
 		t.Fatalf("the log holds the secret:\n%s", logs)
 	}
 }
+
+// TestUserErrorShownWithoutSecrets: a message a runner wrote for the user
+// is shown as it is, but never with a configured secret in it.
+func TestUserErrorShownWithoutSecrets(t *testing.T) {
+	c := testConfig(t, func(c *config.Config) { c.Channels.Telegram.Token = "123:" + fakeKey })
+	rn := runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+		return runner.Result{}, &runner.UserError{Message: "The agent could not log in with 123:" + fakeKey + "; check its setup."}
+	})
+	e, err := New(Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": rn}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start(context.Background())
+	defer e.Shutdown(context.Background())
+	ack, err := e.Send(context.Background(), SendRequest{SessionKey: "k", Channel: "ws", Text: "hi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := e.Wait(context.Background(), ack.RunID)
+	if out.Message != "The agent could not log in with [redacted]; check its setup." {
+		t.Fatalf("the user reads %q", out.Message)
+	}
+}
