@@ -128,7 +128,9 @@ type Message struct {
 }
 
 // HistoryLoader loads a session's stored history (oldest first) the first
-// time the engine touches the session. Optional.
+// time the engine touches the session (again after the session was evicted
+// or a load failed). It runs on the engine's context with its own timeout,
+// never a request's. Optional.
 type HistoryLoader func(ctx context.Context, sessionKey string, limit int) ([]Message, error)
 
 // Options configure an Engine.
@@ -907,7 +909,19 @@ func (e *Engine) loadHistory(s *session, done chan struct{}) {
 		return // reset meanwhile: the stored history is gone
 	}
 	s.loaded = true
-	s.history = append(h, s.history...)
+	// Messages kept in memory meanwhile (a turn started after a failed
+	// load) that the store already has are not repeated: only those newer
+	// than the last stored one are kept after it.
+	var last time.Time
+	if len(h) > 0 {
+		last = h[len(h)-1].Time
+	}
+	for _, m := range s.history {
+		if m.Time.After(last) {
+			h = append(h, m)
+		}
+	}
+	s.history = h
 	if limit > 0 && len(s.history) > limit {
 		s.history = s.history[len(s.history)-limit:]
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -119,5 +120,52 @@ func TestConcurrentCallersShareOneHistoryLoad(t *testing.T) {
 	}
 	if n := h.calls.Load(); n != 1 {
 		t.Fatalf("%d loads for concurrent callers, want 1", n)
+	}
+}
+
+// TestHistoryAfterFailedLoadHasNoDuplicates: a turn runs while the load
+// failed; the retried load returns the stored conversation including that
+// turn. Each message appears once.
+func TestHistoryAfterFailedLoadHasNoDuplicates(t *testing.T) {
+	var mu sync.Mutex
+	var store []Message
+	fail := true
+	load := func(ctx context.Context, key string, limit int) ([]Message, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			fail = false
+			return nil, errors.New("database is locked")
+		}
+		return append([]Message(nil), store...), nil
+	}
+	e, err := New(Options{Config: config.NewSource(testConfig(t, nil)), Runners: map[string]runner.Runner{"demo": historyRunner}, History: load})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start(context.Background())
+	defer e.Shutdown(context.Background())
+	e.Bus().Subscribe("", func(ev event.Event) { // the store's recorder, in short
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case ev.Kind == event.TurnStarted:
+			store = append(store, Message{Role: "user", Text: ev.Text, Time: ev.Time})
+		case ev.Kind.Terminal():
+			store = append(store, Message{Role: "assistant", Text: ev.FullText, StopReason: ev.StopReason, Time: ev.Time})
+		}
+	})
+	ack, err := e.Send(context.Background(), SendRequest{SessionKey: "k", Channel: "ws", Text: "one"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Wait(context.Background(), ack.RunID)
+	_, h := e.History(context.Background(), "k", 0)
+	var got []string
+	for _, m := range h {
+		got = append(got, m.Role+":"+m.Text)
+	}
+	if fmt.Sprint(got) != "[user:one assistant:0]" {
+		t.Fatalf("history %v, want each message once", got)
 	}
 }
