@@ -67,8 +67,8 @@ func (e *RunnerStuckError) UserText() string {
 
 // StuckRunsFunc is told when a runner reaches its cap of stuck runs
 // (saturated, new turns refused) and when it is below it again. Calls are
-// edge-triggered (one per change), outside the engine's locks; it must not
-// block.
+// edge-triggered (one per change), in order, outside the engine's main
+// lock; it must not block or call the engine.
 type StuckRunsFunc func(runner string, stuck, limit int, saturated bool)
 
 // BusyError is returned by Send when the session already has an active turn.
@@ -172,6 +172,7 @@ type Engine struct {
 	closing  bool
 	stuck    map[string]int  // by runner: force-finalized runs still running
 	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
+	notifyMu sync.Mutex      // orders StuckRuns calls; taken under mu, released after the call
 	drained  chan struct{}   // closed when turns becomes empty; nil until asked for
 }
 
@@ -492,8 +493,16 @@ func (e *Engine) ErrorDetail(id string) (errlog.Record, bool) { return e.errs.Ge
 // running and tells StuckRuns when the runner reaches server.maxStuckRuns
 // or drops below it.
 func (e *Engine) stuckChanged(runner string, delta int) {
-	limit := e.cfg.Current().Server.MaxStuckRuns
 	e.mu.Lock()
+	notify := e.stuckChangedLocked(runner, delta)
+	e.mu.Unlock()
+	notify()
+}
+
+// stuckChangedLocked is stuckChanged with e.mu held; the caller calls the
+// returned function once it has unlocked e.mu.
+func (e *Engine) stuckChangedLocked(runner string, delta int) (notify func()) {
+	limit := e.cfg.Current().Server.MaxStuckRuns
 	n := e.stuck[runner] + delta
 	if n <= 0 {
 		delete(e.stuck, runner)
@@ -501,14 +510,19 @@ func (e *Engine) stuckChanged(runner string, delta int) {
 		e.stuck[runner] = n
 	}
 	at := limit > 0 && n >= limit
-	changed := at != e.refusing[runner]
+	if at == e.refusing[runner] {
+		return func() {}
+	}
 	if at {
 		e.refusing[runner] = true
 	} else {
 		delete(e.refusing, runner)
 	}
-	e.mu.Unlock()
-	if changed {
+	// Taken before e.mu is released, so the notices leave in the order the
+	// changes were made under e.mu.
+	e.notifyMu.Lock()
+	return func() {
+		defer e.notifyMu.Unlock()
 		if at {
 			e.log.Error("runner refuses new turns: too many of its runs ignored cancellation and still run",
 				"runner", runner, "stuck", n, "limit", limit)
@@ -532,15 +546,14 @@ func (e *Engine) StuckRuns() map[string]int {
 // released is the registry's hook: the run's session is free.
 func (e *Engine) released(run *abort.Run) {
 	e.sched.Remove(run)
-	var stuck *turn
-	defer func() {
-		if stuck != nil {
-			e.stuckChanged(stuck.runner, +1)
-		}
-	}()
+	notify := func() {}
+	defer func() { notify() }() // after e.mu is unlocked
 	e.mu.Lock()
 	if t, ok := e.turns[run.ID]; ok && t.run == run && t.life.CompareAndSwap(0, 2) {
-		stuck = t // force-finalized: its runner has not returned
+		// Force-finalized: its runner has not returned. Counted under the
+		// same lock as the swap, so the runner's return (which finds the
+		// swap done and subtracts under e.mu) always comes after.
+		notify = e.stuckChangedLocked(t.runner, +1)
 	}
 	if s, ok := e.sessions[run.SessionKey]; ok && s.active == run {
 		s.active = nil
