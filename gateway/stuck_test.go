@@ -88,3 +88,38 @@ func TestStuckRunsCapRefusesNewTurnsAndAlertsOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestStuckCountSettlesWhenRunnerReturnsAsItIsForceFinalized: runners that
+// return at the very moment their grace ends race the force-finalization.
+// Whichever wins, no stuck run is left counted (-race, 400 turns).
+func TestStuckCountSettlesWhenRunnerReturnsAsItIsForceFinalized(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rn := runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			cb.StepStarted("tool", "shell")
+			<-ctx.Done()
+			time.Sleep(time.Second) // exactly the grace
+			return runner.Result{}, ctx.Err()
+		})
+		c := testConfig(t, func(c *config.Config) {
+			stepTimeout(1)(c)
+			c.Agents.Defaults.AbortGraceSeconds = secs(1)
+			c.Server.MaxStuckRuns = 1000
+		})
+		e, err := New(Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": rn}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Start(context.Background())
+		defer e.Shutdown(context.Background())
+		for i := range 400 {
+			if _, err := e.Send(context.Background(), SendRequest{SessionKey: fmt.Sprint("s", i), Channel: "ws", Text: "x"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if s := e.StuckRuns(); len(s) != 0 {
+			t.Fatalf("stuck runs left counted after every runner returned: %v", s)
+		}
+	})
+}
