@@ -5,14 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/internal/testlog"
 	"github.com/turnguard/turnguard/runner"
+	execrunner "github.com/turnguard/turnguard/runner/exec"
 )
 
 const fakeKey = "sk-test-FAKEKEY0123456789"
@@ -86,5 +89,48 @@ func TestUserErrorShownWithoutSecrets(t *testing.T) {
 	out, _ := e.Wait(context.Background(), ack.RunID)
 	if out.Message != "The agent could not log in with [redacted]; check its setup." {
 		t.Fatalf("the user reads %q", out.Message)
+	}
+}
+
+// TestExecAgentTracebackStaysWithTheOperator: a real exec agent process
+// crashes with a traceback on stderr that prints its API key. The user
+// reads an error id; the error ring holds the traceback with the key
+// redacted.
+func TestExecAgentTracebackStaysWithTheOperator(t *testing.T) {
+	script, err := filepath.Abs("testdata/traceback.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testConfig(t, func(c *config.Config) {
+		c.Agents.Defaults.Runner = config.RunnerExec
+		c.Agents.Exec.Command, c.Agents.Exec.Env = script, map[string]string{"OPENAI_API_KEY": fakeKey}
+	})
+	rn, err := execrunner.New(c.Agents.Exec, time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{config.RunnerExec: rn}, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start(context.Background())
+	defer e.Shutdown(context.Background())
+	ack, err := e.Send(context.Background(), SendRequest{SessionKey: "k", Channel: "ws", Text: "hi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // real time: a real process runs
+	defer cancel()
+	out, ok := e.Wait(ctx, ack.RunID)
+	if !ok {
+		t.Fatal("no outcome within 20s")
+	}
+	m := regexp.MustCompile(`^❌ Something went wrong on my side during plan \(error id (E[0-9A-Z]{5})\)`).FindStringSubmatch(out.Message)
+	if m == nil || strings.Contains(out.Message, "Traceback") || strings.Contains(out.Message, fakeKey) {
+		t.Fatalf("the user reads %q", out.Message)
+	}
+	rec, ok := e.ErrorDetail(m[1])
+	if !ok || !strings.Contains(rec.Error, "Incorrect API key provided: [redacted]") || strings.Contains(fmt.Sprint(rec), fakeKey) {
+		t.Fatalf("error record %+v", rec)
 	}
 }
