@@ -38,7 +38,21 @@ var (
 	ErrNotOwner     = errors.New("not allowed to abort this run")
 	ErrWrongSession = errors.New("runId does not match sessionKey")
 	ErrShutdown     = errors.New("gateway is shutting down")
+	ErrUnavailable  = errors.New("gateway cannot start new turns right now")
 )
+
+// UnavailableError is returned by Send when Options.Admit refuses new turns
+// (the store cannot write). It is temporary: the client should retry
+// shortly.
+type UnavailableError struct{ Cause error }
+
+func (e *UnavailableError) Error() string { return fmt.Sprintf("%s: %v", ErrUnavailable, e.Cause) }
+func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
+
+// UserText is what a channel shows a person; it never names the cause.
+func (e *UnavailableError) UserText() string {
+	return "⚠️ I can't start new requests right now because of a temporary problem on the server. Please try again shortly."
+}
 
 // BusyError is returned by Send when the session already has an active turn.
 type BusyError struct {
@@ -107,6 +121,11 @@ type Options struct {
 	Log      *slog.Logger
 	History  HistoryLoader
 	Observer maintenance.Observer
+	// Admit, when set, is asked before each new turn; an error refuses it
+	// with an *UnavailableError (for example while the store cannot write,
+	// so a turn would leave no trace). Repeated idempotency keys are still
+	// answered.
+	Admit func() error
 }
 
 // Engine runs turns. Create with New, then Start. Methods are safe for
@@ -116,6 +135,7 @@ type Engine struct {
 	runners  map[string]runner.Runner
 	log      *slog.Logger
 	loadHist HistoryLoader
+	admit    func() error
 
 	reg   *abort.Registry
 	sched *maintenance.Scheduler
@@ -164,7 +184,7 @@ func New(opts Options) (*Engine, error) {
 		opts.Log = slog.Default()
 	}
 	e := &Engine{
-		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History,
+		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, admit: opts.Admit,
 		bus: event.NewBus(), sessions: map[string]*session{}, turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(),
 	}
@@ -248,6 +268,11 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
 	}
 	e.mu.Unlock()
+	if e.admit != nil {
+		if err := e.admit(); err != nil {
+			return Ack{}, &UnavailableError{Cause: err}
+		}
+	}
 
 	if len(req.Text) == 0 || !hasNonSpace(req.Text) {
 		return Ack{}, ErrEmpty
