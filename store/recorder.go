@@ -58,15 +58,19 @@ func (s *SQLite) Handle(ev event.Event) {
 		return
 	}
 	s.qmu.Lock()
-	if len(s.queue) >= s.queueSize {
-		if !neverShed(ev.Kind) {
-			s.qmu.Unlock()
-			s.dropped.Add(1)
-			return
-		}
+	switch {
+	case len(s.spill) == 0 && s.ring.len() < len(s.ring.buf):
+		s.ring.push(ev)
+	case neverShed(ev.Kind):
+		// Behind the full queue (and behind what already spilled, so the
+		// order holds).
+		s.spill = append(s.spill, ev)
 		s.spilled.Add(1)
+	default:
+		s.qmu.Unlock()
+		s.dropped.Add(1)
+		return
 	}
-	s.queue = append(s.queue, ev)
 	s.enqueued.Add(1)
 	s.qmu.Unlock()
 	select {
@@ -93,7 +97,7 @@ func (s *SQLite) Dropped() uint64 { return s.dropped.Load() }
 func (s *SQLite) QueueDepth() int {
 	s.qmu.Lock()
 	defer s.qmu.Unlock()
-	return len(s.queue)
+	return s.ring.len() + len(s.spill)
 }
 
 // Stats returns the recorder's counters.
@@ -170,26 +174,46 @@ func (s *SQLite) run() {
 	}
 }
 
-// take moves up to a batch of queued events into batch.
+// take moves up to a batch of queued events into batch, in the order
+// Handle received them: the ring first, then what spilled past it.
 func (s *SQLite) take(batch []event.Event) []event.Event {
 	s.qmu.Lock()
 	defer s.qmu.Unlock()
-	n := min(len(s.queue), s.batchSize)
-	if n == 0 {
-		return batch
+	if s.ring.len() > 0 {
+		return s.ring.pop(batch, s.batchSize)
 	}
-	batch = append(batch, s.queue[:n]...)
-	full := s.queue
-	clear(full[:n])
-	switch rest := full[n:]; {
-	case len(rest) > 0:
-		s.queue = rest
-	case cap(full) <= 2*s.queueSize:
-		s.queue = full[:0] // reuse the array
-	default:
-		s.queue = nil // an overflow's array: let it go
+	n := min(len(s.spill), s.batchSize)
+	batch = append(batch, s.spill[:n]...)
+	clear(s.spill[:n])
+	if s.spill = s.spill[n:]; len(s.spill) == 0 {
+		s.spill = nil
 	}
 	return batch
+}
+
+// ring is the fixed-size FIFO of queued events.
+type ring struct {
+	buf  []event.Event
+	head int // index of the oldest
+	n    int
+}
+
+func (r *ring) len() int { return r.n }
+
+func (r *ring) push(ev event.Event) {
+	r.buf[(r.head+r.n)%len(r.buf)] = ev
+	r.n++
+}
+
+// pop appends up to max of the oldest events to dst and clears their slots.
+func (r *ring) pop(dst []event.Event, max int) []event.Event {
+	for range min(r.n, max) {
+		dst = append(dst, r.buf[r.head])
+		r.buf[r.head] = event.Event{}
+		r.head = (r.head + 1) % len(r.buf)
+		r.n--
+	}
+	return dst
 }
 
 // writeUntilDone writes batch, retrying with backoff while it fails for

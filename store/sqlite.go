@@ -85,8 +85,8 @@ type SQLite struct {
 
 	// Event recording (recorder.go).
 	qmu         sync.Mutex
-	queue       []event.Event // FIFO, guarded by qmu
-	queueSize   int
+	ring        ring          // the queue, Options.QueueSize events; guarded by qmu
+	spill       []event.Event // never-shed events queued after the ring filled, in order; guarded by qmu
 	wake        chan struct{} // 1-buffered: the queue has something
 	batchSize   int
 	beforeBatch func()
@@ -144,7 +144,7 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	}
 	s := &SQLite{
 		path: path, memory: path == ":memory:", log: opts.Logger,
-		queueSize: opts.QueueSize, wake: make(chan struct{}, 1), batchSize: opts.BatchSize,
+		ring: ring{buf: make([]event.Event, opts.QueueSize)}, wake: make(chan struct{}, 1), batchSize: opts.BatchSize,
 		beforeBatch: opts.beforeBatch, onHealth: opts.OnHealth, poke: make(chan struct{}, 1),
 		retention: opts.Retention.withDefaults(),
 		stop:      make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
