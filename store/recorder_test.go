@@ -708,7 +708,21 @@ func TestEndingsNeverDroppedWhenQueueFull(t *testing.T) {
 			t.Errorf("session s%02d history = %+v, want the question and the ending", i, msgs(h))
 		}
 	}
-	if st := s.Stats(); st.Failed != 0 {
-		t.Errorf("stats = %+v, want nothing failed", st)
+	if st := s.Stats(); st.Failed != 0 || st.Spilled == 0 {
+		t.Errorf("stats = %+v, want nothing failed and the kept starts and endings counted as spilled", st)
+	}
+
+	// The next start: only the turn that really never ended is cut off.
+	release()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := open(t, s.Path(), store.Options{})
+	running, err = s2.RunningTurns(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(running) != 1 || running[0].RunID != "warm" {
+		t.Errorf("after a restart, running turns = %+v: only \"warm\" may get an interrupted notice", running)
 	}
 }
