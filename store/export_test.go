@@ -87,3 +87,15 @@ func Pages(s *SQLite) (pages, free int64, err error) {
 	err = s.w.QueryRowContext(ctx, "PRAGMA freelist_count").Scan(&free)
 	return pages, free, err
 }
+
+// IntegrityCheck runs PRAGMA integrity_check on the database at path.
+func IntegrityCheck(ctx context.Context, path string) (string, error) {
+	db, err := sql.Open("sqlite", dsn(path, false, url.Values{}))
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	var res string
+	err = db.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&res)
+	return res, err
+}

@@ -176,7 +176,8 @@ func (s *SQLite) probe() error {
 // fails, but everything written would be lost at exit. A deleted file is
 // recreated from the open copy (VACUUM INTO, then renamed into place), so
 // history, running turns and undelivered outbox rows survive; a replaced
-// file is opened (and migrated) instead. Until that succeeds the store is
+// file is opened (and migrated) instead. Either way the old file's -wal and
+// -shm are removed first (see sideFiles). Until that succeeds the store is
 // unwritable (an alert, readiness fails) and it is retried at each check.
 func (s *SQLite) checkFile() {
 	if s.memory || s.closed.Load() {
@@ -188,6 +189,7 @@ func (s *SQLite) checkFile() {
 	case err != nil && !gone:
 		return // cannot tell (permissions); the writes will say
 	case err == nil && s.file != nil && os.SameFile(fi, s.file):
+		s.side.note(s.path) // the -wal and -shm files exist once used
 		return
 	}
 	s.setHealth(errFileGone)
@@ -213,15 +215,16 @@ func (s *SQLite) reopen(gone bool) error {
 			_ = os.Remove(tmp)
 			return fmt.Errorf("copy the open database: %w", err)
 		}
+		side := s.side
 		s.closeHandles()
-		// The deleted file's WAL must never be replayed into the new one.
-		_ = os.Remove(s.path + "-wal")
-		_ = os.Remove(s.path + "-shm")
+		side.removeOurs(s.path)
 		if err := os.Rename(tmp, s.path); err != nil {
 			return fmt.Errorf("put the copy in place: %w", err)
 		}
 	} else {
+		side := s.side
 		s.closeHandles()
+		side.removeOurs(s.path)
 	}
 	h, err := openDBs(ctx, s.path, false, s.busy)
 	if err != nil {
@@ -240,5 +243,35 @@ func (s *SQLite) closeHandles() {
 	if err := h.close(); err != nil {
 		s.log.Warn("store: closing the old database handles", "err", err)
 	}
-	s.w, s.r, s.st, s.file = nil, nil, stmts{}, nil
+	s.w, s.r, s.st, s.file, s.side = nil, nil, stmts{}, nil, sideFiles{}
+}
+
+// sideFiles are the -wal and -shm files of the open database. SQLite does
+// not checkpoint or delete the WAL of a database file that was deleted or
+// renamed while open; left in place, it would be replayed into whatever
+// file is at the path next (old pages over new data). A reopen removes
+// them, but only if they are still ours: a restore may have put its own
+// -wal next to the restored file.
+type sideFiles struct{ wal, shm os.FileInfo }
+
+// note records the side files if not yet known.
+func (f *sideFiles) note(path string) {
+	if f.wal == nil {
+		f.wal, _ = os.Stat(path + "-wal")
+	}
+	if f.shm == nil {
+		f.shm, _ = os.Stat(path + "-shm")
+	}
+}
+
+// removeOurs removes the side files at path that are the ones noted.
+func (f sideFiles) removeOurs(path string) {
+	for _, p := range []struct {
+		name string
+		fi   os.FileInfo
+	}{{path + "-wal", f.wal}, {path + "-shm", f.shm}} {
+		if cur, err := os.Stat(p.name); err == nil && p.fi != nil && os.SameFile(cur, p.fi) {
+			_ = os.Remove(p.name)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,66 +156,94 @@ func TestOutboxFailureAloneIsProbedBack(t *testing.T) {
 // the open copy with everything written so far (history, a running turn, a
 // pending outbox row), writes what came after into the new file, and
 // reports the episode (unwritable, then recovered).
+//
+// Deleting only the .db file leaves its -wal behind, which SQLite would
+// replay into the recreated file (old pages over new data) if it were not
+// removed first.
 func TestDeletedFileIsRecreated(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var hl healthLog
-		path := dbPath(t)
-		s := open(t, path, store.Options{OnHealth: hl.note})
-		ctx := context.Background()
-		done, running := newTurn("done", "s"), newTurn("running", "s2")
-		handleAll(s,
-			done.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q1" }),
-			done.ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a1" }),
-			running.ev(event.TurnStarted, 2*time.Second, func(e *event.Event) { e.Text = "q2" }),
-		)
-		flush(t, s)
-		if _, err := s.Enqueue(ctx, store.OutboxMessage{Channel: "telegram", ChatRef: "42", RunID: "done",
-			Kind: store.OutboxFinal, Text: "a1"}); err != nil {
+	for _, tc := range []struct {
+		name    string
+		deleted []string
+	}{
+		{"db, wal and shm deleted", []string{"", "-wal", "-shm"}},
+		{"only the db deleted", []string{""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { synctest.Test(t, func(t *testing.T) { deletedFileIsRecreated(t, tc.deleted) }) })
+	}
+}
+
+func deletedFileIsRecreated(t *testing.T, deleted []string) {
+	var hl healthLog
+	path := dbPath(t)
+	s := open(t, path, store.Options{OnHealth: hl.note, Retention: store.Retention{History: time.Hour, BatchRows: 1000}})
+	ctx := context.Background()
+	// Pages freed by a prune, so the recreated (compacted) file's layout
+	// differs from the deleted one's.
+	for i := range 100 {
+		junk := newTurn(fmt.Sprint("junk-", i), fmt.Sprint("junk-", i))
+		handleAll(s, junk.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = strings.Repeat("j", 2000) }),
+			junk.ev(event.Finished, 0, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, strings.Repeat("k", 2000) }))
+	}
+	flush(t, s)
+	if _, err := s.Prune(ctx, t0.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	done, running := newTurn("done", "s"), newTurn("running", "s2")
+	handleAll(s,
+		done.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q1" }),
+		done.ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a1" }),
+		running.ev(event.TurnStarted, 2*time.Second, func(e *event.Event) { e.Text = "q2" }),
+	)
+	flush(t, s)
+	if _, err := s.Enqueue(ctx, store.OutboxMessage{Channel: "telegram", ChatRef: "42", RunID: "done",
+		Kind: store.OutboxFinal, Text: "a1"}); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, suffix := range deleted {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
 			t.Fatal(err)
 		}
+	}
+	// Written after the deletion, before the check notices it.
+	s.Handle(running.ev(event.Finished, 3*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a2" }))
+	flush(t, s)
 
-		for _, suffix := range []string{"", "-wal", "-shm"} {
-			if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
-				t.Fatal(err)
-			}
-		}
-		// Written after the deletion, before the check notices it.
-		s.Handle(running.ev(event.Finished, 3*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a2" }))
-		flush(t, s)
+	faketime.Advance(3 * time.Second) // one check interval
+	synctest.Wait()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("database file after a check interval: %v, want it recreated", err)
+	}
+	if err := s.Health(); err != nil {
+		t.Errorf("Health after recreating = %v", err)
+	}
+	if got := hl.transitions(); len(got) != 2 || got[0] != "unwritable" || got[1] != "recovered" {
+		t.Errorf("OnHealth transitions = %v, want [unwritable recovered] (an alert and its recovery)", got)
+	}
+	later := newTurn("later", "s")
+	handleAll(s,
+		later.ev(event.TurnStarted, 4*time.Second, func(e *event.Event) { e.Text = "q3" }),
+		later.ev(event.Finished, 5*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a3" }))
+	flush(t, s)
 
-		faketime.Advance(3 * time.Second) // one check interval
-		synctest.Wait()
-		if _, err := os.Stat(path); err != nil {
-			t.Fatalf("database file after a check interval: %v, want it recreated", err)
-		}
-		if err := s.Health(); err != nil {
-			t.Errorf("Health after recreating = %v", err)
-		}
-		if got := hl.transitions(); len(got) != 2 || got[0] != "unwritable" || got[1] != "recovered" {
-			t.Errorf("OnHealth transitions = %v, want [unwritable recovered] (an alert and its recovery)", got)
-		}
-		later := newTurn("later", "s")
-		handleAll(s,
-			later.ev(event.TurnStarted, 4*time.Second, func(e *event.Event) { e.Text = "q3" }),
-			later.ev(event.Finished, 5*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a3" }))
-		flush(t, s)
-
-		// What a restart would find: reopen the file from its path.
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-		s2 := open(t, path, store.Options{})
-		if h := msgs(mustHistory(t, s2, "s")); len(h) != 4 || h[0].Text != "q1" || h[3].Text != "a3" {
-			t.Errorf("history of s in the recreated file = %+v, want q1 a1 q3 a3", h)
-		}
-		if got := mustTurn(t, s2, "running").State; got != store.TurnFinished {
-			t.Errorf("turn ended after the deletion: state %s in the recreated file, want finished", got)
-		}
-		p, err := s2.Pending(ctx, "", 0)
-		if err != nil || len(p) != 1 || p[0].RunID != "done" {
-			t.Errorf("pending outbox in the recreated file = %+v, %v; want the undelivered reply", p, err)
-		}
-	})
+	// What a restart would find: reopen the file from its path.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := store.IntegrityCheck(ctx, path); err != nil || res != "ok" {
+		t.Errorf("integrity_check of the recreated file = %q, %v", res, err)
+	}
+	s2 := open(t, path, store.Options{})
+	if h := msgs(mustHistory(t, s2, "s")); len(h) != 4 || h[0].Text != "q1" || h[3].Text != "a3" {
+		t.Errorf("history of s in the recreated file = %+v, want q1 a1 q3 a3", h)
+	}
+	if got := mustTurn(t, s2, "running").State; got != store.TurnFinished {
+		t.Errorf("turn ended after the deletion: state %s in the recreated file, want finished", got)
+	}
+	p, err := s2.Pending(ctx, "", 0)
+	if err != nil || len(p) != 1 || p[0].RunID != "done" {
+		t.Errorf("pending outbox in the recreated file = %+v, %v; want the undelivered reply", p, err)
+	}
 }
 
 // TestRealFullDiskOnTmpfs is TestDiskFullKeepsEndingsAndRecovers on a real
@@ -277,6 +306,52 @@ func TestRealFullDiskOnTmpfs(t *testing.T) {
 		}
 		if got := mustTurn(t, s, "run-1").State; got != store.TurnFinished {
 			t.Errorf("turn after space returned = %s, want finished", got)
+		}
+		if got := hl.transitions(); len(got) != 2 {
+			t.Errorf("OnHealth transitions = %v, want [unwritable recovered]", got)
+		}
+	})
+}
+
+// TestReplacedFileIsOpened: a database file replaced under the running
+// store (a restore done without stopping the gateway) is opened, not
+// overwritten; what comes next is written into it.
+func TestReplacedFileIsOpened(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var hl healthLog
+		path := dbPath(t)
+		s := open(t, path, store.Options{OnHealth: hl.note})
+		old := newTurn("old", "s")
+		s.Handle(old.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "before the restore" }))
+		flush(t, s)
+
+		// The "backup": another turnguard database with its own history.
+		backup := filepath.Join(t.TempDir(), "backup.db")
+		b := open(t, backup, store.Options{})
+		restored := newTurn("restored", "s")
+		b.Handle(restored.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "from the backup" }))
+		flush(t, b)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(backup, path+".new"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".new", path); err != nil {
+			t.Fatal(err)
+		}
+
+		faketime.Advance(3 * time.Second)
+		synctest.Wait()
+		if err := s.Health(); err != nil {
+			t.Fatalf("Health after the replacement = %v", err)
+		}
+		after := newTurn("after", "s")
+		s.Handle(after.ev(event.TurnStarted, time.Second, func(e *event.Event) { e.Text = "after the restore" }))
+		flush(t, s)
+		h := msgs(mustHistory(t, s, "s"))
+		if len(h) != 2 || h[0].Text != "from the backup" || h[1].Text != "after the restore" {
+			t.Errorf("history after the replacement = %+v, want the backup's message and the new one", h)
 		}
 		if got := hl.transitions(); len(got) != 2 {
 			t.Errorf("OnHealth transitions = %v, want [unwritable recovered]", got)

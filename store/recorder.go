@@ -20,13 +20,14 @@ import (
 //
 // Beyond Options.QueueSize queued events (a slow or failing disk), events
 // are shed by kind:
-//   - TurnStarted, Aborted, Finished, ForceFinalized and SessionReset are
-//     never shed: they wait beyond the queue size (counted in Spilled). A
-//     lost ending would leave its turn "running" and the next start would
-//     tell the user a false "interrupted"; a lost start would let an ending
-//     create the turn without its question. They are bounded by the turns
-//     that can run: while the store cannot write, new turns are refused
-//     (see Health).
+//   - TurnStarted, Aborted, Finished and ForceFinalized are never shed:
+//     they wait beyond the queue size (counted in Spilled). A lost ending
+//     would leave its turn "running" and the next start would tell the user
+//     a false "interrupted"; a lost start would let an ending create the
+//     turn without its question. They are bounded by the turns that can
+//     run: while the store cannot write, new turns are refused (see
+//     Health). SessionReset (/new, which is not a turn and is not refused)
+//     is kept too, until another QueueSize events have spilled.
 //   - StepStarted, StepCompleted, Paused, Resumed, Progress and Recovered
 //     are shed and counted (Dropped): losing them only makes the recorded
 //     current step, the journal and the stall history less detailed.
@@ -61,7 +62,7 @@ func (s *SQLite) Handle(ev event.Event) {
 	switch {
 	case len(s.spill) == 0 && s.ring.len() < len(s.ring.buf):
 		s.ring.push(ev)
-	case neverShed(ev.Kind):
+	case neverShed(ev.Kind) && (ev.Kind != event.SessionReset || len(s.spill) < len(s.ring.buf)):
 		// Behind the full queue (and behind what already spilled, so the
 		// order holds).
 		s.spill = append(s.spill, ev)

@@ -82,6 +82,7 @@ type SQLite struct {
 	r    *sql.DB     // read-only pool; == w for ":memory:"
 	st   stmts       // prepared on w
 	file os.FileInfo // the file opened, to notice it being deleted or replaced
+	side sideFiles   // its -wal and -shm files, to remove only ours on a reopen
 
 	// Event recording (recorder.go).
 	qmu         sync.Mutex
@@ -168,9 +169,12 @@ type handles struct {
 	w, r *sql.DB
 	st   stmts
 	file os.FileInfo // nil for ":memory:"
+	side sideFiles
 }
 
-func (s *SQLite) setHandles(h *handles) { s.w, s.r, s.st, s.file = h.w, h.r, h.st, h.file }
+func (s *SQLite) setHandles(h *handles) {
+	s.w, s.r, s.st, s.file, s.side = h.w, h.r, h.st, h.file, h.side
+}
 
 func (h *handles) close() error {
 	errs := []error{h.st.close()}
@@ -242,6 +246,7 @@ func openDBs(ctx context.Context, path string, memory bool, busy time.Duration) 
 		if h.file, err = os.Stat(path); err != nil {
 			return nil, err
 		}
+		h.side.note(path)
 		rq := params("query_only(1)")
 		h.r, err = sql.Open("sqlite", dsn(path, false, rq))
 		if err != nil {
