@@ -56,8 +56,8 @@ func (s *SQLite) setHealth(err error) {
 	defer s.healthMu.Unlock()
 	prev := s.unwrit
 	if err == nil {
-		if prev == nil {
-			return
+		if prev == nil || s.fileMissing {
+			return // writes to a deleted file succeed: only a reopen ends that
 		}
 		s.unwrit = nil
 		s.log.Warn("store: writing again; new turns are accepted", "unwritable_for", time.Since(prev.Since).Round(time.Millisecond).String())
@@ -67,6 +67,9 @@ func (s *SQLite) setHealth(err error) {
 		return
 	}
 	if prev != nil {
+		if s.fileMissing {
+			return
+		}
 		prev.Err = err
 		if r := reasonOf(err); r != prev.Reason {
 			prev.Reason = r
@@ -139,7 +142,9 @@ func reasonOf(err error) string {
 // maintain runs on the writer goroutine between batches: it makes sure the
 // file is still the one open and, while the store cannot write, probes.
 func (s *SQLite) maintain() {
-	s.checkFile()
+	if !s.checkFile() {
+		return
+	}
 	if s.Health() != nil {
 		s.setHealth(s.probe())
 	}
@@ -179,27 +184,40 @@ func (s *SQLite) probe() error {
 // file is opened (and migrated) instead. Either way the old file's -wal and
 // -shm are removed first (see sideFiles). Until that succeeds the store is
 // unwritable (an alert, readiness fails) and it is retried at each check.
-func (s *SQLite) checkFile() {
+//
+// It reports whether the file is (again) the one open.
+func (s *SQLite) checkFile() bool {
 	if s.memory || s.closed.Load() {
-		return
+		return true
 	}
 	fi, err := os.Stat(s.path)
 	gone := errors.Is(err, os.ErrNotExist)
 	switch {
 	case err != nil && !gone:
-		return // cannot tell (permissions); the writes will say
+		return true // cannot tell (permissions); the writes will say
 	case err == nil && s.file != nil && os.SameFile(fi, s.file):
 		s.side.note(s.path) // the -wal and -shm files exist once used
-		return
+		return true
 	}
+	s.setFileMissing(true)
 	s.setHealth(errFileGone)
 	if err := s.reopen(gone); err != nil {
 		s.log.Error("store: cannot recreate the database file; retrying", "path", s.path, "err", err)
-		return
+		return false
 	}
 	s.log.Warn("store: the database file was deleted or replaced under the running gateway and has been reopened",
 		"path", s.path, "recreated_from_open_copy", gone)
+	s.setFileMissing(false)
 	s.setHealth(s.probe())
+	return true
+}
+
+// setFileMissing marks the database file as gone (the store is unwritable
+// whatever writes to the old file do) until a reopen succeeds.
+func (s *SQLite) setFileMissing(v bool) {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	s.fileMissing = v
 }
 
 // reopen swaps the database handles for ones on a fresh opening of path,

@@ -358,3 +358,55 @@ func TestReplacedFileIsOpened(t *testing.T) {
 		}
 	})
 }
+
+// TestFileGoneStaysUnwritableUntilRecreated: while the file cannot be
+// recreated (its directory is gone), the store stays unwritable even
+// though writes into the open, deleted file succeed; events are still
+// recorded (into the open copy) and survive in the file recreated once the
+// directory is back.
+func TestFileGoneStaysUnwritableUntilRecreated(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var hl healthLog
+		dir := filepath.Join(t.TempDir(), "data")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "turnguard.db")
+		s := open(t, path, store.Options{OnHealth: hl.note})
+		tr := newTurn("run-1", "s")
+		s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
+		flush(t, s)
+
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		faketime.Advance(3 * time.Second)
+		synctest.Wait()
+		s.Handle(tr.ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a" }))
+		flush(t, s)
+		faketime.Advance(10 * time.Second)
+		synctest.Wait()
+		if err := s.Health(); !errors.Is(err, store.ErrUnwritable) || !strings.Contains(err.Error(), "deleted") {
+			t.Fatalf("Health with the directory gone = %v, want unwritable: file deleted", err)
+		}
+
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		faketime.Advance(3 * time.Second)
+		synctest.Wait()
+		if err := s.Health(); err != nil {
+			t.Fatalf("Health once the directory is back = %v", err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s2 := open(t, path, store.Options{})
+		if h := msgs(mustHistory(t, s2, "s")); len(h) != 2 || h[1].Text != "a" {
+			t.Errorf("history in the recreated file = %+v, want the question and the reply", h)
+		}
+		if got := hl.transitions(); len(got) != 2 {
+			t.Errorf("OnHealth transitions = %v, want [unwritable recovered]", got)
+		}
+	})
+}

@@ -105,10 +105,11 @@ type SQLite struct {
 	progress  chan struct{} // closed and replaced after each batch, guarded by mu
 
 	// Health (health.go).
-	healthMu sync.Mutex
-	unwrit   *UnwritableError // nil while writes succeed, guarded by healthMu
-	onHealth func(error)
-	poke     chan struct{} // 1-buffered: a synchronous write failed; probe soon
+	healthMu    sync.Mutex
+	unwrit      *UnwritableError // nil while writes succeed, guarded by healthMu
+	fileMissing bool             // the file was deleted or replaced and not yet reopened, guarded by healthMu
+	onHealth    func(error)
+	poke        chan struct{} // 1-buffered: a synchronous write failed; probe soon
 
 	retention Retention
 	pruneDone chan struct{} // closed when the pruner has exited; nil without one

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,27 +35,7 @@ func TestDiskFullRefusesTurnsAndRecovers(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", disk).Run() })
 
-	var mu sync.Mutex
-	var hooks []map[string]any
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]any
-		if json.NewDecoder(r.Body).Decode(&body) == nil {
-			mu.Lock()
-			hooks = append(hooks, body)
-			mu.Unlock()
-		}
-	}))
-	defer hook.Close()
-	kinds := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		var out []string
-		for _, h := range hooks {
-			out = append(out, fmt.Sprint(h["kind"]))
-		}
-		return out
-	}
-
+	hook, kinds := alertHook(t)
 	dir := t.TempDir()
 	p := startGateway(t, dir, fmt.Sprintf(`server:
   listen: 127.0.0.1:0
@@ -102,13 +83,13 @@ alerts:
 		res.Error == nil || !res.Error.Retryable {
 		t.Fatalf("chat.send while unready: %+v", res.Error)
 	}
-	waitFor(t, 10*time.Second, "the store_unwritable alert", func() bool { return strings.Contains(strings.Join(kinds(), " "), "store_unwritable") })
+	waitFor(t, 10*time.Second, "the store_unwritable alert", func() bool { return slices.Contains(kinds(), "store_unwritable") })
 
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "/readyz 200 after space returned", func() bool { c, _ := p.get("/readyz"); return c == http.StatusOK })
-	waitFor(t, 10*time.Second, "the recovered alert", func() bool { return strings.Contains(strings.Join(kinds(), " "), "recovered") })
+	waitFor(t, 10*time.Second, "the recovered alert", func() bool { return slices.Contains(kinds(), "recovered") })
 	if got := kinds(); len(got) != 2 {
 		t.Errorf("webhook alerts %v, want [store_unwritable recovered]", got)
 	}
@@ -119,6 +100,85 @@ alerts:
 		if len(h) != 2 || h[1].Role != "assistant" {
 			t.Errorf("history of %s after recovery has %d messages, want the question and the reply", run, len(h))
 		}
+	}
+}
+
+// alertHook is a webhook receiver for operator alerts; kinds lists the
+// kinds received so far.
+func alertHook(t *testing.T) (*httptest.Server, func() []string) {
+	var mu sync.Mutex
+	var got []string
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Kind string }
+		if json.NewDecoder(r.Body).Decode(&body) == nil {
+			mu.Lock()
+			got = append(got, body.Kind)
+			mu.Unlock()
+		}
+	}))
+	t.Cleanup(hook.Close)
+	return hook, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), got...)
+	}
+}
+
+// TestDatabaseDirectoryRemovedRefusesTurnsAndRecovers: with the built
+// gateway, the store's directory is removed (the file and everything next
+// to it): the store cannot recreate the file, so /readyz answers 503, new
+// turns are refused (retryable) and one alert is sent; once the directory
+// is back, the file is recreated from the open copy by itself — history
+// kept — and turns are accepted again. Runs without root.
+func TestDatabaseDirectoryRemovedRefusesTurnsAndRecovers(t *testing.T) {
+	hook, kinds := alertHook(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := startGateway(t, dir, fmt.Sprintf(`server:
+  listen: 127.0.0.1:0
+  token: %s
+store:
+  path: %s
+alerts:
+  webhookURL: %s/hook
+`, testToken, filepath.Join(data, "gateway.db"), hook.URL))
+	cl := dialGateway(t, p.addr, testToken)
+	chatSend(cl, "main", "run-before", "/steps say:before")
+	cl.waitEvent("chat", 10*time.Second, chatState("run-before", "final"))
+
+	if err := os.RemoveAll(data); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "/readyz 503 after the directory was removed", func() bool {
+		c, _ := p.get("/readyz")
+		return c == http.StatusServiceUnavailable
+	})
+	if _, body := p.get("/readyz"); !strings.Contains(body, "deleted or replaced") {
+		t.Errorf("/readyz reason %s, want it to say the database file was deleted", body)
+	}
+	res := cl.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:x", "idempotencyKey": "run-refused"})
+	if res.OK || res.Error == nil || res.Error.Code != "UNAVAILABLE" || !res.Error.Retryable ||
+		!strings.Contains(res.Error.Message, "try again shortly") {
+		t.Fatalf("chat.send while the store cannot write: ok=%v %+v", res.OK, res.Error)
+	}
+	waitFor(t, 10*time.Second, "the store_unwritable alert", func() bool { return slices.Contains(kinds(), "store_unwritable") })
+
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "/readyz 200 once the directory is back", func() bool { c, _ := p.get("/readyz"); return c == http.StatusOK })
+	waitFor(t, 10*time.Second, "the recovered alert", func() bool { return slices.Contains(kinds(), "recovered") })
+	if _, err := os.Stat(filepath.Join(data, "gateway.db")); err != nil {
+		t.Fatalf("database file not recreated: %v", err)
+	}
+	chatSend(cl, "main", "run-after", "/steps say:after")
+	cl.waitEvent("chat", 10*time.Second, chatState("run-after", "final"))
+	h := history(t, cl, "main")
+	if len(h) != 4 || h[1].Content[0].Text != "before" || h[3].Content[0].Text != "after" {
+		t.Errorf("history after recovery = %+v, want before and after", h)
 	}
 }
 
