@@ -35,19 +35,7 @@ func TestDiskFullRefusesTurnsAndRecovers(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", disk).Run() })
 
-	hook, kinds := alertHook(t)
-	dir := t.TempDir()
-	p := startGateway(t, dir, fmt.Sprintf(`server:
-  listen: 127.0.0.1:0
-  token: %s
-store:
-  path: %s
-alerts:
-  webhookURL: %s/hook
-`, testToken, filepath.Join(disk, "gateway.db"), hook.URL))
-	cl := dialGateway(t, p.addr, testToken)
-	chatSend(cl, "warm", "run-warm", "/steps say:hello")
-	cl.waitEvent("chat", 10*time.Second, chatState("run-warm", "final"))
+	p, cl, kinds := startStoreGateway(t, filepath.Join(disk, "gateway.db"), "warm")
 
 	filler := filepath.Join(disk, "filler")
 	fill(t, filler)
@@ -103,6 +91,26 @@ alerts:
 	}
 }
 
+// startStoreGateway starts the built gateway with its store at dbPath and
+// operator alerts to a webhook (kinds lists those received), and runs one
+// turn ("hello") in session.
+func startStoreGateway(t *testing.T, dbPath, session string) (*gatewayProc, *wsClient, func() []string) {
+	t.Helper()
+	hook, kinds := alertHook(t)
+	p := startGateway(t, t.TempDir(), fmt.Sprintf(`server:
+  listen: 127.0.0.1:0
+  token: %s
+store:
+  path: %s
+alerts:
+  webhookURL: %s/hook
+`, testToken, dbPath, hook.URL))
+	cl := dialGateway(t, p.addr, testToken)
+	chatSend(cl, session, "run-first", "/steps say:hello")
+	cl.waitEvent("chat", 10*time.Second, chatState("run-first", "final"))
+	return p, cl, kinds
+}
+
 // alertHook is a webhook receiver for operator alerts; kinds lists the
 // kinds received so far.
 func alertHook(t *testing.T) (*httptest.Server, func() []string) {
@@ -131,23 +139,11 @@ func alertHook(t *testing.T) (*httptest.Server, func() []string) {
 // is back, the file is recreated from the open copy by itself — history
 // kept — and turns are accepted again. Runs without root.
 func TestDatabaseDirectoryRemovedRefusesTurnsAndRecovers(t *testing.T) {
-	hook, kinds := alertHook(t)
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
+	data := filepath.Join(t.TempDir(), "data")
 	if err := os.Mkdir(data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p := startGateway(t, dir, fmt.Sprintf(`server:
-  listen: 127.0.0.1:0
-  token: %s
-store:
-  path: %s
-alerts:
-  webhookURL: %s/hook
-`, testToken, filepath.Join(data, "gateway.db"), hook.URL))
-	cl := dialGateway(t, p.addr, testToken)
-	chatSend(cl, "main", "run-before", "/steps say:before")
-	cl.waitEvent("chat", 10*time.Second, chatState("run-before", "final"))
+	p, cl, kinds := startStoreGateway(t, filepath.Join(data, "gateway.db"), "main")
 
 	if err := os.RemoveAll(data); err != nil {
 		t.Fatal(err)
@@ -177,7 +173,7 @@ alerts:
 	chatSend(cl, "main", "run-after", "/steps say:after")
 	cl.waitEvent("chat", 10*time.Second, chatState("run-after", "final"))
 	h := history(t, cl, "main")
-	if len(h) != 4 || h[1].Content[0].Text != "before" || h[3].Content[0].Text != "after" {
+	if len(h) != 4 || h[1].Content[0].Text != "hello" || h[3].Content[0].Text != "after" {
 		t.Errorf("history after recovery = %+v, want before and after", h)
 	}
 }
