@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -52,7 +53,8 @@ func (h *healthLog) transitions() []string {
 func TestDiskFullKeepsEndingsAndRecovers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var hl healthLog
-		s := open(t, dbPath(t), store.Options{OnHealth: hl.note})
+		var attempts atomic.Int64 // batch writes tried
+		s := open(t, dbPath(t), store.WithBeforeBatch(store.Options{OnHealth: hl.note}, func() { attempts.Add(1) }))
 		ctx := context.Background()
 		tr := newTurn("run-1", "s")
 		s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
@@ -77,9 +79,15 @@ func TestDiskFullKeepsEndingsAndRecovers(t *testing.T) {
 			t.Errorf("Enqueue of a big message into a full database succeeded")
 		}
 
-		// A minute of retries: still full, nothing lost, nothing failed.
+		// A minute of retries: still full, nothing lost, nothing failed; the
+		// retries back off (0.1 s doubling to 5 s: 6 tries in the first
+		// 6.3 s, then one each 5 s), they do not spin.
+		before := attempts.Load()
 		faketime.Advance(time.Minute)
 		synctest.Wait()
+		if n := attempts.Load() - before; n < 12 || n > 20 {
+			t.Errorf("%d write attempts in a minute of a full disk, want 12–20 (backoff up to 5 s)", n)
+		}
 		if got := mustTurn(t, s, "run-1").State; got != store.TurnRunning {
 			t.Errorf("turn state while full = %s (the ending cannot have been written)", got)
 		}
