@@ -97,6 +97,13 @@ func defaults() map[string]any {
 		"store.path":      "turnguard.db",
 		"store.queueSize": 4096,
 
+		"store.retention.historyDays":           90,
+		"store.retention.maxMessagesPerSession": 5000,
+		"store.retention.journalDays":           30,
+		"store.retention.outboxDays":            7,
+		"store.retention.intervalMinutes":       60,
+		"store.retention.batchRows":             500,
+
 		"alerts.stepTimeoutBurst": 5,
 		"alerts.window":           10 * time.Minute,
 	}

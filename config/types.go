@@ -138,8 +138,20 @@ type Watchdog struct {
 
 // Store configures persistence.
 type Store struct {
-	Path      string `koanf:"path"`      // SQLite file; default turnguard.db; ":memory:" for none
-	QueueSize int    `koanf:"queueSize"` // asynchronous write queue; default 4096
+	Path      string         `koanf:"path"`      // SQLite file; default turnguard.db; ":memory:" for none
+	QueueSize int            `koanf:"queueSize"` // asynchronous write queue; default 4096
+	Retention StoreRetention `koanf:"retention"`
+}
+
+// StoreRetention is what the store prunes, and how often (store.retention.*).
+// A zero age or count keeps those rows forever. Read at start-up.
+type StoreRetention struct {
+	HistoryDays           int `koanf:"historyDays"`           // chat history and ended turns; default 90, 0–3650
+	MaxMessagesPerSession int `koanf:"maxMessagesPerSession"` // newest kept per session; default 5000, 0–1000000
+	JournalDays           int `koanf:"journalDays"`           // journal and stall history; default 30, 0–3650
+	OutboxDays            int `koanf:"outboxDays"`            // delivered or given-up outbox rows; default 7, 0–3650
+	IntervalMinutes       int `koanf:"intervalMinutes"`       // how often; default 60, 1–1440
+	BatchRows             int `koanf:"batchRows"`             // rows per delete transaction; default 500, 1–10000
 }
 
 // Alerts configures operator alerts.

@@ -223,6 +223,22 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 		p.add("store.path", `must not be empty (use ":memory:" for no file)`)
 	}
 	p.positive("store.queueSize", c.Store.QueueSize)
+	for _, r := range []struct {
+		key      string
+		v        int
+		min, max int
+	}{
+		{"store.retention.historyDays", c.Store.Retention.HistoryDays, 0, 3650},
+		{"store.retention.maxMessagesPerSession", c.Store.Retention.MaxMessagesPerSession, 0, 1_000_000},
+		{"store.retention.journalDays", c.Store.Retention.JournalDays, 0, 3650},
+		{"store.retention.outboxDays", c.Store.Retention.OutboxDays, 0, 3650},
+		{"store.retention.intervalMinutes", c.Store.Retention.IntervalMinutes, 1, 1440},
+		{"store.retention.batchRows", c.Store.Retention.BatchRows, 1, 10_000},
+	} {
+		if r.v < r.min || r.v > r.max {
+			p.add(r.key, "must be a whole number from %d to %d, got %d", r.min, r.max, r.v)
+		}
+	}
 
 	p.positive("alerts.stepTimeoutBurst", c.Alerts.StepTimeoutBurst)
 	if c.Alerts.Window <= 0 {

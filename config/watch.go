@@ -49,6 +49,7 @@ var restartOnly = []struct {
 	{"server.listen", func(c *Config) any { return c.Server.Listen }},
 	{"store.path", func(c *Config) any { return c.Store.Path }},
 	{"store.queueSize", func(c *Config) any { return c.Store.QueueSize }},
+	{"store.retention", func(c *Config) any { return c.Store.Retention }},
 	{"channels.telegram.enabled", func(c *Config) any { return c.Channels.Telegram.Enabled }},
 	{"channels.telegram.token", func(c *Config) any { return c.Channels.Telegram.Token }},
 	{"channels.telegram.mode", func(c *Config) any { return c.Channels.Telegram.Mode }},

@@ -44,6 +44,7 @@ var (
 	ErrWrongSession = errors.New("runId does not match sessionKey")
 	ErrShutdown     = errors.New("gateway is shutting down")
 	ErrRunnerStuck  = errors.New("runner refuses new turns: too many of its runs ignore cancellation")
+	ErrUnavailable  = errors.New("gateway cannot start new turns right now")
 )
 
 // RunnerStuckError is returned by Send when the channel's runner has
@@ -70,6 +71,19 @@ func (e *RunnerStuckError) UserText() string {
 // edge-triggered (one per change), in order, outside the engine's main
 // lock; it must not block or call the engine.
 type StuckRunsFunc func(runner string, stuck, limit int, saturated bool)
+
+// UnavailableError is returned by Send when Options.Admit refuses new turns
+// (the store cannot write). It is temporary: the client should retry
+// shortly.
+type UnavailableError struct{ Cause error }
+
+func (e *UnavailableError) Error() string { return fmt.Sprintf("%s: %v", ErrUnavailable, e.Cause) }
+func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
+
+// UserText is what a channel shows a person; it never names the cause.
+func (e *UnavailableError) UserText() string {
+	return "⚠️ I can't start new requests right now because of a temporary problem on the server. Please try again shortly."
+}
 
 // BusyError is returned by Send when the session already has an active turn.
 type BusyError struct {
@@ -143,6 +157,11 @@ type Options struct {
 	// StuckRuns, optional, is told when a runner's stuck runs reach
 	// server.maxStuckRuns and when they drop below it (operator alerts).
 	StuckRuns StuckRunsFunc
+	// Admit, when set, is asked before each new turn; an error refuses it
+	// with an *UnavailableError (for example while the store cannot write,
+	// so a turn would leave no trace). Repeated idempotency keys are still
+	// answered.
+	Admit func() error
 }
 
 // Engine runs turns. Create with New, then Start. Methods are safe for
@@ -153,6 +172,7 @@ type Engine struct {
 	log      *slog.Logger
 	loadHist HistoryLoader
 	onStuck  StuckRunsFunc
+	admit    func() error
 
 	errs  *errlog.Ring
 	reg   *abort.Registry
@@ -220,7 +240,7 @@ func New(opts Options) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
-		stuck: map[string]int{}, refusing: map[string]bool{},
+		admit: opts.Admit, stuck: map[string]int{}, refusing: map[string]bool{},
 		bus: event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
 	}
@@ -304,6 +324,11 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
 	}
 	e.mu.Unlock()
+	if e.admit != nil {
+		if err := e.admit(); err != nil {
+			return Ack{}, &UnavailableError{Cause: err}
+		}
+	}
 
 	if len(req.Text) == 0 || !hasNonSpace(req.Text) {
 		return Ack{}, ErrEmpty

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"net/url"
 )
 
@@ -56,4 +57,45 @@ func JournalMode(ctx context.Context, path string) (string, error) {
 	var mode string
 	err = db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode)
 	return mode, err
+}
+
+// LimitPages sets SQLite's max_page_count on the store's write connection
+// to the current page count plus extra, so writes that need more pages fail
+// with SQLITE_FULL (a full disk, for tests); a large extra lifts the limit.
+func LimitPages(s *SQLite, extra int64) (int64, error) {
+	s.dbMu.RLock()
+	defer s.dbMu.RUnlock()
+	ctx := context.Background()
+	var n int64
+	if err := s.w.QueryRowContext(ctx, "PRAGMA page_count").Scan(&n); err != nil {
+		return 0, err
+	}
+	var got int64
+	err := s.w.QueryRowContext(ctx, fmt.Sprintf("PRAGMA max_page_count = %d", n+extra)).Scan(&got)
+	return got, err
+}
+
+// Pages reports the database's page count and its free pages, as the write
+// connection sees them.
+func Pages(s *SQLite) (pages, free int64, err error) {
+	s.dbMu.RLock()
+	defer s.dbMu.RUnlock()
+	ctx := context.Background()
+	if err := s.w.QueryRowContext(ctx, "PRAGMA page_count").Scan(&pages); err != nil {
+		return 0, 0, err
+	}
+	err = s.w.QueryRowContext(ctx, "PRAGMA freelist_count").Scan(&free)
+	return pages, free, err
+}
+
+// IntegrityCheck runs PRAGMA integrity_check on the database at path.
+func IntegrityCheck(ctx context.Context, path string) (string, error) {
+	db, err := sql.Open("sqlite", dsn(path, false, url.Values{}))
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	var res string
+	err = db.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&res)
+	return res, err
 }

@@ -21,9 +21,11 @@ import (
 // Channel, RunID, Text and a valid Kind are required (ErrInvalid); ChatRef
 // may be empty for channels that need none.
 func (s *SQLite) Enqueue(ctx context.Context, m OutboxMessage) (int64, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return 0, err
 	}
+	defer release()
 	switch {
 	case m.Channel == "":
 		return 0, fmt.Errorf("enqueue: no channel: %w", ErrInvalid)
@@ -36,7 +38,7 @@ func (s *SQLite) Enqueue(ctx context.Context, m OutboxMessage) (int64, error) {
 	}
 	var id int64
 	dup := false
-	err := s.durably(ctx, func(tx *sql.Tx) error {
+	err = s.durably(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
 			VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, kind) DO NOTHING`,
 			m.Channel, m.ChatRef, m.RunID, string(m.Kind), m.Text, nanos(time.Now()))
@@ -89,10 +91,12 @@ func (s *SQLite) MarkFailed(ctx context.Context, id int64, reason string) error 
 }
 
 func (s *SQLite) updateOutbox(ctx context.Context, what string, id int64, query string, args ...any) error {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return err
 	}
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	defer release()
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, query, args...)
 		if err != nil {
 			return err
@@ -108,6 +112,7 @@ func (s *SQLite) updateOutbox(ctx context.Context, what string, id int64, query 
 		}
 		return nil // MarkFailed on a delivered message: delivered stands
 	})
+	s.noteWrite(err)
 	if err != nil {
 		return fmt.Errorf("outbox %s %d: %w", what, id, err)
 	}
@@ -118,13 +123,14 @@ func (s *SQLite) updateOutbox(ctx context.Context, what string, id int64, query 
 // first, for channel ("" for every channel). A channel calls it at start-up
 // to resend what the previous process could not deliver.
 func (s *SQLite) Pending(ctx context.Context, channel string, limit int) ([]OutboxMessage, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	const cols = `SELECT id, channel, chat_ref, run_id, kind, text, created_at, attempts, last_error, last_attempt_at
 		FROM outbox WHERE delivered_at IS NULL AND failed_at IS NULL`
 	var rows *sql.Rows
-	var err error
 	if channel == "" {
 		rows, err = s.r.QueryContext(ctx, cols+` ORDER BY id LIMIT ?`, clampLimit(limit))
 	} else {
@@ -154,11 +160,13 @@ func (s *SQLite) Pending(ctx context.Context, channel string, limit int) ([]Outb
 
 // Counts counts outbox messages by status.
 func (s *SQLite) Counts(ctx context.Context) (OutboxCounts, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return OutboxCounts{}, err
 	}
+	defer release()
 	var c OutboxCounts
-	err := s.r.QueryRowContext(ctx, `SELECT
+	err = s.r.QueryRowContext(ctx, `SELECT
 			count(*) FILTER (WHERE delivered_at IS NULL AND failed_at IS NULL),
 			count(*) FILTER (WHERE delivered_at IS NOT NULL),
 			count(*) FILTER (WHERE delivered_at IS NULL AND failed_at IS NOT NULL)

@@ -16,9 +16,11 @@ import (
 // reset (/new), oldest first (what chat.history returns). An unknown session has an empty history. Messages
 // still in the recorder's queue are not included; see Flush.
 func (s *SQLite) History(ctx context.Context, sessionKey string, limit int) ([]Message, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	rows, err := s.r.QueryContext(ctx, `SELECT run_id, role, text, stop_reason, created_at FROM (
 			SELECT id, run_id, role, text, stop_reason, created_at FROM messages
 			WHERE session_key = ?1
@@ -47,9 +49,11 @@ func (s *SQLite) History(ctx context.Context, sessionKey string, limit int) ([]M
 
 // Sessions returns up to limit sessions, most recently updated first.
 func (s *SQLite) Sessions(ctx context.Context, limit int) ([]Session, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	rows, err := s.r.QueryContext(ctx, `SELECT s.key, s.created_at, s.updated_at,
 			(SELECT count(*) FROM messages m WHERE m.session_key = s.key)
 		FROM sessions s ORDER BY s.updated_at DESC, s.key LIMIT ?`, clampLimit(limit))
@@ -109,9 +113,11 @@ func (n nullStep) step() event.Step {
 // Turn returns the recorded turn with runID, or an error wrapping
 // ErrNotFound.
 func (s *SQLite) Turn(ctx context.Context, runID string) (Turn, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return Turn{}, err
 	}
+	defer release()
 	t, err := scanTurn(s.r.QueryRowContext(ctx, `SELECT `+turnColumns+` FROM turns WHERE run_id = ?`, runID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Turn{}, fmt.Errorf("turn %q: %w", runID, ErrNotFound)
@@ -126,9 +132,11 @@ func (s *SQLite) Turn(ctx context.Context, runID string) (Turn, error) {
 // at start-up, before any turn starts, it lists the turns the previous
 // process was cut off in: end each with MarkInterrupted.
 func (s *SQLite) RunningTurns(ctx context.Context) ([]Turn, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	rows, err := s.r.QueryContext(ctx, `SELECT `+turnColumns+` FROM turns
 		WHERE state = 'running' ORDER BY started_at, run_id`)
 	if err != nil {
@@ -158,12 +166,14 @@ func (s *SQLite) RunningTurns(ctx context.Context) ([]Turn, error) {
 // It returns false if the turn had already ended, and an error wrapping
 // ErrNotFound if there is no such turn.
 func (s *SQLite) MarkInterrupted(ctx context.Context, runID, message string) (bool, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return false, err
 	}
+	defer release()
 	now := time.Now()
 	won := false
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var sessionKey string
 		var started int64
 		var cur nullStep
@@ -206,6 +216,7 @@ func (s *SQLite) MarkInterrupted(ctx context.Context, runID, message string) (bo
 		}
 		return nil
 	})
+	s.noteWrite(err)
 	if err != nil {
 		return false, fmt.Errorf("mark turn %q interrupted: %w", runID, err)
 	}
@@ -215,9 +226,11 @@ func (s *SQLite) MarkInterrupted(ctx context.Context, runID, message string) (bo
 // Journal returns the journal entries matching f, oldest first (the most
 // recent f.Limit of them).
 func (s *SQLite) Journal(ctx context.Context, f Filter) ([]JournalEntry, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	where, args := f.where()
 	args = append(args, clampLimit(f.Limit))
 	rows, err := s.r.QueryContext(ctx, `SELECT id, run_id, session_key, seq, kind, stop_reason, step_kind, step_name,

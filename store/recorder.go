@@ -15,9 +15,25 @@ import (
 
 // Handle records ev. It is an event.Handler for bus.Subscribe("", …): it is
 // called on the publishing goroutine, so it never blocks, never does I/O
-// and never fails. It copies ev into the bounded queue; when the queue is
-// full, or the store is closed, the event is dropped and counted (Dropped).
-// Delta events are ignored (the reply is recorded whole when the turn ends).
+// and never fails. It appends ev to the writer's queue. Delta events are
+// ignored (the reply is recorded whole when the turn ends).
+//
+// Beyond Options.QueueSize queued events (a slow or failing disk), events
+// are shed by kind:
+//   - TurnStarted, Aborted, Finished and ForceFinalized are never shed:
+//     they wait beyond the queue size (counted in Spilled). A lost ending
+//     would leave its turn "running" and the next start would tell the user
+//     a false "interrupted"; a lost start would let an ending create the
+//     turn without its question. They are bounded by the turns that can
+//     run: while the store cannot write, new turns are refused (see
+//     Health). SessionReset (/new, which is not a turn and is not refused)
+//     is kept too, until another QueueSize events have spilled.
+//   - StepStarted, StepCompleted, Paused, Resumed, Progress and Recovered
+//     are shed and counted (Dropped): losing them only makes the recorded
+//     current step, the journal and the stall history less detailed.
+//
+// Events are written in the order Handle received them, whatever was shed.
+// After Close every event is dropped and counted.
 //
 // The writer goroutine applies queued events in order, in batches of up to
 // Options.BatchSize per transaction:
@@ -30,7 +46,10 @@ import (
 //     first ending of a turn counts.
 //   - Every event except Delta, including the above, is journaled.
 //
-// An event without a run id or session key is counted as failed.
+// A batch that fails for the state of the disk or the file (full, I/O
+// error, read-only, locked) is kept and retried with backoff until it is
+// written; meanwhile Health reports the store as unwritable. An event
+// without a run id or session key is counted as failed.
 func (s *SQLite) Handle(ev event.Event) {
 	if ev.Kind == event.Delta {
 		return
@@ -39,33 +58,61 @@ func (s *SQLite) Handle(ev event.Event) {
 		s.dropped.Add(1)
 		return
 	}
-	select {
-	case s.queue <- ev:
-		s.enqueued.Add(1)
+	s.qmu.Lock()
+	switch {
+	case len(s.spill) == 0 && s.ring.len() < len(s.ring.buf):
+		s.ring.push(ev)
+	case neverShed(ev.Kind) && (ev.Kind != event.SessionReset || len(s.spill) < len(s.ring.buf)):
+		// Behind the full queue (and behind what already spilled, so the
+		// order holds).
+		s.spill = append(s.spill, ev)
+		s.spilled.Add(1)
 	default:
+		s.qmu.Unlock()
 		s.dropped.Add(1)
+		return
+	}
+	s.enqueued.Add(1)
+	s.qmu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 
-// Dropped reports how many events Handle refused because the queue was full
-// (or the store closed).
+// neverShed reports whether events of kind k are kept however long the
+// queue is.
+func neverShed(k event.Kind) bool {
+	switch k {
+	case event.TurnStarted, event.Aborted, event.Finished, event.ForceFinalized, event.SessionReset:
+		return true
+	}
+	return false
+}
+
+// Dropped reports how many events Handle shed because the queue was full
+// (or refused because the store was closed).
 func (s *SQLite) Dropped() uint64 { return s.dropped.Load() }
 
 // QueueDepth reports how many events are waiting for the writer.
-func (s *SQLite) QueueDepth() int { return len(s.queue) }
+func (s *SQLite) QueueDepth() int {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	return s.ring.len() + len(s.spill)
+}
 
 // Stats returns the recorder's counters.
 func (s *SQLite) Stats() Stats {
 	return Stats{
 		Enqueued: s.enqueued.Load(), Written: s.written.Load(), Dropped: s.dropped.Load(),
-		Failed: s.failed.Load(), QueueDepth: len(s.queue),
+		Spilled: s.spilled.Load(), Failed: s.failed.Load(), QueueDepth: s.QueueDepth(),
 	}
 }
 
 // Flush returns nil once every event that Handle accepted before the call
 // has been written or counted as failed. It returns ctx's error if ctx ends
-// first, and ErrClosed if the store is closed before then (Close itself
-// writes what was queued).
+// first (as it will while the store cannot write), and ErrClosed if the
+// store is closed before then (Close itself writes what was queued).
 func (s *SQLite) Flush(ctx context.Context) error {
 	target := s.enqueued.Load()
 	for {
@@ -91,52 +138,123 @@ func (s *SQLite) Flush(ctx context.Context) error {
 	}
 }
 
-// run is the writer goroutine.
+// run is the writer goroutine: it writes the queue, checks the file and,
+// while the store cannot write, probes it.
 func (s *SQLite) run() {
 	defer close(s.done)
+	check := time.NewTimer(checkInterval)
+	defer check.Stop()
 	batch := make([]event.Event, 0, s.batchSize)
+	stopping := false
 	for {
-		select {
-		case ev := <-s.queue:
-			batch = append(batch, ev)
-		case <-s.stop:
-			// Close: write what is queued, then exit.
-			for {
-				batch = s.fill(batch)
-				if len(batch) == 0 {
-					return
-				}
-				s.write(batch)
-				batch = batch[:0]
+		if batch = s.take(batch); len(batch) > 0 {
+			s.writeUntilDone(batch, &stopping)
+			clear(batch) // do not keep the texts alive until the slots are reused
+			batch = batch[:0]
+			select {
+			case <-check.C:
+				s.maintain()
+				check.Reset(checkInterval)
+			default:
 			}
+			continue
 		}
-		batch = s.fill(batch)
-		s.write(batch)
-		batch = batch[:0]
+		if stopping {
+			return
+		}
+		select {
+		case <-s.wake:
+		case <-s.stop:
+			stopping = true
+		case <-s.poke:
+			s.maintain()
+		case <-check.C:
+			s.maintain()
+			check.Reset(checkInterval)
+		}
 	}
 }
 
-// fill appends queued events to batch without waiting, up to the batch size.
-func (s *SQLite) fill(batch []event.Event) []event.Event {
-	for len(batch) < s.batchSize {
-		select {
-		case ev := <-s.queue:
-			batch = append(batch, ev)
-		default:
-			return batch
-		}
+// take moves up to a batch of queued events into batch, in the order
+// Handle received them: the ring first, then what spilled past it.
+func (s *SQLite) take(batch []event.Event) []event.Event {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	if s.ring.len() > 0 {
+		return s.ring.pop(batch, s.batchSize)
+	}
+	n := min(len(s.spill), s.batchSize)
+	batch = append(batch, s.spill[:n]...)
+	clear(s.spill[:n])
+	if s.spill = s.spill[n:]; len(s.spill) == 0 {
+		s.spill = nil
 	}
 	return batch
+}
+
+// ring is the fixed-size FIFO of queued events.
+type ring struct {
+	buf  []event.Event
+	head int // index of the oldest
+	n    int
+}
+
+func (r *ring) len() int { return r.n }
+
+func (r *ring) push(ev event.Event) {
+	r.buf[(r.head+r.n)%len(r.buf)] = ev
+	r.n++
+}
+
+// pop appends up to max of the oldest events to dst and clears their slots.
+func (r *ring) pop(dst []event.Event, max int) []event.Event {
+	for range min(r.n, max) {
+		dst = append(dst, r.buf[r.head])
+		r.buf[r.head] = event.Event{}
+		r.head = (r.head + 1) % len(r.buf)
+		r.n--
+	}
+	return dst
+}
+
+// writeUntilDone writes batch, retrying with backoff while it fails for
+// the state of the disk or the file. Once the store is closing it tries
+// once more and counts what still fails as failed.
+func (s *SQLite) writeUntilDone(batch []event.Event, stopping *bool) {
+	backoff := firstRetry
+	for {
+		err := s.write(batch)
+		if err == nil {
+			s.setHealth(nil)
+			return
+		}
+		s.setHealth(err)
+		if *stopping {
+			s.log.Error("store: closing while the store cannot write; events not recorded",
+				"count", len(batch), "first_run", batch[0].RunID, "err", err)
+			s.counted(0, uint64(len(batch)))
+			return
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-s.stop:
+			t.Stop()
+			*stopping = true
+		}
+		backoff = min(2*backoff, maxRetry)
+		s.checkFile()
+	}
 }
 
 // write applies batch in one transaction. Events that cannot be valid are
 // counted as failed without touching the database. If the transaction fails
 // because of one event's content (a constraint, a value too big), each
 // event is retried in its own transaction so that the bad one costs only
-// itself; any other failure (disk full, I/O error, a lock held past the busy
-// timeout) fails the whole batch at once, so a sick disk does not hold the
-// writer for batch-size × busy-timeout.
-func (s *SQLite) write(batch []event.Event) {
+// itself. Any other failure (disk full, I/O error, a lock held past the
+// busy timeout) is returned, and nothing of batch is counted: the caller
+// retries the whole batch.
+func (s *SQLite) write(batch []event.Event) error {
 	if s.beforeBatch != nil {
 		s.beforeBatch()
 	}
@@ -177,8 +295,7 @@ func (s *SQLite) write(batch []event.Event) {
 	case err == nil:
 		ok += uint64(len(valid))
 	case !eventSpecific(err):
-		bad += uint64(len(valid))
-		s.log.Error("store: events not recorded", "count", len(valid), "err", err)
+		return fmt.Errorf("write %d events: %w", len(valid), err)
 	default:
 		for i := range valid {
 			ev := &valid[i]
@@ -190,7 +307,12 @@ func (s *SQLite) write(batch []event.Event) {
 			ok++
 		}
 	}
-	clear(batch) // do not keep the texts alive until the slots are reused
+	s.counted(ok, bad)
+	return nil
+}
+
+// counted adds to the written and failed counters and wakes Flush.
+func (s *SQLite) counted(ok, bad uint64) {
 	s.written.Add(ok)
 	s.failed.Add(bad)
 	s.mu.Lock()

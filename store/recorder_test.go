@@ -662,3 +662,67 @@ func TestSessionResetSurvivesRestart(t *testing.T) {
 		t.Fatalf("history after reopening = %q", got)
 	}
 }
+
+// TestEndingsNeverDroppedWhenQueueFull: a full queue sheds progress-type
+// events but keeps every turn's start and ending, in order, so no ended turn
+// is left "running" (which the next start would report as interrupted).
+func TestEndingsNeverDroppedWhenQueueFull(t *testing.T) {
+	s, entered, release := heldWriter(t, store.Options{QueueSize: 3})
+	s.Handle(newTurn("warm", "w").ev(event.TurnStarted, 0, nil))
+	<-entered // the writer is held; everything below waits in the queue
+
+	const turns = 20
+	for i := range turns {
+		tr := newTurn(fmt.Sprintf("run-%02d", i), fmt.Sprintf("s%02d", i))
+		at := time.Duration(i) * time.Second
+		handleAll(s,
+			tr.ev(event.TurnStarted, at, func(e *event.Event) { e.Text = "q" }),
+			tr.ev(event.StepStarted, at, func(e *event.Event) { e.Step = step("tool", "t", 1, at) }),
+			tr.ev(event.Progress, at, func(e *event.Event) { e.Step = step("tool", "t", 1, at) }),
+		)
+		if i%2 == 0 {
+			s.Handle(tr.ev(event.Finished, at, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a" }))
+		} else {
+			s.Handle(tr.ev(event.Aborted, at, func(e *event.Event) {
+				e.StopReason, e.Message = event.ReasonTimeout, "⏱️ stopped"
+			}))
+		}
+	}
+	if s.Dropped() == 0 {
+		t.Errorf("Dropped() = 0: the overflow of progress events should be shed and counted")
+	}
+	release()
+	flush(t, s)
+	running, err := s.RunningTurns(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range running {
+		if r.RunID != "warm" {
+			t.Errorf("turn %s is still recorded as running: the next start would tell its user it was interrupted", r.RunID)
+		}
+	}
+	for i := range turns {
+		h := mustHistory(t, s, fmt.Sprintf("s%02d", i))
+		if len(h) != 2 || h[1].Role != store.RoleAssistant {
+			t.Errorf("session s%02d history = %+v, want the question and the ending", i, msgs(h))
+		}
+	}
+	if st := s.Stats(); st.Failed != 0 || st.Spilled == 0 {
+		t.Errorf("stats = %+v, want nothing failed and the kept starts and endings counted as spilled", st)
+	}
+
+	// The next start: only the turn that really never ended is cut off.
+	release()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := open(t, s.Path(), store.Options{})
+	running, err = s2.RunningTurns(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(running) != 1 || running[0].RunID != "warm" {
+		t.Errorf("after a restart, running turns = %+v: only \"warm\" may get an interrupted notice", running)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,8 +20,10 @@ import (
 
 // Options tune a SQLite store. The zero value is valid.
 type Options struct {
-	// QueueSize is how many events may wait for the writer; beyond it Handle
-	// drops. 0 means 4096 (config store.queueSize).
+	// QueueSize is how many events may wait for the writer before Handle
+	// starts shedding the events a turn can do without (see Handle). Turn
+	// starts and endings are never shed: they wait beyond it. 0 means 4096
+	// (config store.queueSize).
 	QueueSize int
 	// BatchSize is the most events written in one transaction. 0 means 256.
 	BatchSize int
@@ -30,6 +33,13 @@ type Options struct {
 	// Logger receives write failures (run ids and errors, never message
 	// text). nil means slog.Default().
 	Logger *slog.Logger
+	// Retention is what Prune removes and how often the store prunes on its
+	// own. The zero value keeps everything and never prunes.
+	Retention Retention
+	// OnHealth, when set, is called on the writer goroutine each time the
+	// store stops being able to write (err describes why, see Health) and
+	// when it can write again (err nil). It must not block.
+	OnHealth func(err error)
 
 	// beforeBatch, when set (tests only, see export_test.go), is called by
 	// the writer goroutine before it writes each batch.
@@ -41,6 +51,15 @@ const (
 	defaultBatchSize   = 256
 	defaultBusyTimeout = 5 * time.Second
 	readConns          = 4
+
+	// checkInterval is how often the writer makes sure the database file
+	// is still the one it opened (not deleted or replaced) and, while the
+	// store cannot write, probes whether it can again.
+	checkInterval = 2 * time.Second
+	// firstRetry and maxRetry bound the backoff between attempts to write a
+	// batch that failed for the state of the disk or the file.
+	firstRetry = 100 * time.Millisecond
+	maxRetry   = 5 * time.Second
 )
 
 // SQLite is the default Store: one SQLite file in WAL mode. All methods are
@@ -52,18 +71,29 @@ const (
 // small pool of read-only connections and never wait for writes.
 type SQLite struct {
 	path   string
-	w      *sql.DB // one connection; every write
-	r      *sql.DB // read-only pool; == w for ":memory:"
 	memory bool
 	log    *slog.Logger
-	st     stmts
+
+	// dbMu guards the handles below: every method holds it for reading
+	// while it uses them (acquire); the writer goroutine holds it for
+	// writing while it reopens a database file that was deleted.
+	dbMu sync.RWMutex
+	w    *sql.DB     // one connection; every write
+	r    *sql.DB     // read-only pool; == w for ":memory:"
+	st   stmts       // prepared on w
+	file os.FileInfo // the file opened, to notice it being deleted or replaced
+	side sideFiles   // its -wal and -shm files, to remove only ours on a reopen
 
 	// Event recording (recorder.go).
-	queue       chan event.Event
+	qmu         sync.Mutex
+	ring        ring          // the queue, Options.QueueSize events; guarded by qmu
+	spill       []event.Event // never-shed events queued after the ring filled, in order; guarded by qmu
+	wake        chan struct{} // 1-buffered: the queue has something
 	batchSize   int
 	beforeBatch func()
 	enqueued    atomic.Uint64
 	dropped     atomic.Uint64
+	spilled     atomic.Uint64
 	failed      atomic.Uint64
 	written     atomic.Uint64
 	closed      atomic.Bool
@@ -74,14 +104,25 @@ type SQLite struct {
 	processed uint64        // written + failed, guarded by mu
 	progress  chan struct{} // closed and replaced after each batch, guarded by mu
 
+	// Health (health.go).
+	healthMu    sync.Mutex
+	unwrit      *UnwritableError // nil while writes succeed, guarded by healthMu
+	fileMissing bool             // the file was deleted or replaced and not yet reopened, guarded by healthMu
+	onHealth    func(error)
+	poke        chan struct{} // 1-buffered: a synchronous write failed; probe soon
+
+	retention Retention
+	pruneDone chan struct{} // closed when the pruner has exited; nil without one
+	busy      time.Duration // BusyTimeout, for a reopen
+
 	closeOnce sync.Once
 	closeErr  error
 }
 
 // Open opens (creating if needed) the SQLite database at path, migrates its
-// schema to SchemaVersion and starts the event writer. path ":memory:" keeps
-// everything in memory (one connection, lost on Close). The caller must call
-// Close.
+// schema to SchemaVersion and starts the event writer (and, with a
+// retention policy, the pruner). path ":memory:" keeps everything in memory
+// (one connection, lost on Close). The caller must call Close.
 //
 // Open refuses, with an error naming the file and without changing its
 // data, a file that is not a SQLite database, a SQLite database of another
@@ -105,18 +146,48 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	}
 	s := &SQLite{
 		path: path, memory: path == ":memory:", log: opts.Logger,
-		queue: make(chan event.Event, opts.QueueSize), batchSize: opts.BatchSize,
-		beforeBatch: opts.beforeBatch,
-		stop:        make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
+		ring: ring{buf: make([]event.Event, opts.QueueSize)}, wake: make(chan struct{}, 1), batchSize: opts.BatchSize,
+		beforeBatch: opts.beforeBatch, onHealth: opts.OnHealth, poke: make(chan struct{}, 1),
+		retention: opts.Retention.withDefaults(),
+		stop:      make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
 	}
-	if err := s.openDBs(ctx, opts.BusyTimeout); err != nil {
+	h, err := openDBs(ctx, path, s.memory, opts.BusyTimeout)
+	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
+	s.setHandles(h)
+	s.busy = opts.BusyTimeout
 	go s.run()
+	if s.retention.enabled() {
+		s.pruneDone = make(chan struct{})
+		go s.pruneLoop()
+	}
 	return s, nil
 }
 
-func (s *SQLite) openDBs(ctx context.Context, busy time.Duration) (err error) {
+// handles are one opening of the database file.
+type handles struct {
+	w, r *sql.DB
+	st   stmts
+	file os.FileInfo // nil for ":memory:"
+	side sideFiles
+}
+
+func (s *SQLite) setHandles(h *handles) {
+	s.w, s.r, s.st, s.file, s.side = h.w, h.r, h.st, h.file, h.side
+}
+
+func (h *handles) close() error {
+	errs := []error{h.st.close()}
+	if h.r != h.w {
+		errs = append(errs, h.r.Close())
+	}
+	return errors.Join(append(errs, h.w.Close())...)
+}
+
+// openDBs opens path: the write connection, the schema, WAL, the read pool
+// and the writer's statements.
+func openDBs(ctx context.Context, path string, memory bool, busy time.Duration) (_ *handles, err error) {
 	params := func(pragmas ...string) url.Values {
 		q := url.Values{}
 		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", max(busy.Milliseconds(), 1)))
@@ -127,63 +198,71 @@ func (s *SQLite) openDBs(ctx context.Context, busy time.Duration) (err error) {
 		return q
 	}
 	wq := params()
-	if !s.memory {
+	if !memory {
 		wq = params("synchronous(NORMAL)")
 	}
 	// A write transaction takes the lock up front (BEGIN IMMEDIATE), so it
 	// never fails to upgrade a read lock under another process's write.
 	wq.Set("_txlock", "immediate")
-	s.w, err = sql.Open("sqlite", dsn(s.path, s.memory, wq))
+	h := &handles{}
+	h.w, err = sql.Open("sqlite", dsn(path, memory, wq))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			s.w.Close()
-			if s.r != nil && s.r != s.w {
-				s.r.Close()
+			h.w.Close()
+			if h.r != nil && h.r != h.w {
+				h.r.Close()
 			}
 		}
 	}()
-	s.w.SetMaxOpenConns(1)
-	s.w.SetMaxIdleConns(1)
-	s.w.SetConnMaxLifetime(0)
-	s.w.SetConnMaxIdleTime(0)
-	if err := s.w.PingContext(ctx); err != nil {
-		return err
+	h.w.SetMaxOpenConns(1)
+	h.w.SetMaxIdleConns(1)
+	h.w.SetConnMaxLifetime(0)
+	h.w.SetConnMaxIdleTime(0)
+	if err := h.w.PingContext(ctx); err != nil {
+		return nil, err
 	}
 	// WAL is a property of the file: switch it only once the file is known
 	// to be ours.
-	if _, err := checkVersion(ctx, s.w); err != nil {
-		return err
+	if _, err := checkVersion(ctx, h.w); err != nil {
+		return nil, err
 	}
-	if !s.memory {
+	if !memory {
 		var mode string
-		if err := s.w.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode); err != nil {
-			return fmt.Errorf("enable WAL: %w", err)
+		if err := h.w.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode); err != nil {
+			return nil, fmt.Errorf("enable WAL: %w", err)
 		}
 		if !strings.EqualFold(mode, "wal") {
-			return fmt.Errorf("enable WAL: journal mode is %q", mode)
+			return nil, fmt.Errorf("enable WAL: journal mode is %q", mode)
 		}
 	}
-	if _, err := migrate(ctx, s.w, SchemaVersion); err != nil {
-		return err
+	if _, err := migrate(ctx, h.w, SchemaVersion); err != nil {
+		return nil, err
 	}
-	if s.memory {
-		s.r = s.w
+	if memory {
+		h.r = h.w
 	} else {
-		rq := params("query_only(1)")
-		s.r, err = sql.Open("sqlite", dsn(s.path, false, rq))
-		if err != nil {
-			return err
+		if h.file, err = os.Stat(path); err != nil {
+			return nil, err
 		}
-		s.r.SetMaxOpenConns(readConns)
-		s.r.SetMaxIdleConns(readConns)
-		if err := s.r.PingContext(ctx); err != nil {
-			return err
+		h.side.note(path)
+		rq := params("query_only(1)")
+		h.r, err = sql.Open("sqlite", dsn(path, false, rq))
+		if err != nil {
+			return nil, err
+		}
+		h.r.SetMaxOpenConns(readConns)
+		h.r.SetMaxIdleConns(readConns)
+		if err := h.r.PingContext(ctx); err != nil {
+			return nil, err
 		}
 	}
-	return s.st.prepare(ctx, s.w)
+	if err := h.st.prepare(ctx, h.w); err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // dsn builds a modernc.org/sqlite data source name: a file: URI whose path
@@ -197,10 +276,12 @@ func dsn(path string, memory bool, q url.Values) string {
 	return "file:" + esc + "?" + q.Encode()
 }
 
-// Close writes every event enqueued before it, stops the writer and closes
-// the database. Events handed to Handle after Close are dropped and counted;
-// one handed over while Close runs may be written or lost. Call it after the
-// engine has stopped publishing.
+// Close writes every event enqueued before it, stops the writer (and the
+// pruner) and closes the database. Events handed to Handle after Close are
+// dropped and counted; one handed over while Close runs may be written or
+// lost. Call it after the engine has stopped publishing. While the store
+// cannot write, Close tries what is queued once more and counts what still
+// fails as failed instead of waiting for the disk.
 // Close is safe to call more than once; later calls return the first
 // call's result.
 func (s *SQLite) Close() error {
@@ -208,12 +289,16 @@ func (s *SQLite) Close() error {
 		s.closed.Store(true)
 		close(s.stop)
 		<-s.done
-		errs := []error{s.st.close()}
-		if s.r != s.w {
-			errs = append(errs, s.r.Close())
+		if s.pruneDone != nil {
+			<-s.pruneDone
 		}
-		errs = append(errs, s.w.Close())
-		if err := errors.Join(errs...); err != nil {
+		s.dbMu.Lock()
+		defer s.dbMu.Unlock()
+		if s.w == nil {
+			return // a reopen failed: nothing is open
+		}
+		h := handles{w: s.w, r: s.r, st: s.st}
+		if err := h.close(); err != nil {
 			s.closeErr = fmt.Errorf("close store %s: %w", s.path, err)
 		}
 	})
@@ -223,18 +308,28 @@ func (s *SQLite) Close() error {
 // Path returns the database path given to Open.
 func (s *SQLite) Path() string { return s.path }
 
-// checkOpen returns ErrClosed once Close has been called.
-func (s *SQLite) checkOpen() error {
+// acquire returns ErrClosed once Close has been called; otherwise it holds
+// the database handles (against a reopen) until release is called.
+func (s *SQLite) acquire() (release func(), err error) {
 	if s.closed.Load() {
-		return ErrClosed
+		return nil, ErrClosed
 	}
-	return nil
+	s.dbMu.RLock()
+	if s.w == nil {
+		s.dbMu.RUnlock()
+		return nil, errNotOpen
+	}
+	return s.dbMu.RUnlock, nil
 }
 
 // durably runs fn in a write transaction committed with synchronous=FULL, so
 // the commit survives a power loss and not only a process crash (the store
 // otherwise runs with synchronous=NORMAL, which is enough for the journal).
-func (s *SQLite) durably(ctx context.Context, fn func(*sql.Tx) error) error {
+func (s *SQLite) durably(ctx context.Context, fn func(*sql.Tx) error) (err error) {
+	if s.w == nil {
+		return errNotOpen
+	}
+	defer func() { s.noteWrite(err) }()
 	conn, err := s.w.Conn(ctx)
 	if err != nil {
 		return err
@@ -262,6 +357,9 @@ func (s *SQLite) durably(ctx context.Context, fn func(*sql.Tx) error) error {
 
 // inTx runs fn in a write transaction.
 func (s *SQLite) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	if s.w == nil {
+		return errNotOpen
+	}
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -272,6 +370,10 @@ func (s *SQLite) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
 	}
 	return tx.Commit()
 }
+
+// errNotOpen: a reopen of a deleted or replaced file failed; the writer
+// retries it.
+var errNotOpen = fmt.Errorf("database file not open: %w", errFileGone)
 
 // Times are stored as Unix nanoseconds; a zero time is NULL.
 

@@ -24,9 +24,11 @@ import (
 // f.Since and f.Until select episodes by their start, whatever the time of
 // the events that end them.
 func (s *SQLite) StallHistory(ctx context.Context, f Filter) ([]Episode, error) {
-	if err := s.checkOpen(); err != nil {
+	release, err := s.acquire()
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	where, args := f.where()
 	opener := "kind IN ('progress', 'aborted')"
 	if where == "" {

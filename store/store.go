@@ -11,11 +11,22 @@
 // Two paths with different guarantees feed it:
 //
 //   - Turn events. The engine publishes every transition on the event bus;
-//     Handle is subscribed there and copies the event into a bounded queue
-//     without blocking. One writer goroutine drains the queue in batches, one
-//     transaction per batch. When the queue is full the event is dropped and
-//     counted (Dropped), so a slow disk never slows a turn. Recording is
-//     therefore best-effort: use Flush to wait for what was enqueued.
+//     Handle is subscribed there and copies the event into a queue without
+//     blocking. One writer goroutine drains the queue in batches, one
+//     transaction per batch. When the queue is full, events a turn can do
+//     without (step and progress events) are shed and counted (Dropped),
+//     so a slow disk never slows a turn; turn starts and endings are never
+//     shed. A batch that fails for the state of the disk is retried until
+//     written. Use Flush to wait for what was enqueued.
+//   - Health. When writes fail for the state of the disk or the file (disk
+//     full, I/O error, the file deleted), Health returns an error until
+//     they succeed again; the gateway then fails readiness and refuses new
+//     turns. A database file deleted under the process is recreated from
+//     the open copy.
+//   - Retention. Prune (and, with Options.Retention, a background pruner)
+//     deletes old history, journal entries and delivered outbox rows in
+//     small batches; a running turn's rows and an undelivered outbox row
+//     are never pruned.
 //   - Terminal messages. Enqueue writes an outbox row synchronously and
 //     durably before the channel attempts delivery; the channel then calls
 //     MarkDelivered, MarkAttempt or MarkFailed. After a restart, Pending
@@ -75,7 +86,8 @@ type Store interface {
 // the bus for all sessions.
 type Recorder interface {
 	// Handle enqueues ev for writing. It never blocks and never fails: when
-	// the queue is full the event is dropped and counted.
+	// the queue is full, step and progress events are shed and counted;
+	// turn starts and endings are kept.
 	Handle(ev event.Event)
 	// Flush returns once every event enqueued before the call has been
 	// written (or has failed and been counted), or when ctx is done.
@@ -281,7 +293,8 @@ type OutboxCounts struct {
 type Stats struct {
 	Enqueued   uint64 // events accepted by Handle
 	Written    uint64 // events committed
-	Dropped    uint64 // events refused because the queue was full or the store closed
+	Dropped    uint64 // progress-type events shed because the queue was full, or refused after Close
+	Spilled    uint64 // turn starts and endings kept beyond the queue size (never shed)
 	Failed     uint64 // events accepted but not written (invalid, or the write failed)
 	QueueDepth int    // events waiting now
 }

@@ -168,6 +168,7 @@ type setup struct {
 	runner  runner.Runner // replaces the demo runner when set
 	outbox  *fakeOutbox   // pre-filled outbox
 	noRun   bool          // do not call Run
+	admit   func() error  // gateway.Options.Admit
 	prepare func(*fakeAPI, *memTransport)
 }
 
@@ -209,7 +210,7 @@ func newHarness(t *testing.T, s setup) *harness {
 		rn = s.runner
 	}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	eng, err := gateway.New(gateway.Options{Config: h.src, Runners: map[string]runner.Runner{"demo": rn}, Log: log})
+	eng, err := gateway.New(gateway.Options{Config: h.src, Runners: map[string]runner.Runner{"demo": rn}, Log: log, Admit: s.admit})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -178,6 +178,7 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 	})
 	var busy *gateway.BusyError
 	var stuck *gateway.RunnerStuckError
+	var unavail *gateway.UnavailableError
 	switch {
 	case err == nil:
 		if ack.Status != gateway.StatusStarted {
@@ -193,6 +194,9 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		c.reply(ch, tooLongText(utf8.RuneCountInString(text), c.cfg.Current().Server.MaxMessageChars))
 	case errors.Is(err, gateway.ErrShutdown):
 		c.reply(ch, textRestarting)
+	case errors.As(err, &unavail):
+		c.log.Warn("telegram: new turn refused: the gateway cannot take turns now", "chat", ch.id, "err", c.red.err(err))
+		c.reply(ch, unavail.UserText())
 	default:
 		c.log.Error("telegram: could not start a turn", "chat", ch.id, "err", c.red.err(err))
 		c.reply(ch, textCannotStart)

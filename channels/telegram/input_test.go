@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/go-telegram/bot/models"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -482,5 +484,29 @@ func TestWebhookRedelivery(t *testing.T) {
 		}
 		h.advance(5 * time.Second)
 		h.wantScreen(alice, "once")
+	})
+}
+
+// TestNotAcceptingTurns: while the gateway cannot take turns (its store
+// cannot write), a message gets a plain "try again shortly" and no internal
+// cause; once it can, the next message runs.
+func TestNotAcceptingTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var refuse atomic.Bool
+		refuse.Store(true)
+		h := newHarness(t, setup{admit: func() error {
+			if refuse.Load() {
+				return errors.New("store cannot write since 2000-01-01T00:00:00Z: the disk is full")
+			}
+			return nil
+		}})
+		h.api.push(userText(alice, "/steps say:first"))
+		synctest.Wait()
+		h.advance(5 * time.Second)
+		refuse.Store(false)
+		h.api.push(userText(alice, "/steps say:second"))
+		synctest.Wait()
+		h.advance(10 * time.Second)
+		h.wantScreen(alice, (&gateway.UnavailableError{}).UserText(), "second")
 	})
 }

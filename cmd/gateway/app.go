@@ -15,6 +15,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/gateway/alerts"
 	"github.com/turnguard/turnguard/gateway/messages"
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/gateway/web"
@@ -44,6 +45,7 @@ type app struct {
 	http    *http.Server
 	ln      net.Listener
 	ready   atomic.Bool
+	alerter atomic.Pointer[alerts.Alerter] // store health alerts, once ops is wired
 	unsub   func()
 	stopBG  context.CancelFunc // config watcher
 	bg      sync.WaitGroup
@@ -69,7 +71,14 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// feed the engine's history from it.
 	sctx, cancel := context.WithTimeout(ctx, startupStoreWait)
 	defer cancel()
-	a.store, err = store.Open(sctx, cfg.Store.Path, store.Options{QueueSize: cfg.Store.QueueSize, Logger: log})
+	a.store, err = store.Open(sctx, cfg.Store.Path, store.Options{
+		QueueSize: cfg.Store.QueueSize, Logger: log, Retention: retention(cfg.Store.Retention),
+		OnHealth: func(err error) {
+			if al := a.alerter.Load(); al != nil {
+				al.StoreHealth(err)
+			}
+		},
+	})
 	if err != nil {
 		return a, err
 	}
@@ -84,8 +93,10 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		a.runners[name] = true
 	}
 	a.ops = newOps(a.cfg, log)
-	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: runners, Log: log, History: storeHistory(a.store), Observer: a.ops.observer(),
-		StuckRuns: a.ops.stuckRuns})
+	// While the store cannot write, a turn would leave no trace: refuse new
+	// ones (retryable) until it can.
+	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: runners, Log: log, History: storeHistory(a.store),
+		Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health})
 	if err != nil {
 		return a, fmt.Errorf("engine: %w", err)
 	}
@@ -107,6 +118,12 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 
 	if err := a.ops.wire(ctx, a, a.tg.sender()); err != nil {
 		return a, fmt.Errorf("operator routes: %w", err)
+	}
+	if al := a.ops.alerts; al != nil {
+		a.alerter.Store(al)
+		if err := a.store.Health(); err != nil {
+			al.StoreHealth(err) // it failed before the alerter existed
+		}
 	}
 
 	// HTTP last: once it listens, everything it serves is ready.
@@ -153,12 +170,23 @@ func cfgOrDefaults(p string) string {
 	return p
 }
 
-// readiness backs /readyz: ready from listening until shutdown starts.
+// readiness backs /readyz: ready from listening until shutdown starts, and
+// not while the store cannot write (new turns are refused then).
 func (a *app) readiness() error {
 	if !a.ready.Load() {
 		return errors.New("shutting down")
 	}
-	return nil
+	return a.store.Health()
+}
+
+// retention is the store's pruning policy from store.retention.*.
+func retention(r config.StoreRetention) store.Retention {
+	const day = 24 * time.Hour
+	return store.Retention{
+		History: time.Duration(r.HistoryDays) * day, MaxMessagesPerSession: r.MaxMessagesPerSession,
+		Journal: time.Duration(r.JournalDays) * day, Outbox: time.Duration(r.OutboxDays) * day,
+		Interval: time.Duration(r.IntervalMinutes) * time.Minute, BatchRows: r.BatchRows,
+	}
 }
 
 // configChanged applies a reloaded configuration to the engine. A runner the

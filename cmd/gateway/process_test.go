@@ -185,8 +185,9 @@ type frame struct {
 	Event   string          `json:"event"`
 	Payload json.RawMessage `json:"payload"`
 	Error   *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
+		Code      string `json:"code"`
+		Message   string `json:"message"`
+		Retryable bool   `json:"retryable"`
 	} `json:"error"`
 }
 

@@ -1,7 +1,8 @@
 // Package alerts owns operator alerts: it watches the engine's event bus for
 // the two signs that the gateway needs a person — a turn force-finalized
 // because its runner ignored the abort, and a burst of step timeouts
-// (alerts.stepTimeoutBurst of them within alerts.window) — and sends one
+// (alerts.stepTimeoutBurst of them within alerts.window) — and is told by
+// the store when it cannot write (StoreHealth), and sends one
 // alert when such an episode begins and one closing "recovered" message
 // when it ends, to the Telegram chats in alerts.telegramChatIDs (through the
 // Telegram channel) and/or as a JSON POST to alerts.webhookURL. Nothing is
@@ -31,6 +32,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -62,6 +64,7 @@ type Kind string
 const (
 	KindForceFinalized   Kind = "force_finalized"    // a turn's runner ignored its abort
 	KindStepTimeoutBurst Kind = "step_timeout_burst" // stepTimeoutBurst step timeouts within the window
+	KindStoreUnwritable  Kind = "store_unwritable"   // the store cannot write: new turns are refused
 	KindRecovered        Kind = "recovered"          // the episode of Alert.Episode ended
 	KindStuckRuns        Kind = "stuck_runs"         // a runner reached server.maxStuckRuns: its new turns are refused
 )
@@ -126,6 +129,9 @@ type Alerter struct {
 	out    chan Alert
 
 	raised, delivered, failed, droppedEvents, droppedAlerts atomic.Uint64
+
+	storeMu sync.Mutex
+	store   episode // the store_unwritable episode, guarded by storeMu
 }
 
 // New returns an alerter. It starts nothing.
@@ -193,6 +199,30 @@ func (a *Alerter) StuckRuns(runner string, stuck, limit int, saturated bool) {
 
 func relevant(ev event.Event) bool {
 	return ev.Kind == event.ForceFinalized || (ev.Kind == event.Aborted && ev.StopReason == event.ReasonStepTimeout)
+}
+
+// StoreHealth reports a change of the store's health (store.Options.OnHealth):
+// a non-nil err opens a store_unwritable episode with one alert, nil closes
+// it with a recovered message. Repeats of the same state are ignored. It
+// never blocks. The reason text is the store's short cause, never a path or
+// a secret.
+func (a *Alerter) StoreHealth(err error) {
+	now := time.Now()
+	a.storeMu.Lock()
+	defer a.storeMu.Unlock()
+	ep := &a.store
+	switch {
+	case err != nil && !ep.open:
+		*ep = episode{open: true, id: episodeID(KindStoreUnwritable, now), started: now, last: now, count: 1}
+		a.raise([]Alert{{Source: "turnguard", Kind: KindStoreUnwritable, Episode: ep.id, Time: now, Count: 1, EpisodeStart: now,
+			Text: "🚨 turnguard: the store cannot write (" + err.Error() + "). New turns are refused and /readyz fails " +
+				"until it can; running turns' endings are kept and retried. Free disk space or restore the database file."}})
+	case err == nil && ep.open:
+		a.raise([]Alert{{Source: "turnguard", Kind: KindRecovered, Episode: ep.id, Time: now, Count: ep.count, EpisodeStart: ep.started,
+			Text: fmt.Sprintf("✅ turnguard recovered: the store writes again after %s; new turns are accepted.",
+				messages.Duration(now.Sub(ep.started)))}})
+		*ep = episode{}
+	}
 }
 
 // Run tracks episodes and delivers alerts until ctx ends. Alerts still

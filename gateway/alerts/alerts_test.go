@@ -497,3 +497,33 @@ func TestStuckRunsAlert(t *testing.T) {
 		}
 	})
 }
+
+// TestStoreUnwritableAlert: the store reports it cannot write (twice: one
+// alert), then that it writes again (one recovered message closing that
+// episode).
+func TestStoreUnwritableAlert(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		op := &operator{}
+		h := newHarness(t, defaults, op, op)
+		full := errors.New("store cannot write since 2000-01-01T00:00:00Z: the disk is full")
+		h.a.StoreHealth(full)
+		h.a.StoreHealth(full)
+		synctest.Wait()
+		faketime.Advance(90 * time.Second)
+		h.a.StoreHealth(nil)
+		h.a.StoreHealth(nil)
+		synctest.Wait()
+		got := op.deliveries()
+		want := []string{"0s telegram text count=0", "0s webhook store_unwritable count=1",
+			"1m30s telegram text count=0", "1m30s webhook recovered count=1"}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("deliveries = %v, want %v", got, want)
+		}
+		if al := got[1].alert; !strings.Contains(al.Text, "disk is full") || !strings.Contains(al.Text, "New turns are refused") {
+			t.Errorf("alert text %q", al.Text)
+		}
+		if rec := got[3].alert; rec.Episode != got[1].alert.Episode || !strings.Contains(rec.Text, "1m30s") {
+			t.Errorf("recovered %+v does not close episode %s after 1m30s", rec, got[1].alert.Episode)
+		}
+	})
+}

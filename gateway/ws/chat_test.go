@@ -1,8 +1,10 @@
 package ws
 
 import (
+	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/turnguard/turnguard/config"
@@ -411,4 +413,31 @@ func TestBadRequestsAfterHello(t *testing.T) {
 	if r := c.call("health", nil); !r.OK {
 		t.Fatalf("health after bad input: %s", r.raw)
 	}
+}
+
+// TestChatSendRefusedWhileNotAcceptingTurns: while the gateway cannot take
+// turns (its store cannot write), chat.send is refused with UNAVAILABLE,
+// retryable, in words a person can read (no internal cause); once it can,
+// the same request starts the turn.
+func TestChatSendRefusedWhileNotAcceptingTurns(t *testing.T) {
+	var refuse atomic.Bool
+	refuse.Store(true)
+	e := newTCPEnv(t, envOpts{admit: func() error {
+		if refuse.Load() {
+			return errors.New("store cannot write since 2000-01-01T00:00:00Z: the disk is full")
+		}
+		return nil
+	}})
+	c, _ := e.connect("tui", "")
+	params := map[string]any{"sessionKey": "main", "message": "/steps say:hi", "idempotencyKey": "r1"}
+	r := c.call("chat.send", params)
+	if r.OK || r.Error == nil || r.Error.Code != CodeUnavailable || !r.Error.Retryable || r.Error.RetryAfterMs <= 0 ||
+		!strings.Contains(r.Error.Message, "try again shortly") || strings.Contains(r.Error.Message, "disk") {
+		t.Fatalf("chat.send while not accepting turns: %s", r.raw)
+	}
+	refuse.Store(false)
+	if r := c.call("chat.send", params); !r.OK || r.str("status") != "started" {
+		t.Fatalf("chat.send once accepting again: %s", r.raw)
+	}
+	c.chat("r1", "final")
 }

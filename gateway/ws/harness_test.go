@@ -45,6 +45,7 @@ type env struct {
 type envOpts struct {
 	adjust func(*config.Config)
 	opts   Options
+	admit  func() error // gateway.Options.Admit
 }
 
 func baseConfig(adjust func(*config.Config)) *config.Config {
@@ -66,7 +67,7 @@ func newEngineEnv(t testing.TB, o envOpts) *env {
 	d := demo.New(demo.WithScenarioStep(10 * time.Millisecond))
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": d}, Log: log})
+	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": d}, Log: log, Admit: o.admit})
 	if err != nil {
 		t.Fatal(err)
 	}

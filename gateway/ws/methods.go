@@ -195,6 +195,7 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 	ack, err := c.s.eng.Send(c.ctx, req)
 	var busy *gateway.BusyError
 	var stuck *gateway.RunnerStuckError
+	var unavail *gateway.UnavailableError
 	if err == nil {
 		return ack, nil
 	}
@@ -212,6 +213,11 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 		return ack, &rpcError{Code: CodeUnavailable, Message: "gateway is shutting down", Retryable: true, RetryAfterMs: 2000}
 	case errors.As(err, &stuck):
 		return ack, &rpcError{Code: CodeUnavailable, Message: stuck.UserText(), Retryable: true, RetryAfterMs: 60000}
+	case errors.As(err, &unavail):
+		// The store cannot write: the cause is for operators (/readyz, the
+		// log, an alert), the client gets words and a retry hint.
+		return ack, &rpcError{Code: CodeUnavailable, Message: unavail.UserText(), Retryable: true, RetryAfterMs: 5000,
+			Details: map[string]any{"code": "NOT_ACCEPTING_TURNS"}}
 	default:
 		c.s.log.Error("starting a turn failed", "conn", c.id, "session", key, "err", err)
 		return ack, unavailable("could not start the turn: " + err.Error())

@@ -1,0 +1,204 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// Retention is what Prune deletes. A zero age or count keeps those rows.
+type Retention struct {
+	// History: chat messages and ended turns older than this (config
+	// store.retention.historyDays). Sessions left with no message and no
+	// turn go too.
+	History time.Duration
+	// MaxMessagesPerSession: beyond the newest this many messages of a
+	// session, older ones are deleted (store.retention.maxMessagesPerSession).
+	MaxMessagesPerSession int
+	// Journal: journal entries — and so the stall history computed from
+	// them — older than this (store.retention.journalDays).
+	Journal time.Duration
+	// Outbox: outbox rows delivered or given up longer ago than this
+	// (store.retention.outboxDays). A pending row is never deleted.
+	Outbox time.Duration
+	// Interval: how often the store prunes by itself; 0 never (call Prune).
+	Interval time.Duration
+	// BatchRows: rows deleted per transaction; 0 means 500. Small batches
+	// keep each write transaction short, so turn events are never held up
+	// for long behind a prune.
+	BatchRows int
+}
+
+const defaultBatchRows = 500
+
+func (r Retention) withDefaults() Retention {
+	if r.BatchRows <= 0 {
+		r.BatchRows = defaultBatchRows
+	}
+	return r
+}
+
+func (r Retention) enabled() bool {
+	return r.Interval > 0 && (r.History > 0 || r.MaxMessagesPerSession > 0 || r.Journal > 0 || r.Outbox > 0)
+}
+
+// PruneStats counts what one Prune deleted.
+type PruneStats struct {
+	Messages, Turns, Sessions, Journal, Outbox int64
+}
+
+// notRunning excludes the rows of turns still running.
+const notRunning = `run_id NOT IN (SELECT run_id FROM turns WHERE state = 'running')`
+
+// Prune deletes, by the store's Retention measured back from now, old
+// history, ended turns, journal entries and finished outbox rows, in
+// transactions of at most Retention.BatchRows rows each. It never deletes a
+// running turn, its messages or journal entries, or an outbox row that is
+// neither delivered nor given up. Deleted pages go to SQLite's freelist and
+// are reused by later writes, so under a steady load the file stops
+// growing; it is never VACUUMed (see docs/operations.md). It returns what
+// it deleted; on an error, what it deleted so far.
+func (s *SQLite) Prune(ctx context.Context, now time.Time) (PruneStats, error) {
+	var ps PruneStats
+	r := s.retention
+	before := func(d time.Duration) int64 { return nanos(now.Add(-d)) }
+	type step struct {
+		on    bool
+		count *int64
+		what  string
+		query string
+		args  []any
+	}
+	steps := []step{
+		{r.Journal > 0, &ps.Journal, "journal", `DELETE FROM journal WHERE id IN (SELECT id FROM journal
+			WHERE at < ?1 AND ` + notRunning + ` ORDER BY at LIMIT ?2)`, []any{before(r.Journal)}},
+		{r.History > 0, &ps.Messages, "messages", `DELETE FROM messages WHERE id IN (SELECT id FROM messages
+			WHERE created_at < ?1 AND ` + notRunning + ` ORDER BY id LIMIT ?2)`, []any{before(r.History)}},
+		{r.History > 0, &ps.Turns, "turns", `DELETE FROM turns WHERE run_id IN (SELECT run_id FROM turns
+			WHERE state <> 'running' AND ended_at < ?1 LIMIT ?2)`, []any{before(r.History)}},
+		{r.Outbox > 0, &ps.Outbox, "outbox", `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox
+			WHERE coalesce(delivered_at, failed_at) < ?1 LIMIT ?2)`, []any{before(r.Outbox)}},
+	}
+	for _, st := range steps {
+		if !st.on {
+			continue
+		}
+		if err := s.pruneBatches(ctx, st.count, st.query, st.args...); err != nil {
+			return ps, fmt.Errorf("prune %s: %w", st.what, err)
+		}
+	}
+	if r.MaxMessagesPerSession > 0 {
+		if err := s.pruneLongSessions(ctx, &ps.Messages, r.MaxMessagesPerSession); err != nil {
+			return ps, fmt.Errorf("prune long sessions: %w", err)
+		}
+	}
+	if r.History > 0 {
+		err := s.pruneBatches(ctx, &ps.Sessions, `DELETE FROM sessions WHERE key IN (SELECT key FROM sessions s
+			WHERE updated_at < ?1
+			AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_key = s.key)
+			AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_key = s.key) LIMIT ?2)`, before(r.History))
+		if err != nil {
+			return ps, fmt.Errorf("prune sessions: %w", err)
+		}
+	}
+	return ps, nil
+}
+
+// pruneBatches runs a DELETE whose last parameter is the batch size until
+// it deletes less than a batch, one short transaction each.
+func (s *SQLite) pruneBatches(ctx context.Context, count *int64, query string, args ...any) error {
+	args = append(args, s.retention.BatchRows)
+	for {
+		n, err := s.pruneOnce(ctx, query, args...)
+		*count += n
+		if err != nil || n < int64(s.retention.BatchRows) {
+			return err
+		}
+	}
+}
+
+func (s *SQLite) pruneOnce(ctx context.Context, query string, args ...any) (int64, error) {
+	release, err := s.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	var n int64
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	s.noteWrite(err)
+	return n, err
+}
+
+// pruneLongSessions deletes the oldest messages of each session beyond its
+// newest limit (never a running turn's).
+func (s *SQLite) pruneLongSessions(ctx context.Context, count *int64, limit int) error {
+	long, err := s.longSessions(ctx, limit)
+	if err != nil {
+		return err
+	}
+	for _, key := range long {
+		err := s.pruneBatches(ctx, count, `DELETE FROM messages WHERE id IN (SELECT id FROM messages
+			WHERE session_key = ?1 AND `+notRunning+` AND id < (SELECT min(id) FROM (SELECT id FROM messages
+				WHERE session_key = ?1 ORDER BY id DESC LIMIT ?2))
+			ORDER BY id LIMIT ?3)`, key, limit)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *SQLite) longSessions(ctx context.Context, limit int) ([]string, error) {
+	release, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rows, err := s.r.QueryContext(ctx, `SELECT session_key FROM messages GROUP BY session_key HAVING count(*) > ?`, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// pruneLoop prunes every Retention.Interval until Close, skipping while the
+// store cannot write (deleting needs a write too; it resumes afterwards).
+func (s *SQLite) pruneLoop() {
+	defer close(s.pruneDone)
+	t := time.NewTimer(s.retention.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		if s.Health() == nil {
+			ps, err := s.Prune(context.Background(), time.Now())
+			if err != nil {
+				s.log.Error("store: pruning failed; retrying at the next interval", "err", err)
+			} else if ps != (PruneStats{}) {
+				s.log.Info("store: pruned", "messages", ps.Messages, "turns", ps.Turns, "sessions", ps.Sessions,
+					"journal", ps.Journal, "outbox", ps.Outbox)
+			}
+		}
+		t.Reset(s.retention.Interval)
+	}
+}
