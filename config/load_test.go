@@ -484,3 +484,26 @@ func TestTimeoutBoundsCoverEveryKey(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryProblemInOneRun: problems of the environment, of decoding and of
+// validation come out together (before, the first stage with a problem hid
+// the others), and a value that could not be decoded is not reported again
+// as out of range.
+func TestEveryProblemInOneRun(t *testing.T) {
+	_, err := loadFile(t, "testdata/invalid/every_stage.yaml", "GATEWAY_SERVER__TOKN=x", "GATEWAY_AGENTS__DEFAULTS__TIMEOUTSECONDS=-5")
+	var ce *Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("err = %v, want *Error", err)
+	}
+	var keys []string
+	for _, p := range ce.Problems {
+		keys = append(keys, p.Key)
+	}
+	want := []string{"GATEWAY_SERVER__TOKN", "server.lisen", "server.sendQueue", "agents.defaults.timeoutSeconds",
+		"server.tickIntervalMs", "messages.hello", "messages.progress", "messages.user"}
+	slices.Sort(keys)
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Errorf("problem keys = %q\nwant %q\n(%v)", keys, want, err)
+	}
+}

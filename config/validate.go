@@ -2,11 +2,13 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/url"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -327,6 +329,17 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	}
 	p.httpURL("alerts.webhookURL", c.Alerts.WebhookURL)
 
+	// Each template on its own, so that every bad one is reported.
+	bad := false
+	for _, n := range slices.Sorted(maps.Keys(c.Messages)) {
+		if _, err := messages.Parse(map[string]string{n: c.Messages[n]}); err != nil {
+			p = append(p, Problem{Key: "messages." + n, Text: err.Error()})
+			bad = true
+		}
+	}
+	if bad {
+		return nil, p
+	}
 	set, err := messages.Parse(c.Messages)
 	if err != nil {
 		key, _, _ := strings.Cut(err.Error(), ":")

@@ -52,20 +52,28 @@ type Fields struct {
 	Error       string   // the runner's error, for Error
 }
 
-// Duration renders as a rounded, human Go duration: 1m30s, 2s, 450ms.
+// Duration renders as a rounded, human Go duration: 1m30s, 2s, 450ms (see
+// FormatDuration). Every duration a template shows is a Duration.
 type Duration time.Duration
 
-// String rounds to a unit a person reads: whole seconds from a minute up,
-// tenths of a second from one second, milliseconds below.
-func (d Duration) String() string {
-	t := time.Duration(d)
+// String is FormatDuration.
+func (d Duration) String() string { return FormatDuration(time.Duration(d)) }
+
+// FormatDuration is how every user-facing text shows a duration: rounded to
+// a unit a person reads — whole seconds from a minute up (1m30s, 5m0s),
+// tenths of a second from one second (2s, 1.5s), whole milliseconds below
+// (120ms) — and never below a millisecond: anything shorter, and anything
+// negative, is 0s (not 49.209µs).
+func FormatDuration(t time.Duration) string {
 	switch {
 	case t >= time.Minute:
 		t = t.Round(time.Second)
 	case t >= time.Second:
 		t = t.Round(100 * time.Millisecond)
-	case t >= time.Millisecond:
+	case t > 0:
 		t = t.Round(time.Millisecond)
+	default:
+		t = 0
 	}
 	return t.String()
 }

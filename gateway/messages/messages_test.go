@@ -93,3 +93,38 @@ func TestRenderIsBounded(t *testing.T) {
 		t.Errorf("Render = %q, want the plain fallback sentence", got)
 	}
 }
+
+// TestFormatDuration: what a user reads for a duration.
+func TestFormatDuration(t *testing.T) {
+	tests := []struct {
+		d    time.Duration
+		want string
+	}{
+		{0, "0s"},
+		{49209 * time.Nanosecond, "0s"}, // issue 9: was "49.209µs"
+		{499 * time.Microsecond, "0s"},
+		{500 * time.Microsecond, "1ms"},
+		{-3 * time.Second, "0s"},
+		{120*time.Millisecond + 400*time.Microsecond, "120ms"},
+		{999 * time.Millisecond, "999ms"},
+		{time.Second + 449*time.Millisecond, "1.4s"},
+		{2*time.Second + 30*time.Millisecond, "2s"},
+		{59*time.Second + 960*time.Millisecond, "1m0s"},
+		{90*time.Second + 400*time.Millisecond, "1m30s"},
+		{5 * time.Minute, "5m0s"},
+		{time.Hour + 499*time.Millisecond, "1h0m0s"},
+	}
+	for _, tt := range tests {
+		if got := FormatDuration(tt.d); got != tt.want {
+			t.Errorf("FormatDuration(%v) = %q, want %q", tt.d, got, tt.want)
+		}
+		if got := Duration(tt.d).String(); got != tt.want {
+			t.Errorf("Duration(%v).String() = %q, want %q", tt.d, got, tt.want)
+		}
+	}
+	// Through a template, as a user sees it.
+	s := MustDefault()
+	if got := s.Render(User, Fields{Elapsed: Duration(49209 * time.Nanosecond)}); got != "⏹️ Stopped after 0s." {
+		t.Errorf("user message = %q", got)
+	}
+}
