@@ -28,6 +28,7 @@ const (
 	wsShutdownWait    = 5 * time.Second  // flushing and closing WebSocket clients
 	storeShutdownWait = 10 * time.Second // writing the events still queued
 	startupStoreWait  = 30 * time.Second // opening and recovering the store
+	watchShutdownWait = 2 * time.Second  // the config watcher, which may be stuck reading its file
 )
 
 // app is a running gateway: every component, in start order.
@@ -206,7 +207,16 @@ func (a *app) shutdown(ctx context.Context) {
 func (a *app) close() {
 	if a.stopBG != nil {
 		a.stopBG()
-		a.bg.Wait()
+		stopped := make(chan struct{})
+		go func() { a.bg.Wait(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(watchShutdownWait):
+			// A reload blocked reading the file (a FIFO, a hung mount)
+			// must not hold the exit.
+			a.log.Warn("config hot reload did not stop in time (a reload is stuck reading the file); exiting without it",
+				"waited", watchShutdownWait)
+		}
 	}
 	if a.ln != nil && a.http == nil {
 		a.ln.Close()

@@ -731,24 +731,11 @@ func TestCheckHonoursSignals(t *testing.T) {
 	cmd := exec.Command(gatewayBin, "-check", "-config", fifo)
 	cmd.Env = cleanEnv()
 	out, done := startCmd(t, cmd)
-	// Wait until -check has opened the FIFO (a non-blocking open for
-	// writing succeeds only once a reader has it open): the signal handler
-	// is installed by then. Holding the write end open without writing
-	// keeps its read blocked.
-	var w *os.File
-	for deadline := time.Now().Add(10 * time.Second); w == nil; {
-		f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
-		switch {
-		case err == nil:
-			w = f
-		case time.Now().After(deadline):
-			_ = cmd.Process.Kill()
-			t.Fatalf("-check never opened its file: %v\n%s", err, out.String())
-		default:
-			time.Sleep(10 * time.Millisecond) // real time: waiting for another process
-		}
+	// Once -check has the FIFO open, its signal handler is installed.
+	if !openedByReader(t, fifo) {
+		_ = cmd.Process.Kill()
+		t.Fatalf("-check never opened its file:\n%s", out.String())
 	}
-	defer w.Close()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -794,4 +781,43 @@ func runWithin(t *testing.T, cmd *exec.Cmd, d time.Duration) (string, error) {
 		t.Fatalf("%v did not end within %v:\n%s", cmd.Args, d, out.String())
 		return "", nil
 	}
+}
+
+// TestShutdownWithReloadStuck: a reload that blocks reading the file (it
+// was replaced by a FIFO no one writes) does not wedge the shutdown.
+func TestShutdownWithReloadStuck(t *testing.T) {
+	p, _ := startReloadable(t)
+	path := filepath.Join(p.dir, "gateway.yaml")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	if !openedByReader(t, path) {
+		t.Fatalf("the reload never opened the file:\n%s", p.log())
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(10 * time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if !strings.Contains(p.log(), "config hot reload did not stop in time") {
+		t.Errorf("no log line about the stuck reload:\n%s", p.log())
+	}
+}
+
+// openedByReader waits (at most 10s) until another process has the FIFO at
+// path open for reading — a non-blocking open for writing succeeds only
+// then — and keeps the write end open, without writing, until the test ends,
+// so that the reader stays blocked in its read.
+func openedByReader(t *testing.T, path string) bool {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			t.Cleanup(func() { w.Close() })
+			return true
+		}
+		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
+	}
+	return false
 }

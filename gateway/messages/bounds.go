@@ -150,10 +150,11 @@ func checkBranch(tree *parse.Tree, b *parse.BranchNode) error {
 // checkPrintf accepts printf with a constant format whose widths and
 // precisions are at most maxFormatWidth.
 func checkPrintf(n *parse.CommandNode) error {
-	if len(n.Args) < 2 {
-		return nil // text/template reports the missing format itself
+	var s *parse.StringNode
+	ok := false
+	if len(n.Args) >= 2 { // else the format is piped in: not a constant
+		s, ok = n.Args[1].(*parse.StringNode)
 	}
-	s, ok := n.Args[1].(*parse.StringNode)
 	if !ok {
 		return errors.New("printf needs a constant format string in a message")
 	}

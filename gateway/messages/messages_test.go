@@ -47,6 +47,8 @@ func TestParseRefusesUnboundedTemplates(t *testing.T) {
 		{"printf width from an argument", `{{printf "%*d" .Elapsed 1}}`, "printf widths and precisions from arguments (*) are not allowed"},
 		{"printf in a pipeline argument", `{{print (printf "%99999d" 1)}}`, "printf width or precision 99999 is above 64"},
 		{"printf with a variable format", `{{printf .CurrentStep}}`, "printf needs a constant format string"},
+		{"printf with a piped format", `{{"%0999999999d" | printf}}`, "printf needs a constant format string"},
+		{"printf with a format in a variable", `{{$f := "%0999999999d"}}{{printf $f 1}}`, "printf needs a constant format string"},
 		{"template text too long", strings.Repeat("x", MaxTemplateBytes+1), "messages.progress: must be at most 4096 bytes, got 4097"},
 		{"output too long", strings.Repeat(`{{printf "%64s" ""}}`, 100), "the message is longer than 4096 bytes"},
 	}
