@@ -7,6 +7,7 @@
 //
 //	gateway [-config FILE]          run (without -config: built-in defaults and GATEWAY_ variables)
 //	gateway -check [-config FILE]   load and validate the configuration, report every problem, exit
+//	                                (SIGINT/SIGTERM end it at once, exit status 1)
 //	gateway -version                print the version
 //
 // Logs go to stderr through log/slog: text by default, JSON when
