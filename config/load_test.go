@@ -507,3 +507,43 @@ func TestEveryProblemInOneRun(t *testing.T) {
 		t.Errorf("problem keys = %q\nwant %q\n(%v)", keys, want, err)
 	}
 }
+
+// TestEveryNumberHasABound: each number and duration key of the schema has
+// a bound (a key added later without one fails here), and each bound names
+// a key that exists.
+func TestEveryNumberHasABound(t *testing.T) {
+	keysType := reflect.TypeFor[timeout.Keys]()
+	seen := map[string]bool{}
+	var walk func(n *node, path string)
+	walk = func(n *node, path string) {
+		for _, c := range n.children {
+			p := joinKey(path, c.key)
+			switch {
+			case c.typ == keysType:
+				continue // timeoutBounds, checked by TestTimeoutBoundsCoverEveryKey
+			case c.kind == kindSection:
+				walk(c, p)
+			case c.kind == kindList:
+				walk(c, p+"[]")
+			case c.kind == kindValue:
+				k := c.typ.Kind()
+				if k == reflect.Pointer {
+					k = c.typ.Elem().Kind()
+				}
+				// agents.defaults squashes timeout.Keys: timeoutBounds.
+				if k >= reflect.Int && k <= reflect.Float64 && path != "agents.defaults" {
+					seen[p] = true
+					if _, ok := bounds[p]; !ok {
+						t.Errorf("number key %s has no bound in config/validate.go", p)
+					}
+				}
+			}
+		}
+	}
+	walk(rootSchema(), "")
+	for key := range bounds {
+		if !seen[key] {
+			t.Errorf("bound for %s, which is not a number key", key)
+		}
+	}
+}
