@@ -114,3 +114,33 @@ func TestDocsMessages(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsListBounds: the row of every bounded key gives its range's upper
+// bound, so the documentation and the validation cannot drift apart.
+func TestDocsListBounds(t *testing.T) {
+	docs := readDocs(t)
+	rows := map[string]string{}
+	for _, line := range strings.Split(docs, "\n") {
+		if rest, ok := strings.CutPrefix(line, "| `"); ok {
+			key, _, _ := strings.Cut(rest, "`")
+			rows[key] = line
+		}
+	}
+	check := func(key string, b bound) {
+		row, ok := rows[key]
+		if !ok {
+			t.Errorf("no row for `%s`", key)
+			return
+		}
+		typ := strings.Split(row, " | ")[1]
+		if max := strconv.FormatFloat(b.max, 'f', -1, 64); !strings.Contains(typ, max) && !strings.Contains(typ, "≤ "+b.maxText) {
+			t.Errorf("the type column of `%s` (%q) does not give its bound %s", key, typ, b)
+		}
+	}
+	for key, b := range bounds {
+		check(key, b)
+	}
+	for name, b := range timeoutBounds {
+		check("agents.defaults."+name, b)
+	}
+}

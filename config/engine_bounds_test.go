@@ -16,8 +16,8 @@ func TestEngineMemoryBounds(t *testing.T) {
 	}{
 		{"server.maxSessions", func(c *Config) { c.Server.MaxSessions = 0 }, "from 1 to 1000000"},
 		{"server.maxSessions", func(c *Config) { c.Server.MaxSessions = MaxSessionsLimit + 1 }, "from 1 to 1000000"},
-		{"server.sessionIdleSeconds", func(c *Config) { c.Server.SessionIdleSeconds = -5 }, "more than 0"},
-		{"server.sessionIdleSeconds", func(c *Config) { c.Server.SessionIdleSeconds = 0 }, "more than 0"},
+		{"server.sessionIdleSeconds", func(c *Config) { c.Server.SessionIdleSeconds = -5 }, "> 0 and at most 604800"},
+		{"server.sessionIdleSeconds", func(c *Config) { c.Server.SessionIdleSeconds = 0 }, "> 0 and at most 604800"},
 		{"server.sessionIdleSeconds", func(c *Config) { c.Server.SessionIdleSeconds = SessionIdleSecondsLimit + 1 }, "at most 604800"},
 		{"server.maxStuckRuns", func(c *Config) { c.Server.MaxStuckRuns = 0 }, "from 1 to 1000"},
 		{"server.maxStuckRuns", func(c *Config) { c.Server.MaxStuckRuns = 1001 }, "from 1 to 1000"},

@@ -123,7 +123,9 @@ func Load(path string) (*Config, error) {
 }
 
 // Check loads and validates the file at path as Load does (environment
-// included) and reports the first error; it backs `gateway -check`.
+// included) and returns its error, which names every problem found (only a
+// file that cannot be read or is not YAML stops at the first); it backs
+// `gateway -check`.
 func Check(path string) error {
 	_, err := Load(path)
 	return err
@@ -155,23 +157,40 @@ func load(name string, src koanf.Provider, environ []string) (*Config, error) {
 	if err := k.Load(env.provider(environ), nil); err != nil {
 		return nil, fmt.Errorf("config environment: %w", err)
 	}
-	if len(env.problems) > 0 {
-		return nil, &Error{File: name, Problems: env.problems}
-	}
-
+	// Every problem is reported in one run: the environment's, decoding's
+	// and validation's together (a value that could not be decoded is not
+	// also reported as out of range).
+	probs := env.problems
 	c := new(Config)
-	if probs := decode(k, c); len(probs) > 0 {
-		return nil, &Error{File: name, Problems: probs}
-	}
+	probs = append(probs, decode(k, c)...)
 	if c.Server.OperatorToken == "" {
 		c.Server.OperatorToken = c.Server.Token
 	}
-	set, probs := c.validate()
+	set, vprobs := c.validate()
+	for _, vp := range vprobs {
+		if !coveredBy(vp.Key, probs) {
+			probs = append(probs, vp)
+		}
+	}
 	if len(probs) > 0 {
 		return nil, &Error{File: name, Problems: probs}
 	}
 	c.msgs = set
 	return c, nil
+}
+
+// coveredBy reports whether key, or a section or list containing it,
+// already has a problem in probs.
+func coveredBy(key string, probs []Problem) bool {
+	for _, p := range probs {
+		if p.Key == "" {
+			continue
+		}
+		if key == p.Key || strings.HasPrefix(key, p.Key+".") || strings.HasPrefix(key, p.Key+"[") {
+			return true
+		}
+	}
+	return false
 }
 
 // decode unmarshals the merged layers into c. Keys match exactly (camelCase

@@ -132,7 +132,7 @@ func TestPrecedence(t *testing.T) {
 // os.Environ.
 func TestLoadReadsProcessEnvironment(t *testing.T) {
 	t.Setenv("GATEWAY_AGENTS__DEFAULTS__STEPTIMEOUTSECONDS", "120")
-	t.Setenv("GATEWAY_SERVER__TOKEN", "x")
+	t.Setenv("GATEWAY_SERVER__TOKEN", "x-client-token-0123")
 	t.Setenv("GATEWAY_LOG_FORMAT", "json") // read by main, not config
 	t.Setenv("GATEWAY_LOG_LEVEL", "debug")
 	c, err := Load("testdata/precedence.yaml")
@@ -140,8 +140,8 @@ func TestLoadReadsProcessEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	eq(t, "stepTimeoutSeconds", *c.Agents.Defaults.StepTimeoutSeconds, 120.0)
-	eq(t, "server.token", c.Server.Token, "x")
-	eq(t, "server.operatorToken defaults to server.token", c.Server.OperatorToken, "x")
+	eq(t, "server.token", c.Server.Token, "x-client-token-0123")
+	eq(t, "server.operatorToken defaults to server.token", c.Server.OperatorToken, "x-client-token-0123")
 	eq(t, "step timeout of a ws turn", c.TurnSettings("ws", 0).StepTimeout, 120*time.Second)
 
 	t.Setenv("GATEWAY_SERVER__TOKN", "x")
@@ -163,9 +163,9 @@ func TestEnvironment(t *testing.T) {
 		{"single underscores inside a key are ignored", []string{"GATEWAY_agents__defaults__step_timeout_seconds=0.5"}, func(t *testing.T, c *Config) {
 			eq(t, "stepTimeoutSeconds", *c.Agents.Defaults.StepTimeoutSeconds, 0.5)
 		}},
-		{"secret", []string{"GATEWAY_SERVER__TOKEN=x", "GATEWAY_SERVER__OPERATORTOKEN=y"}, func(t *testing.T, c *Config) {
-			eq(t, "server.token", c.Server.Token, "x")
-			eq(t, "server.operatorToken", c.Server.OperatorToken, "y")
+		{"secret", []string{"GATEWAY_SERVER__TOKEN=x-client-token-0123", "GATEWAY_SERVER__OPERATORTOKEN=y-operator-token-456"}, func(t *testing.T, c *Config) {
+			eq(t, "server.token", c.Server.Token, "x-client-token-0123")
+			eq(t, "server.operatorToken", c.Server.OperatorToken, "y-operator-token-456")
 		}},
 		{"channel timeouts", []string{"GATEWAY_CHANNELS__TELEGRAM__TIMEOUTS__LIVENESSRESETON=activity",
 			"GATEWAY_CHANNELS__WS__TIMEOUTS__MAXTURNTIMESECONDS=0"}, func(t *testing.T, c *Config) {
@@ -226,9 +226,9 @@ func TestEnvironmentErrors(t *testing.T) {
 		{[]string{"GATEWAY_CHANNELS__TELEGRAM__ALLOWEDCHATIDS=1,x"}, "channels.telegram.allowedChatIDs item 2 must be a whole number"},
 		{[]string{"GATEWAY_SERVER__TOKEN=a", "GATEWAY_server__token=b"}, "environment variables GATEWAY_SERVER__TOKEN and GATEWAY_server__token both set server.token"},
 		// Values set from the environment are validated like the file's.
-		{[]string{"GATEWAY_AGENTS__DEFAULTS__STEPTIMEOUTSECONDS=-3"}, "agents.defaults.stepTimeoutSeconds: must be a number ≥ 0, got -3"},
+		{[]string{"GATEWAY_AGENTS__DEFAULTS__STEPTIMEOUTSECONDS=-3"}, "agents.defaults.stepTimeoutSeconds: must be a number from 0 (disabled) to 86400 (24h), got -3"},
 		{[]string{"GATEWAY_SERVER__LISTEN=0.0.0.0:1"}, "server.token is required when server.listen (0.0.0.0:1) is not a loopback address"},
-		{[]string{"GATEWAY_SERVER__REQUESTSPERSECOND=NaN"}, "server.requestsPerSecond: must be a number > 0, got NaN"},
+		{[]string{"GATEWAY_SERVER__REQUESTSPERSECOND=NaN"}, "server.requestsPerSecond: must be a number > 0 and at most 10000, got NaN"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -328,7 +328,7 @@ func TestValid(t *testing.T) {
 			s := c.TurnSettings("ws", 0)
 			eq(t, "timeout clamped to the ceiling", s.Timeout, time.Duration(timeout.DefaultMaxTurnTimeSeconds)*time.Second)
 			eq(t, "stepTimeout raised to the minimum", s.StepTimeout, timeout.Min)
-			eq(t, "abortGrace clamped", s.AbortGrace, timeout.MaxAbortGrace)
+			eq(t, "abortGrace at its bound", s.AbortGrace, timeout.MaxAbortGrace)
 		},
 		"offloopback_token.yaml": func(t *testing.T, c *Config) {
 			eq(t, "listen", c.Server.Listen, "[::]:8080")
@@ -473,5 +473,79 @@ func eq[T any](t *testing.T, what string, got, want T) {
 	t.Helper()
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("%s = %#v, want %#v", what, got, want)
+	}
+}
+
+// TestTimeoutBoundsCoverEveryKey: each number key of timeout.Keys has a
+// bound, so the reflective walk in timeouts checks all of them.
+func TestTimeoutBoundsCoverEveryKey(t *testing.T) {
+	for f := range reflect.TypeFor[timeout.Keys]().Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("koanf"), ",")
+		if _, ok := timeoutBounds[name]; !ok && f.Type == reflect.TypeFor[*float64]() {
+			t.Errorf("timeout key %s has no bound", name)
+		}
+	}
+}
+
+// TestEveryProblemInOneRun: problems of the environment, of decoding and of
+// validation come out together (before, the first stage with a problem hid
+// the others), and a value that could not be decoded is not reported again
+// as out of range.
+func TestEveryProblemInOneRun(t *testing.T) {
+	_, err := loadFile(t, "testdata/invalid/every_stage.yaml", "GATEWAY_SERVER__TOKN=x", "GATEWAY_AGENTS__DEFAULTS__TIMEOUTSECONDS=-5")
+	var ce *Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("err = %v, want *Error", err)
+	}
+	var keys []string
+	for _, p := range ce.Problems {
+		keys = append(keys, p.Key)
+	}
+	want := []string{"GATEWAY_SERVER__TOKN", "server.lisen", "server.sendQueue", "agents.defaults.timeoutSeconds",
+		"server.tickIntervalMs", "messages.hello", "messages.progress", "messages.user"}
+	slices.Sort(keys)
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Errorf("problem keys = %q\nwant %q\n(%v)", keys, want, err)
+	}
+}
+
+// TestEveryNumberHasABound: each number and duration key of the schema has
+// a bound (a key added later without one fails here), and each bound names
+// a key that exists.
+func TestEveryNumberHasABound(t *testing.T) {
+	keysType := reflect.TypeFor[timeout.Keys]()
+	seen := map[string]bool{}
+	var walk func(n *node, path string)
+	walk = func(n *node, path string) {
+		for _, c := range n.children {
+			p := joinKey(path, c.key)
+			switch {
+			case c.typ == keysType:
+				continue // timeoutBounds, checked by TestTimeoutBoundsCoverEveryKey
+			case c.kind == kindSection:
+				walk(c, p)
+			case c.kind == kindList:
+				walk(c, p+"[]")
+			case c.kind == kindValue:
+				k := c.typ.Kind()
+				if k == reflect.Pointer {
+					k = c.typ.Elem().Kind()
+				}
+				// agents.defaults squashes timeout.Keys: timeoutBounds.
+				if k >= reflect.Int && k <= reflect.Float64 && path != "agents.defaults" {
+					seen[p] = true
+					if _, ok := bounds[p]; !ok {
+						t.Errorf("number key %s has no bound in config/validate.go", p)
+					}
+				}
+			}
+		}
+	}
+	walk(rootSchema(), "")
+	for key := range bounds {
+		if !seen[key] {
+			t.Errorf("bound for %s, which is not a number key", key)
+		}
 	}
 }

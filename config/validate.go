@@ -2,12 +2,18 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/url"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/turnguard/turnguard/gateway/messages"
 	"github.com/turnguard/turnguard/timeout"
@@ -61,21 +67,129 @@ func (p *problems) add(key, format string, args ...any) {
 	*p = append(*p, Problem{Key: key, Text: key + ": " + fmt.Sprintf(format, args...)})
 }
 
-func (p *problems) positive(key string, v int) {
-	if v <= 0 {
-		p.add(key, "must be a whole number > 0, got %d", v)
-	}
+// bound is the range of one numeric key. Every size, count, rate and
+// duration key has one, so that no value can overflow a time.Duration or an
+// allocation; docs/configuration.md lists each (TestDocsListBounds).
+type bound struct {
+	min, max float64
+	above    bool   // the value must be > min (else ≥ min)
+	zero     string // what 0 means when it is allowed: "disabled"
+	maxText  string // the human form of max: "24h", "64 MiB"; "" for a plain number
+	why      string // said after the value: why the lower bound
 }
 
-func (p *problems) nonNegative(key string, v int) {
-	if v < 0 {
-		p.add(key, "must be a whole number ≥ 0, got %d", v)
+func (b bound) String() string {
+	s := strconv.FormatFloat(b.max, 'f', -1, 64)
+	if b.maxText != "" {
+		s += " (" + b.maxText + ")"
 	}
+	return s
 }
 
-func (p *problems) positiveFloat(key string, v float64) {
-	if !(v > 0) || math.IsInf(v, 0) {
-		p.add(key, "must be a number > 0, got %v", v)
+// Bounds of the timeout keys, as timeout.Resolve's maxima.
+var timeoutBounds = map[string]bound{
+	"timeoutSeconds":             {max: timeout.MaxWallClock.Seconds(), above: true, maxText: "7d", why: "the wall clock cannot be disabled; leave it out for the default"},
+	"stepTimeoutSeconds":         {max: timeout.MaxStep.Seconds(), zero: "disabled", maxText: "24h"},
+	"maxTurnTimeSeconds":         {max: timeout.MaxCeiling.Seconds(), zero: "no ceiling", maxText: "7d"},
+	"progressNotifyAfterSeconds": {max: timeout.MaxProgress.Seconds(), zero: "disabled", maxText: "24h"},
+	"progressRepeatSeconds":      {max: timeout.MaxProgress.Seconds(), above: true, maxText: "24h", why: "to turn progress notices off set progressNotifyAfterSeconds: 0"},
+	"abortGraceSeconds":          {max: timeout.MaxAbortGrace.Seconds(), above: true, maxText: "10m", why: "a stop always allows some grace"},
+}
+
+// Bounds of the other numeric keys, by key path (list elements as []).
+var bounds = map[string]bound{
+	"server.maxConnsPerIP":         {min: 1, max: 10000},
+	"server.requestsPerSecond":     {above: true, max: 10000},
+	"server.requestBurst":          {min: 1, max: 100000},
+	"server.tickIntervalMs":        {min: 1000, max: 600000, maxText: "10m"},
+	"server.maxPayloadBytes":       {min: 1, max: 64 << 20, maxText: "64 MiB"},
+	"server.maxMessageChars":       {min: 1, max: 1000000},
+	"server.sendQueue":             {min: 1, max: 65536},
+	"server.idempotencyTTLSeconds": {above: true, max: 86400, maxText: "24h"},
+	"server.historyLimit":          {min: 1, max: 10000},
+	"server.maxSessions":           {min: 1, max: MaxSessionsLimit},
+	"server.sessionIdleSeconds":    {above: true, max: SessionIdleSecondsLimit, maxText: "7 days"},
+	"server.maxStuckRuns":          {min: 1, max: MaxStuckRunsLimit},
+
+	"agents.openai.maxSteps":                        {min: 1, max: 100},
+	"agents.openai.llmIdleTimeoutSeconds":           {above: true, max: 3600, maxText: "1h"},
+	"agents.openai.tools.httpGet.maxBytes":          {min: 1, max: 64 << 20, maxText: "64 MiB"},
+	"agents.openai.tools.httpGet.timeoutSeconds":    {above: true, max: 600, maxText: "10m"},
+	"agents.openai.tools.commands[].timeoutSeconds": {max: 3600, zero: "the default", maxText: "1h"},
+	"agents.openai.tools.commands[].maxOutputBytes": {max: 16 << 20, zero: "the default", maxText: "16 MiB"},
+
+	"channels.telegram.maxInputChars":       {min: 1, max: 1000000},
+	"store.queueSize":                       {min: 1, max: 1 << 20},
+	"store.retention.historyDays":           {max: 3650, zero: "kept forever"},
+	"store.retention.maxMessagesPerSession": {max: 1_000_000, zero: "no cap"},
+	"store.retention.journalDays":           {max: 3650, zero: "kept forever"},
+	"store.retention.outboxDays":            {max: 3650, zero: "kept forever"},
+	"store.retention.intervalMinutes":       {min: 1, max: 1440, maxText: "24h"},
+	"store.retention.batchRows":             {min: 1, max: 10_000},
+	"alerts.stepTimeoutBurst":               {min: 1, max: 10000},
+	"alerts.window":                         {above: true, max: (24 * time.Hour).Seconds(), maxText: "24h"},
+}
+
+// MinTokenChars is the shortest token or secret accepted (server.token,
+// server.operatorToken, channels.telegram.webhookSecret).
+const MinTokenChars = 16
+
+// wholeIn checks an integer key against its bound; name is the key in
+// bounds, key the one reported (they differ for list elements).
+func (p *problems) wholeIn(name, key string, v int) {
+	b := bounds[name]
+	if f := float64(v); f >= b.min && f <= b.max {
+		return
+	}
+	from := strconv.FormatFloat(b.min, 'f', -1, 64)
+	if b.zero != "" && b.min == 0 {
+		from += " (" + b.zero + ")"
+	}
+	p.add(key, "must be a whole number from %s to %s, got %d", from, b, v)
+}
+
+// numberIn checks a number key against b.
+func (p *problems) numberIn(key string, v float64, b bound) {
+	if (v > b.min || (!b.above && v == b.min)) && v <= b.max {
+		return
+	}
+	why := ""
+	if b.why != "" {
+		why = " (" + b.why + ")"
+	}
+	if b.above {
+		p.add(key, "must be a number > %s and at most %s, got %s%s", strconv.FormatFloat(b.min, 'f', -1, 64), b, number(v), why)
+		return
+	}
+	from := strconv.FormatFloat(b.min, 'f', -1, 64)
+	if b.zero != "" && b.min == 0 {
+		from += " (" + b.zero + ")"
+	}
+	p.add(key, "must be a number from %s to %s, got %s%s", from, b, number(v), why)
+}
+
+// number prints a configured number as written: 99999999, 0.5, 1e+308, NaN.
+func number(v float64) string {
+	if math.Abs(v) < 1e21 {
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+// token checks an optional secret without echoing it: at least
+// MinTokenChars characters, none of them white space or control characters.
+func (p *problems) token(key, v string) {
+	if v == "" {
+		return
+	}
+	ok := utf8.RuneCountInString(v) >= MinTokenChars && utf8.ValidString(v)
+	for _, r := range v {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			ok = false
+		}
+	}
+	if !ok {
+		p.add(key, "must be at least %d characters with no spaces (generate one with: openssl rand -hex 24)", MinTokenChars)
 	}
 }
 
@@ -120,25 +234,29 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 		p = append(p, Problem{Key: "server.token", Text: fmt.Sprintf(
 			"server.token is required when server.listen (%s) is not a loopback address", s.Listen)})
 	}
-	p.positive("server.maxConnsPerIP", s.MaxConnsPerIP)
-	p.positiveFloat("server.requestsPerSecond", s.RequestsPerSecond)
-	p.positive("server.requestBurst", s.RequestBurst)
-	p.positive("server.tickIntervalMs", s.TickIntervalMs)
-	p.positive("server.maxPayloadBytes", s.MaxPayloadBytes)
-	p.positive("server.maxMessageChars", s.MaxMessageChars)
-	p.positive("server.sendQueue", s.SendQueue)
-	p.positiveFloat("server.idempotencyTTLSeconds", s.IdempotencyTTLSeconds)
-	p.positive("server.historyLimit", s.HistoryLimit)
-	// Engine memory bounds (issue 9).
-	if s.MaxSessions < 1 || s.MaxSessions > MaxSessionsLimit {
-		p.add("server.maxSessions", "must be from 1 to %d, got %d", MaxSessionsLimit, s.MaxSessions)
+	p.token("server.token", s.Token)
+	if s.OperatorToken != s.Token { // Load copies server.token when unset
+		p.token("server.operatorToken", s.OperatorToken)
 	}
-	if !(s.SessionIdleSeconds > 0 && s.SessionIdleSeconds <= SessionIdleSecondsLimit) {
-		p.add("server.sessionIdleSeconds", "must be more than 0 and at most %d (7 days), got %g", SessionIdleSecondsLimit, s.SessionIdleSeconds)
+	for _, k := range []struct {
+		name string
+		v    int
+	}{
+		{"server.maxConnsPerIP", s.MaxConnsPerIP},
+		{"server.requestBurst", s.RequestBurst},
+		{"server.tickIntervalMs", s.TickIntervalMs},
+		{"server.maxPayloadBytes", s.MaxPayloadBytes},
+		{"server.maxMessageChars", s.MaxMessageChars},
+		{"server.sendQueue", s.SendQueue},
+		{"server.historyLimit", s.HistoryLimit},
+		{"server.maxSessions", s.MaxSessions},
+		{"server.maxStuckRuns", s.MaxStuckRuns},
+	} {
+		p.wholeIn(k.name, k.name, k.v)
 	}
-	if s.MaxStuckRuns < 1 || s.MaxStuckRuns > MaxStuckRunsLimit {
-		p.add("server.maxStuckRuns", "must be from 1 to %d, got %d", MaxStuckRunsLimit, s.MaxStuckRuns)
-	}
+	p.numberIn("server.requestsPerSecond", s.RequestsPerSecond, bounds["server.requestsPerSecond"])
+	p.numberIn("server.idempotencyTTLSeconds", s.IdempotencyTTLSeconds, bounds["server.idempotencyTTLSeconds"])
+	p.numberIn("server.sessionIdleSeconds", s.SessionIdleSeconds, bounds["server.sessionIdleSeconds"])
 
 	p.timeouts("agents.defaults", c.Agents.Defaults.Keys)
 	p.timeouts("channels.ws.timeouts", c.Channels.WS.Timeouts)
@@ -162,11 +280,11 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 		p.add("agents.openai.model", "is required when the openai runner is used")
 	}
 	p.httpURL("agents.openai.baseURL", o.BaseURL)
-	p.positive("agents.openai.maxSteps", o.MaxSteps)
-	p.positiveFloat("agents.openai.llmIdleTimeoutSeconds", o.LLMIdleTimeoutSeconds)
+	p.wholeIn("agents.openai.maxSteps", "agents.openai.maxSteps", o.MaxSteps)
+	p.numberIn("agents.openai.llmIdleTimeoutSeconds", o.LLMIdleTimeoutSeconds, bounds["agents.openai.llmIdleTimeoutSeconds"])
 	h := o.Tools.HTTPGet
-	p.positive("agents.openai.tools.httpGet.maxBytes", h.MaxBytes)
-	p.positiveFloat("agents.openai.tools.httpGet.timeoutSeconds", h.TimeoutSeconds)
+	p.wholeIn("agents.openai.tools.httpGet.maxBytes", "agents.openai.tools.httpGet.maxBytes", h.MaxBytes)
+	p.numberIn("agents.openai.tools.httpGet.timeoutSeconds", h.TimeoutSeconds, bounds["agents.openai.tools.httpGet.timeoutSeconds"])
 	if h.Enabled && len(h.Allow) == 0 {
 		p.add("agents.openai.tools.httpGet.allow", "must list at least one URL prefix when httpGet is enabled")
 	}
@@ -189,10 +307,8 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 		if len(t.Argv) == 0 || t.Argv[0] == "" {
 			p.add(key+".argv", "must name the program to run")
 		}
-		if !(t.TimeoutSeconds >= 0) || math.IsInf(t.TimeoutSeconds, 0) {
-			p.add(key+".timeoutSeconds", "must be a number ≥ 0, got %v", t.TimeoutSeconds)
-		}
-		p.nonNegative(key+".maxOutputBytes", t.MaxOutputBytes)
+		p.numberIn(key+".timeoutSeconds", t.TimeoutSeconds, bounds["agents.openai.tools.commands[].timeoutSeconds"])
+		p.wholeIn("agents.openai.tools.commands[].maxOutputBytes", key+".maxOutputBytes", t.MaxOutputBytes)
 	}
 
 	e := c.Agents.Exec
@@ -211,41 +327,51 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	}
 	if tg.WebhookSecret != "" && !webhookSecret.MatchString(tg.WebhookSecret) {
 		p.add("channels.telegram.webhookSecret", "must be 1–256 characters of A-Z, a-z, 0-9, _ and -")
+	} else {
+		p.token("channels.telegram.webhookSecret", tg.WebhookSecret)
 	}
 	p.httpURL("channels.telegram.apiURL", tg.APIURL)
 	if tg.APIURL == "" {
 		p.add("channels.telegram.apiURL", "must not be empty")
 	}
 	p.httpURL("channels.telegram.webhookURL", tg.WebhookURL)
-	p.positive("channels.telegram.maxInputChars", tg.MaxInputChars)
+	p.wholeIn("channels.telegram.maxInputChars", "channels.telegram.maxInputChars", tg.MaxInputChars)
 
 	if c.Store.Path == "" {
 		p.add("store.path", `must not be empty (use ":memory:" for no file)`)
 	}
-	p.positive("store.queueSize", c.Store.QueueSize)
-	for _, r := range []struct {
-		key      string
-		v        int
-		min, max int
+	for _, k := range []struct {
+		name string
+		v    int
 	}{
-		{"store.retention.historyDays", c.Store.Retention.HistoryDays, 0, 3650},
-		{"store.retention.maxMessagesPerSession", c.Store.Retention.MaxMessagesPerSession, 0, 1_000_000},
-		{"store.retention.journalDays", c.Store.Retention.JournalDays, 0, 3650},
-		{"store.retention.outboxDays", c.Store.Retention.OutboxDays, 0, 3650},
-		{"store.retention.intervalMinutes", c.Store.Retention.IntervalMinutes, 1, 1440},
-		{"store.retention.batchRows", c.Store.Retention.BatchRows, 1, 10_000},
+		{"store.queueSize", c.Store.QueueSize},
+		{"store.retention.historyDays", c.Store.Retention.HistoryDays},
+		{"store.retention.maxMessagesPerSession", c.Store.Retention.MaxMessagesPerSession},
+		{"store.retention.journalDays", c.Store.Retention.JournalDays},
+		{"store.retention.outboxDays", c.Store.Retention.OutboxDays},
+		{"store.retention.intervalMinutes", c.Store.Retention.IntervalMinutes},
+		{"store.retention.batchRows", c.Store.Retention.BatchRows},
 	} {
-		if r.v < r.min || r.v > r.max {
-			p.add(r.key, "must be a whole number from %d to %d, got %d", r.min, r.max, r.v)
-		}
+		p.wholeIn(k.name, k.name, k.v)
 	}
 
-	p.positive("alerts.stepTimeoutBurst", c.Alerts.StepTimeoutBurst)
-	if c.Alerts.Window <= 0 {
-		p.add("alerts.window", "must be a duration > 0, got %s", c.Alerts.Window)
+	p.wholeIn("alerts.stepTimeoutBurst", "alerts.stepTimeoutBurst", c.Alerts.StepTimeoutBurst)
+	if w, b := c.Alerts.Window, bounds["alerts.window"]; w <= 0 || w.Seconds() > b.max {
+		p.add("alerts.window", "must be a duration > 0 and at most %s, got %s", b.maxText, w)
 	}
 	p.httpURL("alerts.webhookURL", c.Alerts.WebhookURL)
 
+	// Each template on its own, so that every bad one is reported.
+	bad := false
+	for _, n := range slices.Sorted(maps.Keys(c.Messages)) {
+		if _, err := messages.Parse(map[string]string{n: c.Messages[n]}); err != nil {
+			p = append(p, Problem{Key: "messages." + n, Text: err.Error()})
+			bad = true
+		}
+	}
+	if bad {
+		return nil, p
+	}
 	set, err := messages.Parse(c.Messages)
 	if err != nil {
 		key, _, _ := strings.Cut(err.Error(), ":")
@@ -254,27 +380,23 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	return set, p
 }
 
-// timeouts checks one layer of timeout keys: timeout.Keys.Check's rules,
-// and 0 refused for the keys where 0 cannot mean "disabled" (Resolve would
-// turn it into the 0.1 s minimum, which is never what was meant).
+// timeouts checks one layer of timeout keys against timeoutBounds, and
+// livenessResetOn. A negative value and a 0 where 0 cannot mean "disabled"
+// (Resolve would turn it into the 0.1 s minimum, which is never what was
+// meant) break the same rule and get the same sentence.
 func (p *problems) timeouts(prefix string, k timeout.Keys) {
-	if err := k.Check(prefix); err != nil {
-		key, _, _ := strings.Cut(err.Error(), ":")
-		*p = append(*p, Problem{Key: key, Text: err.Error()})
-		return
-	}
-	for _, z := range []struct {
-		name string
-		v    *float64
-		why  string
-	}{
-		{"timeoutSeconds", k.TimeoutSeconds, "the wall clock cannot be disabled"},
-		{"progressRepeatSeconds", k.ProgressRepeatSeconds, "to turn progress notices off set progressNotifyAfterSeconds: 0"},
-		{"abortGraceSeconds", k.AbortGraceSeconds, "a stop always allows some grace"},
-	} {
-		if z.v != nil && *z.v == 0 {
-			p.add(prefix+"."+z.name, "must be > 0 (%s); leave it out for the default", z.why)
+	v := reflect.ValueOf(k)
+	for f := range v.Type().Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("koanf"), ",")
+		b, bounded := timeoutBounds[name]
+		if x, ok := v.FieldByIndex(f.Index).Interface().(*float64); bounded && ok && x != nil {
+			p.numberIn(prefix+"."+name, *x, b)
 		}
+	}
+	switch k.LivenessResetOn {
+	case "", timeout.LivenessStep, timeout.LivenessActivity:
+	default:
+		p.add(prefix+".livenessResetOn", "must be %q or %q, got %q", timeout.LivenessStep, timeout.LivenessActivity, k.LivenessResetOn)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -20,13 +21,15 @@ import (
 // the whole turn, so a reload applies to turns that start afterwards.
 // Methods are safe for concurrent use.
 type Source struct {
-	cur atomic.Pointer[Config]
+	cur  atomic.Pointer[Config]
+	boot *Config // the configuration the process started with: its restart-only keys are in force
 }
 
 // NewSource returns a Source whose current configuration is c (typically
-// the result of Load).
+// the result of Load). c's restart-only keys (RestartPending) are taken to
+// be the ones in force for the life of the process.
 func NewSource(c *Config) *Source {
-	s := &Source{}
+	s := &Source{boot: c}
 	s.cur.Store(c)
 	return s
 }
@@ -35,18 +38,39 @@ func NewSource(c *Config) *Source {
 // modified.
 func (s *Source) Current() *Config { return s.cur.Load() }
 
+// RestartPending lists the keys of next that a running gateway reads only at
+// start and whose value differs from the one the process started with: they
+// take effect only after a restart. Values are compared, never shown
+// (several are secrets).
+func (s *Source) RestartPending(next *Config) []string {
+	if s.boot == nil || next == nil {
+		return nil
+	}
+	var keys []string
+	for _, k := range restartOnly {
+		if k.get(s.boot) != k.get(next) {
+			keys = append(keys, k.key)
+		}
+	}
+	return keys
+}
+
 // ReloadDebounce is how long the file must be quiet after a change before it
 // is reloaded, so that an editor's burst of events (truncate, write, chmod,
 // rename) causes one reload of the finished file.
 const ReloadDebounce = 250 * time.Millisecond
 
-// restartOnly are keys a running gateway reads once at startup; a reload
-// that changes them is still applied but logs that they need a restart.
+// restartOnly are keys a running gateway reads once at startup: the
+// listener, the tokens the WebSocket server and the operator routes were
+// built with, the store, and the Telegram channel. A reload that changes
+// them applies everything else and names them as needing a restart.
 var restartOnly = []struct {
 	key string
 	get func(*Config) any
 }{
 	{"server.listen", func(c *Config) any { return c.Server.Listen }},
+	{"server.token", func(c *Config) any { return c.Server.Token }},
+	{"server.operatorToken", func(c *Config) any { return c.Server.OperatorToken }},
 	{"store.path", func(c *Config) any { return c.Store.Path }},
 	{"store.queueSize", func(c *Config) any { return c.Store.QueueSize }},
 	{"store.retention", func(c *Config) any { return c.Store.Retention }},
@@ -55,6 +79,22 @@ var restartOnly = []struct {
 	{"channels.telegram.mode", func(c *Config) any { return c.Channels.Telegram.Mode }},
 	{"channels.telegram.apiURL", func(c *Config) any { return c.Channels.Telegram.APIURL }},
 	{"channels.telegram.webhookURL", func(c *Config) any { return c.Channels.Telegram.WebhookURL }},
+	{"channels.telegram.webhookSecret", func(c *Config) any { return c.Channels.Telegram.WebhookSecret }},
+}
+
+// ReloadHooks are what Watch calls around swapping in a new configuration.
+// Both are optional and run on Watch's goroutine.
+type ReloadHooks struct {
+	// Prepare gets a valid new configuration before it is swapped in, to
+	// build what it needs (a runner it names); an error refuses the reload:
+	// it is logged and the current configuration stays.
+	Prepare func(old, next *Config) error
+	// Changed is called after the swap with the old and the new
+	// configuration.
+	Changed func(old, next *Config)
+	// Watching is called once the watch is set up: every change of the
+	// file from then on is seen.
+	Watching func()
 }
 
 // Watch reloads the file at path when it changes, until ctx is done; it
@@ -65,15 +105,17 @@ var restartOnly = []struct {
 // ReloadDebounce of quiet, reads the file and, unless its content is the same
 // as at the previous reload, loads it as Load does (defaults, file,
 // environment); the first event after Watch starts always reloads, so an
-// edit made between Load and Watch is not missed. A
-// valid configuration is swapped in atomically and onChange (if not nil) is
-// called with the old and the new one, on Watch's goroutine; an invalid one
-// is logged with its named-key error (which never contains a secret) and
-// the current configuration stays. A nil log means slog.Default().
+// edit made between Load and Watch is not missed. A valid configuration is
+// passed to hooks.Prepare, then swapped in atomically, then passed to
+// hooks.Changed; an invalid one, or one Prepare refuses, is logged with its
+// named-key error (which never contains a secret) and the current
+// configuration stays. The log line of a swap says "config reloaded" only
+// when every changed key applied; otherwise it names the keys that need a
+// restart (RestartPending). A nil log means slog.Default().
 //
 // Watch returns an error only if the watch cannot be set up or the watcher
 // fails for good.
-func (s *Source) Watch(ctx context.Context, path string, log *slog.Logger, onChange func(old, new *Config)) error {
+func (s *Source) Watch(ctx context.Context, path string, log *slog.Logger, hooks ReloadHooks) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("config watch %s: %w", path, err)
@@ -82,23 +124,26 @@ func (s *Source) Watch(ctx context.Context, path string, log *slog.Logger, onCha
 	if err := w.Add(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("config watch %s: %w", path, err)
 	}
-	r := newReloader(s, path, log, onChange)
+	if hooks.Watching != nil {
+		hooks.Watching()
+	}
+	r := newReloader(s, path, log, hooks)
 	return r.run(ctx, w.Events, w.Errors)
 }
 
 type reloader struct {
-	src      *Source
-	path     string
-	log      *slog.Logger
-	onChange func(old, new *Config)
-	last     [sha256.Size]byte // of the content last loaded or rejected; zero at first
+	src   *Source
+	path  string
+	log   *slog.Logger
+	hooks ReloadHooks
+	last  [sha256.Size]byte // of the content last loaded or rejected; zero at first
 }
 
-func newReloader(s *Source, path string, log *slog.Logger, onChange func(old, new *Config)) *reloader {
+func newReloader(s *Source, path string, log *slog.Logger, hooks ReloadHooks) *reloader {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &reloader{src: s, path: path, log: log, onChange: onChange}
+	return &reloader{src: s, path: path, log: log, hooks: hooks}
 }
 
 // run debounces file events and reloads; it is separate from Watch so the
@@ -151,17 +196,22 @@ func (r *reloader) reload() {
 		r.log.Error("config reload rejected; keeping the current configuration", "file", r.path, "error", err)
 		return
 	}
-	old := r.src.cur.Swap(next)
-	r.log.Info("config reloaded; new turns use it", "file", r.path)
-	if old != nil {
-		for _, k := range restartOnly {
-			if k.get(old) != k.get(next) {
-				r.log.Warn("config key changed that takes effect only after a restart", "key", k.key)
-			}
+	old := r.src.Current()
+	if r.hooks.Prepare != nil {
+		if err := r.hooks.Prepare(old, next); err != nil {
+			r.log.Error("config reload refused; keeping the current configuration", "file", r.path, "error", err)
+			return
 		}
 	}
-	if r.onChange != nil {
-		r.onChange(old, next)
+	r.src.cur.Store(next)
+	if pending := r.src.RestartPending(next); len(pending) > 0 {
+		r.log.Warn("config applied except "+strings.Join(pending, ", ")+
+			": needs a restart to take effect; new turns use the other changes", "file", r.path, "needs_restart", strings.Join(pending, ","))
+	} else {
+		r.log.Info("config reloaded; new turns use it", "file", r.path)
+	}
+	if r.hooks.Changed != nil {
+		r.hooks.Changed(old, next)
 	}
 }
 

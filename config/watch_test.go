@@ -2,6 +2,8 @@ package config
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -42,7 +44,7 @@ func TestReloadDebounce(t *testing.T) {
 		src := NewSource(mustLoad(t, path))
 		var logs logBuffer
 		changes := make(chan [2]*Config, 10)
-		r := newReloader(src, path, loggerTo(&logs), func(old, new *Config) { changes <- [2]*Config{old, new} })
+		r := newReloader(src, path, loggerTo(&logs), ReloadHooks{Changed: func(old, new *Config) { changes <- [2]*Config{old, new} }})
 		events := make(chan fsnotify.Event)
 		errs := make(chan error)
 		ctx, cancel := context.WithCancel(t.Context())
@@ -112,7 +114,7 @@ func TestReloadDebounce(t *testing.T) {
 		faketime.Advance(ReloadDebounce)
 		synctest.Wait()
 		eq(t, "listen after rename", src.Current().Server.Listen, "127.0.0.1:9000")
-		if !strings.Contains(logs.String(), "key=server.listen") {
+		if !strings.Contains(logs.String(), "needs_restart=server.listen") {
 			t.Errorf("no restart notice for server.listen:\n%s", logs.String())
 		}
 
@@ -158,11 +160,11 @@ func TestWatchRealFile(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- src.Watch(ctx, path, loggerTo(&logs), func(old, new *Config) {
+		done <- src.Watch(ctx, path, loggerTo(&logs), ReloadHooks{Changed: func(old, new *Config) {
 			mu.Lock()
 			defer mu.Unlock()
 			seen = append(seen, new.Server.HistoryLimit)
-		})
+		}})
 	}()
 
 	// waitFor rewrites the file until cond holds: the watcher may not be
@@ -219,8 +221,118 @@ func TestWatchRealFile(t *testing.T) {
 
 func TestWatchMissingDirectory(t *testing.T) {
 	src := NewSource(Default())
-	err := src.Watch(t.Context(), filepath.Join(t.TempDir(), "nope", "turnguard.yaml"), nil, nil)
+	err := src.Watch(t.Context(), filepath.Join(t.TempDir(), "nope", "turnguard.yaml"), nil, ReloadHooks{})
 	if err == nil || !strings.Contains(err.Error(), "config watch") {
 		t.Fatalf("Watch on a missing directory = %v, want an error", err)
+	}
+}
+
+// reloadOnce writes content to the file and runs one reload, bounded in
+// real time: before template execution was bounded, a reload of the range
+// below never returned (and wedged shutdown).
+func reloadOnce(t *testing.T, r *reloader, content string) {
+	t.Helper()
+	writeFile(t, r.path, content)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.reload()
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second): // real time: guards against a reload that never ends
+		t.Fatal("the reload did not return within 10s")
+	}
+}
+
+// TestReloadRefusesUnboundedTemplate: the template of issue 10 is refused
+// by hot reload at once, naming the key; the old configuration stays.
+func TestReloadRefusesUnboundedTemplate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "turnguard.yaml")
+	writeFile(t, path, historyConfig("10"))
+	src := NewSource(mustLoad(t, path))
+	var logs logBuffer
+	r := newReloader(src, path, loggerTo(&logs), ReloadHooks{})
+	reloadOnce(t, r, "server:\n  historyLimit: 20\nmessages:\n  progress: \"{{range $i := .Elapsed}}x{{end}}\"\n")
+	eq(t, "historyLimit after the refused reload", src.Current().Server.HistoryLimit, 10)
+	for _, want := range []string{"config reload rejected; keeping the current configuration",
+		"messages.progress: progress:1:8: {{range}} is not allowed in a message"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+}
+
+// TestReloadRestartKeys: a key read only at start is named as needing a
+// restart, and the log then does not claim "config reloaded"; a value equal
+// to the one in force (unchanged, or changed back) gives no warning; a
+// reload Prepare refuses keeps the current configuration.
+func TestReloadRestartKeys(t *testing.T) {
+	const base = "server:\n  token: zzsecret-token-0001\n  historyLimit: %s\n  listen: %s\n"
+	cfg := func(token, limit, listen string) string {
+		return strings.Replace(fmt.Sprintf(base, limit, listen), "zzsecret-token-0001", token, 1)
+	}
+	tests := []struct {
+		name        string
+		content     string
+		wantLimit   int
+		wantLog     []string
+		notLog      []string
+		prepareFail bool
+	}{
+		// server.operatorToken defaults to server.token, so it changes too.
+		{name: "token changed", content: cfg("zzsecret-token-0002", "20", "127.0.0.1:1"), wantLimit: 20,
+			wantLog: []string{"config applied except server.token, server.operatorToken: needs a restart", "needs_restart=server.token,server.operatorToken"},
+			notLog:  []string{"config reloaded", "zzsecret"}},
+		{name: "token and listen changed", content: cfg("zzsecret-token-0002", "30", "127.0.0.1:2"), wantLimit: 30,
+			wantLog: []string{"config applied except server.listen, server.token, server.operatorToken: needs a restart"},
+			notLog:  []string{"config reloaded", "zzsecret"}},
+		{name: "both changed back to the values in force", content: cfg("zzsecret-token-0001", "40", "127.0.0.1:1"), wantLimit: 40,
+			wantLog: []string{"config reloaded; new turns use it"},
+			notLog:  []string{"needs a restart", "needs_restart"}},
+		{name: "restart key unchanged, another key changed", content: cfg("zzsecret-token-0001", "50", "127.0.0.1:1"), wantLimit: 50,
+			wantLog: []string{"config reloaded; new turns use it"},
+			notLog:  []string{"needs a restart"}},
+		{name: "refused by Prepare", content: cfg("zzsecret-token-0001", "60", "127.0.0.1:1"), wantLimit: 50, prepareFail: true,
+			wantLog: []string{"config reload refused; keeping the current configuration", "runner exec: cannot be built"},
+			notLog:  []string{"config reloaded"}},
+	}
+	path := filepath.Join(t.TempDir(), "turnguard.yaml")
+	writeFile(t, path, cfg("zzsecret-token-0001", "10", "127.0.0.1:1"))
+	src := NewSource(mustLoad(t, path))
+	failPrepare := false
+	changed := 0
+	var logs logBuffer
+	r := newReloader(src, path, loggerTo(&logs), ReloadHooks{
+		Prepare: func(old, next *Config) error {
+			if failPrepare {
+				return errors.New("runner exec: cannot be built")
+			}
+			return nil
+		},
+		Changed: func(old, next *Config) { changed++ },
+	})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			from := len(logs.String())
+			failPrepare = tt.prepareFail
+			before := changed
+			reloadOnce(t, r, tt.content)
+			eq(t, "historyLimit", src.Current().Server.HistoryLimit, tt.wantLimit)
+			if tt.prepareFail != (changed == before) {
+				t.Errorf("Changed called %d times", changed-before)
+			}
+			got := logs.String()[from:]
+			for _, w := range tt.wantLog {
+				if !strings.Contains(got, w) {
+					t.Errorf("log lacks %q:\n%s", w, got)
+				}
+			}
+			for _, n := range tt.notLog {
+				if strings.Contains(got, n) {
+					t.Errorf("log contains %q:\n%s", n, got)
+				}
+			}
+		})
 	}
 }

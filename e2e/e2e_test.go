@@ -18,7 +18,7 @@ import (
 )
 
 const (
-	token = "e2e-token-2f9c"
+	token = "e2e-token-2f9c-7a1e"
 	// stepTimeout is agents.defaults.stepTimeoutSeconds of the e2e gateway.
 	stepTimeout = 2
 )

@@ -474,7 +474,7 @@ func TestWebhookRedelivery(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, setup{adjust: func(c *config.Config) {
 			tg := &c.Channels.Telegram
-			tg.Mode, tg.WebhookSecret = config.TelegramWebhook, "abc"
+			tg.Mode, tg.WebhookSecret = config.TelegramWebhook, "abc-webhook-secret"
 		}})
 		u := userText(alice, "/steps shell:2s say:once")
 		u.Message.ID = 77

@@ -20,10 +20,6 @@ import (
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/gateway/web"
 	"github.com/turnguard/turnguard/gateway/ws"
-	"github.com/turnguard/turnguard/runner"
-	"github.com/turnguard/turnguard/runner/demo"
-	execrunner "github.com/turnguard/turnguard/runner/exec"
-	"github.com/turnguard/turnguard/runner/openai"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -33,6 +29,7 @@ const (
 	wsShutdownWait    = 5 * time.Second  // flushing and closing WebSocket clients
 	storeShutdownWait = 10 * time.Second // writing the events still queued
 	startupStoreWait  = 30 * time.Second // opening and recovering the store
+	watchShutdownWait = 2 * time.Second  // the config watcher, which may be stuck reading its file
 )
 
 // app is a running gateway: every component, in start order.
@@ -49,9 +46,9 @@ type app struct {
 	unsub   func()
 	stopBG  context.CancelFunc // config watcher
 	bg      sync.WaitGroup
-	runners map[string]bool // names built at start
-	ops     *ops            // metrics, alerts, /api, /admin (ops.go)
-	tg      *tgChannel      // the Telegram bot, when enabled (telegram.go)
+	runners *runnerSet // built at start and, as needed, on hot reload
+	ops     *ops       // metrics, alerts, /api, /admin (ops.go)
+	tg      *tgChannel // the Telegram bot, when enabled (telegram.go)
 
 	serveErr chan error // the HTTP server's fatal error, if it fails
 }
@@ -84,18 +81,14 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	}
 	recoverInterrupted(sctx, a.store, cfg, log)
 
-	runners, err := buildRunners(cfg, log)
-	if err != nil {
+	a.runners = newRunnerSet(log)
+	if err := a.runners.prepare(cfg); err != nil {
 		return a, err
-	}
-	a.runners = map[string]bool{}
-	for name := range runners {
-		a.runners[name] = true
 	}
 	a.ops = newOps(a.cfg, log)
 	// While the store cannot write, a turn would leave no trace: refuse new
 	// ones (retryable) until it can.
-	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: runners, Log: log, History: storeHistory(a.store),
+	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: a.runners.engineRunners(), Log: log, History: storeHistory(a.store),
 		Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health})
 	if err != nil {
 		return a, fmt.Errorf("engine: %w", err)
@@ -145,22 +138,35 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 			a.serveErr <- err
 		}
 	}()
+	if cfgPath != "" {
+		a.watchConfig(ctx, cfgPath) // before "listening": an edit after it is seen
+	}
 	addr := a.ln.Addr().String()
 	log.Info("listening", "addr", addr, "url", "http://"+addr+"/", "runner", cfg.RunnerFor(config.ChannelWS),
 		"store", cfg.Store.Path, "config", cfgOrDefaults(cfgPath))
 
-	if cfgPath != "" {
-		wctx, stop := context.WithCancel(ctx)
-		a.stopBG = stop
-		a.bg.Add(1)
-		go func() {
-			defer a.bg.Done()
-			if err := a.cfg.Watch(wctx, cfgPath, log, a.configChanged); err != nil {
-				log.Error("config hot reload is off", "error", err)
-			}
-		}()
-	}
 	return a, nil
+}
+
+// watchConfig starts hot reload of the file at path and returns once the
+// watch is set up (or has failed, which is logged), so that an edit made
+// after start returns is never missed.
+func (a *app) watchConfig(ctx context.Context, path string) {
+	wctx, stop := context.WithCancel(ctx)
+	a.stopBG = stop
+	watching := make(chan struct{})
+	var once sync.Once
+	set := func() { once.Do(func() { close(watching) }) }
+	hooks := config.ReloadHooks{Prepare: a.prepareConfig, Changed: a.configChanged, Watching: set}
+	a.bg.Add(1)
+	go func() {
+		defer a.bg.Done()
+		defer set()
+		if err := a.cfg.Watch(wctx, path, a.log, hooks); err != nil {
+			a.log.Error("config hot reload is off", "error", err)
+		}
+	}()
+	<-watching
 }
 
 func cfgOrDefaults(p string) string {
@@ -189,16 +195,17 @@ func retention(r config.StoreRetention) store.Retention {
 	}
 }
 
-// configChanged applies a reloaded configuration to the engine. A runner the
-// new configuration names but that was not built at start needs a restart.
+// prepareConfig builds the runners a reloaded configuration needs before it
+// is swapped in (a runner it names for the first time, or one whose settings
+// changed); if one cannot be built the reload is refused and the current
+// configuration stays.
+func (a *app) prepareConfig(_, next *config.Config) error {
+	return a.runners.prepare(next)
+}
+
+// configChanged applies a reloaded configuration to the engine.
 func (a *app) configChanged(_, next *config.Config) {
 	a.eng.ConfigChanged(next)
-	for _, name := range usedRunners(next) {
-		if !a.runners[name] {
-			a.log.Warn("the reloaded configuration uses a runner that is built only at start; restart the gateway to use it",
-				"runner", name)
-		}
-	}
 }
 
 // shutdown stops the gateway: stop accepting, abort running turns with stop
@@ -229,7 +236,16 @@ func (a *app) shutdown(ctx context.Context) {
 func (a *app) close() {
 	if a.stopBG != nil {
 		a.stopBG()
-		a.bg.Wait()
+		stopped := make(chan struct{})
+		go func() { a.bg.Wait(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(watchShutdownWait):
+			// A reload blocked reading the file (a FIFO, a hung mount)
+			// must not hold the exit.
+			a.log.Warn("config hot reload did not stop in time (a reload is stuck reading the file); exiting without it",
+				"waited", watchShutdownWait)
+		}
 	}
 	if a.ln != nil && a.http == nil {
 		a.ln.Close()
@@ -252,48 +268,6 @@ func (a *app) close() {
 			a.log.Warn("store close", "error", err)
 		}
 	}
-}
-
-// usedRunners lists the runner names a configuration uses:
-// agents.defaults.runner and each enabled channel's override.
-func usedRunners(cfg *config.Config) []string {
-	names := []string{cfg.Agents.Defaults.Runner, cfg.RunnerFor(config.ChannelWS)}
-	if cfg.Channels.Telegram.Enabled {
-		names = append(names, cfg.RunnerFor(config.ChannelTelegram))
-	}
-	return names
-}
-
-// buildRunners constructs each runner the configuration uses, and only
-// those: openai needs a model and exec a command, which a demo set-up does
-// not have.
-func buildRunners(cfg *config.Config, log *slog.Logger) (map[string]runner.Runner, error) {
-	out := map[string]runner.Runner{}
-	for _, name := range usedRunners(cfg) {
-		if _, ok := out[name]; ok {
-			continue
-		}
-		switch name {
-		case config.RunnerDemo:
-			out[name] = demo.New()
-		case config.RunnerOpenAI:
-			r, err := openai.New(cfg.Agents.OpenAI, openai.WithLogger(log.With("runner", name)))
-			if err != nil {
-				return nil, fmt.Errorf("runner openai: %w", err)
-			}
-			out[name] = r
-		case config.RunnerExec:
-			grace := max(cfg.TurnSettings(config.ChannelWS, 0).AbortGrace, cfg.TurnSettings(config.ChannelTelegram, 0).AbortGrace)
-			r, err := execrunner.New(cfg.Agents.Exec, grace, log.With("runner", name))
-			if err != nil {
-				return nil, fmt.Errorf("runner exec: %w", err)
-			}
-			out[name] = r
-		default:
-			return nil, fmt.Errorf("unknown runner %q", name)
-		}
-	}
-	return out, nil
 }
 
 // storeHistory loads a session's stored history for the engine.

@@ -7,6 +7,7 @@
 //
 //	gateway [-config FILE]          run (without -config: built-in defaults and GATEWAY_ variables)
 //	gateway -check [-config FILE]   load and validate the configuration, report every problem, exit
+//	                                (SIGINT/SIGTERM end it at once, exit status 1)
 //	gateway -version                print the version
 //
 // Logs go to stderr through log/slog: text by default, JSON when
@@ -85,7 +86,18 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string, si
 	}
 
 	if *check {
-		if err := config.Check(*cfgPath); err != nil {
+		// The check runs aside so that a signal ends it at once, even while
+		// it waits on its file (a FIFO, a hung network mount).
+		checked := make(chan error, 1)
+		go func() { checked <- config.Check(*cfgPath) }()
+		var err error
+		select {
+		case err = <-checked:
+		case s := <-sig:
+			fmt.Fprintf(stderr, "gateway: -check interrupted by signal %s; the configuration was not checked\n", s)
+			return exitError
+		}
+		if err != nil {
 			fmt.Fprintf(stderr, "%v\n", err)
 			return exitError
 		}

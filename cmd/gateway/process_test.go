@@ -24,6 +24,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/turnguard/turnguard/internal/testlog"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -585,29 +586,239 @@ func (p *gatewayProc) waitLog(s string, d time.Duration) {
 }
 
 // TestHotReload: an edit of the configuration file applies to the next turn
-// without a restart; a runner that was not built at start is reported.
+// without a restart, and nothing is said to need a restart when no such key
+// changed.
 func TestHotReload(t *testing.T) {
-	dir := t.TempDir()
-	base := testConfig(dir, 5)
-	p := startGateway(t, dir, base)
+	p, base := startReloadable(t)
 	cl := dialGateway(t, p.addr, testToken)
-	path := filepath.Join(dir, "gateway.yaml")
-
-	edited := strings.Replace(base, "    abortGraceSeconds: 5\n", "    abortGraceSeconds: 5\n    stepTimeoutSeconds: 0.5\n", 1)
-	if err := os.WriteFile(path, []byte(edited), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	p.rewriteConfig(strings.Replace(base, "    abortGraceSeconds: 5\n", "    abortGraceSeconds: 5\n    stepTimeoutSeconds: 0.5\n", 1))
 	p.waitLog("config reloaded", 10*time.Second)
 	chatSend(cl, "main", "run-reloaded", "/steps shell:hang")
 	ab := aborted(t, cl.waitEvent("chat", 10*time.Second, chatState("run-reloaded", "aborted")))
 	if ab.StopReason != "step_timeout" || !strings.Contains(ab.ErrorMessage, "No progress for 500ms") {
 		t.Errorf("after the reload: stopReason %q, message %q; want the 0.5s step timeout", ab.StopReason, ab.ErrorMessage)
 	}
+	if strings.Contains(p.log(), "needs a restart") {
+		t.Errorf("a restart was asked for though no restart-only key changed:\n%s", p.log())
+	}
+}
 
-	withOpenAI := strings.Replace(edited, "agents:\n  defaults:\n",
-		"agents:\n  openai:\n    model: some-model\n  defaults:\n    runner: openai\n", 1)
-	if err := os.WriteFile(path, []byte(withOpenAI), 0o600); err != nil {
+// startReloadable starts a gateway on testConfig and returns it with that
+// configuration's text, for tests that edit it.
+func startReloadable(t *testing.T) (*gatewayProc, string) {
+	t.Helper()
+	dir := t.TempDir()
+	base := testConfig(dir, 5)
+	return startGateway(t, dir, base), base
+}
+
+// rewriteConfig replaces the gateway's configuration file (hot reload).
+func (p *gatewayProc) rewriteConfig(content string) {
+	p.t.Helper()
+	if err := os.WriteFile(filepath.Join(p.dir, "gateway.yaml"), []byte(content), 0o600); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// writeAgent writes an exec agent (the jsonl protocol) that answers text.
+func writeAgent(t *testing.T, dir, text string) string {
+	t.Helper()
+	path := filepath.Join(dir, "agent.sh")
+	script := "#!/bin/sh\ncat >/dev/null\necho '{\"type\":\"final\",\"text\":\"" + text + "\"}'\n"
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p.waitLog("restart the gateway to use it", 10*time.Second)
+	return path
+}
+
+// TestHotReloadBuildsRunner: a reload that names a runner the gateway did
+// not build at start builds it before the configuration is swapped in, so
+// the next turn runs on it (before: every turn failed until a restart); a
+// runner that cannot be built refuses the reload, and turns keep running on
+// the configuration in force.
+func TestHotReloadBuildsRunner(t *testing.T) {
+	p, base := startReloadable(t)
+	cl := dialGateway(t, p.addr, testToken)
+
+	// A command that does not exist: refused, the demo runner stays.
+	missing := filepath.Join(p.dir, "no-such-agent")
+	broken := strings.Replace(base, "agents:\n  defaults:\n",
+		"agents:\n  exec:\n    command: "+missing+"\n  defaults:\n    runner: exec\n", 1)
+	p.rewriteConfig(broken)
+	p.waitLog("config reload refused; keeping the current configuration", 10*time.Second)
+	if !strings.Contains(p.log(), "agents.exec.command") {
+		t.Errorf("the refusal does not name the key:\n%s", p.log())
+	}
+	chatSend(cl, "main", "run-demo", "/steps say:still_the_demo")
+	fin := cl.waitEvent("chat", 10*time.Second, chatState("run-demo", "final"))
+	if !strings.Contains(string(fin.Payload), "still the demo") {
+		t.Errorf("after a refused reload: %s, want the demo runner's answer", fin.Payload)
+	}
+
+	// A working command: built at reload, the next turn runs on it.
+	agent := writeAgent(t, p.dir, "hello from exec")
+	p.rewriteConfig(strings.Replace(broken, missing, agent, 1))
+	p.waitLog("config reloaded", 10*time.Second)
+	chatSend(cl, "main", "run-exec", "hi")
+	fin = cl.waitEvent("chat", 10*time.Second, func(raw json.RawMessage) bool {
+		return chatState("run-exec", "final")(raw) || chatState("run-exec", "error")(raw) || chatState("run-exec", "aborted")(raw)
+	})
+	if !strings.Contains(string(fin.Payload), "hello from exec") {
+		t.Errorf("the turn after the reload: %s, want the exec agent's answer", fin.Payload)
+	}
+}
+
+// TestHotReloadTokenNeedsRestart: a changed token is named as needing a
+// restart (the log does not claim "config reloaded"), and the token in force
+// stays the one the gateway started with.
+func TestHotReloadTokenNeedsRestart(t *testing.T) {
+	p, base := startReloadable(t)
+	const newToken = "process-test-token-NEW-value"
+	changed := strings.Replace(base, "token: "+testToken, "token: "+newToken, 1)
+	p.rewriteConfig(strings.Replace(changed, "    abortGraceSeconds: 5\n", "    abortGraceSeconds: 5\n    stepTimeoutSeconds: 7\n", 1))
+	p.waitLog("needs a restart", 10*time.Second)
+	logs := p.log()
+	if !strings.Contains(logs, "config applied except server.token, server.operatorToken: needs a restart") {
+		t.Errorf("the log does not name the token keys as needing a restart:\n%s", logs)
+	}
+	if strings.Contains(logs, "config reloaded") {
+		t.Errorf("the log claims the reload applied fully:\n%s", logs)
+	}
+	if strings.Contains(logs, newToken) || strings.Contains(logs, testToken) {
+		t.Errorf("the log reveals a token:\n%s", logs)
+	}
+	// The token in force is still the one the gateway started with.
+	cl := dialGateway(t, p.addr, testToken)
+	chatSend(cl, "main", "run-old-token", "/steps say:ok")
+	cl.waitEvent("chat", 10*time.Second, chatState("run-old-token", "final"))
+}
+
+// TestCheckRefusesEndlessTemplate: -check reports the template of issue 10
+// at once (before: minutes of CPU and 20 GB), together with every other
+// problem of the file, and exits 1.
+func TestCheckRefusesEndlessTemplate(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gateway.yaml")
+	cfg := "server:\n  tickIntervalMs: 5e12\n  idempotencyTTLSeconds: 1e308\nmessages:\n  progress: \"{{range $i := .Elapsed}}x{{end}}\"\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(gatewayBin, "-check", "-config", path)
+	cmd.Env = cleanEnv()
+	out, err := runWithin(t, cmd, 10*time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitError {
+		t.Fatalf("-check: %v, want exit status %d\n%s", err, exitError, out)
+	}
+	for _, want := range []string{
+		"messages.progress: progress:1:8: {{range}} is not allowed in a message",
+		"server.tickIntervalMs: must be a whole number from 1000 to 600000 (10m), got 5000000000000",
+		"server.idempotencyTTLSeconds: must be a number > 0 and at most 86400 (24h), got 1e+308",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("-check output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestCheckHonoursSignals: a -check that cannot finish (its file is a FIFO
+// no one writes) ends promptly on SIGTERM with a message.
+func TestCheckHonoursSignals(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "gateway.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	cmd := exec.Command(gatewayBin, "-check", "-config", fifo)
+	cmd.Env = cleanEnv()
+	out, done := startCmd(t, cmd)
+	// Once -check has the FIFO open, its signal handler is installed.
+	if !openedByReader(t, fifo) {
+		_ = cmd.Process.Kill()
+		t.Fatalf("-check never opened its file:\n%s", out.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != exitError {
+			t.Fatalf("-check after SIGTERM: %v, want exit status %d\n%s", err, exitError, out.String())
+		}
+		if !strings.Contains(out.String(), "gateway: -check interrupted by signal terminated") {
+			t.Errorf("no message about the interruption:\n%s", out.String())
+		}
+	case <-time.After(5 * time.Second): // real time: another process
+		_ = cmd.Process.Kill()
+		t.Fatalf("-check did not end within 5s of SIGTERM:\n%s", out.String())
+	}
+}
+
+// startCmd starts cmd with its output collected; done delivers Wait's error.
+func startCmd(t *testing.T, cmd *exec.Cmd) (*testlog.Buffer, <-chan error) {
+	t.Helper()
+	out := new(testlog.Buffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return out, done
+}
+
+// runWithin runs cmd and returns its combined output, failing the test if it
+// runs longer than d.
+func runWithin(t *testing.T, cmd *exec.Cmd, d time.Duration) (string, error) {
+	t.Helper()
+	out, done := startCmd(t, cmd)
+	select {
+	case err := <-done:
+		return out.String(), err
+	case <-time.After(d): // real time: another process
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("%v did not end within %v:\n%s", cmd.Args, d, out.String())
+		return "", nil
+	}
+}
+
+// TestShutdownWithReloadStuck: a reload that blocks reading the file (it
+// was replaced by a FIFO no one writes) does not wedge the shutdown.
+func TestShutdownWithReloadStuck(t *testing.T) {
+	p, _ := startReloadable(t)
+	path := filepath.Join(p.dir, "gateway.yaml")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	if !openedByReader(t, path) {
+		t.Fatalf("the reload never opened the file:\n%s", p.log())
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(10 * time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if !strings.Contains(p.log(), "config hot reload did not stop in time") {
+		t.Errorf("no log line about the stuck reload:\n%s", p.log())
+	}
+}
+
+// openedByReader waits (at most 10s) until another process has the FIFO at
+// path open for reading — a non-blocking open for writing succeeds only
+// then — and keeps the write end open, without writing, until the test ends,
+// so that the reader stays blocked in its read.
+func openedByReader(t *testing.T, path string) bool {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			t.Cleanup(func() { w.Close() })
+			return true
+		}
+		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
+	}
+	return false
 }

@@ -36,7 +36,7 @@ const opToken = "op-token-SECRET-2"
 
 // secrets are configured in every test gateway; none may appear in an
 // answer or a log line.
-var secrets = []string{"srv-token-SECRET-1", opToken, "sk-SECRET-3", "SECRET-4-bot", "SECRET-5-hook", "SECRET-6-alert", "SECRET-7-env"}
+var secrets = []string{"srv-token-SECRET-1", opToken, "sk-SECRET-3", "SECRET-4-bot", "SECRET-5-hook-value", "SECRET-6-alert", "SECRET-7-env"}
 
 func secs(v float64) *float64 { return &v }
 

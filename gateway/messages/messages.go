@@ -6,7 +6,6 @@
 package messages
 
 import (
-	"bytes"
 	"fmt"
 	"sort"
 	"strings"
@@ -57,20 +56,28 @@ type Fields struct {
 	Error string
 }
 
-// Duration renders as a rounded, human Go duration: 1m30s, 2s, 450ms.
+// Duration renders as a rounded, human Go duration: 1m30s, 2s, 450ms (see
+// FormatDuration). Every duration a template shows is a Duration.
 type Duration time.Duration
 
-// String rounds to a unit a person reads: whole seconds from a minute up,
-// tenths of a second from one second, milliseconds below.
-func (d Duration) String() string {
-	t := time.Duration(d)
+// String is FormatDuration.
+func (d Duration) String() string { return FormatDuration(time.Duration(d)) }
+
+// FormatDuration is how every user-facing text shows a duration: rounded to
+// a unit a person reads — whole seconds from a minute up (1m30s, 5m0s),
+// tenths of a second from one second (2s, 1.5s), whole milliseconds below
+// (120ms) — and never below a millisecond: anything shorter, and anything
+// negative, is 0s (not 49.209µs).
+func FormatDuration(t time.Duration) string {
 	switch {
 	case t >= time.Minute:
 		t = t.Round(time.Second)
 	case t >= time.Second:
 		t = t.Round(100 * time.Millisecond)
-	case t >= time.Millisecond:
+	case t > 0:
 		t = t.Round(time.Millisecond)
+	default:
+		t = 0
 	}
 	return t.String()
 }
@@ -84,7 +91,9 @@ type Set struct {
 // Parse builds a Set from overrides (name → template text) on top of the
 // defaults. An unknown name, a template that does not parse, or one that
 // fails on sample fields is an error naming the key
-// ("messages.stepTimeout: …").
+// ("messages.stepTimeout: …"); so is one longer than MaxTemplateBytes or
+// using a construct that could run long or allocate much (range, template
+// calls, printf widths: see checkTree).
 func Parse(overrides map[string]string) (*Set, error) {
 	s := &Set{t: make(map[Name]*template.Template, len(Defaults))}
 	keys := make([]string, 0, len(overrides))
@@ -102,13 +111,19 @@ func Parse(overrides map[string]string) (*Set, error) {
 		if o, ok := overrides[string(name)]; ok {
 			text = o
 		}
+		if len(text) > MaxTemplateBytes {
+			return nil, fmt.Errorf("messages.%s: must be at most %d bytes, got %d", name, MaxTemplateBytes, len(text))
+		}
 		t, err := template.New(string(name)).Option("missingkey=error").Parse(text)
 		if err != nil {
 			return nil, fmt.Errorf("messages.%s: %w", name, err)
 		}
+		if err := checkTree(t); err != nil {
+			return nil, fmt.Errorf("messages.%s: %w", name, err)
+		}
 		sample := Fields{Elapsed: Duration(90 * time.Second), LastStep: "web_search", CurrentStep: "shell",
 			StepTimeout: Duration(5 * time.Minute), Limit: Duration(30 * time.Minute), ErrorID: "E7K2QX", Error: "E7K2QX"}
-		if err := t.Execute(new(bytes.Buffer), sample); err != nil {
+		if _, err := execute(t, sample); err != nil {
 			return nil, fmt.Errorf("messages.%s: %w", name, err)
 		}
 		s.t[name] = t
@@ -125,19 +140,21 @@ func MustDefault() *Set {
 	return s
 }
 
-// Render executes template n with f. Templates were checked at Parse, so an
-// execution error can only come from a pathological value; Render then falls
-// back to the default text and, failing that, a plain sentence.
+// Render executes template n with f, within MaxOutputBytes and MaxExecTime.
+// Templates were checked at Parse, so an execution error can only come from a
+// pathological value (a step name so long the text passes the byte cap);
+// Render then falls back to the default text and, failing that, a plain
+// sentence.
 func (s *Set) Render(n Name, f Fields) string {
-	var b strings.Builder
 	if t, ok := s.t[n]; ok {
-		if err := t.Execute(&b, f); err == nil {
-			return strings.TrimSpace(b.String())
+		if out, err := execute(t, f); err == nil {
+			return strings.TrimSpace(out)
 		}
 	}
-	b.Reset()
-	if t, err := template.New("").Parse(Defaults[n]); err == nil && t.Execute(&b, f) == nil {
-		return strings.TrimSpace(b.String())
+	if t, err := template.New("").Parse(Defaults[n]); err == nil {
+		if out, err := execute(t, f); err == nil {
+			return strings.TrimSpace(out)
+		}
 	}
 	return fmt.Sprintf("The request stopped (%s) after %s.", n, f.Elapsed)
 }

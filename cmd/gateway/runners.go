@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/demo"
+	execrunner "github.com/turnguard/turnguard/runner/exec"
+	"github.com/turnguard/turnguard/runner/openai"
+)
+
+// runnerSet gives the engine one runner per name (demo, openai, exec) for
+// the life of the process and builds what each configuration needs: at
+// start, and on hot reload before the new configuration is swapped in, so a
+// reload never names a runner that does not exist. A runner whose settings
+// changed is rebuilt; turns already running keep the runner they started on.
+type runnerSet struct {
+	log   *slog.Logger
+	mu    sync.Mutex // serializes prepare
+	slots map[string]*runnerSlot
+}
+
+// runnerSlot is the engine's runner for one name: it delegates each Run to
+// the runner built last.
+type runnerSlot struct {
+	name  string
+	built atomic.Pointer[builtRunner]
+}
+
+// builtRunner is a runner and the settings it was built from.
+type builtRunner struct {
+	r    runner.Runner
+	spec any // compared with reflect.DeepEqual to decide on a rebuild
+}
+
+func newRunnerSet(log *slog.Logger) *runnerSet {
+	s := &runnerSet{log: log, slots: map[string]*runnerSlot{}}
+	for _, name := range []string{config.RunnerDemo, config.RunnerOpenAI, config.RunnerExec} {
+		s.slots[name] = &runnerSlot{name: name}
+	}
+	return s
+}
+
+// engineRunners is the map for gateway.Options.Runners.
+func (s *runnerSet) engineRunners() map[string]runner.Runner {
+	out := make(map[string]runner.Runner, len(s.slots))
+	for name, slot := range s.slots {
+		out[name] = slot
+	}
+	return out
+}
+
+// prepare builds each runner cfg uses that is not built yet or whose
+// settings differ from the ones it was built with. Either every build
+// succeeds and all are installed, or nothing changes and the error names the
+// runner and the key at fault.
+func (s *runnerSet) prepare(cfg *config.Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fresh := map[string]*builtRunner{}
+	for _, name := range usedRunners(cfg) {
+		slot, ok := s.slots[name]
+		if !ok {
+			return fmt.Errorf("unknown runner %q", name)
+		}
+		if _, done := fresh[name]; done {
+			continue
+		}
+		spec := runnerSpec(name, cfg)
+		if b := slot.built.Load(); b != nil && reflect.DeepEqual(b.spec, spec) {
+			continue
+		}
+		r, err := buildRunner(name, cfg, s.log)
+		if err != nil {
+			return err
+		}
+		fresh[name] = &builtRunner{r: r, spec: spec}
+	}
+	for name, b := range fresh {
+		rebuilt := s.slots[name].built.Swap(b) != nil
+		s.log.Debug("runner built", "runner", name, "rebuilt", rebuilt)
+	}
+	return nil
+}
+
+// built reports whether the runner name has been built.
+func (s *runnerSet) built(name string) bool {
+	slot, ok := s.slots[name]
+	return ok && slot.built.Load() != nil
+}
+
+// Run runs the turn on the runner built last.
+func (r *runnerSlot) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+	b := r.built.Load()
+	if b == nil {
+		// Not reachable through a validated configuration: prepare builds
+		// every runner a configuration names before it is used.
+		return runner.Result{}, fmt.Errorf("runner %s is not configured", r.name)
+	}
+	return b.r.Run(ctx, turn, cb)
+}
+
+// runnerSpec is what a runner is built from: a change of it rebuilds.
+func runnerSpec(name string, cfg *config.Config) any {
+	switch name {
+	case config.RunnerOpenAI:
+		return cfg.Agents.OpenAI
+	case config.RunnerExec:
+		return struct {
+			Exec  config.Exec
+			Grace time.Duration
+		}{cfg.Agents.Exec, execGrace(cfg)}
+	}
+	return name
+}
+
+// usedRunners lists the runner names a configuration uses:
+// agents.defaults.runner and each enabled channel's override.
+func usedRunners(cfg *config.Config) []string {
+	names := []string{cfg.Agents.Defaults.Runner, cfg.RunnerFor(config.ChannelWS)}
+	if cfg.Channels.Telegram.Enabled {
+		names = append(names, cfg.RunnerFor(config.ChannelTelegram))
+	}
+	return names
+}
+
+// execGrace is how long an aborted exec command has between SIGTERM and
+// SIGKILL: the longer of the channels' abort graces.
+func execGrace(cfg *config.Config) time.Duration {
+	return max(cfg.TurnSettings(config.ChannelWS, 0).AbortGrace, cfg.TurnSettings(config.ChannelTelegram, 0).AbortGrace)
+}
+
+// buildRunner constructs one runner: openai needs a model and exec a
+// command, which a demo set-up does not have.
+func buildRunner(name string, cfg *config.Config, log *slog.Logger) (runner.Runner, error) {
+	switch name {
+	case config.RunnerDemo:
+		return demo.New(), nil
+	case config.RunnerOpenAI:
+		r, err := openai.New(cfg.Agents.OpenAI, openai.WithLogger(log.With("runner", name)))
+		if err != nil {
+			return nil, fmt.Errorf("runner openai: %w", err)
+		}
+		return r, nil
+	case config.RunnerExec:
+		r, err := execrunner.New(cfg.Agents.Exec, execGrace(cfg), log.With("runner", name))
+		if err != nil {
+			return nil, fmt.Errorf("runner exec: %w", err)
+		}
+		return r, nil
+	}
+	return nil, fmt.Errorf("unknown runner %q", name)
+}

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/turnguard/turnguard/config"
+)
+
+// TestRunnerSetPrepare: prepare builds what a configuration names, keeps a
+// runner whose settings did not change, rebuilds one whose settings did, and
+// changes nothing when one build fails.
+func TestRunnerSetPrepare(t *testing.T) {
+	s := newRunnerSet(slog.New(slog.DiscardHandler))
+	cfg := config.Default()
+	if err := s.prepare(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !s.built(config.RunnerDemo) || s.built(config.RunnerOpenAI) || s.built(config.RunnerExec) {
+		t.Fatal("the defaults should build the demo runner only")
+	}
+	demo := s.slots[config.RunnerDemo].built.Load()
+
+	withOpenAI := *cfg
+	withOpenAI.Agents.Defaults.Runner = config.RunnerOpenAI
+	withOpenAI.Agents.OpenAI.Model = "m1"
+	withOpenAI.Channels.WS.Runner = config.RunnerDemo
+	if err := s.prepare(&withOpenAI); err != nil {
+		t.Fatal(err)
+	}
+	first := s.slots[config.RunnerOpenAI].built.Load()
+	if first == nil || s.slots[config.RunnerDemo].built.Load() != demo {
+		t.Fatal("openai not built, or demo rebuilt though unchanged")
+	}
+	if err := s.prepare(&withOpenAI); err != nil || s.slots[config.RunnerOpenAI].built.Load() != first {
+		t.Fatalf("an unchanged configuration rebuilt openai (err %v)", err)
+	}
+	withOpenAI.Agents.OpenAI.Model = "m2"
+	if err := s.prepare(&withOpenAI); err != nil || s.slots[config.RunnerOpenAI].built.Load() == first {
+		t.Fatalf("a changed model did not rebuild openai (err %v)", err)
+	}
+
+	// exec cannot be built: nothing changes, not even openai's new model.
+	second := s.slots[config.RunnerOpenAI].built.Load()
+	bad := withOpenAI
+	bad.Agents.OpenAI.Model = "m3"
+	bad.Channels.WS.Runner = config.RunnerExec
+	bad.Agents.Exec.Command = filepath.Join(t.TempDir(), "missing")
+	err := s.prepare(&bad)
+	if err == nil || !strings.Contains(err.Error(), "agents.exec.command") {
+		t.Fatalf("prepare with a missing command = %v, want an error naming agents.exec.command", err)
+	}
+	if s.built(config.RunnerExec) || s.slots[config.RunnerOpenAI].built.Load() != second {
+		t.Error("a failed prepare installed runners")
+	}
+}
