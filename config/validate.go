@@ -122,6 +122,7 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	p.positive("server.sendQueue", s.SendQueue)
 	p.positiveFloat("server.idempotencyTTLSeconds", s.IdempotencyTTLSeconds)
 	p.positive("server.historyLimit", s.HistoryLimit)
+	p.hostBounds(s)
 
 	p.timeouts("agents.defaults", c.Agents.Defaults.Keys)
 	p.timeouts("channels.ws.timeouts", c.Channels.WS.Timeouts)
@@ -255,4 +256,39 @@ func isLoopback(host string) bool {
 	host, _, _ = strings.Cut(host, "%") // an IPv6 zone
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// Upper bounds of the hostile-input limits (docs/security.md).
+const (
+	maxSendQueueBytes  = 1 << 30
+	maxSendBufferBytes = 16 << 30
+	maxAnswerBytes     = 64 << 20
+	maxAllowedHosts    = 64
+)
+
+// hostBounds checks server.allowedHosts and the byte budgets of the
+// WebSocket channel.
+func (p *problems) hostBounds(s Server) {
+	if len(s.AllowedHosts) > maxAllowedHosts {
+		p.add("server.allowedHosts", "lists %d names; at most %d are allowed", len(s.AllowedHosts), maxAllowedHosts)
+	}
+	for i, h := range s.AllowedHosts {
+		if h == "" || len(h) > 253 || strings.ContainsAny(h, " \t/:*@[]") {
+			p.add(fmt.Sprintf("server.allowedHosts[%d]", i), "must be a host name without port, scheme or wildcard, such as gateway.lan, got %q", h)
+		}
+	}
+	bounded := func(key string, v, hi int) {
+		if v <= 0 || v > hi {
+			p.add(key, "must be a whole number from 1 to %d, got %d", hi, v)
+		}
+	}
+	bounded("server.sendQueueBytes", s.SendQueueBytes, maxSendQueueBytes)
+	bounded("server.sendBufferBytes", s.SendBufferBytes, maxSendBufferBytes)
+	bounded("server.maxAnswerBytes", s.MaxAnswerBytes, maxAnswerBytes)
+	if s.MaxAnswerBytes > 0 && s.SendQueueBytes > 0 && s.MaxAnswerBytes > s.SendQueueBytes {
+		p.add("server.maxAnswerBytes", "must not exceed server.sendQueueBytes (%d), got %d", s.SendQueueBytes, s.MaxAnswerBytes)
+	}
+	if s.SendQueueBytes > 0 && s.SendBufferBytes > 0 && s.SendQueueBytes > s.SendBufferBytes {
+		p.add("server.sendQueueBytes", "must not exceed server.sendBufferBytes (%d), got %d", s.SendBufferBytes, s.SendQueueBytes)
+	}
 }

@@ -108,7 +108,7 @@ func newPipeEnv(t *testing.T, o envOpts) *env {
 			HandshakeTimeout: 5 * time.Second,
 			NetDialContext:   func(context.Context, string, string) (net.Conn, error) { return cli, nil },
 		}
-		return d.Dial("ws://gateway.test/", nil)
+		return d.Dial("ws://localhost/", nil)
 	}
 	t.Cleanup(func() {
 		e.demo.Release()

@@ -29,6 +29,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/gateway/server"
 )
 
 // ProtocolVersion is the OpenClaw gateway protocol version spoken.
@@ -167,9 +168,19 @@ func (s *Server) Clients() int {
 // ServeHTTP upgrades the request to a WebSocket connection and serves it
 // until it closes. Before the upgrade it answers 503 while shutting down and
 // 429 when the client's IP already has server.maxConnsPerIP connections.
+// With no token configured it answers 403 to a request whose Host or
+// Origin is not a local name (server.LocalRequest): the DNS rebinding guard.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ip := remoteIP(r.RemoteAddr)
-	limit := s.cfg.Current().Server.MaxConnsPerIP
+	cfg := s.cfg.Current().Server
+	limit := cfg.MaxConnsPerIP
+	if s.opts.Token == "" && !server.LocalRequest(r, cfg.AllowedHosts) {
+		// DNS rebinding: without a token, only local names (docs/security.md).
+		s.log.Warn("websocket upgrade refused: a host name that is not served without a token",
+			"ip", ip, "host", clip(r.Host, 100), "origin", clip(r.Header.Get("Origin"), 100))
+		http.Error(w, server.ErrForeignHost.Error(), http.StatusForbidden)
+		return
+	}
 	s.mu.Lock()
 	switch {
 	case s.closing:
