@@ -1,8 +1,10 @@
 package ws
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +125,108 @@ func TestDefaultFrameLimitFitsTheLongestMessage(t *testing.T) {
 	}
 	if res := user.call("health", nil); !res.OK {
 		t.Fatalf("the legitimate client after the attack: %s", res.raw)
+	}
+}
+
+// heapNow is the live heap after a collection.
+func heapNow() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// TestHistoryFloodFromNonReaderIsBounded reproduces the memory
+// amplification attack: a client that never reads asks 30 times for the
+// history of a 3 MB session. Before, every answer (3 MB each) was queued —
+// 256 frames allowed, bytes not counted — and the heap grew by ~90 MB.
+// Now each answer is at most server.maxAnswerBytes (1 MiB), the client's
+// queue at most server.sendQueueBytes (8 MiB): it is closed with 1013 and
+// the heap stays bounded. The legitimate user still gets the history's
+// newest messages, after a marker saying how many are not shown.
+func TestHistoryFloodFromNonReaderIsBounded(t *testing.T) {
+	e := newTCPEnv(t, envOpts{adjust: func(c *config.Config) {
+		c.Server.MaxMessageChars = 1_000_000
+		c.Server.MaxPayloadBytes = 2 << 20
+	}})
+	user, _ := e.connect("cli", "-")
+	for i := range 3 {
+		run := fmt.Sprintf("big-%d", i)
+		msg := fmt.Sprintf("%d%s", i, strings.Repeat("x", 1_000_000-1))
+		if res := user.call("chat.send", map[string]any{"sessionKey": "big", "message": msg, "idempotencyKey": run}); !res.OK {
+			t.Fatalf("send: %.200s", res.raw)
+		}
+		user.chat(run, "final")
+	}
+	before := heapNow()
+
+	attacker, _ := e.connect("cli", "-")
+	for range 30 {
+		attacker.request("chat.history", map[string]any{"sessionKey": "big", "limit": 200})
+	}
+	var peak uint64
+	deadline := time.Now().Add(20 * time.Second)
+	for e.srv.Stats().SlowClosed == 0 && time.Now().Before(deadline) {
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		peak = max(peak, m.HeapAlloc)
+		time.Sleep(5 * time.Millisecond) // real time: the server works on a real socket; sampling the heap while it does
+	}
+	growth := int64(peak) - int64(before)
+	t.Logf("heap before %d MB, peak while flooded %d MB (growth %d MB), buffered %d bytes",
+		before>>20, peak>>20, growth>>20, e.srv.Stats().Buffered)
+	if e.srv.Stats().SlowClosed == 0 {
+		t.Fatalf("the client that never reads was not closed (heap grew by %d MB)", growth>>20)
+	}
+	if growth > 48<<20 {
+		t.Errorf("heap grew by %d MB while a client that never reads asked for the history 30 times", growth>>20)
+	}
+	if code, _ := attacker.closed(); code != 1013 {
+		t.Errorf("attacker closed with %d, want 1013", code)
+	}
+
+	h := user.call("chat.history", map[string]any{"sessionKey": "big", "limit": 200})
+	if !h.OK || len(h.raw) > 1<<20 {
+		t.Fatalf("history answer: ok=%v, %d bytes", h.OK, len(h.raw))
+	}
+	if h.get("truncated") != true {
+		t.Errorf("a cut history does not say so: truncated=%v", h.get("truncated"))
+	}
+	msgs, _ := h.get("messages").([]any)
+	if len(msgs) < 2 || !strings.Contains(lookup(msgs[0], "content.0.text").(string), "earlier messages are not shown") {
+		t.Fatalf("history does not start with the marker: %.300s", h.raw)
+	}
+	if last := lookup(msgs[len(msgs)-1], "content.0.text").(string); !strings.Contains(last, "2xxxx") {
+		t.Errorf("the newest message is not the last one: %.80s", last)
+	}
+	if e.srv.Stats().Buffered < 0 {
+		t.Errorf("buffered bytes went negative: %d", e.srv.Stats().Buffered)
+	}
+}
+
+// TestSessionsListAnswerIsCapped: with 20,000 sessions, sessions.list
+// without a limit answers at most server.maxAnswerBytes (the most recent
+// sessions, truncated:true) instead of 5 MB; the TUI's own call (limit 1)
+// is unchanged.
+func TestSessionsListAnswerIsCapped(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	for i := range 20000 {
+		e.eng.Reset(fmt.Sprintf("agent:main:s%05d", i))
+	}
+	c, _ := e.connect("tui", "-")
+	all := c.call("sessions.list", map[string]any{})
+	if !all.OK || len(all.raw) > e.cfg.Current().Server.MaxAnswerBytes {
+		t.Fatalf("sessions.list: ok=%v, %d bytes (limit %d)", all.OK, len(all.raw), e.cfg.Current().Server.MaxAnswerBytes)
+	}
+	if all.get("truncated") != true {
+		t.Errorf("a cut list does not say so")
+	}
+	rows, _ := all.get("sessions").([]any)
+	if len(rows) < 1000 || all.get("count") != float64(len(rows)) {
+		t.Errorf("%d rows, count %v", len(rows), all.get("count"))
+	}
+	tui := c.call("sessions.list", map[string]any{"agentId": "main", "limit": 1})
+	if rows, _ := tui.get("sessions").([]any); len(rows) != 1 || tui.get("truncated") != nil {
+		t.Errorf("the TUI's sessions.list: %.300s", tui.raw)
 	}
 }

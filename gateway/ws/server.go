@@ -37,15 +37,16 @@ const ProtocolVersion = 4
 
 // Built-in limits that are not configuration keys.
 const (
-	preConnectLimit   = 64 << 10         // bytes: largest frame before hello
-	handshakeTimeout  = 10 * time.Second // time from open to a valid connect
-	writeWait         = 10 * time.Second // longest a batch of writes may block
-	closeGrace        = 2 * time.Second  // wait for the client's close reply
-	keepaliveInterval = 20 * time.Second // longest silence of a running turn
-	maxWatched        = 1024             // sessions one connection may watch by name
-	maxWaiters        = 64               // concurrent agent / agent.wait calls per connection
-	defaultWaitMs     = 30000            // agent.wait default timeoutMs
-	maxWaitMs         = 24 * 3600 * 1000 // agent.wait longest timeoutMs
+	preConnectLimit   = 64 << 10              // bytes: largest frame before hello
+	handshakeTimeout  = 10 * time.Second      // time from open to a valid connect
+	writeWait         = 10 * time.Second      // longest a batch of writes may block
+	closeGrace        = 2 * time.Second       // wait for the client's close reply
+	keepaliveInterval = 20 * time.Second      // longest silence of a running turn
+	deltaInterval     = 50 * time.Millisecond // shortest time between two deltas of a run
+	maxWatched        = 1024                  // sessions one connection may watch by name
+	maxWaiters        = 64                    // concurrent agent / agent.wait calls per connection
+	defaultWaitMs     = 30000                 // agent.wait default timeoutMs
+	maxWaitMs         = 24 * 3600 * 1000      // agent.wait longest timeoutMs
 )
 
 // Options configure a Server.
@@ -69,6 +70,12 @@ type Options struct {
 	// so the TUI's own 30 s "taking longer than expected" line never
 	// appears. 0 means 20 s.
 	Keepalive time.Duration
+	// DeltaInterval is the shortest time between two chat deltas of one run
+	// (the interval also grows with the reply, see runState.interval); text
+	// streamed in between goes out together. 0 means 50 ms; negative sends
+	// every chunk at once (the old behaviour, kept as the benchmark's
+	// baseline).
+	DeltaInterval time.Duration
 }
 
 // Server is the WebSocket endpoint. Create with NewServer; it is an
@@ -98,6 +105,16 @@ type Server struct {
 
 	nextConn atomic.Uint64
 	stats    stats
+	buffered atomic.Int64 // bytes queued for (or being written to) every connection
+}
+
+// bufferBudget is server.sendBufferBytes, the most bytes buffered for all
+// connections together.
+func (s *Server) bufferBudget() int64 {
+	if b := s.cfg.Current().Server.SendBufferBytes; b > 0 {
+		return int64(b)
+	}
+	return 64 << 20
 }
 
 // stats are counters for diagnostics and tests.
@@ -115,12 +132,14 @@ type Stats struct {
 	Writes        uint64 `json:"writes"`        // socket writes; Frames/Writes is the batching factor
 	DroppedDeltas uint64 `json:"droppedDeltas"` // chat deltas a slow client did not get (their text went into a later frame)
 	SlowClosed    uint64 `json:"slowClosed"`    // connections closed with 1013 "slow consumer"
+	Buffered      int64  `json:"buffered"`      // bytes queued for clients now
 }
 
 // Stats returns the server's counters.
 func (s *Server) Stats() Stats {
 	return Stats{Clients: s.Clients(), Frames: s.stats.frames.Load(), Writes: s.stats.writes.Load(),
-		DroppedDeltas: s.stats.droppedDeltas.Load(), SlowClosed: s.stats.slowClosed.Load()}
+		DroppedDeltas: s.stats.droppedDeltas.Load(), SlowClosed: s.stats.slowClosed.Load(),
+		Buffered: s.buffered.Load()}
 }
 
 // NewServer returns a server that runs turns on eng and reads its limits
@@ -140,6 +159,9 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 	}
 	if opts.Keepalive <= 0 {
 		opts.Keepalive = keepaliveInterval
+	}
+	if opts.DeltaInterval == 0 {
+		opts.DeltaInterval = deltaInterval
 	}
 	s := &Server{
 		eng: eng, cfg: cfg, opts: opts, log: opts.Log, started: time.Now(),
