@@ -45,6 +45,7 @@ type env struct {
 type envOpts struct {
 	adjust func(*config.Config)
 	opts   Options
+	runner runner.Runner // instead of the demo runner (which is still built, unused)
 }
 
 func baseConfig(adjust func(*config.Config)) *config.Config {
@@ -66,7 +67,11 @@ func newEngineEnv(t testing.TB, o envOpts) *env {
 	d := demo.New(demo.WithScenarioStep(10 * time.Millisecond))
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": d}, Log: log})
+	var rn runner.Runner = d
+	if o.runner != nil {
+		rn = o.runner
+	}
+	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": rn}, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +85,7 @@ func newEngineEnv(t testing.TB, o envOpts) *env {
 }
 
 // newTCPEnv serves on a real loopback socket.
-func newTCPEnv(t *testing.T, o envOpts) *env {
+func newTCPEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	e := newEngineEnv(t, o)
 	e.http = httptest.NewServer(e.srv)
