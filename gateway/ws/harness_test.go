@@ -251,7 +251,14 @@ func (e *env) connectRaw(remote string) *client {
 // ("" keeps the fixture's, "-" removes auth).
 func (e *env) connect(fixture, token string) (*client, frame) {
 	e.t.Helper()
-	c := e.connectRaw("")
+	return e.connectAs(fixture, token, "")
+}
+
+// connectAs is connect from the remote address remote (pipe envs only;
+// "" is 192.0.2.1:40000).
+func (e *env) connectAs(fixture, token, remote string) (*client, frame) {
+	e.t.Helper()
+	c := e.connectRaw(remote)
 	ch := c.read()
 	if ch.Event != "connect.challenge" {
 		e.t.Fatalf("first frame %s, want connect.challenge", ch.raw)

@@ -103,6 +103,7 @@ type Server struct {
 	runs       map[string]*runState      // live turns by run id
 	agentWaits map[string][]*agentWaiter // agent calls waiting for a run's end, by run id
 
+	auth     *authGuard // failed authentications per IP
 	nextConn atomic.Uint64
 	stats    stats
 	buffered atomic.Int64 // bytes queued for (or being written to) every connection
@@ -168,6 +169,7 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 		conns: map[*conn]struct{}{}, perIP: map[string]int{},
 		watchers: map[string]map[*conn]struct{}{}, watchAll: map[*conn]struct{}{},
 		runs: map[string]*runState{}, agentWaits: map[string][]*agentWaiter{},
+		auth: newAuthGuard(opts.Log),
 	}
 	s.up = websocket.Upgrader{
 		HandshakeTimeout: handshakeTimeout,
@@ -266,6 +268,7 @@ func (s *Server) Shutdown(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	s.unsub()
+	s.auth.stop()
 	for _, c := range conns {
 		c.push(outFrame{data: eventHead("shutdown", mustJSON(map[string]any{"reason": "gateway shutting down"})), seq: true})
 		c.closeWith(websocket.CloseServiceRestart, "gateway restarting", true)
