@@ -214,12 +214,16 @@ func TestAbortAuthorization(t *testing.T) {
 	owner.chat("r2", "aborted")
 }
 
-func TestAbortSurvivesReconnectOfTheSameInstance(t *testing.T) {
+// A TUI that reconnects (same device key, a new connection) may still stop
+// the run it started: the identity is the device it proved, not the
+// connection.
+func TestAbortSurvivesReconnectOfTheSameDevice(t *testing.T) {
 	e := newTCPEnv(t, envOpts{})
-	first, _ := e.connect("tui", "")
+	key := deviceKey(1)
+	first := e.connectDevice(key, "", nil)
 	first.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r1"})
 	first.ws.Close()
-	again, _ := e.connect("tui", "") // same client.instanceId
+	again := e.connectDevice(key, "", nil)
 	if r := again.call("chat.abort", map[string]any{"sessionKey": "main"}); !r.OK || r.get("aborted") != true {
 		t.Fatalf("abort after reconnect %s", r.raw)
 	}

@@ -54,10 +54,11 @@ func (f *outFrame) size() int {
 
 // conn is one WebSocket connection.
 type conn struct {
-	s  *Server
-	ws *websocket.Conn
-	ip string
-	id string // connId in hello-ok
+	s     *Server
+	ws    *websocket.Conn
+	ip    string
+	id    string // connId in hello-ok
+	nonce string // the challenge's nonce, which a device signature must cover
 
 	ctx    context.Context // cancelled when the connection ends
 	cancel context.CancelFunc
@@ -110,7 +111,8 @@ func newConn(s *Server, ws *websocket.Conn, out *batchConn, ip string) *conn {
 // this one, until the connection ends.
 func (c *conn) serve() {
 	go c.writer()
-	c.push(challengeFrame())
+	c.nonce = uuid.NewString()
+	c.push(challengeFrame(c.nonce))
 	r := newReader(c)
 	r.loop()
 

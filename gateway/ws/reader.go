@@ -10,6 +10,7 @@ import (
 	"math"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
 )
@@ -124,6 +125,12 @@ func (r *reader) loop() {
 			c.closeWith(CloseUnsupportedData, "binary frames are not supported", true)
 			continue
 		}
+		if !utf8.Valid(data) {
+			// RFC 6455 §8.1: a text frame must be UTF-8; invalid bytes would
+			// become U+FFFD in keys and texts, unaddressable and look-alike.
+			c.closeWith(CloseInvalidPayload, "invalid UTF-8", true)
+			continue
+		}
 		if !r.hello {
 			r.handshake(data)
 			continue
@@ -138,9 +145,11 @@ type connectParams struct {
 	MinProtocol *int `json:"minProtocol"`
 	MaxProtocol *int `json:"maxProtocol"`
 	Client      struct {
-		ID         string `json:"id"`
-		Mode       string `json:"mode"`
-		InstanceID string `json:"instanceId"`
+		ID           string `json:"id"`
+		Mode         string `json:"mode"`
+		InstanceID   string `json:"instanceId"` // self-declared: not an identity
+		Platform     string `json:"platform"`
+		DeviceFamily string `json:"deviceFamily"`
 	} `json:"client"`
 	Caps []string `json:"caps"`
 	Auth struct {
@@ -148,7 +157,7 @@ type connectParams struct {
 	} `json:"auth"`
 	Role   string          `json:"role"`
 	Scopes []string        `json:"scopes"`
-	Device json.RawMessage `json:"device"` // accepted unverified
+	Device json.RawMessage `json:"device"` // verified when present; see verifiedDevice
 }
 
 // handshake handles the one frame allowed before hello: connect. Anything
@@ -205,8 +214,8 @@ func (r *reader) handshake(data []byte) {
 
 	c.operator = operator
 	c.toolEvents = slices.Contains(p.Caps, "tool-events")
-	if p.Client.InstanceID != "" {
-		c.owner = "instance:" + p.Client.InstanceID
+	if dev := verifiedDevice(p, c.nonce); dev != "" {
+		c.owner = "device:" + dev
 	} else {
 		c.owner = "conn:" + c.id
 	}

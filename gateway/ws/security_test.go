@@ -1,10 +1,16 @@
 package ws
 
 import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -228,5 +234,142 @@ func TestSessionsListAnswerIsCapped(t *testing.T) {
 	tui := c.call("sessions.list", map[string]any{"agentId": "main", "limit": 1})
 	if rows, _ := tui.get("sessions").([]any); len(rows) != 1 || tui.get("truncated") != nil {
 		t.Errorf("the TUI's sessions.list: %.300s", tui.raw)
+	}
+}
+
+// deviceKey is a deterministic Ed25519 device key for tests.
+func deviceKey(n byte) ed25519.PrivateKey {
+	return ed25519.NewKeyFromSeed(bytes.Repeat([]byte{n}, ed25519.SeedSize))
+}
+
+// connectDevice connects like the TUI, signing the challenge with key as
+// the real client does; tamper, when set, edits the params (and the device
+// block) before they are sent.
+func (e *env) connectDevice(key ed25519.PrivateKey, token string, tamper func(p map[string]any, dev map[string]any)) *client {
+	e.t.Helper()
+	c := e.connectRaw("")
+	ch := c.read()
+	p := connectFixture(e.t, "tui", token)
+	if token == "" {
+		delete(p, "auth")
+	}
+	pub := key.Public().(ed25519.PublicKey)
+	sum := sha256.Sum256(pub)
+	id := hex.EncodeToString(sum[:])
+	ts := int64(ch.get("ts").(float64))
+	cl := p["client"].(map[string]any)
+	var scopes []string
+	for _, s := range p["scopes"].([]any) {
+		scopes = append(scopes, s.(string))
+	}
+	msg := strings.Join([]string{"v3", id, cl["id"].(string), cl["mode"].(string), p["role"].(string), strings.Join(scopes, ","),
+		strconv.FormatInt(ts, 10), token, ch.str("nonce"), strings.ToLower(cl["platform"].(string)), strings.ToLower(cl["deviceFamily"].(string))}, "|")
+	dev := map[string]any{"id": id, "publicKey": base64.RawURLEncoding.EncodeToString(pub),
+		"signature": base64.RawURLEncoding.EncodeToString(ed25519.Sign(key, []byte(msg))), "signedAt": ts, "nonce": ch.str("nonce")}
+	p["device"] = dev
+	if tamper != nil {
+		tamper(p, dev)
+	}
+	if hello := c.call("connect", p); !hello.OK {
+		e.t.Fatalf("connect: %s", hello.raw)
+	}
+	return c
+}
+
+// TestAbortOwnershipIsNotSelfDeclared: run ownership used to be the
+// client's self-declared instanceId, so anyone with the shared token could
+// stop another user's run by sending that user's instanceId. Now it is the
+// identity the client proved: a signed device key, else its connection.
+// Copying the victim's instanceId, its device id and public key, or
+// replaying its signature of an earlier challenge all give FORBIDDEN; the
+// victim itself, reconnected, may still stop its run.
+func TestAbortOwnershipIsNotSelfDeclared(t *testing.T) {
+	e := newTCPEnv(t, envOpts{opts: Options{Token: "shared-token-123456"}})
+	const token = "shared-token-123456"
+	victimKey := deviceKey(7)
+	var victimDevice map[string]any
+	victim := e.connectDevice(victimKey, token, func(_, dev map[string]any) { victimDevice = dev })
+	victim.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "victim-run"})
+
+	attacks := []struct {
+		name   string
+		tamper func(p, dev map[string]any)
+	}{
+		{"same instanceId, no device", func(p, _ map[string]any) { delete(p, "device") }},
+		{"same instanceId, own device key", nil},
+		{"victim's device id and key, own signature", func(_, dev map[string]any) {
+			dev["id"], dev["publicKey"] = victimDevice["id"], victimDevice["publicKey"]
+		}},
+		{"victim's whole device block replayed", func(_, dev map[string]any) {
+			for k, v := range victimDevice {
+				dev[k] = v
+			}
+		}},
+	}
+	for i, a := range attacks {
+		attacker := e.connectDevice(deviceKey(byte(20+i)), token, a.tamper) // the fixture's instanceId is the victim's
+		if r := attacker.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "victim-run"}); r.OK || r.Error.Code != CodeForbidden {
+			t.Fatalf("%s: the attacker's abort was answered %s", a.name, r.raw)
+		}
+	}
+	victim.ws.Close()
+	back := e.connectDevice(victimKey, token, nil)
+	if r := back.call("chat.abort", map[string]any{"sessionKey": "main"}); !r.OK || r.get("aborted") != true {
+		t.Fatalf("the victim, reconnected: %s", r.raw)
+	}
+}
+
+// TestInvalidUTF8FrameClosedWith1007: a text frame that is not UTF-8 is
+// closed with 1007 (before and after connect) instead of being decoded
+// with U+FFFD in its strings.
+func TestInvalidUTF8FrameClosedWith1007(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	bad := []byte("{\"type\":\"req\",\"id\":\"1\",\"method\":\"chat.send\",\"params\":{\"sessionKey\":\"ma\xffin\",\"message\":\"hi\",\"idempotencyKey\":\"k\"}}")
+	before := e.connectRaw("")
+	before.read()
+	before.ws.WriteMessage(websocket.TextMessage, bad)
+	after, _ := e.connect("cli", "-")
+	after.ws.WriteMessage(websocket.TextMessage, bad)
+	for name, c := range map[string]*client{"before connect": before, "after connect": after} {
+		if code, why := c.closed(); code != websocket.CloseInvalidFramePayloadData || why != "invalid UTF-8" {
+			t.Errorf("%s: close %d %q, want 1007 invalid UTF-8", name, code, why)
+		}
+	}
+	if n := len(e.eng.Sessions()); n != 0 {
+		t.Errorf("%d sessions were created from an invalid frame", n)
+	}
+}
+
+// TestLookAlikeSessionKeysRejected: keys with bidi overrides, zero-width
+// characters, a BOM or U+FFFD (a lone surrogate escape) would name a
+// session that looks like another or cannot be typed again; they are
+// refused with a clear error. Ordinary non-ASCII keys still work.
+func TestLookAlikeSessionKeysRejected(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("cli", "-")
+	for _, key := range []string{"main\u202e", "ma\u200bin", "\ufeffmain", "agent:main:\u2066x\u2069", "ma\u00adin", "main\ufffd"} {
+		r := c.call("chat.history", map[string]any{"sessionKey": key})
+		if r.OK || r.Error.Code != CodeInvalidRequest || !strings.Contains(r.Error.Message, "invisible or direction-changing") {
+			t.Errorf("key %+q: %s", key, r.raw)
+		}
+		r = c.call("chat.send", map[string]any{"sessionKey": key, "message": "hi", "idempotencyKey": "k" + key})
+		if r.OK || r.Error.Code != CodeInvalidRequest {
+			t.Errorf("chat.send key %+q: %s", key, r.raw)
+		}
+	}
+	// A lone surrogate in JSON decodes to U+FFFD.
+	c.ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"req","id":"s","method":"chat.history","params":{"sessionKey":"ma\udc00in"}}`))
+	if r := c.response("s"); r.OK || !strings.Contains(r.Error.Message, "U+FFFD") {
+		t.Errorf("lone surrogate: %s", r.raw)
+	}
+	for _, key := range []string{"main", "agent:main:café", "日本語", "agent:main:👍"} {
+		if r := c.call("chat.history", map[string]any{"sessionKey": key}); !r.OK {
+			t.Errorf("ordinary key %q refused: %s", key, r.raw)
+		}
+	}
+	for _, si := range e.eng.Sessions() {
+		if strings.IndexFunc(si.Key, invisible) >= 0 {
+			t.Errorf("a session with an invisible character exists: %+q", si.Key)
+		}
 	}
 }
