@@ -373,3 +373,47 @@ func TestLookAlikeSessionKeysRejected(t *testing.T) {
 		}
 	}
 }
+
+// TestProcessSendBudgetClosesSlowClients: six clients that never read,
+// each within its own budget (4 MiB), together ask for 36 MiB of history;
+// the process-wide budget (server.sendBufferBytes, 4 MiB here) closes the
+// ones that would take the total past it with 1013, and what is buffered
+// never exceeds the budget plus one answer per client.
+func TestProcessSendBudgetClosesSlowClients(t *testing.T) {
+	e := newTCPEnv(t, envOpts{adjust: func(c *config.Config) {
+		c.Server.MaxMessageChars = 1_000_000
+		c.Server.MaxPayloadBytes = 2 << 20
+		c.Server.SendQueueBytes = 4 << 20
+		c.Server.SendBufferBytes = 4 << 20
+	}})
+	user, _ := e.connect("cli", "-")
+	for i := range 2 {
+		run := fmt.Sprintf("big-%d", i)
+		user.call("chat.send", map[string]any{"sessionKey": "big", "message": strings.Repeat("y", 900_000), "idempotencyKey": run})
+		user.chat(run, "final")
+	}
+	const clients = 6
+	for range clients {
+		c, _ := e.connect("cli", "-")
+		for range 6 {
+			c.request("chat.history", map[string]any{"sessionKey": "big"})
+		}
+	}
+	limit := int64(4<<20 + clients*(1<<20))
+	var peak int64
+	deadline := time.Now().Add(10 * time.Second)
+	for e.srv.Stats().SlowClosed == 0 && time.Now().Before(deadline) {
+		peak = max(peak, e.srv.Stats().Buffered)
+		time.Sleep(time.Millisecond) // real time: sampling the server's buffered bytes while it works on real sockets
+	}
+	t.Logf("peak buffered %d bytes, %d slow clients closed", peak, e.srv.Stats().SlowClosed)
+	if e.srv.Stats().SlowClosed == 0 {
+		t.Fatal("no client was closed although the process budget was exceeded")
+	}
+	if peak > limit {
+		t.Fatalf("buffered %d bytes, over the budget's bound %d", peak, limit)
+	}
+	if r := user.call("health", nil); !r.OK {
+		t.Fatalf("the user who reads: %s", r.raw)
+	}
+}
