@@ -122,6 +122,7 @@ func TestIdempotency(t *testing.T) {
 		t.Fatalf("%d turns started for one idempotencyKey", starts)
 	}
 	// A finished ok run answers "ok".
+	e.waitIdle() // the aborted runner has returned: the session is free
 	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:x", "idempotencyKey": "done"})
 	c.chat("done", "final")
 	if a := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:x", "idempotencyKey": "done"}); a.str("status") != "ok" {
@@ -207,6 +208,7 @@ func TestAbortAuthorization(t *testing.T) {
 		t.Fatalf("idle abort %s", r.raw)
 	}
 	// An operator may abort anyone's run.
+	e.waitIdle()
 	owner.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r2"})
 	if r := op.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "r2"}); !r.OK || r.get("aborted") != true {
 		t.Fatalf("operator abort %s", r.raw)

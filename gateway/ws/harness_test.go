@@ -442,3 +442,15 @@ func (c *client) runEvents(run string) []string {
 	}
 	return out
 }
+
+// waitIdle waits (up to 5 s) until no turn is live: after an abort the
+// session stays busy ("still stopping") until the runner has returned.
+func (e *env) waitIdle() {
+	e.t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); len(e.eng.Live()) > 0; {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("turns still live after 5s: %d", len(e.eng.Live()))
+		}
+		time.Sleep(time.Millisecond) // real time: the demo runner returns on its own goroutine over a real socket's env
+	}
+}
