@@ -70,7 +70,7 @@ func defaults() map[string]any {
 		"server.requestsPerSecond":     50.0,
 		"server.requestBurst":          100,
 		"server.tickIntervalMs":        30000,
-		"server.maxPayloadBytes":       25 << 20,
+		"server.maxPayloadBytes":       1 << 20,
 		"server.maxMessageChars":       100000,
 		"server.sendQueue":             256,
 		"server.idempotencyTTLSeconds": 300.0,
@@ -79,6 +79,9 @@ func defaults() map[string]any {
 		"server.maxSessions":        10000,
 		"server.sessionIdleSeconds": 3600.0,
 		"server.maxStuckRuns":       16,
+		"server.sendQueueBytes":     8 << 20,
+		"server.sendBufferBytes":    64 << 20,
+		"server.maxAnswerBytes":     1 << 20,
 
 		"agents.defaults.runner":                     RunnerDemo,
 		"agents.openai.maxSteps":                     8,

@@ -45,7 +45,8 @@ func TestDefaults(t *testing.T) {
 	want := Config{
 		Server: Server{
 			Listen: "127.0.0.1:18789", MaxConnsPerIP: 64, RequestsPerSecond: 50, RequestBurst: 100,
-			TickIntervalMs: 30000, MaxPayloadBytes: 26214400, MaxMessageChars: 100000, SendQueue: 256,
+			TickIntervalMs: 30000, MaxPayloadBytes: 1 << 20, MaxMessageChars: 100000, SendQueue: 256,
+			SendQueueBytes: 8 << 20, SendBufferBytes: 64 << 20, MaxAnswerBytes: 1 << 20,
 			IdempotencyTTLSeconds: 300, HistoryLimit: 200,
 			MaxSessions: 10000, SessionIdleSeconds: 3600, MaxStuckRuns: 16,
 		},

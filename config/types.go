@@ -31,7 +31,7 @@ type Server struct {
 	RequestsPerSecond     float64 `koanf:"requestsPerSecond"`     // per connection; default 50
 	RequestBurst          int     `koanf:"requestBurst"`          // default 100
 	TickIntervalMs        int     `koanf:"tickIntervalMs"`        // default 30000
-	MaxPayloadBytes       int     `koanf:"maxPayloadBytes"`       // WebSocket read limit; default 25 MiB
+	MaxPayloadBytes       int     `koanf:"maxPayloadBytes"`       // WebSocket read limit; default 1 MiB
 	MaxMessageChars       int     `koanf:"maxMessageChars"`       // longest user message accepted; default 100000
 	SendQueue             int     `koanf:"sendQueue"`             // frames buffered per client; default 256
 	IdempotencyTTLSeconds float64 `koanf:"idempotencyTTLSeconds"` // how long finished results answer a repeated key; default 300
@@ -43,6 +43,12 @@ type Server struct {
 	MaxSessions        int     `koanf:"maxSessions"`        // sessions kept in memory; default 10000, at most 1000000
 	SessionIdleSeconds float64 `koanf:"sessionIdleSeconds"` // an unused session is evicted after this; default 3600, at most 604800
 	MaxStuckRuns       int     `koanf:"maxStuckRuns"`       // per runner: force-finalized runs whose runner still runs; default 16, at most 1000
+
+	// Bounds against hostile clients (docs/security.md).
+	AllowedHosts    []string `koanf:"allowedHosts"`    // Host names served without a token besides localhost, 127.0.0.0/8, [::1]; default none
+	SendQueueBytes  int      `koanf:"sendQueueBytes"`  // bytes buffered for one WebSocket client; default 8 MiB
+	SendBufferBytes int      `koanf:"sendBufferBytes"` // bytes buffered for all WebSocket clients together; default 64 MiB
+	MaxAnswerBytes  int      `koanf:"maxAnswerBytes"`  // largest chat.history / sessions.list answer; default 1 MiB
 }
 
 // Agents configures the runners and the default turn limits.

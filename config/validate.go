@@ -110,6 +110,9 @@ var bounds = map[string]bound{
 	"server.maxSessions":           {min: 1, max: MaxSessionsLimit},
 	"server.sessionIdleSeconds":    {above: true, max: SessionIdleSecondsLimit, maxText: "7 days"},
 	"server.maxStuckRuns":          {min: 1, max: MaxStuckRunsLimit},
+	"server.sendQueueBytes":        {min: 1, max: maxSendQueueBytes, maxText: "1 GiB"},
+	"server.sendBufferBytes":       {min: 1, max: maxSendBufferBytes, maxText: "16 GiB"},
+	"server.maxAnswerBytes":        {min: 1, max: maxAnswerBytes, maxText: "64 MiB"},
 
 	"agents.openai.maxSteps":                        {min: 1, max: 100},
 	"agents.openai.llmIdleTimeoutSeconds":           {above: true, max: 3600, maxText: "1h"},
@@ -257,6 +260,7 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	p.numberIn("server.requestsPerSecond", s.RequestsPerSecond, bounds["server.requestsPerSecond"])
 	p.numberIn("server.idempotencyTTLSeconds", s.IdempotencyTTLSeconds, bounds["server.idempotencyTTLSeconds"])
 	p.numberIn("server.sessionIdleSeconds", s.SessionIdleSeconds, bounds["server.sessionIdleSeconds"])
+	p.hostBounds(s)
 
 	p.timeouts("agents.defaults", c.Agents.Defaults.Keys)
 	p.timeouts("channels.ws.timeouts", c.Channels.WS.Timeouts)
@@ -410,4 +414,34 @@ func isLoopback(host string) bool {
 	host, _, _ = strings.Cut(host, "%") // an IPv6 zone
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// Upper bounds of the hostile-input limits (docs/security.md).
+const (
+	maxSendQueueBytes  = 1 << 30
+	maxSendBufferBytes = 16 << 30
+	maxAnswerBytes     = 64 << 20
+	maxAllowedHosts    = 64
+)
+
+// hostBounds checks server.allowedHosts and the byte budgets of the
+// WebSocket channel.
+func (p *problems) hostBounds(s Server) {
+	if len(s.AllowedHosts) > maxAllowedHosts {
+		p.add("server.allowedHosts", "lists %d names; at most %d are allowed", len(s.AllowedHosts), maxAllowedHosts)
+	}
+	for i, h := range s.AllowedHosts {
+		if h == "" || len(h) > 253 || strings.ContainsAny(h, " \t/:*@[]") {
+			p.add(fmt.Sprintf("server.allowedHosts[%d]", i), "must be a host name without port, scheme or wildcard, such as gateway.lan, got %q", h)
+		}
+	}
+	p.wholeIn("server.sendQueueBytes", "server.sendQueueBytes", s.SendQueueBytes)
+	p.wholeIn("server.sendBufferBytes", "server.sendBufferBytes", s.SendBufferBytes)
+	p.wholeIn("server.maxAnswerBytes", "server.maxAnswerBytes", s.MaxAnswerBytes)
+	if s.MaxAnswerBytes > 0 && s.SendQueueBytes > 0 && s.MaxAnswerBytes > s.SendQueueBytes {
+		p.add("server.maxAnswerBytes", "must not exceed server.sendQueueBytes (%d), got %d", s.SendQueueBytes, s.MaxAnswerBytes)
+	}
+	if s.SendQueueBytes > 0 && s.SendBufferBytes > 0 && s.SendQueueBytes > s.SendBufferBytes {
+		p.add("server.sendQueueBytes", "must not exceed server.sendBufferBytes (%d), got %d", s.SendBufferBytes, s.SendQueueBytes)
+	}
 }

@@ -130,6 +130,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		Ready:     a.readiness,
 		Mount:     func(r chi.Router) { a.ops.mount(r); a.tg.mount(r) },
 		Log:       log,
+		AllowHost: a.allowHost(cfg.Server.Token),
 	})
 	a.http = server.HTTPServer(handler, log)
 	a.ready.Store(true)
@@ -323,4 +324,14 @@ func recoverInterrupted(ctx context.Context, st *store.SQLite, cfg *config.Confi
 			log.Warn("turn interrupted by the last stop", "run", t.RunID, "session", t.SessionKey, "channel", t.Channel)
 		}
 	}
+}
+
+// allowHost is the router's DNS rebinding guard: with no token, only
+// requests addressed to a local name (server.allowedHosts read at each
+// request, so a reload applies).
+func (a *app) allowHost(token string) func(*http.Request) bool {
+	if token != "" {
+		return nil
+	}
+	return func(r *http.Request) bool { return server.LocalRequest(r, a.cfg.Current().Server.AllowedHosts) }
 }

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -43,6 +44,11 @@ type Options struct {
 	Mount func(r chi.Router)
 	// Log receives recovered handler panics. nil means slog.Default().
 	Log *slog.Logger
+	// AllowHost, when set, is asked about every request before routing; a
+	// request it refuses is answered 403 and reaches no handler. With no
+	// token configured the gateway sets it to LocalRequest, the guard
+	// against DNS rebinding. nil serves every Host.
+	AllowHost func(r *http.Request) bool
 }
 
 // NewRouter returns the gateway's HTTP handler:
@@ -61,6 +67,9 @@ func NewRouter(opts Options) http.Handler {
 	}
 	r := chi.NewRouter()
 	r.Use(recoverer(opts.Log))
+	if opts.AllowHost != nil {
+		r.Use(hostGuard(opts.AllowHost, opts.Log))
+	}
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true})
 	})
@@ -255,4 +264,72 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+}
+
+// hostGuard refuses requests allow says no to (see LocalRequest).
+func hostGuard(allow func(*http.Request) bool, log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !allow(r) {
+				log.Debug("request for a host name that is not served without a token refused", "host", clipHost(r.Host), "ip", r.RemoteAddr)
+				http.Error(w, ErrForeignHost.Error(), http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// ErrForeignHost is the answer to a request refused by LocalRequest.
+var ErrForeignHost = errors.New("forbidden: without server.token this gateway answers only requests addressed to " +
+	"localhost, 127.0.0.1 or [::1] (add other names to server.allowedHosts, or set server.token)")
+
+// LocalRequest reports whether r is addressed to this gateway by a local
+// name: its Host is localhost, a loopback IP (127.0.0.0/8, [::1]) or one of
+// names (case-insensitive, any port), and its Origin, when it has one, is
+// too. This is what a gateway without a token serves: a web page that a
+// DNS rebinding attack has pointed at 127.0.0.1 still says Host:
+// evil.example, so it reaches nothing.
+func LocalRequest(r *http.Request, names []string) bool {
+	if !LocalHost(r.Host, names) {
+		return false
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	return err == nil && u.Host != "" && LocalHost(u.Host, names)
+}
+
+// LocalHost reports whether hostport ("name", "name:port", "[::1]:port")
+// names a loopback address or one of names.
+func LocalHost(hostport string, names []string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if host == "" {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	for _, n := range names {
+		if strings.EqualFold(host, strings.TrimSuffix(n, ".")) {
+			return true
+		}
+	}
+	return false
+}
+
+func clipHost(h string) string {
+	if len(h) > 100 {
+		return h[:100] + "…"
+	}
+	return h
 }

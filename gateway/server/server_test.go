@@ -276,3 +276,45 @@ func TestProbeBodiesAreJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestRouterRefusesForeignHostWithoutToken: every route the page uses (the
+// page, its assets, the probes, the WebSocket) refuses a request addressed
+// to a name that is not local when the gateway runs without a token
+// (AllowHost = LocalRequest): the DNS rebinding guard.
+func TestRouterRefusesForeignHostWithoutToken(t *testing.T) {
+	page := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "page") })
+	h := NewRouter(Options{Page: page, WebSocket: page,
+		AllowHost: func(r *http.Request) bool { return LocalRequest(r, []string{"gateway.lan"}) }})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	tests := []struct {
+		path, host, origin string
+		want               int
+	}{
+		{"/", "evil.example:18789", "", http.StatusForbidden},
+		{"/assets/chat.js", "evil.example", "", http.StatusForbidden},
+		{"/healthz", "evil.example", "", http.StatusForbidden},
+		{"/", "127.0.0.1:18789", "http://evil.example:18789", http.StatusForbidden},
+		{"/", "127.0.0.1:18789", "", http.StatusOK},
+		{"/", "localhost:18789", "http://localhost:18789", http.StatusOK},
+		{"/", "[::1]:18789", "", http.StatusOK},
+		{"/", "GATEWAY.LAN:18789", "", http.StatusOK},
+		{"/healthz", "127.0.0.5", "", http.StatusOK},
+	}
+	for _, tc := range tests {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+tc.path, nil)
+		req.Host = tc.host
+		if tc.origin != "" {
+			req.Header.Set("Origin", tc.origin)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s Host %q Origin %q: %d %q, want %d", tc.path, tc.host, tc.origin, resp.StatusCode, body, tc.want)
+		}
+	}
+}

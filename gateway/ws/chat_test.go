@@ -124,6 +124,7 @@ func TestIdempotency(t *testing.T) {
 		t.Fatalf("%d turns started for one idempotencyKey", starts)
 	}
 	// A finished ok run answers "ok".
+	e.waitIdle() // the aborted runner has returned: the session is free
 	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:x", "idempotencyKey": "done"})
 	c.chat("done", "final")
 	if a := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:x", "idempotencyKey": "done"}); a.str("status") != "ok" {
@@ -209,6 +210,7 @@ func TestAbortAuthorization(t *testing.T) {
 		t.Fatalf("idle abort %s", r.raw)
 	}
 	// An operator may abort anyone's run.
+	e.waitIdle()
 	owner.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r2"})
 	if r := op.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "r2"}); !r.OK || r.get("aborted") != true {
 		t.Fatalf("operator abort %s", r.raw)
@@ -216,12 +218,16 @@ func TestAbortAuthorization(t *testing.T) {
 	owner.chat("r2", "aborted")
 }
 
-func TestAbortSurvivesReconnectOfTheSameInstance(t *testing.T) {
+// A TUI that reconnects (same device key, a new connection) may still stop
+// the run it started: the identity is the device it proved, not the
+// connection.
+func TestAbortSurvivesReconnectOfTheSameDevice(t *testing.T) {
 	e := newTCPEnv(t, envOpts{})
-	first, _ := e.connect("tui", "")
+	key := deviceKey(1)
+	first := e.connectDevice(key, "", nil)
 	first.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r1"})
 	first.ws.Close()
-	again, _ := e.connect("tui", "") // same client.instanceId
+	again := e.connectDevice(key, "", nil)
 	if r := again.call("chat.abort", map[string]any{"sessionKey": "main"}); !r.OK || r.get("aborted") != true {
 		t.Fatalf("abort after reconnect %s", r.raw)
 	}

@@ -22,7 +22,7 @@ type frameKind uint8
 
 const (
 	kindMust  frameKind = iota // responses, terminal and tool events: never dropped
-	kindDelta                  // chat delta: merged with a pending delta of its run, or dropped (the next carries the full text)
+	kindDelta                  // chat delta: merged with a pending delta of its run, or dropped (the next carries its text)
 	kindTick                   // tick: dropped when the queue is full
 )
 
@@ -30,22 +30,35 @@ const (
 type outFrame struct {
 	// data is the whole frame, or, when seq is set, the frame up to the value
 	// of its "seq" field: the writer appends the connection's next seq and
-	// the closing brace.
+	// the closing brace. A delta merged for one connection has no data
+	// until the writer encodes it (see deltaRef).
 	data     []byte
+	cost     int // bytes counted against the budgets while queued
 	seq      bool
 	kind     frameKind
 	toolOnly bool   // only for connections with the tool-events cap
 	runID    string // kindDelta and terminal frames: the run
 	terminal bool   // the run's last chat frame: forget its carried delta text
-	delta    *chatEvent
+	delta    *deltaRef
+}
+
+// size is what f counts against the send budgets: its bytes, or for a delta
+// not encoded yet a bound of them (the full text and the delta text, plus
+// the frame's fields; escapes aside).
+func (f *outFrame) size() int {
+	if f.data != nil {
+		return len(f.data)
+	}
+	return 2*len(f.delta.full) - f.delta.from + 256
 }
 
 // conn is one WebSocket connection.
 type conn struct {
-	s  *Server
-	ws *websocket.Conn
-	ip string
-	id string // connId in hello-ok
+	s     *Server
+	ws    *websocket.Conn
+	ip    string
+	id    string // connId in hello-ok
+	nonce string // the challenge's nonce, which a device signature must cover
 
 	ctx    context.Context // cancelled when the connection ends
 	cancel context.CancelFunc
@@ -62,8 +75,9 @@ type conn struct {
 
 	mu        sync.Mutex
 	queue     []outFrame
-	carry     map[string]string // run id → delta text of dropped deltas, prepended to the run's next delta
-	closing   bool              // a close was requested: no more frames are accepted
+	bytes     int            // bytes of the queued frames and of the batch being written; counted in s.buffered too
+	carry     map[string]int // run id → where in the full text the dropped deltas' text starts; the run's next delta starts there
+	closing   bool           // a close was requested: no more frames are accepted
 	closeCode int
 	closeWhy  string
 
@@ -73,18 +87,23 @@ type conn struct {
 	waiters    atomic.Int32 // running agent / agent.wait calls
 	holdWake   atomic.Int32 // > 0 while the reader handles a request: its response wakes the writer, once
 	queueCap   int
+	queueBytes int        // server.sendQueueBytes: most bytes queued for this client
 	out        *batchConn // the socket's write side, batched per writer round
 }
 
 func newConn(s *Server, ws *websocket.Conn, out *batchConn, ip string) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
-	q := s.cfg.Current().Server.SendQueue
+	cfg := s.cfg.Current().Server
+	q, qb := cfg.SendQueue, cfg.SendQueueBytes
 	if q <= 0 {
 		q = 256
 	}
+	if qb <= 0 {
+		qb = 8 << 20
+	}
 	return &conn{
 		s: s, ws: ws, ip: ip, id: uuid.NewString(), ctx: ctx, cancel: cancel,
-		wake: make(chan struct{}, 1), writerDone: make(chan struct{}), queueCap: q, out: out,
+		wake: make(chan struct{}, 1), writerDone: make(chan struct{}), queueCap: q, queueBytes: qb, out: out,
 	}
 }
 
@@ -92,7 +111,8 @@ func newConn(s *Server, ws *websocket.Conn, out *batchConn, ip string) *conn {
 // this one, until the connection ends.
 func (c *conn) serve() {
 	go c.writer()
-	c.push(challengeFrame())
+	c.nonce = uuid.NewString()
+	c.push(challengeFrame(c.nonce))
 	r := newReader(c)
 	r.loop()
 
@@ -112,6 +132,41 @@ func (c *conn) serve() {
 		c.signal()
 		<-c.writerDone
 	}
+	// Nothing drains the queue any more and push accepts nothing: give its
+	// bytes back to the process budget.
+	c.mu.Lock()
+	c.dropQueueLocked()
+	c.mu.Unlock()
+}
+
+// account adds n (may be negative) bytes to what c and the whole server
+// have buffered, with c.mu held.
+func (c *conn) account(n int) {
+	c.bytes += n
+	c.s.buffered.Add(int64(n))
+}
+
+// dropQueueLocked discards the queued frames, with c.mu held.
+func (c *conn) dropQueueLocked() {
+	n := 0
+	for i := range c.queue {
+		n += c.queue[i].cost
+	}
+	c.account(-n)
+	clear(c.queue)
+	c.queue = c.queue[:0]
+}
+
+// overBudget reports whether queueing n more bytes would take c past its
+// own budget (server.sendQueueBytes) or the server past the process budget
+// (server.sendBufferBytes), with c.mu held. A client with nothing buffered
+// is never over budget, so one frame larger than a budget is still
+// delivered to a client that reads.
+func (c *conn) overBudget(n int) bool {
+	if c.bytes == 0 {
+		return false
+	}
+	return c.bytes+n > c.queueBytes || c.s.buffered.Load()+int64(n) > c.s.bufferBudget()
 }
 
 func (c *conn) signal() {
@@ -153,61 +208,78 @@ func (c *conn) pushed(slow bool) {
 	if slow {
 		c.s.stats.slowClosed.Add(1)
 		c.s.log.Warn("closing slow websocket client: its send queue is full of frames that cannot be dropped",
-			"conn", c.id, "ip", c.ip, "queue", c.queueCap)
+			"conn", c.id, "ip", c.ip, "queue", c.queueCap, "queueBytes", c.queueBytes)
 	}
 }
 
 // pushLocked queues f, with c.mu held. The queue holds at most queueCap
-// frames. A delta replaces a pending delta of the same run (their texts
-// merged); when the queue is full deltas and ticks are dropped (a dropped
-// delta's text is carried into the run's next delta), and a frame that must
-// not be lost first evicts the droppable frames — if there are none the
-// client cannot keep up: the connection is closed with 1013 "slow consumer"
-// and pushLocked reports true.
+// frames and queueBytes bytes (counting the batch being written), and the
+// whole server at most server.sendBufferBytes (see overBudget). A delta
+// replaces a pending delta of the same run (their texts merged); when the
+// queue is full deltas and ticks are dropped (a dropped delta's text is
+// carried into the run's next delta), and a frame that must not be lost
+// first evicts the droppable frames — if that does not make room the client
+// cannot keep up: the connection is closed with 1013 "slow consumer" and
+// pushLocked reports true. No frame is ever queued past a budget, so a
+// client that does not read cannot grow the heap.
 func (c *conn) pushLocked(f outFrame) (slow bool) {
 	if c.closing {
 		return false
 	}
 	switch f.kind {
 	case kindDelta:
-		if t, ok := c.carry[f.runID]; ok {
+		if from, ok := c.carry[f.runID]; ok {
 			delete(c.carry, f.runID)
-			f = mergeDelta(f, t)
+			f = f.delta.since(from)
 		}
 		for i := len(c.queue) - 1; i >= 0; i-- {
 			if q := &c.queue[i]; q.kind == kindDelta && q.runID == f.runID {
-				*q = mergeDelta(f, q.delta.DeltaText)
+				// Only the newest full text matters; the delta text runs from
+				// where the queued one started. Encoded when written.
+				old := q.cost
+				*q = f.delta.since(q.delta.from)
+				q.cost = q.size()
+				c.account(q.cost - old)
 				c.s.stats.droppedDeltas.Add(1)
 				return false
 			}
 		}
-		if len(c.queue) >= c.queueCap {
+		if len(c.queue) >= c.queueCap || c.overBudget(f.size()) {
 			c.carryLocked(f)
 			return false
 		}
 	case kindTick:
-		if len(c.queue) >= c.queueCap {
+		if len(c.queue) >= c.queueCap || c.overBudget(f.size()) {
 			return false
 		}
 	default:
-		if len(c.queue) >= c.queueCap && !c.evictLocked() {
-			c.failLocked(CloseSlowConsumer, "slow consumer")
-			return true
+		if len(c.queue) >= c.queueCap || c.overBudget(f.size()) {
+			c.evictLocked()
+			if len(c.queue) >= c.queueCap || c.overBudget(f.size()) {
+				c.failLocked(CloseSlowConsumer, "slow consumer")
+				return true
+			}
 		}
 		if f.terminal {
 			delete(c.carry, f.runID)
 		}
 	}
+	f.cost = f.size()
 	c.queue = append(c.queue, f)
+	c.account(f.cost)
 	return false
 }
 
-// carryLocked drops delta f, keeping its text for the run's next delta.
+// carryLocked drops delta f; the run's next delta to this connection will
+// start its delta text where f's started. Nothing is copied: the text is
+// the run's full text, which every delta carries anyway.
 func (c *conn) carryLocked(f outFrame) {
 	if c.carry == nil {
-		c.carry = map[string]string{}
+		c.carry = map[string]int{}
 	}
-	c.carry[f.runID] += f.delta.DeltaText
+	if from, ok := c.carry[f.runID]; !ok || f.delta.from < from {
+		c.carry[f.runID] = f.delta.from
+	}
 	c.s.stats.droppedDeltas.Add(1)
 }
 
@@ -219,7 +291,9 @@ func (c *conn) evictLocked() bool {
 		switch f.kind {
 		case kindDelta:
 			c.carryLocked(f)
+			c.account(-f.cost)
 		case kindTick:
+			c.account(-f.cost)
 		default:
 			kept = append(kept, f)
 		}
@@ -240,8 +314,7 @@ func (c *conn) closeWith(code int, reason string, flush bool) {
 		return
 	}
 	if !flush {
-		clear(c.queue)
-		c.queue = c.queue[:0]
+		c.dropQueueLocked()
 	}
 	c.closing, c.closeCode, c.closeWhy = true, code, reason
 	c.mu.Unlock()
@@ -251,8 +324,7 @@ func (c *conn) closeWith(code int, reason string, flush bool) {
 // failLocked is closeWith without flushing, with c.mu held; the caller
 // wakes the writer.
 func (c *conn) failLocked(code int, reason string) {
-	clear(c.queue)
-	c.queue = c.queue[:0]
+	c.dropQueueLocked()
 	c.closing, c.closeCode, c.closeWhy = true, code, reason
 }
 
@@ -316,6 +388,9 @@ func (c *conn) writer() {
 		}
 		for i := 0; i < len(batch) && err == nil; i++ {
 			f := &batch[i]
+			if f.data == nil {
+				f.data = f.delta.encode()
+			}
 			var w io.WriteCloser
 			w, err = c.ws.NextWriter(websocket.TextMessage)
 			if err == nil {
@@ -340,6 +415,13 @@ func (c *conn) writer() {
 			}
 			c.s.stats.frames.Add(uint64(len(batch)))
 			c.s.stats.writes.Add(1)
+			n := 0
+			for i := range batch {
+				n += batch[i].cost
+			}
+			c.mu.Lock()
+			c.account(-n)
+			c.mu.Unlock()
 		}
 		if err != nil {
 			c.s.log.Debug("websocket write failed", "conn", c.id, "err", err)

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // Error codes of failed responses (the ones the real gateway uses).
@@ -24,6 +22,7 @@ const (
 const (
 	CloseProtocolMismatch = 1002 // after a PROTOCOL_MISMATCH response
 	CloseUnsupportedData  = 1003 // binary frame
+	CloseInvalidPayload   = 1007 // a text frame that is not UTF-8
 	ClosePolicy           = 1008 // auth failure, frames before connect, handshake timeout, request flood
 	CloseRestart          = 1012 // gateway shutdown
 	CloseSlowConsumer     = 1013 // the client does not read its terminal events fast enough
@@ -91,10 +90,10 @@ func eventHead(name string, payload []byte) []byte {
 	return b
 }
 
-// challengeFrame is the first frame of every connection. It has no seq:
-// frame seq starts with the first event after hello.
-func challengeFrame() outFrame {
-	p := mustJSON(map[string]any{"nonce": uuid.NewString(), "ts": time.Now().UnixMilli()})
+// challengeFrame is the first frame of every connection, with its nonce.
+// It has no seq: frame seq starts with the first event after hello.
+func challengeFrame(nonce string) outFrame {
+	p := mustJSON(map[string]any{"nonce": nonce, "ts": time.Now().UnixMilli()})
 	b := append([]byte(`{"type":"event","event":"connect.challenge","payload":`), p...)
 	return outFrame{data: append(b, '}')}
 }

@@ -41,7 +41,7 @@ func TestHandshakeHelloIsComplete(t *testing.T) {
 				"snapshot.authMode":                       "token",
 				"auth.role":                               "operator",
 				"policy.tickIntervalMs":                   float64(15000),
-				"policy.maxPayload":                       float64(25 << 20),
+				"policy.maxPayload":                       float64(1 << 20),
 			}
 			for path, v := range want {
 				if got := hello.get(path); got != v {

@@ -45,7 +45,8 @@ type env struct {
 type envOpts struct {
 	adjust func(*config.Config)
 	opts   Options
-	admit  func() error // gateway.Options.Admit
+	admit  func() error  // gateway.Options.Admit
+	runner runner.Runner // instead of the demo runner (which is still built, unused)
 }
 
 func baseConfig(adjust func(*config.Config)) *config.Config {
@@ -67,7 +68,11 @@ func newEngineEnv(t testing.TB, o envOpts) *env {
 	d := demo.New(demo.WithScenarioStep(10 * time.Millisecond))
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": d}, Log: log, Admit: o.admit})
+	var rn runner.Runner = d
+	if o.runner != nil {
+		rn = o.runner
+	}
+	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": rn}, Log: log, Admit: o.admit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +86,7 @@ func newEngineEnv(t testing.TB, o envOpts) *env {
 }
 
 // newTCPEnv serves on a real loopback socket.
-func newTCPEnv(t *testing.T, o envOpts) *env {
+func newTCPEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	e := newEngineEnv(t, o)
 	e.http = httptest.NewServer(e.srv)
@@ -109,7 +114,7 @@ func newPipeEnv(t *testing.T, o envOpts) *env {
 			HandshakeTimeout: 5 * time.Second,
 			NetDialContext:   func(context.Context, string, string) (net.Conn, error) { return cli, nil },
 		}
-		return d.Dial("ws://gateway.test/", nil)
+		return d.Dial("ws://localhost/", nil)
 	}
 	t.Cleanup(func() {
 		e.demo.Release()
@@ -247,7 +252,14 @@ func (e *env) connectRaw(remote string) *client {
 // ("" keeps the fixture's, "-" removes auth).
 func (e *env) connect(fixture, token string) (*client, frame) {
 	e.t.Helper()
-	c := e.connectRaw("")
+	return e.connectAs(fixture, token, "")
+}
+
+// connectAs is connect from the remote address remote (pipe envs only;
+// "" is 192.0.2.1:40000).
+func (e *env) connectAs(fixture, token, remote string) (*client, frame) {
+	e.t.Helper()
+	c := e.connectRaw(remote)
 	ch := c.read()
 	if ch.Event != "connect.challenge" {
 		e.t.Fatalf("first frame %s, want connect.challenge", ch.raw)
@@ -430,4 +442,16 @@ func (c *client) runEvents(run string) []string {
 		}
 	}
 	return out
+}
+
+// waitIdle waits (up to 5 s) until no turn is live: after an abort the
+// session stays busy ("still stopping") until the runner has returned.
+func (e *env) waitIdle() {
+	e.t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); len(e.eng.Live()) > 0; {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("turns still live after 5s: %d", len(e.eng.Live()))
+		}
+		time.Sleep(time.Millisecond) // real time: the demo runner returns on its own goroutine over a real socket's env
+	}
 }

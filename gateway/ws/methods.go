@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -92,7 +93,7 @@ func (s *Server) helloOK(c *conn, p connectParams, maxPayload int, tick time.Dur
 		},
 		"auth": map[string]any{"method": method, "role": role, "scopes": scopes, "operator": c.operator},
 		"policy": map[string]any{
-			"maxPayload": maxPayload, "maxBufferedBytes": 2 * maxPayload, "tickIntervalMs": tick.Milliseconds(),
+			"maxPayload": maxPayload, "maxBufferedBytes": c.queueBytes, "tickIntervalMs": tick.Milliseconds(),
 			"sendQueue": c.queueCap,
 		},
 	}
@@ -317,13 +318,111 @@ func chatHistory(c *conn, req request) (any, *rpcError) {
 	}
 	c.s.watch(c, key)
 	id, msgs := c.s.eng.History(c.ctx, key, p.Limit)
-	out := make([]*historyMessage, 0, len(msgs))
-	for _, m := range msgs {
+	out, omitted := fitHistory(msgs, c.s.answerBudget())
+	res := map[string]any{
+		"sessionKey": key, "sessionId": id, "messages": out, "thinkingLevel": "off", "verboseLevel": "on",
+	}
+	if omitted > 0 {
+		res["truncated"], res["omitted"] = true, omitted
+	}
+	return res, nil
+}
+
+// answerBudget is server.maxAnswerBytes, the largest chat.history or
+// sessions.list answer.
+func (s *Server) answerBudget() int {
+	if b := s.cfg.Current().Server.MaxAnswerBytes; b > 0 {
+		return b
+	}
+	return 1 << 20
+}
+
+// Per-item overhead of an answer's JSON beyond the texts (fields, escapes
+// of a typical message); a bound used to fit answers in their budget.
+const (
+	historyOverhead = 160
+	answerOverhead  = 512
+)
+
+// fitHistory returns the newest messages of msgs whose encoding fits in
+// budget bytes, oldest first, and how many older ones it left out. When any
+// are left out the answer starts with an assistant message saying so; a
+// single message longer than the budget is cut and says so at its end. The
+// texts are the engine's strings: nothing is copied but what is cut.
+func fitHistory(msgs []gateway.Message, budget int) ([]*historyMessage, int) {
+	budget -= answerOverhead
+	used, first := 0, len(msgs)
+	for first > 0 {
+		n := jsonLen(msgs[first-1].Text) + historyOverhead
+		if used+n > budget {
+			break
+		}
+		used += n
+		first--
+	}
+	var cut *historyMessage
+	if first == len(msgs) && first > 0 {
+		// Not even the newest message fits: send its beginning.
+		first--
+		m := msgs[first]
+		cut = textMessage(m.Role, cutText(m.Text, budget-2*historyOverhead-200), m.Time, m.StopReason)
+	}
+	out := make([]*historyMessage, 0, len(msgs)-first+1)
+	if first > 0 {
+		out = append(out, textMessage("assistant", omittedText(first), msgs[first-1].Time, ""))
+	}
+	if cut != nil {
+		return append(out, cut), first
+	}
+	for _, m := range msgs[first:] {
 		out = append(out, textMessage(m.Role, m.Text, m.Time, m.StopReason))
 	}
-	return map[string]any{
-		"sessionKey": key, "sessionId": id, "messages": out, "thinkingLevel": "off", "verboseLevel": "on",
-	}, nil
+	return out, first
+}
+
+func omittedText(n int) string {
+	if n == 1 {
+		return "⋯ 1 earlier message is not shown: the history is too long to send at once."
+	}
+	return "⋯ " + strconv.Itoa(n) + " earlier messages are not shown: the history is too long to send at once."
+}
+
+// cutText returns the longest prefix of s (at a character boundary) whose
+// JSON encoding with the cut notice fits in budget bytes, followed by the
+// notice.
+func cutText(s string, budget int) string {
+	notice := "\n\n⋯ [cut: this message is " + strconv.Itoa(len(s)) + " bytes, too long to show here]"
+	budget -= jsonLen(notice)
+	n, end := 0, 0
+	for end < len(s) {
+		r, size := utf8.DecodeRuneInString(s[end:])
+		if n += jsonRuneLen(r); n > budget {
+			break
+		}
+		end += size
+	}
+	return s[:end] + notice
+}
+
+// jsonLen is the length of s encoded as a JSON string (appendString).
+func jsonLen(s string) int {
+	n := 2
+	for _, r := range s {
+		n += jsonRuneLen(r)
+	}
+	return n
+}
+
+func jsonRuneLen(r rune) int {
+	switch {
+	case r == '"' || r == '\\' || r == '\n' || r == '\r' || r == '\t':
+		return 2
+	case r < 0x20:
+		return 6
+	case r == '\u2028' || r == '\u2029' || r == utf8.RuneError:
+		return 6
+	}
+	return utf8.RuneLen(r)
 }
 
 type agentParams struct {
@@ -573,6 +672,7 @@ func sessionsList(c *conn, req request) (any, *rpcError) {
 	}
 	all := c.s.eng.Sessions()
 	rows := make([]sessionRow, 0, min(len(all), 100))
+	budget, used, truncated := c.s.answerBudget()-answerOverhead, 0, false
 	for _, si := range all {
 		if p.AgentID != "" && !strings.HasPrefix(si.Key, "agent:"+p.AgentID+":") {
 			continue
@@ -580,15 +680,29 @@ func sessionsList(c *conn, req request) (any, *rpcError) {
 		if p.Limit > 0 && len(rows) >= p.Limit {
 			break
 		}
-		rows = append(rows, c.s.row(si))
+		r := c.s.row(si)
+		n := rowOverhead + jsonLen(r.Key) + jsonLen(r.SessionID) + jsonLen(r.Model) + jsonLen(r.ActiveRunID)
+		if used+n > budget {
+			truncated = true // the most recent sessions come first: the oldest are left out
+			break
+		}
+		used += n
+		rows = append(rows, r)
 	}
 	cfg := c.s.cfg.Current()
-	return map[string]any{
+	res := map[string]any{
 		"ts": time.Now().UnixMilli(), "count": len(rows),
 		"defaults": map[string]any{"model": modelName(cfg), "modelProvider": modelProvider, "contextTokens": contextTokens},
 		"sessions": rows,
-	}, nil
+	}
+	if truncated {
+		res["truncated"] = true
+	}
+	return res, nil
 }
+
+// rowOverhead bounds the JSON of a session row beyond its strings.
+const rowOverhead = 260
 
 // keyParams are the params of the sessions.* methods that name one
 // session: key (sessionKey is accepted too).

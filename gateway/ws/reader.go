@@ -10,6 +10,7 @@ import (
 	"math"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
 )
@@ -21,16 +22,74 @@ type reader struct {
 	hello    bool
 	idle     time.Duration // read deadline after hello, extended by every frame and pong
 	bucket   bucket
-	rejected int // consecutive requests refused by the rate limit
-	flood    int // consecutive refusals that close the connection
+	rejected refusals // requests refused by the rate limit
+	flood    int      // refusals without a quiet second that close the connection
+	pings    bucket   // pings answered
+	pingsOff refusals // pings not answered
 }
 
-func newReader(c *conn) *reader { return &reader{c: c} }
+// Built-in limits on client pings: a client never needs more than a few
+// (the OpenClaw clients send none); each answered ping costs a write.
+const (
+	pingRate  = 5   // pings answered per second
+	pingBurst = 10  // … and in a burst
+	pingFlood = 100 // unanswered pings without a quiet second close the connection
+)
+
+// floodQuiet is how long a client must stay within its limits for the
+// count of its refusals to start again: a client that backs off is never
+// closed, one that keeps pushing is, whatever its rate.
+const floodQuiet = time.Second
+
+// refusals counts refusals that follow each other with less than floodQuiet
+// between them.
+type refusals struct {
+	n    int
+	last time.Time
+}
+
+// add counts a refusal at now and returns the length of the current run.
+func (f *refusals) add(now time.Time) int {
+	if now.Sub(f.last) >= floodQuiet {
+		f.n = 0
+	}
+	f.n++
+	f.last = now
+	return f.n
+}
+
+func newReader(c *conn) *reader {
+	return &reader{c: c, pings: newBucket(pingRate, pingBurst)}
+}
+
+// onPing answers a client's ping with a pong while the client keeps within
+// pingRate; beyond it pings go unanswered, and a sustained ping flood
+// closes the connection with 1008. It runs on the reader goroutine.
+func (r *reader) onPing(data string) error {
+	c := r.c
+	if c.isClosing() {
+		return nil
+	}
+	now := time.Now()
+	if ok, _ := r.pings.take(now); !ok {
+		if r.pingsOff.add(now) >= pingFlood {
+			c.s.log.Warn("closing websocket client that keeps flooding pings", "conn", c.id, "ip", c.ip)
+			c.closeWith(ClosePolicy, "ping flood", false)
+		}
+		return nil
+	}
+	err := c.ws.WriteControl(websocket.PongMessage, []byte(data), now.Add(writeWait))
+	if err != nil && !errors.Is(err, websocket.ErrCloseSent) && !isTimeout(err) {
+		return err
+	}
+	return nil
+}
 
 func (r *reader) loop() {
 	c := r.c
 	c.ws.SetReadLimit(preConnectLimit)
 	c.ws.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	c.ws.SetPingHandler(r.onPing)
 	closingSeen := false
 	for {
 		mt, data, err := c.ws.ReadMessage()
@@ -66,6 +125,12 @@ func (r *reader) loop() {
 			c.closeWith(CloseUnsupportedData, "binary frames are not supported", true)
 			continue
 		}
+		if !utf8.Valid(data) {
+			// RFC 6455 §8.1: a text frame must be UTF-8; invalid bytes would
+			// become U+FFFD in keys and texts, unaddressable and look-alike.
+			c.closeWith(CloseInvalidPayload, "invalid UTF-8", true)
+			continue
+		}
 		if !r.hello {
 			r.handshake(data)
 			continue
@@ -80,9 +145,11 @@ type connectParams struct {
 	MinProtocol *int `json:"minProtocol"`
 	MaxProtocol *int `json:"maxProtocol"`
 	Client      struct {
-		ID         string `json:"id"`
-		Mode       string `json:"mode"`
-		InstanceID string `json:"instanceId"`
+		ID           string `json:"id"`
+		Mode         string `json:"mode"`
+		InstanceID   string `json:"instanceId"` // self-declared: not an identity
+		Platform     string `json:"platform"`
+		DeviceFamily string `json:"deviceFamily"`
 	} `json:"client"`
 	Caps []string `json:"caps"`
 	Auth struct {
@@ -90,7 +157,7 @@ type connectParams struct {
 	} `json:"auth"`
 	Role   string          `json:"role"`
 	Scopes []string        `json:"scopes"`
-	Device json.RawMessage `json:"device"` // accepted unverified
+	Device json.RawMessage `json:"device"` // verified when present; see verifiedDevice
 }
 
 // handshake handles the one frame allowed before hello: connect. Anything
@@ -128,9 +195,18 @@ func (r *reader) handshake(data []byte) {
 		c.closeWith(CloseProtocolMismatch, "protocol mismatch", true)
 		return
 	}
+	now := time.Now()
+	if c.s.requiresAuth() {
+		if locked, wait := c.s.auth.locked(c.ip, now); locked {
+			c.push(resFrame(req.ID, nil, &rpcError{Code: CodeInvalidRequest, Message: lockedMessage(wait),
+				Details: map[string]any{"code": "AUTH_RATE_LIMITED"}, Retryable: true, RetryAfterMs: retryMs(wait)}))
+			c.closeWith(ClosePolicy, "too many failed attempts", true)
+			return
+		}
+	}
 	operator, rerr := c.s.authenticate(p.Auth.Token)
 	if rerr != nil {
-		c.s.log.Info("websocket client failed authentication", "conn", c.id, "ip", c.ip, "client", clip(p.Client.ID, 60), "reason", rerr.Details)
+		c.s.auth.fail(c.ip, p.Client.ID, rerr.Details.(map[string]any)["code"].(string), now)
 		c.push(resFrame(req.ID, nil, rerr))
 		c.closeWith(ClosePolicy, "unauthorized", true)
 		return
@@ -138,8 +214,8 @@ func (r *reader) handshake(data []byte) {
 
 	c.operator = operator
 	c.toolEvents = slices.Contains(p.Caps, "tool-events")
-	if p.Client.InstanceID != "" {
-		c.owner = "instance:" + p.Client.InstanceID
+	if dev := verifiedDevice(p, c.nonce); dev != "" {
+		c.owner = "device:" + dev
 	} else {
 		c.owner = "conn:" + c.id
 	}
@@ -165,6 +241,9 @@ func (r *reader) handshake(data []byte) {
 	c.signal()
 	c.s.log.Debug("websocket client connected", "conn", c.id, "ip", c.ip, "client", clip(p.Client.ID, 60), "mode", clip(p.Client.Mode, 20), "operator", operator)
 }
+
+// requiresAuth reports whether connect needs a token.
+func (s *Server) requiresAuth() bool { return s.opts.Token != "" || s.opts.OperatorToken != "" }
 
 // authenticate checks a presented token against the configured ones in
 // constant time (both are hashed first, so not even their lengths leak). It
@@ -192,21 +271,24 @@ func sameSecret(a, b string) bool {
 // handle serves one request after hello.
 func (r *reader) handle(data []byte) {
 	c := r.c
-	if ok, wait := r.bucket.take(time.Now()); !ok {
-		r.rejected++
+	now := time.Now()
+	if ok, wait := r.bucket.take(now); !ok {
+		n := r.rejected.add(now)
 		id := json.RawMessage(nil)
 		if req, err := parseFrame(data); err == nil {
 			id = req.ID
 		}
 		c.push(resFrame(id, nil, &rpcError{Code: CodeUnavailable, Retryable: true, RetryAfterMs: max(wait.Milliseconds(), 1),
 			Message: fmt.Sprintf("rate limit exceeded: at most %g requests per second", r.bucket.rate)}))
-		if r.rejected >= r.flood {
-			c.s.log.Warn("closing websocket client that keeps exceeding the request rate", "conn", c.id, "ip", c.ip, "refused", r.rejected)
+		// The count is not reset by the requests the refill lets through
+		// (that kept the documented close from ever happening), only by a
+		// quiet second.
+		if n >= r.flood {
+			c.s.log.Warn("closing websocket client that keeps exceeding the request rate", "conn", c.id, "ip", c.ip, "refused", n)
 			c.closeWith(ClosePolicy, "rate limit exceeded", true)
 		}
 		return
 	}
-	r.rejected = 0
 	// Frames the handler causes (a turn's first events) and its response
 	// leave in one write.
 	c.holdWake.Add(1)
@@ -244,16 +326,36 @@ func newBucket(rate float64, burst int) bucket {
 	return bucket{rate: rate, burst: float64(burst), tokens: float64(burst)}
 }
 
+// refill adds the tokens earned since the last call.
+func (b *bucket) refill(now time.Time) {
+	if !b.last.IsZero() {
+		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	}
+	b.last = now
+}
+
+// wait reports how long until a token is available (0: now).
+func (b *bucket) wait(now time.Time) time.Duration {
+	b.refill(now)
+	if b.tokens >= 1 {
+		return 0
+	}
+	return time.Duration((1 - b.tokens) / b.rate * float64(time.Second))
+}
+
+// full reports whether the bucket has refilled completely.
+func (b *bucket) full(now time.Time) bool {
+	b.refill(now)
+	return b.tokens >= b.burst
+}
+
 // take spends a token, or reports how long until one is available. A
 // non-positive rate is unlimited.
 func (b *bucket) take(now time.Time) (bool, time.Duration) {
 	if b.rate <= 0 || math.IsInf(b.rate, 1) {
 		return true, 0
 	}
-	if !b.last.IsZero() {
-		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	}
-	b.last = now
+	b.refill(now)
 	if b.tokens >= 1 {
 		b.tokens--
 		return true, 0

@@ -29,6 +29,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/gateway/server"
 )
 
 // ProtocolVersion is the OpenClaw gateway protocol version spoken.
@@ -36,15 +37,16 @@ const ProtocolVersion = 4
 
 // Built-in limits that are not configuration keys.
 const (
-	preConnectLimit   = 64 << 10         // bytes: largest frame before hello
-	handshakeTimeout  = 10 * time.Second // time from open to a valid connect
-	writeWait         = 10 * time.Second // longest a batch of writes may block
-	closeGrace        = 2 * time.Second  // wait for the client's close reply
-	keepaliveInterval = 20 * time.Second // longest silence of a running turn
-	maxWatched        = 1024             // sessions one connection may watch by name
-	maxWaiters        = 64               // concurrent agent / agent.wait calls per connection
-	defaultWaitMs     = 30000            // agent.wait default timeoutMs
-	maxWaitMs         = 24 * 3600 * 1000 // agent.wait longest timeoutMs
+	preConnectLimit   = 64 << 10              // bytes: largest frame before hello
+	handshakeTimeout  = 10 * time.Second      // time from open to a valid connect
+	writeWait         = 10 * time.Second      // longest a batch of writes may block
+	closeGrace        = 2 * time.Second       // wait for the client's close reply
+	keepaliveInterval = 20 * time.Second      // longest silence of a running turn
+	deltaInterval     = 50 * time.Millisecond // shortest time between two deltas of a run
+	maxWatched        = 1024                  // sessions one connection may watch by name
+	maxWaiters        = 64                    // concurrent agent / agent.wait calls per connection
+	defaultWaitMs     = 30000                 // agent.wait default timeoutMs
+	maxWaitMs         = 24 * 3600 * 1000      // agent.wait longest timeoutMs
 )
 
 // Options configure a Server.
@@ -68,6 +70,12 @@ type Options struct {
 	// so the TUI's own 30 s "taking longer than expected" line never
 	// appears. 0 means 20 s.
 	Keepalive time.Duration
+	// DeltaInterval is the shortest time between two chat deltas of one run
+	// (the interval also grows with the reply, see runState.interval); text
+	// streamed in between goes out together. 0 means 50 ms; negative sends
+	// every chunk at once (the old behaviour, kept as the benchmark's
+	// baseline).
+	DeltaInterval time.Duration
 }
 
 // Server is the WebSocket endpoint. Create with NewServer; it is an
@@ -95,8 +103,19 @@ type Server struct {
 	runs       map[string]*runState      // live turns by run id
 	agentWaits map[string][]*agentWaiter // agent calls waiting for a run's end, by run id
 
+	auth     *authGuard // failed authentications per IP
 	nextConn atomic.Uint64
 	stats    stats
+	buffered atomic.Int64 // bytes queued for (or being written to) every connection
+}
+
+// bufferBudget is server.sendBufferBytes, the most bytes buffered for all
+// connections together.
+func (s *Server) bufferBudget() int64 {
+	if b := s.cfg.Current().Server.SendBufferBytes; b > 0 {
+		return int64(b)
+	}
+	return 64 << 20
 }
 
 // stats are counters for diagnostics and tests.
@@ -114,12 +133,14 @@ type Stats struct {
 	Writes        uint64 `json:"writes"`        // socket writes; Frames/Writes is the batching factor
 	DroppedDeltas uint64 `json:"droppedDeltas"` // chat deltas a slow client did not get (their text went into a later frame)
 	SlowClosed    uint64 `json:"slowClosed"`    // connections closed with 1013 "slow consumer"
+	Buffered      int64  `json:"buffered"`      // bytes queued for clients now
 }
 
 // Stats returns the server's counters.
 func (s *Server) Stats() Stats {
 	return Stats{Clients: s.Clients(), Frames: s.stats.frames.Load(), Writes: s.stats.writes.Load(),
-		DroppedDeltas: s.stats.droppedDeltas.Load(), SlowClosed: s.stats.slowClosed.Load()}
+		DroppedDeltas: s.stats.droppedDeltas.Load(), SlowClosed: s.stats.slowClosed.Load(),
+		Buffered: s.buffered.Load()}
 }
 
 // NewServer returns a server that runs turns on eng and reads its limits
@@ -140,11 +161,15 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 	if opts.Keepalive <= 0 {
 		opts.Keepalive = keepaliveInterval
 	}
+	if opts.DeltaInterval == 0 {
+		opts.DeltaInterval = deltaInterval
+	}
 	s := &Server{
 		eng: eng, cfg: cfg, opts: opts, log: opts.Log, started: time.Now(),
 		conns: map[*conn]struct{}{}, perIP: map[string]int{},
 		watchers: map[string]map[*conn]struct{}{}, watchAll: map[*conn]struct{}{},
 		runs: map[string]*runState{}, agentWaits: map[string][]*agentWaiter{},
+		auth: newAuthGuard(opts.Log),
 	}
 	s.up = websocket.Upgrader{
 		HandshakeTimeout: handshakeTimeout,
@@ -167,9 +192,19 @@ func (s *Server) Clients() int {
 // ServeHTTP upgrades the request to a WebSocket connection and serves it
 // until it closes. Before the upgrade it answers 503 while shutting down and
 // 429 when the client's IP already has server.maxConnsPerIP connections.
+// With no token configured it answers 403 to a request whose Host or
+// Origin is not a local name (server.LocalRequest): the DNS rebinding guard.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ip := remoteIP(r.RemoteAddr)
-	limit := s.cfg.Current().Server.MaxConnsPerIP
+	cfg := s.cfg.Current().Server
+	limit := cfg.MaxConnsPerIP
+	if s.opts.Token == "" && !server.LocalRequest(r, cfg.AllowedHosts) {
+		// DNS rebinding: without a token, only local names (docs/security.md).
+		s.log.Warn("websocket upgrade refused: a host name that is not served without a token",
+			"ip", ip, "host", clip(r.Host, 100), "origin", clip(r.Header.Get("Origin"), 100))
+		http.Error(w, server.ErrForeignHost.Error(), http.StatusForbidden)
+		return
+	}
 	s.mu.Lock()
 	switch {
 	case s.closing:
@@ -233,6 +268,7 @@ func (s *Server) Shutdown(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	s.unsub()
+	s.auth.stop()
 	for _, c := range conns {
 		c.push(outFrame{data: eventHead("shutdown", mustJSON(map[string]any{"reason": "gateway shutting down"})), seq: true})
 		c.closeWith(websocket.CloseServiceRestart, "gateway restarting", true)

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
@@ -33,6 +34,11 @@ func canonicalKey(method, key string) (string, *rpcError) {
 	if strings.IndexFunc(key, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) }) >= 0 {
 		return "", invalid("invalid %s params: sessionKey must not contain spaces or control characters", method)
 	}
+	if i := strings.IndexFunc(key, invisible); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(key[i:])
+		return "", invalid("invalid %s params: sessionKey must not contain invisible or direction-changing characters "+
+			"(found U+%04X at byte %d): two keys that look alike would name different sessions", method, r, i)
+	}
 	if rest, ok := strings.CutPrefix(key, "agent:"); ok {
 		agent, sub, ok := strings.Cut(rest, ":")
 		if !ok || agent == "" || sub == "" {
@@ -41,6 +47,23 @@ func canonicalKey(method, key string) (string, *rpcError) {
 		return key, nil
 	}
 	return "agent:" + defaultAgent + ":" + key, nil
+}
+
+// invisible reports whether r has no glyph of its own or changes how its
+// neighbours are shown: format characters (bidi overrides and isolates,
+// zero-width spaces and joiners, the BOM, soft hyphens — category Cf),
+// U+FFFD (what invalid UTF-8 decodes to) and the other specials,
+// variation selectors, and noncharacters.
+func invisible(r rune) bool {
+	switch {
+	case unicode.Is(unicode.Cf, r), r == utf8.RuneError, r >= 0xFFF0 && r <= 0xFFFF:
+		return true
+	case r >= 0xFE00 && r <= 0xFE0F, r >= 0xE0100 && r <= 0xE01EF: // variation selectors
+		return true
+	case r >= 0xFDD0 && r <= 0xFDEF, r&0xFFFE == 0xFFFE: // noncharacters
+		return true
+	}
+	return false
 }
 
 // agentOf returns the agent id of a canonical key ("" for a key of another

@@ -1,0 +1,79 @@
+package ws
+
+import (
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"strconv"
+	"strings"
+)
+
+// A connection's identity. Who may abort a run is the identity that started
+// it, and that identity must be one the client proved, not one it claimed:
+// client.instanceId is self-declared (any client with the token could send
+// another's), so it is not used. A client that signs the challenge with a
+// device key (the TUI always does) is "device:<id>" — the same across its
+// reconnects; any other client is its connection, "conn:<connId>".
+
+// deviceProof is connect's device block: an Ed25519 signature over the
+// challenge (docs/protocol.md §3, ../shared/openclaw-protocol.md §3).
+type deviceProof struct {
+	ID        string      `json:"id"`        // lowercase hex SHA-256 of the raw public key
+	PublicKey string      `json:"publicKey"` // raw 32-byte key, base64url
+	Signature string      `json:"signature"` // base64url
+	SignedAt  json.Number `json:"signedAt"`
+	Nonce     string      `json:"nonce"`
+}
+
+// verifiedDevice returns the device id that p's device block proves for
+// the challenge nonce, or "" when there is no block or it proves nothing
+// (wrong key, id, nonce or signature). The signed text is
+// v3|id|client.id|client.mode|role|scopes,…|signedAt|token|nonce|platform|deviceFamily.
+func verifiedDevice(p connectParams, nonce string) string {
+	if len(p.Device) == 0 || nonce == "" {
+		return ""
+	}
+	var d deviceProof
+	if json.Unmarshal(p.Device, &d) != nil || d.Nonce != nonce {
+		return ""
+	}
+	pub, err := decodeB64URL(d.PublicKey)
+	if err != nil || len(pub) != ed25519.PublicKeySize {
+		return ""
+	}
+	sum := sha256.Sum256(pub)
+	if id := hex.EncodeToString(sum[:]); !strings.EqualFold(d.ID, id) {
+		return ""
+	}
+	sig, err := decodeB64URL(d.Signature)
+	if err != nil || len(sig) != ed25519.SignatureSize {
+		return ""
+	}
+	if _, err := strconv.ParseInt(string(d.SignedAt), 10, 64); err != nil {
+		return ""
+	}
+	msg := strings.Join([]string{"v3", d.ID, p.Client.ID, p.Client.Mode, p.Role, strings.Join(p.Scopes, ","),
+		string(d.SignedAt), p.Auth.Token, d.Nonce, asciiLower(p.Client.Platform), asciiLower(p.Client.DeviceFamily)}, "|")
+	if !ed25519.Verify(pub, []byte(msg), sig) {
+		return ""
+	}
+	return strings.ToLower(d.ID)
+}
+
+func decodeB64URL(s string) ([]byte, error) {
+	return base64.RawURLEncoding.DecodeString(strings.TrimRight(s, "="))
+}
+
+// asciiLower trims s and lowercases its ASCII letters only, as the clients
+// do for platform and deviceFamily.
+func asciiLower(s string) string {
+	b := []byte(strings.TrimSpace(s))
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
