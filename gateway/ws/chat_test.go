@@ -254,6 +254,7 @@ func TestErrorRunAndHistoryKeepsNotices(t *testing.T) {
 
 	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:partial shell:hang", "idempotencyKey": "stop"})
 	c.until("delta", func(f frame) bool { return f.Event == "chat" && f.str("state") == "delta" && f.str("runId") == "stop" })
+	e.waitStep("agent:main:main", "shell")
 	c.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "stop"})
 	ab := c.chat("stop", "aborted")
 	if ab.str("message.content.0.text") != "partial" {

@@ -448,10 +448,38 @@ func (c *client) runEvents(run string) []string {
 // session stays busy ("still stopping") until the runner has returned.
 func (e *env) waitIdle() {
 	e.t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); len(e.eng.Live()) > 0; {
+	busy := func() bool {
+		if len(e.eng.Live()) > 0 {
+			return true
+		}
+		for _, s := range e.eng.Sessions() {
+			if s.ActiveRun != "" {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(5 * time.Second); busy(); {
 		if time.Now().After(deadline) {
 			e.t.Fatalf("turns still live after 5s: %d", len(e.eng.Live()))
 		}
 		time.Sleep(time.Millisecond) // real time: the demo runner returns on its own goroutine over a real socket's env
+	}
+}
+
+// waitStep waits until the session's active run is inside step name (a
+// client that reacts to a delta may otherwise race the runner's next step).
+func (e *env) waitStep(sessionKey, name string) {
+	e.t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if r, ok := e.eng.Active(sessionKey); ok {
+			if cur, _ := r.CurrentStep(); cur.Name == name {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("session %s never reached step %s", sessionKey, name)
+		}
+		time.Sleep(time.Millisecond) // real time: the demo runner moves on its own goroutine
 	}
 }
