@@ -297,10 +297,10 @@ func (e *AbortError) Error() string { return "turn " + e.RunID + " aborted: " + 
 
 // Abort stops the run with reason. It wins only if the run is still running:
 // then it cancels the run's context, tells the OnSooner watcher (the
-// force-finalization after the abort grace is now due), and returns the Aborted event (with the
-// rendered user message and the partial reply) for the caller to publish, and
-// true. If Finish or another Abort won first it changes nothing and returns
-// false.
+// force-finalization after the abort grace is now due), and returns the
+// Aborted event (with the rendered user message and the partial reply) for
+// the caller to publish, and true. If Finish or another Abort won first it
+// changes nothing and returns false.
 func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
 	if !r.state.CompareAndSwap(uint32(StateRunning), stateWord(StateAborted, reason)) {
 		return event.Event{}, false
