@@ -18,8 +18,7 @@ func (c *callbacks) live() bool { return c.run.State() == abort.StateRunning }
 
 func (c *callbacks) StepStarted(kind, name string) {
 	c.recovered()
-	c.run.StepStarted(kind, name)
-	c.e.sched.Touch(c.run)
+	c.run.StepStarted(kind, name) // re-arms the scheduler (abort.Registry.OnSooner)
 	if c.live() {
 		cur, last := c.run.CurrentStep()
 		c.run.Publish(c.e.publish, event.Event{Kind: event.StepStarted, Step: cur, LastStep: last})
@@ -69,7 +68,7 @@ func (c *callbacks) Pause(reason string) {
 }
 
 func (c *callbacks) Resume() {
-	c.run.Resume()
+	c.run.Resume() // re-arms the scheduler: the step deadline is back
 	if c.live() {
 		cur, _ := c.run.CurrentStep()
 		c.run.Publish(c.e.publish, event.Event{Kind: event.Resumed, Step: cur})

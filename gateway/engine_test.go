@@ -68,7 +68,16 @@ func newEnv(t *testing.T, adjust func(*config.Config)) *env {
 	t.Helper()
 	c := testConfig(t, adjust)
 	d := demo.New()
-	e, err := New(Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}})
+	e, s := startEngine(t, c, map[string]runner.Runner{"demo": d})
+	t.Cleanup(d.Release) // runs before startEngine's cleanup: stuck demo turns end, then the engine stops
+	return &env{e: e, sink: s, demo: d}
+}
+
+// startEngine starts an engine with config c and runners, and a sink
+// subscribed to all its events; the test's cleanup shuts it down.
+func startEngine(t *testing.T, c *config.Config, runners map[string]runner.Runner) (*Engine, *sink) {
+	t.Helper()
+	e, err := New(Options{Config: config.NewSource(c), Runners: runners})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,12 +86,11 @@ func newEnv(t *testing.T, adjust func(*config.Config)) *env {
 	s := &sink{start: time.Now()}
 	unsub := e.Bus().Subscribe("", s.handle)
 	t.Cleanup(func() {
-		d.Release()
 		e.Shutdown(context.Background())
 		unsub()
 		cancel()
 	})
-	return &env{e: e, sink: s, demo: d}
+	return e, s
 }
 
 // testConfig returns the default config with adjust applied, validated.

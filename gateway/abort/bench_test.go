@@ -48,10 +48,48 @@ func turnWords(n int) []*turnWord {
 	return out
 }
 
+// timerTurn is the per-turn baseline a Go engineer would pick instead of the
+// scheduler: one runtime timer per turn (time.AfterFunc), Reset on every
+// step completion to the earlier of the step deadline and the wall clock.
+// (maintenance's benchmarks compare the two designs end to end.)
+type timerTurn struct {
+	epoch        time.Time
+	timer        *time.Timer
+	stepTimeout  time.Duration
+	wall         time.Duration
+	lastProgress atomic.Int64
+}
+
+func timerTurns(n int) []*timerTurn {
+	out := make([]*timerTurn, n)
+	epoch := time.Now()
+	for i := range out {
+		t := &timerTurn{epoch: epoch, stepTimeout: 5 * time.Minute, wall: time.Since(epoch) + 30*time.Minute}
+		t.timer = time.AfterFunc(t.stepTimeout, func() {})
+		out[i] = t
+	}
+	return out
+}
+
+// stepCompleted is the timer design's progress reset.
+func (t *timerTurn) stepCompleted() {
+	now := time.Since(t.epoch)
+	t.lastProgress.Store(int64(now))
+	t.timer.Reset(min(t.stepTimeout, t.wall-now))
+}
+
+func stopTimers(turns []*timerTurn) {
+	for _, t := range turns {
+		t.timer.Stop()
+	}
+}
+
 // BenchmarkStepCompleted measures the hot path at growing numbers of live
 // turns, next to the baseline of what it must at least do: read the clock
 // and store one word atomically — into a dense array ("baseline"), and into
-// the turn's own heap object ("baseline-per-turn").
+// the turn's own heap object ("baseline-per-turn") — and next to the design
+// it replaces, Timer.Reset of one runtime timer per turn ("timer-per-turn").
+// The scheduler re-arms lazily, so StepCompleted is all a completion costs.
 func BenchmarkStepCompleted(b *testing.B) {
 	for _, n := range sizes {
 		b.Run(fmt.Sprintf("baseline-per-turn/turns=%d", n), func(b *testing.B) {
@@ -78,6 +116,15 @@ func BenchmarkStepCompleted(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				runs[i%n].StepCompleted("tool", "web_search")
+			}
+		})
+		b.Run(fmt.Sprintf("timer-per-turn/turns=%d", n), func(b *testing.B) {
+			turns := timerTurns(n)
+			defer stopTimers(turns)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				turns[i%n].stepCompleted()
 			}
 		})
 	}
@@ -125,6 +172,20 @@ func BenchmarkStepCompletedParallel(b *testing.B) {
 				for pb.Next() {
 					i++
 					runs[i%n].StepCompleted("tool", "web_search")
+				}
+			})
+		})
+		b.Run(fmt.Sprintf("timer-per-turn/turns=%d", n), func(b *testing.B) {
+			turns := timerTurns(n)
+			defer stopTimers(turns)
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(next.Add(1)) * 7919
+				for pb.Next() {
+					i++
+					turns[i%n].stepCompleted()
 				}
 			})
 		})

@@ -42,6 +42,7 @@ type Registry struct {
 	seed      maphash.Seed
 	shard     [shards]shard
 	onRelease func(*Run)
+	onSooner  func(*Run)
 }
 
 type shard struct {
@@ -63,6 +64,24 @@ func New(onRelease func(*Run)) *Registry {
 
 // now is the registry clock: monotonic nanoseconds since the epoch, plus
 // one, so that 0 never is a time and can mean "not yet" in every field.
+// OnSooner sets fn, which a run calls right after a change that can make it
+// due earlier than whoever watches its deadlines last planned: a step
+// started (a progress notice and a step deadline begin), a resume (the step
+// deadline comes back) and an abort (the abort grace begins). Changes that
+// only move what is due later (a step completing, a heartbeat, activity, a
+// pause, a finish) do not call it: a watcher finds those lazily when it next
+// looks. The maintenance scheduler installs its Touch here. Call OnSooner
+// once, before the first Register; fn runs on the caller's goroutine and
+// must not block.
+func (g *Registry) OnSooner(fn func(*Run)) { g.onSooner = fn }
+
+// sooner tells the watcher that r may be due earlier than planned.
+func (g *Registry) sooner(r *Run) {
+	if g.onSooner != nil {
+		g.onSooner(r)
+	}
+}
+
 func (g *Registry) now() int64 { return int64(time.Since(g.epoch)) + 1 }
 
 // Now returns the registry clock as a duration since its epoch.

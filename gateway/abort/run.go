@@ -61,6 +61,14 @@ type stepRec struct {
 // Activity, Heartbeat, Pause and Resume (they are safe from any goroutine but
 // assume one writer for step bookkeeping); anyone may call Abort, Finish,
 // Snapshot and the getters.
+//
+// Re-arm contract: a call that can make the run due earlier (StepStarted,
+// Resume, Abort) tells the registry's OnSooner watcher before it returns, so
+// the scheduler re-arms at once; every other call (StepCompleted, Activity,
+// Heartbeat, Pause, Finish, MarkReturned) can only make the run due later,
+// and is picked up lazily when the scheduler next looks. A liveness reset
+// never moves the step deadline earlier: the liveness reference only moves
+// forward and is never in the future.
 type Run struct {
 	// Hot: everything StepCompleted reads or writes is in the first 64 bytes,
 	// so the hot path touches one cache line of the Run.
@@ -145,10 +153,12 @@ func (r *Run) StopReason() event.StopReason {
 func (r *Run) now() int64 { return r.reg.now() }
 
 // StepStarted records that a step began. It allocates one small record (the
-// start path is not the hot path).
+// start path is not the hot path). A progress notice for the step may be due
+// before the run's armed time, so it tells the OnSooner watcher.
 func (r *Run) StepStarted(kind, name string) {
 	now := r.now()
 	r.setCur(&stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now, prev: r.lastDone()}, 0)
+	r.reg.sooner(r)
 }
 
 // StepCompleted records that the running step finished, which resets the
@@ -216,31 +226,51 @@ func (r *Run) load() (*stepRec, int64) {
 }
 
 // Activity records streamed output or other activity. It resets the liveness
-// deadline only when the turn's livenessResetOn is "activity".
+// deadline only when the turn's livenessResetOn is "activity". It only moves
+// deadlines later, so it needs no re-arm.
 func (r *Run) Activity() {
 	if r.Settings.LivenessResetOn == timeout.LivenessActivity {
-		r.activity.Store(r.now())
+		r.touchActivity(r.now())
 	}
 }
 
 // Heartbeat is an explicit "still alive" from the runner: it always resets
-// the liveness deadline.
-func (r *Run) Heartbeat() { r.activity.Store(r.now()) }
+// the liveness deadline. It only moves deadlines later, so it needs no re-arm.
+func (r *Run) Heartbeat() { r.touchActivity(r.now()) }
+
+// touchActivity moves the activity reference forward to t; it never moves it
+// back (two resets racing each other keep the later one).
+func (r *Run) touchActivity(t int64) {
+	for {
+		old := r.activity.Load()
+		if t <= old || r.activity.CompareAndSwap(old, t) {
+			return
+		}
+	}
+}
 
 // Pause stops the liveness clock (a tool waits for a human). The wall clock
-// and the ceiling keep running. Pausing a paused run does nothing.
+// and the ceiling keep running. Pausing a paused run does nothing. It only
+// moves deadlines later (no step deadline, no progress notice while paused),
+// so it needs no re-arm.
 func (r *Run) Pause() { r.pausedAt.CompareAndSwap(0, r.now()) }
 
-// Resume restarts the liveness clock where Pause stopped it: the time spent
-// paused is added to the liveness deadline.
+// Resume restarts the liveness clock where Pause stopped it: the liveness
+// window resumes with as much used as was used when the run paused, so the
+// step deadline is the resume time plus what was left of the window. If the
+// run made progress while paused (a step completed, a heartbeat), the window
+// restarts in full at the resume. The liveness reference is never set in the
+// future. The step deadline (and a progress notice) come back, which can be
+// earlier than the run's armed time, so Resume tells the OnSooner watcher.
 func (r *Run) Resume() {
 	p := r.pausedAt.Load()
 	if p == 0 || !r.pausedAt.CompareAndSwap(p, 0) {
 		return
 	}
 	now := r.now()
-	ref := r.livenessRef()
-	r.activity.Store(ref + (now - p))
+	used := max(0, p-r.livenessRef()) // unpaused time since the last progress
+	r.touchActivity(now - used)
+	r.reg.sooner(r)
 }
 
 // livenessRef is the latest moment of progress: the turn's start, the last
@@ -266,10 +296,11 @@ type AbortError struct {
 func (e *AbortError) Error() string { return "turn " + e.RunID + " aborted: " + string(e.Reason) }
 
 // Abort stops the run with reason. It wins only if the run is still running:
-// then it cancels the run's context, and returns the Aborted event (with the
-// rendered user message and the partial reply) for the caller to publish, and
-// true. If Finish or another Abort won first it changes nothing and returns
-// false.
+// then it cancels the run's context, tells the OnSooner watcher (the
+// force-finalization after the abort grace is now due), and returns the
+// Aborted event (with the rendered user message and the partial reply) for
+// the caller to publish, and true. If Finish or another Abort won first it
+// changes nothing and returns false.
 func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
 	if !r.state.CompareAndSwap(uint32(StateRunning), stateWord(StateAborted, reason)) {
 		return event.Event{}, false
@@ -287,6 +318,7 @@ func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
 	}
 	ev.Message = r.render(reason, ev)
 	ev.FullText = r.Text()
+	r.reg.sooner(r) // the abort grace is due, maybe before the armed time
 	return ev, true
 }
 

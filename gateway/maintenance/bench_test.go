@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,21 +23,39 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime=1x ./gateway/maintenance/
 
+// benchSizes are the live-turn counts the comparisons run at.
+var benchSizes = []int{100_000, 1_000_000}
+
+// The latency scenario: every turn has a 2 s step (liveness) timeout and a
+// far wall clock, and completes a step every 500 ms until its own moment of
+// silence, spread uniformly over [1 s, 6 s); it is then aborted for its step
+// timeout 2 s after its last completion. Completions only store a time (the
+// scheduler re-arms lazily: each turn surfaces at its old deadline and is
+// re-armed for the real one), or Reset the turn's timer (timer per turn), or
+// store a time found by the next pass (sweep).
 const (
-	latencyTurns  = 100_000
-	latencySpread = 10 * time.Second
+	stepWindow   = 2 * time.Second
+	stepEvery    = 500 * time.Millisecond
+	silentFrom   = time.Second
+	silentSpread = 5 * time.Second
+	stepPhases   = 10 // the driver completes one tenth of the turns every stepEvery/stepPhases
 )
 
 // latencies collects "actual abort time − deadline" samples.
 type latencies struct {
 	mu sync.Mutex
 	d  []time.Duration
+	n  atomic.Int64
 }
 
-func (l *latencies) add(d time.Duration) {
+func newLatencies(n int) *latencies { return &latencies{d: make([]time.Duration, 0, n)} }
+
+// add records one abort and reports whether it was the want-th.
+func (l *latencies) add(d time.Duration, want int) bool {
 	l.mu.Lock()
 	l.d = append(l.d, d)
 	l.mu.Unlock()
+	return l.n.Add(1) == int64(want)
 }
 
 func (l *latencies) report(b *testing.B, want int) {
@@ -51,93 +71,216 @@ func (l *latencies) report(b *testing.B, want int) {
 	b.ReportMetric(float64(l.d[len(l.d)-1].Microseconds())/1000, "max-ms")
 }
 
-// spreadTimeouts gives turn i a wall clock deadline spread uniformly over
-// latencySpread (shuffled so registration order is not deadline order).
-func spreadTimeouts(n int) []time.Duration {
+// silences gives turn i its moment of silence (shuffled, so registration
+// order is not deadline order).
+func silences(n int) []time.Duration {
 	out := make([]time.Duration, n)
 	for i := range out {
-		out[i] = 100*time.Millisecond + time.Duration(i)*latencySpread/time.Duration(n)
+		out[i] = silentFrom + time.Duration(i)*silentSpread/time.Duration(n)
 	}
 	rand.Shuffle(n, func(i, j int) { out[i], out[j] = out[j], out[i] })
 	return out
 }
 
-// BenchmarkAbortLatency: 100K turns whose deadlines are spread across 10 s;
-// how late is each abort? The scheduler against the sweep port with
-// OpenClaw's 60 s interval (and, for perspective, an aggressive 1 s one).
-func BenchmarkAbortLatency(b *testing.B) {
-	b.Run("scheduler", func(b *testing.B) {
-		for range b.N {
-			lat := &latencies{d: make([]time.Duration, 0, latencyTurns)}
-			var reg *abort.Registry
-			var sched *Scheduler
-			done := make(chan struct{})
-			var aborted int
-			publish := func(ev event.Event) {
-				if ev.Kind != event.Aborted {
-					return
-				}
-				r, _ := reg.Get(ev.RunID)
-				lat.add(reg.Now() - r.View().WallDeadline)
-				reg.Release(r)
-				aborted++ // only the scheduler goroutine publishes here
-				if aborted == latencyTurns {
-					close(done)
-				}
-			}
-			reg = abort.New(func(r *abort.Run) { sched.Remove(r) })
-			sched = New(reg, publish, Observer{})
-			ctx, cancel := context.WithCancel(context.Background())
-			go sched.Run(ctx)
-			st := timeout.Settings{StepTimeout: 0, ProgressRepeat: time.Minute, AbortGrace: time.Second}
-			for i, d := range spreadTimeouts(latencyTurns) {
-				st.Timeout = d
-				r, err := reg.Register(ctx, abort.Spec{RunID: strconv.Itoa(i), SessionKey: "s", Settings: st})
-				if err != nil {
-					b.Fatal(err)
-				}
-				sched.Track(r)
-			}
-			<-done
-			cancel()
-			lat.report(b, latencyTurns)
+// driveSteps completes a step of every turn every stepEvery until the
+// turn's silence, then returns. It first completes one step of every turn,
+// so turns registered early do not time out while the rest register.
+func driveSteps(n int, silent []time.Duration, complete func(i int)) {
+	for i := range n {
+		complete(i)
+	}
+	start := time.Now()
+	tick := time.NewTicker(stepEvery / stepPhases)
+	defer tick.Stop()
+	for k := 0; ; k++ {
+		el := time.Since(start)
+		if el > silentFrom+silentSpread {
+			return
 		}
-	})
-	for _, interval := range []time.Duration{60 * time.Second, time.Second} {
-		b.Run("sweep-"+interval.String(), func(b *testing.B) {
+		for i := k % stepPhases; i < n; i += stepPhases {
+			if el < silent[i] {
+				complete(i)
+			}
+		}
+		<-tick.C
+	}
+}
+
+// waitAborts waits for the last abort, bounded.
+func waitAborts(b *testing.B, done <-chan struct{}, l *latencies, want int) {
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute): // real time: a bound, so a lost abort fails instead of hanging
+		b.Fatalf("only %d of %d turns aborted within 2 min", l.n.Load(), want)
+	}
+}
+
+// BenchmarkAbortLatency: how late is each step-timeout abort, for turns that
+// complete steps and then go silent (see stepWindow)? The scheduler against
+// one runtime timer per turn (time.AfterFunc + Timer.Reset per completion)
+// and the sweep port with an aggressive 1 s interval (at OpenClaw's 60 s the
+// lateness is the interval: 0–60 s).
+func BenchmarkAbortLatency(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("scheduler/turns=%d", n), func(b *testing.B) {
 			for range b.N {
-				lat := &latencies{d: make([]time.Duration, 0, latencyTurns)}
-				var n int
+				benchLatencyScheduler(b, n)
+			}
+		})
+		b.Run(fmt.Sprintf("timer-per-turn/turns=%d", n), func(b *testing.B) {
+			for range b.N {
+				lat := newLatencies(n)
 				done := make(chan struct{})
-				sw := newSweepRegistry(func(id string, deadline, now time.Duration) {
-					lat.add(now - deadline)
-					if n++; n == latencyTurns {
+				tr := newTimerRegistry(func(_ *timerTurn, _ event.StopReason, deadline, now time.Duration) {
+					if lat.add(now-deadline, n) {
 						close(done)
 					}
 				})
-				ctx, cancel := context.WithCancel(context.Background())
-				go sw.run(ctx, interval)
-				for i, d := range spreadTimeouts(latencyTurns) {
-					sw.register(strconv.Itoa(i), d)
+				turns := make([]*timerTurn, n)
+				for i := range turns {
+					turns[i] = tr.register(strconv.Itoa(i), time.Hour, stepWindow)
 				}
-				<-done
+				go driveSteps(n, silences(n), func(i int) { turns[i].stepCompleted() })
+				waitAborts(b, done, lat, n)
+				tr.stop()
+				lat.report(b, n)
+			}
+		})
+		b.Run(fmt.Sprintf("sweep-1s/turns=%d", n), func(b *testing.B) {
+			for range b.N {
+				lat := newLatencies(n)
+				done := make(chan struct{})
+				sw := newSweepRegistry(func(_ string, deadline, now time.Duration) {
+					if lat.add(now-deadline, n) {
+						close(done)
+					}
+				})
+				entries := make([]*sweepEntry, n)
+				for i := range entries {
+					entries[i] = sw.registerStep(strconv.Itoa(i), time.Hour, stepWindow)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				go sw.run(ctx, time.Second)
+				go driveSteps(n, silences(n), func(i int) { sw.stepCompleted(entries[i]) })
+				waitAborts(b, done, lat, n)
 				cancel()
-				lat.report(b, latencyTurns)
+				lat.report(b, n)
 			}
 		})
 	}
 }
 
+func benchLatencyScheduler(b *testing.B, n int) {
+	lat := newLatencies(n)
+	var reg *abort.Registry
+	var sched *Scheduler
+	done := make(chan struct{})
+	publish := func(ev event.Event) {
+		if ev.Kind != event.Aborted {
+			return
+		}
+		r, _ := reg.Get(ev.RunID)
+		v := r.View()
+		if lat.add(reg.Now()-(v.LivenessRef+v.Settings.StepTimeout), n) {
+			close(done)
+		}
+		reg.Release(r)
+	}
+	reg = abort.New(func(r *abort.Run) { sched.Remove(r) })
+	sched = New(reg, publish, Observer{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go sched.Run(ctx)
+	st := timeout.Settings{Timeout: time.Hour, StepTimeout: stepWindow, ProgressRepeat: time.Minute, AbortGrace: time.Second}
+	runs := make([]*abort.Run, n)
+	for i := range runs {
+		r, err := reg.Register(ctx, abort.Spec{RunID: strconv.Itoa(i), SessionKey: "s", Settings: st})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sched.Track(r)
+		r.StepStarted("tool", "web_search")
+		runs[i] = r
+	}
+	before := sched.Stats()
+	go driveSteps(n, silences(n), func(i int) { runs[i].StepCompleted("tool", "web_search") })
+	waitAborts(b, done, lat, n)
+	after := sched.Stats()
+	lat.report(b, n)
+	b.ReportMetric(float64(after.Rearms-before.Rearms)/float64(n), "lazy-rearms/turn")
+}
+
+var farSettings = timeout.Settings{Timeout: time.Hour, StepTimeout: time.Hour, MaxTurnTime: 2 * time.Hour,
+	ProgressRepeat: time.Minute, AbortGrace: time.Second}
+
+// BenchmarkMemoryPerTurn: heap bytes per live turn with one running step:
+// the registry and the scheduler's heap entry; the timer per turn (its
+// record, context, runtime timer and map entry); the sweep port's entry.
+func BenchmarkMemoryPerTurn(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("scheduler/turns=%d", n), func(b *testing.B) {
+			for range b.N {
+				measureHeap(b, n, func() any {
+					var sched *Scheduler
+					reg := abort.New(func(r *abort.Run) { sched.Remove(r) })
+					sched = New(reg, func(event.Event) {}, Observer{})
+					for i := range n {
+						r, _ := reg.Register(context.Background(), abort.Spec{RunID: strconv.Itoa(i), SessionKey: "s", Settings: farSettings})
+						sched.Track(r)
+						r.StepStarted("tool", "web_search")
+					}
+					return sched
+				})
+			}
+		})
+		b.Run(fmt.Sprintf("timer-per-turn/turns=%d", n), func(b *testing.B) {
+			for range b.N {
+				var tr *timerRegistry
+				measureHeap(b, n, func() any {
+					tr = newTimerRegistry(nil)
+					for i := range n {
+						tr.register(strconv.Itoa(i), time.Hour, time.Hour)
+					}
+					return tr
+				})
+				tr.stop()
+			}
+		})
+		b.Run(fmt.Sprintf("sweep/turns=%d", n), func(b *testing.B) {
+			for range b.N {
+				measureHeap(b, n, func() any {
+					sw := newSweepRegistry(nil)
+					for i := range n {
+						sw.registerStep(strconv.Itoa(i), time.Hour, time.Hour)
+					}
+					return sw
+				})
+			}
+		})
+	}
+}
+
+func measureHeap(b *testing.B, n int, build func() any) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	keep := build()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "B/turn")
+	runtime.KeepAlive(keep)
+}
+
 // BenchmarkIdleFarDeadlines: 1M live turns whose deadlines are an hour away,
 // observed for 10 s of real time: how often does the scheduler wake and how
-// much CPU does the process burn? The sweep port's cost is one O(n) pass per
+// much CPU does the process burn? One runtime timer per turn is measured the
+// same way (the runtime exposes no wake-up count; its CPU is the measure). The sweep port's cost is one O(n) pass per
 // interval; it is measured per pass and over the same 10 s with a 1 s
 // interval, and its CPU at the 60 s interval is one pass per 60 s.
 func BenchmarkIdleFarDeadlines(b *testing.B) {
 	const n = 1_000_000
 	const window = 10 * time.Second
-	far := timeout.Settings{Timeout: time.Hour, StepTimeout: time.Hour, MaxTurnTime: 2 * time.Hour,
-		ProgressNotifyAfter: 0, ProgressRepeat: time.Minute, AbortGrace: time.Second}
+	far := farSettings
 	b.Run("scheduler", func(b *testing.B) {
 		for range b.N {
 			var sched *Scheduler
@@ -151,6 +294,7 @@ func BenchmarkIdleFarDeadlines(b *testing.B) {
 				sched.Track(r)
 			}
 			before := sched.Stats()
+			runtime.GC() // do not bill the set-up's garbage collection to the idle window
 			cpu0 := cpuTime()
 			time.Sleep(window) // real time: the benchmark observes an idle process for 10 s of wall time
 			cpu := cpuTime() - cpu0
@@ -160,6 +304,21 @@ func BenchmarkIdleFarDeadlines(b *testing.B) {
 			b.ReportMetric(float64(after.Looks-before.Looks), "looks/10s")
 			b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms/10s")
 			fmt.Printf("scheduler: %d turns, %d wake-ups and %v CPU in %v\n", n, after.Wakeups-before.Wakeups, cpu, window)
+		}
+	})
+	b.Run("timer-per-turn", func(b *testing.B) {
+		for range b.N {
+			tr := newTimerRegistry(nil)
+			for i := range n {
+				tr.register(strconv.Itoa(i), time.Hour, time.Hour)
+			}
+			runtime.GC() // do not bill the set-up's garbage collection to the idle window
+			cpu0 := cpuTime()
+			time.Sleep(window) // real time: the benchmark observes an idle process for 10 s of wall time
+			cpu := cpuTime() - cpu0
+			tr.stop()
+			b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms/10s")
+			fmt.Printf("timer-per-turn: %d turns, %v CPU in %v\n", n, cpu, window)
 		}
 	})
 	b.Run("sweep", func(b *testing.B) {
@@ -178,6 +337,7 @@ func BenchmarkIdleFarDeadlines(b *testing.B) {
 			// The same 10 s window with a 1 s interval.
 			ctx, cancel := context.WithCancel(context.Background())
 			go sw.run(ctx, time.Second)
+			runtime.GC() // do not bill the set-up's garbage collection to the idle window
 			cpu0 := cpuTime()
 			time.Sleep(window) // real time: the benchmark observes an idle process for 10 s of wall time
 			cpu := cpuTime() - cpu0

@@ -21,10 +21,19 @@ type Observer struct {
 }
 
 // Scheduler is the deadline scheduler. Create it with New, start Run on one
-// goroutine, and call Track for every registered run. Touch after anything
-// that may make a run due earlier (a step started, an abort); Remove after a
-// run is released. It publishes Progress, Aborted and ForceFinalized events
-// through each run's Publish, so they are ordered with the run's other events.
+// goroutine, and call Track for every registered run; Remove after a run is
+// released. It publishes Progress, Aborted and ForceFinalized events through
+// each run's Publish, so they are ordered with the run's other events.
+//
+// Re-arm contract: a run's heap entry is never later than the earliest thing
+// due for it. Every change that can make a run due earlier (a step started, a
+// resume, an abort) re-arms at once: New installs Touch as the registry's
+// OnSooner hook, so the run itself calls it and no caller can forget.
+// Changes that only make a run due later (a step completing, a heartbeat,
+// activity, a pause) touch nothing: the entry surfaces at its old time and is
+// re-armed lazily for the real one. Arming only ever moves an entry earlier,
+// so a look that re-arms from a view older than a concurrent Touch cannot
+// undo it.
 type Scheduler struct {
 	reg     *abort.Registry
 	publish func(event.Event)
@@ -63,10 +72,12 @@ type StatsSnapshot struct {
 var abortReasons = [...]event.StopReason{event.ReasonTimeout, event.ReasonStepTimeout, event.ReasonMaxTurnTime}
 
 // New returns a scheduler over reg that publishes with publish (typically the
-// event bus's Publish). The policy starts enabled with auto-abort.
+// event bus's Publish). The policy starts enabled with auto-abort. It installs
+// itself as reg's OnSooner hook; create it before the first Register.
 func New(reg *abort.Registry, publish func(event.Event), obs Observer) *Scheduler {
 	s := &Scheduler{reg: reg, publish: publish, obs: obs, wake: make(chan struct{}, 1)}
 	s.policy.Store(3)
+	reg.OnSooner(s.Touch)
 	return s
 }
 
@@ -98,10 +109,12 @@ func (s *Scheduler) SetPolicy(p Policy) {
 func (s *Scheduler) Track(r *abort.Run) { s.Touch(r) }
 
 // Touch re-examines r after a change that may make it due earlier than it is
-// armed for (a step started, an abort). It costs a Decide and, only when the
-// run must be looked at earlier, a heap update. Changes that only push
-// deadlines later (a step completing, a heartbeat, a resume) need no Touch:
-// the run surfaces at its old time and is re-armed lazily.
+// armed for. The run calls it itself (through the registry's OnSooner hook)
+// after StepStarted, Resume and Abort; other callers need not. It costs a
+// Decide and, only when the run must be looked at earlier, a heap update.
+// Changes that only push deadlines later (a step completing, a heartbeat, a
+// pause) need no Touch: the run surfaces at its old time and is re-armed
+// lazily.
 func (s *Scheduler) Touch(r *abort.Run) {
 	now := s.reg.Now()
 	d := Decide(now, r.View(), s.Policy())
@@ -127,14 +140,23 @@ func (s *Scheduler) Remove(r *abort.Run) {
 	s.mu.Unlock()
 }
 
-// arm puts r in the heap at t (registry time), or moves it there.
+// arm makes r due at t (registry time) at the latest: it puts r in the heap
+// at t, or moves its entry to t if t is earlier. It never moves an entry
+// later — a later time is reached lazily, by the entry surfacing and being
+// re-armed — so of two racing arms (a Touch from a fresh view, a look from an
+// older one) the earlier time wins. A released run is not armed.
 func (s *Scheduler) arm(r *abort.Run, t time.Duration) {
 	if t <= 0 {
 		t = 1
 	}
 	s.mu.Lock()
+	i := r.SchedIndex()
+	if r.Released() || (i > 0 && r.Armed() <= t) {
+		s.mu.Unlock()
+		return
+	}
 	r.SetArmed(t)
-	if i := r.SchedIndex(); i > 0 {
+	if i > 0 {
 		heap.Fix(&s.h, i-1)
 	} else {
 		heap.Push(&s.h, r)
@@ -191,12 +213,19 @@ func (s *Scheduler) Run(ctx context.Context) {
 	}
 }
 
+// testHookLookDecided, when set by a test, runs in look between the
+// decision and acting on it: the window in which a concurrent Touch races.
+var testHookLookDecided func(*abort.Run)
+
 // look applies the ladder to one due run until nothing more is due, then
 // re-arms it for its next due time.
 func (s *Scheduler) look(r *abort.Run, now time.Duration) {
 	s.stats.Looks.Add(1)
 	for range 4 {
 		d := Decide(now, r.View(), s.Policy())
+		if testHookLookDecided != nil {
+			testHookLookDecided(r)
+		}
 		switch d.Action {
 		case None:
 			if d.Next > 0 {

@@ -91,7 +91,6 @@ func TestSilentStepAbortedAtExactlyTheStepDeadline(t *testing.T) {
 		h := newHarness(t, on)
 		r := h.start(t, "r1", st(5*time.Second, time.Hour, 0, 0))
 		r.StepStarted("tool", "shell")
-		h.sched.Touch(r)
 		faketime.Advance(10 * time.Second)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@5s", "force_finalized:step_timeout@8s"})
@@ -117,7 +116,6 @@ func TestLivenessKeepsBusyTurnAlivePastStepWindow(t *testing.T) {
 		// 100 steps of 1s each: 100s in all, far past the 5s window.
 		for range 100 {
 			r.StepStarted("tool", "web_search")
-			h.sched.Touch(r)
 			faketime.Advance(time.Second)
 			r.StepCompleted("tool", "web_search")
 		}
@@ -144,7 +142,6 @@ func TestCeilingBeatsProgress(t *testing.T) {
 		r := h.start(t, "r1", st(5*time.Second, time.Hour, 30*time.Second, 0))
 		for range 100 { // always making progress, with heartbeats too
 			r.StepStarted("tool", "fetch_page")
-			h.sched.Touch(r)
 			faketime.Advance(time.Second)
 			r.Heartbeat()
 			r.StepCompleted("tool", "fetch_page")
@@ -171,7 +168,6 @@ func TestWallClock(t *testing.T) {
 		r := h.start(t, "r1", st(5*time.Second, 12*time.Second, time.Minute, 0))
 		for range 10 {
 			r.StepStarted("llm", "m")
-			h.sched.Touch(r)
 			faketime.Advance(2 * time.Second)
 			r.StepCompleted("llm", "m")
 		}
@@ -185,14 +181,12 @@ func TestPauseStopsLivenessNotCeiling(t *testing.T) {
 		h := newHarness(t, on)
 		r := h.start(t, "r1", st(5*time.Second, time.Hour, 60*time.Second, 0))
 		r.StepStarted("tool", "ask_human")
-		h.sched.Touch(r)
 		faketime.Advance(2 * time.Second)
 		r.Pause()
 		faketime.Advance(30 * time.Second) // far past the 5s window: paused, so no step timeout
 		synctest.Wait()
 		equal(t, h.rec.kinds(), nil)
 		r.Resume() // 3s of the window remain
-		h.sched.Touch(r)
 		faketime.Advance(2 * time.Second)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), nil)
@@ -217,7 +211,6 @@ func TestProgressNoticeRepeatsAndStopsWithTheStep(t *testing.T) {
 		s.ProgressRepeat = 60 * time.Second
 		r := h.start(t, "r1", s)
 		r.StepStarted("tool", "shell")
-		h.sched.Touch(r)
 		faketime.Advance(100 * time.Second)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"progress@30s", "progress@1m30s"})
@@ -241,8 +234,7 @@ func TestStuckRunnerForceFinalizedAfterGrace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, on)
 		r := h.start(t, "r1", st(5*time.Second, time.Hour, 0, 0))
-		r.StepStarted("tool", "shell")
-		h.sched.Touch(r) // and the runner never returns
+		r.StepStarted("tool", "shell") // and the runner never returns
 		faketime.Advance(time.Minute)
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@5s", "force_finalized:step_timeout@8s"})
@@ -288,7 +280,6 @@ func TestKillswitches(t *testing.T) {
 				h := newHarness(t, tt.p)
 				r := h.start(t, "r1", st(5*time.Second, 9*time.Second, 0, 2*time.Second))
 				r.StepStarted("tool", "shell")
-				h.sched.Touch(r)
 				faketime.Advance(11 * time.Second)
 				synctest.Wait()
 				equal(t, h.rec.kinds(), tt.want)
@@ -325,3 +316,77 @@ func TestFarDeadlinesCauseNoWakeups(t *testing.T) {
 }
 
 func ptr(f float64) *float64 { return &f }
+
+// TestTouchDuringLookKeepsTheEarlierTime: the scheduler looks at a run (its
+// step just completed, so only the 1h wall clock is ahead), and between its
+// decision and its re-arm the runner starts the next step, whose progress
+// notice is due in 1s. The look's re-arm, made from the older view, must not
+// move the run back to 1h: the user gets the notice at 2s.
+func TestTouchDuringLookKeepsTheEarlierTime(t *testing.T) {
+	var r *abort.Run
+	raced := false
+	testHookLookDecided = func(x *abort.Run) {
+		if x == r && !raced {
+			raced = true
+			r.StepStarted("tool", "fetch_page") // on the runner's side: StepStarted then its Touch
+		}
+	}
+	defer func() { testHookLookDecided = nil }()
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, on)
+		r = h.start(t, "r1", st(0, time.Hour, 0, time.Second)) // no step timeout; progress after 1s
+		r.StepStarted("tool", "search")
+		faketime.Advance(500 * time.Millisecond)
+		r.StepCompleted("tool", "search") // lazy: the run stays armed for 1s
+		faketime.Advance(3 * time.Second)
+		synctest.Wait()
+		if !raced {
+			t.Fatal("the look never ran")
+		}
+		equal(t, h.rec.kinds(), []string{"progress@2s", "progress@3s"})
+	})
+}
+
+// TestAbortFromOutsideArmsTheGrace: an abort not made by the scheduler (a
+// shutdown, a user's /stop) starts the abort grace; a runner that ignores it
+// is force-finalized when the grace ends, not at the far wall clock.
+func TestAbortFromOutsideArmsTheGrace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, on)
+		r := h.start(t, "r1", st(0, time.Hour, 0, 0))
+		faketime.Advance(time.Second)
+		ev, ok := r.Abort(event.ReasonShutdown)
+		if !ok {
+			t.Fatal("abort lost")
+		}
+		r.Publish(h.rec.publish, ev)
+		faketime.Advance(time.Minute)
+		synctest.Wait()
+		equal(t, h.rec.kinds(), []string{"aborted:shutdown@1s", "force_finalized:shutdown@4s"})
+	})
+}
+
+// TestLivenessResetsNeverMoveTheStepDeadlineEarlier: a step completes while
+// the run is paused, then the run resumes and heartbeats. The window
+// restarts at the resume (progress was made during the pause), then at the
+// heartbeat; the abort comes 5s after the heartbeat, on time.
+func TestLivenessResetsNeverMoveTheStepDeadlineEarlier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, on)
+		r := h.start(t, "r1", st(5*time.Second, time.Hour, 0, 0))
+		r.StepStarted("tool", "ask_human")
+		r.Pause()
+		faketime.Advance(10 * time.Second)
+		r.StepCompleted("tool", "ask_human") // progress while paused
+		faketime.Advance(10 * time.Second)
+		r.Resume() // at 20s: the window restarts: due at 25s
+		if u := r.Snapshot().UntilStep; u != 5*time.Second {
+			t.Fatalf("after the resume the step deadline is %v away, want 5s", u)
+		}
+		faketime.Advance(2 * time.Second)
+		r.Heartbeat() // at 22s: due at 27s
+		faketime.Advance(time.Minute)
+		synctest.Wait()
+		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@27s", "force_finalized:step_timeout@30s"})
+	})
+}

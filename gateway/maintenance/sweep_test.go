@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/turnguard/turnguard/gateway/event"
@@ -21,9 +22,11 @@ type sweepRegistry struct {
 }
 
 type sweepEntry struct {
-	cancel   context.CancelCauseFunc
-	deadline time.Duration // since epoch
-	reason   event.StopReason
+	cancel       context.CancelCauseFunc
+	deadline     time.Duration // wall clock, since epoch
+	stepTimeout  time.Duration // 0 = none
+	lastProgress atomic.Int64  // since epoch; the progress reset is one store
+	reason       event.StopReason
 }
 
 func newSweepRegistry(onAbort func(id string, deadline, now time.Duration)) *sweepRegistry {
@@ -32,12 +35,24 @@ func newSweepRegistry(onAbort func(id string, deadline, now time.Duration)) *swe
 
 func (s *sweepRegistry) now() time.Duration { return time.Since(s.epoch) }
 
-func (s *sweepRegistry) register(id string, timeout time.Duration) {
-	_, cancel := context.WithCancelCause(context.Background())
-	s.mu.Lock()
-	s.entries[id] = &sweepEntry{cancel: cancel, deadline: s.now() + timeout, reason: event.ReasonTimeout}
-	s.mu.Unlock()
+func (s *sweepRegistry) register(id string, timeout time.Duration) *sweepEntry {
+	return s.registerStep(id, timeout, 0)
 }
+
+// registerStep registers a turn with a step (liveness) timeout too.
+func (s *sweepRegistry) registerStep(id string, timeout, stepTimeout time.Duration) *sweepEntry {
+	_, cancel := context.WithCancelCause(context.Background())
+	now := s.now()
+	e := &sweepEntry{cancel: cancel, deadline: now + timeout, stepTimeout: stepTimeout, reason: event.ReasonTimeout}
+	e.lastProgress.Store(int64(now))
+	s.mu.Lock()
+	s.entries[id] = e
+	s.mu.Unlock()
+	return e
+}
+
+// stepCompleted is the progress reset: one atomic store, found at the next pass.
+func (s *sweepRegistry) stepCompleted(e *sweepEntry) { e.lastProgress.Store(int64(s.now())) }
 
 // sweep is one pass: O(n) under the lock, whatever is due.
 func (s *sweepRegistry) sweep() {
@@ -46,11 +61,15 @@ func (s *sweepRegistry) sweep() {
 	s.sweeps++
 	now := s.now()
 	for id, e := range s.entries {
-		if now >= e.deadline {
+		due := e.deadline
+		if e.stepTimeout > 0 {
+			due = min(due, time.Duration(e.lastProgress.Load())+e.stepTimeout)
+		}
+		if now >= due {
 			e.cancel(nil)
 			delete(s.entries, id)
 			if s.onAbort != nil {
-				s.onAbort(id, e.deadline, s.now())
+				s.onAbort(id, due, s.now())
 			}
 		}
 	}
