@@ -74,6 +74,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		return a, err
 	}
 	recoverInterrupted(sctx, a.store, cfg, log)
+	killLeftoverAgents(cfg, log)
 
 	runners, err := buildRunners(cfg, log)
 	if err != nil {
@@ -255,7 +256,8 @@ func buildRunners(cfg *config.Config, log *slog.Logger) (map[string]runner.Runne
 			out[name] = r
 		case config.RunnerExec:
 			grace := max(cfg.TurnSettings(config.ChannelWS, 0).AbortGrace, cfg.TurnSettings(config.ChannelTelegram, 0).AbortGrace)
-			r, err := execrunner.New(cfg.Agents.Exec, grace, log.With("runner", name))
+			r, err := execrunner.New(cfg.Agents.Exec, grace, log.With("runner", name),
+				execrunner.WithInstance(execrunner.InstanceID(cfg.Store.Path)))
 			if err != nil {
 				return nil, fmt.Errorf("runner exec: %w", err)
 			}
@@ -265,6 +267,19 @@ func buildRunners(cfg *config.Config, log *slog.Logger) (map[string]runner.Runne
 		}
 	}
 	return out, nil
+}
+
+// killLeftoverAgents kills the exec agents a previous process on the same
+// store left running that its shims could not kill (see runner/exec: a
+// process tagged with this store's instance id), before any turn starts.
+func killLeftoverAgents(cfg *config.Config, log *slog.Logger) {
+	n, err := execrunner.KillInstance(execrunner.InstanceID(cfg.Store.Path))
+	switch {
+	case err != nil && !errors.Is(err, errors.ErrUnsupported):
+		log.Error("cannot look for agent processes left by the last stop", "error", err)
+	case n > 0:
+		log.Warn("killed agent processes left running by the last stop", "count", n)
+	}
 }
 
 // storeHistory loads a session's stored history for the engine.

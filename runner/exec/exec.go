@@ -6,7 +6,8 @@
 // with the user's message on stdin (then closed) and this environment: the
 // gateway's own without its GATEWAY_* configuration variables (see
 // Environ), then agents.exec.env, then TURNGUARD_RUN_ID,
-// TURNGUARD_SESSION_KEY and TURNGUARD_CHANNEL describing the turn. Every
+// TURNGUARD_SESSION_KEY and TURNGUARD_CHANNEL describing the turn, and the
+// run tag TURNGUARD_RUN (see Process). Every
 // stderr line goes to the log with the run id (never the environment).
 //
 // Stdout is read line by line in one of two formats (agents.exec.format):
@@ -32,7 +33,10 @@
 // command has not exited abortGrace later, SIGKILL; Run then returns the text
 // streamed so far and ctx.Err(). After a final or error event the command
 // has abortGrace to exit on its own before it is stopped the same way. When
-// the command exits, whatever is left of its process group is killed.
+// the command exits, whatever is left of its process group is killed, and so
+// is every process carrying the run's tag (RunTagEnv; also those that left
+// the group with setsid). On Linux the group is led by a shim that kills it
+// all when the gateway dies (see Process).
 package exec
 
 import (
@@ -82,6 +86,7 @@ type Runner struct {
 	format string
 	grace  time.Duration
 	log    *slog.Logger
+	inst   string // gateway instance of the run tags; "" = this process's
 
 	malformed atomic.Uint64
 }
@@ -105,12 +110,19 @@ func (e *ExitError) Error() string {
 	return s
 }
 
+// Option configures a Runner.
+type Option func(*Runner)
+
+// WithInstance sets the gateway instance id that starts every run tag (see
+// InstanceID and Tag); without it the tags use a random id of this process.
+func WithInstance(id string) Option { return func(r *Runner) { r.inst = id } }
+
 // New validates cfg and returns a runner. abortGrace is how long an aborted
 // command has between SIGTERM and SIGKILL (≤ 0: the default abortGraceSeconds,
 // 10s); log receives stderr and protocol problems (nil: discard). The
 // command must exist (looked up in PATH when it has no slash; a relative path
 // is relative to workdir); workdir, if set, must be a directory.
-func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger) (*Runner, error) {
+func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger, opts ...Option) (*Runner, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -118,6 +130,9 @@ func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger) (*Runner, 
 		abortGrace = timeout.DefaultAbortGraceSeconds * time.Second
 	}
 	r := &Runner{args: slices.Clone(cfg.Args), grace: abortGrace, log: log}
+	for _, o := range opts {
+		o(r)
+	}
 
 	switch f := strings.TrimSpace(cfg.Format); f {
 	case "", FormatJSONL:
@@ -227,7 +242,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		"TURNGUARD_SESSION_KEY="+turn.SessionKey,
 		"TURNGUARD_CHANNEL="+turn.Channel)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = pipes[0][0], pipes[1][1], pipes[2][1]
-	p, err := Start(cmd)
+	p, err := StartTagged(cmd, Tag(r.inst, turn.RunID))
 	// The child has its copies; keep only our ends.
 	for _, f := range []*os.File{pipes[0][0], pipes[1][1], pipes[2][1]} {
 		f.Close()

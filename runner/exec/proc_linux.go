@@ -1,11 +1,69 @@
 package exec
 
 import (
+	"bytes"
 	"errors"
+	"os"
+	osexec "os/exec"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
+
+// shimScript is the group leader every command runs under on Linux (see
+// Start). It is started with a parent-death signal (deathSignal), which the
+// kernel delivers to it — and only to it — when the gateway dies, however it
+// dies. Its trap then kills every process carrying the command's run tag
+// (also those that left the group with setsid) and its whole process group.
+// It traps SIGTERM with a no-op, so an abort's SIGTERM to the group reaches
+// the command, which has its grace, while the shim waits on; a trap (not an
+// ignore) because an ignored signal would stay ignored in the command. The
+// command runs in the background so that `wait` — which a trapped signal
+// interrupts — can be used; its stdin is passed through fd 9 because sh gives
+// a background command /dev/null (sh also makes the command ignore SIGINT
+// and SIGQUIT, which the gateway never sends). The shim exits with the
+// command's status: its exit code, or the signal that killed it, raised again.
+const shimScript = `m="` + RunTagEnv + `=$` + RunTagEnv + `"
+trap 'trap "" USR1
+if [ -n "$` + RunTagEnv + `" ]; then
+	for f in $(grep -lsxzF -e "$m" /proc/[0-9]*/environ); do
+		p=${f#/proc/}; p=${p%/environ}
+		[ "$p" = "$$" ] || kill -s KILL "$p" 2>/dev/null
+	done
+fi
+kill -s KILL 0' USR1
+trap : TERM
+exec 9<&0
+"$@" 0<&9 9<&- &
+pid=$!
+exec 9<&-
+while :; do
+	wait "$pid" 2>/dev/null; st=$?
+	kill -0 "$pid" 2>/dev/null || break
+done
+if [ "$st" -gt 128 ]; then
+	trap - TERM USR1
+	kill -s "$((st - 128))" "$$" 2>/dev/null
+fi
+exit "$st"`
+
+// deathSignal is the signal the shim gets when the gateway dies.
+const deathSignal = syscall.SIGUSR1
+
+// shimArg0 names the shim in ps output.
+const shimArg0 = "turnguard-shim"
+
+// wrap makes cmd run under the shim: /bin/sh -c shimScript turnguard-shim
+// <command path> <args…>. The command's own argv[0] becomes its path.
+func wrap(cmd *osexec.Cmd) {
+	if cmd.Err != nil || cmd.Path == "" {
+		return // Start reports the error
+	}
+	args := append([]string{"/bin/sh", "-c", shimScript, shimArg0, cmd.Path}, cmd.Args[1:]...)
+	cmd.Path, cmd.Args = "/bin/sh", args
+	cmd.SysProcAttr.Pdeathsig = deathSignal
+}
 
 // waitExited blocks until process pid has exited, without reaping it, so its
 // process id (and group id) stays reserved until Wait reaps it.
@@ -17,4 +75,47 @@ func waitExited(pid int) error {
 			return err
 		}
 	}
+}
+
+// killTagged sends SIGKILL to every process but this one whose environment
+// has an entry for which match is true (entries are "KEY=value"), and
+// returns how many it signalled. Processes whose environment cannot be read
+// (another user's) are skipped. Each process is held by a pidfd while its
+// environment is read, so a recycled process id is never signalled.
+func killTagged(match func(entry []byte) bool) (int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	self := os.Getpid()
+	n := 0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // gone, or no pidfd support: skip rather than risk a recycled pid
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err == nil && hasEntry(env, match) && unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
+			n++
+		}
+		unix.Close(fd)
+	}
+	return n, nil
+}
+
+// hasEntry reports whether a NUL-separated environment block has an entry
+// for which match is true.
+func hasEntry(env []byte, match func([]byte) bool) bool {
+	for len(env) > 0 {
+		entry, rest, _ := bytes.Cut(env, []byte{0})
+		if match(entry) {
+			return true
+		}
+		env = rest
+	}
+	return false
 }

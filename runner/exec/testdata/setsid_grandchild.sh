@@ -1,0 +1,10 @@
+#!/bin/sh
+# Starts a grandchild that leaves the process group with setsid (writing its
+# own pid and then the grandchild's to $PIDFILE) and keeps running.
+setsid sleep 60 </dev/null >/dev/null 2>&1 &
+echo $$ > "$PIDFILE.tmp"
+echo $! >> "$PIDFILE.tmp"
+mv "$PIDFILE.tmp" "$PIDFILE"
+echo '{"type":"heartbeat"}'
+sleep 60 &
+wait
