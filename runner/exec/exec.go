@@ -26,8 +26,9 @@
 // fatal. The turn's answer is the final event's text (or, if it has none, the
 // streamed deltas); an error event fails the turn with its message for the
 // user (*runner.UserError). A command that exits without a final or error
-// event fails the turn with an *ExitError naming the exit status and the last
-// stderr lines.
+// event fails the turn with an *ExitError naming the exit status; its last
+// stderr lines are in the error's Stderr field and the log, never in its
+// message (which the user may see).
 //
 // Abort: when ctx is cancelled the process group gets SIGTERM and, if the
 // command has not exited abortGrace later, SIGKILL; Run then returns the text
@@ -94,20 +95,17 @@ type Runner struct {
 var _ runner.Runner = (*Runner)(nil)
 
 // ExitError is the failure of a command that exited without a final or
-// error event.
+// error event. Its message names the exit status only: stderr may hold
+// anything (a traceback with an API key), so the last stderr lines are in
+// Stderr, for the log and operators, never in Error() and never in a
+// *runner.UserError.
 type ExitError struct {
 	Status string   // as the OS reports it: "exit status 3", "signal: killed"
-	Stderr []string // its last stderr lines, oldest first
+	Stderr []string // its last stderr lines, oldest first (operator detail)
 }
 
 func (e *ExitError) Error() string {
-	s := fmt.Sprintf("exec: the agent exited (%s) without a final answer", e.Status)
-	if len(e.Stderr) > 0 {
-		s += "; last stderr: " + strings.Join(e.Stderr, " | ")
-	} else {
-		s += "; no stderr output"
-	}
-	return s
+	return fmt.Sprintf("exec: the agent exited (%s) without a final answer", e.Status)
 }
 
 // Option configures a Runner.
@@ -364,8 +362,9 @@ wait:
 		}
 		return res, nil
 	}
-	log.Warn("exec: agent exited without a final answer", "status", status)
-	return res, &ExitError{Status: status, Stderr: tail.lines()}
+	ee := &ExitError{Status: status, Stderr: tail.lines()}
+	log.Warn("exec: agent exited without a final answer", "status", status, "stderr_tail", ee.Stderr)
+	return res, ee
 }
 
 // readLines calls fn for each line of rd (without its line ending; fn must
