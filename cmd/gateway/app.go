@@ -241,13 +241,16 @@ func usedRunners(cfg *config.Config) []string {
 // not have.
 func buildRunners(cfg *config.Config, log *slog.Logger) (map[string]runner.Runner, error) {
 	out := map[string]runner.Runner{}
+	grace := max(cfg.TurnSettings(config.ChannelWS, 0).AbortGrace, cfg.TurnSettings(config.ChannelTelegram, 0).AbortGrace)
 	for _, name := range usedRunners(cfg) {
 		if _, ok := out[name]; ok {
 			continue
 		}
 		switch name {
 		case config.RunnerDemo:
-			out[name] = demo.New()
+			// A stuck step outlasts the abort grace (the turn is force-finalized)
+			// and then gives up, so it cannot pile up goroutines.
+			out[name] = demo.New(demo.WithStuckFor(grace + 5*time.Second))
 		case config.RunnerOpenAI:
 			r, err := openai.New(cfg.Agents.OpenAI, openai.WithLogger(log.With("runner", name)))
 			if err != nil {
@@ -255,7 +258,6 @@ func buildRunners(cfg *config.Config, log *slog.Logger) (map[string]runner.Runne
 			}
 			out[name] = r
 		case config.RunnerExec:
-			grace := max(cfg.TurnSettings(config.ChannelWS, 0).AbortGrace, cfg.TurnSettings(config.ChannelTelegram, 0).AbortGrace)
 			r, err := execrunner.New(cfg.Agents.Exec, grace, log.With("runner", name),
 				execrunner.WithInstance(execrunner.InstanceID(cfg.Store.Path)))
 			if err != nil {
