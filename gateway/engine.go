@@ -275,6 +275,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	run, err := e.reg.Register(e.baseCtx, abort.Spec{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
 		Settings: cfg.TurnSettings(req.Channel, req.Timeout), Messages: cfg.MessageSet(),
+		MaxReplyChars: cfg.Agents.Defaults.MaxReplyChars,
 	})
 	if err != nil {
 		e.mu.Unlock()
@@ -323,7 +324,7 @@ func (e *Engine) runTurn(rn runner.Runner, run *abort.Run, t runner.Turn) {
 		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run})
 	}()
 	run.MarkReturned()
-	text := res.Text
+	text := run.CapReply(res.Text) // agents.defaults.maxReplyChars, with a marker
 	if text == "" {
 		text = run.Text()
 	}
