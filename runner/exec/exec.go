@@ -8,7 +8,8 @@
 // Environ), then agents.exec.env, then TURNGUARD_RUN_ID,
 // TURNGUARD_SESSION_KEY and TURNGUARD_CHANNEL describing the turn, and the
 // run tag TURNGUARD_RUN (see Process). Every
-// stderr line goes to the log with the run id (never the environment).
+// stderr line goes to the log with the run id (never the environment), up to
+// maxLoggedStderr lines per turn.
 //
 // Stdout is read line by line in one of two formats (agents.exec.format):
 //
@@ -23,7 +24,11 @@
 //     --output-format stream-json (see claude.go for the mapping).
 //
 // A line that cannot be understood is logged and counted (Malformed), never
-// fatal. The turn's answer is the final event's text (or, if it has none, the
+// fatal; a line longer than maxLine (4 MiB) fails the turn with a
+// *runner.UserError and stops the command at once. Per turn at most maxText
+// bytes of streamed text are kept and streamed, and only the first lines of
+// stderr and of malformed output are logged one by one (then one summary
+// record with the count). The turn's answer is the final event's text (or, if it has none, the
 // streamed deltas); an error event fails the turn with its message for the
 // user (*runner.UserError). A command that exits without a final or error
 // event fails the turn with an *ExitError naming the exit status; its last
@@ -70,8 +75,20 @@ const (
 )
 
 const (
-	stderrKeep = 10       // stderr lines kept for an ExitError
-	maxLine    = 16 << 20 // longest stdout line parsed
+	stderrKeep = 10 // stderr lines kept for an ExitError
+	// maxLine is the longest stdout line accepted: a longer one fails the
+	// turn (the agent is stopped) rather than being buffered. Longer stderr
+	// lines are cut.
+	maxLine = 4 << 20
+	// maxText bounds the streamed text a turn keeps (and streams on): the
+	// engine caps the reply at agents.defaults.maxReplyChars (at most
+	// 1,000,000 characters, ≤ 4 MiB), so nothing past this could be shown.
+	maxText = 4 << 20
+	// Per turn, the first maxLoggedStderr stderr lines and the first
+	// maxLoggedLines malformed or ignored stdout lines are logged one by
+	// one; the rest are counted in one summary record when the turn ends.
+	maxLoggedStderr = 100
+	maxLoggedLines  = 20
 	// drainWait bounds how long output is still read after the command
 	// exited (a process that escaped the group may hold the pipes open).
 	drainWait = 2 * time.Second
@@ -260,11 +277,14 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	})
 	tail := &stderrTail{}
 	stderrDone := make(chan struct{})
+	stderrLines := 0 // written by the stderr goroutine, read after stderrDone
 	go func() {
 		defer close(stderrDone)
 		readLines(stderrR, func(line []byte, tooLong bool) {
 			s := cut(string(line), 2000)
-			log.Info("exec: agent stderr", "line", s)
+			if stderrLines++; stderrLines <= maxLoggedStderr {
+				log.Info("exec: agent stderr", "line", s)
+			}
 			tail.add(s)
 		})
 	}()
@@ -274,7 +294,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		defer close(stdoutDone)
 		readLines(stdoutR, func(line []byte, tooLong bool) {
 			if tooLong {
-				st.malformed(fmt.Sprintf("line longer than %d bytes", maxLine), line)
+				st.tooLong()
 				return
 			}
 			st.line(line)
@@ -312,7 +332,11 @@ wait:
 			terminate("aborted")
 		case <-terminal:
 			terminal = nil
-			lingerC = time.After(r.grace)
+			if st.lineTooLong { // set before terminal was closed
+				terminate("output line too long")
+			} else {
+				lingerC = time.After(r.grace)
+			}
 		case <-lingerC:
 			lingerC = nil
 			terminate("still running after its final answer")
@@ -346,7 +370,16 @@ wait:
 	status := p.State().String()
 	if n := st.malformedCount; n > 0 {
 		r.malformed.Add(uint64(n))
-		log.Warn("exec: malformed output lines", "count", n)
+		log.Warn("exec: malformed output lines", "count", n, "not_logged", max(0, n-maxLoggedLines))
+	}
+	if n := st.ignoredCount - maxLoggedLines; n > 0 {
+		log.Debug("exec: more output lines ignored", "count", n)
+	}
+	if n := stderrLines - maxLoggedStderr; n > 0 {
+		log.Warn("exec: agent stderr lines not logged (per-turn limit)", "count", n, "logged", maxLoggedStderr)
+	}
+	if st.textDropped > 0 {
+		log.Warn("exec: streamed text over the limit dropped", "bytes", st.textDropped, "limit", maxText)
 	}
 	res := runner.Result{Text: st.reply()}
 	switch {
@@ -368,29 +401,32 @@ wait:
 }
 
 // readLines calls fn for each line of rd (without its line ending; fn must
-// not keep the slice). A line longer than maxLine is passed truncated, with
-// tooLong set.
+// not keep the slice). A line longer than maxLine is passed as soon as it
+// is known to be too long — its first maxLine bytes, with tooLong set — and
+// the rest of it is skipped, so memory stays bounded and a line without an
+// end does not wedge the reader.
 func readLines(rd io.Reader, fn func(line []byte, tooLong bool)) {
 	br := bufio.NewReaderSize(rd, 64<<10)
 	var buf []byte
-	tooLong := false
+	skipping := false // the rest of a line already passed as too long
 	for {
 		part, err := br.ReadSlice('\n')
-		if !tooLong {
-			if len(buf)+len(part) > maxLine {
-				tooLong = true
-				buf = append(buf, part[:maxLine-len(buf)]...)
-			} else {
-				buf = append(buf, part...)
-			}
+		switch {
+		case skipping:
+		case len(buf)+len(part) > maxLine:
+			buf = append(buf, part[:maxLine-len(buf)]...)
+			fn(buf, true)
+			skipping = true
+		default:
+			buf = append(buf, part...)
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
 		}
-		if len(buf) > 0 {
-			fn(trimNL(buf), tooLong)
+		if !skipping && len(buf) > 0 {
+			fn(trimNL(buf), false)
 		}
-		buf, tooLong = buf[:0], false
+		buf, skipping = buf[:0], false
 		if err != nil {
 			return
 		}
