@@ -4,7 +4,9 @@ package exec_test
 // tests run real processes; waits on them are bounded real time.
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"errors"
 	"os"
 	osexec "os/exec"
@@ -76,33 +78,83 @@ func TestSetsidGrandchildKilledOnAbort(t *testing.T) {
 	waitGone(t, pids[1]) // the setsid grandchild
 }
 
-// TestShimKillsEverythingWhenGatewayDies: the kernel's parent-death signal
-// makes the shim kill the agent's process group and its setsid grandchild.
-// The gateway's death is simulated by sending the shim that signal (the
-// built-binary test in cmd/gateway kills a real gateway).
+// TestHelperGateway is not a test: run by TestShimKillsEverythingWhenGatewayDies
+// as a separate process (a stand-in for the gateway), it starts the agent
+// script under the shim and waits to be killed.
+func TestHelperGateway(t *testing.T) {
+	pidfile := os.Getenv("TURNGUARD_TEST_HELPER_PIDFILE")
+	if pidfile == "" {
+		t.Skip("helper process only")
+	}
+	cmd := osexec.Command(script("setsid_grandchild.sh"))
+	cmd.Env = exec.Environ("PIDFILE=" + pidfile)
+	if _, err := exec.StartTagged(cmd, exec.Tag("", "death-test")); err != nil {
+		t.Fatal(err)
+	}
+	select {} // until killed
+}
+
+// TestShimKillsEverythingWhenGatewayDies: when the process that started an
+// agent dies by SIGKILL, the kernel's parent-death signal makes the shim
+// kill the agent's process group and its setsid grandchild within a second.
 func TestShimKillsEverythingWhenGatewayDies(t *testing.T) {
 	linuxOnly(t)
 	pidfile := filepath.Join(t.TempDir(), "pids")
-	cmd := osexec.Command(script("setsid_grandchild.sh"))
-	cmd.Env = exec.Environ("PIDFILE=" + pidfile)
-	p, err := exec.StartTagged(cmd, exec.Tag("", "death-test"))
-	if err != nil {
+	gw := osexec.Command(os.Args[0], "-test.run=^TestHelperGateway$")
+	gw.Env = append(os.Environ(), "TURNGUARD_TEST_HELPER_PIDFILE="+pidfile)
+	if err := gw.Start(); err != nil {
 		t.Fatal(err)
 	}
 	pids := readPids(t, pidfile, 2)
-	if err := syscall.Kill(p.Pid(), syscall.SIGUSR1); err != nil { // what PR_SET_PDEATHSIG sends
+	group, err := syscall.Getpgid(pids[0])
+	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-p.Done():
-	case <-time.After(10 * time.Second): // real time: a real process
-		t.Fatal("the shim did not exit on the parent-death signal")
+	defer syscall.Kill(-group, syscall.SIGKILL)
+	defer syscall.Kill(pids[1], syscall.SIGKILL)
+
+	if err := gw.Process.Kill(); err != nil {
+		t.Fatal(err)
 	}
-	if got := p.State().String(); got != "signal: killed" {
-		t.Errorf("shim ended with %q, want signal: killed", got)
+	_ = gw.Wait()
+	killed := time.Now()
+	for _, pid := range []int{group, pids[0], pids[1]} { // shim, agent, setsid grandchild
+		for syscall.Kill(pid, 0) == nil && !zombie(pid) {
+			if time.Since(killed) > time.Second {
+				t.Fatalf("process %d still runs 1s after its gateway was killed (shim %d, agent %d, setsid grandchild %d)", pid, group, pids[0], pids[1])
+			}
+			time.Sleep(5 * time.Millisecond) // real time: the kernel and the shim kill other processes
+		}
 	}
-	waitGone(t, pids[0])
-	waitGone(t, pids[1])
+}
+
+// TestShimIgnoresSIGUSR1WhileParentLives: the death trap acts only once the
+// shim's parent is gone, so a SIGUSR1 the agent sends its own group (or
+// anyone sends the shim) kills nothing.
+func TestShimIgnoresSIGUSR1WhileParentLives(t *testing.T) {
+	linuxOnly(t)
+	cmd := osexec.Command("/bin/sh", "-c", "trap '' USR1; echo up; kill -s USR1 0; sleep 0.3; echo still")
+	cmd.Env = exec.Environ()
+	var out strings.Builder
+	cmd.Stdout = &out
+	p, err := exec.Start(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Wait()
+	if got := p.State().String(); got != "exit status 0" || out.String() != "up\nstill\n" {
+		t.Errorf("status %q, output %q; want the command to finish", got, out.String())
+	}
+}
+
+// zombie reports whether pid is a zombie (dead, not yet reaped).
+func zombie(pid int) bool {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(st, ')')
+	return i > 0 && bytes.HasPrefix(st[i+1:], []byte(" Z"))
 }
 
 // TestShimKeepsStdioAndStatus: the shim between the gateway and the command

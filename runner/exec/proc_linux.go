@@ -6,6 +6,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -22,17 +23,23 @@ import (
 // command runs in the background so that `wait` — which a trapped signal
 // interrupts — can be used; its stdin is passed through fd 9 because sh gives
 // a background command /dev/null (sh also makes the command ignore SIGINT
-// and SIGQUIT, which the gateway never sends). The shim exits with the
+// and SIGQUIT, which the gateway never sends). The trap acts only when the
+// shim's parent has changed (the kernel reparents before it signals), so a
+// SIGUSR1 the command sends its own group does nothing. Without /bin/sh
+// (a minimal container) commands run without the shim. The shim exits with the
 // command's status: its exit code, or the signal that killed it, raised again.
 const shimScript = `m="` + RunTagEnv + `=$` + RunTagEnv + `"
-trap 'trap "" USR1
+trap 'read -r _ _ _ pp _ </proc/$$/stat
+if [ "$pp" != "$PPID" ]; then
+trap "" USR1
 if [ -n "$` + RunTagEnv + `" ]; then
 	for f in $(grep -lsxzF -e "$m" /proc/[0-9]*/environ); do
 		p=${f#/proc/}; p=${p%/environ}
 		[ "$p" = "$$" ] || kill -s KILL "$p" 2>/dev/null
 	done
 fi
-kill -s KILL 0' USR1
+kill -s KILL 0
+fi' USR1
 trap : TERM
 exec 9<&0
 "$@" 0<&9 9<&- &
@@ -48,6 +55,12 @@ if [ "$st" -gt 128 ]; then
 fi
 exit "$st"`
 
+// haveSh reports whether /bin/sh exists.
+var haveSh = sync.OnceValue(func() bool {
+	_, err := os.Stat("/bin/sh")
+	return err == nil
+})
+
 // deathSignal is the signal the shim gets when the gateway dies.
 const deathSignal = syscall.SIGUSR1
 
@@ -57,7 +70,7 @@ const shimArg0 = "turnguard-shim"
 // wrap makes cmd run under the shim: /bin/sh -c shimScript turnguard-shim
 // <command path> <args…>. The command's own argv[0] becomes its path.
 func wrap(cmd *osexec.Cmd) {
-	if cmd.Err != nil || cmd.Path == "" {
+	if cmd.Err != nil || cmd.Path == "" || !haveSh() {
 		return // Start reports the error
 	}
 	args := append([]string{"/bin/sh", "-c", shimScript, shimArg0, cmd.Path}, cmd.Args[1:]...)
