@@ -74,8 +74,14 @@ func TestSetsidGrandchildKilledOnAbort(t *testing.T) {
 	if !errors.Is(o.err, context.Canceled) {
 		t.Errorf("err = %v, want context.Canceled", o.err)
 	}
-	waitGone(t, pids[0]) // the agent
-	waitGone(t, pids[1]) // the setsid grandchild
+	// When Run returns, nothing of the turn still runs: no polling.
+	for _, pid := range pids { // the agent, the setsid grandchild
+		if syscall.Kill(pid, 0) == nil && !zombie(pid) {
+			t.Errorf("process %d still runs after Run returned", pid)
+		}
+	}
+	waitGone(t, pids[0])
+	waitGone(t, pids[1])
 }
 
 // TestHelperGateway is not a test: run by TestShimKillsEverythingWhenGatewayDies

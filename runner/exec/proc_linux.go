@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -90,18 +91,73 @@ func waitExited(pid int) error {
 	}
 }
 
+// exitWait bounds how long killGroup and killTagged wait for the processes
+// they killed to exit.
+const exitWait = time.Second
+
+// killGroup sends SIGKILL to process group pgid and waits (at most
+// exitWait) until the processes that were in it have exited, so that when a
+// Process is done nothing of its group still runs. (A SIGKILL takes effect
+// when its target next runs; the shim, killed with the group, may be reaped
+// before the command is gone.)
+func killGroup(pgid int) {
+	fds := pidfds(func(pid string) bool { return pgrpOf(pid) == pgid })
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	waitPidfds(fds)
+}
+
+// pgrpOf returns the process group of /proc/<pid>, or -1.
+func pgrpOf(pid string) int {
+	st, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return -1
+	}
+	// "pid (comm) state ppid pgrp …"; comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(st, ')')
+	if i < 0 {
+		return -1
+	}
+	f := bytes.Fields(st[i+1:])
+	if len(f) < 3 {
+		return -1
+	}
+	g, err := strconv.Atoi(string(f[2]))
+	if err != nil {
+		return -1
+	}
+	return g
+}
+
 // killTagged sends SIGKILL to every process but this one whose environment
-// has an entry for which match is true (entries are "KEY=value"), and
-// returns how many it signalled. Processes whose environment cannot be read
-// (another user's) are skipped. Each process is held by a pidfd while its
-// environment is read, so a recycled process id is never signalled.
+// has an entry for which match is true (entries are "KEY=value"), waits (at
+// most exitWait) until they have exited, and returns how many it signalled.
+// Processes whose environment cannot be read (another user's) are skipped.
 func killTagged(match func(entry []byte) bool) (int, error) {
+	fds := pidfds(func(pid string) bool {
+		env, err := os.ReadFile("/proc/" + pid + "/environ")
+		return err == nil && hasEntry(env, match)
+	})
+	n := 0
+	for _, fd := range fds {
+		if unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
+			n++
+		}
+	}
+	waitPidfds(fds)
+	return n, nil
+}
+
+// pidfds returns a pidfd of every process but this one for which match is
+// true. Each process is held by its pidfd while match looks at it, so a
+// recycled process id is never signalled or waited for. Processes without a
+// pidfd (gone, or a kernel before 5.3) are skipped.
+func pidfds(match func(pid string) bool) []int {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, err
+		return nil
 	}
 	self := os.Getpid()
-	n := 0
+	var fds []int
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == self {
@@ -109,15 +165,34 @@ func killTagged(match func(entry []byte) bool) (int, error) {
 		}
 		fd, err := unix.PidfdOpen(pid, 0)
 		if err != nil {
-			continue // gone, or no pidfd support: skip rather than risk a recycled pid
+			continue
 		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err == nil && hasEntry(env, match) && unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
-			n++
+		if match(e.Name()) {
+			fds = append(fds, fd)
+		} else {
+			unix.Close(fd)
+		}
+	}
+	return fds
+}
+
+// waitPidfds waits until each process has exited (its pidfd is readable),
+// for at most exitWait in all, and closes the pidfds.
+func waitPidfds(fds []int) {
+	deadline := time.Now().Add(exitWait)
+	for _, fd := range fds {
+		for {
+			ms := int(time.Until(deadline).Milliseconds())
+			if ms <= 0 {
+				break
+			}
+			_, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
+			if !errors.Is(err, syscall.EINTR) {
+				break
+			}
 		}
 		unix.Close(fd)
 	}
-	return n, nil
 }
 
 // hasEntry reports whether a NUL-separated environment block has an entry

@@ -5,6 +5,7 @@ package exec
 import (
 	"errors"
 	osexec "os/exec"
+	"syscall"
 )
 
 // wrap does nothing here: there is no parent-death signal, so a command may
@@ -18,3 +19,6 @@ func waitExited(pid int) error { return errors.ErrUnsupported }
 // killTagged is not available here: processes that left their group are not
 // found.
 func killTagged(match func(entry []byte) bool) (int, error) { return 0, errors.ErrUnsupported }
+
+// killGroup sends SIGKILL to process group pgid.
+func killGroup(pgid int) { _ = syscall.Kill(-pgid, syscall.SIGKILL) }

@@ -21,7 +21,8 @@ import (
 // reaches the command and everything it started (children, grandchildren),
 // and so that nothing of the group outlives the command: when the command
 // exits, what is left of its group is killed with SIGKILL before the command
-// is reaped. (On Linux this is race-free: the group is signalled while the
+// is reaped, and Done waits (up to a second) until those processes have
+// exited. (On Linux this is race-free: the group is signalled while the
 // exited leader still holds its process id. Elsewhere leftovers are not
 // killed after a normal exit.) The openai runner's command tools use it too.
 //
@@ -82,8 +83,10 @@ func (p *Process) wait() {
 	if waitExited(p.pid) == nil {
 		p.mu.Lock()
 		p.exited = true
-		_ = syscall.Kill(-p.pid, syscall.SIGKILL) // leftovers of the group
 		p.mu.Unlock()
+		// Leftovers of the group. The exited leader is not reaped yet, so
+		// its process (and group) id cannot be recycled meanwhile.
+		killGroup(p.pid)
 	}
 	if p.tag != "" {
 		// Leftovers that left the group (setsid).
