@@ -106,22 +106,13 @@ func killGroup(pgid int) {
 	waitPidfds(fds)
 }
 
-// pgrpOf returns the process group of /proc/<pid>, or -1.
+// pgrpOf returns the process group of process pid, or -1.
 func pgrpOf(pid string) int {
-	st, err := os.ReadFile("/proc/" + pid + "/stat")
+	n, err := strconv.Atoi(pid)
 	if err != nil {
 		return -1
 	}
-	// "pid (comm) state ppid pgrp …"; comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(st, ')')
-	if i < 0 {
-		return -1
-	}
-	f := bytes.Fields(st[i+1:])
-	if len(f) < 3 {
-		return -1
-	}
-	g, err := strconv.Atoi(string(f[2]))
+	g, err := syscall.Getpgid(n)
 	if err != nil {
 		return -1
 	}
@@ -148,8 +139,9 @@ func killTagged(match func(entry []byte) bool) (int, error) {
 }
 
 // pidfds returns a pidfd of every process but this one for which match is
-// true. Each process is held by its pidfd while match looks at it, so a
-// recycled process id is never signalled or waited for. Processes without a
+// true. match is asked again once the pidfd is open, so the pidfd holds a
+// process that matched: a recycled process id is never signalled or waited
+// for. Processes without a
 // pidfd (gone, or a kernel before 5.3) are skipped.
 func pidfds(match func(pid string) bool) []int {
 	ents, err := os.ReadDir("/proc")
@@ -163,11 +155,14 @@ func pidfds(match func(pid string) bool) []int {
 		if err != nil || pid == self {
 			continue
 		}
+		if !match(e.Name()) {
+			continue
+		}
 		fd, err := unix.PidfdOpen(pid, 0)
 		if err != nil {
 			continue
 		}
-		if match(e.Name()) {
+		if match(e.Name()) { // still: the pidfd holds the process that matched
 			fds = append(fds, fd)
 		} else {
 			unix.Close(fd)
