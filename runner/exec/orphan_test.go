@@ -69,6 +69,11 @@ func TestSetsidGrandchildKilledOnAbort(t *testing.T) {
 	ch := start(ctx, r, "", rec)
 	rec.waitFor(t, "heartbeat")
 	pids := readPids(t, pidfile, 2)
+	if g0, _ := syscall.Getpgid(pids[0]); g0 != 0 {
+		if g1, _ := syscall.Getpgid(pids[1]); g1 == g0 {
+			t.Fatal("the grandchild did not leave the agent's process group")
+		}
+	}
 	cancel()
 	o := await(t, ch)
 	if !errors.Is(o.err, context.Canceled) {

@@ -5,6 +5,8 @@
 sleep 600 </dev/null >/dev/null 2>&1 &
 child=$!
 setsid sleep 600 </dev/null >/dev/null 2>&1 &
+# setsid(1) calls setsid(2) and then execs sleep: wait for the exec.
+until [ "$(cat /proc/$!/comm 2>/dev/null)" = sleep ]; do sleep 0.01; done
 echo "$$ $child $!" > "$PIDFILE.tmp"
 mv "$PIDFILE.tmp" "$PIDFILE"
 echo '{"type":"step_start","kind":"tool","name":"hang"}'
