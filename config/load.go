@@ -84,6 +84,7 @@ func defaults() map[string]any {
 		"server.maxAnswerBytes":     1 << 20,
 
 		"agents.defaults.runner":                     RunnerDemo,
+		"agents.defaults.maxReplyChars":              100000,
 		"agents.openai.maxSteps":                     8,
 		"agents.openai.llmIdleTimeoutSeconds":        120.0,
 		"agents.openai.tools.httpGet.maxBytes":       1 << 20,

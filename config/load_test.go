@@ -51,7 +51,7 @@ func TestDefaults(t *testing.T) {
 			MaxSessions: 10000, SessionIdleSeconds: 3600, MaxStuckRuns: 16,
 		},
 		Agents: Agents{
-			Defaults: AgentDefaults{Runner: "demo"},
+			Defaults: AgentDefaults{Runner: "demo", MaxReplyChars: 100000},
 			OpenAI: OpenAI{MaxSteps: 8, LLMIdleTimeoutSeconds: 120,
 				Tools: OpenAITools{HTTPGet: HTTPGetTool{MaxBytes: 1 << 20, TimeoutSeconds: 20}}},
 			Exec: Exec{Format: "jsonl"},

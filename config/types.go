@@ -58,11 +58,16 @@ type Agents struct {
 	Exec     Exec          `koanf:"exec"`
 }
 
-// AgentDefaults are the timeout keys shared by all channels, and the runner.
+// AgentDefaults are the timeout keys shared by all channels, the runner and
+// the reply cap.
 type AgentDefaults struct {
-	timeout.Keys `koanf:",squash"`
-	Runner       string `koanf:"runner"` // demo | openai | exec; default demo
+	timeout.Keys  `koanf:",squash"`
+	Runner        string `koanf:"runner"`        // demo | openai | exec; default demo
+	MaxReplyChars int    `koanf:"maxReplyChars"` // longest reply kept, in characters; default 100000, at most MaxReplyCharsLimit
 }
+
+// MaxReplyCharsLimit is the upper bound of agents.defaults.maxReplyChars.
+const MaxReplyCharsLimit = 1_000_000
 
 // OpenAI configures the OpenAI-compatible Chat Completions runner.
 type OpenAI struct {

@@ -266,6 +266,10 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	p.timeouts("channels.ws.timeouts", c.Channels.WS.Timeouts)
 	p.timeouts("channels.telegram.timeouts", c.Channels.Telegram.Timeouts)
 
+	if r := c.Agents.Defaults.MaxReplyChars; r < 1 || r > MaxReplyCharsLimit {
+		p.add("agents.defaults.maxReplyChars", "must be an integer from 1 to %d, got %d", MaxReplyCharsLimit, r)
+	}
+
 	runners := []string{RunnerDemo, RunnerOpenAI, RunnerExec}
 	p.oneOf("agents.defaults.runner", c.Agents.Defaults.Runner, runners...)
 	if r := c.Channels.WS.Runner; r != "" {

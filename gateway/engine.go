@@ -369,6 +369,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	run, err := e.reg.Register(e.baseCtx, abort.Spec{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
 		Settings: cfg.TurnSettings(req.Channel, req.Timeout), Messages: cfg.MessageSet(),
+		MaxReplyChars: cfg.Agents.Defaults.MaxReplyChars,
 	})
 	if err != nil {
 		e.mu.Unlock()
@@ -432,7 +433,7 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 	// The runner's side of the release; the terminal event's side follows
 	// (Finished below, or an Aborted that was or will be published).
 	e.settle(tr)
-	text := res.Text
+	text := run.CapReply(res.Text) // agents.defaults.maxReplyChars, with a marker
 	if text == "" {
 		text = run.Text()
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/gateway/web"
 	"github.com/turnguard/turnguard/gateway/ws"
+	execrunner "github.com/turnguard/turnguard/runner/exec"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -80,6 +81,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		return a, err
 	}
 	recoverInterrupted(sctx, a.store, cfg, log)
+	killLeftoverAgents(cfg, log)
 
 	a.runners = newRunnerSet(log)
 	if err := a.runners.prepare(cfg); err != nil {
@@ -268,6 +270,19 @@ func (a *app) close() {
 		if err := a.store.Close(); err != nil {
 			a.log.Warn("store close", "error", err)
 		}
+	}
+}
+
+// killLeftoverAgents kills the exec agents a previous process on the same
+// store left running that its shims could not kill (see runner/exec: a
+// process tagged with this store's instance id), before any turn starts.
+func killLeftoverAgents(cfg *config.Config, log *slog.Logger) {
+	n, err := execrunner.KillInstance(execrunner.InstanceID(cfg.Store.Path))
+	switch {
+	case err != nil && !errors.Is(err, errors.ErrUnsupported):
+		log.Error("cannot look for agent processes left by the last stop", "error", err)
+	case n > 0:
+		log.Warn("killed agent processes left running by the last stop", "count", n)
 	}
 }
 

@@ -118,7 +118,10 @@ func runnerSpec(name string, cfg *config.Config) any {
 			Grace time.Duration
 		}{cfg.Agents.Exec, execGrace(cfg)}
 	}
-	return name
+	return struct {
+		Name  string
+		Grace time.Duration
+	}{name, execGrace(cfg)} // demo: its stuck bound follows the grace
 }
 
 // usedRunners lists the runner names a configuration uses:
@@ -142,7 +145,9 @@ func execGrace(cfg *config.Config) time.Duration {
 func buildRunner(name string, cfg *config.Config, log *slog.Logger) (runner.Runner, error) {
 	switch name {
 	case config.RunnerDemo:
-		return demo.New(), nil
+		// A stuck step outlasts the abort grace (the turn is force-finalized)
+		// and then gives up, so it cannot pile up goroutines.
+		return demo.New(demo.WithStuckFor(execGrace(cfg) + 5*time.Second)), nil
 	case config.RunnerOpenAI:
 		r, err := openai.New(cfg.Agents.OpenAI, openai.WithLogger(log.With("runner", name)))
 		if err != nil {
@@ -150,7 +155,8 @@ func buildRunner(name string, cfg *config.Config, log *slog.Logger) (runner.Runn
 		}
 		return r, nil
 	case config.RunnerExec:
-		r, err := execrunner.New(cfg.Agents.Exec, execGrace(cfg), log.With("runner", name))
+		r, err := execrunner.New(cfg.Agents.Exec, execGrace(cfg), log.With("runner", name),
+			execrunner.WithInstance(execrunner.InstanceID(cfg.Store.Path)))
 		if err != nil {
 			return nil, fmt.Errorf("runner exec: %w", err)
 		}

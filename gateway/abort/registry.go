@@ -101,6 +101,9 @@ type Spec struct {
 	ChatRef    string
 	Settings   timeout.Settings
 	Messages   *messages.Set // nil = the built-in texts
+	// MaxReplyChars caps the reply in characters (agents.defaults.maxReplyChars);
+	// ≤ 0 = DefaultMaxReplyChars. See Run.AppendText.
+	MaxReplyChars int
 }
 
 var defaultMessages = messages.MustDefault()
@@ -121,7 +124,10 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 	now := g.now()
 	r := &Run{
 		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef,
-		Settings: spec.Settings, reg: g, msgs: spec.Messages, start: now,
+		Settings: spec.Settings, reg: g, msgs: spec.Messages, start: now, maxReply: spec.MaxReplyChars,
+	}
+	if r.maxReply <= 0 {
+		r.maxReply = DefaultMaxReplyChars
 	}
 	if r.msgs == nil {
 		r.msgs = defaultMessages

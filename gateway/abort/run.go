@@ -2,10 +2,12 @@ package abort
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/turnguard/turnguard/gateway/event"
@@ -104,8 +106,11 @@ type Run struct {
 	pausedAt  atomic.Int64 // 0 = not paused
 	abortedAt atomic.Int64
 
-	mu   sync.Mutex       // orders event publication and guards seq and text
-	text *strings.Builder // streamed reply text; nil until the first delta
+	mu        sync.Mutex       // orders event publication and guards seq and text
+	text      *strings.Builder // streamed reply text; nil until the first delta
+	textChars int              // characters in text
+	truncated bool             // text reached the cap and ends with the marker
+	maxReply  int              // reply cap in characters (Spec.MaxReplyChars)
 }
 
 // stopReasons are the reasons a state word can carry (index 0 = none).
@@ -342,18 +347,74 @@ func (r *Run) Returned() bool { return r.returned.Load() }
 // Released reports whether the run's session is free again.
 func (r *Run) Released() bool { return r.released.Load() }
 
-// AppendText adds streamed reply text and returns the full text so far.
+// DefaultMaxReplyChars is the reply cap of a run registered without one.
+const DefaultMaxReplyChars = 100_000
+
+// TruncatedMarker is what a reply cut at maxChars characters ends with.
+func TruncatedMarker(maxChars int) string {
+	return "\n\n[… reply truncated at " + thousands(maxChars) + " characters]"
+}
+
+// thousands formats n with comma separators: 100000 → "100,000".
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// AppendText adds streamed reply text and returns the full text so far. The
+// text is capped at the run's reply cap (Spec.MaxReplyChars characters):
+// the part of a chunk beyond it is dropped, the text then ends with
+// TruncatedMarker, and later chunks are ignored.
 func (r *Run) AppendText(chunk string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.text == nil {
 		r.text = new(strings.Builder)
 	}
-	r.text.WriteString(chunk)
+	if r.truncated {
+		return r.text.String()
+	}
+	if keep, cut := cutChars(chunk, r.maxReply-r.textChars); cut {
+		r.text.WriteString(keep)
+		r.text.WriteString(TruncatedMarker(r.maxReply))
+		r.truncated = true
+	} else {
+		r.text.WriteString(chunk)
+		r.textChars += utf8.RuneCountInString(chunk)
+	}
 	return r.text.String()
 }
 
-// Text returns the reply text streamed so far.
+// CapReply returns text cut at the run's reply cap, ending with
+// TruncatedMarker when it was cut: the engine applies it to the runner's
+// final text.
+func (r *Run) CapReply(text string) string {
+	if keep, cut := cutChars(text, r.maxReply); cut {
+		return keep + TruncatedMarker(r.maxReply)
+	}
+	return text
+}
+
+// cutChars returns the first n characters of s, and whether s was longer.
+func cutChars(s string, n int) (string, bool) {
+	if len(s) <= n {
+		return s, false // n bytes hold at least n characters
+	}
+	i := 0
+	for c := 0; i < len(s); c++ {
+		if c == n {
+			return s[:i], true
+		}
+		_, w := utf8.DecodeRuneInString(s[i:])
+		i += w
+	}
+	return s, false
+}
+
+// Text returns the reply text streamed so far (capped like AppendText).
 func (r *Run) Text() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -17,6 +17,7 @@
 //	NAME:DUR            tool NAME ([a-z_]+, ≤ 64 chars) that completes after DUR
 //	NAME:hang           tool that never completes; the turn ends only when cancelled
 //	NAME:stuck          tool that never completes and ignores cancellation
+//	                    for a while (it gives up StuckFor after the cancel)
 //	NAME:DUR:hb=EVERY   tool that calls Heartbeat every EVERY while it runs
 //	                    (also NAME:hang:hb=EVERY and NAME:stuck:hb=EVERY)
 //	llm:DUR             LLM call (step kind "llm", name "demo") streaming
@@ -45,10 +46,14 @@
 //	/steps say:Building... build:10m:hb=5s say:Built
 //	/steps pause:30s say:Approved
 //
-// Cancellation: every wait also waits for the context (except a stuck step's,
-// until Release). On cancellation Run returns the text streamed so far and
-// ctx.Err(); the interrupted step is not reported complete and an interrupted
-// pause is not resumed.
+// Cancellation: every wait also waits for the context, except a stuck
+// step's: it ignores the cancellation for the runner's stuck time
+// (WithStuckFor; default DefaultStuckFor, a bit beyond the default abort
+// grace, so the gateway force-finalizes the turn first) and then gives up,
+// or until Release. So a client cannot pile up stuck turns: each one's
+// goroutine ends a bounded time after its abort. On cancellation Run returns
+// the text streamed so far and ctx.Err(); the interrupted step is not
+// reported complete and an interrupted pause is not resumed.
 package demo
 
 import (
@@ -60,11 +65,17 @@ import (
 	"unicode/utf8"
 
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/timeout"
 )
+
+// DefaultStuckFor is how long a stuck step ignores its cancellation by
+// default: the default abortGraceSeconds and 5 s more.
+const DefaultStuckFor = timeout.DefaultAbortGraceSeconds*time.Second + 5*time.Second
 
 // Runner is the demo runner. It is safe for concurrent use by many turns.
 type Runner struct {
 	scenarioStep time.Duration
+	stuckFor     time.Duration
 	release      chan struct{}
 	releaseOnce  sync.Once
 }
@@ -80,9 +91,21 @@ func WithScenarioStep(d time.Duration) Option {
 	return func(r *Runner) { r.scenarioStep = max(d, 0) }
 }
 
+// WithStuckFor sets how long a stuck step ignores its turn's cancellation
+// before it gives up (default DefaultStuckFor; ≤ 0 is treated as the
+// default). The gateway sets it a bit beyond its abort grace, so a stuck
+// turn is still force-finalized.
+func WithStuckFor(d time.Duration) Option {
+	return func(r *Runner) {
+		if d > 0 {
+			r.stuckFor = d
+		}
+	}
+}
+
 // New returns a demo runner.
 func New(opts ...Option) *Runner {
-	r := &Runner{scenarioStep: time.Second, release: make(chan struct{})}
+	r := &Runner{scenarioStep: time.Second, stuckFor: DefaultStuckFor, release: make(chan struct{})}
 	for _, o := range opts {
 		o(r)
 	}
@@ -92,8 +115,8 @@ func New(opts ...Option) *Runner {
 // Release un-sticks stuck steps, now and later: from then on every stuck
 // step of this Runner behaves like a hang step, returning as soon as its
 // turn's context is cancelled (at once if it already is). It exists so tests
-// can end turns that ignored cancellation; in production a stuck step lasts
-// until the process ends. Release is idempotent and safe for concurrent use.
+// can end turns that ignored cancellation early; otherwise a stuck step gives
+// up StuckFor after its cancellation. Release is idempotent and safe for concurrent use.
 func (r *Runner) Release() {
 	r.releaseOnce.Do(func() { close(r.release) })
 }
@@ -115,7 +138,7 @@ Any message runs a short built-in scenario (web_search, fetch_page, shell, llm, 
 Script a turn with /steps and tokens that run in order:
   NAME:DUR — tool NAME (a-z and _) that takes DUR (300ms, 2s, 1m30s)
   NAME:hang — tool that never finishes; only a stop or timeout ends the turn
-  NAME:stuck — tool that never finishes and ignores stop requests
+  NAME:stuck — tool that never finishes and ignores stop requests (for a while)
   NAME:DUR:hb=EVERY — tool that sends a heartbeat every EVERY (also NAME:hang:hb=EVERY)
   llm:DUR — LLM call that streams text over DUR
   pause:DUR — wait DUR for a human (the no-progress clock stops); pause:hang waits until stopped
@@ -269,7 +292,8 @@ func (t *turnState) chunks(text string) []string {
 // streamed at Dur*(j+1)/len(chunks); a heartbeat is sent every s.Heartbeat
 // strictly before the end; the step ends after s.Dur (never for hang and
 // stuck). It returns ctx.Err() when ctx is cancelled first (stuck steps
-// ignore ctx until the Runner is released).
+// ignore the cancellation for the runner's stuckFor, or until the Runner is
+// released).
 func (t *turnState) timed(ctx context.Context, s Step, chunks []string) error {
 	start := time.Now()
 	endless := s.Hang || s.Stuck
@@ -279,7 +303,10 @@ func (t *turnState) timed(ctx context.Context, s Step, chunks []string) error {
 	next := 0         // next chunk
 	hb := s.Heartbeat // next heartbeat offset
 	hbLive := func() bool { return s.Heartbeat > 0 && (endless || hb < s.Dur) }
-	var timer *time.Timer
+	var (
+		timer      *time.Timer
+		cancelSeen = time.Duration(-1) // when a stuck step saw its cancellation
+	)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -289,11 +316,16 @@ func (t *turnState) timed(ctx context.Context, s Step, chunks []string) error {
 		// Cancellation wins over events due at the same instant (a step is
 		// never completed after its context was cancelled), except that a
 		// stuck step ignores it until Release.
-		ignoreCtx := s.Stuck && !t.r.released()
-		if err := ctx.Err(); err != nil && !ignoreCtx {
-			return err
-		}
 		now := time.Since(start)
+		ignoreCtx := s.Stuck && !t.r.released()
+		if err := ctx.Err(); err != nil {
+			if ignoreCtx && cancelSeen < 0 {
+				cancelSeen = now
+			}
+			if !ignoreCtx || now-cancelSeen >= t.r.stuckFor {
+				return err
+			}
+		}
 		for next < len(chunks) && chunkAt(next) <= now {
 			t.emit(chunks[next])
 			next++
@@ -316,6 +348,9 @@ func (t *turnState) timed(ctx context.Context, s Step, chunks []string) error {
 		if hbLive() && (wake < 0 || hb < wake) {
 			wake = hb
 		}
+		if ignoreCtx && cancelSeen >= 0 && (wake < 0 || cancelSeen+t.r.stuckFor < wake) {
+			wake = cancelSeen + t.r.stuckFor // give up
+		}
 		var timerC <-chan time.Time
 		if wake >= 0 {
 			d := time.Until(start.Add(wake))
@@ -329,12 +364,17 @@ func (t *turnState) timed(ctx context.Context, s Step, chunks []string) error {
 		done := ctx.Done()
 		var released <-chan struct{}
 		if ignoreCtx {
-			done, released = nil, t.r.release
+			released = t.r.release
+			if cancelSeen >= 0 {
+				done = nil // already seen; the give-up time is on the timer
+			}
 		}
 		select {
 		case <-timerC:
-		case <-done:
-			return ctx.Err()
+		case <-done: // a stuck step looks again: it notes the time
+			if !ignoreCtx {
+				return ctx.Err()
+			}
 		case <-released: // look again: from now on ctx counts
 		}
 	}

@@ -446,6 +446,52 @@ func TestStuckIgnoresCancelUntilRelease(t *testing.T) {
 	})
 }
 
+// TestStuckGivesUpAfterBound: a stuck step ignores its cancellation only for
+// the runner's stuck time, then its turn's goroutine ends (synctest.Test
+// fails on a goroutine left blocked in the bubble), so clients cannot pile
+// up stuck turns.
+func TestStuckGivesUpAfterBound(t *testing.T) {
+	tests := []struct {
+		name  string
+		opts  []Option
+		bound time.Duration
+	}{
+		{"default: beyond the default abort grace", nil, 15 * time.Second},
+		{"WithStuckFor", []Option{WithStuckFor(time.Minute)}, time.Minute},
+		{"WithStuckFor(0) keeps the default", []Option{WithStuckFor(0)}, DefaultStuckFor},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				rec := newRecorder()
+				done := start(ctx, New(tt.opts...), "/steps say:partial shell:stuck say:never", rec)
+				faketime.Advance(2 * time.Second)
+				cancel()
+				faketime.Advance(tt.bound - time.Millisecond)
+				synctest.Wait()
+				select {
+				case o := <-done:
+					t.Fatalf("stuck step gave up %v after the cancel, before %v: %+v", o.at-2*time.Second, tt.bound, o)
+				default:
+				}
+				faketime.Advance(time.Millisecond)
+				synctest.Wait()
+				select {
+				case o := <-done:
+					if !errors.Is(o.err, context.Canceled) || o.at != 2*time.Second+tt.bound {
+						t.Errorf("Run = %v at %v, want context.Canceled at %v", o.err, o.at, 2*time.Second+tt.bound)
+					}
+					checkText(t, rec, o, "partial")
+				default:
+					t.Fatalf("stuck step still running %v after the cancel", tt.bound)
+				}
+			})
+		})
+	}
+}
+
 func TestReleasedStuckBehavesLikeHang(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())

@@ -117,7 +117,7 @@ func (s *state) claudeLine(b []byte) {
 			}
 			name, ok := c.tools[bl.ToolUseID]
 			if !ok {
-				s.log.Debug("exec: tool_result for an unknown tool_use", "tool_use_id", bl.ToolUseID)
+				s.ignored("exec: tool_result for an unknown tool_use", "tool_use_id", bl.ToolUseID)
 				continue
 			}
 			delete(c.tools, bl.ToolUseID)
@@ -150,6 +150,6 @@ func (s *state) claudeLine(b []byte) {
 		}
 		s.setFinal(text)
 	default:
-		s.log.Debug("exec: claude line ignored", "type", l.Type, "subtype", l.Subtype)
+		s.ignored("exec: claude line ignored", "type", l.Type, "subtype", l.Subtype)
 	}
 }

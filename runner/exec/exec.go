@@ -6,8 +6,10 @@
 // with the user's message on stdin (then closed) and this environment: the
 // gateway's own without its GATEWAY_* configuration variables (see
 // Environ), then agents.exec.env, then TURNGUARD_RUN_ID,
-// TURNGUARD_SESSION_KEY and TURNGUARD_CHANNEL describing the turn. Every
-// stderr line goes to the log with the run id (never the environment).
+// TURNGUARD_SESSION_KEY and TURNGUARD_CHANNEL describing the turn, and the
+// run tag TURNGUARD_RUN (see Process). Every
+// stderr line goes to the log with the run id (never the environment), up to
+// maxLoggedStderr lines per turn.
 //
 // Stdout is read line by line in one of two formats (agents.exec.format):
 //
@@ -22,17 +24,25 @@
 //     --output-format stream-json (see claude.go for the mapping).
 //
 // A line that cannot be understood is logged and counted (Malformed), never
-// fatal. The turn's answer is the final event's text (or, if it has none, the
+// fatal; a line longer than maxLine (4 MiB) fails the turn with a
+// *runner.UserError and stops the command at once. Per turn at most maxText
+// bytes of streamed text are kept and streamed, and only the first lines of
+// stderr and of malformed output are logged one by one (then one summary
+// record with the count). The turn's answer is the final event's text (or, if it has none, the
 // streamed deltas); an error event fails the turn with its message for the
 // user (*runner.UserError). A command that exits without a final or error
-// event fails the turn with an *ExitError naming the exit status and the last
-// stderr lines.
+// event fails the turn with an *ExitError naming the exit status; its last
+// stderr lines are in the error's Stderr field and the log, never in its
+// message (which the user may see).
 //
 // Abort: when ctx is cancelled the process group gets SIGTERM and, if the
 // command has not exited abortGrace later, SIGKILL; Run then returns the text
 // streamed so far and ctx.Err(). After a final or error event the command
 // has abortGrace to exit on its own before it is stopped the same way. When
-// the command exits, whatever is left of its process group is killed.
+// the command exits, whatever is left of its process group is killed, and so
+// is every process carrying the run's tag (RunTagEnv; also those that left
+// the group with setsid). On Linux the group is led by a shim that kills it
+// all when the gateway dies (see Process).
 package exec
 
 import (
@@ -65,8 +75,20 @@ const (
 )
 
 const (
-	stderrKeep = 10       // stderr lines kept for an ExitError
-	maxLine    = 16 << 20 // longest stdout line parsed
+	stderrKeep = 10 // stderr lines kept for an ExitError
+	// maxLine is the longest stdout line accepted: a longer one fails the
+	// turn (the agent is stopped) rather than being buffered. Longer stderr
+	// lines are cut.
+	maxLine = 4 << 20
+	// maxText bounds the streamed text a turn keeps (and streams on): the
+	// engine caps the reply at agents.defaults.maxReplyChars (at most
+	// 1,000,000 characters, ≤ 4 MiB), so nothing past this could be shown.
+	maxText = 4 << 20
+	// Per turn, the first maxLoggedStderr stderr lines and the first
+	// maxLoggedLines malformed or ignored stdout lines are logged one by
+	// one; the rest are counted in one summary record when the turn ends.
+	maxLoggedStderr = 100
+	maxLoggedLines  = 20
 	// drainWait bounds how long output is still read after the command
 	// exited (a process that escaped the group may hold the pipes open).
 	drainWait = 2 * time.Second
@@ -82,6 +104,7 @@ type Runner struct {
 	format string
 	grace  time.Duration
 	log    *slog.Logger
+	inst   string // gateway instance of the run tags; "" = this process's
 
 	malformed atomic.Uint64
 }
@@ -89,28 +112,32 @@ type Runner struct {
 var _ runner.Runner = (*Runner)(nil)
 
 // ExitError is the failure of a command that exited without a final or
-// error event.
+// error event. Its message names the exit status only: stderr may hold
+// anything (a traceback with an API key), so the last stderr lines are in
+// Stderr, for the log and operators, never in Error() and never in a
+// *runner.UserError.
 type ExitError struct {
 	Status string   // as the OS reports it: "exit status 3", "signal: killed"
-	Stderr []string // its last stderr lines, oldest first
+	Stderr []string // its last stderr lines, oldest first (operator detail)
 }
 
 func (e *ExitError) Error() string {
-	s := fmt.Sprintf("exec: the agent exited (%s) without a final answer", e.Status)
-	if len(e.Stderr) > 0 {
-		s += "; last stderr: " + strings.Join(e.Stderr, " | ")
-	} else {
-		s += "; no stderr output"
-	}
-	return s
+	return fmt.Sprintf("exec: the agent exited (%s) without a final answer", e.Status)
 }
+
+// Option configures a Runner.
+type Option func(*Runner)
+
+// WithInstance sets the gateway instance id that starts every run tag (see
+// InstanceID and Tag); without it the tags use a random id of this process.
+func WithInstance(id string) Option { return func(r *Runner) { r.inst = id } }
 
 // New validates cfg and returns a runner. abortGrace is how long an aborted
 // command has between SIGTERM and SIGKILL (≤ 0: the default abortGraceSeconds,
 // 10s); log receives stderr and protocol problems (nil: discard). The
 // command must exist (looked up in PATH when it has no slash; a relative path
 // is relative to workdir); workdir, if set, must be a directory.
-func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger) (*Runner, error) {
+func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger, opts ...Option) (*Runner, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -118,6 +145,9 @@ func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger) (*Runner, 
 		abortGrace = timeout.DefaultAbortGraceSeconds * time.Second
 	}
 	r := &Runner{args: slices.Clone(cfg.Args), grace: abortGrace, log: log}
+	for _, o := range opts {
+		o(r)
+	}
 
 	switch f := strings.TrimSpace(cfg.Format); f {
 	case "", FormatJSONL:
@@ -227,7 +257,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		"TURNGUARD_SESSION_KEY="+turn.SessionKey,
 		"TURNGUARD_CHANNEL="+turn.Channel)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = pipes[0][0], pipes[1][1], pipes[2][1]
-	p, err := Start(cmd)
+	p, err := StartTagged(cmd, Tag(r.inst, turn.RunID))
 	// The child has its copies; keep only our ends.
 	for _, f := range []*os.File{pipes[0][0], pipes[1][1], pipes[2][1]} {
 		f.Close()
@@ -247,11 +277,14 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	})
 	tail := &stderrTail{}
 	stderrDone := make(chan struct{})
+	stderrLines := 0 // written by the stderr goroutine, read after stderrDone
 	go func() {
 		defer close(stderrDone)
 		readLines(stderrR, func(line []byte, tooLong bool) {
 			s := cut(string(line), 2000)
-			log.Info("exec: agent stderr", "line", s)
+			if stderrLines++; stderrLines <= maxLoggedStderr {
+				log.Info("exec: agent stderr", "line", s)
+			}
 			tail.add(s)
 		})
 	}()
@@ -261,7 +294,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		defer close(stdoutDone)
 		readLines(stdoutR, func(line []byte, tooLong bool) {
 			if tooLong {
-				st.malformed(fmt.Sprintf("line longer than %d bytes", maxLine), line)
+				st.tooLong()
 				return
 			}
 			st.line(line)
@@ -299,7 +332,11 @@ wait:
 			terminate("aborted")
 		case <-terminal:
 			terminal = nil
-			lingerC = time.After(r.grace)
+			if st.lineTooLong { // set before terminal was closed
+				terminate("output line too long")
+			} else {
+				lingerC = time.After(r.grace)
+			}
 		case <-lingerC:
 			lingerC = nil
 			terminate("still running after its final answer")
@@ -333,7 +370,16 @@ wait:
 	status := p.State().String()
 	if n := st.malformedCount; n > 0 {
 		r.malformed.Add(uint64(n))
-		log.Warn("exec: malformed output lines", "count", n)
+		log.Warn("exec: malformed output lines", "count", n, "not_logged", max(0, n-maxLoggedLines))
+	}
+	if n := st.ignoredCount - maxLoggedLines; n > 0 {
+		log.Debug("exec: more output lines ignored", "count", n)
+	}
+	if n := stderrLines - maxLoggedStderr; n > 0 {
+		log.Warn("exec: agent stderr lines not logged (per-turn limit)", "count", n, "logged", maxLoggedStderr)
+	}
+	if st.textDropped > 0 {
+		log.Warn("exec: streamed text over the limit dropped", "bytes", st.textDropped, "limit", maxText)
 	}
 	res := runner.Result{Text: st.reply()}
 	switch {
@@ -349,34 +395,38 @@ wait:
 		}
 		return res, nil
 	}
-	log.Warn("exec: agent exited without a final answer", "status", status)
-	return res, &ExitError{Status: status, Stderr: tail.lines()}
+	ee := &ExitError{Status: status, Stderr: tail.lines()}
+	log.Warn("exec: agent exited without a final answer", "status", status, "stderr_tail", ee.Stderr)
+	return res, ee
 }
 
 // readLines calls fn for each line of rd (without its line ending; fn must
-// not keep the slice). A line longer than maxLine is passed truncated, with
-// tooLong set.
+// not keep the slice). A line longer than maxLine is passed as soon as it
+// is known to be too long — its first maxLine bytes, with tooLong set — and
+// the rest of it is skipped, so memory stays bounded and a line without an
+// end does not wedge the reader.
 func readLines(rd io.Reader, fn func(line []byte, tooLong bool)) {
 	br := bufio.NewReaderSize(rd, 64<<10)
 	var buf []byte
-	tooLong := false
+	skipping := false // the rest of a line already passed as too long
 	for {
 		part, err := br.ReadSlice('\n')
-		if !tooLong {
-			if len(buf)+len(part) > maxLine {
-				tooLong = true
-				buf = append(buf, part[:maxLine-len(buf)]...)
-			} else {
-				buf = append(buf, part...)
-			}
+		switch {
+		case skipping:
+		case len(buf)+len(part) > maxLine:
+			buf = append(buf, part[:maxLine-len(buf)]...)
+			fn(buf, true)
+			skipping = true
+		default:
+			buf = append(buf, part...)
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
 		}
-		if len(buf) > 0 {
-			fn(trimNL(buf), tooLong)
+		if !skipping && len(buf) > 0 {
+			fn(trimNL(buf), false)
 		}
-		buf, tooLong = buf[:0], false
+		buf, skipping = buf[:0], false
 		if err != nil {
 			return
 		}

@@ -25,6 +25,9 @@ type state struct {
 	final          *string
 	errMsg         *string
 	malformedCount int
+	ignoredCount   int  // lines ignored (logged at debug level)
+	lineTooLong    bool // a line over maxLine ended the turn
+	textDropped    int  // streamed bytes dropped over maxText
 
 	terminal     chan struct{} // closed at the first final or error event
 	terminalOnce sync.Once
@@ -61,13 +64,36 @@ func (s *state) done(typ string) bool {
 	if s.final == nil && s.errMsg == nil {
 		return false
 	}
-	s.log.Debug("exec: event after the final answer ignored", "type", typ)
+	s.ignored("exec: event after the final answer ignored", "type", typ)
 	return true
 }
 
+// ignored logs, at debug level, a line that is ignored: the first
+// maxLoggedLines of a turn (Run summarises the rest).
+func (s *state) ignored(msg string, args ...any) {
+	if s.ignoredCount++; s.ignoredCount <= maxLoggedLines {
+		s.log.Debug(msg, args...)
+	}
+}
+
+// malformed counts a line that cannot be understood and logs the first
+// maxLoggedLines of a turn (Run summarises the rest).
 func (s *state) malformed(why string, line []byte) {
-	s.malformedCount++
-	s.log.Warn("exec: malformed output line", "why", why, "line", cut(string(line), 200))
+	if s.malformedCount++; s.malformedCount <= maxLoggedLines {
+		s.log.Warn("exec: malformed output line", "why", why, "line", cut(string(line), 200))
+	}
+}
+
+// tooLong ends the turn on a stdout line longer than maxLine: the user is
+// told in words, and Run stops the agent at once.
+func (s *state) tooLong() {
+	if s.final != nil || s.errMsg != nil {
+		s.ignored("exec: line too long after the final answer ignored")
+		return
+	}
+	s.log.Warn("exec: output line too long; stopping the agent", "limit_bytes", maxLine)
+	s.lineTooLong = true
+	s.setError(fmt.Sprintf("The agent wrote an output line longer than %d MiB, more than turnguard accepts, so it was stopped.", maxLine>>20))
 }
 
 // emit streams reply text; a new message is separated from earlier text by
@@ -81,6 +107,14 @@ func (s *state) emit(text string) {
 		if s.text.Len() > 0 && !strings.HasSuffix(s.text.String(), "\n") {
 			text = "\n\n" + text
 		}
+	}
+	if room := maxText - s.text.Len(); len(text) > room {
+		s.textDropped += len(text) - max(room, 0)
+		if room <= 0 {
+			return
+		}
+		text = cut(text, room)
+		text = strings.TrimSuffix(text, "…") // cut marks the cut; the engine's cap says so
 	}
 	s.text.WriteString(text)
 	s.cb.Delta(text)
