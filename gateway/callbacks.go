@@ -53,8 +53,11 @@ func (c *callbacks) Delta(text string) {
 	if !c.live() {
 		return
 	}
-	full := c.run.AppendText(text)
-	c.run.Publish(c.e.publish, event.Event{Kind: event.Delta, Text: text, FullText: full})
+	full, added := c.run.AppendText(text)
+	if added == "" {
+		return // past the reply cap: nothing more reaches anyone
+	}
+	c.run.Publish(c.e.publish, event.Event{Kind: event.Delta, Text: added, FullText: full})
 }
 
 func (c *callbacks) Heartbeat() { c.run.Heartbeat() }

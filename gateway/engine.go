@@ -474,6 +474,11 @@ func (e *Engine) finish(run *abort.Run) func(event.Event) {
 // errorRingSize is how many failures the engine keeps for /api/errors.
 const errorRingSize = 256
 
+// operatorDetailer is an error that carries more for operators than its
+// message (runner/exec's ExitError: the agent's last stderr lines). The
+// detail goes to the log and the error ring, never to the user.
+type operatorDetailer interface{ OperatorDetail() string }
+
 // failure returns the user's text for a failed turn. A runner.UserError's
 // message was written for the user and is shown (secrets redacted). Anything else —
 // an error chain that may hold stderr lines or a secret, a panic — is kept
@@ -492,12 +497,19 @@ func (e *Engine) failure(t *turn, err error, panicked any, stack []byte) string 
 		ID: errlog.NewID(), Time: time.Now(), RunID: run.ID, SessionKey: run.SessionKey, Channel: run.Channel,
 		Runner: t.runner, Step: cur.Label(), Error: err.Error(), Chain: errlog.Chain(err),
 	}
+	var d operatorDetailer
+	if errors.As(err, &d) {
+		rec.Detail = d.OperatorDetail()
+	}
 	if panicked != nil {
 		rec.Panic, rec.Stack = fmt.Sprint(panicked), string(stack)
 	}
 	rec = red.RedactRecord(rec)
 	e.errs.Add(rec)
 	attrs := []any{"errorId", rec.ID, "run", run.ID, "session", run.SessionKey, "runner", rec.Runner, "err", rec.Error}
+	if rec.Detail != "" {
+		attrs = append(attrs, "detail", rec.Detail)
+	}
 	if panicked != nil {
 		attrs = append(attrs, "panic", rec.Panic, "stack", rec.Stack)
 	}
@@ -741,8 +753,7 @@ func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason eve
 	if !ok {
 		return AbortResult{RunIDs: []string{}}, nil
 	}
-	t.run.Publish(e.publish, ev)
-	e.sched.Touch(t.run)
+	t.run.Publish(e.publish, ev) // Run.Abort armed the grace deadline itself
 	return AbortResult{Aborted: true, RunIDs: []string{t.run.ID}}, nil
 }
 

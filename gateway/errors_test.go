@@ -130,7 +130,7 @@ func TestExecAgentTracebackStaysWithTheOperator(t *testing.T) {
 		t.Fatalf("the user reads %q", out.Message)
 	}
 	rec, ok := e.ErrorDetail(m[1])
-	if !ok || !strings.Contains(rec.Error, "Incorrect API key provided: [redacted]") || strings.Contains(fmt.Sprint(rec), fakeKey) {
+	if !ok || !strings.Contains(rec.Detail, "Incorrect API key provided: [redacted]") || strings.Contains(fmt.Sprint(rec), fakeKey) {
 		t.Fatalf("error record %+v", rec)
 	}
 }

@@ -55,11 +55,12 @@ func TestReplyCap(t *testing.T) {
 				}
 				e.Start(t.Context())
 				defer e.Shutdown(context.Background())
-				maxFull, finished := 0, ""
+				maxFull, finished, streamed := 0, "", ""
 				unsub := e.Bus().Subscribe("", func(ev event.Event) {
 					switch ev.Kind {
 					case event.Delta:
 						maxFull = max(maxFull, utf8.RuneCountInString(ev.FullText))
+						streamed += ev.Text
 					case event.Finished:
 						finished = ev.FullText
 					}
@@ -76,6 +77,12 @@ func TestReplyCap(t *testing.T) {
 				}
 				if n := utf8.RuneCountInString(tt.want); maxFull > n {
 					t.Errorf("a delta event carried %d characters of full text, want at most %d", maxFull, n)
+				}
+				// The chunks a watcher receives add up to the capped text:
+				// nothing streams past the cap.
+				if tt.deltas != nil && streamed != tt.want {
+					t.Errorf("streamed chunks (%d chars) end %q, want the capped reply ending %q",
+						utf8.RuneCountInString(streamed), tail(streamed), tail(tt.want))
 				}
 				if _, h := e.History(context.Background(), "main", 0); len(h) != 2 || h[1].Text != tt.want {
 					t.Errorf("history does not hold the capped reply")

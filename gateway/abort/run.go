@@ -364,28 +364,29 @@ func thousands(n int) string {
 	return s
 }
 
-// AppendText adds streamed reply text and returns the full text so far. The
-// text is capped at the run's reply cap (Spec.MaxReplyChars characters):
-// the part of a chunk beyond it is dropped, the text then ends with
-// TruncatedMarker, and later chunks are ignored.
-func (r *Run) AppendText(chunk string) string {
+// AppendText adds streamed reply text and returns the full text so far and
+// what this chunk added to it. The text is capped at the run's reply cap
+// (Spec.MaxReplyChars characters): the part of a chunk beyond it is dropped,
+// the text then ends with TruncatedMarker (part of added), and later chunks
+// are ignored (added is empty: there is nothing to stream).
+func (r *Run) AppendText(chunk string) (full, added string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.text == nil {
 		r.text = new(strings.Builder)
 	}
 	if r.truncated {
-		return r.text.String()
+		return r.text.String(), ""
 	}
+	added = chunk
 	if keep, cut := cutChars(chunk, r.maxReply-r.textChars); cut {
-		r.text.WriteString(keep)
-		r.text.WriteString(TruncatedMarker(r.maxReply))
+		added = keep + TruncatedMarker(r.maxReply)
 		r.truncated = true
 	} else {
-		r.text.WriteString(chunk)
 		r.textChars += utf8.RuneCountInString(chunk)
 	}
-	return r.text.String()
+	r.text.WriteString(added)
+	return r.text.String(), added
 }
 
 // CapReply returns text cut at the run's reply cap, ending with

@@ -29,7 +29,10 @@ type Record struct {
 	// errors, outermost first, each with its Go type.
 	Error string   `json:"error"`
 	Chain []string `json:"chain,omitempty"`
-	Panic string   `json:"panic,omitempty"` // the panic value of a panicking runner
+	// Detail is what the error offers operators beyond its message (an
+	// exec agent's last stderr lines).
+	Detail string `json:"detail,omitempty"`
+	Panic  string `json:"panic,omitempty"` // the panic value of a panicking runner
 	Stack string   `json:"stack,omitempty"` // its goroutine's stack
 }
 
@@ -165,6 +168,7 @@ func (r *Redactor) Redact(s string) string {
 // RedactRecord redacts every text field of rec.
 func (r *Redactor) RedactRecord(rec Record) Record {
 	rec.Error = r.Redact(rec.Error)
+	rec.Detail = r.Redact(rec.Detail)
 	rec.Panic = r.Redact(rec.Panic)
 	rec.Stack = r.Redact(rec.Stack)
 	chain := make([]string, len(rec.Chain))

@@ -88,3 +88,19 @@ func TestStreamedTextBounded(t *testing.T) {
 		t.Errorf("log:\n%s", logs)
 	}
 }
+
+// TestStderrSecretsRedactedInLog: an agent that prints its configured API
+// key (agents.exec.env) on stderr: the log line and the operator detail name
+// it [redacted], never the key.
+func TestStderrSecretsRedactedInLog(t *testing.T) {
+	const key = "sk-test-0123456789abcdefSECRET"
+	r, logs := newRunner(t, config.Exec{Command: script("leak_key.sh"), Env: map[string]string{"OPENAI_API_KEY": key}})
+	o := await(t, start(t.Context(), r, "", runner.Nop{}))
+	if o.err == nil {
+		t.Fatal("the agent exited 1 without a final answer: want an error")
+	}
+	log := logs.String()
+	if strings.Contains(log, key) || !strings.Contains(log, "Incorrect API key provided: [redacted]") {
+		t.Fatalf("log:\n%s", log)
+	}
+}

@@ -104,7 +104,8 @@ type Runner struct {
 	format string
 	grace  time.Duration
 	log    *slog.Logger
-	inst   string // gateway instance of the run tags; "" = this process's
+	inst   string            // gateway instance of the run tags; "" = this process's
+	redact *strings.Replacer // agents.exec.env values (secrets) → [redacted], for stderr in the log
 
 	malformed atomic.Uint64
 }
@@ -124,6 +125,10 @@ type ExitError struct {
 func (e *ExitError) Error() string {
 	return fmt.Sprintf("exec: the agent exited (%s) without a final answer", e.Status)
 }
+
+// OperatorDetail is the agent's last stderr lines, for the log and the
+// operator's error detail (never for the user: it may hold a secret).
+func (e *ExitError) OperatorDetail() string { return strings.Join(e.Stderr, "\n") }
 
 // Option configures a Runner.
 type Option func(*Runner)
@@ -145,6 +150,13 @@ func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger, opts ...Op
 		abortGrace = timeout.DefaultAbortGraceSeconds * time.Second
 	}
 	r := &Runner{args: slices.Clone(cfg.Args), grace: abortGrace, log: log}
+	var pairs []string
+	for _, v := range cfg.Env {
+		if len(v) >= 4 { // shorter values are not secrets worth hiding and would mangle every line
+			pairs = append(pairs, v, "[redacted]")
+		}
+	}
+	r.redact = strings.NewReplacer(pairs...)
 	for _, o := range opts {
 		o(r)
 	}
@@ -281,7 +293,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	go func() {
 		defer close(stderrDone)
 		readLines(stderrR, func(line []byte, tooLong bool) {
-			s := cut(string(line), 2000)
+			s := r.redact.Replace(cut(string(line), 2000))
 			if stderrLines++; stderrLines <= maxLoggedStderr {
 				log.Info("exec: agent stderr", "line", s)
 			}
