@@ -33,7 +33,7 @@ type Record struct {
 	// exec agent's last stderr lines).
 	Detail string `json:"detail,omitempty"`
 	Panic  string `json:"panic,omitempty"` // the panic value of a panicking runner
-	Stack string   `json:"stack,omitempty"` // its goroutine's stack
+	Stack  string `json:"stack,omitempty"` // its goroutine's stack
 }
 
 // Ring holds the most recent records, at most its capacity. Safe for
