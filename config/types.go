@@ -67,7 +67,7 @@ type AgentDefaults struct {
 }
 
 // MaxReplyCharsLimit is the upper bound of agents.defaults.maxReplyChars.
-const MaxReplyCharsLimit = 1_000_000
+const MaxReplyCharsLimit = 10_000_000
 
 // OpenAI configures the OpenAI-compatible Chat Completions runner.
 type OpenAI struct {

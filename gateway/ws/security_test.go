@@ -156,32 +156,9 @@ func TestHistoryFloodFromNonReaderIsBounded(t *testing.T) {
 		c.Server.MaxMessageChars = 1_000_000
 		c.Server.MaxPayloadBytes = 2 << 20
 	}})
+	fillBigSession(e)
 	user, _ := e.connect("cli", "-")
-	for i := range 3 {
-		run := fmt.Sprintf("big-%d", i)
-		msg := fmt.Sprintf("%d%s", i, strings.Repeat("x", 1_000_000-1))
-		if res := user.call("chat.send", map[string]any{"sessionKey": "big", "message": msg, "idempotencyKey": run}); !res.OK {
-			t.Fatalf("send: %.200s", res.raw)
-		}
-		user.chat(run, "final")
-	}
-	before := heapNow()
-
-	attacker, _ := e.connect("cli", "-")
-	for range 30 {
-		attacker.request("chat.history", map[string]any{"sessionKey": "big", "limit": 200})
-	}
-	var peak uint64
-	deadline := time.Now().Add(20 * time.Second)
-	for e.srv.Stats().SlowClosed == 0 && time.Now().Before(deadline) {
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		peak = max(peak, m.HeapAlloc)
-		time.Sleep(5 * time.Millisecond) // real time: the server works on a real socket; sampling the heap while it does
-	}
-	growth := int64(peak) - int64(before)
-	t.Logf("heap before %d MB, peak while flooded %d MB (growth %d MB), buffered %d bytes",
-		before>>20, peak>>20, growth>>20, e.srv.Stats().Buffered)
+	growth, attacker := historyFlood(e, 30, 20*time.Second)
 	if e.srv.Stats().SlowClosed == 0 {
 		t.Fatalf("the client that never reads was not closed (heap grew by %d MB)", growth>>20)
 	}
@@ -208,6 +185,81 @@ func TestHistoryFloodFromNonReaderIsBounded(t *testing.T) {
 	}
 	if e.srv.Stats().Buffered < 0 {
 		t.Errorf("buffered bytes went negative: %d", e.srv.Stats().Buffered)
+	}
+}
+
+// historyFlood connects a client that never reads, has it ask for the
+// history of session "big" n times, and samples the heap until the server
+// closes that client or wait passes. It returns the peak heap growth over
+// the heap before the flood.
+func historyFlood(e *env, n int, wait time.Duration) (int64, *client) {
+	before := heapNow()
+	attacker, _ := e.connect("cli", "-")
+	for range n {
+		attacker.request("chat.history", map[string]any{"sessionKey": "big", "limit": 200})
+	}
+	var peak uint64
+	closed := e.srv.Stats().SlowClosed
+	for deadline := time.Now().Add(wait); e.srv.Stats().SlowClosed == closed && time.Now().Before(deadline); {
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		peak = max(peak, m.HeapAlloc)
+		time.Sleep(5 * time.Millisecond) // real time: the server works on a real socket; sampling the heap while it does
+	}
+	growth := int64(peak) - int64(before)
+	e.t.Logf("heap before %d MB, peak while flooded %d MB (growth %d MB), buffered %d bytes",
+		before>>20, peak>>20, growth>>20, e.srv.Stats().Buffered)
+	return growth, attacker
+}
+
+// BenchmarkHistoryFloodHeap: the heap growth while a client that never reads
+// asks 30 times for the history of a 3 MB session, with the byte budgets
+// (defaults) and, as the baseline in the same run, with budgets so large
+// they never bind (the old behaviour: every answer queued). One op is one
+// flood; peak-MB is the growth, closed whether the server closed the client
+// (1013) within 3 s.
+func BenchmarkHistoryFloodHeap(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		adjust func(*config.Config)
+	}{
+		{"budgets", func(*config.Config) {}},
+		{"unbounded", func(c *config.Config) {
+			c.Server.SendQueueBytes, c.Server.SendBufferBytes, c.Server.MaxAnswerBytes = 1<<30, 16<<30, 64<<20
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var growth, closed float64
+			for range b.N {
+				e := newTCPEnv(b, envOpts{adjust: func(c *config.Config) {
+					c.Server.MaxMessageChars = 1_000_000
+					c.Server.MaxPayloadBytes = 2 << 20
+					bc.adjust(c)
+				}})
+				fillBigSession(e)
+				before := e.srv.Stats().SlowClosed
+				g, _ := historyFlood(e, 30, 3*time.Second)
+				growth += float64(g)
+				if e.srv.Stats().SlowClosed > before {
+					closed++
+				}
+			}
+			b.ReportMetric(growth/float64(b.N)/(1<<20), "peak-MB")
+			b.ReportMetric(closed/float64(b.N), "closed")
+		})
+	}
+}
+
+// fillBigSession gives session "big" three 1 MB messages.
+func fillBigSession(e *env) {
+	user, _ := e.connect("cli", "-")
+	for i := range 3 {
+		run := fmt.Sprintf("big-%d", i)
+		msg := fmt.Sprintf("%d%s", i, strings.Repeat("x", 1_000_000-1))
+		if res := user.call("chat.send", map[string]any{"sessionKey": "big", "message": msg, "idempotencyKey": run}); !res.OK {
+			e.t.Fatalf("send: %.200s", res.raw)
+		}
+		user.chat(run, "final")
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -22,6 +23,10 @@ var streamer = runner.Func(func(ctx context.Context, turn runner.Turn, cb runner
 	}
 	return runner.Result{}, ctx.Err()
 })
+
+// bigReplies lifts the reply cap (agents.defaults.maxReplyChars) above the
+// longest streamed reply here (16,000 × 100 B), so nothing is cut.
+func bigReplies(c *config.Config) { c.Agents.Defaults.MaxReplyChars = 2_000_000 }
 
 // streamedText is the reply streamer sends for n chunks.
 func streamedText(n int) string {
@@ -43,7 +48,7 @@ func streamedText(n int) string {
 func TestStreamingIsLinearInTheReply(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 4000
-		e := newPipeEnv(t, envOpts{runner: streamer})
+		e := newPipeEnv(t, envOpts{runner: streamer, adjust: bigReplies})
 		c, _ := e.connect("tui", "")
 		// The run's first frames may come before the response: read them all.
 		c.request("chat.send", map[string]any{"sessionKey": "main", "message": strconv.Itoa(n), "idempotencyKey": "stream"})
@@ -98,7 +103,7 @@ func BenchmarkStreamDeltas(b *testing.B) {
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			e := newTCPEnv(b, envOpts{runner: streamer, opts: tc.interval})
+			e := newTCPEnv(b, envOpts{runner: streamer, opts: tc.interval, adjust: bigReplies})
 			c, _ := e.connect("tui", "")
 			var wire int
 			b.ResetTimer()
