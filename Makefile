@@ -38,6 +38,9 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'StepCompleted' -benchmem -benchtime=3000000x ./gateway/abort/
 	$(GO) test -run '^$$' -bench 'RegistryMemory' -benchtime=1x ./gateway/abort/
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 30m ./gateway/maintenance/
+	$(GO) test -run '^$$' -bench 'StreamDeltas|HistoryFloodHeap' -benchtime=3x ./gateway/ws/
+	$(GO) test -run '^$$' -bench 'BenchmarkHandle' -benchtime=200000x ./store/
+	$(GO) test -run '^$$' -bench 'BenchmarkProcScan' -benchtime=200x ./runner/exec/
 
 ## fuzz: each fuzz target for FUZZTIME.
 fuzz: deps
