@@ -13,6 +13,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/internal/faketime"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -37,7 +38,7 @@ var soakRunner = runner.Func(func(ctx context.Context, turn runner.Turn, cb runn
 	case "error":
 		return runner.Result{}, errors.New("exit status 1: stderr: boom")
 	case "stuck":
-		time.Sleep(4 * time.Second)
+		faketime.Advance(4 * time.Second) // the runner ignores its cancel this long
 		return runner.Result{}, ctx.Err()
 	default: // hang
 		<-ctx.Done()
@@ -122,7 +123,7 @@ func TestSoakGoroutinesAndHeapStayFlat(t *testing.T) {
 				}
 				ids = append(ids, ack.RunID)
 			}
-			time.Sleep(5 * time.Second) // every deadline, grace and stuck runner is over
+			faketime.Advance(5 * time.Second) // every deadline, grace and stuck runner is over
 			synctest.Wait()
 			for _, id := range ids {
 				out, ok := e.Wait(ctx, id)

@@ -97,7 +97,7 @@ func TestStuckCountSettlesWhenRunnerReturnsAsItIsForceFinalized(t *testing.T) {
 		rn := runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
 			cb.StepStarted("tool", "shell")
 			<-ctx.Done()
-			time.Sleep(time.Second) // exactly the grace
+			faketime.Advance(time.Second) // exactly the grace
 			return runner.Result{}, ctx.Err()
 		})
 		c := testConfig(t, func(c *config.Config) {
@@ -116,7 +116,7 @@ func TestStuckCountSettlesWhenRunnerReturnsAsItIsForceFinalized(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(5 * time.Second)
+		faketime.Advance(5 * time.Second)
 		synctest.Wait()
 		if s := e.StuckRuns(); len(s) != 0 {
 			t.Fatalf("stuck runs left counted after every runner returned: %v", s)
