@@ -38,7 +38,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'StepCompleted' -benchmem -benchtime=3000000x ./gateway/abort/
 	$(GO) test -run '^$$' -bench 'RegistryMemory' -benchtime=1x ./gateway/abort/
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 30m ./gateway/maintenance/
-	$(GO) test -run '^$$' -bench 'StreamDeltas|HistoryFloodHeap' -benchtime=3x ./gateway/ws/
+	$(GO) test -run '^$$' -bench 'StreamDeltas|HistoryFloodHeap' -benchtime=3x ./channels/ws/
 	$(GO) test -run '^$$' -bench 'BenchmarkHandle' -benchtime=200000x ./store/
 	$(GO) test -run '^$$' -bench 'BenchmarkProcScan' -benchtime=200x ./runner/exec/
 
@@ -46,7 +46,7 @@ bench: deps
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./runner/demo/
 	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./config/
-	$(GO) test -run '^$$' -fuzz '^FuzzFrame$$' -fuzztime $(FUZZTIME) ./gateway/ws/
+	$(GO) test -run '^$$' -fuzz '^FuzzFrame$$' -fuzztime $(FUZZTIME) ./channels/ws/
 	$(GO) test -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME) ./channels/telegram/
 
 ## e2e: the built binary against the real OpenClaw CLI/TUI (tmux) and the web chat in headless

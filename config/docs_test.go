@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 

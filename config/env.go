@@ -10,7 +10,7 @@ import (
 
 	"github.com/knadh/koanf/providers/env/v2"
 
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/messages"
 )
 
 // EnvPrefix starts every environment variable that overrides a key.

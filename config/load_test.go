@@ -13,7 +13,7 @@ import (
 
 	"github.com/knadh/koanf/providers/file"
 
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 

@@ -3,7 +3,7 @@ package config
 import (
 	"time"
 
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 
@@ -15,7 +15,7 @@ type Config struct {
 	Agents   Agents            `koanf:"agents"`
 	Channels Channels          `koanf:"channels"`
 	Watchdog Watchdog          `koanf:"watchdog"`
-	Messages map[string]string `koanf:"messages"` // template overrides, see gateway/messages
+	Messages map[string]string `koanf:"messages"` // template overrides, see messages
 	Store    Store             `koanf:"store"`
 	Alerts   Alerts            `koanf:"alerts"`
 

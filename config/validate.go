@@ -15,7 +15,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 

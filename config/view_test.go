@@ -10,7 +10,7 @@ import (
 
 	"github.com/knadh/koanf/v2"
 
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 

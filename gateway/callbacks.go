@@ -1,8 +1,8 @@
 package gateway
 
 import (
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/gateway/event"
 )
 
 // callbacks connect a runner to its run: each call updates the abort

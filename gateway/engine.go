@@ -26,11 +26,11 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
 	"github.com/turnguard/turnguard/gateway/errlog"
-	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/gateway/maintenance"
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/internal/testlog"
 	"github.com/turnguard/turnguard/runner"
 	execrunner "github.com/turnguard/turnguard/runner/exec"

@@ -8,7 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/runner"
 )
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/internal/faketime"
 	"github.com/turnguard/turnguard/runner"
 )

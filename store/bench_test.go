@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/store"
 )
 

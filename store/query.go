@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 )
 
 // History returns the last limit messages of the session since its last

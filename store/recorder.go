@@ -10,7 +10,7 @@ import (
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 )
 
 // Handle records ev. It is an event.Handler for bus.Subscribe("", …): it is

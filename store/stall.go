@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 )
 
 // StallHistory returns the stall episodes of the turns matching f, computed

@@ -47,7 +47,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 )
 
 // Errors callers branch on. They are returned wrapped; test with errors.Is.

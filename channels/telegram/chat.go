@@ -8,8 +8,8 @@ import (
 
 	"github.com/go-telegram/bot/models"
 
-	"github.com/turnguard/turnguard/gateway/event"
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/store"
 )
 

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 	"github.com/turnguard/turnguard/store"

@@ -14,9 +14,9 @@ import (
 	"github.com/go-telegram/bot/models"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/gateway/event"
 )
 
 // maxRejectedLogged bounds the set of refused chats remembered for "log

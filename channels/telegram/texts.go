@@ -7,9 +7,9 @@ import (
 	"github.com/go-telegram/bot/models"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/gateway/event"
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner/demo"
 )
 

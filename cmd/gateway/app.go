@@ -13,13 +13,13 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/turnguard/turnguard/channels/webchat"
+	"github.com/turnguard/turnguard/channels/ws"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/gateway/alerts"
-	"github.com/turnguard/turnguard/gateway/messages"
 	"github.com/turnguard/turnguard/gateway/server"
-	"github.com/turnguard/turnguard/gateway/web"
-	"github.com/turnguard/turnguard/gateway/ws"
+	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/ops/alerts"
 	execrunner "github.com/turnguard/turnguard/runner/exec"
 	"github.com/turnguard/turnguard/store"
 )
@@ -128,7 +128,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	}
 	handler := server.NewRouter(server.Options{
 		WebSocket: a.ws,
-		Page:      web.Handler(),
+		Page:      webchat.Handler(),
 		Ready:     a.readiness,
 		Mount:     func(r chi.Router) { a.ops.mount(r); a.tg.mount(r) },
 		Log:       log,

@@ -10,16 +10,16 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/gateway/admin"
-	"github.com/turnguard/turnguard/gateway/alerts"
 	"github.com/turnguard/turnguard/gateway/maintenance"
-	"github.com/turnguard/turnguard/gateway/metrics"
+	"github.com/turnguard/turnguard/ops/admin"
+	"github.com/turnguard/turnguard/ops/alerts"
+	"github.com/turnguard/turnguard/ops/metrics"
 	"github.com/turnguard/turnguard/store"
 )
 
 // ops is the operator side of the gateway: Prometheus metrics
-// (gateway/metrics), operator alerts (gateway/alerts), and the diagnostics
-// API with the admin dashboard (gateway/admin). The app creates it before
+// (ops/metrics), operator alerts (ops/alerts), and the diagnostics
+// API with the admin dashboard (ops/admin). The app creates it before
 // the engine (the engine's scheduler reports abort lateness to it), wires
 // it once the engine and channels exist, mounts its routes on the HTTP
 // router and closes it at shutdown. Every method is safe on a nil *ops

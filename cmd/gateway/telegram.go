@@ -8,7 +8,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/turnguard/turnguard/channels/telegram"
-	"github.com/turnguard/turnguard/gateway/alerts"
+	"github.com/turnguard/turnguard/ops/alerts"
 )
 
 // telegramShutdownWait bounds the delivery of the replies and notices still

@@ -42,10 +42,10 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/turnguard/turnguard/channels/ws"
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/gateway/event"
-	"github.com/turnguard/turnguard/gateway/ws"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 )

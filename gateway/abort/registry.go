@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/turnguard/turnguard/gateway/event"
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 

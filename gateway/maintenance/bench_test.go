@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/timeout"
 )
 

@@ -14,8 +14,8 @@ package maintenance
 import (
 	"time"
 
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/gateway/event"
 )
 
 // Action is what Decide says to do now.

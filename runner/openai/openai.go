@@ -57,7 +57,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/runner"
 )
 

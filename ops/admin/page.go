@@ -4,7 +4,7 @@ import (
 	"embed"
 	"net/http"
 
-	"github.com/turnguard/turnguard/gateway/web"
+	"github.com/turnguard/turnguard/internal/staticpage"
 )
 
 //go:embed static
@@ -12,5 +12,5 @@ var files embed.FS
 
 // pageHandler serves the dashboard: /admin and /admin/ are index.html,
 // /admin/assets/NAME a file of the page; anything else is 404 (see
-// web.Static for the headers).
-func pageHandler() http.Handler { return web.Static(files, "static", "/admin") }
+// staticpage.Handler for the headers).
+func pageHandler() http.Handler { return staticpage.Handler(files, "static", "/admin") }

@@ -14,11 +14,11 @@ import (
 	"github.com/go-chi/chi/v5"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/gateway/alerts"
-	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/gateway/maintenance"
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/ops/alerts"
 	"github.com/turnguard/turnguard/store"
 )
 

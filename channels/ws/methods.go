@@ -12,8 +12,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/gateway/event"
 )
 
 // handler serves one method. It returns the response payload or error; a

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/gateway/event"
 )
 
 // chatEvent is the payload of a `chat` event.

@@ -39,13 +39,13 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/gateway/alerts"
 	"github.com/turnguard/turnguard/gateway/errlog"
-	"github.com/turnguard/turnguard/gateway/event"
 	"github.com/turnguard/turnguard/gateway/maintenance"
 	"github.com/turnguard/turnguard/gateway/server"
+	"github.com/turnguard/turnguard/ops/alerts"
 	"github.com/turnguard/turnguard/store"
 )
 

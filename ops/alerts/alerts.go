@@ -37,8 +37,8 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/gateway/event"
-	"github.com/turnguard/turnguard/gateway/messages"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
 )
 
 // Delivery limits.

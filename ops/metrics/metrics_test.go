@@ -19,9 +19,9 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/gateway/event"
-	"github.com/turnguard/turnguard/gateway/metrics"
+	"github.com/turnguard/turnguard/ops/metrics"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 	"github.com/turnguard/turnguard/store"

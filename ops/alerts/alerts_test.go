@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/gateway/alerts"
-	"github.com/turnguard/turnguard/gateway/event"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/ops/alerts"
 
 	"github.com/turnguard/turnguard/internal/faketime"
 )

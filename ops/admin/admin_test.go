@@ -18,9 +18,9 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/gateway/admin"
-	"github.com/turnguard/turnguard/gateway/metrics"
 	"github.com/turnguard/turnguard/gateway/server"
+	"github.com/turnguard/turnguard/ops/admin"
+	"github.com/turnguard/turnguard/ops/metrics"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 	"github.com/turnguard/turnguard/store"
@@ -202,10 +202,10 @@ func golden(t *testing.T, name, got string) {
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (run go test ./gateway/admin -update to create it)", err)
+		t.Fatalf("%v (run go test ./ops/admin -update to create it)", err)
 	}
 	if got != string(want) {
-		t.Errorf("%s differs (go test ./gateway/admin -update rewrites it after checking the change)\n--- got\n%s\n--- want\n%s", name, got, want)
+		t.Errorf("%s differs (go test ./ops/admin -update rewrites it after checking the change)\n--- got\n%s\n--- want\n%s", name, got, want)
 	}
 }
 

@@ -1,4 +1,4 @@
-package web
+package webchat
 
 import (
 	"io/fs"
@@ -59,7 +59,7 @@ func TestServesPage(t *testing.T) {
 }
 
 func TestNotFound(t *testing.T) {
-	for _, path := range []string{"/assets/", "/assets/index.html", "/assets/../web.go", "/assets/static/chat.js",
+	for _, path := range []string{"/assets/", "/assets/index.html", "/assets/../webchat.go", "/assets/static/chat.js",
 		"/index.html", "/chat.js", "/assets/nope.js"} {
 		if rec := get(t, path, nil); rec.Code != http.StatusNotFound {
 			t.Errorf("GET %s: status %d, want 404", path, rec.Code)

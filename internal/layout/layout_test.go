@@ -1,0 +1,66 @@
+package layout_test
+
+import (
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/turnguard/turnguard/"
+
+// deps lists the turnguard packages that the packages matching pattern
+// import, directly or not (tests excluded: a test may reach across rooms).
+func deps(t *testing.T, pattern string) []string {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(gobin, "list", "-deps", "-f", "{{.ImportPath}}", module+pattern)
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list %s: %v\n%s", pattern, err, out)
+	}
+	var own []string
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, module) {
+			own = append(own, strings.TrimPrefix(p, module))
+		}
+	}
+	return own
+}
+
+// TestImportsRunOneWay fails when a package imports a room it must not:
+// the rule, the offending dependency and the packages checked are named.
+func TestImportsRunOneWay(t *testing.T) {
+	for _, rule := range []struct {
+		packages  string   // a go list pattern below the module
+		forbidden []string // path prefixes below the module
+		why       string
+	}{
+		{"event/...", []string{""}, "the vocabulary is a leaf"},
+		{"messages/...", []string{""}, "the vocabulary is a leaf"},
+		{"timeout/...", []string{""}, "the timeout resolvers are pure"},
+		{"runner/...", []string{"gateway", "channels", "ops", "cmd", "store"}, "the engine builds on runners, not the other way"},
+		{"store/...", []string{"gateway", "channels", "ops", "cmd", "runner"}, "the engine builds on the store, not the other way"},
+		{"config/...", []string{"gateway", "channels", "ops", "cmd", "runner", "store"}, "configuration is read by everyone and reads no one"},
+		{"gateway/...", []string{"channels", "ops", "cmd"}, "the engine emits events; channels and operators subscribe"},
+		{"channels/...", []string{"ops", "cmd"}, "channels do not reach into the operator side"},
+		{"ops/...", []string{"channels", "cmd"}, "the operator side does not reach into channels"},
+	} {
+		own := strings.TrimSuffix(rule.packages, "/...")
+		for _, dep := range deps(t, rule.packages) {
+			if dep == own || strings.HasPrefix(dep, own+"/") {
+				continue
+			}
+			for _, f := range rule.forbidden {
+				if f == "" || dep == f || strings.HasPrefix(dep, f+"/") {
+					t.Errorf("%s imports %s: %s", rule.packages, dep, rule.why)
+				}
+			}
+		}
+	}
+}
