@@ -233,6 +233,47 @@ func TestAbortSurvivesReconnectOfTheSameDevice(t *testing.T) {
 	}
 }
 
+// The web chat signs the challenge the way chat.js does (its client id,
+// mode, platform "web", deviceFamily "browser", its scopes, the token, the
+// challenge's ts and nonce), with a key the browser keeps: after its socket
+// drops, the page's Stop still stops the turn it started. Without the
+// device block (a browser without WebCrypto Ed25519) the run is the
+// connection's, and the reconnected page is refused — which is what the
+// signature is for.
+func TestWebChatOwnsItsRunAcrossReconnect(t *testing.T) {
+	const token = "web-token-5e1d"
+	e := newTCPEnv(t, envOpts{opts: Options{Token: token}})
+	key := deviceKey(3)
+
+	first := e.connectSigned("webchat", key, token, nil)
+	first.call("chat.send", map[string]any{"sessionKey": "agent:main:web", "message": "/steps shell:hang", "idempotencyKey": "w1"})
+	e.waitStep("agent:main:web", "shell")
+	first.ws.Close()
+	if r := e.connectSigned("webchat", deviceKey(4), token, nil).call("chat.abort",
+		map[string]any{"sessionKey": "agent:main:web", "runId": "w1"}); r.OK || r.Error.Code != CodeForbidden {
+		t.Fatalf("another browser's key stopped the run: %s", r.raw)
+	}
+	again := e.connectSigned("webchat", key, token, nil)
+	id := again.request("chat.abort", map[string]any{"sessionKey": "agent:main:web", "runId": "w1"})
+	ab := again.chat("w1", "aborted")
+	if r := again.response(id); !r.OK || r.get("aborted") != true {
+		t.Fatalf("the reconnected page's Stop: %s", r.raw)
+	}
+	if ab.str("stopReason") != "user" || !strings.HasPrefix(ab.str("errorMessage"), "⏹️ Stopped") {
+		t.Fatalf("aborted event %s", ab.raw)
+	}
+
+	// Unsigned: the run belongs to the connection that started it.
+	e.waitIdle()
+	plain, _ := e.connect("webchat", token)
+	plain.call("chat.send", map[string]any{"sessionKey": "agent:main:web", "message": "/steps shell:hang", "idempotencyKey": "w2"})
+	plain.ws.Close()
+	back, _ := e.connect("webchat", token)
+	if r := back.call("chat.abort", map[string]any{"sessionKey": "agent:main:web", "runId": "w2"}); r.OK || r.Error.Code != CodeForbidden {
+		t.Fatalf("an unsigned page's new connection stopped the old connection's run: %s", r.raw)
+	}
+}
+
 func indexOf(fs []frame, raw string) int {
 	for i, f := range fs {
 		if f.raw == raw {

@@ -300,9 +300,18 @@ func deviceKey(n byte) ed25519.PrivateKey {
 // block) before they are sent.
 func (e *env) connectDevice(key ed25519.PrivateKey, token string, tamper func(p map[string]any, dev map[string]any)) *client {
 	e.t.Helper()
+	return e.connectSigned("tui", key, token, tamper)
+}
+
+// connectSigned connects with the params of testdata/connect_<fixture>.json
+// and a device block signing the challenge with key: the v3 text
+// (docs/protocol.md §3) with signedAt = the challenge's ts, as the TUI and
+// the web chat (channels/webchat/static/chat.js) build it.
+func (e *env) connectSigned(fixture string, key ed25519.PrivateKey, token string, tamper func(p map[string]any, dev map[string]any)) *client {
+	e.t.Helper()
 	c := e.connectRaw("")
 	ch := c.read()
-	p := connectFixture(e.t, "tui", token)
+	p := connectFixture(e.t, fixture, token)
 	if token == "" {
 		delete(p, "auth")
 	}
