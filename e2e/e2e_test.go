@@ -349,7 +349,10 @@ func TestTUI(t *testing.T) {
 	x.save("tui-esc-abort.txt")
 }
 
-// TestWebChat drives the web chat page in headless Chromium (webchat.mjs).
+// TestWebChat drives the web chat page in headless Chromium (webchat.mjs),
+// including Stop after the page's socket dropped and reconnected (the page
+// signs each challenge with its browser's device key) and a browser without
+// WebCrypto Ed25519.
 func TestWebChat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

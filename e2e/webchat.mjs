@@ -3,7 +3,9 @@
 // fragment, start a new session, watch a streamed reply with tool lines,
 // watch a step time out (the "still working" note on the step's line, then
 // the warning with its stop reason — screenshot), stop a turn with the Stop
-// button, and switch sessions.
+// button, switch sessions, and stop a turn after the page's socket dropped
+// and reconnected (the page signs each challenge with the same device key,
+// so the run is still its own).
 //
 // Usage: node webchat.mjs URL ARTIFACTS_DIR
 // Env:   E2E_CHROMIUM (executable), E2E_NODE_MODULES (where playwright-core is)
@@ -27,6 +29,29 @@ async function send(page, text) {
   await page.click("#send");
 }
 
+// newSession picks "+ New session" and waits for its empty conversation.
+async function newSession(page) {
+  const was = await page.$eval("#session", (s) => s.value);
+  await page.selectOption("#session", "__new__");
+  await page.waitForFunction((a) => {
+    const v = document.querySelector("#session").value;
+    return v !== a && v.startsWith("agent:main:web-");
+  }, was);
+  await page.waitForFunction(() => document.querySelectorAll("#messages .msg").length === 0);
+}
+
+// connectsOf collects the params of every connect the page sends.
+function connectsOf(page) {
+  const connects = [];
+  page.on("websocket", (ws) => ws.on("framesent", (f) => {
+    try {
+      const m = JSON.parse(String(f.payload));
+      if (m.method === "connect") connects.push(m.params);
+    } catch (_) { /* not JSON */ }
+  }));
+  return connects;
+}
+
 async function main() {
   const browser = await chromium.launch({
     executablePath: process.env.E2E_CHROMIUM || "/usr/bin/chromium",
@@ -38,6 +63,16 @@ async function main() {
   const consoleErrors = [];
   page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
   page.on("pageerror", (e) => consoleErrors.push(String(e)));
+  // The page's sockets (to drop one as a network blip would) and its connect
+  // params (to check the device block).
+  await page.addInitScript(() => {
+    const Native = window.WebSocket;
+    window.__e2eSockets = [];
+    window.WebSocket = class extends Native {
+      constructor(...args) { super(...args); window.__e2eSockets.push(this); }
+    };
+  });
+  const connects = connectsOf(page);
   try {
     await page.goto(url);
     await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
@@ -95,12 +130,7 @@ async function main() {
 
     // 4. Session selector: a second session, then back to the first, whose
     //    history (messages and notices) is loaded again.
-    await page.selectOption("#session", "__new__");
-    await page.waitForFunction((a) => {
-      const v = document.querySelector("#session").value;
-      return v !== a && v.startsWith("agent:main:web-");
-    }, sessionA);
-    await page.waitForFunction(() => document.querySelectorAll("#messages .msg").length === 0);
+    await newSession(page);
     await send(page, "/steps say:Second_session_reply");
     await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Second session reply", { timeout: T.turn });
     ok("second session has its own conversation");
@@ -110,6 +140,70 @@ async function main() {
     if (await page.$("text=Second session reply")) throw new Error("switching back still shows the other session");
     ok("switched back: history with the step timeout notice reloaded");
     await page.screenshot({ path: path.join(artifacts, "webchat-history.png") });
+
+    // 5. A dropped socket: the page reconnects, signing the new challenge with
+    //    the same device key, and its Stop still stops the turn it started.
+    await newSession(page);
+    // Steps of 1.5s, each under the 2s step timeout: a turn of ~20s.
+    await send(page, `/steps ${Array(13).fill("web_search:1500ms").join(" ")}`);
+    await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+    const before = connects.length;
+    await page.evaluate(() => window.__e2eSockets[window.__e2eSockets.length - 1].close());
+    await page.waitForSelector('#status[data-state="disconnected"]', { timeout: T.connect });
+    await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    ok("socket dropped; the page reconnected");
+    // The turn's events reach the reconnected page (a step line after the
+    // history reload), and Stop is enabled for it.
+    await page.waitForSelector('.run .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+    await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
+    await page.click("#stop");
+    const after = await page.waitForSelector('.notice.warning[data-stop-reason="user"], .notice.error', { timeout: T.turn });
+    const afterText = await after.textContent();
+    if (!(await after.evaluate((n) => n.classList.contains("warning")))) {
+      throw new Error(`Stop after the reconnect: ${afterText}`);
+    }
+    if (!afterText.includes("Stopped")) throw new Error(`stop notice text: ${afterText}`);
+    ok(`stopped by the user after the reconnect: "${afterText}"`);
+    await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+    await page.screenshot({ path: path.join(artifacts, "webchat-stop-after-reconnect.png") });
+    if (connects.length <= before) throw new Error("no second connect was sent");
+    const devs = connects.map((c) => c.device);
+    if (devs.some((d) => !d || !/^[0-9a-f]{64}$/.test(d.id) || !d.signature || !d.publicKey)) {
+      throw new Error(`a connect without a device block: ${JSON.stringify(devs)}`);
+    }
+    if (new Set(devs.map((d) => d.id)).size !== 1) throw new Error(`the device changed: ${devs.map((d) => d.id).join(", ")}`);
+    if (new Set(devs.map((d) => d.nonce)).size !== devs.length) throw new Error("a challenge nonce was signed twice");
+    ok(`${connects.length} connects, each signed by device ${devs[0].id.slice(0, 12)}…`);
+
+    // 6. A browser without WebCrypto Ed25519: the page connects unsigned,
+    //    says nothing alarming, and Stop works while it stays connected.
+    const plain = await browser.newPage({ viewport: { width: 1100, height: 760 } });
+    plain.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") consoleErrors.push(`(no Ed25519) ${m.text()}`); });
+    plain.on("pageerror", (e) => consoleErrors.push(`(no Ed25519) ${e}`));
+    await plain.addInitScript(() => {
+      const subtle = crypto.subtle;
+      const generateKey = subtle.generateKey.bind(subtle);
+      subtle.generateKey = (alg, ...rest) => (alg && alg.name === "Ed25519"
+        ? Promise.reject(new DOMException("Algorithm: Unrecognized name", "NotSupportedError"))
+        : generateKey(alg, ...rest));
+    });
+    const plainConnects = connectsOf(plain);
+    await plain.goto(url);
+    await plain.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    if (plainConnects.length !== 1 || plainConnects[0].device !== undefined) {
+      throw new Error(`without Ed25519 the connect was ${JSON.stringify(plainConnects)}`);
+    }
+    await newSession(plain);
+    await send(plain, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+    await plain.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+    await plain.click("#stop");
+    const plainStop = await plain.waitForSelector('.notice.warning[data-stop-reason="user"], .notice.error', { timeout: T.turn });
+    if (!(await plainStop.evaluate((n) => n.classList.contains("warning")))) {
+      throw new Error(`Stop without Ed25519: ${await plainStop.textContent()}`);
+    }
+    if ((await plain.textContent("#messages")).match(/Ed25519|device|signature/i)) throw new Error("the page talks about keys");
+    ok("without WebCrypto Ed25519: connected unsigned, Stop works, nothing alarming shown");
+    await plain.close();
 
     if (consoleErrors.length) throw new Error(`console errors: ${consoleErrors.join(" | ")}`);
     ok("no console errors");

@@ -8,6 +8,10 @@
 // come: streamed text (each delta carries the full text), one line per tool
 // step (a "still working" notice replaces that line's note in place), and a
 // terminal final | aborted (warning with the stop reason) | error.
+//
+// Identity: connect carries a device block signing the challenge with an
+// Ed25519 key this browser keeps (see "device identity" below), so the turns
+// this page starts stay its own across reconnects and its Stop keeps working.
 "use strict";
 
 (() => {
@@ -36,6 +40,7 @@
     stopReconnect: false,
     instanceId: uuid(),
     sessionsTimer: 0,
+    device: null, // Promise of this browser's device key (null inside: none)
   };
 
   // ---- helpers -----------------------------------------------------------
@@ -225,6 +230,122 @@
     if (state.activeRun === v.id) setActive("");
   }
 
+  // ---- device identity ---------------------------------------------------
+  //
+  // The gateway gives a run to the identity that started it: a device key the
+  // client proved by signing the connect challenge, else the connection
+  // (docs/protocol.md §3, §6 chat.abort). So the page signs, as the TUI does,
+  // or its Stop would be refused after any reconnect.
+  //
+  // One key pair per browser profile and origin, made with WebCrypto and kept
+  // in IndexedDB with a non-extractable private key: reloads, new tabs and
+  // restarts of this browser are the same device (like the TUI's one key per
+  // machine), and a script or extension that reads the page's storage can use
+  // the key while it runs in the page but cannot copy it out. If IndexedDB is
+  // unavailable (some private windows) the key lives as long as the page.
+  // Without WebCrypto Ed25519 (an old browser, or a plain-http address other
+  // than localhost, where crypto.subtle does not exist) the page connects
+  // without a device block: everything works, and only a turn that was running
+  // across a reconnect can no longer be stopped from here.
+
+  const DEVICE_DB = "turnguard";
+  const DEVICE_STORE = "device";
+  const DEVICE_ENTRY = "ed25519";
+  const DEVICE_WAIT_MS = 3000;
+
+  function hex(bytes) {
+    return Array.from(bytes, (x) => x.toString(16).padStart(2, "0")).join("");
+  }
+
+  function base64url(bytes) {
+    let bin = "";
+    for (const b of bytes) bin += String.fromCharCode(b);
+    return btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  }
+
+  // asciiLower trims and lowercases ASCII letters only, as the gateway does
+  // for platform and deviceFamily before it checks the signature.
+  function asciiLower(s) {
+    return String(s || "").trim().replace(/[A-Z]/g, (c) => c.toLowerCase());
+  }
+
+  // deviceStore runs one request on the key store and resolves with its result.
+  function deviceStore(mode, fn) {
+    return new Promise((resolve, reject) => {
+      const open = indexedDB.open(DEVICE_DB, 1);
+      open.onupgradeneeded = () => open.result.createObjectStore(DEVICE_STORE);
+      open.onblocked = () => reject(new Error("key store blocked"));
+      open.onerror = () => reject(open.error);
+      open.onsuccess = () => {
+        const db = open.result;
+        let req;
+        try {
+          const tx = db.transaction(DEVICE_STORE, mode);
+          req = fn(tx.objectStore(DEVICE_STORE));
+          tx.oncomplete = () => { db.close(); resolve(req.result); };
+          tx.onabort = () => { db.close(); reject(tx.error || req.error); };
+        } catch (err) {
+          db.close();
+          reject(err);
+        }
+      };
+    });
+  }
+
+  function usableKeys(k) {
+    return !!(k && k.privateKey && k.publicKey && k.privateKey.algorithm && k.privateKey.algorithm.name === "Ed25519");
+  }
+
+  // browserKeys returns the stored key pair or makes one; when two tabs make
+  // one at once, the first one stored wins and both use it.
+  async function browserKeys() {
+    let stored = null;
+    try { stored = await deviceStore("readonly", (s) => s.get(DEVICE_ENTRY)); } catch (_) { stored = null; }
+    if (usableKeys(stored)) return stored;
+    const made = await crypto.subtle.generateKey({ name: "Ed25519" }, false, ["sign", "verify"]);
+    try {
+      await deviceStore("readwrite", (s) => s.add(made, DEVICE_ENTRY));
+    } catch (_) {
+      try { stored = await deviceStore("readonly", (s) => s.get(DEVICE_ENTRY)); } catch (_) { stored = null; }
+      if (usableKeys(stored)) return stored; // another tab stored its pair first
+    }
+    return made; // stored, or kept for this page only
+  }
+
+  // loadDevice resolves with {id, publicKey, privateKey} or null when this
+  // browser cannot sign with Ed25519.
+  async function loadDevice() {
+    if (!globalThis.crypto || !crypto.subtle) return null;
+    try {
+      const keys = await browserKeys();
+      const raw = new Uint8Array(await crypto.subtle.exportKey("raw", keys.publicKey));
+      const sum = new Uint8Array(await crypto.subtle.digest("SHA-256", raw));
+      return { id: hex(sum), publicKey: base64url(raw), privateKey: keys.privateKey };
+    } catch (_) {
+      console.info("turnguard: no Ed25519 in this browser; a turn can be stopped from this page while it stays connected");
+      return null;
+    }
+  }
+
+  // deviceProof signs the challenge for the connect params p, byte for byte
+  // the text the gateway verifies (channels/ws/device.go):
+  // v3|id|client.id|client.mode|role|scopes,…|signedAt|token|nonce|platform|deviceFamily,
+  // signedAt being the challenge's ts. null when there is no key.
+  async function deviceProof(challenge, p) {
+    if (!state.device) state.device = loadDevice();
+    const dev = await Promise.race([state.device, new Promise((r) => setTimeout(() => r(null), DEVICE_WAIT_MS))]);
+    if (!dev) return null;
+    const signedAt = Number.isSafeInteger(challenge.ts) ? challenge.ts : Date.now();
+    const text = ["v3", dev.id, p.client.id, p.client.mode, p.role, p.scopes.join(","), String(signedAt),
+      (p.auth && p.auth.token) || "", challenge.nonce, asciiLower(p.client.platform), asciiLower(p.client.deviceFamily)].join("|");
+    try {
+      const sig = await crypto.subtle.sign({ name: "Ed25519" }, dev.privateKey, new TextEncoder().encode(text));
+      return { id: dev.id, publicKey: dev.publicKey, signature: base64url(new Uint8Array(sig)), signedAt, nonce: challenge.nonce };
+    } catch (_) {
+      return null;
+    }
+  }
+
   // ---- protocol ----------------------------------------------------------
 
   function request(method, params) {
@@ -299,6 +420,9 @@
       scopes: ["operator.read", "operator.write", "operator.admin"],
     };
     if (state.token) params.auth = { token: state.token };
+    const device = await deviceProof(challenge, params);
+    if (state.ws !== ws) return;
+    if (device) params.device = device;
     try {
       await request("connect", params);
     } catch (err) {
@@ -555,5 +679,6 @@
   });
 
   rememberSession(state.sessionKey);
+  state.device = loadDevice();
   connect();
 })();
