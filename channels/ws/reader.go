@@ -154,6 +154,11 @@ type connectParams struct {
 	Caps []string `json:"caps"`
 	Auth struct {
 		Token string `json:"token"`
+		// What the client signs when it sends no token (see
+		// signedTokens); never a credential here: turnguard issues
+		// neither.
+		DeviceToken    string `json:"deviceToken"`
+		BootstrapToken string `json:"bootstrapToken"`
 	} `json:"auth"`
 	Role   string          `json:"role"`
 	Scopes []string        `json:"scopes"`

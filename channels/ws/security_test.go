@@ -300,11 +300,22 @@ func deviceKey(n byte) ed25519.PrivateKey {
 // block) before they are sent.
 func (e *env) connectDevice(key ed25519.PrivateKey, token string, tamper func(p map[string]any, dev map[string]any)) *client {
 	e.t.Helper()
+	var auth map[string]any
+	if token != "" {
+		auth = map[string]any{"token": token}
+	}
+	return e.connectDeviceAuth(key, auth, token, tamper)
+}
+
+// connectDeviceAuth is connectDevice with connect's auth block (nil: none)
+// and the token the signature covers given apart.
+func (e *env) connectDeviceAuth(key ed25519.PrivateKey, auth map[string]any, token string, tamper func(p map[string]any, dev map[string]any)) *client {
+	e.t.Helper()
 	c := e.connectRaw("")
 	ch := c.read()
-	p := connectFixture(e.t, "tui", token)
-	if token == "" {
-		delete(p, "auth")
+	p := connectFixture(e.t, "tui", "-")
+	if auth != nil {
+		p["auth"] = auth
 	}
 	pub := key.Public().(ed25519.PublicKey)
 	sum := sha256.Sum256(pub)
@@ -484,5 +495,32 @@ func TestProcessSendBudgetClosesSlowClients(t *testing.T) {
 	}
 	if r := user.call("health", nil); !r.OK {
 		t.Fatalf("the user who reads: %s", r.raw)
+	}
+}
+
+// TestDeviceSignatureCoversTheTokenTheClientSent: the real client signs
+// auth.token ?? auth.deviceToken ?? auth.bootstrapToken. A TUI holding a
+// stored device token (from an OpenClaw gateway it used before) sends no
+// auth.token and signs its deviceToken; it used to be verified against ""
+// only, so its identity was its connection and it could not stop its own
+// run after reconnecting.
+func TestDeviceSignatureCoversTheTokenTheClientSent(t *testing.T) {
+	for _, field := range []string{"deviceToken", "bootstrapToken"} {
+		t.Run(field, func(t *testing.T) {
+			e := newTCPEnv(t, envOpts{})
+			key := deviceKey(3)
+			auth := map[string]any{field: "stored-" + field}
+			first := e.connectDeviceAuth(key, auth, "stored-"+field, nil)
+			first.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r-" + field})
+			first.ws.Close()
+			other := e.connectDeviceAuth(deviceKey(4), auth, "stored-"+field, nil)
+			if r := other.call("chat.abort", map[string]any{"sessionKey": "main"}); r.OK || r.Error.Code != CodeForbidden {
+				t.Fatalf("another device's abort: %s", r.raw)
+			}
+			again := e.connectDeviceAuth(key, auth, "stored-"+field, nil)
+			if r := again.call("chat.abort", map[string]any{"sessionKey": "main"}); !r.OK || r.get("aborted") != true {
+				t.Fatalf("the same device, reconnected: %s", r.raw)
+			}
+		})
 	}
 }
