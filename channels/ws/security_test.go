@@ -524,3 +524,37 @@ func TestDeviceSignatureCoversTheTokenTheClientSent(t *testing.T) {
 		})
 	}
 }
+
+// TestHTMLHeavyAnswersFitTheirBudget: json.Marshal writes <, > and & as
+// \u003c (6 bytes) while the answer budget counted them as 1, so a history
+// of 100,000-character "<<<…" messages answered 6 MB against a 1 MiB
+// budget (and sessions.list of "<…" keys likewise). Answers are encoded as
+// the event frames are, without HTML escapes, and stay within
+// server.maxAnswerBytes.
+func TestHTMLHeavyAnswersFitTheirBudget(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	budget := e.cfg.Current().Server.MaxAnswerBytes
+	user, _ := e.connect("cli", "-")
+	for i := range 12 {
+		run := fmt.Sprintf("html-%d", i)
+		msg := strings.Repeat("<&>", 33_000)
+		if res := user.call("chat.send", map[string]any{"sessionKey": "html", "message": msg, "idempotencyKey": run}); !res.OK {
+			t.Fatalf("send: %.200s", res.raw)
+		}
+		user.chat(run, "final")
+	}
+	h := user.call("chat.history", map[string]any{"sessionKey": "html", "limit": 200})
+	if !h.OK || len(h.raw) > budget {
+		t.Fatalf("chat.history: ok=%v, %d bytes, budget %d", h.OK, len(h.raw), budget)
+	}
+	if msgs, _ := h.get("messages").([]any); len(msgs) < 5 || h.get("truncated") != true {
+		t.Errorf("chat.history: %d messages, truncated=%v", len(msgs), h.get("truncated"))
+	}
+	for i := range 3000 {
+		e.eng.Reset(fmt.Sprintf("agent:main:%s%04d", strings.Repeat("<", 240), i))
+	}
+	l := user.call("sessions.list", map[string]any{})
+	if !l.OK || len(l.raw) > budget {
+		t.Fatalf("sessions.list: ok=%v, %d bytes, budget %d", l.OK, len(l.raw), budget)
+	}
+}
