@@ -432,7 +432,7 @@ func TestLookAlikeSessionKeysRejected(t *testing.T) {
 		}
 	}
 	for _, si := range e.eng.Sessions() {
-		if strings.IndexFunc(si.Key, invisible) >= 0 {
+		if firstInvisible(si.Key) >= 0 {
 			t.Errorf("a session with an invisible character exists: %+q", si.Key)
 		}
 	}
