@@ -163,10 +163,16 @@ func (c *conn) dropQueueLocked() {
 // is never over budget, so one frame larger than a budget is still
 // delivered to a client that reads.
 func (c *conn) overBudget(n int) bool {
-	if c.bytes == 0 {
-		return false
-	}
-	return c.bytes+n > c.queueBytes || c.s.buffered.Load()+int64(n) > c.s.bufferBudget()
+	return c.overOwn(n) || c.overProcess(n)
+}
+
+// overOwn: queueing n more bytes would take c past its own budget.
+func (c *conn) overOwn(n int) bool { return c.bytes > 0 && c.bytes+n > c.queueBytes }
+
+// overProcess: queueing n more bytes for c would take the server past the
+// process budget.
+func (c *conn) overProcess(n int) bool {
+	return c.bytes > 0 && c.s.buffered.Load()+int64(n) > c.s.bufferBudget()
 }
 
 func (c *conn) signal() {
@@ -180,28 +186,31 @@ func (c *conn) signal() {
 // writer once.
 func (c *conn) pushAll(frames []outFrame) {
 	c.mu.Lock()
-	slow := false
+	slow, shed := false, false
 	for i := range frames {
 		if frames[i].toolOnly && !c.toolEvents {
 			continue
 		}
-		if slow = c.pushLocked(frames[i]); slow {
+		var sh bool
+		slow, sh = c.pushLocked(frames[i])
+		shed = shed || sh
+		if slow {
 			break
 		}
 	}
 	c.mu.Unlock()
-	c.pushed(slow)
+	c.pushed(slow, shed)
 }
 
 // push queues f for the writer without blocking (see pushLocked).
 func (c *conn) push(f outFrame) {
 	c.mu.Lock()
-	slow := c.pushLocked(f)
+	slow, shed := c.pushLocked(f)
 	c.mu.Unlock()
-	c.pushed(slow)
+	c.pushed(slow, shed)
 }
 
-func (c *conn) pushed(slow bool) {
+func (c *conn) pushed(slow, shed bool) {
 	if slow || c.holdWake.Load() == 0 {
 		c.signal()
 	}
@@ -209,6 +218,9 @@ func (c *conn) pushed(slow bool) {
 		c.s.stats.slowClosed.Add(1)
 		c.s.log.Warn("closing slow websocket client: its send queue is full of frames that cannot be dropped",
 			"conn", c.id, "ip", c.ip, "queue", c.queueCap, "queueBytes", c.queueBytes)
+	}
+	if shed {
+		c.s.shed(c)
 	}
 }
 
@@ -220,11 +232,16 @@ func (c *conn) pushed(slow bool) {
 // carried into the run's next delta), and a frame that must not be lost
 // first evicts the droppable frames — if that does not make room the client
 // cannot keep up: the connection is closed with 1013 "slow consumer" and
-// pushLocked reports true. No frame is ever queued past a budget, so a
-// client that does not read cannot grow the heap.
-func (c *conn) pushLocked(f outFrame) (slow bool) {
+// pushLocked reports slow. A frame that must not be lost and fits the
+// client's own budget but not the process budget is queued all the same
+// while the client holds no more than its fair share of the process budget
+// (fairShare): the clients over theirs are the cause, and pushLocked
+// reports shed so that the caller, without c.mu, closes them (Server.shed).
+// Otherwise no frame is queued past a budget, so a client that does not
+// read cannot grow the heap.
+func (c *conn) pushLocked(f outFrame) (slow, shed bool) {
 	if c.closing {
-		return false
+		return false, false
 	}
 	switch f.kind {
 	case kindDelta:
@@ -241,23 +258,31 @@ func (c *conn) pushLocked(f outFrame) (slow bool) {
 				q.cost = q.size()
 				c.account(q.cost - old)
 				c.s.stats.droppedDeltas.Add(1)
-				return false
+				return false, false
 			}
 		}
 		if len(c.queue) >= c.queueCap || c.overBudget(f.size()) {
 			c.carryLocked(f)
-			return false
+			return false, false
 		}
 	case kindTick:
 		if len(c.queue) >= c.queueCap || c.overBudget(f.size()) {
-			return false
+			return false, false
 		}
 	default:
-		if len(c.queue) >= c.queueCap || c.overBudget(f.size()) {
+		n := f.size()
+		if len(c.queue) >= c.queueCap || c.overBudget(n) {
 			c.evictLocked()
-			if len(c.queue) >= c.queueCap || c.overBudget(f.size()) {
+			switch {
+			case len(c.queue) >= c.queueCap || c.overOwn(n):
 				c.failLocked(CloseSlowConsumer, "slow consumer")
-				return true
+				return true, false
+			case c.overProcess(n):
+				if int64(c.bytes+n) > c.s.fairShare() {
+					c.failLocked(CloseSlowConsumer, "slow consumer")
+					return true, false
+				}
+				shed = true
 			}
 		}
 		if f.terminal {
@@ -267,7 +292,7 @@ func (c *conn) pushLocked(f outFrame) (slow bool) {
 	f.cost = f.size()
 	c.queue = append(c.queue, f)
 	c.account(f.cost)
-	return false
+	return false, shed
 }
 
 // carryLocked drops delta f; the run's next delta to this connection will

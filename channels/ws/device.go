@@ -30,7 +30,8 @@ type deviceProof struct {
 // verifiedDevice returns the device id that p's device block proves for
 // the challenge nonce, or "" when there is no block or it proves nothing
 // (wrong key, id, nonce or signature). The signed text is
-// v3|id|client.id|client.mode|role|scopes,…|signedAt|token|nonce|platform|deviceFamily.
+// v3|id|client.id|client.mode|role|scopes,…|signedAt|token|nonce|platform|deviceFamily,
+// token being one of signedTokens.
 func verifiedDevice(p connectParams, nonce string) string {
 	if len(p.Device) == 0 || nonce == "" {
 		return ""
@@ -54,12 +55,33 @@ func verifiedDevice(p connectParams, nonce string) string {
 	if _, err := strconv.ParseInt(string(d.SignedAt), 10, 64); err != nil {
 		return ""
 	}
-	msg := strings.Join([]string{"v3", d.ID, p.Client.ID, p.Client.Mode, p.Role, strings.Join(p.Scopes, ","),
-		string(d.SignedAt), p.Auth.Token, d.Nonce, asciiLower(p.Client.Platform), asciiLower(p.Client.DeviceFamily)}, "|")
-	if !ed25519.Verify(pub, []byte(msg), sig) {
-		return ""
+	for _, token := range signedTokens(p) {
+		msg := strings.Join([]string{"v3", d.ID, p.Client.ID, p.Client.Mode, p.Role, strings.Join(p.Scopes, ","),
+			string(d.SignedAt), token, d.Nonce, asciiLower(p.Client.Platform), asciiLower(p.Client.DeviceFamily)}, "|")
+		if ed25519.Verify(pub, []byte(msg), sig) {
+			return strings.ToLower(d.ID)
+		}
 	}
-	return strings.ToLower(d.ID)
+	return ""
+}
+
+// signedTokens returns the texts the client may have put in the signature's
+// token field: the real client signs auth.token ?? auth.deviceToken ??
+// auth.bootstrapToken ("" when none), so a client holding a device token
+// from another gateway and no shared token signs that device token. Any of
+// them proves the key as well: the signature binds the key to this
+// connection's nonce whatever the token text.
+func signedTokens(p connectParams) []string {
+	if p.Auth.Token != "" {
+		return []string{p.Auth.Token}
+	}
+	out := []string{""}
+	for _, t := range []string{p.Auth.DeviceToken, p.Auth.BootstrapToken} {
+		if t != "" {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 func decodeB64URL(s string) ([]byte, error) {

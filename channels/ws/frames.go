@@ -106,12 +106,17 @@ func tickFrame() outFrame {
 	return outFrame{data: b, seq: true, kind: kindTick}
 }
 
+// mustJSON encodes v as encoding/json does but without HTML escapes (<, >
+// and & stay one byte, as in appendString): frames are not HTML, and the
+// answer budgets (jsonLen) count these characters as one byte.
 func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		panic("ws: encoding a frame: " + err.Error()) // only our own types are encoded
 	}
-	return b
+	return bytes.TrimSuffix(b.Bytes(), []byte{'\n'})
 }
 
 // parseFrame decodes an inbound text frame. The error is the message of an

@@ -404,7 +404,8 @@ func cutText(s string, budget int) string {
 	return s[:end] + notice
 }
 
-// jsonLen is the length of s encoded as a JSON string (appendString).
+// jsonLen is the length of s encoded as a JSON string (appendString,
+// mustJSON: no HTML escapes).
 func jsonLen(s string) int {
 	n := 2
 	for _, r := range s {

@@ -154,6 +154,11 @@ type connectParams struct {
 	Caps []string `json:"caps"`
 	Auth struct {
 		Token string `json:"token"`
+		// What the client signs when it sends no token (see
+		// signedTokens); never a credential here: turnguard issues
+		// neither.
+		DeviceToken    string `json:"deviceToken"`
+		BootstrapToken string `json:"bootstrapToken"`
 	} `json:"auth"`
 	Role   string          `json:"role"`
 	Scopes []string        `json:"scopes"`
@@ -340,7 +345,14 @@ func (b *bucket) wait(now time.Time) time.Duration {
 	if b.tokens >= 1 {
 		return 0
 	}
-	return time.Duration((1 - b.tokens) / b.rate * float64(time.Second))
+	return b.until()
+}
+
+// until is how long until the bucket holds a whole token, at least 1 ns
+// while it does not (a shortfall too small for a Duration must not read as
+// "now": take would still refuse).
+func (b *bucket) until() time.Duration {
+	return max(time.Duration((1-b.tokens)/b.rate*float64(time.Second)), 1)
 }
 
 // full reports whether the bucket has refilled completely.
@@ -360,5 +372,5 @@ func (b *bucket) take(now time.Time) (bool, time.Duration) {
 		b.tokens--
 		return true, 0
 	}
-	return false, time.Duration((1 - b.tokens) / b.rate * float64(time.Second))
+	return false, b.until()
 }

@@ -309,11 +309,29 @@ func (e *env) connectDevice(key ed25519.PrivateKey, token string, tamper func(p 
 // the web chat (channels/webchat/static/chat.js) build it.
 func (e *env) connectSigned(fixture string, key ed25519.PrivateKey, token string, tamper func(p map[string]any, dev map[string]any)) *client {
 	e.t.Helper()
+	var auth map[string]any
+	if token != "" {
+		auth = map[string]any{"token": token}
+	}
+	return e.connectSignedAuth(fixture, key, auth, token, tamper)
+}
+
+// connectDeviceAuth is connectDevice with connect's auth block (nil: none)
+// and the token the signature covers given apart.
+func (e *env) connectDeviceAuth(key ed25519.PrivateKey, auth map[string]any, token string, tamper func(p map[string]any, dev map[string]any)) *client {
+	e.t.Helper()
+	return e.connectSignedAuth("tui", key, auth, token, tamper)
+}
+
+// connectSignedAuth is connectSigned with connect's auth block (nil: none)
+// and the token the signature covers given apart.
+func (e *env) connectSignedAuth(fixture string, key ed25519.PrivateKey, auth map[string]any, token string, tamper func(p map[string]any, dev map[string]any)) *client {
+	e.t.Helper()
 	c := e.connectRaw("")
 	ch := c.read()
-	p := connectFixture(e.t, fixture, token)
-	if token == "" {
-		delete(p, "auth")
+	p := connectFixture(e.t, fixture, "-")
+	if auth != nil {
+		p["auth"] = auth
 	}
 	pub := key.Public().(ed25519.PublicKey)
 	sum := sha256.Sum256(pub)
@@ -430,7 +448,7 @@ func TestLookAlikeSessionKeysRejected(t *testing.T) {
 		}
 	}
 	for _, si := range e.eng.Sessions() {
-		if strings.IndexFunc(si.Key, invisible) >= 0 {
+		if firstInvisible(si.Key) >= 0 {
 			t.Errorf("a session with an invisible character exists: %+q", si.Key)
 		}
 	}
@@ -493,5 +511,66 @@ func TestProcessSendBudgetClosesSlowClients(t *testing.T) {
 	}
 	if r := user.call("health", nil); !r.OK {
 		t.Fatalf("the user who reads: %s", r.raw)
+	}
+}
+
+// TestDeviceSignatureCoversTheTokenTheClientSent: the real client signs
+// auth.token ?? auth.deviceToken ?? auth.bootstrapToken. A TUI holding a
+// stored device token (from an OpenClaw gateway it used before) sends no
+// auth.token and signs its deviceToken; it used to be verified against ""
+// only, so its identity was its connection and it could not stop its own
+// run after reconnecting.
+func TestDeviceSignatureCoversTheTokenTheClientSent(t *testing.T) {
+	for _, field := range []string{"deviceToken", "bootstrapToken"} {
+		t.Run(field, func(t *testing.T) {
+			e := newTCPEnv(t, envOpts{})
+			key := deviceKey(3)
+			auth := map[string]any{field: "stored-" + field}
+			first := e.connectDeviceAuth(key, auth, "stored-"+field, nil)
+			first.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r-" + field})
+			first.ws.Close()
+			other := e.connectDeviceAuth(deviceKey(4), auth, "stored-"+field, nil)
+			if r := other.call("chat.abort", map[string]any{"sessionKey": "main"}); r.OK || r.Error.Code != CodeForbidden {
+				t.Fatalf("another device's abort: %s", r.raw)
+			}
+			again := e.connectDeviceAuth(key, auth, "stored-"+field, nil)
+			if r := again.call("chat.abort", map[string]any{"sessionKey": "main"}); !r.OK || r.get("aborted") != true {
+				t.Fatalf("the same device, reconnected: %s", r.raw)
+			}
+		})
+	}
+}
+
+// TestHTMLHeavyAnswersFitTheirBudget: json.Marshal writes <, > and & as
+// \u003c (6 bytes) while the answer budget counted them as 1, so a history
+// of 100,000-character "<<<…" messages answered 6 MB against a 1 MiB
+// budget (and sessions.list of "<…" keys likewise). Answers are encoded as
+// the event frames are, without HTML escapes, and stay within
+// server.maxAnswerBytes.
+func TestHTMLHeavyAnswersFitTheirBudget(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	budget := e.cfg.Current().Server.MaxAnswerBytes
+	user, _ := e.connect("cli", "-")
+	for i := range 12 {
+		run := fmt.Sprintf("html-%d", i)
+		msg := strings.Repeat("<&>", 33_000)
+		if res := user.call("chat.send", map[string]any{"sessionKey": "html", "message": msg, "idempotencyKey": run}); !res.OK {
+			t.Fatalf("send: %.200s", res.raw)
+		}
+		user.chat(run, "final")
+	}
+	h := user.call("chat.history", map[string]any{"sessionKey": "html", "limit": 200})
+	if !h.OK || len(h.raw) > budget {
+		t.Fatalf("chat.history: ok=%v, %d bytes, budget %d", h.OK, len(h.raw), budget)
+	}
+	if msgs, _ := h.get("messages").([]any); len(msgs) < 5 || h.get("truncated") != true {
+		t.Errorf("chat.history: %d messages, truncated=%v", len(msgs), h.get("truncated"))
+	}
+	for i := range 3000 {
+		e.eng.Reset(fmt.Sprintf("agent:main:%s%04d", strings.Repeat("<", 240), i))
+	}
+	l := user.call("sessions.list", map[string]any{})
+	if !l.OK || len(l.raw) > budget {
+		t.Fatalf("sessions.list: ok=%v, %d bytes, budget %d", l.OK, len(l.raw), budget)
 	}
 }

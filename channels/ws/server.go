@@ -17,10 +17,12 @@
 package ws
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,6 +118,65 @@ func (s *Server) bufferBudget() int64 {
 		return int64(b)
 	}
 	return 64 << 20
+}
+
+// fairShare is a connection's share of the process send budget: the
+// budget divided among the open connections.
+func (s *Server) fairShare() int64 {
+	s.mu.Lock()
+	n := int64(max(len(s.conns), 1))
+	s.mu.Unlock()
+	return s.bufferBudget() / n
+}
+
+// shed closes with 1013 the connections holding more than their fair share
+// of the process send budget, the largest first, until what is buffered is
+// within the budget again (their queues are dropped at once; a batch being
+// written to one is released when its write ends, within writeWait).
+// pushLocked asks for it when a connection within its share had to queue a
+// frame past the process budget; except is that connection. It takes one
+// connection's lock at a time and must be called without any held.
+func (s *Server) shed(except *conn) {
+	budget := s.bufferBudget()
+	if s.buffered.Load() <= budget {
+		return
+	}
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		if c != except {
+			conns = append(conns, c)
+		}
+	}
+	share := budget / int64(max(len(s.conns), 1))
+	s.mu.Unlock()
+	held := make(map[*conn]int, len(conns))
+	for _, c := range conns {
+		c.mu.Lock()
+		if !c.closing && int64(c.bytes) > share {
+			held[c] = c.bytes
+		}
+		c.mu.Unlock()
+	}
+	conns = slices.DeleteFunc(conns, func(c *conn) bool { _, ok := held[c]; return !ok })
+	slices.SortFunc(conns, func(a, b *conn) int { return cmp.Compare(held[b], held[a]) })
+	for _, c := range conns {
+		if s.buffered.Load() <= budget {
+			return
+		}
+		c.mu.Lock()
+		closed := !c.closing && int64(c.bytes) > share
+		if closed {
+			c.failLocked(CloseSlowConsumer, "slow consumer")
+		}
+		c.mu.Unlock()
+		if closed {
+			c.signal()
+			s.stats.slowClosed.Add(1)
+			s.log.Warn("closing slow websocket client: it holds more than its share of the process send budget",
+				"conn", c.id, "ip", c.ip, "bytes", held[c], "share", share, "budget", budget)
+		}
+	}
 }
 
 // stats are counters for diagnostics and tests.

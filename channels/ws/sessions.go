@@ -34,7 +34,7 @@ func canonicalKey(method, key string) (string, *rpcError) {
 	if strings.IndexFunc(key, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) }) >= 0 {
 		return "", invalid("invalid %s params: sessionKey must not contain spaces or control characters", method)
 	}
-	if i := strings.IndexFunc(key, invisible); i >= 0 {
+	if i := firstInvisible(key); i >= 0 {
 		r, _ := utf8.DecodeRuneInString(key[i:])
 		return "", invalid("invalid %s params: sessionKey must not contain invisible or direction-changing characters "+
 			"(found U+%04X at byte %d): two keys that look alike would name different sessions", method, r, i)
@@ -53,7 +53,8 @@ func canonicalKey(method, key string) (string, *rpcError) {
 // neighbours are shown: format characters (bidi overrides and isolates,
 // zero-width spaces and joiners, the BOM, soft hyphens — category Cf),
 // U+FFFD (what invalid UTF-8 decodes to) and the other specials,
-// variation selectors, and noncharacters.
+// variation selectors, and noncharacters. Keys are checked with
+// firstInvisible, which allows the ones that are part of an emoji.
 func invisible(r rune) bool {
 	switch {
 	case unicode.Is(unicode.Cf, r), r == utf8.RuneError, r >= 0xFFF0 && r <= 0xFFFF:

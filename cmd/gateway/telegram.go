@@ -8,6 +8,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/turnguard/turnguard/channels/telegram"
+	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/ops/alerts"
 )
 
@@ -60,7 +61,7 @@ func (t *tgChannel) sender() alerts.TelegramSender {
 // mount adds POST /telegram/webhook (it answers 404 in polling mode).
 func (t *tgChannel) mount(r chi.Router) {
 	if t != nil {
-		r.Method(http.MethodPost, "/telegram/webhook", t.ch.WebhookHandler())
+		r.Method(http.MethodPost, server.TelegramWebhookPath, t.ch.WebhookHandler())
 	}
 }
 

@@ -47,7 +47,8 @@ type Options struct {
 	// AllowHost, when set, is asked about every request before routing; a
 	// request it refuses is answered 403 and reaches no handler. With no
 	// token configured the gateway sets it to LocalRequest, the guard
-	// against DNS rebinding. nil serves every Host.
+	// against DNS rebinding. nil serves every Host. POST
+	// TelegramWebhookPath is never refused (it authenticates itself).
 	AllowHost func(r *http.Request) bool
 }
 
@@ -266,11 +267,20 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 	}
 }
 
-// hostGuard refuses requests allow says no to (see LocalRequest).
+// TelegramWebhookPath is where Telegram POSTs updates in webhook mode. The
+// host guard does not apply to POSTs there: Telegram reaches the gateway
+// through a tunnel or proxy that forwards the public Host, and the webhook
+// authenticates every request itself by its secret header
+// (channels.telegram.webhookSecret, required in webhook mode).
+const TelegramWebhookPath = "/telegram/webhook"
+
+// hostGuard refuses requests allow says no to (see LocalRequest), except
+// POST TelegramWebhookPath.
 func hostGuard(allow func(*http.Request) bool, log *slog.Logger) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if !allow(r) {
+			webhook := r.Method == http.MethodPost && r.URL.Path == TelegramWebhookPath
+			if !webhook && !allow(r) {
 				log.Debug("request for a host name that is not served without a token refused", "host", clipHost(r.Host), "ip", r.RemoteAddr)
 				http.Error(w, ErrForeignHost.Error(), http.StatusForbidden)
 				return

@@ -318,3 +318,45 @@ func TestRouterRefusesForeignHostWithoutToken(t *testing.T) {
 		}
 	}
 }
+
+// TestTelegramWebhookIsNotHostGuarded: in webhook mode without
+// server.token, a tunnel or proxy forwards Telegram's POST with the public
+// Host; the DNS rebinding guard used to answer it 403, and updates stopped
+// arriving without a word. The webhook authenticates itself (its secret
+// header), so POST /telegram/webhook passes the guard with any Host; other
+// methods on it and every other route are still guarded.
+func TestTelegramWebhookIsNotHostGuarded(t *testing.T) {
+	hook := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "update taken") })
+	h := NewRouter(Options{
+		AllowHost: func(r *http.Request) bool { return LocalRequest(r, nil) },
+		Mount: func(r chi.Router) {
+			r.Method(http.MethodPost, TelegramWebhookPath, hook)
+			r.Method(http.MethodGet, TelegramWebhookPath, hook)
+			r.Method(http.MethodPost, "/api/x", hook)
+		},
+	})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	tests := []struct {
+		method, path string
+		want         int
+	}{
+		{http.MethodPost, "/telegram/webhook", http.StatusOK},
+		{http.MethodGet, "/telegram/webhook", http.StatusForbidden},
+		{http.MethodPost, "/telegram/webhook/", http.StatusForbidden},
+		{http.MethodPost, "/api/x", http.StatusForbidden},
+	}
+	for _, tc := range tests {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(`{"update_id":1}`))
+		req.Host = "bot.example.com"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s %s with the public Host: %d %q, want %d", tc.method, tc.path, resp.StatusCode, body, tc.want)
+		}
+	}
+}
