@@ -44,6 +44,10 @@ type Options struct {
 	// beforeBatch, when set (tests only, see export_test.go), is called by
 	// the writer goroutine before it writes each batch.
 	beforeBatch func()
+	// noLock, when set (tests only, see export_test.go), skips the
+	// <path>.lock: a second SQLite on the file stands in for a second
+	// process racing at start-up.
+	noLock bool
 }
 
 const (
@@ -115,6 +119,8 @@ type SQLite struct {
 	pruneDone chan struct{} // closed when the pruner has exited; nil without one
 	busy      time.Duration // BusyTimeout, for a reopen
 
+	lock *os.File // the held <path>.lock (lock.go); nil for ":memory:"
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -128,6 +134,10 @@ type SQLite struct {
 // data, a file that is not a SQLite database, a SQLite database of another
 // application, and one whose schema is newer than this build
 // (ErrSchemaTooNew).
+//
+// A file store is locked for the life of the SQLite: Open first takes an
+// exclusive lock on <path>.lock and fails fast with *InUseError ("another
+// gateway is using turnguard.db (pid …)") while another process holds it.
 func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	if path == "" {
 		return nil, fmt.Errorf("open store: empty path: %w", ErrInvalid)
@@ -151,8 +161,18 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 		retention: opts.Retention.withDefaults(),
 		stop:      make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
 	}
+	if !s.memory && !opts.noLock {
+		lock, err := lockFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("open store %s: %w", path, err)
+		}
+		s.lock = lock
+	}
 	h, err := openDBs(ctx, path, s.memory, opts.BusyTimeout)
 	if err != nil {
+		if s.lock != nil {
+			s.lock.Close()
+		}
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	s.setHandles(h)
@@ -294,6 +314,9 @@ func (s *SQLite) Close() error {
 		}
 		s.dbMu.Lock()
 		defer s.dbMu.Unlock()
+		if s.lock != nil {
+			defer s.lock.Close() // last: the file is closed before another process may open it
+		}
 		if s.w == nil {
 			return // a reopen failed: nothing is open
 		}

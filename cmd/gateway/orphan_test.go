@@ -169,3 +169,55 @@ func TestSIGKILLedGatewayLeavesNoAgent(t *testing.T) {
 		t.Error("the restart killed another store's agent process")
 	}
 }
+
+// TestSecondGatewayOnTheSameStoreRefused: a second gateway started on the
+// store a running one uses fails at start with a sentence naming the file and
+// the first one's pid, and neither kills the first one's running agent nor
+// marks its turn interrupted.
+func TestSecondGatewayOnTheSameStoreRefused(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("Linux only")
+	}
+	dir := t.TempDir()
+	pidfile := filepath.Join(dir, "agent.pids")
+	cfg := orphanConfig(t, dir, pidfile)
+
+	first := startGateway(t, dir, cfg)
+	cl := dialGateway(t, first.addr, testToken)
+	chatSend(cl, "main", "run-first", "hello")
+	cl.waitEvent("agent", 10*time.Second, toolStarted("run-first", "hang"))
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, _ := strconv.Atoi(strings.Fields(string(b))[0])
+	defer syscall.Kill(-pgid(t, agent), syscall.SIGKILL)
+
+	second := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(second, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(gatewayBin, "-config", second)
+	cmd.Dir = dir
+	cmd.Env = append(cleanEnv(), "GATEWAY_LOG_FORMAT=json")
+	out, err := runWithin(t, cmd, 30*time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("the second gateway: %v, want a failed start\n%s", err, out)
+	}
+	want := fmt.Sprintf("another gateway is using gateway.db (pid %d)", first.cmd.Process.Pid)
+	if !strings.Contains(out, want) {
+		t.Errorf("the second gateway's output lacks %q:\n%s", want, out)
+	}
+	if !alive(agent) {
+		t.Fatal("the second start killed the first gateway's running agent")
+	}
+	if strings.Contains(out, "interrupted") {
+		t.Errorf("the second start marked turns interrupted:\n%s", out)
+	}
+	select {
+	case <-first.done:
+		t.Fatalf("the first gateway exited:\n%s", first.log())
+	default:
+	}
+}
