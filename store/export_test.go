@@ -14,13 +14,6 @@ func WithBeforeBatch(o Options, f func()) Options {
 	return o
 }
 
-// WithoutLock returns o without the store's <path>.lock, so two SQLites
-// can share a file as two racing processes would without it.
-func WithoutLock(o Options) Options {
-	o.noLock = true
-	return o
-}
-
 // CreateAtVersion creates the database at path with the schema migrated to
 // version v only, as an older turnguard would have left it.
 func CreateAtVersion(ctx context.Context, path string, v int) error {

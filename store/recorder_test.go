@@ -522,7 +522,7 @@ func TestMarkInterruptedExactlyOnceUnderConcurrency(t *testing.T) {
 	flush(t, s1)
 	// Two stores on one file stand in for two processes racing at start-up
 	// (the lock file would refuse the second).
-	s2 := open(t, path, store.WithoutLock(store.Options{}))
+	s2 := open(t, path, store.Options{Unlocked: true})
 
 	const callers = 50
 	var wg sync.WaitGroup

@@ -40,14 +40,15 @@ type Options struct {
 	// store stops being able to write (err describes why, see Health) and
 	// when it can write again (err nil). It must not block.
 	OnHealth func(err error)
+	// Unlocked skips the store's <path>.lock, which otherwise refuses a
+	// second SQLite on the file (*InUseError). Only for something that
+	// reads a store a gateway is using (a test watching it, a tool) or that
+	// stands in for a second process: a gateway must never set it.
+	Unlocked bool
 
 	// beforeBatch, when set (tests only, see export_test.go), is called by
 	// the writer goroutine before it writes each batch.
 	beforeBatch func()
-	// noLock, when set (tests only, see export_test.go), skips the
-	// <path>.lock: a second SQLite on the file stands in for a second
-	// process racing at start-up.
-	noLock bool
 }
 
 const (
@@ -161,7 +162,7 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 		retention: opts.Retention.withDefaults(),
 		stop:      make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
 	}
-	if !s.memory && !opts.noLock {
+	if !s.memory && !opts.Unlocked {
 		lock, err := lockFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("open store %s: %w", path, err)
