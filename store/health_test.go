@@ -418,3 +418,71 @@ func TestFileGoneStaysUnwritableUntilRecreated(t *testing.T) {
 		}
 	})
 }
+
+// TestDiskFullDuringPerEventRetryKeepsTheEnding: a batch that fails for one
+// event's content is retried event by event; if the disk fills during those
+// retries, the events not yet written (here a turn's ending) are kept and
+// retried until space returns — not counted as bad and dropped while the
+// store reports itself healthy.
+func TestDiskFullDuringPerEventRetryKeepsTheEnding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hold := make(chan chan struct{}, 1)
+		path := dbPath(t)
+		s := open(t, path, store.WithBeforeBatch(store.Options{}, func() {
+			select {
+			case g := <-hold:
+				<-g
+			default:
+			}
+		}))
+		ctx := context.Background()
+		tr := newTurn("run-1", "s")
+		s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
+		flush(t, s)
+		// An event whose content the database refuses (a constraint).
+		if err := store.ExecFile(ctx, path, `CREATE TRIGGER poison BEFORE INSERT ON messages
+			WHEN NEW.text = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned message'); END`); err != nil {
+			t.Fatal(err)
+		}
+
+		// Hold the writer on a first batch so the next two share one batch.
+		g := make(chan struct{})
+		hold <- g
+		s.Handle(tr.ev(event.Progress, time.Second, func(e *event.Event) { e.Step = step("tool", "slow", 1, 0) }))
+		synctest.Wait()
+		s.Handle(newTurn("run-2", "s").ev(event.TurnStarted, time.Second, func(e *event.Event) { e.Text = "poison" }))
+		reply := strings.Repeat("a long reply ", 20000) // ~260 KB: needs new pages
+		s.Handle(tr.ev(event.Finished, 2*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, reply }))
+		if _, err := store.LimitPages(s, 0); err != nil {
+			t.Fatal(err)
+		}
+		close(g)
+		synctest.Wait()
+
+		if st := s.Stats(); st.Failed != 1 {
+			t.Errorf("stats after the disk filled during the per-event retry = %+v, want only the poisoned event failed", st)
+		}
+		if err := s.Health(); !errors.Is(err, store.ErrUnwritable) {
+			t.Errorf("Health with a full database = %v, want ErrUnwritable", err)
+		}
+		if got := mustTurn(t, s, "run-1").State; got != store.TurnRunning {
+			t.Errorf("turn state while full = %s", got)
+		}
+
+		if _, err := store.LimitPages(s, 1<<30); err != nil {
+			t.Fatal(err)
+		}
+		faketime.Advance(10 * time.Second)
+		synctest.Wait()
+		flush(t, s)
+		if got := mustTurn(t, s, "run-1").State; got != store.TurnFinished {
+			t.Errorf("turn after space returned = %s, want finished (its ending was dropped)", got)
+		}
+		if err := s.Health(); err != nil {
+			t.Errorf("Health after space returned = %v", err)
+		}
+		if st := s.Stats(); st.Failed != 1 {
+			t.Errorf("stats after recovery = %+v, want 1 failed", st)
+		}
+	})
+}
