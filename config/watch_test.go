@@ -336,3 +336,47 @@ func TestReloadRestartKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedReloadIsRetried: a reload Prepare refused (a runner it could not
+// build yet) is tried again at the next event for the file, even when its
+// content did not change (a touch after installing what was missing).
+func TestRefusedReloadIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "turnguard.yaml")
+		writeFile(t, path, historyConfig("10"))
+		src := NewSource(mustLoad(t, path))
+		var logs logBuffer
+		var mu sync.Mutex
+		ready := false // what Prepare needs is missing at first
+		r := newReloader(src, path, loggerTo(&logs), ReloadHooks{Prepare: func(old, next *Config) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if !ready {
+				return errors.New("agents.exec.command: /opt/agent: no such file")
+			}
+			return nil
+		}})
+		events := make(chan fsnotify.Event)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go r.run(ctx, events, make(chan error))
+
+		writeFile(t, path, historyConfig("20"))
+		events <- fsnotify.Event{Name: path, Op: fsnotify.Write}
+		faketime.Advance(ReloadDebounce)
+		synctest.Wait()
+		eq(t, "historyLimit after a refused reload", src.Current().Server.HistoryLimit, 10)
+		if !strings.Contains(logs.String(), "config reload refused") {
+			t.Fatalf("the refusal was not logged:\n%s", logs.String())
+		}
+
+		mu.Lock()
+		ready = true
+		mu.Unlock()
+		events <- fsnotify.Event{Name: path, Op: fsnotify.Chmod} // touch: same content
+		faketime.Advance(ReloadDebounce)
+		synctest.Wait()
+		eq(t, "historyLimit after the retry", src.Current().Server.HistoryLimit, 20)
+	})
+}
