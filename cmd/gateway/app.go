@@ -83,7 +83,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	recoverInterrupted(sctx, a.store, cfg, log)
 	killLeftoverAgents(cfg, log)
 
-	a.runners = newRunnerSet(log)
+	a.runners = newRunnerSet(log, cfg.Channels.Telegram.Enabled)
 	if err := a.runners.prepare(cfg); err != nil {
 		return a, err
 	}
