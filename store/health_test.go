@@ -486,3 +486,39 @@ func TestDiskFullDuringPerEventRetryKeepsTheEnding(t *testing.T) {
 		}
 	})
 }
+
+// TestCloseHasOneDeadline: Close tries each queued batch once more, but with
+// one deadline for all of them: with every write failing after a busy
+// timeout (here a full disk, each attempt taking the 5 s busy timeout), 20
+// queued batches took 100 s to give up; now Close returns within
+// CloseDrainLimit plus the attempt under way, and counts the rest failed.
+func TestCloseHasOneDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var slow atomic.Bool
+		s := open(t, dbPath(t), store.WithBeforeBatch(store.Options{BatchSize: 1}, func() {
+			if slow.Load() {
+				time.Sleep(5 * time.Second) // the busy timeout of a locked file
+			}
+		}))
+		if _, err := store.LimitPages(s, 0); err != nil {
+			t.Fatal(err)
+		}
+		big := strings.Repeat("a long question ", 20000) // needs new pages
+		const n = 20
+		for i := range n {
+			s.Handle(newTurn(fmt.Sprintf("run-%d", i), "s").ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = big }))
+		}
+		synctest.Wait()
+		slow.Store(true)
+		start := time.Now()
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d > store.CloseDrainLimit+6*time.Second {
+			t.Errorf("Close took %v with every write failing, want at most %v", d, store.CloseDrainLimit+6*time.Second)
+		}
+		if st := s.Stats(); st.Failed != n || st.QueueDepth != 0 {
+			t.Errorf("stats after Close = %+v, want all %d events failed and nothing queued", st, n)
+		}
+	})
+}

@@ -147,6 +147,10 @@ func (s *SQLite) run() {
 	batch := make([]event.Event, 0, s.batchSize)
 	stopping := false
 	for {
+		if stopping && time.Now().UnixNano() > s.closeBy.Load() {
+			s.abandonQueue()
+			return
+		}
 		if batch = s.take(batch); len(batch) > 0 {
 			s.writeUntilDone(batch, &stopping)
 			clear(batch) // do not keep the texts alive until the slots are reused
@@ -172,6 +176,22 @@ func (s *SQLite) run() {
 			s.maintain()
 			check.Reset(checkInterval)
 		}
+	}
+}
+
+// abandonQueue counts every queued event failed, without writing it: Close
+// ran out of time (CloseDrainLimit).
+func (s *SQLite) abandonQueue() {
+	s.qmu.Lock()
+	n := s.ring.len() + len(s.spill)
+	clear(s.ring.buf)
+	s.ring.head, s.ring.n = 0, 0
+	clear(s.spill)
+	s.spill = nil
+	s.qmu.Unlock()
+	if n > 0 {
+		s.log.Error("store: closing took too long; queued events not recorded", "count", n, "limit", CloseDrainLimit)
+		s.counted(0, uint64(n))
 	}
 }
 

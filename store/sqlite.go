@@ -67,6 +67,12 @@ const (
 	maxRetry   = 5 * time.Second
 )
 
+// CloseDrainLimit bounds how long Close keeps writing what is queued: each
+// queued batch gets one more attempt until then, and what is left after it
+// is counted failed (logged) without an attempt. A batch under way finishes
+// its attempt, so Close can take up to one busy timeout (5 s) longer.
+const CloseDrainLimit = 10 * time.Second
+
 // SQLite is the default Store: one SQLite file in WAL mode. All methods are
 // safe for concurrent use.
 //
@@ -121,6 +127,8 @@ type SQLite struct {
 	busy      time.Duration // BusyTimeout, for a reopen
 
 	lock *os.File // the held <path>.lock (lock.go); nil for ":memory:"
+
+	closeBy atomic.Int64 // Unix nanoseconds after which Close stops writing (CloseDrainLimit); set by Close
 
 	closeOnce sync.Once
 	closeErr  error
@@ -302,12 +310,14 @@ func dsn(path string, memory bool, q url.Values) string {
 // dropped and counted; one handed over while Close runs may be written or
 // lost. Call it after the engine has stopped publishing. While the store
 // cannot write, Close tries what is queued once more and counts what still
-// fails as failed instead of waiting for the disk.
+// fails as failed instead of waiting for the disk; it stops trying after
+// CloseDrainLimit (plus the attempt under way) and counts the rest failed.
 // Close is safe to call more than once; later calls return the first
 // call's result.
 func (s *SQLite) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
+		s.closeBy.Store(time.Now().Add(CloseDrainLimit).UnixNano())
 		close(s.stop)
 		<-s.done
 		if s.pruneDone != nil {
