@@ -33,6 +33,15 @@ func writeFile(t *testing.T, path, content string) {
 
 func historyConfig(n string) string { return "server:\n  historyLimit: " + n + "\n" }
 
+// historySource writes historyConfig("10") to a fresh turnguard.yaml and
+// returns its path and a Source loaded from it.
+func historySource(t *testing.T) (string, *Source) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "turnguard.yaml")
+	writeFile(t, path, historyConfig("10"))
+	return path, NewSource(mustLoad(t, path))
+}
+
 // TestReloadDebounce drives the reload loop with synthetic file events under
 // fake time: a burst causes one reload ReloadDebounce after its last event;
 // other files, unchanged content and invalid content change nothing.
@@ -248,9 +257,7 @@ func reloadOnce(t *testing.T, r *reloader, content string) {
 // TestReloadRefusesUnboundedTemplate: the template of issue 10 is refused
 // by hot reload at once, naming the key; the old configuration stays.
 func TestReloadRefusesUnboundedTemplate(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "turnguard.yaml")
-	writeFile(t, path, historyConfig("10"))
-	src := NewSource(mustLoad(t, path))
+	path, src := historySource(t)
 	var logs logBuffer
 	r := newReloader(src, path, loggerTo(&logs), ReloadHooks{})
 	reloadOnce(t, r, "server:\n  historyLimit: 20\nmessages:\n  progress: \"{{range $i := .Elapsed}}x{{end}}\"\n")
@@ -342,10 +349,7 @@ func TestReloadRestartKeys(t *testing.T) {
 // content did not change (a touch after installing what was missing).
 func TestRefusedReloadIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		path := filepath.Join(dir, "turnguard.yaml")
-		writeFile(t, path, historyConfig("10"))
-		src := NewSource(mustLoad(t, path))
+		path, src := historySource(t)
 		var logs logBuffer
 		var mu sync.Mutex
 		ready := false // what Prepare needs is missing at first

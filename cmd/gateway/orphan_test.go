@@ -44,6 +44,31 @@ store:
 `, testToken, agent, pidfile, filepath.Join(dir, "gateway.db"))
 }
 
+// startOrphanTurn starts the gateway with orphanConfig in dir and a turn
+// run on it, and returns once the agent's tool runs: the configuration, the
+// gateway and the agent's pids (agent, child, setsid grandchild).
+func startOrphanTurn(t *testing.T, dir, run string) (cfg string, p *gatewayProc, pids []int) {
+	t.Helper()
+	pidfile := filepath.Join(dir, "agent.pids")
+	cfg = orphanConfig(t, dir, pidfile)
+	p = startGateway(t, dir, cfg)
+	cl := dialGateway(t, p.addr, testToken)
+	chatSend(cl, "main", run, "hello")
+	cl.waitEvent("agent", 10*time.Second, toolStarted(run, "hang"))
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		pid, _ := strconv.Atoi(f)
+		pids = append(pids, pid)
+	}
+	if len(pids) != 3 {
+		t.Fatalf("pid file %q", b)
+	}
+	return cfg, p, pids
+}
+
 // alive reports whether process pid exists and is not a zombie.
 func alive(pid int) bool {
 	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
@@ -90,25 +115,7 @@ func TestSIGKILLedGatewayLeavesNoAgent(t *testing.T) {
 		t.Skip("Linux only")
 	}
 	dir := t.TempDir()
-	pidfile := filepath.Join(dir, "agent.pids")
-	cfg := orphanConfig(t, dir, pidfile)
-
-	p := startGateway(t, dir, cfg)
-	cl := dialGateway(t, p.addr, testToken)
-	chatSend(cl, "main", "run-orphan", "hello")
-	cl.waitEvent("agent", 10*time.Second, toolStarted("run-orphan", "hang"))
-	b, err := os.ReadFile(pidfile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		pid, _ := strconv.Atoi(f)
-		pids = append(pids, pid)
-	}
-	if len(pids) != 3 {
-		t.Fatalf("pid file %q", b)
-	}
+	cfg, p, pids := startOrphanTurn(t, dir, "run-orphan")
 	agent, setsidChild := pids[0], pids[2]
 	group := pgid(t, agent)
 	if pgid(t, setsidChild) == group {
@@ -179,18 +186,8 @@ func TestSecondGatewayOnTheSameStoreRefused(t *testing.T) {
 		t.Skip("Linux only")
 	}
 	dir := t.TempDir()
-	pidfile := filepath.Join(dir, "agent.pids")
-	cfg := orphanConfig(t, dir, pidfile)
-
-	first := startGateway(t, dir, cfg)
-	cl := dialGateway(t, first.addr, testToken)
-	chatSend(cl, "main", "run-first", "hello")
-	cl.waitEvent("agent", 10*time.Second, toolStarted("run-first", "hang"))
-	b, err := os.ReadFile(pidfile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, _ := strconv.Atoi(strings.Fields(string(b))[0])
+	cfg, first, pids := startOrphanTurn(t, dir, "run-first")
+	agent := pids[0]
 	defer syscall.Kill(-pgid(t, agent), syscall.SIGKILL)
 
 	second := filepath.Join(t.TempDir(), "gateway.yaml")
