@@ -1,7 +1,9 @@
 package exec_test
 
 import (
+	"os"
 	osexec "os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/exec"
 )
 
 // TestAgentDoesNotIgnoreSIGINT: the shim runs the command in the background,
@@ -35,5 +38,23 @@ func TestAgentDoesNotIgnoreSIGINT(t *testing.T) {
 	}
 	if st != "130" {
 		t.Errorf("a child sent SIGINT ended with %s, want 130", st)
+	}
+}
+
+// TestInMemoryStoreHasThisProcessesInstance: a ":memory:" store shares no
+// state with another process, so its instance is this process's random one
+// (the one of an empty instance), not a hash of the working directory that
+// every in-memory gateway started there would share — and kill.
+func TestInMemoryStoreHasThisProcessesInstance(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := exec.InstanceID(":memory:")
+	if mem == exec.InstanceID(filepath.Join(wd, ":memory:")) {
+		t.Errorf("InstanceID(:memory:) = %s, the hash of the working directory's path", mem)
+	}
+	if exec.Tag(mem, "r") != exec.Tag("", "r") {
+		t.Errorf("InstanceID(:memory:) = %s, not this process's random instance (%s)", mem, exec.Tag("", "r"))
 	}
 }
