@@ -109,7 +109,8 @@ type ReloadHooks struct {
 // passed to hooks.Prepare, then swapped in atomically, then passed to
 // hooks.Changed; an invalid one, or one Prepare refuses, is logged with its
 // named-key error (which never contains a secret) and the current
-// configuration stays. The log line of a swap says "config reloaded" only
+// configuration stays. A reload Prepare refused is tried again at the next
+// event for the file, even with the same content. The log line of a swap says "config reloaded" only
 // when every changed key applied; otherwise it names the keys that need a
 // restart (RestartPending). A nil log means slog.Default().
 //
@@ -136,7 +137,7 @@ type reloader struct {
 	path  string
 	log   *slog.Logger
 	hooks ReloadHooks
-	last  [sha256.Size]byte // of the content last loaded or rejected; zero at first
+	last  [sha256.Size]byte // of the content last loaded or found invalid; zero at first and after Prepare refused
 }
 
 func newReloader(s *Source, path string, log *slog.Logger, hooks ReloadHooks) *reloader {
@@ -199,6 +200,9 @@ func (r *reloader) reload() {
 	old := r.src.Current()
 	if r.hooks.Prepare != nil {
 		if err := r.hooks.Prepare(old, next); err != nil {
+			// Prepare may fail for the world, not the content (a command
+			// not installed yet): the next event retries, even unchanged.
+			r.last = [sha256.Size]byte{}
 			r.log.Error("config reload refused; keeping the current configuration", "file", r.path, "error", err)
 			return
 		}

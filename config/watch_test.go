@@ -33,6 +33,15 @@ func writeFile(t *testing.T, path, content string) {
 
 func historyConfig(n string) string { return "server:\n  historyLimit: " + n + "\n" }
 
+// historySource writes historyConfig("10") to a fresh turnguard.yaml and
+// returns its path and a Source loaded from it.
+func historySource(t *testing.T) (string, *Source) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "turnguard.yaml")
+	writeFile(t, path, historyConfig("10"))
+	return path, NewSource(mustLoad(t, path))
+}
+
 // TestReloadDebounce drives the reload loop with synthetic file events under
 // fake time: a burst causes one reload ReloadDebounce after its last event;
 // other files, unchanged content and invalid content change nothing.
@@ -248,9 +257,7 @@ func reloadOnce(t *testing.T, r *reloader, content string) {
 // TestReloadRefusesUnboundedTemplate: the template of issue 10 is refused
 // by hot reload at once, naming the key; the old configuration stays.
 func TestReloadRefusesUnboundedTemplate(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "turnguard.yaml")
-	writeFile(t, path, historyConfig("10"))
-	src := NewSource(mustLoad(t, path))
+	path, src := historySource(t)
 	var logs logBuffer
 	r := newReloader(src, path, loggerTo(&logs), ReloadHooks{})
 	reloadOnce(t, r, "server:\n  historyLimit: 20\nmessages:\n  progress: \"{{range $i := .Elapsed}}x{{end}}\"\n")
@@ -335,4 +342,45 @@ func TestReloadRestartKeys(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRefusedReloadIsRetried: a reload Prepare refused (a runner it could not
+// build yet) is tried again at the next event for the file, even when its
+// content did not change (a touch after installing what was missing).
+func TestRefusedReloadIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path, src := historySource(t)
+		var logs logBuffer
+		var mu sync.Mutex
+		ready := false // what Prepare needs is missing at first
+		r := newReloader(src, path, loggerTo(&logs), ReloadHooks{Prepare: func(old, next *Config) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if !ready {
+				return errors.New("agents.exec.command: /opt/agent: no such file")
+			}
+			return nil
+		}})
+		events := make(chan fsnotify.Event)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go r.run(ctx, events, make(chan error))
+
+		writeFile(t, path, historyConfig("20"))
+		events <- fsnotify.Event{Name: path, Op: fsnotify.Write}
+		faketime.Advance(ReloadDebounce)
+		synctest.Wait()
+		eq(t, "historyLimit after a refused reload", src.Current().Server.HistoryLimit, 10)
+		if !strings.Contains(logs.String(), "config reload refused") {
+			t.Fatalf("the refusal was not logged:\n%s", logs.String())
+		}
+
+		mu.Lock()
+		ready = true
+		mu.Unlock()
+		events <- fsnotify.Event{Name: path, Op: fsnotify.Chmod} // touch: same content
+		faketime.Advance(ReloadDebounce)
+		synctest.Wait()
+		eq(t, "historyLimit after the retry", src.Current().Server.HistoryLimit, 20)
+	})
 }

@@ -50,6 +50,40 @@ func (w *boundedWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// boundedFuncs replace text/template's builtins whose result can be longer
+// than their arguments (print, printf, println, html, js, urlquery): each
+// fails once its result would pass MaxOutputBytes. A template's functions
+// take precedence over the builtins. Without them a template that writes
+// nothing could double a string per action ({{$a := print $a $a}}, or
+// {{… | js | js …}} on a backslash) to gigabytes, since the output cap is
+// only checked when the template writes. The other builtins (and, or, not,
+// len, index, slice, the comparisons, call) return at most what they are
+// given, and no field is a function.
+var boundedFuncs = template.FuncMap{
+	"print":    func(a ...any) (string, error) { return capped("print", fmt.Sprint(a...)) },
+	"printf":   func(f string, a ...any) (string, error) { return capped("printf", fmt.Sprintf(f, a...)) },
+	"println":  func(a ...any) (string, error) { return capped("println", fmt.Sprintln(a...)) },
+	"html":     func(a ...any) (string, error) { return capped("html", template.HTMLEscaper(a...)) },
+	"js":       func(a ...any) (string, error) { return capped("js", template.JSEscaper(a...)) },
+	"urlquery": func(a ...any) (string, error) { return capped("urlquery", template.URLQueryEscaper(a...)) },
+}
+
+// capped returns s, or an error if it is longer than MaxOutputBytes. Its
+// arguments are bounded in turn (fields, literals of a template of at most
+// MaxTemplateBytes, earlier results), so computing s before the check costs
+// at most a few times MaxOutputBytes.
+func capped(fn, s string) (string, error) {
+	if len(s) > MaxOutputBytes {
+		return "", fmt.Errorf("%s would give more than %d bytes (a message is at most %d)", fn, MaxOutputBytes, MaxOutputBytes)
+	}
+	return s, nil
+}
+
+// newTemplate is an empty template named name with the bounded functions.
+func newTemplate(name string) *template.Template {
+	return template.New(name).Funcs(boundedFuncs)
+}
+
 // execute runs t on f within the bounds and returns the text.
 func execute(t *template.Template, f Fields) (string, error) {
 	w := newBoundedWriter()
@@ -66,7 +100,10 @@ var printfVerb = regexp.MustCompile(`%[-+# 0]*(?:\[\d+\])?(\*|\d*)(?:\.(?:\[\d+\
 // allocate much, naming the line: range (no field is a list, and ranging over
 // a number such as .Elapsed — nanoseconds — loops billions of times),
 // template calls and blocks (they can recurse), break/continue (only
-// meaningful in a range), and printf with a non-constant format or a width or
+// meaningful in a range), assigning to a variable again ({{$x = …}}: with
+// the bounded functions each action's result is bounded, and without
+// reassignment or loops the number of actions — hence the work — is bounded
+// by the template's length), and printf with a non-constant format or a width or
 // precision above maxFormatWidth.
 func checkTree(t *template.Template) error {
 	for _, tt := range t.Templates() {
@@ -113,6 +150,9 @@ func checkNode(tree *parse.Tree, n parse.Node) error {
 	case *parse.PipeNode:
 		if n == nil {
 			return nil
+		}
+		if n.IsAssign {
+			return at("assigning to a variable again ({{$a = …}}) is not allowed in a message; declare a new one with {{$b := …}}")
 		}
 		for _, c := range n.Cmds {
 			if err := checkNode(tree, c); err != nil {

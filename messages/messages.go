@@ -114,7 +114,7 @@ func Parse(overrides map[string]string) (*Set, error) {
 		if len(text) > MaxTemplateBytes {
 			return nil, fmt.Errorf("messages.%s: must be at most %d bytes, got %d", name, MaxTemplateBytes, len(text))
 		}
-		t, err := template.New(string(name)).Option("missingkey=error").Parse(text)
+		t, err := newTemplate(string(name)).Option("missingkey=error").Parse(text)
 		if err != nil {
 			return nil, fmt.Errorf("messages.%s: %w", name, err)
 		}
@@ -151,7 +151,7 @@ func (s *Set) Render(n Name, f Fields) string {
 			return strings.TrimSpace(out)
 		}
 	}
-	if t, err := template.New("").Parse(Defaults[n]); err == nil {
+	if t, err := newTemplate("").Parse(Defaults[n]); err == nil {
 		if out, err := execute(t, f); err == nil {
 			return strings.TrimSpace(out)
 		}

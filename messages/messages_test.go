@@ -28,6 +28,20 @@ func parseWithin(t *testing.T, overrides map[string]string) (*Set, error) {
 	}
 }
 
+// doublingTemplate is the reviewer's template: a 16-byte string doubled n
+// times by reassignment, writing nothing (448 bytes for n = 21; before the
+// fix Parse took ~1 s and each render 32 MB; 30 doublings need 16 GB).
+func doublingTemplate(n int) string {
+	return `{{$a := "0123456789abcdef"}}` + strings.Repeat(`{{$a = print $a $a}}`, n)
+}
+
+// chainedDoublingTemplate doubles through fresh declarations instead of
+// reassignment ({{$a := print $a $a}} shadows $a), so only the bounded print
+// stops it.
+func chainedDoublingTemplate(n int) string {
+	return `{{$a := "0123456789abcdef"}}` + strings.Repeat(`{{$a := print $a $a}}`, n) + `{{len $a}}`
+}
+
 // TestParseRefusesUnboundedTemplates: a template that could loop, recurse
 // or allocate much is a configuration error naming the key, found quickly.
 func TestParseRefusesUnboundedTemplates(t *testing.T) {
@@ -51,6 +65,20 @@ func TestParseRefusesUnboundedTemplates(t *testing.T) {
 		{"printf with a format in a variable", `{{$f := "%0999999999d"}}{{printf $f 1}}`, "printf needs a constant format string"},
 		{"template text too long", strings.Repeat("x", MaxTemplateBytes+1), "messages.progress: must be at most 4096 bytes, got 4097"},
 		{"output too long", strings.Repeat(`{{printf "%64s" ""}}`, 100), "the message is longer than 4096 bytes"},
+		{"reassigned variable doubling without writing", doublingTemplate(21),
+			"messages.progress: progress:1:30: assigning to a variable again ({{$a = …}}) is not allowed in a message"},
+		{"declared variables doubling without writing", chainedDoublingTemplate(30),
+			"print would give more than 4096 bytes"},
+		{"js doubling in a pipeline", `{{"\\" | ` + strings.Repeat("js | ", 30) + `len}}`,
+			"js would give more than 4096 bytes"},
+		{"html growing in a pipeline", `{{"` + strings.Repeat("&", 1000) + `" | html | len}}`,
+			"html would give more than 4096 bytes"},
+		{"urlquery growing in a pipeline", `{{"` + strings.Repeat("%", 1500) + `" | urlquery | len}}`,
+			"urlquery would give more than 4096 bytes"},
+		{"println doubling", `{{$a := "0123456789abcdef"}}` + strings.Repeat(`{{$a := println $a $a}}`, 30) + `{{len $a}}`,
+			"println would give more than 4096 bytes"},
+		{"printf doubling", `{{$a := "0123456789abcdef"}}` + strings.Repeat(`{{$a := printf "%s%s" $a $a}}`, 30) + `{{len $a}}`,
+			"printf would give more than 4096 bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -99,3 +99,31 @@ func IntegrityCheck(ctx context.Context, path string) (string, error) {
 	err = db.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&res)
 	return res, err
 }
+
+// PruneMessagesQuery is Prune's statement for old messages.
+const PruneMessagesQuery = pruneMessages
+
+// QueryPlan returns the details of EXPLAIN QUERY PLAN of query on the
+// database at path, one line each.
+func QueryPlan(ctx context.Context, path, query string, args ...any) ([]string, error) {
+	db, err := sql.Open("sqlite", dsn(path, false, url.Values{}))
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, "EXPLAIN QUERY PLAN "+query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+			return nil, err
+		}
+		out = append(out, detail)
+	}
+	return out, rows.Err()
+}

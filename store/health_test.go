@@ -418,3 +418,107 @@ func TestFileGoneStaysUnwritableUntilRecreated(t *testing.T) {
 		}
 	})
 }
+
+// TestDiskFullDuringPerEventRetryKeepsTheEnding: a batch that fails for one
+// event's content is retried event by event; if the disk fills during those
+// retries, the events not yet written (here a turn's ending) are kept and
+// retried until space returns — not counted as bad and dropped while the
+// store reports itself healthy.
+func TestDiskFullDuringPerEventRetryKeepsTheEnding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hold := make(chan chan struct{}, 1)
+		path := dbPath(t)
+		s := open(t, path, store.WithBeforeBatch(store.Options{}, func() {
+			select {
+			case g := <-hold:
+				<-g
+			default:
+			}
+		}))
+		ctx := context.Background()
+		tr := newTurn("run-1", "s")
+		s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
+		flush(t, s)
+		// An event whose content the database refuses (a constraint).
+		if err := store.ExecFile(ctx, path, `CREATE TRIGGER poison BEFORE INSERT ON messages
+			WHEN NEW.text = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned message'); END`); err != nil {
+			t.Fatal(err)
+		}
+
+		// Hold the writer on a first batch so the next two share one batch.
+		g := make(chan struct{})
+		hold <- g
+		s.Handle(tr.ev(event.Progress, time.Second, func(e *event.Event) { e.Step = step("tool", "slow", 1, 0) }))
+		synctest.Wait()
+		s.Handle(newTurn("run-2", "s").ev(event.TurnStarted, time.Second, func(e *event.Event) { e.Text = "poison" }))
+		reply := strings.Repeat("a long reply ", 20000) // ~260 KB: needs new pages
+		s.Handle(tr.ev(event.Finished, 2*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, reply }))
+		if _, err := store.LimitPages(s, 0); err != nil {
+			t.Fatal(err)
+		}
+		close(g)
+		synctest.Wait()
+
+		if st := s.Stats(); st.Failed != 1 {
+			t.Errorf("stats after the disk filled during the per-event retry = %+v, want only the poisoned event failed", st)
+		}
+		if err := s.Health(); !errors.Is(err, store.ErrUnwritable) {
+			t.Errorf("Health with a full database = %v, want ErrUnwritable", err)
+		}
+		if got := mustTurn(t, s, "run-1").State; got != store.TurnRunning {
+			t.Errorf("turn state while full = %s", got)
+		}
+
+		if _, err := store.LimitPages(s, 1<<30); err != nil {
+			t.Fatal(err)
+		}
+		faketime.Advance(10 * time.Second)
+		synctest.Wait()
+		flush(t, s)
+		if got := mustTurn(t, s, "run-1").State; got != store.TurnFinished {
+			t.Errorf("turn after space returned = %s, want finished (its ending was dropped)", got)
+		}
+		if err := s.Health(); err != nil {
+			t.Errorf("Health after space returned = %v", err)
+		}
+		if st := s.Stats(); st.Failed != 1 {
+			t.Errorf("stats after recovery = %+v, want 1 failed", st)
+		}
+	})
+}
+
+// TestCloseHasOneDeadline: Close tries each queued batch once more, but with
+// one deadline for all of them: with every write failing after a busy
+// timeout (here a full disk, each attempt taking the 5 s busy timeout), 20
+// queued batches took 100 s to give up; now Close returns within
+// CloseDrainLimit plus the attempt under way, and counts the rest failed.
+func TestCloseHasOneDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var slow atomic.Bool
+		s := open(t, dbPath(t), store.WithBeforeBatch(store.Options{BatchSize: 1}, func() {
+			if slow.Load() {
+				time.Sleep(5 * time.Second) // the busy timeout of a locked file
+			}
+		}))
+		if _, err := store.LimitPages(s, 0); err != nil {
+			t.Fatal(err)
+		}
+		big := strings.Repeat("a long question ", 20000) // needs new pages
+		const n = 20
+		for i := range n {
+			s.Handle(newTurn(fmt.Sprintf("run-%d", i), "s").ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = big }))
+		}
+		synctest.Wait()
+		slow.Store(true)
+		start := time.Now()
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d > store.CloseDrainLimit+6*time.Second {
+			t.Errorf("Close took %v with every write failing, want at most %v", d, store.CloseDrainLimit+6*time.Second)
+		}
+		if st := s.Stats(); st.Failed != n || st.QueueDepth != 0 {
+			t.Errorf("stats after Close = %+v, want all %d events failed and nothing queued", st, n)
+		}
+	})
+}

@@ -147,6 +147,10 @@ func (s *SQLite) run() {
 	batch := make([]event.Event, 0, s.batchSize)
 	stopping := false
 	for {
+		if stopping && time.Now().UnixNano() > s.closeBy.Load() {
+			s.abandonQueue()
+			return
+		}
 		if batch = s.take(batch); len(batch) > 0 {
 			s.writeUntilDone(batch, &stopping)
 			clear(batch) // do not keep the texts alive until the slots are reused
@@ -172,6 +176,22 @@ func (s *SQLite) run() {
 			s.maintain()
 			check.Reset(checkInterval)
 		}
+	}
+}
+
+// abandonQueue counts every queued event failed, without writing it: Close
+// ran out of time (CloseDrainLimit).
+func (s *SQLite) abandonQueue() {
+	s.qmu.Lock()
+	n := s.ring.len() + len(s.spill)
+	clear(s.ring.buf)
+	s.ring.head, s.ring.n = 0, 0
+	clear(s.spill)
+	s.spill = nil
+	s.qmu.Unlock()
+	if n > 0 {
+		s.log.Error("store: closing took too long; queued events not recorded", "count", n, "limit", CloseDrainLimit)
+		s.counted(0, uint64(n))
 	}
 }
 
@@ -223,11 +243,12 @@ func (r *ring) pop(dst []event.Event, max int) []event.Event {
 func (s *SQLite) writeUntilDone(batch []event.Event, stopping *bool) {
 	backoff := firstRetry
 	for {
-		err := s.write(batch)
+		rest, err := s.write(batch)
 		if err == nil {
 			s.setHealth(nil)
 			return
 		}
+		batch = rest // what was written or counted failed is done
 		s.setHealth(err)
 		if *stopping {
 			s.log.Error("store: closing while the store cannot write; events not recorded",
@@ -252,9 +273,10 @@ func (s *SQLite) writeUntilDone(batch []event.Event, stopping *bool) {
 // because of one event's content (a constraint, a value too big), each
 // event is retried in its own transaction so that the bad one costs only
 // itself. Any other failure (disk full, I/O error, a lock held past the
-// busy timeout) is returned, and nothing of batch is counted: the caller
-// retries the whole batch.
-func (s *SQLite) write(batch []event.Event) error {
+// busy timeout) — of the batch or of one of those retries — is returned
+// with rest, the events of batch neither written nor counted failed (in
+// order, never empty): the caller retries them.
+func (s *SQLite) write(batch []event.Event) (rest []event.Event, err error) {
 	if s.beforeBatch != nil {
 		s.beforeBatch()
 	}
@@ -280,7 +302,6 @@ func (s *SQLite) write(batch []event.Event) error {
 		}
 		s.log.Error("store: invalid events not recorded", "count", bad, "first", firstErr)
 	}
-	var err error
 	if len(valid) > 0 {
 		err = s.inTx(ctx, func(tx *sql.Tx) error {
 			for i := range valid {
@@ -295,20 +316,26 @@ func (s *SQLite) write(batch []event.Event) error {
 	case err == nil:
 		ok += uint64(len(valid))
 	case !eventSpecific(err):
-		return fmt.Errorf("write %d events: %w", len(valid), err)
+		s.counted(0, bad)
+		return valid, fmt.Errorf("write %d events: %w", len(valid), err)
 	default:
 		for i := range valid {
 			ev := &valid[i]
-			if err := s.inTx(ctx, func(tx *sql.Tx) error { return s.apply(ctx, tx, ev) }); err != nil {
+			err := s.inTx(ctx, func(tx *sql.Tx) error { return s.apply(ctx, tx, ev) })
+			switch {
+			case err == nil:
+				ok++
+			case eventSpecific(err):
 				bad++
 				s.log.Error("store: event not recorded", "run", ev.RunID, "kind", ev.Kind.String(), "err", err)
-				continue
+			default: // the disk, not the event: keep the rest for a retry
+				s.counted(ok, bad)
+				return valid[i:], fmt.Errorf("write event %d of %d: %w", i+1, len(valid), err)
 			}
-			ok++
 		}
 	}
 	s.counted(ok, bad)
-	return nil
+	return nil, nil
 }
 
 // counted adds to the written and failed counters and wakes Flush.

@@ -520,8 +520,9 @@ func TestMarkInterruptedExactlyOnceUnderConcurrency(t *testing.T) {
 	s1 := open(t, path, store.Options{})
 	s1.Handle(newTurn("run-1", "s").ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
 	flush(t, s1)
-	// Two stores on one file stand in for two processes racing at start-up.
-	s2 := open(t, path, store.Options{})
+	// Two stores on one file stand in for two processes racing at start-up
+	// (the lock file would refuse the second).
+	s2 := open(t, path, store.Options{Unlocked: true})
 
 	const callers = 50
 	var wg sync.WaitGroup

@@ -51,6 +51,13 @@ type PruneStats struct {
 // notRunning excludes the rows of turns still running.
 const notRunning = `run_id NOT IN (SELECT run_id FROM turns WHERE state = 'running')`
 
+// pruneMessages deletes up to ?2 messages older than ?1 (not of a running
+// turn), oldest first. It finds them through the index messages_created
+// (migration 0004), in its order: by id, with no index on created_at, it
+// scanned the whole table inside the write transaction.
+const pruneMessages = `DELETE FROM messages WHERE id IN (SELECT id FROM messages
+	WHERE created_at < ?1 AND ` + notRunning + ` ORDER BY created_at, id LIMIT ?2)`
+
 // Prune deletes, by the store's Retention measured back from now, old
 // history, ended turns, journal entries and finished outbox rows, in
 // transactions of at most Retention.BatchRows rows each. It never deletes a
@@ -73,8 +80,7 @@ func (s *SQLite) Prune(ctx context.Context, now time.Time) (PruneStats, error) {
 	steps := []step{
 		{r.Journal > 0, &ps.Journal, "journal", `DELETE FROM journal WHERE id IN (SELECT id FROM journal
 			WHERE at < ?1 AND ` + notRunning + ` ORDER BY at LIMIT ?2)`, []any{before(r.Journal)}},
-		{r.History > 0, &ps.Messages, "messages", `DELETE FROM messages WHERE id IN (SELECT id FROM messages
-			WHERE created_at < ?1 AND ` + notRunning + ` ORDER BY id LIMIT ?2)`, []any{before(r.History)}},
+		{r.History > 0, &ps.Messages, "messages", pruneMessages, []any{before(r.History)}},
 		{r.History > 0, &ps.Turns, "turns", `DELETE FROM turns WHERE run_id IN (SELECT run_id FROM turns
 			WHERE state <> 'running' AND ended_at < ?1 LIMIT ?2)`, []any{before(r.History)}},
 		{r.Outbox > 0, &ps.Outbox, "outbox", `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox

@@ -123,3 +123,26 @@ func TestPruneSparesRunningTurnsAndPendingOutbox(t *testing.T) {
 		t.Errorf("capped session history = %+v, want the newest 4 (q3 a3 q4 a4)", h)
 	}
 }
+
+// TestPruneMessagesUsesTheTimeIndex: finding old messages reads the index
+// on created_at, not the whole messages table (~200 ms per prune at 200K
+// messages, inside the write transaction that blocks every recording).
+func TestPruneMessagesUsesTheTimeIndex(t *testing.T) {
+	path := dbPath(t)
+	s := open(t, path, store.Options{})
+	handleAll(s, newTurn("run-1", "s").ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
+	flush(t, s)
+	plan, err := store.QueryPlan(context.Background(), path, store.PruneMessagesQuery, int64(1), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(plan, "\n")
+	if !strings.Contains(text, "USING COVERING INDEX messages_created") && !strings.Contains(text, "USING INDEX messages_created") {
+		t.Errorf("the plan does not use messages_created:\n%s", text)
+	}
+	for _, l := range plan {
+		if strings.HasPrefix(strings.TrimSpace(l), "SCAN messages") {
+			t.Errorf("the plan scans the messages table (%q):\n%s", l, text)
+		}
+	}
+}

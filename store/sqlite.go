@@ -40,6 +40,11 @@ type Options struct {
 	// store stops being able to write (err describes why, see Health) and
 	// when it can write again (err nil). It must not block.
 	OnHealth func(err error)
+	// Unlocked skips the store's <path>.lock, which otherwise refuses a
+	// second SQLite on the file (*InUseError). Only for something that
+	// reads a store a gateway is using (a test watching it, a tool) or that
+	// stands in for a second process: a gateway must never set it.
+	Unlocked bool
 
 	// beforeBatch, when set (tests only, see export_test.go), is called by
 	// the writer goroutine before it writes each batch.
@@ -61,6 +66,12 @@ const (
 	firstRetry = 100 * time.Millisecond
 	maxRetry   = 5 * time.Second
 )
+
+// CloseDrainLimit bounds how long Close keeps writing what is queued: each
+// queued batch gets one more attempt until then, and what is left after it
+// is counted failed (logged) without an attempt. A batch under way finishes
+// its attempt, so Close can take up to one busy timeout (5 s) longer.
+const CloseDrainLimit = 10 * time.Second
 
 // SQLite is the default Store: one SQLite file in WAL mode. All methods are
 // safe for concurrent use.
@@ -115,6 +126,10 @@ type SQLite struct {
 	pruneDone chan struct{} // closed when the pruner has exited; nil without one
 	busy      time.Duration // BusyTimeout, for a reopen
 
+	lock *os.File // the held <path>.lock (lock.go); nil for ":memory:"
+
+	closeBy atomic.Int64 // Unix nanoseconds after which Close stops writing (CloseDrainLimit); set by Close
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -128,6 +143,10 @@ type SQLite struct {
 // data, a file that is not a SQLite database, a SQLite database of another
 // application, and one whose schema is newer than this build
 // (ErrSchemaTooNew).
+//
+// A file store is locked for the life of the SQLite: Open first takes an
+// exclusive lock on <path>.lock and fails fast with *InUseError ("another
+// gateway is using turnguard.db (pid …)") while another process holds it.
 func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	if path == "" {
 		return nil, fmt.Errorf("open store: empty path: %w", ErrInvalid)
@@ -151,8 +170,18 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 		retention: opts.Retention.withDefaults(),
 		stop:      make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
 	}
+	if !s.memory && !opts.Unlocked {
+		lock, err := lockFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("open store %s: %w", path, err)
+		}
+		s.lock = lock
+	}
 	h, err := openDBs(ctx, path, s.memory, opts.BusyTimeout)
 	if err != nil {
+		if s.lock != nil {
+			s.lock.Close()
+		}
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	s.setHandles(h)
@@ -281,12 +310,14 @@ func dsn(path string, memory bool, q url.Values) string {
 // dropped and counted; one handed over while Close runs may be written or
 // lost. Call it after the engine has stopped publishing. While the store
 // cannot write, Close tries what is queued once more and counts what still
-// fails as failed instead of waiting for the disk.
+// fails as failed instead of waiting for the disk; it stops trying after
+// CloseDrainLimit (plus the attempt under way) and counts the rest failed.
 // Close is safe to call more than once; later calls return the first
 // call's result.
 func (s *SQLite) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
+		s.closeBy.Store(time.Now().Add(CloseDrainLimit).UnixNano())
 		close(s.stop)
 		<-s.done
 		if s.pruneDone != nil {
@@ -294,6 +325,9 @@ func (s *SQLite) Close() error {
 		}
 		s.dbMu.Lock()
 		defer s.dbMu.Unlock()
+		if s.lock != nil {
+			defer s.lock.Close() // last: the file is closed before another process may open it
+		}
 		if s.w == nil {
 			return // a reopen failed: nothing is open
 		}

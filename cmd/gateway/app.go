@@ -83,7 +83,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	recoverInterrupted(sctx, a.store, cfg, log)
 	killLeftoverAgents(cfg, log)
 
-	a.runners = newRunnerSet(log)
+	a.runners = newRunnerSet(log, cfg.Channels.Telegram.Enabled)
 	if err := a.runners.prepare(cfg); err != nil {
 		return a, err
 	}
@@ -275,8 +275,14 @@ func (a *app) close() {
 
 // killLeftoverAgents kills the exec agents a previous process on the same
 // store left running that its shims could not kill (see runner/exec: a
-// process tagged with this store's instance id), before any turn starts.
+// process tagged with this store's instance id), before any turn starts. It
+// runs after store.Open took the store's lock, so no live gateway uses that
+// instance; an in-memory store has a random instance per process and nothing
+// left over.
 func killLeftoverAgents(cfg *config.Config, log *slog.Logger) {
+	if cfg.Store.Path == ":memory:" {
+		return
+	}
 	n, err := execrunner.KillInstance(execrunner.InstanceID(cfg.Store.Path))
 	switch {
 	case err != nil && !errors.Is(err, errors.ErrUnsupported):

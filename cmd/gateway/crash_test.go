@@ -89,7 +89,7 @@ func waitCurrentStep(t *testing.T, path, runID, current string) {
 func waitTurn(t *testing.T, path, runID, what string, ok func(store.Turn) bool) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, path, store.Options{})
+	st, err := store.Open(ctx, path, store.Options{Unlocked: true}) // the gateway holds the lock
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestCrashInterruptedNoticeOnce(t *testing.T) {
 
 	// The store agrees: one turn, interrupted, and nothing for WebSocket in
 	// the outbox (its users read the history).
-	st, err := store.Open(context.Background(), db, store.Options{})
+	st, err := store.Open(context.Background(), db, store.Options{Unlocked: true}) // the last gateway may still run
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +435,7 @@ func telegramConfig(dir string, bot *fakeBot) string {
 func waitOutbox(t *testing.T, path string, what string, cond func(pending []store.OutboxMessage, c store.OutboxCounts) bool) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, path, store.Options{})
+	st, err := store.Open(ctx, path, store.Options{Unlocked: true}) // the gateway holds the lock
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,6 +44,31 @@ store:
 `, testToken, agent, pidfile, filepath.Join(dir, "gateway.db"))
 }
 
+// startOrphanTurn starts the gateway with orphanConfig in dir and a turn
+// run on it, and returns once the agent's tool runs: the configuration, the
+// gateway and the agent's pids (agent, child, setsid grandchild).
+func startOrphanTurn(t *testing.T, dir, run string) (cfg string, p *gatewayProc, pids []int) {
+	t.Helper()
+	pidfile := filepath.Join(dir, "agent.pids")
+	cfg = orphanConfig(t, dir, pidfile)
+	p = startGateway(t, dir, cfg)
+	cl := dialGateway(t, p.addr, testToken)
+	chatSend(cl, "main", run, "hello")
+	cl.waitEvent("agent", 10*time.Second, toolStarted(run, "hang"))
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		pid, _ := strconv.Atoi(f)
+		pids = append(pids, pid)
+	}
+	if len(pids) != 3 {
+		t.Fatalf("pid file %q", b)
+	}
+	return cfg, p, pids
+}
+
 // alive reports whether process pid exists and is not a zombie.
 func alive(pid int) bool {
 	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
@@ -90,25 +115,7 @@ func TestSIGKILLedGatewayLeavesNoAgent(t *testing.T) {
 		t.Skip("Linux only")
 	}
 	dir := t.TempDir()
-	pidfile := filepath.Join(dir, "agent.pids")
-	cfg := orphanConfig(t, dir, pidfile)
-
-	p := startGateway(t, dir, cfg)
-	cl := dialGateway(t, p.addr, testToken)
-	chatSend(cl, "main", "run-orphan", "hello")
-	cl.waitEvent("agent", 10*time.Second, toolStarted("run-orphan", "hang"))
-	b, err := os.ReadFile(pidfile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		pid, _ := strconv.Atoi(f)
-		pids = append(pids, pid)
-	}
-	if len(pids) != 3 {
-		t.Fatalf("pid file %q", b)
-	}
+	cfg, p, pids := startOrphanTurn(t, dir, "run-orphan")
 	agent, setsidChild := pids[0], pids[2]
 	group := pgid(t, agent)
 	if pgid(t, setsidChild) == group {
@@ -167,5 +174,47 @@ func TestSIGKILLedGatewayLeavesNoAgent(t *testing.T) {
 	}
 	if !alive(stranger.Process.Pid) {
 		t.Error("the restart killed another store's agent process")
+	}
+}
+
+// TestSecondGatewayOnTheSameStoreRefused: a second gateway started on the
+// store a running one uses fails at start with a sentence naming the file and
+// the first one's pid, and neither kills the first one's running agent nor
+// marks its turn interrupted.
+func TestSecondGatewayOnTheSameStoreRefused(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("Linux only")
+	}
+	dir := t.TempDir()
+	cfg, first, pids := startOrphanTurn(t, dir, "run-first")
+	agent := pids[0]
+	defer syscall.Kill(-pgid(t, agent), syscall.SIGKILL)
+
+	second := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(second, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(gatewayBin, "-config", second)
+	cmd.Dir = dir
+	cmd.Env = append(cleanEnv(), "GATEWAY_LOG_FORMAT=json")
+	out, err := runWithin(t, cmd, 30*time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("the second gateway: %v, want a failed start\n%s", err, out)
+	}
+	want := fmt.Sprintf("another gateway is using gateway.db (pid %d)", first.cmd.Process.Pid)
+	if !strings.Contains(out, want) {
+		t.Errorf("the second gateway's output lacks %q:\n%s", want, out)
+	}
+	if !alive(agent) {
+		t.Fatal("the second start killed the first gateway's running agent")
+	}
+	if strings.Contains(out, "interrupted") {
+		t.Errorf("the second start marked turns interrupted:\n%s", out)
+	}
+	select {
+	case <-first.done:
+		t.Fatalf("the first gateway exited:\n%s", first.log())
+	default:
 	}
 }

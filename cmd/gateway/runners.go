@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,9 +23,10 @@ import (
 // reload never names a runner that does not exist. A runner whose settings
 // changed is rebuilt; turns already running keep the runner they started on.
 type runnerSet struct {
-	log   *slog.Logger
-	mu    sync.Mutex // serializes prepare
-	slots map[string]*runnerSlot
+	log      *slog.Logger
+	telegram bool       // the process started with Telegram: it runs until a restart
+	mu       sync.Mutex // serializes prepare
+	slots    map[string]*runnerSlot
 }
 
 // runnerSlot is the engine's runner for one name: it delegates each Run to
@@ -40,8 +42,11 @@ type builtRunner struct {
 	spec any // compared with reflect.DeepEqual to decide on a rebuild
 }
 
-func newRunnerSet(log *slog.Logger) *runnerSet {
-	s := &runnerSet{log: log, slots: map[string]*runnerSlot{}}
+// newRunnerSet makes the set; telegram is whether the process started with
+// channels.telegram.enabled (disabling it takes a restart, so until then
+// every configuration's Telegram runner is used).
+func newRunnerSet(log *slog.Logger, telegram bool) *runnerSet {
+	s := &runnerSet{log: log, telegram: telegram, slots: map[string]*runnerSlot{}}
 	for _, name := range []string{config.RunnerDemo, config.RunnerOpenAI, config.RunnerExec} {
 		s.slots[name] = &runnerSlot{name: name}
 	}
@@ -65,7 +70,14 @@ func (s *runnerSet) prepare(cfg *config.Config) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fresh := map[string]*builtRunner{}
-	for _, name := range usedRunners(cfg) {
+	used := usedRunners(cfg, s.telegram)
+	// config's validation requires the openai model only for the channels
+	// it enables; Telegram also runs while a reload has disabled it.
+	if s.telegram && !cfg.Channels.Telegram.Enabled && cfg.RunnerFor(config.ChannelTelegram) == config.RunnerOpenAI &&
+		strings.TrimSpace(cfg.Agents.OpenAI.Model) == "" {
+		return fmt.Errorf("agents.openai.model: is required when the openai runner is used (channels.telegram.runner; Telegram runs until a restart)")
+	}
+	for _, name := range used {
 		slot, ok := s.slots[name]
 		if !ok {
 			return fmt.Errorf("unknown runner %q", name)
@@ -125,10 +137,12 @@ func runnerSpec(name string, cfg *config.Config) any {
 }
 
 // usedRunners lists the runner names a configuration uses:
-// agents.defaults.runner and each enabled channel's override.
-func usedRunners(cfg *config.Config) []string {
+// agents.defaults.runner and each enabled channel's override. Telegram
+// counts as enabled when telegramStarted (the process started with it: it
+// stops only on a restart), whatever cfg says.
+func usedRunners(cfg *config.Config, telegramStarted bool) []string {
 	names := []string{cfg.Agents.Defaults.Runner, cfg.RunnerFor(config.ChannelWS)}
-	if cfg.Channels.Telegram.Enabled {
+	if cfg.Channels.Telegram.Enabled || telegramStarted {
 		names = append(names, cfg.RunnerFor(config.ChannelTelegram))
 	}
 	return names

@@ -13,7 +13,7 @@ import (
 // runner whose settings did not change, rebuilds one whose settings did, and
 // changes nothing when one build fails.
 func TestRunnerSetPrepare(t *testing.T) {
-	s := newRunnerSet(slog.New(slog.DiscardHandler))
+	s := newRunnerSet(slog.New(slog.DiscardHandler), false)
 	cfg := config.Default()
 	if err := s.prepare(cfg); err != nil {
 		t.Fatal(err)
@@ -54,5 +54,41 @@ func TestRunnerSetPrepare(t *testing.T) {
 	}
 	if s.built(config.RunnerExec) || s.slots[config.RunnerOpenAI].built.Load() != second {
 		t.Error("a failed prepare installed runners")
+	}
+}
+
+// TestRunnerSetKeepsTelegramsRunner: Telegram runs until a restart once the
+// process started with it, so a reload that disables it (which needs a
+// restart) and names a new channels.telegram.runner still builds that runner
+// — and still requires its settings — or every Telegram turn would fail.
+func TestRunnerSetKeepsTelegramsRunner(t *testing.T) {
+	cfg := config.Default()
+	cfg.Channels.Telegram.Enabled = true
+	s := newRunnerSet(slog.New(slog.DiscardHandler), cfg.Channels.Telegram.Enabled)
+	if err := s.prepare(cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	reload := *cfg
+	reload.Channels.Telegram.Enabled = false
+	reload.Channels.Telegram.Runner = config.RunnerOpenAI
+	err := s.prepare(&reload)
+	if err == nil || !strings.Contains(err.Error(), "agents.openai.model") {
+		t.Fatalf("prepare of a Telegram runner without its model = %v, want an error naming agents.openai.model", err)
+	}
+	reload.Agents.OpenAI.Model = "m1"
+	if err := s.prepare(&reload); err != nil {
+		t.Fatal(err)
+	}
+	if !s.built(config.RunnerOpenAI) {
+		t.Error("the still-running Telegram channel's new runner was not built")
+	}
+
+	// A process that started without Telegram never runs it.
+	off := config.Default()
+	s = newRunnerSet(slog.New(slog.DiscardHandler), false)
+	off.Channels.Telegram.Runner = config.RunnerOpenAI
+	if err := s.prepare(off); err != nil || s.built(config.RunnerOpenAI) {
+		t.Errorf("prepare without Telegram = %v, openai built %v; want nil, false", err, s.built(config.RunnerOpenAI))
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -23,8 +24,11 @@ import (
 // ignore) because an ignored signal would stay ignored in the command. The
 // command runs in the background so that `wait` — which a trapped signal
 // interrupts — can be used; its stdin is passed through fd 9 because sh gives
-// a background command /dev/null (sh also makes the command ignore SIGINT
-// and SIGQUIT, which the gateway never sends). The trap acts only when the
+// a background command /dev/null. sh also makes a background command ignore
+// SIGINT and SIGQUIT, and the command's children inherit that, which breaks
+// an agent that cancels its own tools with SIGINT: where env has
+// --default-signal (GNU coreutils 8.31 or later), wrap runs the command
+// through it, which sets both back to their default. The trap acts only when the
 // shim's parent has changed (the kernel reparents before it signals), so a
 // SIGUSR1 the command sends its own group does nothing. Without /bin/sh
 // (a minimal container) commands run without the shim. The shim exits with the
@@ -62,6 +66,18 @@ var haveSh = sync.OnceValue(func() bool {
 	return err == nil
 })
 
+// envDefaultSignal returns the path of an env that supports
+// --default-signal (GNU coreutils 8.31 or later), or "" (checked once, by
+// running it).
+var envDefaultSignal = sync.OnceValue(func() string {
+	for _, env := range []string{"/usr/bin/env", "/bin/env"} {
+		if osexec.Command(env, "--default-signal=INT,QUIT", "--", "/bin/sh", "-c", ":").Run() == nil {
+			return env
+		}
+	}
+	return ""
+})
+
 // deathSignal is the signal the shim gets when the gateway dies.
 const deathSignal = syscall.SIGUSR1
 
@@ -74,7 +90,12 @@ func wrap(cmd *osexec.Cmd) {
 	if cmd.Err != nil || cmd.Path == "" || !haveSh() {
 		return // Start reports the error
 	}
-	args := append([]string{"/bin/sh", "-c", shimScript, shimArg0, cmd.Path}, cmd.Args[1:]...)
+	args := []string{"/bin/sh", "-c", shimScript, shimArg0}
+	// env would take a command path with "=" for a variable assignment.
+	if env := envDefaultSignal(); env != "" && !strings.Contains(cmd.Path, "=") {
+		args = append(args, env, "--default-signal=INT,QUIT", "--")
+	}
+	args = append(append(args, cmd.Path), cmd.Args[1:]...)
 	cmd.Path, cmd.Args = "/bin/sh", args
 	cmd.SysProcAttr.Pdeathsig = deathSignal
 }

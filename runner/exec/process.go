@@ -152,8 +152,13 @@ var processInstance = func() string {
 // InstanceID returns the gateway instance id of a gateway whose state lives
 // at storePath (the store file): the same for every restart on that store,
 // different for another store. It is the first part of every run tag, so a
-// gateway kills only its own leftovers (see KillInstance).
+// gateway kills only its own leftovers (see KillInstance). An in-memory
+// store (":memory:") is no state another process shares: its instance is
+// this process's random one, so unrelated gateways never share it.
 func InstanceID(storePath string) string {
+	if storePath == ":memory:" {
+		return processInstance
+	}
 	p, err := filepath.Abs(storePath)
 	if err != nil {
 		p = storePath
