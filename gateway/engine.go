@@ -181,7 +181,6 @@ type Engine struct {
 
 	baseCtx context.Context
 	cancel  context.CancelFunc
-	wg      sync.WaitGroup
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -254,11 +253,7 @@ func New(opts Options) (*Engine, error) {
 // must live as long as the engine. Call once.
 func (e *Engine) Start(ctx context.Context) {
 	e.baseCtx, e.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		e.sched.Run(e.baseCtx)
-	}()
+	go e.sched.Run(e.baseCtx)
 }
 
 // ConfigChanged applies a new configuration: the killswitches at once,
@@ -386,7 +381,6 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{})}
 	t.pending.Store(2)
 	e.turns[req.RunID] = t
-	e.wg.Add(1)
 	e.mu.Unlock()
 
 	started := event.Event{Kind: event.TurnStarted, Text: req.Text, StepTimeout: run.Settings.StepTimeout,
@@ -409,7 +403,6 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 // runTurn runs the runner and records its outcome. A panicking runner is an
 // error, not a crash.
 func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
-	defer e.wg.Done()
 	run := tr.run
 	var (
 		res      runner.Result
@@ -440,12 +433,12 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 	switch {
 	case err == nil:
 		if run.Finish(event.ReasonStop) {
-			run.Publish(e.finish(run), event.Event{Kind: event.Finished, StopReason: event.ReasonStop, FullText: text})
+			run.Publish(e.publish, event.Event{Kind: event.Finished, StopReason: event.ReasonStop, FullText: text})
 		}
 	default:
 		if run.Finish(event.ReasonError) {
 			msg := e.failure(tr, err, panicked, stack)
-			run.Publish(e.finish(run), event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text, Message: msg})
+			run.Publish(e.publish, event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text, Message: msg})
 		}
 	}
 }
@@ -458,16 +451,6 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 func (e *Engine) settle(t *turn) {
 	if t != nil && t.pending.Add(-1) == 0 {
 		e.reg.Release(t.run)
-	}
-}
-
-// finish publishes a Finished event so that, by the time any subscriber sees
-// it, the outcome is recorded and the session is free: a client that answers
-// a final reply at once is never told the session is busy.
-func (e *Engine) finish(run *abort.Run) func(event.Event) {
-	return func(ev event.Event) {
-		e.settle(e.recordOutcome(ev))
-		e.bus.Publish(ev)
 	}
 }
 
@@ -640,7 +623,10 @@ func (e *Engine) drainedLocked() <-chan struct{} {
 
 // publish is the single exit of events: it records terminal outcomes and
 // history, then hands the event to the bus. Called under the run's publish
-// lock (abort.Run.Publish), so one run's events arrive in order.
+// lock (abort.Run.Publish), so one run's events arrive in order. By the time
+// any subscriber sees a terminal event, its outcome is recorded and (once
+// the runner returned) the session is free: a client that answers a final
+// reply at once is never told the session is busy.
 func (e *Engine) publish(ev event.Event) {
 	if ev.Kind.Terminal() {
 		e.settle(e.recordOutcome(ev))

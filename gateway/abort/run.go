@@ -492,12 +492,3 @@ func (r *Run) render(reason event.StopReason, ev event.Event) string {
 
 // Messages returns the template set the run renders with.
 func (r *Run) Messages() *messages.Set { return r.msgs }
-
-// RenderError renders the user message for a runner failure.
-func (r *Run) RenderError(err error) string {
-	cur, last := r.steps2()
-	return r.msgs.Render(messages.Error, messages.Fields{
-		Elapsed: messages.Duration(time.Duration(r.now() - r.start)), CurrentStep: cur.Label(),
-		LastStep: last.Label(), Error: err.Error(),
-	})
-}
