@@ -205,6 +205,13 @@ type session struct {
 	updated time.Time
 	used    time.Time     // last use, for eviction
 	lru     *list.Element // in Engine.lru
+	// ending counts the terminal events of this session's turns that are
+	// recorded but not yet handed to every bus subscriber. While it is not
+	// 0 the session may be free, but a turn Send accepts is only started
+	// (TurnStarted, scheduler, runner) by the publisher, once the ending is
+	// out: deferred holds those starts. The session is not evicted meanwhile.
+	ending   int
+	deferred []func()
 }
 
 type turn struct {
@@ -212,8 +219,14 @@ type turn struct {
 	owner   string
 	runner  string        // the runner's name
 	started chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
-	done    chan struct{} // closed when the outcome is known
-	out     Outcome
+	// done is closed once the outcome is known, the terminal event is out
+	// to every subscriber and the session is free (both flags below, under
+	// Engine.mu): whoever Wait wakes may send the session's next message at
+	// once. The turn then leaves Engine.turns.
+	done  chan struct{}
+	ended bool // the terminal event is published
+	freed bool // the run is released: the session is free
+	out   Outcome
 	// life: 0 while the runner runs; 1 once it returned; 2 when the run
 	// was force-finalized first (then it counts in Engine.stuck until the
 	// runner returns).
@@ -295,7 +308,11 @@ type Ack struct {
 // Send starts a turn. The same RunID while it runs answers StatusInFlight;
 // after it ended (for idempotencyTTLSeconds) the cached outcome. A session
 // with an active turn answers *BusyError. Send returns as soon as the turn
-// is registered; the reply comes as events.
+// is registered; the reply comes as events. While the session's previous
+// turn's terminal event is still being handed to subscribers (Send called
+// from a handler of it, or racing it), the session is free and the turn is
+// accepted, but its TurnStarted is published — and its runner started —
+// right after that event: every subscriber sees a session's turns in order.
 func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	cfg := e.cfg.Current()
 	if req.RunID == "" {
@@ -303,6 +320,15 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
+	// A live turn is in flight until it is done (see turn.done), even if
+	// its outcome is already cached.
+	if t, ok := e.turns[req.RunID]; ok {
+		e.mu.Unlock()
+		if t.run.SessionKey != req.SessionKey {
+			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
+	}
 	if el, ok := e.outcomes[req.RunID]; ok {
 		out := el.Value.(*cached).out
 		e.mu.Unlock()
@@ -310,13 +336,6 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
 		return Ack{RunID: req.RunID, Status: out.Status, Outcome: &out}, nil
-	}
-	if t, ok := e.turns[req.RunID]; ok {
-		e.mu.Unlock()
-		if t.run.SessionKey != req.SessionKey {
-			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
-		}
-		return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
 	}
 	e.mu.Unlock()
 	if e.admit != nil {
@@ -381,9 +400,30 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{})}
 	t.pending.Store(2)
 	e.turns[req.RunID] = t
+	start := func() {
+		e.startTurn(rn, t, runner.Turn{
+			RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, Message: req.Text, History: history,
+		})
+	}
+	// The previous turn's ending is still on its way to the bus's
+	// subscribers (this may be one of them, answering it): the publisher
+	// starts this turn right after it, so everyone sees the ending first.
+	deferred := s.ending > 0
+	if deferred {
+		s.deferred = append(s.deferred, start)
+	}
 	e.mu.Unlock()
+	if !deferred {
+		start()
+	}
+	return Ack{RunID: req.RunID, Status: StatusStarted}, nil
+}
 
-	started := event.Event{Kind: event.TurnStarted, Text: req.Text, StepTimeout: run.Settings.StepTimeout,
+// startTurn publishes a registered turn's TurnStarted, hands the run to the
+// scheduler and starts the runner.
+func (e *Engine) startTurn(rn runner.Runner, t *turn, rt runner.Turn) {
+	run := t.run
+	started := event.Event{Kind: event.TurnStarted, Text: rt.Message, StepTimeout: run.Settings.StepTimeout,
 		Deadline: run.StartedAt().Add(run.Settings.Timeout)}
 	if run.Settings.MaxTurnTime > 0 {
 		started.Ceiling = run.StartedAt().Add(run.Settings.MaxTurnTime)
@@ -394,10 +434,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	run.Publish(e.publish, started)
 	close(t.started)
 	e.sched.Track(run)
-	go e.runTurn(rn, t, runner.Turn{
-		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, Message: req.Text, History: history,
-	})
-	return Ack{RunID: req.RunID, Status: StatusStarted}, nil
+	go e.runTurn(rn, t, rt)
 }
 
 // runTurn runs the runner and records its outcome. A panicking runner is an
@@ -580,30 +617,30 @@ func (e *Engine) released(run *abort.Run) {
 		s.active = nil
 		e.touchLocked(s, time.Now()) // idle from now on
 	}
-	// The turn entry goes when both the session is free and the outcome is
-	// known; an abort cancels the runner before its event is published, so
-	// either may come first.
-	if t, ok := e.turns[run.ID]; ok && t.run == run && isClosed(t.done) {
-		e.forgetLocked(run.ID)
+	// The turn is done when both the session is free and its terminal event
+	// is published; an abort cancels the runner before its event is
+	// published, so either may come first.
+	if t, ok := e.turns[run.ID]; ok && t.run == run {
+		t.freed = true
+		e.doneLocked(t)
 	}
 	e.mu.Unlock()
 }
 
-// forgetLocked removes a finished, released turn. Called with e.mu held.
-func (e *Engine) forgetLocked(runID string) {
-	delete(e.turns, runID)
+// doneLocked closes t.done and forgets t once its terminal event is
+// published and its session is free (each happens once, so this closes
+// once). Called with e.mu held.
+func (e *Engine) doneLocked(t *turn) {
+	if !t.ended || !t.freed {
+		return
+	}
+	close(t.done)
+	if e.turns[t.run.ID] == t {
+		delete(e.turns, t.run.ID)
+	}
 	if len(e.turns) == 0 && e.drained != nil {
 		close(e.drained)
 		e.drained = nil
-	}
-}
-
-func isClosed(c chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
 	}
 }
 
@@ -628,15 +665,43 @@ func (e *Engine) drainedLocked() <-chan struct{} {
 // the runner returned) the session is free: a client that answers a final
 // reply at once is never told the session is busy.
 func (e *Engine) publish(ev event.Event) {
-	if ev.Kind.Terminal() {
-		e.settle(e.recordOutcome(ev))
+	if !ev.Kind.Terminal() {
+		e.bus.Publish(ev)
+		return
 	}
+	t, s := e.recordOutcome(ev)
+	e.settle(t)
 	e.bus.Publish(ev)
+	e.ended(t, s)
+}
+
+// ended is called once the terminal event of turn t (nil: not live) of
+// session s (nil: not in memory) is out to every subscriber: the turns Send
+// accepted meanwhile start now, and t is done if its session is free.
+func (e *Engine) ended(t *turn, s *session) {
+	e.mu.Lock()
+	if t != nil {
+		t.ended = true
+		e.doneLocked(t)
+	}
+	var starts []func()
+	if s != nil {
+		s.ending--
+		if s.ending == 0 {
+			starts, s.deferred = s.deferred, nil
+		}
+	}
+	e.mu.Unlock()
+	for _, start := range starts {
+		start()
+	}
 }
 
 // recordOutcome records a terminal event in the history and the outcome
-// cache and returns the live turn it ends (nil if none).
-func (e *Engine) recordOutcome(ev event.Event) *turn {
+// cache and returns the live turn it ends (nil if none) and the session,
+// whose ending count it raised (nil if the session is not in memory): the
+// caller calls ended once the event is published.
+func (e *Engine) recordOutcome(ev event.Event) (*turn, *session) {
 	cfg := e.cfg.Current()
 	out := Outcome{RunID: ev.RunID, SessionKey: ev.SessionKey, StopReason: ev.StopReason, Text: ev.FullText,
 		Message: ev.Message, EndedAt: ev.Time}
@@ -658,24 +723,22 @@ func (e *Engine) recordOutcome(ev event.Event) *turn {
 	ttl := time.Duration(cfg.Server.IdempotencyTTLSeconds * float64(time.Second))
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if s, ok := e.sessions[ev.SessionKey]; ok {
+	s, ok := e.sessions[ev.SessionKey]
+	if ok {
 		for _, m := range msgs {
 			s.history = appendBounded(s.history, m, cfg.Server.HistoryLimit)
 		}
 		s.updated = ev.Time
+		s.ending++
 	}
 	t, ok := e.turns[ev.RunID]
 	if ok {
 		out.StartedAt = t.run.StartedAt()
 		t.out = out
-		close(t.done)
-		if t.run.Released() {
-			e.forgetLocked(ev.RunID)
-		}
 	}
 	e.purgeExpired(ev.Time)
 	e.outcomes[ev.RunID] = e.expiry.PushBack(&cached{out: out, expires: ev.Time.Add(ttl)})
-	return t
+	return t, s
 }
 
 func (e *Engine) purgeExpired(now time.Time) {
@@ -745,19 +808,24 @@ func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason eve
 
 // Wait blocks until run runID has an outcome or ctx is done. ok is false for
 // an unknown run (or one whose outcome has expired) and when ctx ends first.
+// When Wait returns an outcome, the run's terminal event has been published
+// and its session is free (unless a runner ignoring cancellation keeps it
+// until force-finalization): the next message is accepted.
 func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
-	if el, ok := e.outcomes[runID]; ok {
-		out := el.Value.(*cached).out
-		e.mu.Unlock()
-		return out, true
-	}
+	// A live turn first: its outcome may be cached already, but it is done
+	// only once its ending is published and its session is free.
 	t, ok := e.turns[runID]
-	e.mu.Unlock()
 	if !ok {
-		return Outcome{}, false
+		el, ok := e.outcomes[runID]
+		e.mu.Unlock()
+		if !ok {
+			return Outcome{}, false
+		}
+		return el.Value.(*cached).out, true
 	}
+	e.mu.Unlock()
 	select {
 	case <-t.done:
 		e.mu.Lock()
@@ -857,7 +925,7 @@ const evictScan = 64
 // evictLocked evicts, least recently used first, the sessions unused for
 // server.sessionIdleSeconds and, while more than server.maxSessions remain,
 // the least recently used idle ones. A session with an active turn (until
-// its terminal event is recorded and the run released) or a history load in
+// its terminal event is published and the run released) or a history load in
 // flight is never evicted, nor is keep (the session being used). An evicted session's history is reloaded from the
 // store on its next use. Called with e.mu held, on every session lookup: no
 // timer.
@@ -872,7 +940,7 @@ func (e *Engine) evictLocked(now time.Time, keep *session) {
 		if !over && (idle <= 0 || now.Sub(s.used) < idle) {
 			return // the rest were used more recently
 		}
-		if s.active != nil || s.loading != nil || s == keep {
+		if s.active != nil || s.loading != nil || s.ending > 0 || s == keep {
 			skipped++
 		} else {
 			e.lru.Remove(el)
