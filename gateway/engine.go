@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"maps"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,8 +192,11 @@ type Engine struct {
 	closing  bool
 	stuck    map[string]int  // by runner: force-finalized runs still running
 	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
-	notifyMu sync.Mutex      // orders StuckRuns calls; taken under mu, released after the call
-	drained  chan struct{}   // closed when turns becomes empty; nil until asked for
+	// stuckLimit is server.maxStuckRuns as last applied (New,
+	// ConfigChanged): Send's refusals and the StuckRuns notices use the same.
+	stuckLimit int
+	notifyMu   sync.Mutex    // orders StuckRuns calls; taken under mu, released after the call
+	drained    chan struct{} // closed when turns becomes empty; nil until asked for
 }
 
 type session struct {
@@ -253,7 +257,8 @@ func New(opts Options) (*Engine, error) {
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
 		admit: opts.Admit, stuck: map[string]int{}, refusing: map[string]bool{},
-		bus: event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
+		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
+		bus:        event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
 	}
 	e.reg = abort.New(e.released)
@@ -269,10 +274,33 @@ func (e *Engine) Start(ctx context.Context) {
 	go e.sched.Run(e.baseCtx)
 }
 
-// ConfigChanged applies a new configuration: the killswitches at once,
+// ConfigChanged applies a new configuration: the killswitches and
+// server.maxStuckRuns at once (a runner the new cap saturates refuses new
+// turns and StuckRuns is told; one it frees is told it recovered),
 // everything else to turns that start afterwards (they read the config at
 // start).
-func (e *Engine) ConfigChanged(c *config.Config) { e.applyPolicy(c) }
+func (e *Engine) ConfigChanged(c *config.Config) {
+	e.applyPolicy(c)
+	e.mu.Lock()
+	e.stuckLimit = c.Server.MaxStuckRuns
+	// Every runner that has stuck runs or was refusing: the edge may have
+	// moved under them.
+	names := slices.Sorted(maps.Keys(e.refusing))
+	for name := range e.stuck {
+		if !e.refusing[name] {
+			names = append(names, name)
+		}
+	}
+	var notices []stuckNotice
+	for _, name := range names {
+		if n, ok := e.recountStuckLocked(name, 0); ok {
+			notices = append(notices, n)
+		}
+	}
+	notify := e.notifyStuckLocked(notices)
+	e.mu.Unlock()
+	notify()
+}
 
 func (e *Engine) applyPolicy(c *config.Config) {
 	e.sched.SetPolicy(maintenance.Policy{Enabled: c.Watchdog.Enabled, AutoAbort: c.Watchdog.AutoAbort})
@@ -376,9 +404,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		e.mu.Unlock()
 		return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: a.ID, Stopping: a.State() != abort.StateRunning}
 	}
-	if n := e.stuck[name]; n >= cfg.Server.MaxStuckRuns && cfg.Server.MaxStuckRuns > 0 {
+	if n, limit := e.stuck[name], e.stuckLimit; limit > 0 && n >= limit {
 		e.mu.Unlock()
-		return Ack{}, &RunnerStuckError{Runner: name, Stuck: n, Limit: cfg.Server.MaxStuckRuns}
+		return Ack{}, &RunnerStuckError{Runner: name, Stuck: n, Limit: limit}
 	}
 	run, err := e.reg.Register(e.baseCtx, abort.Spec{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
@@ -560,7 +588,24 @@ func (e *Engine) stuckChanged(runner string, delta int) {
 // stuckChangedLocked is stuckChanged with e.mu held; the caller calls the
 // returned function once it has unlocked e.mu.
 func (e *Engine) stuckChangedLocked(runner string, delta int) (notify func()) {
-	limit := e.cfg.Current().Server.MaxStuckRuns
+	if n, ok := e.recountStuckLocked(runner, delta); ok {
+		return e.notifyStuckLocked([]stuckNotice{n})
+	}
+	return func() {}
+}
+
+// stuckNotice is one edge of a runner's saturation for StuckRuns.
+type stuckNotice struct {
+	runner       string
+	stuck, limit int
+	saturated    bool
+}
+
+// recountStuckLocked adds delta to runner's stuck runs and compares the
+// count with the cap in force; it returns the notice to give when the
+// runner's saturation changed. Called with e.mu held.
+func (e *Engine) recountStuckLocked(runner string, delta int) (stuckNotice, bool) {
+	limit := e.stuckLimit
 	n := e.stuck[runner] + delta
 	if n <= 0 {
 		delete(e.stuck, runner)
@@ -569,26 +614,37 @@ func (e *Engine) stuckChangedLocked(runner string, delta int) (notify func()) {
 	}
 	at := limit > 0 && n >= limit
 	if at == e.refusing[runner] {
-		return func() {}
+		return stuckNotice{}, false
 	}
 	if at {
 		e.refusing[runner] = true
 	} else {
 		delete(e.refusing, runner)
 	}
-	// Taken before e.mu is released, so the notices leave in the order the
-	// changes were made under e.mu.
+	return stuckNotice{runner: runner, stuck: max(n, 0), limit: limit, saturated: at}, true
+}
+
+// notifyStuckLocked returns the function that gives notices, in order; the
+// caller calls it once it has unlocked e.mu. notifyMu is taken before e.mu
+// is released, so notices leave in the order the changes were made under
+// e.mu.
+func (e *Engine) notifyStuckLocked(notices []stuckNotice) func() {
+	if len(notices) == 0 {
+		return func() {}
+	}
 	e.notifyMu.Lock()
 	return func() {
 		defer e.notifyMu.Unlock()
-		if at {
-			e.log.Error("runner refuses new turns: too many of its runs ignored cancellation and still run",
-				"runner", runner, "stuck", n, "limit", limit)
-		} else {
-			e.log.Info("runner accepts new turns again", "runner", runner, "stuck", n, "limit", limit)
-		}
-		if e.onStuck != nil {
-			e.onStuck(runner, n, limit, at)
+		for _, n := range notices {
+			if n.saturated {
+				e.log.Error("runner refuses new turns: too many of its runs ignored cancellation and still run",
+					"runner", n.runner, "stuck", n.stuck, "limit", n.limit)
+			} else {
+				e.log.Info("runner accepts new turns again", "runner", n.runner, "stuck", n.stuck, "limit", n.limit)
+			}
+			if e.onStuck != nil {
+				e.onStuck(n.runner, n.stuck, n.limit, n.saturated)
+			}
 		}
 	}
 }
