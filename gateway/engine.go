@@ -183,10 +183,18 @@ type Engine struct {
 	baseCtx context.Context
 	cancel  context.CancelFunc
 
+	// idSpace makes session ids: a session never reset in this process has
+	// the id uuid.NewSHA1(idSpace, key), the same after it is evicted and
+	// reloaded; a reset session has a random one, kept for a while after
+	// eviction in resetIDs.
+	idSpace uuid.UUID
+
 	mu       sync.Mutex
 	sessions map[string]*session
-	lru      *list.List       // of *session, least recently used first
-	turns    map[string]*turn // live runs by id
+	resetIDs map[string]*list.Element // by key: the ids of evicted reset sessions
+	resetAge *list.List               // of resetID, oldest first; at most keptResetIDs
+	lru      *list.List               // of *session, least recently used first
+	turns    map[string]*turn         // live runs by id
 	outcomes map[string]*list.Element
 	expiry   *list.List // of *cached, oldest first
 	closing  bool
@@ -201,7 +209,8 @@ type Engine struct {
 
 type session struct {
 	key     string
-	id      string // a stable id for this conversation (changes on Reset)
+	id      string // a stable id for this conversation (changes on Reset, not on eviction)
+	reset   bool   // id is Reset's (random), not derived from key
 	active  *abort.Run
 	history []Message
 	loaded  bool          // the stored history is in history (or there is no loader)
@@ -260,6 +269,7 @@ func New(opts Options) (*Engine, error) {
 		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
 		bus:        event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
+		idSpace: uuid.New(), resetIDs: map[string]*list.Element{}, resetAge: list.New(),
 	}
 	e.reg = abort.New(e.released)
 	e.sched = maintenance.New(e.reg, e.publish, opts.Observer)
@@ -947,12 +957,11 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 	e.mu.Lock()
 	s, ok := e.sessions[sessionKey]
 	if !ok {
-		s = &session{key: sessionKey, loaded: true}
-		e.sessions[sessionKey] = s
+		s = e.newSessionLocked(sessionKey, time.Now())
 	}
 	e.touchLocked(s, time.Now())
 	e.evictLocked(time.Now(), s)
-	s.id = uuid.NewString()
+	s.id, s.reset = uuid.NewString(), true
 	s.history = nil
 	s.loaded = true
 	s.updated = time.Now()
@@ -1002,8 +1011,44 @@ func (e *Engine) evictLocked(now time.Time, keep *session) {
 			e.lru.Remove(el)
 			s.lru = nil
 			delete(e.sessions, s.key)
+			if s.reset {
+				e.keepResetIDLocked(s.key, s.id)
+			}
 		}
 		el = next
+	}
+}
+
+// keptResetIDs bounds how many evicted reset sessions keep their id: any
+// client can reset sessions. Past it the oldest goes back to its derived id.
+const keptResetIDs = 4096
+
+type resetID struct{ key, id string }
+
+// newSessionLocked adds a session for key with its id: the one it had
+// before it was evicted (derived from key, or kept since a reset). Its
+// history is yet to load (if there is a loader). Called with e.mu held.
+func (e *Engine) newSessionLocked(key string, now time.Time) *session {
+	s := &session{key: key, id: uuid.NewSHA1(e.idSpace, []byte(key)).String(), updated: now, loaded: e.loadHist == nil}
+	if el, ok := e.resetIDs[key]; ok {
+		s.id, s.reset = el.Value.(resetID).id, true
+		e.resetAge.Remove(el)
+		delete(e.resetIDs, key)
+	}
+	e.sessions[key] = s
+	return s
+}
+
+// keepResetIDLocked remembers the id of an evicted reset session. Called
+// with e.mu held.
+func (e *Engine) keepResetIDLocked(key, id string) {
+	if el, ok := e.resetIDs[key]; ok {
+		e.resetAge.Remove(el)
+	}
+	e.resetIDs[key] = e.resetAge.PushBack(resetID{key: key, id: id})
+	for e.resetAge.Len() > keptResetIDs {
+		old := e.resetAge.Remove(e.resetAge.Front()).(resetID)
+		delete(e.resetIDs, old.key)
 	}
 }
 
@@ -1023,8 +1068,7 @@ func (e *Engine) session(ctx context.Context, key string) (*session, error) {
 	now := time.Now()
 	s, ok := e.sessions[key]
 	if !ok {
-		s = &session{key: key, id: uuid.NewString(), updated: now, loaded: e.loadHist == nil}
-		e.sessions[key] = s
+		s = e.newSessionLocked(key, now)
 	}
 	e.touchLocked(s, now)
 	e.evictLocked(now, s)
