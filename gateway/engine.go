@@ -358,15 +358,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
-	// A live turn is in flight until it is done (see turn.done), even if
-	// its outcome is already cached.
-	if t, ok := e.turns[req.RunID]; ok {
-		e.mu.Unlock()
-		if t.run.SessionKey != req.SessionKey {
-			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
-		}
-		return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
-	}
+	// A repeated key is answered with the outcome as soon as it is recorded
+	// (a client that saw the terminal event must get it), before the turn
+	// is done (Wait waits for that).
 	if el, ok := e.outcomes[req.RunID]; ok {
 		out := el.Value.(*cached).out
 		e.mu.Unlock()
@@ -374,6 +368,13 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
 		return Ack{RunID: req.RunID, Status: out.Status, Outcome: &out}, nil
+	}
+	if t, ok := e.turns[req.RunID]; ok {
+		e.mu.Unlock()
+		if t.run.SessionKey != req.SessionKey {
+			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
 	}
 	e.mu.Unlock()
 	if e.admit != nil {
