@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"maps"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,24 +182,35 @@ type Engine struct {
 
 	baseCtx context.Context
 	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+
+	// idSpace makes session ids: a session never reset in this process has
+	// the id uuid.NewSHA1(idSpace, key), the same after it is evicted and
+	// reloaded; a reset session has a random one, kept for a while after
+	// eviction in resetIDs.
+	idSpace uuid.UUID
 
 	mu       sync.Mutex
 	sessions map[string]*session
-	lru      *list.List       // of *session, least recently used first
-	turns    map[string]*turn // live runs by id
+	resetIDs map[string]*list.Element // by key: the ids of evicted reset sessions
+	resetAge *list.List               // of resetID, oldest first; at most keptResetIDs
+	lru      *list.List               // of *session, least recently used first
+	turns    map[string]*turn         // live runs by id
 	outcomes map[string]*list.Element
 	expiry   *list.List // of *cached, oldest first
 	closing  bool
 	stuck    map[string]int  // by runner: force-finalized runs still running
 	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
-	notifyMu sync.Mutex      // orders StuckRuns calls; taken under mu, released after the call
-	drained  chan struct{}   // closed when turns becomes empty; nil until asked for
+	// stuckLimit is server.maxStuckRuns as last applied (New,
+	// ConfigChanged): Send's refusals and the StuckRuns notices use the same.
+	stuckLimit int
+	notifyMu   sync.Mutex    // orders StuckRuns calls; taken under mu, released after the call
+	drained    chan struct{} // closed when turns becomes empty; nil until asked for
 }
 
 type session struct {
 	key     string
-	id      string // a stable id for this conversation (changes on Reset)
+	id      string // a stable id for this conversation (changes on Reset, not on eviction)
+	reset   bool   // id is Reset's (random), not derived from key
 	active  *abort.Run
 	history []Message
 	loaded  bool          // the stored history is in history (or there is no loader)
@@ -206,6 +218,13 @@ type session struct {
 	updated time.Time
 	used    time.Time     // last use, for eviction
 	lru     *list.Element // in Engine.lru
+	// ending counts the terminal events of this session's turns that are
+	// recorded but not yet handed to every bus subscriber. While it is not
+	// 0 the session may be free, but a turn Send accepts is only started
+	// (TurnStarted, scheduler, runner) by the publisher, once the ending is
+	// out: deferred holds those starts. The session is not evicted meanwhile.
+	ending   int
+	deferred []func()
 }
 
 type turn struct {
@@ -213,8 +232,14 @@ type turn struct {
 	owner   string
 	runner  string        // the runner's name
 	started chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
-	done    chan struct{} // closed when the outcome is known
-	out     Outcome
+	// done is closed once the outcome is known, the terminal event is out
+	// to every subscriber and the session is free (both flags below, under
+	// Engine.mu): whoever Wait wakes may send the session's next message at
+	// once. The turn then leaves Engine.turns.
+	done  chan struct{}
+	ended bool // the terminal event is published
+	freed bool // the run is released: the session is free
+	out   Outcome
 	// life: 0 while the runner runs; 1 once it returned; 2 when the run
 	// was force-finalized first (then it counts in Engine.stuck until the
 	// runner returns).
@@ -241,8 +266,10 @@ func New(opts Options) (*Engine, error) {
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
 		admit: opts.Admit, stuck: map[string]int{}, refusing: map[string]bool{},
-		bus: event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
+		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
+		bus:        event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
+		idSpace: uuid.New(), resetIDs: map[string]*list.Element{}, resetAge: list.New(),
 	}
 	e.reg = abort.New(e.released)
 	e.sched = maintenance.New(e.reg, e.publish, opts.Observer)
@@ -254,17 +281,36 @@ func New(opts Options) (*Engine, error) {
 // must live as long as the engine. Call once.
 func (e *Engine) Start(ctx context.Context) {
 	e.baseCtx, e.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		e.sched.Run(e.baseCtx)
-	}()
+	go e.sched.Run(e.baseCtx)
 }
 
-// ConfigChanged applies a new configuration: the killswitches at once,
+// ConfigChanged applies a new configuration: the killswitches and
+// server.maxStuckRuns at once (a runner the new cap saturates refuses new
+// turns and StuckRuns is told; one it frees is told it recovered),
 // everything else to turns that start afterwards (they read the config at
 // start).
-func (e *Engine) ConfigChanged(c *config.Config) { e.applyPolicy(c) }
+func (e *Engine) ConfigChanged(c *config.Config) {
+	e.applyPolicy(c)
+	e.mu.Lock()
+	e.stuckLimit = c.Server.MaxStuckRuns
+	// Every runner that has stuck runs or was refusing: the edge may have
+	// moved under them.
+	names := slices.Sorted(maps.Keys(e.refusing))
+	for name := range e.stuck {
+		if !e.refusing[name] {
+			names = append(names, name)
+		}
+	}
+	var notices []stuckNotice
+	for _, name := range names {
+		if n, ok := e.recountStuckLocked(name, 0); ok {
+			notices = append(notices, n)
+		}
+	}
+	notify := e.notifyStuckLocked(notices)
+	e.mu.Unlock()
+	notify()
+}
 
 func (e *Engine) applyPolicy(c *config.Config) {
 	e.sched.SetPolicy(maintenance.Policy{Enabled: c.Watchdog.Enabled, AutoAbort: c.Watchdog.AutoAbort})
@@ -300,7 +346,11 @@ type Ack struct {
 // Send starts a turn. The same RunID while it runs answers StatusInFlight;
 // after it ended (for idempotencyTTLSeconds) the cached outcome. A session
 // with an active turn answers *BusyError. Send returns as soon as the turn
-// is registered; the reply comes as events.
+// is registered; the reply comes as events. While the session's previous
+// turn's terminal event is still being handed to subscribers (Send called
+// from a handler of it, or racing it), the session is free and the turn is
+// accepted, but its TurnStarted is published — and its runner started —
+// right after that event: every subscriber sees a session's turns in order.
 func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	cfg := e.cfg.Current()
 	if req.RunID == "" {
@@ -308,6 +358,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
+	// A repeated key is answered with the outcome as soon as it is recorded
+	// (a client that saw the terminal event must get it), before the turn
+	// is done (Wait waits for that).
 	if el, ok := e.outcomes[req.RunID]; ok {
 		out := el.Value.(*cached).out
 		e.mu.Unlock()
@@ -362,9 +415,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		e.mu.Unlock()
 		return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: a.ID, Stopping: a.State() != abort.StateRunning}
 	}
-	if n := e.stuck[name]; n >= cfg.Server.MaxStuckRuns && cfg.Server.MaxStuckRuns > 0 {
+	if n, limit := e.stuck[name], e.stuckLimit; limit > 0 && n >= limit {
 		e.mu.Unlock()
-		return Ack{}, &RunnerStuckError{Runner: name, Stuck: n, Limit: cfg.Server.MaxStuckRuns}
+		return Ack{}, &RunnerStuckError{Runner: name, Stuck: n, Limit: limit}
 	}
 	run, err := e.reg.Register(e.baseCtx, abort.Spec{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
@@ -386,10 +439,30 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{})}
 	t.pending.Store(2)
 	e.turns[req.RunID] = t
-	e.wg.Add(1)
+	start := func() {
+		e.startTurn(rn, t, runner.Turn{
+			RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, Message: req.Text, History: history,
+		})
+	}
+	// The previous turn's ending is still on its way to the bus's
+	// subscribers (this may be one of them, answering it): the publisher
+	// starts this turn right after it, so everyone sees the ending first.
+	deferred := s.ending > 0
+	if deferred {
+		s.deferred = append(s.deferred, start)
+	}
 	e.mu.Unlock()
+	if !deferred {
+		start()
+	}
+	return Ack{RunID: req.RunID, Status: StatusStarted}, nil
+}
 
-	started := event.Event{Kind: event.TurnStarted, Text: req.Text, StepTimeout: run.Settings.StepTimeout,
+// startTurn publishes a registered turn's TurnStarted, hands the run to the
+// scheduler and starts the runner.
+func (e *Engine) startTurn(rn runner.Runner, t *turn, rt runner.Turn) {
+	run := t.run
+	started := event.Event{Kind: event.TurnStarted, Text: rt.Message, StepTimeout: run.Settings.StepTimeout,
 		Deadline: run.StartedAt().Add(run.Settings.Timeout)}
 	if run.Settings.MaxTurnTime > 0 {
 		started.Ceiling = run.StartedAt().Add(run.Settings.MaxTurnTime)
@@ -400,16 +473,12 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	run.Publish(e.publish, started)
 	close(t.started)
 	e.sched.Track(run)
-	go e.runTurn(rn, t, runner.Turn{
-		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, Message: req.Text, History: history,
-	})
-	return Ack{RunID: req.RunID, Status: StatusStarted}, nil
+	go e.runTurn(rn, t, rt)
 }
 
 // runTurn runs the runner and records its outcome. A panicking runner is an
 // error, not a crash.
 func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
-	defer e.wg.Done()
 	run := tr.run
 	var (
 		res      runner.Result
@@ -440,12 +509,12 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 	switch {
 	case err == nil:
 		if run.Finish(event.ReasonStop) {
-			run.Publish(e.finish(run), event.Event{Kind: event.Finished, StopReason: event.ReasonStop, FullText: text})
+			run.Publish(e.publish, event.Event{Kind: event.Finished, StopReason: event.ReasonStop, FullText: text})
 		}
 	default:
 		if run.Finish(event.ReasonError) {
 			msg := e.failure(tr, err, panicked, stack)
-			run.Publish(e.finish(run), event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text, Message: msg})
+			run.Publish(e.publish, event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text, Message: msg})
 		}
 	}
 }
@@ -458,16 +527,6 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 func (e *Engine) settle(t *turn) {
 	if t != nil && t.pending.Add(-1) == 0 {
 		e.reg.Release(t.run)
-	}
-}
-
-// finish publishes a Finished event so that, by the time any subscriber sees
-// it, the outcome is recorded and the session is free: a client that answers
-// a final reply at once is never told the session is busy.
-func (e *Engine) finish(run *abort.Run) func(event.Event) {
-	return func(ev event.Event) {
-		e.settle(e.recordOutcome(ev))
-		e.bus.Publish(ev)
 	}
 }
 
@@ -540,7 +599,24 @@ func (e *Engine) stuckChanged(runner string, delta int) {
 // stuckChangedLocked is stuckChanged with e.mu held; the caller calls the
 // returned function once it has unlocked e.mu.
 func (e *Engine) stuckChangedLocked(runner string, delta int) (notify func()) {
-	limit := e.cfg.Current().Server.MaxStuckRuns
+	if n, ok := e.recountStuckLocked(runner, delta); ok {
+		return e.notifyStuckLocked([]stuckNotice{n})
+	}
+	return func() {}
+}
+
+// stuckNotice is one edge of a runner's saturation for StuckRuns.
+type stuckNotice struct {
+	runner       string
+	stuck, limit int
+	saturated    bool
+}
+
+// recountStuckLocked adds delta to runner's stuck runs and compares the
+// count with the cap in force; it returns the notice to give when the
+// runner's saturation changed. Called with e.mu held.
+func (e *Engine) recountStuckLocked(runner string, delta int) (stuckNotice, bool) {
+	limit := e.stuckLimit
 	n := e.stuck[runner] + delta
 	if n <= 0 {
 		delete(e.stuck, runner)
@@ -549,26 +625,37 @@ func (e *Engine) stuckChangedLocked(runner string, delta int) (notify func()) {
 	}
 	at := limit > 0 && n >= limit
 	if at == e.refusing[runner] {
-		return func() {}
+		return stuckNotice{}, false
 	}
 	if at {
 		e.refusing[runner] = true
 	} else {
 		delete(e.refusing, runner)
 	}
-	// Taken before e.mu is released, so the notices leave in the order the
-	// changes were made under e.mu.
+	return stuckNotice{runner: runner, stuck: max(n, 0), limit: limit, saturated: at}, true
+}
+
+// notifyStuckLocked returns the function that gives notices, in order; the
+// caller calls it once it has unlocked e.mu. notifyMu is taken before e.mu
+// is released, so notices leave in the order the changes were made under
+// e.mu.
+func (e *Engine) notifyStuckLocked(notices []stuckNotice) func() {
+	if len(notices) == 0 {
+		return func() {}
+	}
 	e.notifyMu.Lock()
 	return func() {
 		defer e.notifyMu.Unlock()
-		if at {
-			e.log.Error("runner refuses new turns: too many of its runs ignored cancellation and still run",
-				"runner", runner, "stuck", n, "limit", limit)
-		} else {
-			e.log.Info("runner accepts new turns again", "runner", runner, "stuck", n, "limit", limit)
-		}
-		if e.onStuck != nil {
-			e.onStuck(runner, n, limit, at)
+		for _, n := range notices {
+			if n.saturated {
+				e.log.Error("runner refuses new turns: too many of its runs ignored cancellation and still run",
+					"runner", n.runner, "stuck", n.stuck, "limit", n.limit)
+			} else {
+				e.log.Info("runner accepts new turns again", "runner", n.runner, "stuck", n.stuck, "limit", n.limit)
+			}
+			if e.onStuck != nil {
+				e.onStuck(n.runner, n.stuck, n.limit, n.saturated)
+			}
 		}
 	}
 }
@@ -597,30 +684,30 @@ func (e *Engine) released(run *abort.Run) {
 		s.active = nil
 		e.touchLocked(s, time.Now()) // idle from now on
 	}
-	// The turn entry goes when both the session is free and the outcome is
-	// known; an abort cancels the runner before its event is published, so
-	// either may come first.
-	if t, ok := e.turns[run.ID]; ok && t.run == run && isClosed(t.done) {
-		e.forgetLocked(run.ID)
+	// The turn is done when both the session is free and its terminal event
+	// is published; an abort cancels the runner before its event is
+	// published, so either may come first.
+	if t, ok := e.turns[run.ID]; ok && t.run == run {
+		t.freed = true
+		e.doneLocked(t)
 	}
 	e.mu.Unlock()
 }
 
-// forgetLocked removes a finished, released turn. Called with e.mu held.
-func (e *Engine) forgetLocked(runID string) {
-	delete(e.turns, runID)
+// doneLocked closes t.done and forgets t once its terminal event is
+// published and its session is free (each happens once, so this closes
+// once). Called with e.mu held.
+func (e *Engine) doneLocked(t *turn) {
+	if !t.ended || !t.freed {
+		return
+	}
+	close(t.done)
+	if e.turns[t.run.ID] == t {
+		delete(e.turns, t.run.ID)
+	}
 	if len(e.turns) == 0 && e.drained != nil {
 		close(e.drained)
 		e.drained = nil
-	}
-}
-
-func isClosed(c chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
 	}
 }
 
@@ -640,17 +727,48 @@ func (e *Engine) drainedLocked() <-chan struct{} {
 
 // publish is the single exit of events: it records terminal outcomes and
 // history, then hands the event to the bus. Called under the run's publish
-// lock (abort.Run.Publish), so one run's events arrive in order.
+// lock (abort.Run.Publish), so one run's events arrive in order. By the time
+// any subscriber sees a terminal event, its outcome is recorded and (once
+// the runner returned) the session is free: a client that answers a final
+// reply at once is never told the session is busy.
 func (e *Engine) publish(ev event.Event) {
-	if ev.Kind.Terminal() {
-		e.settle(e.recordOutcome(ev))
+	if !ev.Kind.Terminal() {
+		e.bus.Publish(ev)
+		return
 	}
+	t, s := e.recordOutcome(ev)
+	e.settle(t)
 	e.bus.Publish(ev)
+	e.ended(t, s)
+}
+
+// ended is called once the terminal event of turn t (nil: not live) of
+// session s (nil: not in memory) is out to every subscriber: the turns Send
+// accepted meanwhile start now, and t is done if its session is free.
+func (e *Engine) ended(t *turn, s *session) {
+	e.mu.Lock()
+	if t != nil {
+		t.ended = true
+		e.doneLocked(t)
+	}
+	var starts []func()
+	if s != nil {
+		s.ending--
+		if s.ending == 0 {
+			starts, s.deferred = s.deferred, nil
+		}
+	}
+	e.mu.Unlock()
+	for _, start := range starts {
+		start()
+	}
 }
 
 // recordOutcome records a terminal event in the history and the outcome
-// cache and returns the live turn it ends (nil if none).
-func (e *Engine) recordOutcome(ev event.Event) *turn {
+// cache and returns the live turn it ends (nil if none) and the session,
+// whose ending count it raised (nil if the session is not in memory): the
+// caller calls ended once the event is published.
+func (e *Engine) recordOutcome(ev event.Event) (*turn, *session) {
 	cfg := e.cfg.Current()
 	out := Outcome{RunID: ev.RunID, SessionKey: ev.SessionKey, StopReason: ev.StopReason, Text: ev.FullText,
 		Message: ev.Message, EndedAt: ev.Time}
@@ -672,24 +790,22 @@ func (e *Engine) recordOutcome(ev event.Event) *turn {
 	ttl := time.Duration(cfg.Server.IdempotencyTTLSeconds * float64(time.Second))
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if s, ok := e.sessions[ev.SessionKey]; ok {
+	s, ok := e.sessions[ev.SessionKey]
+	if ok {
 		for _, m := range msgs {
 			s.history = appendBounded(s.history, m, cfg.Server.HistoryLimit)
 		}
 		s.updated = ev.Time
+		s.ending++
 	}
 	t, ok := e.turns[ev.RunID]
 	if ok {
 		out.StartedAt = t.run.StartedAt()
 		t.out = out
-		close(t.done)
-		if t.run.Released() {
-			e.forgetLocked(ev.RunID)
-		}
 	}
 	e.purgeExpired(ev.Time)
 	e.outcomes[ev.RunID] = e.expiry.PushBack(&cached{out: out, expires: ev.Time.Add(ttl)})
-	return t
+	return t, s
 }
 
 func (e *Engine) purgeExpired(now time.Time) {
@@ -759,19 +875,24 @@ func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason eve
 
 // Wait blocks until run runID has an outcome or ctx is done. ok is false for
 // an unknown run (or one whose outcome has expired) and when ctx ends first.
+// When Wait returns an outcome, the run's terminal event has been published
+// and its session is free (unless a runner ignoring cancellation keeps it
+// until force-finalization): the next message is accepted.
 func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
-	if el, ok := e.outcomes[runID]; ok {
-		out := el.Value.(*cached).out
-		e.mu.Unlock()
-		return out, true
-	}
+	// A live turn first: its outcome may be cached already, but it is done
+	// only once its ending is published and its session is free.
 	t, ok := e.turns[runID]
-	e.mu.Unlock()
 	if !ok {
-		return Outcome{}, false
+		el, ok := e.outcomes[runID]
+		e.mu.Unlock()
+		if !ok {
+			return Outcome{}, false
+		}
+		return el.Value.(*cached).out, true
 	}
+	e.mu.Unlock()
 	select {
 	case <-t.done:
 		e.mu.Lock()
@@ -837,12 +958,11 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 	e.mu.Lock()
 	s, ok := e.sessions[sessionKey]
 	if !ok {
-		s = &session{key: sessionKey, loaded: true}
-		e.sessions[sessionKey] = s
+		s = e.newSessionLocked(sessionKey, time.Now())
 	}
 	e.touchLocked(s, time.Now())
 	e.evictLocked(time.Now(), s)
-	s.id = uuid.NewString()
+	s.id, s.reset = uuid.NewString(), true
 	s.history = nil
 	s.loaded = true
 	s.updated = time.Now()
@@ -871,7 +991,7 @@ const evictScan = 64
 // evictLocked evicts, least recently used first, the sessions unused for
 // server.sessionIdleSeconds and, while more than server.maxSessions remain,
 // the least recently used idle ones. A session with an active turn (until
-// its terminal event is recorded and the run released) or a history load in
+// its terminal event is published and the run released) or a history load in
 // flight is never evicted, nor is keep (the session being used). An evicted session's history is reloaded from the
 // store on its next use. Called with e.mu held, on every session lookup: no
 // timer.
@@ -886,14 +1006,50 @@ func (e *Engine) evictLocked(now time.Time, keep *session) {
 		if !over && (idle <= 0 || now.Sub(s.used) < idle) {
 			return // the rest were used more recently
 		}
-		if s.active != nil || s.loading != nil || s == keep {
+		if s.active != nil || s.loading != nil || s.ending > 0 || s == keep {
 			skipped++
 		} else {
 			e.lru.Remove(el)
 			s.lru = nil
 			delete(e.sessions, s.key)
+			if s.reset {
+				e.keepResetIDLocked(s.key, s.id)
+			}
 		}
 		el = next
+	}
+}
+
+// keptResetIDs bounds how many evicted reset sessions keep their id: any
+// client can reset sessions. Past it the oldest goes back to its derived id.
+const keptResetIDs = 4096
+
+type resetID struct{ key, id string }
+
+// newSessionLocked adds a session for key with its id: the one it had
+// before it was evicted (derived from key, or kept since a reset). Its
+// history is yet to load (if there is a loader). Called with e.mu held.
+func (e *Engine) newSessionLocked(key string, now time.Time) *session {
+	s := &session{key: key, id: uuid.NewSHA1(e.idSpace, []byte(key)).String(), updated: now, loaded: e.loadHist == nil}
+	if el, ok := e.resetIDs[key]; ok {
+		s.id, s.reset = el.Value.(resetID).id, true
+		e.resetAge.Remove(el)
+		delete(e.resetIDs, key)
+	}
+	e.sessions[key] = s
+	return s
+}
+
+// keepResetIDLocked remembers the id of an evicted reset session. Called
+// with e.mu held.
+func (e *Engine) keepResetIDLocked(key, id string) {
+	if el, ok := e.resetIDs[key]; ok {
+		e.resetAge.Remove(el)
+	}
+	e.resetIDs[key] = e.resetAge.PushBack(resetID{key: key, id: id})
+	for e.resetAge.Len() > keptResetIDs {
+		old := e.resetAge.Remove(e.resetAge.Front()).(resetID)
+		delete(e.resetIDs, old.key)
 	}
 }
 
@@ -913,8 +1069,7 @@ func (e *Engine) session(ctx context.Context, key string) (*session, error) {
 	now := time.Now()
 	s, ok := e.sessions[key]
 	if !ok {
-		s = &session{key: key, id: uuid.NewString(), updated: now, loaded: e.loadHist == nil}
-		e.sessions[key] = s
+		s = e.newSessionLocked(key, now)
 	}
 	e.touchLocked(s, now)
 	e.evictLocked(now, s)

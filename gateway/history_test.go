@@ -49,13 +49,7 @@ var historyRunner = runner.Func(func(ctx context.Context, turn runner.Turn, cb r
 
 func newHistoryEngine(t *testing.T, h *storedHistory) *Engine {
 	t.Helper()
-	e, err := New(Options{Config: config.NewSource(testConfig(t, nil)), Runners: map[string]runner.Runner{"demo": historyRunner}, History: h.load})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.Start(context.Background())
-	t.Cleanup(func() { e.Shutdown(context.Background()) })
-	return e
+	return newStoredEngine(t, h, historyRunner, nil)
 }
 
 // TestHistoryLoadSurvivesCancelledRequest: the first request to touch a

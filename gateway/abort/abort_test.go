@@ -3,6 +3,7 @@ package abort
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -225,4 +226,81 @@ func TestZeroTimeIsATime(t *testing.T) {
 			t.Fatal("pause at time zero lost")
 		}
 	})
+}
+
+// TestLongRunKeepsOnlyTwoSteps: a run (or a force-finalized runner that
+// keeps reporting) may take millions of steps; only the current and the
+// last completed one are ever shown, so the memory a run holds must not
+// grow with its steps (200,000 steps here).
+func TestLongRunKeepsOnlyTwoSteps(t *testing.T) {
+	g := New(nil)
+	r := register(t, g, "long")
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	r.StepStarted("tool", "warmup")
+	r.StepCompleted("tool", "warmup")
+	before := heap()
+	for i := range 200_000 {
+		name := "shell"
+		if i%2 == 1 {
+			name = "search"
+		}
+		r.StepStarted("tool", name)
+		r.StepCompleted("tool", name)
+	}
+	r.StepStarted("tool", "last")
+	after := heap()
+	if grown := int64(after) - int64(before); grown > 2<<20 {
+		t.Fatalf("heap grew %d bytes over 200,000 steps: every step is kept alive", grown)
+	}
+	if cur, last := r.CurrentStep(); cur.Name != "last" || last.Name != "search" || last.Seq != 200_001 {
+		t.Fatalf("current %+v, last %+v; want last running and search (seq 200001) completed", cur, last)
+	}
+	runtime.KeepAlive(r)
+}
+
+// TestStepReadersSeeTheLastStepWhileLinksAreCut: snapshots taken while the
+// runner moves from step to step (and old links are cut) always show the
+// last completed step next to a running one after the first (-race).
+func TestStepReadersSeeTheLastStepWhileLinksAreCut(t *testing.T) {
+	g := New(nil)
+	r := register(t, g, "readers")
+	r.StepStarted("tool", "first")
+	r.StepCompleted("tool", "first")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if cur, last := r.CurrentStep(); !cur.IsZero() && last.IsZero() {
+				t.Errorf("running step %+v shown without the last completed one", cur)
+				return
+			}
+			if v := r.View(); v.StepRunning && v.LivenessRef == v.Start {
+				t.Errorf("liveness reference fell back to the turn's start while step %d runs", v.StepSeq)
+				return
+			}
+		}
+	})
+	for i := range 100_000 {
+		name := "shell"
+		if i%2 == 1 {
+			name = "search"
+		}
+		r.StepStarted("tool", name)
+		if i%3 != 0 {
+			r.StepStarted("tool", "nested") // supersedes the running step
+		}
+		r.StepCompleted("tool", "nested")
+	}
+	close(stop)
+	wg.Wait()
 }

@@ -39,15 +39,23 @@ func (s State) String() string {
 	return "unknown"
 }
 
-// stepRec is one step. Records are immutable except done: while a record is
-// current its completion time lives in Run.curDone (on the hot cache line);
-// when the next step replaces it, the completion is frozen into done.
+// stepRec is one step. Records are immutable except done and prev: while a
+// record is current its completion time lives in Run.curDone (on the hot
+// cache line); when the next step replaces it, the completion is frozen into
+// done.
+//
+// prev links to the last step completed before this one started. Only one
+// step back is ever shown, so when a record becomes the prev of a new
+// current step its own prev is cut (setCur): otherwise each record would keep
+// the one before alive and a run would hold every step it ever took (tens of
+// MB for a million steps). A reader that holds a record no longer current
+// may find its prev cut; it reloads (loadWithPrev).
 type stepRec struct {
 	kind, name string
 	seq        uint32
 	started    int64 // ns since the registry's epoch
 	done       atomic.Int64
-	prev       *stepRec // the last step completed before this one started
+	prev       atomic.Pointer[stepRec]
 }
 
 // Run is the abort controller of one turn. Its identity and settings are
@@ -162,7 +170,7 @@ func (r *Run) now() int64 { return r.reg.now() }
 // before the run's armed time, so it tells the OnSooner watcher.
 func (r *Run) StepStarted(kind, name string) {
 	now := r.now()
-	r.setCur(&stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now, prev: r.lastDone()}, 0)
+	r.setCur(r.newStep(kind, name, now), 0)
 	r.reg.sooner(r)
 }
 
@@ -186,16 +194,22 @@ func (r *Run) StepCompleted(kind, name string) {
 		r.curDone.Store(now)
 		return
 	}
-	r.setCur(&stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now, prev: r.lastDone()}, now)
+	r.setCur(r.newStep(kind, name, now), now)
 }
 
-// lastDone returns the most recent completed step record (the writer's view).
-func (r *Run) lastDone() *stepRec {
+// newStep returns the record of a step that starts at now, linked to the
+// most recent completed step (the writer's view).
+func (r *Run) newStep(kind, name string, now int64) *stepRec {
+	s := &stepRec{kind: kind, name: name, seq: r.steps.Add(1), started: now}
 	c, done := r.load()
-	if c == nil || done != 0 {
-		return c
+	switch {
+	case c == nil:
+	case done != 0:
+		s.prev.Store(c)
+	default:
+		s.prev.Store(c.prev.Load()) // a step started while another ran: the older one is superseded
 	}
-	return c.prev // a step started while another ran: the older one is superseded
+	return s
 }
 
 // setCur makes s the current step (done = its completion time, 0 = running).
@@ -211,6 +225,11 @@ func (r *Run) setCur(s *stepRec, done int64) {
 	r.curName.Store(unsafe.StringData(s.name))
 	r.curLen.Store(int32(min(len(s.name), 1<<30)))
 	r.cur.Store(s)
+	// s's prev is no longer current: nothing reads two steps back, so cut
+	// the link that would chain every older record to s.
+	if p := s.prev.Load(); p != nil {
+		p.prev.Store(nil)
+	}
 }
 
 // load returns the current step record and its completion time (0 while it
@@ -228,6 +247,24 @@ func (r *Run) load() (*stepRec, int64) {
 		d = c.done.Load()
 	}
 	return c, d
+}
+
+// loadWithPrev is load plus, while the current step runs, the last step
+// completed before it (nil if none). A record's prev is cut once the record
+// is no longer current, so prev is read while c is still current: if the
+// current record changed meanwhile, it loads again (the writer only moves
+// forward, so this ends).
+func (r *Run) loadWithPrev() (c *stepRec, done int64, prev *stepRec) {
+	for {
+		c, done = r.load()
+		if c == nil || done != 0 {
+			return c, done, nil
+		}
+		prev = c.prev.Load()
+		if r.cur.Load() == c {
+			return c, done, prev
+		}
+	}
 }
 
 // Activity records streamed output or other activity. It resets the liveness
@@ -282,11 +319,11 @@ func (r *Run) Resume() {
 // step completion or the last counted activity.
 func (r *Run) livenessRef() int64 {
 	ref := r.start
-	if c, d := r.load(); c != nil {
+	if c, d, prev := r.loadWithPrev(); c != nil {
 		if d != 0 {
 			ref = max(ref, d)
-		} else if c.prev != nil {
-			ref = max(ref, c.prev.done.Load())
+		} else if prev != nil {
+			ref = max(ref, prev.done.Load())
 		}
 	}
 	return max(ref, r.activity.Load())
@@ -445,15 +482,15 @@ func (r *Run) Publish(pub func(event.Event), ev event.Event) {
 func (r *Run) CurrentStep() (current, last event.Step) { return r.steps2() }
 
 func (r *Run) steps2() (current, last event.Step) {
-	c, done := r.load()
+	c, done, prev := r.loadWithPrev()
 	if c == nil {
 		return
 	}
 	if done != 0 {
 		return event.Step{}, r.toStep(c)
 	}
-	if c.prev != nil {
-		last = r.toStep(c.prev)
+	if prev != nil {
+		last = r.toStep(prev)
 	}
 	return r.toStep(c), last
 }
@@ -492,12 +529,3 @@ func (r *Run) render(reason event.StopReason, ev event.Event) string {
 
 // Messages returns the template set the run renders with.
 func (r *Run) Messages() *messages.Set { return r.msgs }
-
-// RenderError renders the user message for a runner failure.
-func (r *Run) RenderError(err error) string {
-	cur, last := r.steps2()
-	return r.msgs.Render(messages.Error, messages.Fields{
-		Elapsed: messages.Duration(time.Duration(r.now() - r.start)), CurrentStep: cur.Label(),
-		LastStep: last.Label(), Error: err.Error(),
-	})
-}
