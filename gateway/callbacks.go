@@ -10,8 +10,9 @@ import (
 // run has stopped, calls still update the controller (so a force-finalized
 // run shows where it hung) but publish nothing.
 type callbacks struct {
-	e   *Engine
-	run *abort.Run
+	e        *Engine
+	run      *abort.Run
+	maxReply int // agents.defaults.maxReplyChars when the turn started
 }
 
 func (c *callbacks) live() bool { return c.run.State() == abort.StateRunning }
@@ -53,7 +54,7 @@ func (c *callbacks) Delta(text string) {
 	if !c.live() {
 		return
 	}
-	full, added := c.run.AppendText(text)
+	full, added := c.run.AppendText(text, c.maxReply)
 	if added == "" {
 		return // past the reply cap: nothing more reaches anyone
 	}

@@ -228,10 +228,13 @@ type session struct {
 }
 
 type turn struct {
-	run     *abort.Run
-	owner   string
-	runner  string        // the runner's name
-	started chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
+	run    *abort.Run
+	owner  string
+	runner string // the runner's name
+	// maxReply is the reply cap in characters (agents.defaults.maxReplyChars
+	// when the turn started), for streamed and final text alike.
+	maxReply int
+	started  chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
 	// done is closed once the outcome is known, the terminal event is out
 	// to every subscriber and the session is free (both flags below, under
 	// Engine.mu): whoever Wait wakes may send the session's next message at
@@ -422,7 +425,6 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	run, err := e.reg.Register(e.baseCtx, abort.Spec{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
 		Settings: cfg.TurnSettings(req.Channel, req.Timeout), Messages: cfg.MessageSet(),
-		MaxReplyChars: cfg.Agents.Defaults.MaxReplyChars,
 	})
 	if err != nil {
 		e.mu.Unlock()
@@ -436,7 +438,8 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
 	s.updated = run.StartedAt()
 	e.touchLocked(s, time.Now())
-	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{})}
+	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
+		maxReply: cfg.Agents.Defaults.MaxReplyChars}
 	t.pending.Store(2)
 	e.turns[req.RunID] = t
 	start := func() {
@@ -493,7 +496,7 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 				err = errors.New("runner panicked")
 			}
 		}()
-		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run})
+		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, maxReply: tr.maxReply})
 	}()
 	run.MarkReturned()
 	if !tr.life.CompareAndSwap(0, 1) {
@@ -502,7 +505,7 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 	// The runner's side of the release; the terminal event's side follows
 	// (Finished below, or an Aborted that was or will be published).
 	e.settle(tr)
-	text := run.CapReply(res.Text) // agents.defaults.maxReplyChars, with a marker
+	text := abort.CapReply(res.Text, tr.maxReply) // agents.defaults.maxReplyChars, with a marker
 	if text == "" {
 		text = run.Text()
 	}

@@ -15,10 +15,10 @@ import (
 // could (a range, a template call, a printf width); execution stops at
 // MaxOutputBytes or after MaxExecTime, whichever comes first.
 const (
-	MaxTemplateBytes = 4096                   // longest template text (messages.<name>)
-	MaxOutputBytes   = 4096                   // longest rendered message
-	MaxExecTime      = 100 * time.Millisecond // longest execution of one template
-	maxFormatWidth   = 64                     // largest printf width or precision
+	MaxTemplateBytes = 4096        // longest template text (messages.<name>)
+	MaxOutputBytes   = 4096        // longest rendered message
+	MaxExecTime      = time.Second // longest execution of one template (a last resort: loops are refused and every growing builtin is bounded, so a real template takes microseconds; generous so a loaded machine never trips it)
+	maxFormatWidth   = 64          // largest printf width or precision
 )
 
 // ErrOutputTooLong is the execution error of a template whose output passed

@@ -62,8 +62,6 @@ func New(onRelease func(*Run)) *Registry {
 	return r
 }
 
-// now is the registry clock: monotonic nanoseconds since the epoch, plus
-// one, so that 0 never is a time and can mean "not yet" in every field.
 // OnSooner sets fn, which a run calls right after a change that can make it
 // due earlier than whoever watches its deadlines last planned: a step
 // started (a progress notice and a step deadline begin), a resume (the step
@@ -82,6 +80,8 @@ func (g *Registry) sooner(r *Run) {
 	}
 }
 
+// now is the registry clock: monotonic nanoseconds since the epoch, plus
+// one, so that 0 never is a time and can mean "not yet" in every field.
 func (g *Registry) now() int64 { return int64(time.Since(g.epoch)) + 1 }
 
 // Now returns the registry clock as a duration since its epoch.
@@ -101,9 +101,6 @@ type Spec struct {
 	ChatRef    string
 	Settings   timeout.Settings
 	Messages   *messages.Set // nil = the built-in texts
-	// MaxReplyChars caps the reply in characters (agents.defaults.maxReplyChars);
-	// ≤ 0 = DefaultMaxReplyChars. See Run.AppendText.
-	MaxReplyChars int
 }
 
 var defaultMessages = messages.MustDefault()
@@ -124,10 +121,7 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 	now := g.now()
 	r := &Run{
 		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef,
-		Settings: spec.Settings, reg: g, msgs: spec.Messages, start: now, maxReply: spec.MaxReplyChars,
-	}
-	if r.maxReply <= 0 {
-		r.maxReply = DefaultMaxReplyChars
+		Settings: spec.Settings, reg: g, msgs: spec.Messages, start: now,
 	}
 	if r.msgs == nil {
 		r.msgs = defaultMessages

@@ -114,11 +114,16 @@ type Run struct {
 	pausedAt  atomic.Int64 // 0 = not paused
 	abortedAt atomic.Int64
 
-	mu        sync.Mutex       // orders event publication and guards seq and text
-	text      *strings.Builder // streamed reply text; nil until the first delta
-	textChars int              // characters in text
-	truncated bool             // text reached the cap and ends with the marker
-	maxReply  int              // reply cap in characters (Spec.MaxReplyChars)
+	mu   sync.Mutex // orders event publication and guards seq and text
+	text *replyText // streamed reply text; nil until the first delta
+}
+
+// replyText is a run's streamed reply, allocated with its first chunk (the
+// reply cap's bookkeeping costs a run nothing until it streams).
+type replyText struct {
+	b         strings.Builder
+	chars     int  // characters in b (before the marker)
+	truncated bool // b reached the cap and ends with the marker
 }
 
 // stopReasons are the reasons a state word can carry (index 0 = none).
@@ -402,36 +407,44 @@ func thousands(n int) string {
 }
 
 // AppendText adds streamed reply text and returns the full text so far and
-// what this chunk added to it. The text is capped at the run's reply cap
-// (Spec.MaxReplyChars characters): the part of a chunk beyond it is dropped,
-// the text then ends with TruncatedMarker (part of added), and later chunks
-// are ignored (added is empty: there is nothing to stream).
-func (r *Run) AppendText(chunk string) (full, added string) {
+// what this chunk added to it. The text is capped at maxChars characters
+// (agents.defaults.maxReplyChars; ≤ 0 = DefaultMaxReplyChars): the part of a
+// chunk beyond it is dropped, the text then ends with TruncatedMarker (part
+// of added), and later chunks are ignored (added is empty: there is nothing
+// to stream). A run's callers pass the same maxChars every time.
+func (r *Run) AppendText(chunk string, maxChars int) (full, added string) {
+	if maxChars <= 0 {
+		maxChars = DefaultMaxReplyChars
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.text == nil {
-		r.text = new(strings.Builder)
+		r.text = new(replyText)
 	}
-	if r.truncated {
-		return r.text.String(), ""
+	t := r.text
+	if t.truncated {
+		return t.b.String(), ""
 	}
 	added = chunk
-	if keep, cut := cutChars(chunk, r.maxReply-r.textChars); cut {
-		added = keep + TruncatedMarker(r.maxReply)
-		r.truncated = true
+	if keep, cut := cutChars(chunk, maxChars-t.chars); cut {
+		added = keep + TruncatedMarker(maxChars)
+		t.truncated = true
 	} else {
-		r.textChars += utf8.RuneCountInString(chunk)
+		t.chars += utf8.RuneCountInString(chunk)
 	}
-	r.text.WriteString(added)
-	return r.text.String(), added
+	t.b.WriteString(added)
+	return t.b.String(), added
 }
 
-// CapReply returns text cut at the run's reply cap, ending with
-// TruncatedMarker when it was cut: the engine applies it to the runner's
-// final text.
-func (r *Run) CapReply(text string) string {
-	if keep, cut := cutChars(text, r.maxReply); cut {
-		return keep + TruncatedMarker(r.maxReply)
+// CapReply returns text cut at maxChars characters (≤ 0 =
+// DefaultMaxReplyChars), ending with TruncatedMarker when it was cut: the
+// engine applies it to a runner's final text.
+func CapReply(text string, maxChars int) string {
+	if maxChars <= 0 {
+		maxChars = DefaultMaxReplyChars
+	}
+	if keep, cut := cutChars(text, maxChars); cut {
+		return keep + TruncatedMarker(maxChars)
 	}
 	return text
 }
@@ -459,7 +472,7 @@ func (r *Run) Text() string {
 	if r.text == nil {
 		return ""
 	}
-	return r.text.String()
+	return r.text.b.String()
 }
 
 // Publish stamps ev with the run's identity, the next per-run sequence number
