@@ -497,7 +497,7 @@ func TestCloseHasOneDeadline(t *testing.T) {
 		var slow atomic.Bool
 		s := open(t, dbPath(t), store.WithBeforeBatch(store.Options{BatchSize: 1}, func() {
 			if slow.Load() {
-				time.Sleep(5 * time.Second) // the busy timeout of a locked file
+				faketime.Advance(5 * time.Second) // the busy timeout of a locked file
 			}
 		}))
 		if _, err := store.LimitPages(s, 0); err != nil {
