@@ -134,18 +134,22 @@ func (s *Server) onEvent(ev event.Event) {
 	if ev.Kind == event.ForceFinalized || ev.RunID == "" {
 		return // the run already ended for its users; or not a run's event (a session reset)
 	}
-	s.runsMu.Lock()
-	rs := s.runs[ev.RunID]
-	switch {
-	case rs != nil && ev.Kind.Terminal():
-		delete(s.runs, ev.RunID)
-	case rs == nil && ev.Kind.Terminal():
-		rs = s.newRun(ev, false) // a run that started before the server
-	case rs == nil:
+	// No server-wide lock: one run's events come in its order (the bus
+	// calls this on the run's publisher), so only that run's first event
+	// stores its state and only its terminal event removes it.
+	var rs *runState
+	if ev.Kind.Terminal() {
+		if v, ok := s.runs.LoadAndDelete(ev.RunID); ok {
+			rs = v.(*runState)
+		} else {
+			rs = s.newRun(ev, false) // a run that started before the server
+		}
+	} else if v, ok := s.runs.Load(ev.RunID); ok {
+		rs = v.(*runState)
+	} else {
 		rs = s.newRun(ev, true)
-		s.runs[ev.RunID] = rs
+		s.runs.Store(ev.RunID, rs)
 	}
-	s.runsMu.Unlock()
 
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -210,6 +214,9 @@ func (rs *runState) apply(ev event.Event) {
 		}
 		if isTool(ev.Step) {
 			rs.tool = ev.Step
+			if rs.quiet(true) {
+				break
+			}
 			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label()})
 		}
 
@@ -217,6 +224,7 @@ func (rs *runState) apply(ev event.Event) {
 		switch {
 		case !rs.tool.IsZero() && rs.tool.Seq == ev.Step.Seq:
 			rs.toolResult(t, rs.tool, false)
+		case isTool(ev.Step) && rs.quiet(true):
 		case isTool(ev.Step): // a completion without a start: show it as a finished tool
 			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label()})
 			rs.toolResult(t, ev.Step, false)
@@ -298,6 +306,12 @@ func (rs *runState) closeSteps(t time.Time, failed bool) {
 }
 
 func (rs *runState) toolResult(t time.Time, st event.Step, failed bool) {
+	if rs.quiet(true) {
+		if rs.tool.Seq == st.Seq {
+			rs.tool = event.Step{}
+		}
+		return
+	}
 	d := toolData{Phase: "result", ToolCallID: rs.toolCallID(st), Name: st.Label(),
 		Result: &toolResult{Content: []contentBlock{}}, IsError: failed}
 	if !st.StartedAt.IsZero() {
@@ -310,6 +324,9 @@ func (rs *runState) toolResult(t time.Time, st event.Step, failed bool) {
 }
 
 func (rs *runState) item(t time.Time, st event.Step, phase, title, status, progress string) {
+	if rs.quiet(false) {
+		return
+	}
 	id := rs.toolCallID(st)
 	rs.agentEvent(t, "item", true, false, itemData{ItemID: id + ":status", ToolCallID: id, Phase: phase, Kind: "tool",
 		Title: title, Status: status, Name: st.Label(), ProgressText: progress})
@@ -317,6 +334,19 @@ func (rs *runState) item(t time.Time, st event.Step, phase, title, status, progr
 
 func (rs *runState) lifecycle(t time.Time, d lifecycleData) {
 	rs.agentEvent(t, "lifecycle", false, true, d)
+}
+
+// quiet reports that the current event has no watchers, so no frame is
+// built; it still records, when resets, that the run made progress (what
+// agentEvent would have recorded).
+func (rs *runState) quiet(resets bool) bool {
+	if rs.watched {
+		return false
+	}
+	if resets {
+		rs.last = time.Now()
+	}
+	return true
 }
 
 // agentEvent appends an agent event. toolOnly frames go only to clients with

@@ -100,9 +100,15 @@ type Server struct {
 	watchMu  sync.RWMutex
 	watchers map[string]map[*conn]struct{} // canonical session key → connections watching it by name
 	watchAll map[*conn]struct{}            // connections that called sessions.subscribe
+	// The watcher index that every event reads, without a lock: the
+	// number of connections in watchAll, and the keys of watchers (changed
+	// under watchMu with the maps).
+	watchAllN   atomic.Int32
+	watchedKeys sync.Map // canonical session key → struct{}
+
+	runs sync.Map // run id → *runState: the live turns (read per event without a lock)
 
 	runsMu     sync.Mutex
-	runs       map[string]*runState      // live turns by run id
 	agentWaits map[string][]*agentWaiter // agent calls waiting for a run's end, by run id
 
 	auth     *authGuard // failed authentications per IP
@@ -229,8 +235,8 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 		eng: eng, cfg: cfg, opts: opts, log: opts.Log, started: time.Now(),
 		conns: map[*conn]struct{}{}, perIP: map[string]int{},
 		watchers: map[string]map[*conn]struct{}{}, watchAll: map[*conn]struct{}{},
-		runs: map[string]*runState{}, agentWaits: map[string][]*agentWaiter{},
-		auth: newAuthGuard(opts.Log),
+		agentWaits: map[string][]*agentWaiter{},
+		auth:       newAuthGuard(opts.Log),
 	}
 	s.up = websocket.Upgrader{
 		HandshakeTimeout: handshakeTimeout,
@@ -347,16 +353,11 @@ func (s *Server) Shutdown(ctx context.Context) {
 		}
 		<-done
 	}
-	s.runsMu.Lock()
-	runs := make([]*runState, 0, len(s.runs))
-	for id, rs := range s.runs {
-		runs = append(runs, rs)
-		delete(s.runs, id)
-	}
-	s.runsMu.Unlock()
-	for _, rs := range runs {
-		rs.stop() // takes rs.mu, which is held before runsMu elsewhere
-	}
+	s.runs.Range(func(id, rs any) bool {
+		s.runs.Delete(id)
+		rs.(*runState).stop()
+		return true
+	})
 }
 
 // watch makes c receive the events of session key. It reports false when c
@@ -378,6 +379,7 @@ func (s *Server) watch(c *conn, key string) bool {
 	if m == nil {
 		m = map[*conn]struct{}{}
 		s.watchers[key] = m
+		s.watchedKeys.Store(key, struct{}{})
 	}
 	if _, ok := m[c]; !ok {
 		m[c] = struct{}{}
@@ -397,6 +399,7 @@ func (s *Server) watchEverything(c *conn, on bool) {
 	} else {
 		delete(s.watchAll, c)
 	}
+	s.watchAllN.Store(int32(len(s.watchAll)))
 	c.all = on
 }
 
@@ -404,11 +407,13 @@ func (s *Server) unwatch(c *conn) {
 	s.watchMu.Lock()
 	defer s.watchMu.Unlock()
 	delete(s.watchAll, c)
+	s.watchAllN.Store(int32(len(s.watchAll)))
 	for _, k := range c.watchKeys {
 		if m := s.watchers[k]; m != nil {
 			delete(m, c)
 			if len(m) == 0 {
 				delete(s.watchers, k)
+				s.watchedKeys.Delete(k)
 			}
 		}
 	}
@@ -416,10 +421,13 @@ func (s *Server) unwatch(c *conn) {
 }
 
 // hasWatchers reports whether any connection would receive events of key.
+// It takes no lock: it is asked for every event of every run.
 func (s *Server) hasWatchers(key string) bool {
-	s.watchMu.RLock()
-	defer s.watchMu.RUnlock()
-	return len(s.watchAll) > 0 || len(s.watchers[key]) > 0
+	if s.watchAllN.Load() > 0 {
+		return true
+	}
+	_, ok := s.watchedKeys.Load(key)
+	return ok
 }
 
 // fanout hands frames to every connection watching key. Frames marked

@@ -28,9 +28,9 @@ package metrics
 import (
 	"context"
 	"net/http"
-	"regexp"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,15 +60,19 @@ var (
 type Metrics struct {
 	reg *prometheus.Registry
 
-	turnsStarted   *prometheus.CounterVec
-	turnsFinished  *prometheus.CounterVec
-	stepDuration   *prometheus.HistogramVec
-	abortLate      *prometheus.HistogramVec
-	progress       *prometheus.CounterVec
-	recovered      *prometheus.CounterVec
-	forceFinalized *prometheus.CounterVec
-	telegramCalls  *prometheus.CounterVec
-	deliveries     *prometheus.CounterVec
+	turnsStarted  *prometheus.CounterVec
+	turnsFinished *prometheus.CounterVec
+	stepDuration  *prometheus.HistogramVec
+	// The step_duration_seconds series of the two common kinds, looked up
+	// once: Handle observes every step completion, and the vec's lookup
+	// hashes the label and takes the vec's lock.
+	stepLLM, stepTool atomic.Pointer[prometheus.Observer]
+	abortLate         *prometheus.HistogramVec
+	progress          *prometheus.CounterVec
+	recovered         *prometheus.CounterVec
+	forceFinalized    *prometheus.CounterVec
+	telegramCalls     *prometheus.CounterVec
+	deliveries        *prometheus.CounterVec
 }
 
 // New returns the metrics with a fresh registry that already holds the Go
@@ -251,7 +255,7 @@ func (m *Metrics) Handle(ev event.Event) {
 	case event.StepCompleted:
 		if !ev.Step.StartedAt.IsZero() && !ev.Time.IsZero() {
 			if d := ev.Time.Sub(ev.Step.StartedAt); d >= 0 {
-				m.stepDuration.WithLabelValues(label(ev.Step.Kind)).Observe(d.Seconds())
+				m.stepObserver(ev.Step.Kind).Observe(d.Seconds())
 			}
 		}
 	case event.Progress:
@@ -263,6 +267,25 @@ func (m *Metrics) Handle(ev event.Event) {
 	case event.ForceFinalized:
 		m.forceFinalized.WithLabelValues(reasonLabel(ev.StopReason)).Inc()
 	}
+}
+
+// stepObserver is the step_duration_seconds series of step kind k.
+func (m *Metrics) stepObserver(k string) prometheus.Observer {
+	var slot *atomic.Pointer[prometheus.Observer]
+	switch k {
+	case event.StepLLM:
+		slot = &m.stepLLM
+	case event.StepTool:
+		slot = &m.stepTool
+	default:
+		return m.stepDuration.WithLabelValues(label(k))
+	}
+	if o := slot.Load(); o != nil {
+		return *o
+	}
+	o := m.stepDuration.WithLabelValues(k) // both kinds are identifiers: their own label
+	slot.Store(&o)
+	return o
 }
 
 // Observer returns the maintenance observer to pass to the engine
@@ -277,20 +300,36 @@ func (m *Metrics) AbortLate(reason event.StopReason, late time.Duration) {
 	m.abortLate.WithLabelValues(reasonLabel(reason)).Observe(max(late, 0).Seconds())
 }
 
-// identifier is what a label taken from outside (a step kind, a channel
-// name, a Bot API method) must look like to be used as is.
-var identifier = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_]{0,39}$`)
-
 // label bounds a label value: "" is "none", anything that is not a short
 // identifier is "other".
 func label(s string) string {
 	switch {
 	case s == "":
 		return "none"
-	case identifier.MatchString(s):
+	case isIdentifier(s):
 		return s
 	}
 	return "other"
+}
+
+// isIdentifier reports whether s is what a label taken from outside (a step
+// kind, a channel name, a Bot API method) must look like to be used as is:
+// ^[A-Za-z][A-Za-z0-9_]{0,39}$, checked without a regexp (label is called
+// for every event).
+func isIdentifier(s string) bool {
+	if len(s) > 40 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z':
+		case i > 0 && (c >= '0' && c <= '9' || c == '_'):
+		default:
+			return false
+		}
+	}
+	return s != ""
 }
 
 func reasonLabel(r event.StopReason) string {
