@@ -3,9 +3,9 @@
 // fragment, start a new session, watch a streamed reply with tool lines,
 // watch a step time out (the "still working" note on the step's line, then
 // the warning with its stop reason — screenshot), stop a turn with the Stop
-// button, switch sessions, and stop a turn after the page's socket dropped
-// and reconnected (the page signs each challenge with the same device key,
-// so the run is still its own).
+// button and by typing /stop, switch sessions, and stop a turn after the
+// page's socket dropped and reconnected (the page signs each challenge with
+// the same device key, so the run is still its own).
 //
 // Usage: node webchat.mjs URL ARTIFACTS_DIR
 // Env:   E2E_CHROMIUM (executable), E2E_NODE_MODULES (where playwright-core is)
@@ -127,6 +127,22 @@ async function main() {
     await page.click("#stop");
     const stopped = await page.waitForSelector('.run:last-child .notice.warning[data-stop-reason="user"]', { timeout: T.turn });
     ok(`stopped by the user: "${await stopped.textContent()}"`);
+
+    // 3b. Typing /stop (chat.send of a command, carried out by the gateway):
+    //     the running turn stops with its notice and the Stop button goes
+    //     off; typed again when idle it says that nothing is running.
+    const userStops = () => page.$$eval('.notice.warning[data-stop-reason="user"]', (n) => n.length);
+    const stopsBefore = await userStops();
+    await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+    await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
+    await page.waitForSelector(".run:last-child .step >> text=web_search", { timeout: T.turn });
+    await send(page, "/stop");
+    await page.waitForFunction((n) => document.querySelectorAll('.notice.warning[data-stop-reason="user"]').length > n, stopsBefore, { timeout: T.turn });
+    await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+    ok("typed /stop stopped the running turn: stop notice shown, Stop button off");
+    await send(page, "/stop");
+    await page.waitForSelector(".msg.assistant >> text=Nothing is running", { timeout: T.turn });
+    ok("typed /stop when idle: \"Nothing is running\" shown, no turn started");
 
     // 4. Session selector: a second session, then back to the first, whose
     //    history (messages and notices) is loaded again.

@@ -13,10 +13,9 @@ import (
 
 	"github.com/go-telegram/bot/models"
 
+	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/gateway/abort"
 )
 
 // maxRejectedLogged bounds the set of refused chats remembered for "log
@@ -141,7 +140,7 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 			return
 		}
 	}
-	cmd, forOther := parseCommand(text, me.username)
+	cmd, forOther := conv.Parse(text, me.username)
 	if forOther {
 		return
 	}
@@ -151,20 +150,20 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		requester = owner
 	}
 	switch cmd {
-	case "stop":
+	case conv.Stop:
 		c.cmdStop(ctx, ch, requester)
 		return
-	case "status":
-		c.reply(ch, c.statusText(ch))
+	case conv.Status:
+		c.reply(ch, conv.StatusText(c.eng.Active(ch.key)))
 		return
-	case "new":
+	case conv.New:
 		c.cmdNew(ctx, ch, requester)
 		return
-	case "help", "start":
+	case conv.Help:
 		c.reply(ch, helpText(c.cfg.Current()))
 		return
 	}
-	if cmd != "" {
+	if strings.HasPrefix(text, "/") {
 		text = stripBotName(text) // "/steps@bot x" → "/steps x": the runner's own commands
 	}
 	if n := utf8.RuneCountInString(text); n > tg.MaxInputChars && tg.MaxInputChars > 0 {
@@ -206,35 +205,19 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 // cmdStop aborts the chat's running turn (stop reason "user"). The stop
 // notice that the abort publishes is the acknowledgement.
 func (c *Channel) cmdStop(ctx context.Context, ch *chat, requester string) {
-	run, ok := c.eng.Active(ch.key)
-	if !ok {
-		c.reply(ch, textNothingToStop)
-		return
-	}
-	res, err := c.eng.Abort(ctx, ch.key, "", event.ReasonUser, requester, false)
-	switch {
-	case errors.Is(err, gateway.ErrNotOwner):
-		c.reply(ch, textNotOwner)
-	case err != nil:
+	res, err := conv.DoStop(ctx, c.eng, ch.key, requester, false)
+	if err != nil && !errors.Is(err, gateway.ErrNotOwner) {
 		c.log.Error("telegram: stop failed", "chat", ch.id, "err", c.red.err(err))
-		c.reply(ch, textCannotStop)
-	case !res.Aborted && run.State() != abort.StateRunning:
-		c.reply(ch, textStillStopping)
-	case !res.Aborted:
-		c.reply(ch, textNothingToStop)
+	}
+	if res.Text != "" {
+		c.reply(ch, res.Text)
 	}
 }
 
 // cmdNew stops a running turn, then starts a fresh conversation.
 func (c *Channel) cmdNew(ctx context.Context, ch *chat, requester string) {
-	if _, ok := c.eng.Active(ch.key); ok {
-		if _, err := c.eng.Abort(ctx, ch.key, "", event.ReasonUser, requester, false); errors.Is(err, gateway.ErrNotOwner) {
-			c.reply(ch, textNotOwner)
-			return
-		}
-	}
-	c.eng.Reset(ch.key)
-	c.reply(ch, textNew)
+	text, _ := conv.DoNew(ctx, c.eng, ch.key, requester, false)
+	c.reply(ch, text)
 }
 
 // isService reports whether m is a service message (members joining, a
@@ -243,27 +226,6 @@ func isService(m *models.Message) bool {
 	return len(m.NewChatMembers) > 0 || m.LeftChatMember != nil || m.NewChatTitle != "" ||
 		len(m.NewChatPhoto) > 0 || m.DeleteChatPhoto || m.GroupChatCreated || m.SupergroupChatCreated ||
 		m.PinnedMessage != nil || m.MigrateToChatID != 0 || m.MigrateFromChatID != 0
-}
-
-// parseCommand returns the command of a message that starts with one
-// ("/Stop@MyBot now" → "stop"), lower-cased and without the bot name, or ""
-// for other text. forOther is true for a command addressed to another bot.
-func parseCommand(text, username string) (cmd string, forOther bool) {
-	if !strings.HasPrefix(text, "/") {
-		return "", false
-	}
-	word := text[1:]
-	if i := strings.IndexFunc(word, unicode.IsSpace); i >= 0 {
-		word = word[:i]
-	}
-	name, at, hasAt := strings.Cut(word, "@")
-	if hasAt && !strings.EqualFold(at, username) {
-		return "", true
-	}
-	if name == "" {
-		return "", false
-	}
-	return strings.ToLower(name), false
 }
 
 // stripBotName removes "@bot" from a leading command word.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/turnguard/turnguard/channels/conv"
 	"strconv"
 	"strings"
 	"time"
@@ -166,6 +167,9 @@ func chatSend(c *conn, req request) (any, *rpcError) {
 	key, rerr := canonicalKey(req.Method, p.SessionKey)
 	if rerr != nil {
 		return nil, rerr
+	}
+	if cmd, other := conv.Parse(*p.Message, ""); cmd != conv.None && !other {
+		return command(c, req, key, p.IdempotencyKey, cmd)
 	}
 	var timeout time.Duration
 	if p.TimeoutMs != nil {

@@ -49,6 +49,7 @@ func TestImportsRunOneWay(t *testing.T) {
 		{"config/...", []string{"gateway", "channels", "ops", "cmd", "runner", "store"}, "configuration is read by everyone and reads no one"},
 		{"gateway/...", []string{"channels", "ops", "cmd"}, "the engine emits events; channels and operators subscribe"},
 		{"channels/...", []string{"ops", "cmd"}, "channels do not reach into the operator side"},
+		{"channels/conv/...", []string{"channels/telegram", "channels/ws", "channels/webchat"}, "the shared conversation code serves every channel and imports none"},
 		{"ops/...", []string{"channels", "cmd"}, "the operator side does not reach into channels"},
 	} {
 		own := strings.TrimSuffix(rule.packages, "/...")

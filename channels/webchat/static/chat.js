@@ -621,10 +621,36 @@
 
   // ---- user actions ------------------------------------------------------
 
+  // COMMAND matches the conversation commands the gateway carries out
+  // itself (docs/protocol.md, "Commands"): they start no turn, so the page
+  // opens no run for them.
+  const COMMAND = /^\s*\/(stop|status|new|help|start)(\s|$)/i;
+
+  // command sends a command through chat.send. Its answer in words arrives
+  // as a chat final on its id (drawn by onChat); a /stop that stopped the
+  // turn is answered by that turn's stop notice, which also ends the run's
+  // view and the Stop button.
+  async function command(text) {
+    const id = uuid();
+    userMessage(text);
+    try {
+      const res = await request("chat.send", { sessionKey: state.sessionKey, message: text, idempotencyKey: id });
+      if (res && res.aborted === false && state.activeRun) {
+        const v = state.runs.get(state.activeRun);
+        if (v) finishRun(v); else setActive("");
+      }
+      if (/^\s*\/new/i.test(text)) refreshSessionsSoon();
+    } catch (err) {
+      notice("error", err.message);
+      updateButtons();
+    }
+  }
+
   async function send() {
     const text = ui.input.value;
     if (!text.trim() || !state.connected) return;
     ui.input.value = "";
+    if (COMMAND.test(text)) return command(text);
     const runId = uuid();
     userMessage(text);
     const v = run(runId);

@@ -1,0 +1,118 @@
+package ws
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/turnguard/turnguard/channels/conv"
+)
+
+// words waits for the chat "final" event that carries a command's answer
+// (its runId is the request's idempotencyKey) and returns its text.
+func (c *client) words(run string) string {
+	c.t.Helper()
+	f := c.chat(run, "final")
+	if f.str("sessionKey") != "agent:main:main" || f.str("message.role") != "assistant" {
+		c.t.Fatalf("words event %s", f.raw)
+	}
+	return f.str("message.content.0.text")
+}
+
+func TestChatSendStopAbortsTheRunningTurn(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("tui", "")
+	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r1"})
+	e.waitStep("agent:main:main", "shell")
+	res := c.call("chat.send", map[string]any{"sessionKey": "main", "message": " /stop ", "idempotencyKey": "s1"})
+	if !res.OK || string(res.Payload) != `{"aborted":true,"ok":true,"runIds":["r1"]}` {
+		t.Fatalf("/stop answered %s, want OpenClaw's {ok:true, aborted:true, runIds:[r1]}", res.raw)
+	}
+	ab := c.chat("r1", "aborted")
+	if ab.str("stopReason") != "user" || !strings.HasPrefix(ab.str("errorMessage"), "⏹️ Stopped while shell was running") {
+		t.Fatalf("aborted event %s", ab.raw)
+	}
+	if got := c.runEvents("s1"); len(got) != 0 {
+		t.Fatalf("/stop that stopped a turn also sent %v; the stop notice is the answer", got)
+	}
+}
+
+func TestChatSendStopWhenIdle(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("tui", "")
+	res := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/stop", "idempotencyKey": "s1"})
+	if !res.OK || string(res.Payload) != `{"aborted":false,"ok":true,"runIds":[]}` {
+		t.Fatalf("idle /stop answered %s", res.raw)
+	}
+	if got := c.words("s1"); got != conv.TextNothingToStop {
+		t.Fatalf("idle /stop said %q", got)
+	}
+	if n := len(e.eng.Sessions()); n > 0 && e.eng.Sessions()[0].ActiveRun != "" {
+		t.Fatal("/stop started a turn")
+	}
+}
+
+func TestChatSendStatusNewHelp(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("tui", "")
+	for _, tc := range []struct {
+		message, run string
+		want         func(string) bool
+	}{
+		{"/status", "st1", func(s string) bool { return s == conv.TextIdle }},
+		{"/new", "n1", func(s string) bool { return s == conv.TextNew }},
+		{"/HELP", "h1", func(s string) bool { return strings.Contains(s, "/stop — stop the request that is running") }},
+	} {
+		res := c.call("chat.send", map[string]any{"sessionKey": "main", "message": tc.message, "idempotencyKey": tc.run})
+		if !res.OK || res.str("runId") != tc.run || res.str("status") != "ok" {
+			t.Fatalf("%s answered %s", tc.message, res.raw)
+		}
+		if got := c.words(tc.run); !tc.want(got) {
+			t.Errorf("%s said %q", tc.message, got)
+		}
+		if got := c.runEvents(tc.run); len(got) != 1 {
+			t.Errorf("%s: events %v, want only the final with the words (no turn)", tc.message, got)
+		}
+	}
+}
+
+// A command sent while a turn runs is carried out, not refused as busy:
+// /status describes the running step, /new stops the turn and resets.
+func TestChatSendCommandWhileBusy(t *testing.T) {
+	e := newTCPEnv(t, envOpts{})
+	c, _ := e.connect("tui", "")
+	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r1"})
+	e.waitStep("agent:main:main", "shell")
+	res := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/status", "idempotencyKey": "st1"})
+	if !res.OK {
+		t.Fatalf("/status while busy refused: %s", res.raw)
+	}
+	if got := c.words("st1"); !strings.Contains(got, "⏳ Working — step 1: shell") {
+		t.Fatalf("/status while busy said %q", got)
+	}
+	res = c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/new", "idempotencyKey": "n1"})
+	if !res.OK {
+		t.Fatalf("/new while busy refused: %s", res.raw)
+	}
+	if got := c.words("n1"); got != conv.TextNew {
+		t.Fatalf("/new said %q", got)
+	}
+	if ab := c.chat("r1", "aborted"); ab.str("stopReason") != "user" {
+		t.Fatalf("/new: aborted event %s", ab.raw)
+	}
+}
+
+// Only the owner (or an operator) may stop a turn with /stop, as with
+// chat.abort.
+func TestChatSendStopOwnership(t *testing.T) {
+	e := newTCPEnv(t, envOpts{opts: Options{Token: "T", OperatorToken: "OP"}})
+	owner, _ := e.connect("tui", "T")
+	stranger, _ := e.connect("cli", "T")
+	op, _ := e.connect("probe", "OP")
+	owner.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r1"})
+	if r := stranger.call("chat.send", map[string]any{"sessionKey": "main", "message": "/stop", "idempotencyKey": "s1"}); r.OK || r.Error.Code != "FORBIDDEN" {
+		t.Fatalf("stranger /stop %s", r.raw)
+	}
+	if r := op.call("chat.send", map[string]any{"sessionKey": "main", "message": "/stop", "idempotencyKey": "s2"}); !r.OK || r.get("aborted") != true {
+		t.Fatalf("operator /stop %s", r.raw)
+	}
+}
