@@ -351,8 +351,10 @@ func TestTUI(t *testing.T) {
 
 // TestWebChat drives the web chat page in headless Chromium (webchat.mjs),
 // including Stop after the page's socket dropped and reconnected (the page
-// signs each challenge with its browser's device key) and a browser without
-// WebCrypto Ed25519.
+// signs each challenge with its browser's device key), a browser without
+// WebCrypto Ed25519, and a 390 px phone screen driven by accessible names
+// (Markdown replies rendered safely, a refused message kept, stop reasons in
+// words, no horizontal scroll: webchat-390.png).
 func TestWebChat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -368,8 +370,10 @@ func TestWebChat(t *testing.T) {
 		t.Fatalf("web chat in Chromium failed: %v (screenshot of the failure: %s)", err,
 			filepath.Join(env.artifacts, "webchat-failure.png"))
 	}
-	shot := filepath.Join(env.artifacts, "webchat-step-timeout.png")
-	if fi, err := os.Stat(shot); err != nil || fi.Size() == 0 {
-		t.Fatalf("screenshot %s missing: %v", shot, err)
+	for _, name := range []string{"webchat-step-timeout.png", "webchat-390.png"} {
+		shot := filepath.Join(env.artifacts, name)
+		if fi, err := os.Stat(shot); err != nil || fi.Size() == 0 {
+			t.Fatalf("screenshot %s missing: %v", shot, err)
+		}
 	}
 }

@@ -5,7 +5,10 @@
 // the warning with its stop reason — screenshot), stop a turn with the Stop
 // button and by typing /stop, switch sessions, and stop a turn after the
 // page's socket dropped and reconnected (the page signs each challenge with
-// the same device key, so the run is still its own).
+// the same device key, so the run is still its own), then on a 390 px phone
+// screen by role and accessible name: a Markdown reply with an HTML tag in it
+// (rendered, the tag as text), a message refused as busy (kept), the stop
+// reason in words, no horizontal scroll (screenshot webchat-390.png).
 //
 // Usage: node webchat.mjs URL ARTIFACTS_DIR
 // Env:   E2E_CHROMIUM (executable), E2E_NODE_MODULES (where playwright-core is)
@@ -50,6 +53,103 @@ function connectsOf(page) {
     } catch (_) { /* not JSON */ }
   }));
   return connects;
+}
+
+// phoneChecks drives the page at 390 px width by roles and accessible names.
+async function phoneChecks(browser, artifacts, consoleErrors) {
+  const page = await browser.newPage({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+  page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(`(390 px) ${m.text()}`); });
+  page.on("pageerror", (e) => consoleErrors.push(`(390 px) ${e}`));
+  const dialogs = [];
+  page.on("dialog", (d) => { dialogs.push(d.message()); d.dismiss().catch(() => {}); });
+  try {
+    await page.goto(url);
+    await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    const box = page.getByRole("textbox", { name: "Message", exact: true });
+    const sendBtn = page.getByRole("button", { name: "Send", exact: true });
+    const stopBtn = page.getByRole("button", { name: "Stop", exact: true });
+    const session = page.getByRole("combobox", { name: "Session", exact: true });
+    for (const [what, loc] of [["textbox Message", box], ["button Send", sendBtn], ["button Stop", stopBtn], ["combobox Session", session]]) {
+      if ((await loc.count()) !== 1) throw new Error(`no single ${what} by role and name`);
+    }
+    ok("controls found by role and accessible name: textbox Message, buttons Send and Stop, combobox Session");
+    await newSession(page);
+    const say = async (text) => { await box.fill(text); await sendBtn.click(); };
+
+    // A Markdown reply with an HTML tag in it: formatted, the tag as text.
+    const img = "<img src=x onerror=alert(1)>";
+    await say(`/steps say:**Bold**_*it*_and_\`code\`_${img.replaceAll(" ", "_")}_[site](https://example.com/)_[bad](javascript:alert(1))`);
+    const reply = page.locator(".run:last-child .msg.assistant:not(.streaming)");
+    await reply.locator("strong", { hasText: "Bold" }).waitFor({ timeout: T.turn });
+    const got = await reply.evaluate((m) => ({
+      text: m.textContent,
+      em: (m.querySelector("em") || {}).textContent,
+      code: (m.querySelector("code") || {}).textContent,
+      links: [...m.querySelectorAll("a")].map((a) => [a.getAttribute("href"), a.rel, a.target, a.textContent]),
+      imgs: document.querySelectorAll("img").length,
+    }));
+    if (got.em !== "it" || got.code !== "code") throw new Error(`Markdown not rendered: ${JSON.stringify(got)}`);
+    if (!got.text.includes(img)) throw new Error(`the tag is not shown as text: ${got.text}`);
+    if (got.imgs !== 0) throw new Error(`an <img> element was created from a reply`);
+    if (JSON.stringify(got.links) !== JSON.stringify([["https://example.com/", "noopener noreferrer", "_blank", "site"]])) {
+      throw new Error(`links: ${JSON.stringify(got.links)}`);
+    }
+    ok(`Markdown reply: bold, italic, code, one https link (noopener noreferrer, new tab), "${img}" as text, no <img>, javascript: not linked`);
+
+    // Blocks (a demo reply is one line): paragraphs, lists, fenced code.
+    const blocks = await page.evaluate(() => {
+      const d = document.createElement("div");
+      d.appendChild(window.turnguard.renderMarkdown(
+        "First **para**\nsame para\n\n- one\n- `two`\n\n1. a\n2. b\n\n```js\nif (a < b) { x(); }\n<b>raw</b>\n```\nafter <script>alert(1)</script>"));
+      return {
+        tags: [...d.children].map((e) => e.tagName.toLowerCase()).join(","),
+        ul: [...d.querySelectorAll("ul li")].map((e) => e.textContent).join("|"),
+        ol: d.querySelectorAll("ol li").length,
+        pre: d.querySelector("pre code").textContent,
+        bad: d.querySelectorAll("script, b").length,
+        last: d.lastElementChild.textContent,
+      };
+    });
+    if (blocks.tags !== "p,ul,ol,pre,p" || blocks.ul !== "one|two" || blocks.ol !== 2 ||
+      blocks.pre !== "if (a < b) { x(); }\n<b>raw</b>" || blocks.bad !== 0 || blocks.last !== "after <script>alert(1)</script>") {
+      throw new Error(`Markdown blocks: ${JSON.stringify(blocks)}`);
+    }
+    ok("Markdown blocks: paragraphs, bullet and numbered lists, fenced code (HTML in it as text)");
+
+    // A message refused while the session is busy keeps its text; Stop
+    // still stops the running turn; then the step timeout, in words.
+    await say("/steps web_search:300ms shell:hang");
+    await page.waitForSelector(".run:last-child .step >> text=shell", { timeout: T.turn });
+    await say("please keep this text");
+    await page.waitForSelector('.msg.user[data-status="not-sent"] >> text=please keep this text', { timeout: T.turn });
+    if ((await box.inputValue()) !== "please keep this text") throw new Error(`refused text lost: "${await box.inputValue()}"`);
+    if (!(await stopBtn.isEnabled())) throw new Error("Stop went off after a refused message while the turn still runs");
+    ok("a message refused as busy: marked not sent, its text back in the textbox, Stop still on");
+    const warn = page.locator('.run .notice.warning[data-stop-reason="step_timeout"]');
+    await warn.waitFor({ timeout: T.turn });
+    const words = await warn.locator(".stop-reason").textContent();
+    if (words !== "stopped: no progress" || (await warn.textContent()).includes("step_timeout")) {
+      throw new Error(`stop reason not in words: "${await warn.textContent()}"`);
+    }
+    ok(`step timeout shown in words: "${await warn.textContent()}"`);
+
+    // No horizontal scroll at 390 px; the controls are on the screen.
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    if (width > 390) throw new Error(`horizontal scroll at 390 px: scrollWidth ${width}`);
+    for (const loc of [box, sendBtn, stopBtn, session]) {
+      const b = await loc.boundingBox();
+      if (!b || b.x < 0 || b.x + b.width > 390 || b.width < 24 || b.height < 24) throw new Error(`control off screen or tiny: ${JSON.stringify(b)}`);
+    }
+    const shot = path.join(artifacts, "webchat-390.png");
+    await page.screenshot({ path: shot });
+    ok(`390 px: scrollWidth ${width}, controls on screen; screenshot ${shot}`);
+    if (dialogs.length) throw new Error(`a reply ran script: dialog ${dialogs.join(", ")}`);
+  } catch (err) {
+    try { await page.screenshot({ path: path.join(artifacts, "webchat-390-failure.png") }); } catch (_) { /* ignore */ }
+    throw err;
+  } finally {
+    await page.close();
+  }
 }
 
 async function main() {
@@ -126,6 +226,9 @@ async function main() {
     await page.waitForSelector(".run:last-child .step >> text=shell", { timeout: T.turn });
     await page.click("#stop");
     const stopped = await page.waitForSelector('.run:last-child .notice.warning[data-stop-reason="user"]', { timeout: T.turn });
+    if ((await stopped.$eval(".stop-reason", (e) => e.textContent)) !== "stopped by you") {
+      throw new Error(`stop reason not in words: ${await stopped.textContent()}`);
+    }
     ok(`stopped by the user: "${await stopped.textContent()}"`);
 
     // 3b. Typing /stop (chat.send of a command, carried out by the gateway):
@@ -220,6 +323,11 @@ async function main() {
     if ((await plain.textContent("#messages")).match(/Ed25519|device|signature/i)) throw new Error("the page talks about keys");
     ok("without WebCrypto Ed25519: connected unsigned, Stop works, nothing alarming shown");
     await plain.close();
+
+    // 7. The page as a product, on a 390 px phone screen: controls found by
+    //    role and accessible name, Markdown replies rendered safely, a
+    //    refused message kept, the stop reason in words, no horizontal scroll.
+    await phoneChecks(browser, artifacts, consoleErrors);
 
     if (consoleErrors.length) throw new Error(`console errors: ${consoleErrors.join(" | ")}`);
     ok("no console errors");

@@ -1,10 +1,16 @@
 // Package web owns turnguard's built-in web chat: one static page (HTML, CSS
 // and JavaScript embedded in the binary, no build step, no external assets)
 // that speaks the same WebSocket protocol as the OpenClaw clients on the
-// gateway's own origin. It streams the reply, shows one line per tool step
-// (a "still working" notice updates that line in place), shows a stopped
-// turn's message as a warning with its stop reason, has a Stop button
-// (chat.abort) and a session selector (sessions.list, chat.history).
+// gateway's own origin. It streams the reply (Markdown built with DOM
+// calls, never as HTML: a tag in a reply shows as text; links only for
+// http(s), opened with rel="noopener noreferrer"), shows one line per tool
+// step (a "still working" notice updates that line in place), shows a
+// stopped turn's message as a warning with its stop reason in words, has a
+// Stop button (chat.abort) and a session selector (sessions.list,
+// chat.history). A message the gateway refuses (a busy session, an error)
+// is marked "not sent" and its text goes back in the textbox. The controls
+// have accessible names (textbox "Message", buttons "Send" and "Stop",
+// combobox "Session") and the page works at 390 px width.
 //
 // The page takes the gateway token from the URL fragment (#token=…, never
 // sent to the server in the request line), the query (?token=…), the tab's
@@ -12,8 +18,10 @@
 //
 // Element ids and classes are a contract with the end-to-end tests:
 // #input, #send, #stop, #session, #status[data-state], .msg.user,
-// .msg.assistant(.streaming), .step[data-status] with .step-note,
-// .notice.warning[data-stop-reason], .notice.error.
+// .msg.user[data-status="not-sent"], .msg.assistant(.streaming),
+// .step[data-status] with .step-note, .notice.warning[data-stop-reason] (the
+// stop-reason code) with .stop-reason (its words), .notice.error; and
+// window.turnguard.renderMarkdown (text → DocumentFragment).
 package webchat
 
 import (

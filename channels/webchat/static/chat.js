@@ -150,14 +150,125 @@
     return append(el("div", "msg user", text), parent);
   }
 
+  // STOP_WORDS says why a turn stopped in words; the code itself stays in
+  // the notice's data-stop-reason attribute, never in its text.
+  const STOP_WORDS = {
+    timeout: "stopped: took too long",
+    step_timeout: "stopped: no progress",
+    max_turn_time: "stopped: time limit reached",
+    user: "stopped by you",
+    shutdown: "stopped: gateway shut down",
+    interrupted: "stopped: interrupted",
+    error: "failed",
+    aborted: "stopped",
+  };
+
+  function stopWords(reason) {
+    return STOP_WORDS[reason] || "stopped";
+  }
+
   // notice draws a warning (a stop: timeout, user, shutdown…) or an error.
   function notice(kind, text, stopReason, parent) {
     const n = el("div", `notice ${kind}`);
     n.setAttribute("role", kind === "info" ? "status" : "alert");
     if (stopReason) n.dataset.stopReason = stopReason;
     n.appendChild(el("span", "notice-text", text));
-    if (stopReason) n.appendChild(el("span", "stop-reason", stopReason));
+    if (stopReason) n.appendChild(el("span", "stop-reason", stopWords(stopReason)));
     return append(n, parent);
+  }
+
+  // ---- Markdown ------------------------------------------------------------
+  //
+  // renderMarkdown turns a reply into DOM nodes: paragraphs, headings (shown
+  // bold), "-"/"*"/"1." lists, ``` fenced code, `code`, **bold**, *italic*,
+  // [links](https://…) and bare http(s) addresses. Every piece of the reply
+  // becomes a text node (never HTML), so a tag in a reply shows as text; a
+  // link is made only for http: and https: addresses and opens in a new tab
+  // without an opener or a referrer. An unclosed fence (a reply still
+  // streaming) runs to the end.
+
+  const FENCE = /^\s*(`{3,}|~{3,})\s*([\w+#.-]*)\s*$/;
+  const HEADING = /^\s{0,3}#{1,6}\s+(.*)$/;
+  const ITEM = /^\s*(?:([-*+])|(\d{1,9})[.)])\s+(.*)$/;
+  const INLINE = /`([^`\n]+)`|\*\*(\S(?:[^*\n]*?\S)?)\*\*|\*([^*\s](?:[^*\n]*?[^*\s])?)\*|\[([^\]\n]+)\]\(([^()\s]+)\)|(https?:\/\/[^\s<>()]*[^\s<>().,;:!?'"])/g;
+
+  function link(href, label, parent) {
+    let url = null;
+    try { url = new URL(href); } catch (_) { url = null; }
+    if (!url || (url.protocol !== "http:" && url.protocol !== "https:")) return false;
+    const a = el("a", "", label);
+    a.href = url.href;
+    a.target = "_blank";
+    a.rel = "noopener noreferrer";
+    parent.appendChild(a);
+    return true;
+  }
+
+  function inline(text, parent) {
+    const re = new RegExp(INLINE.source, "g");
+    let last = 0;
+    let m;
+    while ((m = re.exec(text))) {
+      if (m.index > last) parent.appendChild(document.createTextNode(text.slice(last, m.index)));
+      last = re.lastIndex;
+      if (m[1] !== undefined) parent.appendChild(el("code", "", m[1]));
+      else if (m[2] !== undefined || m[3] !== undefined) {
+        const e = el(m[2] !== undefined ? "strong" : "em");
+        inline(m[2] !== undefined ? m[2] : m[3], e);
+        parent.appendChild(e);
+      } else if (m[4] !== undefined) {
+        if (!link(m[5], m[4], parent)) parent.appendChild(document.createTextNode(m[0]));
+      } else if (!link(m[6], m[6], parent)) parent.appendChild(document.createTextNode(m[0]));
+    }
+    if (last < text.length) parent.appendChild(document.createTextNode(text.slice(last)));
+    return parent;
+  }
+
+  function renderMarkdown(src) {
+    const out = document.createDocumentFragment();
+    const lines = String(src || "").replace(/\r\n?/g, "\n").split("\n");
+    const plain = (l) => l.trim() && !FENCE.test(l) && !HEADING.test(l) && !ITEM.test(l);
+    let i = 0;
+    while (i < lines.length) {
+      const line = lines[i];
+      let m = FENCE.exec(line);
+      if (m) {
+        const body = [];
+        for (i++; i < lines.length && !lines[i].trim().startsWith(m[1]); i++) body.push(lines[i]);
+        i++;
+        const code = el("code", "", body.join("\n"));
+        if (m[2]) code.dataset.lang = m[2];
+        out.appendChild(el("pre")).appendChild(code);
+      } else if (!line.trim()) {
+        i++;
+      } else if ((m = HEADING.exec(line))) {
+        out.appendChild(el("p", "md-heading")).appendChild(inline(m[1], el("strong")));
+        i++;
+      } else if ((m = ITEM.exec(line))) {
+        const ordered = !m[1];
+        const list = out.appendChild(el(ordered ? "ol" : "ul"));
+        if (ordered && m[2] !== "1") list.start = Number(m[2]);
+        while (i < lines.length && (m = ITEM.exec(lines[i])) && !m[1] === ordered) {
+          const li = inline(m[3], list.appendChild(el("li")));
+          for (i++; i < lines.length && /^\s{2,}\S/.test(lines[i]) && !ITEM.test(lines[i]); i++) {
+            li.appendChild(document.createTextNode("\n"));
+            inline(lines[i].trim(), li);
+          }
+        }
+      } else {
+        const para = [];
+        while (i < lines.length && plain(lines[i])) para.push(lines[i++]);
+        inline(para.join("\n"), out.appendChild(el("p")));
+      }
+    }
+    return out;
+  }
+
+  // assistantMessage draws a finished reply (history) as Markdown.
+  function assistantMessage(text, parent) {
+    const m = el("div", "msg assistant md");
+    m.appendChild(renderMarkdown(text));
+    return append(m, parent);
   }
 
   // run returns the view of a run, creating its block at the end of the
@@ -170,7 +281,7 @@
     const steps = el("div", "steps");
     block.appendChild(steps);
     append(block);
-    v = { id: runId, block, steps, stepsById: new Map(), reply: null, done: false };
+    v = { id: runId, block, steps, stepsById: new Map(), reply: null, text: "", done: false };
     state.runs.set(runId, v);
     return v;
   }
@@ -178,11 +289,12 @@
   function replyText(v, text, streaming) {
     if (!v.reply) {
       if (!text && streaming) return;
-      v.reply = el("div", "msg assistant");
+      v.reply = el("div", "msg assistant md");
       v.block.appendChild(v.reply);
     }
+    v.text = text;
     keepScrolled(() => {
-      v.reply.textContent = text;
+      v.reply.replaceChildren(renderMarkdown(text));
       v.reply.classList.toggle("streaming", !!streaming);
     });
   }
@@ -473,14 +585,14 @@
     switch (p.state) {
       case "delta": {
         if (v.done) return;
-        const full = textOf(p.message) || ((v.reply ? v.reply.textContent : "") + (p.deltaText || ""));
+        const full = textOf(p.message) || (v.text + (p.deltaText || ""));
         replyText(v, full, true);
         if (!state.activeRun) setActive(p.runId);
         break;
       }
       case "final": {
         const text = textOf(p.message);
-        if (text || !v.reply) replyText(v, text || (v.reply ? v.reply.textContent : ""), false);
+        if (text || !v.reply) replyText(v, text || v.text, false);
         finishRun(v);
         refreshSessionsSoon();
         break;
@@ -566,7 +678,7 @@
       if (m.role !== "assistant") continue;
       const reason = m.stopReason || "";
       if (!reason || reason === "stop" || reason === "end_turn") {
-        if (text) append(el("div", "msg assistant", text));
+        if (text) assistantMessage(text);
         continue;
       }
       // A stopped turn: the partial reply (if any), then the notice the
@@ -574,7 +686,7 @@
       const cut = text.search(/\n\n(⚠️|⏹️|⏳|⚠)/u);
       const partial = cut >= 0 ? text.slice(0, cut) : (NOTICE_START.test(text) ? "" : text);
       const shown = cut >= 0 ? text.slice(cut + 2) : (NOTICE_START.test(text) ? text : "");
-      if (partial) append(el("div", "msg assistant", partial));
+      if (partial) assistantMessage(partial);
       if (shown) notice(reason === "error" ? "error" : "warning", shown, reason);
     }
     ui.messages.scrollTop = ui.messages.scrollHeight;
@@ -632,7 +744,7 @@
   // view and the Stop button.
   async function command(text) {
     const id = uuid();
-    userMessage(text);
+    const bubble = userMessage(text);
     try {
       const res = await request("chat.send", { sessionKey: state.sessionKey, message: text, idempotencyKey: id });
       if (res && res.aborted === false && state.activeRun) {
@@ -641,8 +753,21 @@
       }
       if (/^\s*\/new/i.test(text)) refreshSessionsSoon();
     } catch (err) {
+      notSent(bubble, text);
       notice("error", err.message);
       updateButtons();
+    }
+  }
+
+  // notSent marks a message the gateway refused (busy, an error, a dropped
+  // connection) and puts its text back in the textbox unless something new
+  // was typed there meanwhile: what the user typed is never lost.
+  function notSent(bubble, text) {
+    bubble.dataset.status = "not-sent";
+    bubble.appendChild(el("span", "msg-status", "not sent"));
+    if (!ui.input.value.trim()) {
+      ui.input.value = text;
+      ui.input.focus();
     }
   }
 
@@ -652,8 +777,9 @@
     ui.input.value = "";
     if (COMMAND.test(text)) return command(text);
     const runId = uuid();
-    userMessage(text);
+    const bubble = userMessage(text);
     const v = run(runId);
+    const before = state.activeRun;
     setActive(runId);
     try {
       const ack = await request("chat.send", { sessionKey: state.sessionKey, message: text, idempotencyKey: runId });
@@ -664,8 +790,16 @@
         await loadHistory();
       }
     } catch (err) {
+      // Refused: no turn started. Drop its empty view, give Stop back to
+      // the turn that is running (a busy session names it), keep the text.
       finishRun(v);
-      notice("error", err.message, "", v.block);
+      v.block.remove();
+      state.runs.delete(runId);
+      const busy = (err.info && err.info.details && err.info.details.runId) || before;
+      const other = busy && state.runs.get(busy);
+      if (state.activeRun === "" && busy && !(other && other.done)) setActive(busy);
+      notSent(bubble, text);
+      notice("error", err.message);
     }
   }
 
@@ -703,6 +837,10 @@
     ui.tokenForm.hidden = true;
     connect();
   });
+
+  // The Markdown renderer, for the end-to-end tests (a reply from the demo
+  // runner is one line, so lists and fences are checked through this).
+  Object.defineProperty(window, "turnguard", { value: Object.freeze({ renderMarkdown }) });
 
   rememberSession(state.sessionKey);
   state.device = loadDevice();
