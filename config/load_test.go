@@ -38,8 +38,6 @@ func mustLoad(t *testing.T, path string, environ ...string) *Config {
 	return c
 }
 
-func f64(v float64) *float64 { return &v }
-
 func TestDefaults(t *testing.T) {
 	c := Default()
 	want := Config{

@@ -339,6 +339,4 @@ func quoteAll(s []string) string {
 	return b.String()
 }
 
-func (h *harness) since() time.Duration { return time.Since(h.start) }
-
 var errNetwork = errors.New("dial tcp: connection refused")

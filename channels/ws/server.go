@@ -112,7 +112,6 @@ type Server struct {
 	agentWaits map[string][]*agentWaiter // agent calls waiting for a run's end, by run id
 
 	auth     *authGuard // failed authentications per IP
-	nextConn atomic.Uint64
 	stats    stats
 	buffered atomic.Int64 // bytes queued for (or being written to) every connection
 }
