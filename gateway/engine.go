@@ -344,6 +344,18 @@ type Ack struct {
 	RunID   string
 	Status  Status
 	Outcome *Outcome // for a repeated key whose run already ended
+	// Busy is what happened to a message that arrived while its session
+	// had a running turn ("" when it started at once): BusyQueue or
+	// BusyCollect (Status queued), BusySteer (Status steered, or queued
+	// with FellBack), BusyInterrupt (the running turn was superseded; the
+	// message is queued first and starts when that turn has ended).
+	Busy BusyMode
+	// Ahead counts the queued turns before this message's (Status queued):
+	// 0 means it runs next.
+	Ahead int
+	// FellBack: steer was asked but the running turn's runner cannot take
+	// a message, so it was queued.
+	FellBack bool
 }
 
 // Send starts a turn. The same RunID while it runs answers StatusInFlight;

@@ -22,6 +22,9 @@ type Turn struct {
 	Channel    string
 	Message    string    // the user's message
 	History    []Message // earlier messages of the session, oldest first (not including Message)
+	// Inbox, set when the runner is a Steerer, receives the messages the
+	// person sends while this turn runs (busy mode steer).
+	Inbox *Inbox
 }
 
 // Result is what a runner returns. After its context is cancelled a runner

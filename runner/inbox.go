@@ -1,0 +1,54 @@
+package runner
+
+import "sync"
+
+// Inbox carries the messages a person sends while a turn runs, when the
+// session's busy mode is steer and the runner is a Steerer. The engine adds
+// (Put); the runner takes them (Take) at its next opportunity, for example
+// before its next model call. Safe for concurrent use; the zero value is
+// ready.
+type Inbox struct {
+	mu     sync.Mutex
+	msgs   []string
+	closed bool
+}
+
+// Put adds a message and reports whether the turn can still take it
+// (false once the runner closed the inbox: it returned, or will make no
+// more model calls).
+func (b *Inbox) Put(text string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.msgs = append(b.msgs, text)
+	return true
+}
+
+// Take returns and forgets the messages added since the last Take.
+func (b *Inbox) Take() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.msgs
+	b.msgs = nil
+	return m
+}
+
+// Close stops the inbox taking messages and returns those never taken.
+func (b *Inbox) Close() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	m := b.msgs
+	b.msgs = nil
+	return m
+}
+
+// Steerer is a runner that reads Turn.Inbox: a message steered into one of
+// its turns reaches the model before the turn's next model call.
+type Steerer interface {
+	Runner
+	// Steers reports whether this runner, as configured, reads the inbox.
+	Steers() bool
+}
