@@ -100,6 +100,12 @@ var cases = []tcase{
 		p.send("/steps web_search:2s say:Here_it_is")
 		p.see("Here it is")
 	}},
+	{name: "delivery/timeout", adjust: func(c *config.Config) { c.Agents.Defaults.TimeoutSeconds = seconds(30) }, run: func(p *person) {
+		p.send(hang)
+		p.see("⚠️ This request hit its time limit of 30s after 30s")
+		p.send("/steps say:Afterwards")
+		p.see("Afterwards")
+	}},
 	{name: "delivery/timeout-then-queued", busy: true, adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
 		c.Agents.Defaults.TimeoutSeconds = seconds(30)
 	}), run: func(p *person) {
