@@ -236,7 +236,7 @@ func ReasonText(r event.StopReason) string {
 		return "stopped by /stop"
 	case event.ReasonShutdown:
 		return "gateway shutting down"
-	case "superseded":
+	case event.ReasonSuperseded:
 		return "replaced by a newer message"
 	}
 	return string(r)
