@@ -205,11 +205,11 @@ type Engine struct {
 	// heldForFinalize: sessions freed by a force-finalization whose
 	// ForceFinalized event is not out yet, by run id (their queue waits).
 	heldForFinalize map[string]*session
-	outcomes map[string]*list.Element
-	expiry   *list.List // of *cached, oldest first
-	closing  bool
-	stuck    map[string]int  // by runner: force-finalized runs still running
-	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
+	outcomes        map[string]*list.Element
+	expiry          *list.List // of *cached, oldest first
+	closing         bool
+	stuck           map[string]int  // by runner: force-finalized runs still running
+	refusing        map[string]bool // by runner: at the cap (StuckRuns told saturated)
 	// stuckLimit is server.maxStuckRuns as last applied (New,
 	// ConfigChanged): Send's refusals and the StuckRuns notices use the same.
 	stuckLimit int
