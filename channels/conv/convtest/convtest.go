@@ -47,7 +47,7 @@ type NewHarness func(t *testing.T, adjust func(*config.Config)) Harness
 
 // busyPending skips the busy-mode cases until the engine implements them.
 // TEMPORARY: removed when i11-busy is merged.
-const busyPending = true
+const busyPending = false
 
 // patience is how long (fake time) a case waits for a text it expects.
 const patience = 10 * time.Minute
