@@ -14,7 +14,6 @@ import (
 // A case is a conversation: what the person sends and must see.
 type tcase struct {
 	name   string
-	busy   bool // needs the engine's busy modes (branch i11-busy)
 	adjust func(*config.Config)
 	run    func(p *person)
 }
@@ -108,7 +107,7 @@ var cases = []tcase{
 		p.send("/steps say:Afterwards")
 		p.see("Afterwards")
 	}},
-	{name: "delivery/timeout-then-queued", busy: true, adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
+	{name: "delivery/timeout-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
 		c.Agents.Defaults.TimeoutSeconds = seconds(30)
 	}), run: func(p *person) {
 		p.send(hang)
@@ -119,7 +118,7 @@ var cases = []tcase{
 	}},
 
 	// Busy modes.
-	{name: "busy/queue", busy: true, adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+	{name: "busy/queue", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
 		p.send(slowDone)
 		p.send("/steps say:Second_reply")
 		p.seeExactly(queuedAck(0))
@@ -129,7 +128,7 @@ var cases = []tcase{
 		p.see("Second reply", "Third reply")
 		p.see("Third reply")
 	}},
-	{name: "busy/status-shows-queue", busy: true, adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+	{name: "busy/status-shows-queue", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:Waiting_one")
 		p.seeExactly(queuedAck(0))
@@ -141,7 +140,7 @@ var cases = []tcase{
 		p.send("/stop")
 		p.see("1 queued message was dropped.")
 	}},
-	{name: "busy/max-queued-overflow", busy: true, adjust: busy(config.BusyQueue, 1), run: func(p *person) {
+	{name: "busy/max-queued-overflow", adjust: busy(config.BusyQueue, 1), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:Kept")
 		p.seeExactly(queuedAck(0))
@@ -151,7 +150,7 @@ var cases = []tcase{
 		p.see("1 queued message was dropped.")
 		p.quiet(time.Minute, "Kept", "One too many")
 	}},
-	{name: "busy/stop-drops-queue", busy: true, adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+	{name: "busy/stop-drops-queue", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:Dropped_A")
 		p.send("/steps say:Dropped_B")
@@ -162,13 +161,13 @@ var cases = []tcase{
 		p.send("/steps say:Fresh")
 		p.see("Fresh")
 	}},
-	{name: "busy/interrupt", busy: true, adjust: busy(config.BusyInterrupt, 5), run: func(p *person) {
+	{name: "busy/interrupt", adjust: busy(config.BusyInterrupt, 5), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:The_newer_one")
 		p.see("your newer message replaced it", "The newer one")
 		p.expect(`"The newer one", nothing else`, func(s string) bool { return s == "The newer one" }, "")
 	}},
-	{name: "busy/collect", busy: true, adjust: busy(config.BusyCollect, 5), run: func(p *person) {
+	{name: "busy/collect", adjust: busy(config.BusyCollect, 5), run: func(p *person) {
 		p.send(slowDone)
 		p.send("alpha")
 		p.see("📥 Noted")
@@ -177,7 +176,7 @@ var cases = []tcase{
 		p.see("First reply", "alpha")
 		p.see(`"alpha beta"`)
 	}},
-	{name: "busy/steer", busy: true, adjust: busy(config.BusySteer, 5), run: func(p *person) {
+	{name: "busy/steer", adjust: busy(config.BusySteer, 5), run: func(p *person) {
 		if _, ok := any(demo.New()).(runner.Steerer); !ok {
 			p.t.Skip("the demo runner does not take messages mid-turn (runner.Steerer)")
 		}
@@ -189,7 +188,7 @@ var cases = []tcase{
 			p.t.Errorf("the reply of the steered turn does not mention the message: %q", s)
 		}
 	}},
-	{name: "busy/reject", busy: true, adjust: busy(config.BusyReject, 5), run: func(p *person) {
+	{name: "busy/reject", adjust: busy(config.BusyReject, 5), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:Refused")
 		p.seeExactly((&gateway.BusyError{}).UserText())

@@ -45,10 +45,6 @@ type Harness interface {
 // up after itself (t.Cleanup), releasing the demo runner's hung steps.
 type NewHarness func(t *testing.T, adjust func(*config.Config)) Harness
 
-// busyPending skips the busy-mode cases until the engine implements them.
-// TEMPORARY: removed when i11-busy is merged.
-const busyPending = false
-
 // patience is how long (fake time) a case waits for a text it expects.
 const patience = 10 * time.Minute
 
@@ -57,9 +53,6 @@ const patience = 10 * time.Minute
 func Run(t *testing.T, newHarness NewHarness) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if c.busy && busyPending {
-				t.Skip("needs the engine's busy modes (branch i11-busy, not merged yet)")
-			}
 			synctest.Test(t, func(t *testing.T) {
 				p := &person{t: t, h: newHarness(t, c.adjust)}
 				c.run(p)
