@@ -117,6 +117,35 @@ var cases = []tcase{
 		p.see("Second answer")
 	}},
 
+	{name: "delivery/step-timeout-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
+		c.Agents.Defaults.StepTimeoutSeconds = seconds(20)
+	}), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Second_answer")
+		p.seeExactly(queuedAck(0))
+		p.see("No progress for 20s", "Second answer")
+		p.see("Second answer")
+	}},
+	{name: "delivery/max-turn-time-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
+		c.Agents.Defaults.MaxTurnTimeSeconds = seconds(40)
+	}), run: func(p *person) {
+		p.send("/steps shell:hang:hb=5s")
+		p.send("/steps say:Second_answer")
+		p.seeExactly(queuedAck(0))
+		p.see("reached the maximum time of 40s", "Second answer")
+		p.see("Second answer")
+	}},
+	{name: "delivery/stuck-runner-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
+		c.Agents.Defaults.StepTimeoutSeconds = seconds(10)
+		c.Agents.Defaults.AbortGraceSeconds = seconds(5)
+	}), run: func(p *person) {
+		p.send("/steps shell:stuck")
+		p.send("/steps say:Second_answer")
+		p.seeExactly(queuedAck(0))
+		p.see("No progress for 10s", "Second answer")
+		p.see("Second answer") // once the stuck turn is force-finalized
+	}},
+
 	// Busy modes.
 	{name: "busy/queue", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
 		p.send(slowDone)
