@@ -46,6 +46,10 @@
 //	/steps say:Building... build:10m:hb=5s say:Built
 //	/steps pause:30s say:Approved
 //
+// Steering (busy mode steer): the demo runner is a runner.Steerer. Between
+// its steps (and before it returns) a turn shows each message steered into
+// it as reply text, "📨 Noted: TEXT", so the reply mentions it.
+//
 // Cancellation: every wait also waits for the context, except a stuck
 // step's: it ignores the cancellation for the runner's stuck time
 // (WithStuckFor; default DefaultStuckFor, a bit beyond the default abort
