@@ -133,7 +133,7 @@ func TestIdempotency(t *testing.T) {
 }
 
 func TestBusySessionRefused(t *testing.T) {
-	e := newTCPEnv(t, envOpts{})
+	e := newTCPEnv(t, envOpts{adjust: func(c *config.Config) { c.Channels.WS.Busy.Mode = config.BusyReject }})
 	c, _ := e.connect("tui", "")
 	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "a"})
 	r := c.call("chat.send", map[string]any{"sessionKey": "agent:main:main", "message": "hello?", "idempotencyKey": "b"})
