@@ -211,6 +211,8 @@ func ReasonText(r event.StopReason) string {
 		return "stopped by /stop"
 	case event.ReasonShutdown:
 		return "gateway shutting down"
+	case event.ReasonSuperseded:
+		return "replaced by a newer message"
 	}
 	return string(r)
 }
