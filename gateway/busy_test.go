@@ -254,6 +254,35 @@ func TestBusyQueueAfterStopKeepsNothing(t *testing.T) {
 	})
 }
 
+// TestBusyStopWhileStoring: a /stop that comes while a queued message is
+// still being stored drops it too; its Send then answers that it was
+// stopped, and the store forgets it.
+func TestBusyStopWhileStoring(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{gate: make(chan struct{})}
+		v := newBusyEnv(t, q, nil)
+		v.send(t, "r1", "/steps shell:hang")
+		var ack Ack
+		done := make(chan struct{})
+		go func() { ack = v.send(t, "r2", "/steps say:two"); close(done) }()
+		synctest.Wait()
+		res, err := v.e.Stop(context.Background(), "main", "conn1", false)
+		if err != nil || !res.Aborted || res.Dropped != 1 {
+			t.Fatalf("stop: %+v, %v", res, err)
+		}
+		close(q.gate)
+		<-done
+		if ack.Status != StatusAborted || ack.RunID != "r2" {
+			t.Fatalf("ack of the dropped message %+v", ack)
+		}
+		faketime.Advance(time.Minute)
+		v.wantEnds(t, "r1 started", "r1 aborted user")
+		if got := q.stored(); len(got) != 0 {
+			t.Fatalf("stored %v", got)
+		}
+	})
+}
+
 // failingRunner fails the message "fail" after a second; others it hands
 // to next.
 func failingRunner(next runner.Runner) runner.Runner {
@@ -486,6 +515,34 @@ func TestBusyQueuePersistedBeforeAck(t *testing.T) {
 			faketime.Advance(time.Minute)
 			v.wantEnds(t, "r1 started", "r1 finished stop")
 		})
+	})
+}
+
+// TestBusyStoreFailsAfterStop: a store write that fails after a /stop
+// dropped its message is an error for Send, and nothing breaks.
+func TestBusyStoreFailsAfterStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{gate: make(chan struct{}), fail: errors.New("disk full")}
+		v := newBusyEnv(t, q, nil)
+		v.send(t, "r1", "/steps shell:hang")
+		var err error
+		done := make(chan struct{})
+		go func() {
+			_, err = v.e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r2", Text: "x"})
+			close(done)
+		}()
+		synctest.Wait()
+		if res, err := v.e.Stop(context.Background(), "main", "", true); err != nil || res.Dropped != 1 {
+			t.Fatalf("stop: %+v, %v", res, err)
+		}
+		close(q.gate)
+		<-done
+		if err == nil || !strings.Contains(err.Error(), "disk full") {
+			t.Fatalf("send: %v", err)
+		}
+		if ack := v.send(t, "r3", "/steps say:three"); ack.Status != StatusStarted && ack.Status != StatusQueued {
+			t.Fatalf("next message: %+v", ack)
+		}
 	})
 }
 
