@@ -7,8 +7,6 @@ import (
 	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/runner"
-	"github.com/turnguard/turnguard/runner/demo"
 )
 
 // A case is a conversation: what the person sends and must see.
@@ -206,9 +204,6 @@ var cases = []tcase{
 		p.see(`"alpha beta"`)
 	}},
 	{name: "busy/steer", adjust: busy(config.BusySteer, 5), run: func(p *person) {
-		if _, ok := any(demo.New()).(runner.Steerer); !ok {
-			p.t.Skip("the demo runner does not take messages mid-turn (runner.Steerer)")
-		}
 		p.send(slowDone)
 		p.send("turn left")
 		p.seeExactly(conv.TextSteered)
