@@ -159,6 +159,8 @@ var cases = []tcase{
 		p.send(hang)
 		p.send("/steps say:Waiting_one")
 		p.seeExactly(queuedAck(0))
+		p.send("/help") // a command is carried out at once, never queued
+		p.see("Commands:")
 		p.send("/status")
 		s := p.see("⏳ Working")
 		if !strings.Contains(s, "📥 1 message waiting:\n1. /steps say:Waiting_one") {
