@@ -123,7 +123,7 @@ func doNew(ctx context.Context, eng Engine, in Inbound) Answer {
 		}
 	}
 	eng.Reset(in.SessionKey)
-	return Answer{Command: New, Stopped: res, Text: TextNew}
+	return Answer{Command: New, Stopped: res, Text: NewText(res.Dropped)}
 }
 
 // stripBotName removes "@bot" from a leading command word.

@@ -84,6 +84,14 @@ var cases = []tcase{
 		p.send("/status")
 		p.seeExactly(conv.TextIdle)
 	}},
+	{name: "new/drops-queue", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Never_run")
+		p.seeExactly(queuedAck(0))
+		p.send("/new")
+		p.see(conv.TextNew+" 1 queued message was dropped.", "Never run")
+		p.quiet(time.Minute, "Never run")
+	}},
 	{name: "help", run: func(p *person) {
 		p.send("/help")
 		s := p.see("Commands:")
