@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -350,6 +351,7 @@ func (e *Engine) dropQueueLocked(s *session) []string {
 	if s == nil {
 		return nil
 	}
+	delete(e.stalled, s)
 	var ids []string
 	for _, q := range s.queue {
 		for _, id := range q.ids() {
@@ -367,6 +369,7 @@ func (e *Engine) dropQueueLocked(s *session) []string {
 // down, and the head stored. It returns the function that starts it (a no-op
 // when nothing starts), to call once e.mu is released. Called with e.mu held.
 func (e *Engine) pumpLocked(s *session) func() {
+	delete(e.stalled, s)
 	for !e.closing && s.active == nil && s.ending == 0 && len(s.queue) > 0 && s.queue[0].persisting == 0 {
 		q := s.queue[0]
 		first := q.msgs[0]
@@ -377,6 +380,7 @@ func (e *Engine) pumpLocked(s *session) func() {
 		if errors.As(err, &stuck) {
 			// It waits: the session's next message or a restart tries again.
 			e.log.Warn("a queued message waits: its runner refuses new turns", "run", req.RunID, "session", s.key, "err", err)
+			e.stalled[s] = true
 			return func() {}
 		}
 		s.queue = s.queue[1:]
@@ -395,6 +399,20 @@ func (e *Engine) pumpLocked(s *session) func() {
 		}
 	}
 	return func() {}
+}
+
+// pumpStalled tries again the sessions whose queue waited for a runner that
+// refused new turns.
+func (e *Engine) pumpStalled() {
+	e.mu.Lock()
+	var starts []func()
+	for _, s := range slices.Collect(maps.Keys(e.stalled)) { // pumpLocked changes the map
+		starts = append(starts, e.pumpLocked(s))
+	}
+	e.mu.Unlock()
+	for _, start := range starts {
+		start()
+	}
 }
 
 // requeueSteered puts the steered messages a turn's runner never took at

@@ -588,6 +588,35 @@ func TestRestoreQueuedRunsInOrder(t *testing.T) {
 	})
 }
 
+// TestBusyQueueWaitsForStuckRunner: a queued message whose runner refuses
+// new turns (server.maxStuckRuns runs ignore their stop) waits, and starts
+// as soon as the stuck run's runner returns.
+func TestBusyQueueWaitsForStuckRunner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		unstick := make(chan struct{})
+		rn := runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			if turn.Message == "stuck" {
+				cb.StepStarted("tool", "shell")
+				<-unstick // ignores ctx
+			}
+			return runner.Result{Text: "ok " + turn.Message}, nil
+		})
+		v := newBusyEnv(t, nil, rn, stepTimeout(2), func(c *config.Config) { c.Server.MaxStuckRuns = 1 })
+		v.send(t, "r1", "stuck")
+		wantQueued(t, v.send(t, "r2", "two"), "r2", 0, BusyQueue)
+		faketime.Advance(10 * time.Second) // aborted at 2s, force-finalized at 4s: the runner is at its cap
+		v.wantEnds(t, "r1 started", "r1 aborted step_timeout", "r1 force_finalized step_timeout")
+		if st := v.e.Status("main"); st.Running || len(st.Queue) != 1 {
+			t.Fatalf("status while the runner refuses: %+v", st)
+		}
+		close(unstick)
+		if out := v.wait(t, "r2"); out.Text != "ok two" {
+			t.Fatalf("r2 %+v", out)
+		}
+		v.wantEnds(t, "r1 started", "r1 aborted step_timeout", "r1 force_finalized step_timeout", "r2 started", "r2 finished stop")
+	})
+}
+
 // TestBusyResetDropsQueue: /new forgets what was queued.
 func TestBusyResetDropsQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

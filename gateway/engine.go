@@ -205,6 +205,9 @@ type Engine struct {
 	// heldForFinalize: sessions freed by a force-finalization whose
 	// ForceFinalized event is not out yet, by run id (their queue waits).
 	heldForFinalize map[string]*session
+	// stalled: idle sessions whose next queued turn waits because its
+	// runner refuses new turns (stuck runs); pumped when a runner recovers.
+	stalled map[*session]bool
 	outcomes        map[string]*list.Element
 	expiry          *list.List // of *cached, oldest first
 	closing         bool
@@ -284,7 +287,7 @@ func New(opts Options) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
-		admit: opts.Admit, qstore: opts.Queue, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stuck: map[string]int{}, refusing: map[string]bool{},
+		admit: opts.Admit, qstore: opts.Queue, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stalled: map[*session]bool{}, stuck: map[string]int{}, refusing: map[string]bool{},
 		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
 		bus:        event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
@@ -329,6 +332,7 @@ func (e *Engine) ConfigChanged(c *config.Config) {
 	notify := e.notifyStuckLocked(notices)
 	e.mu.Unlock()
 	notify()
+	e.pumpStalled() // a higher cap may let waiting messages start
 }
 
 func (e *Engine) applyPolicy(c *config.Config) {
@@ -665,6 +669,9 @@ func (e *Engine) stuckChanged(runner string, delta int) {
 	notify := e.stuckChangedLocked(runner, delta)
 	e.mu.Unlock()
 	notify()
+	if delta < 0 {
+		e.pumpStalled()
+	}
 }
 
 // stuckChangedLocked is stuckChanged with e.mu held; the caller calls the
