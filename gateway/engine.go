@@ -207,12 +207,12 @@ type Engine struct {
 	heldForFinalize map[string]*session
 	// stalled: idle sessions whose next queued turn waits because its
 	// runner refuses new turns (stuck runs); pumped when a runner recovers.
-	stalled map[*session]bool
-	outcomes        map[string]*list.Element
-	expiry          *list.List // of *cached, oldest first
-	closing         bool
-	stuck           map[string]int  // by runner: force-finalized runs still running
-	refusing        map[string]bool // by runner: at the cap (StuckRuns told saturated)
+	stalled  map[*session]bool
+	outcomes map[string]*list.Element
+	expiry   *list.List // of *cached, oldest first
+	closing  bool
+	stuck    map[string]int  // by runner: force-finalized runs still running
+	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
 	// stuckLimit is server.maxStuckRuns as last applied (New,
 	// ConfigChanged): Send's refusals and the StuckRuns notices use the same.
 	stuckLimit int
