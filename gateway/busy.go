@@ -393,6 +393,12 @@ func (e *Engine) pumpLocked(s *session) func() {
 			e.log.Error("a queued message could not start and was dropped", "run", req.RunID, "session", s.key, "err", err)
 			return func() { e.removeQueued(context.Background(), ids) }
 		}
+		if t := e.turns[req.RunID]; t != nil && len(ids) > 1 {
+			t.aliases = ids[1:]
+			for _, a := range t.aliases {
+				e.alias[a] = req.RunID
+			}
+		}
 		return func() {
 			start()
 			e.removeQueued(context.Background(), ids)

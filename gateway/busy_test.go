@@ -377,6 +377,10 @@ func TestBusyCollectJoins(t *testing.T) {
 			t.Fatalf("collected outcome %+v", out)
 		}
 		v.wantEnds(t, "r1 started", "r1 finished stop", "r2 started", "r2 finished stop")
+		// A repeated key of a collected message is answered with its turn's outcome.
+		if ack := v.send(t, "r3", "second part"); ack.RunID != "r2" || ack.Status != StatusOK || ack.Outcome == nil {
+			t.Fatalf("repeat of a collected message %+v", ack)
+		}
 		v.sink.mu.Lock()
 		defer v.sink.mu.Unlock()
 		for _, ev := range v.sink.events {
@@ -427,6 +431,40 @@ func TestBusySteerFallsBack(t *testing.T) {
 			t.Fatalf("r2 %+v", out)
 		}
 		v.wantEnds(t, "r1 started", "r1 finished stop", "r2 started", "r2 finished stop")
+	})
+}
+
+// lazySteerer says it steers but never reads its inbox.
+type lazySteerer struct{ runner.Func }
+
+func (lazySteerer) Steers() bool { return true }
+
+// TestBusySteerNeverTakenRunsNext: a message steered into a turn whose
+// runner returned without taking it is not lost: it runs next as its own
+// turn.
+func TestBusySteerNeverTakenRunsNext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rn := lazySteerer{func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			if turn.Message == "slow" {
+				time.Sleep(time.Second)
+			}
+			return runner.Result{Text: "ok " + turn.Message}, nil
+		}}
+		v := newBusyEnv(t, nil, rn, busyMode(config.BusySteer))
+		v.send(t, "r1", "slow")
+		if ack := v.send(t, "r2", "late thought"); ack.Status != StatusSteered {
+			t.Fatalf("ack %+v", ack)
+		}
+		v.wait(t, "r1")
+		synctest.Wait()
+		ends := v.ends()
+		if len(ends) != 4 || ends[1] != "r1 finished stop" || !strings.HasSuffix(ends[3], "finished stop") {
+			t.Fatalf("turns: %q", ends)
+		}
+		_, h := v.e.History(context.Background(), "main", 0)
+		if last := h[len(h)-1]; last.Text != "ok late thought" {
+			t.Fatalf("history %+v", h)
+		}
 	})
 }
 
@@ -614,6 +652,28 @@ func TestBusyQueueWaitsForStuckRunner(t *testing.T) {
 			t.Fatalf("r2 %+v", out)
 		}
 		v.wantEnds(t, "r1 started", "r1 aborted step_timeout", "r1 force_finalized step_timeout", "r2 started", "r2 finished stop")
+	})
+}
+
+// TestRestoreQueuedCollects: in collect mode the messages restored for a
+// session are one follow-up turn again.
+func TestRestoreQueuedCollects(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{msgs: []QueuedMessage{
+			{RunID: "c1", SessionKey: "main", Channel: "ws", Text: "first"},
+			{RunID: "c2", SessionKey: "main", Channel: "ws", Text: "second"},
+		}}
+		v := newBusyEnv(t, q, nil, busyMode(config.BusyCollect))
+		if err := v.e.RestoreQueued(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if out := v.wait(t, "c2"); out.RunID != "c1" || !strings.Contains(out.Text, `"first second"`) {
+			t.Fatalf("outcome %+v", out)
+		}
+		v.wantEnds(t, "c1 started", "c1 finished stop")
+		if len(q.stored()) != 0 {
+			t.Fatalf("stored %v", q.stored())
+		}
 	})
 }
 
