@@ -185,8 +185,10 @@ type queued struct {
 	// messages: the turn may not start before they are done.
 	persisting int
 	// begun is closed when the turn is registered (or the entry dropped):
-	// Wait waits on it for a queued run id.
-	begun chan struct{}
+	// Wait waits on it for a queued run id, then for the turn turnID
+	// (set before begun is closed; "" when dropped).
+	begun  chan struct{}
+	turnID string
 }
 
 // end closes begun (once): the entry started or was dropped. Called with
@@ -387,6 +389,9 @@ func (e *Engine) pumpLocked(s *session) func() {
 		ids := q.ids()
 		for _, id := range ids {
 			delete(e.waiting, id)
+		}
+		if err == nil {
+			q.turnID = req.RunID
 		}
 		q.end()
 		if err != nil {

@@ -584,6 +584,25 @@ func TestBusyStoreFailsAfterStop(t *testing.T) {
 	})
 }
 
+// TestBusyWaitOnFailedQueue: Wait on a message whose store write then
+// fails returns no outcome (it never runs).
+func TestBusyWaitOnFailedQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{gate: make(chan struct{}), fail: errors.New("disk full")}
+		v := newBusyEnv(t, q, nil)
+		v.send(t, "r1", "/steps shell:1s")
+		go v.e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r2", Text: "x"})
+		synctest.Wait()
+		waited := make(chan bool)
+		go func() { _, ok := v.e.Wait(context.Background(), "r2"); waited <- ok }()
+		synctest.Wait()
+		close(q.gate)
+		if <-waited {
+			t.Fatal("an outcome for a message that was never queued")
+		}
+	})
+}
+
 // TestRestoreQueuedRunsInOrder: messages the store kept across a restart
 // run per session in their order, sessions side by side, and leave the
 // store as they start.

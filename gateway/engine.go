@@ -1018,7 +1018,10 @@ func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
 		e.mu.Unlock()
 		select {
 		case <-q.begun:
-			return e.Wait(ctx, q.runID())
+			if q.turnID == "" {
+				return Outcome{}, false // dropped
+			}
+			return e.Wait(ctx, q.turnID)
 		case <-ctx.Done():
 			return Outcome{}, false
 		}
