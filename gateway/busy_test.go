@@ -578,7 +578,8 @@ func TestBusyStoreFailsAfterStop(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "disk full") {
 			t.Fatalf("send: %v", err)
 		}
-		if ack := v.send(t, "r3", "/steps say:three"); ack.Status != StatusStarted && ack.Status != StatusQueued {
+		v.wait(t, "r1") // the stopped turn has ended: the session is free
+		if ack := v.send(t, "r3", "/steps say:three"); ack.Status != StatusStarted {
 			t.Fatalf("next message: %+v", ack)
 		}
 	})
