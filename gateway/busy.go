@@ -394,9 +394,12 @@ func (e *Engine) pumpLocked(s *session) func() {
 			q.turnID = req.RunID
 		}
 		q.end()
+		// The store forgets it on its own goroutine: the pump may run on the
+		// scheduler's or a publisher's, which must not wait for a disk.
+		forget := func() { go e.removeQueued(context.Background(), ids) }
 		if err != nil {
 			e.log.Error("a queued message could not start and was dropped", "run", req.RunID, "session", s.key, "err", err)
-			return func() { e.removeQueued(context.Background(), ids) }
+			return forget
 		}
 		if t := e.turns[req.RunID]; t != nil && len(ids) > 1 {
 			t.aliases = ids[1:]
@@ -406,7 +409,7 @@ func (e *Engine) pumpLocked(s *session) func() {
 		}
 		return func() {
 			start()
-			e.removeQueued(context.Background(), ids)
+			forget()
 		}
 	}
 	return func() {}
