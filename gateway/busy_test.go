@@ -216,7 +216,7 @@ func TestBusyQueueRunsAfterTimeout(t *testing.T) {
 
 // TestBusyQueueAfterStopKeepsNothing: /stop stops the turn and drops what
 // was queued (from the store too), saying how many; nothing runs after.
-func TestBusyQueueAfterStopKeepsNothing(t *testing.T) {
+func TestBusyQueueRunsAfterStopKeepsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		v := newBusyEnv(t, nil, nil)
 		v.send(t, "r1", "/steps shell:hang")
@@ -240,10 +240,12 @@ func TestBusyQueueAfterStopKeepsNothing(t *testing.T) {
 		if _, ok := v.e.Wait(context.Background(), "r2"); ok {
 			t.Fatal("a dropped message has an outcome")
 		}
-		// Idle with a queue (a message waits while its store write is
-		// slow is the only way; here: restored ones): /stop just drops it.
+		// A restored session (one running, one waiting): /stop stops the
+		// one and drops the other.
+		v.q.mu.Lock()
 		v.q.msgs = []QueuedMessage{{RunID: "x1", SessionKey: "idle", Channel: "ws", Text: "/steps shell:hang", Owner: "conn1"},
 			{RunID: "x2", SessionKey: "idle", Channel: "ws", Text: "/steps say:two", Owner: "conn1"}}
+		v.q.mu.Unlock()
 		if err := v.e.RestoreQueued(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -693,6 +695,38 @@ func TestRestoreQueuedCollects(t *testing.T) {
 		v.wantEnds(t, "c1 started", "c1 finished stop")
 		if len(q.stored()) != 0 {
 			t.Fatalf("stored %v", q.stored())
+		}
+	})
+}
+
+// TestBusyStopIdleDropsQueue: /stop on a session with nothing running but
+// messages waiting (their runner refuses new turns) drops them and stops
+// nothing; they never run.
+func TestBusyStopIdleDropsQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		unstick := make(chan struct{})
+		rn := runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			if turn.Message == "stuck" {
+				<-unstick // ignores ctx
+			}
+			return runner.Result{Text: "ok"}, nil
+		})
+		v := newBusyEnv(t, nil, rn, stepTimeout(2), func(c *config.Config) { c.Server.MaxStuckRuns = 1 })
+		v.send(t, "r1", "stuck")
+		v.send(t, "r2", "two")
+		faketime.Advance(10 * time.Second)
+		if st := v.e.Status("main"); st.Running || len(st.Queue) != 1 {
+			t.Fatalf("status %+v", st)
+		}
+		res, err := v.e.Stop(context.Background(), "main", "conn1", false)
+		if err != nil || res.Aborted || res.Stopping || res.Dropped != 1 {
+			t.Fatalf("stop: %+v, %v", res, err)
+		}
+		close(unstick)
+		faketime.Advance(time.Minute)
+		v.wantEnds(t, "r1 started", "r1 aborted step_timeout", "r1 force_finalized step_timeout")
+		if len(v.q.stored()) != 0 {
+			t.Fatalf("stored %v", v.q.stored())
 		}
 	})
 }
