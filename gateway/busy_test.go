@@ -184,6 +184,32 @@ func TestBusyQueueRunsAfterReply(t *testing.T) {
 	})
 }
 
+// TestBusyQueueKeepsOrderForAnswerFromHandler: a message a client sends
+// from its handler of a turn's ending (while that ending is still going out)
+// waits behind what was queued before it.
+func TestBusyQueueKeepsOrderForAnswerFromHandler(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newBusyEnv(t, nil, nil)
+		acks := make(chan Ack, 1)
+		unsub := v.e.Bus().Subscribe("", func(ev event.Event) {
+			if ev.Kind == event.Finished && ev.RunID == "r1" {
+				ack, err := v.e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r3", Text: "/steps say:three", Owner: "conn1"})
+				if err != nil {
+					t.Error(err)
+				}
+				acks <- ack
+			}
+		})
+		defer unsub()
+		v.send(t, "r1", "/steps shell:1s say:one")
+		v.send(t, "r2", "/steps say:two")
+		v.wait(t, "r1")
+		wantQueued(t, <-acks, "r3", 1, BusyQueue)
+		v.wait(t, "r3")
+		v.wantEnds(t, "r1 started", "r1 finished stop", "r2 started", "r2 finished stop", "r3 started", "r3 finished stop")
+	})
+}
+
 // TestBusyQueueRunsAfterTimeout: a message queued behind a turn that times
 // out — whichever deadline — runs after the timeout notice.
 func TestBusyQueueRunsAfterTimeout(t *testing.T) {
