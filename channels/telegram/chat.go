@@ -85,6 +85,20 @@ func (ch *chat) turn(runID string) *turnView {
 	return t
 }
 
+// viewPending reports whether run's view (if shown) still has an edit to
+// make: its closing edit goes before its terminal messages.
+func (ch *chat) viewPending(runID string) bool {
+	if runID == "" {
+		return false
+	}
+	for _, t := range ch.turns {
+		if t.runID == runID {
+			return t.pending()
+		}
+	}
+	return false
+}
+
 // idle reports whether the chat holds nothing worth keeping.
 func (ch *chat) idle() bool {
 	return !ch.inRunning && !ch.outRunning && len(ch.inbox) == 0 && len(ch.queue) == 0 && len(ch.turns) == 0

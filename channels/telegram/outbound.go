@@ -93,7 +93,9 @@ func (c *Channel) nextLocked(ch *chat, now time.Time) action {
 	}
 	ready := ch.pace.readyAt()
 	paced := !now.Before(ready)
-	if len(ch.queue) > 0 {
+	// A turn's live view gets its closing edit before the turn's reply or
+	// notice goes: the chat reads in order.
+	if len(ch.queue) > 0 && (c.closing || !ch.viewPending(ch.queue[0].runID)) {
 		if !paced {
 			return action{kind: actWait, wait: ready.Sub(now)}
 		}
@@ -172,6 +174,8 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 		}
 	}
 	err := c.sendText(ctx, ch, it.text, it.html())
+	c.claimMu.RLock() // see claim
+	defer c.claimMu.RUnlock()
 	c.record(ctx, ch, it, err)
 	c.itemDone(it, err)
 }

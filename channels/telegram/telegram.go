@@ -98,6 +98,19 @@ type Options struct {
 	// PollTimeout is the long-poll wait of getUpdates (default
 	// DefaultPollTimeout; at least 2s).
 	PollTimeout time.Duration
+	// DurableEndings says that the store writes each Telegram turn's
+	// terminal messages (reply, notice) into Outbox in the transaction
+	// that records the turn's end (store.Options.OutboxChannels lists
+	// "telegram"). The channel then never enqueues them itself: it claims
+	// the pending rows when Claim is called (wire it to
+	// store.Options.OnOutbox) and at start-up, so a crash at any instant
+	// after the turn ended loses none. Requires Outbox.
+	DurableEndings bool
+	// Sync, with DurableEndings, waits until the endings published so far
+	// are in the outbox (store.Flush). Close calls it, so the shutdown
+	// notices are delivered before the channel stops (or stay pending for
+	// the next start).
+	Sync func(ctx context.Context) error
 }
 
 // Channel is the Telegram channel. Create it with New; methods are safe for
@@ -136,6 +149,11 @@ type Channel struct {
 	rejected map[int64]bool  // chats refused by allowedChatIDs, logged once each
 
 	secretLogged atomic.Int64 // unix seconds of the last bad-secret log line
+
+	durable   bool                        // Options.DurableEndings
+	sync      func(context.Context) error // Options.Sync
+	claimWake chan struct{}               // 1-buffered: Claim was called
+	claimMu   sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
 }
 
 type identity struct {
@@ -177,6 +195,10 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 		eng: eng, cfg: cfg, log: log, outbox: opts.Outbox, red: newRedactor(tg.Token),
 		global: newLimiter(globalPerSecond), mode: tg.Mode, secret: tg.WebhookSecret, webhookURL: tg.WebhookURL,
 		chats: map[int64]*chat{}, inflight: map[string]bool{}, rejected: map[int64]bool{},
+		durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
+	}
+	if opts.DurableEndings && opts.Outbox == nil {
+		return nil, errors.New("telegram: durable endings need an outbox")
 	}
 	if c.mode == "" {
 		c.mode = config.TelegramPolling
@@ -199,6 +221,10 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	c.bot, c.api = b, api{b: b}
 	c.baseCtx, c.cancel = context.WithCancel(context.Background())
 	c.unsub = eng.Bus().Subscribe("", c.onEvent)
+	if c.durable {
+		c.wg.Add(1)
+		go c.claimLoop()
+	}
 	if r := c0.RunnerFor(config.ChannelTelegram); r != config.RunnerDemo && len(tg.AllowedChatIDs) == 0 {
 		log.Warn("telegram: channels.telegram.allowedChatIDs is empty, so anyone who finds the bot can use it; "+
 			"the runner may cost money — list the allowed chat ids", "runner", r)
@@ -326,6 +352,18 @@ func (c *Channel) Close(ctx context.Context) error {
 		c.mu.Unlock()
 		return nil
 	}
+	c.mu.Unlock()
+	if c.durable {
+		// The shutdown notices are written by the store: wait for them
+		// and take them into the chats' queues.
+		if c.sync != nil {
+			if err := c.sync(ctx); err != nil {
+				c.log.Warn("telegram: the store did not write every ending in time; the rest is sent at the next start", "err", c.red.err(err))
+			}
+		}
+		c.claim(ctx, false)
+	}
+	c.mu.Lock()
 	c.closing = true
 	for _, ch := range c.chats {
 		ch.poke()
@@ -438,7 +476,41 @@ func (c *Channel) resendLoop(ctx context.Context) {
 	}
 }
 
-func (c *Channel) resendPending(ctx context.Context) {
+// Claim tells the channel that the store has put terminal messages into the
+// outbox (store.Options.OnOutbox): it takes them into the chats' queues
+// soon, on its own goroutine. It never blocks.
+func (c *Channel) Claim() {
+	select {
+	case c.claimWake <- struct{}{}:
+	default:
+	}
+}
+
+// claimLoop claims the outbox's pending messages each time Claim is
+// called, until Close.
+func (c *Channel) claimLoop() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.claimWake:
+			c.claim(c.baseCtx, false)
+		case <-c.baseCtx.Done():
+			return
+		}
+	}
+}
+
+func (c *Channel) resendPending(ctx context.Context) { c.claim(ctx, true) }
+
+// claim queues the outbox's pending messages that are not queued or being
+// delivered already. It holds claimMu for writing from its Pending read to
+// its queueing, and a delivery's outcome is recorded (and its inflight key
+// removed) under claimMu for reading, so a message delivered meanwhile is
+// never queued a second time: either the read sees it delivered, or the
+// key is still inflight when the claim checks it.
+func (c *Channel) claim(ctx context.Context, resend bool) {
+	c.claimMu.Lock()
+	defer c.claimMu.Unlock()
 	msgs, err := c.outbox.Pending(ctx, config.ChannelTelegram, pendingBatch)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -466,7 +538,9 @@ func (c *Channel) resendPending(ctx context.Context) {
 		c.mu.Lock()
 		if !c.inflight[it.key()] && !c.closing {
 			c.enqueueLocked(c.chatLocked(chatID), it)
-			c.log.Info("telegram: resending a message from the outbox", "chat", chatID, "run", m.RunID, "kind", m.Kind)
+			if resend || m.Attempts > 0 {
+				c.log.Info("telegram: resending a message from the outbox", "chat", chatID, "run", m.RunID, "kind", m.Kind)
+			}
 		}
 		c.mu.Unlock()
 	}
