@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-telegram/bot/models"
 
+	"github.com/turnguard/turnguard/channels/delivery"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/store"
@@ -24,8 +25,7 @@ type chat struct {
 	group bool
 	wake  chan struct{} // pokes the outgoing worker; capacity 1
 
-	pace         pacer     // this chat's message spacing
-	blockedUntil time.Time // a 429's retry_after: nothing goes to the chat before
+	pace delivery.Pacer // this chat's message spacing and a 429's block
 
 	inbox     []inMsg
 	inRunning bool
@@ -49,9 +49,9 @@ func newChat(id int64) *chat {
 
 func (ch *chat) setGroup(g bool) {
 	ch.group = g
-	ch.pace.interval = privateInterval
+	ch.pace.Interval = privateInterval
 	if g {
-		ch.pace.interval = groupInterval
+		ch.pace.Interval = groupInterval
 	}
 }
 

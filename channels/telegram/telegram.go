@@ -30,6 +30,7 @@ import (
 	"github.com/go-telegram/bot"
 	"github.com/go-telegram/bot/models"
 
+	"github.com/turnguard/turnguard/channels/delivery"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/store"
@@ -123,7 +124,7 @@ type Channel struct {
 	bot    *bot.Bot
 	api    api
 	red    redactor
-	global *limiter
+	global *delivery.Limiter
 
 	// Read at New: changing them needs a restart (config says so too).
 	mode       string
@@ -193,7 +194,7 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	}
 	c := &Channel{
 		eng: eng, cfg: cfg, log: log, outbox: opts.Outbox, red: newRedactor(tg.Token),
-		global: newLimiter(globalPerSecond), mode: tg.Mode, secret: tg.WebhookSecret, webhookURL: tg.WebhookURL,
+		global: delivery.NewLimiter(globalPerSecond), mode: tg.Mode, secret: tg.WebhookSecret, webhookURL: tg.WebhookURL,
 		chats: map[int64]*chat{}, inflight: map[string]bool{}, rejected: map[int64]bool{},
 		durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
 	}
@@ -324,15 +325,15 @@ func (c *Channel) retryStartup(ctx context.Context, what string, fn func(context
 		cancel()
 		class, ra := classify(ctx, err)
 		switch class {
-		case classOK:
+		case delivery.OK:
 			return nil
-		case classPermanent, classCanceled:
+		case delivery.Permanent, delivery.Canceled:
 			return err
-		case classRateLimit:
+		case delivery.RateLimit:
 			backoff = ra
 		}
 		c.log.Warn("telegram: start-up call failed, retrying", "call", what, "in", backoff, "err", c.red.err(err))
-		if sleep(ctx, backoff) != nil {
+		if delivery.Sleep(ctx, backoff) != nil {
 			return ctx.Err()
 		}
 		backoff = min(backoff*2, startupMaxWait)
@@ -470,7 +471,7 @@ func (c *Channel) resendLoop(ctx context.Context) {
 	}
 	for {
 		c.resendPending(ctx)
-		if sleep(ctx, resendInterval) != nil {
+		if delivery.Sleep(ctx, resendInterval) != nil {
 			return
 		}
 	}
