@@ -197,3 +197,20 @@ func crashWhileEnding(t *testing.T, at string) {
 	flush(t, s)
 	t.Fatal("the process was not killed")
 }
+
+// TestUserText: the message that started a run, for Retry; ErrNotFound for
+// a run the store does not know.
+func TestUserText(t *testing.T) {
+	s := open(t, dbPath(t), store.Options{})
+	tr := newTurn("run-1", "s")
+	handleAll(s, tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "summarise the report" }),
+		tr.ev(event.Aborted, time.Minute, func(e *event.Event) { e.StopReason, e.Message = event.ReasonTimeout, "⚠️" }))
+	flush(t, s)
+	ctx := context.Background()
+	if got, err := s.UserText(ctx, "run-1"); err != nil || got != "summarise the report" {
+		t.Errorf("UserText(run-1) = %q, %v", got, err)
+	}
+	if _, err := s.UserText(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("UserText(nope) error = %v, want ErrNotFound", err)
+	}
+}

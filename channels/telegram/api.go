@@ -137,8 +137,9 @@ func editGone(err error) bool {
 // api is the handful of Bot API calls the channel makes.
 type api struct{ b *bot.Bot }
 
-func (a api) send(ctx context.Context, chatID int64, text string, html bool) (int, error) {
-	p := &bot.SendMessageParams{ChatID: chatID, Text: text,
+// send sends a message; markup (an inline keyboard) may be nil.
+func (a api) send(ctx context.Context, chatID int64, text string, html bool, markup models.ReplyMarkup) (int, error) {
+	p := &bot.SendMessageParams{ChatID: chatID, Text: text, ReplyMarkup: markup,
 		LinkPreviewOptions: &models.LinkPreviewOptions{IsDisabled: bot.True()}}
 	if html {
 		p.ParseMode = models.ParseModeHTML
@@ -153,6 +154,11 @@ func (a api) send(ctx context.Context, chatID int64, text string, html bool) (in
 func (a api) edit(ctx context.Context, chatID int64, msgID int, text string) error {
 	_, err := a.b.EditMessageText(ctx, &bot.EditMessageTextParams{ChatID: chatID, MessageID: msgID, Text: text,
 		LinkPreviewOptions: &models.LinkPreviewOptions{IsDisabled: bot.True()}})
+	return err
+}
+
+func (a api) answerCallback(ctx context.Context, id, text string) error {
+	_, err := a.b.AnswerCallbackQuery(ctx, &bot.AnswerCallbackQueryParams{CallbackQueryID: id, Text: text})
 	return err
 }
 

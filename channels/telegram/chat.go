@@ -39,6 +39,8 @@ type chat struct {
 type inMsg struct {
 	msg    *models.Message
 	edited bool
+	cb     *models.CallbackQuery // a button was tapped (msg is the message it is under)
+	retry  bool                  // msg is a person's earlier message sent again by Retry
 }
 
 func newChat(id int64) *chat {

@@ -34,6 +34,7 @@ func (c *Channel) onEvent(ev event.Event) {
 		c.log.Warn("telegram: a stopped turn's runner did not end; its session was freed", "chat", chatID, "run", ev.RunID, "reason", ev.StopReason)
 		return
 	}
+	c.recent.note(ev, chatID)
 	ch := c.chatLocked(chatID)
 	t := ch.turn(ev.RunID)
 	now := time.Now()

@@ -235,7 +235,7 @@ func newHarness(t *testing.T, s setup) *harness {
 	}
 	opts := Options{Log: log, Outbox: h.outbox, HTTPClient: &http.Client{Transport: h.tr}, PollTimeout: 10 * time.Second}
 	if s.store != nil {
-		opts.Outbox, opts.DurableEndings, opts.Sync = s.store.st, true, s.store.st.Flush
+		opts.Outbox, opts.DurableEndings, opts.Sync, opts.Runs = s.store.st, true, s.store.st.Flush, s.store.st
 		if s.storeOutbox != nil {
 			opts.Outbox = s.storeOutbox
 		}

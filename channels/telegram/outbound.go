@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-telegram/bot"
+	"github.com/go-telegram/bot/models"
 
 	"github.com/turnguard/turnguard/channels/delivery"
 	"github.com/turnguard/turnguard/store"
@@ -174,7 +175,7 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 			it.outboxID = id
 		}
 	}
-	err := c.sendText(ctx, ch, it.text, it.html())
+	err := c.sendText(ctx, ch, it.text, it.html(), c.retryMarkup(ctx, ch, it))
 	c.claimMu.RLock() // see claim
 	defer c.claimMu.RUnlock()
 	c.record(ctx, ch, it, err)
@@ -233,7 +234,8 @@ func (k itemKind) String() string {
 
 // sendText sends text as one or more messages: a reply rendered as HTML
 // (split with code blocks repaired), anything else as plain text.
-func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool) error {
+// markup, if not nil, goes with the last message.
+func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool, markup models.ReplyMarkup) error {
 	text = strings.ToValidUTF8(text, "\uFFFD") // Telegram refuses invalid UTF-8
 	var chunks []string
 	if html {
@@ -241,8 +243,12 @@ func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool
 	} else {
 		chunks = splitText(text, MaxMessageLen)
 	}
-	for _, chunk := range chunks {
-		if err := c.sendChunk(ctx, ch, chunk, html); err != nil {
+	for i, chunk := range chunks {
+		var m models.ReplyMarkup
+		if i == len(chunks)-1 {
+			m = markup
+		}
+		if err := c.sendChunk(ctx, ch, chunk, html, m); err != nil {
 			return err
 		}
 	}
@@ -254,7 +260,7 @@ func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool
 // (at most maxRateLimits of them) and retrying 5xx and network errors
 // (maxAttempts tries, backing off). If Telegram refuses the HTML, it is
 // sent again as plain text.
-func (c *Channel) sendChunk(ctx context.Context, ch *chat, chunk string, html bool) error {
+func (c *Channel) sendChunk(ctx context.Context, ch *chat, chunk string, html bool, markup models.ReplyMarkup) error {
 	body := chunk
 	if html {
 		body = toHTML(chunk)
@@ -262,7 +268,7 @@ func (c *Channel) sendChunk(ctx context.Context, ch *chat, chunk string, html bo
 	send := func(ctx context.Context) error {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		defer cancel()
-		_, err := c.api.send(cctx, ch.id, body, html)
+		_, err := c.api.send(cctx, ch.id, body, html, markup)
 		return asDelivery(err)
 	}
 	onRetry := func(r delivery.Retry) {
@@ -368,7 +374,7 @@ func (c *Channel) updateView(ctx context.Context, ch *chat, t *turnView, v *view
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		if id == 0 {
 			var newID int
-			newID, err = c.api.send(cctx, ch.id, text, false)
+			newID, err = c.api.send(cctx, ch.id, text, false, nil)
 			if err == nil {
 				c.mu.Lock()
 				v.msgID = newID

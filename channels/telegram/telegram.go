@@ -66,7 +66,7 @@ const (
 )
 
 // allowedUpdates are the update types asked of Telegram.
-var allowedUpdates = []string{"message", "edited_message"}
+var allowedUpdates = []string{"message", "edited_message", "callback_query"}
 
 // ErrClosed is returned by SendText after Close.
 var ErrClosed = errors.New("telegram channel closed")
@@ -107,6 +107,11 @@ type Options struct {
 	// store.Options.OnOutbox) and at start-up, so a crash at any instant
 	// after the turn ended loses none. Requires Outbox.
 	DurableEndings bool
+	// Runs finds a turn's stop reason and its user's message when the
+	// channel no longer remembers them (a Retry button under a notice sent
+	// before a restart). *store.SQLite implements it. Without it, such a
+	// Retry answers that the request is too old.
+	Runs Runs
 	// Sync, with DurableEndings, waits until the endings published so far
 	// are in the outbox (store.Flush). Close calls it, so the shutdown
 	// notices are delivered before the channel stops (or stay pending for
@@ -151,6 +156,8 @@ type Channel struct {
 
 	secretLogged atomic.Int64 // unix seconds of the last bad-secret log line
 
+	runs      Runs                        // Options.Runs
+	recent    recentRuns                  // recent runs' texts and endings, for Retry; guarded by mu
 	durable   bool                        // Options.DurableEndings
 	sync      func(context.Context) error // Options.Sync
 	claimWake chan struct{}               // 1-buffered: Claim was called
@@ -196,7 +203,7 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 		eng: eng, cfg: cfg, log: log, outbox: opts.Outbox, red: newRedactor(tg.Token),
 		global: delivery.NewLimiter(globalPerSecond), mode: tg.Mode, secret: tg.WebhookSecret, webhookURL: tg.WebhookURL,
 		chats: map[int64]*chat{}, inflight: map[string]bool{}, rejected: map[int64]bool{},
-		durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
+		runs: opts.Runs, durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
 	}
 	if opts.DurableEndings && opts.Outbox == nil {
 		return nil, errors.New("telegram: durable endings need an outbox")

@@ -38,6 +38,7 @@ func startTelegram(ctx context.Context, a *app) (*tgChannel, error) {
 		HTTPClient:     a.ops.telegramHTTPClient(telegram.DefaultPollTimeout + 15*time.Second),
 		DurableEndings: true, // the store writes them (outboxChannels)
 		Sync:           a.store.Flush,
+		Runs:           a.store, // Retry of a notice sent before a restart
 	})
 	if err != nil {
 		return nil, err
