@@ -125,6 +125,13 @@ type outItem struct {
 	text     string
 	outboxID int64      // 0: not (yet) in the outbox
 	done     chan error // SendText waits here; capacity 1
+
+	// awaiting: a terminal message the store is writing to the outbox
+	// (durable endings). It holds its place in the chat's order and goes
+	// once claim fills in its outbox row — or, if the row has not come by
+	// deadline (the store cannot write), from memory.
+	awaiting bool
+	deadline time.Time
 }
 
 func (it *outItem) durable() bool { return it.kind != itemReply }

@@ -187,3 +187,60 @@ func TestDeliveredExactlyOnceAfterRestart(t *testing.T) {
 		})
 	})
 }
+
+// failingEnqueue is the store's outbox whose synchronous Enqueue fails, as
+// it does while the disk is full.
+type failingEnqueue struct{ Outbox }
+
+func (failingEnqueue) Enqueue(context.Context, store.OutboxMessage) (int64, error) {
+	return 0, errors.New("database or disk is full")
+}
+
+// TestDurableEndingKeepsOrder: while the store has not yet recorded a
+// turn's end, the chat holds the ending's place: an answer to a command
+// sent right after the turn ended comes after the reply, not before.
+func TestDurableEndingKeepsOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := openStore(t, filepath.Join(t.TempDir(), "turnguard.db"))
+		h := newHarness(t, setup{store: st})
+		st.hold() // the store's writer is slow
+		h.say(alice, "/steps say:Hello")
+		h.say(alice, "/status")
+		h.advance(3 * time.Second)
+		h.wantScreen(alice) // nothing overtakes the reply
+		st.release()
+		synctest.Wait()
+		h.advance(3 * time.Second)
+		h.wantScreen(alice, "Hello", textIdle)
+		if c := outboxCounts(t, st.st); c.Pending != 0 || c.Delivered != 1 {
+			t.Errorf("outbox %+v, want the reply delivered", c)
+		}
+	})
+}
+
+// TestDurableEndingWhenStoreCannotWrite: a turn's ending the store cannot
+// record in time (its disk is full) is sent from memory after claimWait —
+// the user does not wait for the disk — and when the store writes it
+// later, it is marked delivered, not sent a second time.
+func TestDurableEndingWhenStoreCannotWrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := openStore(t, filepath.Join(t.TempDir(), "turnguard.db"))
+		h := newHarness(t, setup{store: st, storeOutbox: failingEnqueue{st.st}})
+		st.hold()
+		h.say(alice, "/steps say:Hello")
+		h.advance(claimWait - time.Second)
+		h.wantScreen(alice)
+		h.advance(2 * time.Second)
+		h.wantScreen(alice, "Hello")
+		if !strings.Contains(h.logs.String(), "sending it from memory") {
+			t.Errorf("the fallback was not logged:\n%s", h.logs.String())
+		}
+		st.release() // the disk has room again
+		synctest.Wait()
+		h.advance(5 * time.Second)
+		h.wantScreen(alice, "Hello")
+		if c := outboxCounts(t, st.st); c.Pending != 0 || c.Delivered != 1 {
+			t.Errorf("outbox %+v, want the late row marked delivered", c)
+		}
+	})
+}

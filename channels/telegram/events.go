@@ -68,16 +68,23 @@ func (c *Channel) onEvent(ev event.Event) {
 // the reply; or the partial reply (if any) and the notice (timeout, stop,
 // shutdown, error). With durable endings the store has written them to the
 // outbox with the turn's end, and they are claimed from there instead.
+//
+// With durable endings the store writes them to the outbox with the turn's
+// end: what is queued here are placeholders (awaiting) that keep the
+// chat's order — a later answer or turn does not overtake them — and are
+// sent once claim fills in their rows.
 func (c *Channel) enqueueEnding(ch *chat, ev event.Event) {
-	if c.durable {
-		return
-	}
 	final, notice := messages.Ending(string(ev.StopReason), ev.FullText, ev.Message)
-	if final != "" {
-		c.enqueueLocked(ch, &outItem{kind: itemFinal, runID: ev.RunID, text: final})
-	}
-	if notice != "" {
-		c.enqueueLocked(ch, &outItem{kind: itemNotice, runID: ev.RunID, text: notice})
+	for _, it := range []*outItem{{kind: itemFinal, text: final}, {kind: itemNotice, text: notice}} {
+		if it.text == "" {
+			continue
+		}
+		it.runID = ev.RunID
+		if c.durable {
+			it.awaiting, it.deadline = true, time.Now().Add(claimWait)
+			c.awaiting[it.key()] = it
+		}
+		c.enqueueLocked(ch, it)
 	}
 }
 

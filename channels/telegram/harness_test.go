@@ -239,7 +239,7 @@ func newHarness(t *testing.T, s setup) *harness {
 		if s.storeOutbox != nil {
 			opts.Outbox = s.storeOutbox
 		}
-		t.Cleanup(eng.Bus().Subscribe("", s.store.st.Handle))
+		t.Cleanup(eng.Bus().Subscribe("", s.store.handle))
 	}
 	h.ch, err = New(eng, h.src, opts)
 	if err != nil {
@@ -262,6 +262,40 @@ func newHarness(t *testing.T, s setup) *harness {
 type durableStore struct {
 	st    *store.SQLite
 	claim atomic.Pointer[Channel]
+
+	mu      sync.Mutex
+	holding bool          // events are held back from the store (a slow or stuck writer)
+	held    []event.Event // in order
+}
+
+// handle hands ev to the store, unless events are held.
+func (d *durableStore) handle(ev event.Event) {
+	d.mu.Lock()
+	if d.holding {
+		d.held = append(d.held, ev)
+		d.mu.Unlock()
+		return
+	}
+	d.mu.Unlock()
+	d.st.Handle(ev)
+}
+
+// hold makes the store see no event until release.
+func (d *durableStore) hold() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.holding = true
+}
+
+// release hands the held events to the store, in order.
+func (d *durableStore) release() {
+	d.mu.Lock()
+	held := d.held
+	d.held, d.holding = nil, false
+	d.mu.Unlock()
+	for _, ev := range held {
+		d.st.Handle(ev)
+	}
 }
 
 // openStore opens a durableStore at path; it is closed when the test ends

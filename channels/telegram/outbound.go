@@ -97,6 +97,17 @@ func (c *Channel) nextLocked(ch *chat, now time.Time) action {
 	paced := !now.Before(ready)
 	// A turn's live view gets its closing edit before the turn's reply or
 	// notice goes: the chat reads in order.
+	if len(ch.queue) > 0 && ch.queue[0].awaiting {
+		// A durable ending waits for its outbox row (claim pokes the
+		// worker), holding its place: nothing else goes to the chat first.
+		it := ch.queue[0]
+		if !c.closing && now.Before(it.deadline) {
+			return action{kind: actWait, wait: it.deadline.Sub(now)}
+		}
+		it.awaiting = false // not written in time: sent from memory (deliver)
+		delete(c.awaiting, it.key())
+		c.log.Warn("telegram: the store has not recorded a turn's ending in time; sending it from memory", "chat", ch.id, "run", it.runID)
+	}
 	if len(ch.queue) > 0 && (c.closing || !ch.viewPending(ch.queue[0].runID)) {
 		if !paced {
 			return action{kind: actWait, wait: ready.Sub(now)}
@@ -176,6 +187,11 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 		}
 	}
 	err := c.sendText(ctx, ch, it.text, it.html(), c.retryMarkup(ctx, ch, it))
+	if err == nil && c.durable && it.durable() && it.outboxID == 0 {
+		c.mu.Lock()
+		c.sentMem.add(it.key()) // the store's late row is marked delivered by claim
+		c.mu.Unlock()
+	}
 	c.claimMu.RLock() // see claim
 	defer c.claimMu.RUnlock()
 	c.record(ctx, ch, it, err)

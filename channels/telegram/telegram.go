@@ -4,9 +4,13 @@
 // session), and turning the engine's events into Telegram messages — the
 // typing indicator, one line per tool step, the "⏳ Still working" notice
 // edited in place, final replies split and escaped, and the timeout, stop
-// and shutdown notices — within Telegram's rate limits. Final replies and
-// notices go through an outbox (see Outbox) so that none is dropped
-// silently; commands /stop, /status, /new and /help are handled here.
+// and shutdown notices — within Telegram's rate limits (channels/delivery).
+// Final replies and notices go through an outbox (see Outbox) so that none
+// is dropped silently: with Options.DurableEndings the store writes them
+// there in the transaction that ends the turn and the channel claims them.
+// Notices of turns that did not end as the person wanted carry a Retry
+// button (retry.go); commands /stop, /status, /new and /help are handled
+// here.
 //
 // Lifecycle: New (no network), then Run (start-up calls, then polling or
 // waiting for webhook updates until its context ends), and at shutdown,
@@ -41,25 +45,32 @@ import (
 // second for the whole bot, and a typing indicator that shows for about five
 // seconds.
 const (
-	typingEvery      = 4 * time.Second // a typing action is repeated this often while a turn runs
-	privateInterval  = time.Second     // least spacing of messages and edits in a private chat
-	groupInterval    = 3 * time.Second // … in a group (20 per minute)
-	globalPerSecond  = 30              // Bot API calls per second to chats, all chats together
-	callTimeout      = 20 * time.Second
-	maxAttempts      = 5 // tries of one message on 5xx and network errors
-	maxRateLimits    = 8 // 429 answers tolerated for one message before it counts as failed
-	firstBackoff     = 500 * time.Millisecond
-	maxBackoff       = 8 * time.Second
-	progressMaxWait  = 2 * time.Second // longest wait for the shared limiter a progress edit accepts
-	typingMaxWait    = time.Second     // … a typing action accepts
-	viewRetry        = 2 * time.Second // a failed progress edit is retried (with the latest text) after this
-	maxViewFailures  = 5
-	inboxLimit       = 50 // queued updates per chat; more are dropped (and logged)
-	maxOutboxTries   = 10 // delivery attempts of an outbox message across sweeps before giving up
-	resendInterval   = 5 * time.Minute
-	pendingBatch     = 500
-	webhookBodyLimit = 1 << 20
-	startupMaxWait   = 30 * time.Second
+	typingEvery     = 4 * time.Second // a typing action is repeated this often while a turn runs
+	privateInterval = time.Second     // least spacing of messages and edits in a private chat
+	groupInterval   = 3 * time.Second // … in a group (20 per minute)
+	globalPerSecond = 30              // Bot API calls per second to chats, all chats together
+	callTimeout     = 20 * time.Second
+	maxAttempts     = 5 // tries of one message on 5xx and network errors
+	maxRateLimits   = 8 // 429 answers tolerated for one message before it counts as failed
+	firstBackoff    = 500 * time.Millisecond
+	maxBackoff      = 8 * time.Second
+	progressMaxWait = 2 * time.Second // longest wait for the shared limiter a progress edit accepts
+	typingMaxWait   = time.Second     // … a typing action accepts
+	viewRetry       = 2 * time.Second // a failed progress edit is retried (with the latest text) after this
+	maxViewFailures = 5
+	inboxLimit      = 50 // queued updates per chat; more are dropped (and logged)
+	maxOutboxTries  = 10 // delivery attempts of an outbox message across sweeps before giving up
+	resendInterval  = 5 * time.Minute
+	// claimWait is how long a turn's ending waits for the store to put it
+	// in the outbox (durable endings) before it is sent from memory: the
+	// store cannot write, and the user should not wait for the disk.
+	claimWait = 10 * time.Second
+	// maxSentFromMemory bounds the endings remembered as sent from memory
+	// (so that the store's late row is marked delivered, not sent again).
+	maxSentFromMemory = 10000
+	pendingBatch      = 500
+	webhookBodyLimit  = 1 << 20
+	startupMaxWait    = 30 * time.Second
 
 	// DefaultPollTimeout is how long one getUpdates long poll waits.
 	DefaultPollTimeout = 30 * time.Second
@@ -161,6 +172,8 @@ type Channel struct {
 	durable   bool                        // Options.DurableEndings
 	sync      func(context.Context) error // Options.Sync
 	claimWake chan struct{}               // 1-buffered: Claim was called
+	awaiting  map[string]*outItem         // durable endings waiting for their outbox row, by key; guarded by mu
+	sentMem   keySet                      // durable endings sent from memory before their row came; guarded by mu
 	claimMu   sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
 }
 
@@ -203,7 +216,7 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 		eng: eng, cfg: cfg, log: log, outbox: opts.Outbox, red: newRedactor(tg.Token),
 		global: delivery.NewLimiter(globalPerSecond), mode: tg.Mode, secret: tg.WebhookSecret, webhookURL: tg.WebhookURL,
 		chats: map[int64]*chat{}, inflight: map[string]bool{}, rejected: map[int64]bool{},
-		runs: opts.Runs, durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
+		awaiting: map[string]*outItem{}, runs: opts.Runs, durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
 	}
 	if opts.DurableEndings && opts.Outbox == nil {
 		return nil, errors.New("telegram: durable endings need an outbox")
@@ -544,6 +557,23 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 		}
 		it := &outItem{kind: kind, runID: m.RunID, text: m.Text, outboxID: m.ID}
 		c.mu.Lock()
+		if w := c.awaiting[it.key()]; w != nil {
+			// The ending the chat is holding a place for: it goes now.
+			delete(c.awaiting, it.key())
+			w.awaiting, w.outboxID, w.text = false, m.ID, m.Text
+			if ch := c.chats[chatID]; ch != nil {
+				ch.poke()
+			}
+			c.mu.Unlock()
+			continue
+		}
+		if c.sentMem.remove(it.key()) {
+			// Sent from memory while the store could not write: the row
+			// came later; it is delivered.
+			c.mu.Unlock()
+			c.markDelivered(m.ID)
+			continue
+		}
 		if !c.inflight[it.key()] && !c.closing {
 			c.enqueueLocked(c.chatLocked(chatID), it)
 			if resend || m.Attempts > 0 {
@@ -552,6 +582,44 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 		}
 		c.mu.Unlock()
 	}
+}
+
+func (c *Channel) markDelivered(id int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.outbox.MarkDelivered(ctx, id); err != nil {
+		c.log.Warn("telegram: outbox update failed", "id", id, "err", c.red.err(err))
+	}
+}
+
+// keySet is a bounded set of outbox keys, oldest dropped first.
+type keySet struct {
+	m     map[string]bool
+	order []string
+}
+
+func (s *keySet) add(k string) {
+	if s.m == nil {
+		s.m = map[string]bool{}
+	}
+	if s.m[k] {
+		return
+	}
+	if len(s.order) >= maxSentFromMemory {
+		delete(s.m, s.order[0])
+		s.order = s.order[1:]
+	}
+	s.m[k] = true
+	s.order = append(s.order, k)
+}
+
+// remove reports whether k was in the set, and removes it.
+func (s *keySet) remove(k string) bool {
+	if !s.m[k] {
+		return false
+	}
+	delete(s.m, k)
+	return true
 }
 
 func (c *Channel) markFailed(id int64, reason string) {
