@@ -63,7 +63,8 @@ type recentRun struct {
 	reason event.StopReason // how it ended; "" while running
 }
 
-// recentRuns remembers the last maxRecentRuns runs. Guarded by Channel.mu.
+// recentRuns remembers the running and the retryable ones of the last
+// maxRecentRuns runs. Guarded by Channel.mu.
 type recentRuns struct {
 	runs  map[string]*recentRun
 	order []string // oldest first
@@ -85,8 +86,13 @@ func (r *recentRuns) note(ev event.Event, chatID int64) {
 		}
 		r.runs[ev.RunID] = &recentRun{chatID: chatID, text: ev.Text}
 	case event.Finished, event.Aborted:
-		if run, ok := r.runs[ev.RunID]; ok {
+		run, ok := r.runs[ev.RunID]
+		switch {
+		case !ok:
+		case retryable(ev.StopReason):
 			run.reason = ev.StopReason
+		default:
+			delete(r.runs, ev.RunID) // no Retry to offer: forget its text (its order entry ages out)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package telegram
 
 import (
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -165,4 +166,38 @@ func TestRetryAfterRestart(t *testing.T) {
 		h.advance(5 * time.Second)
 		h.wantScreen(alice, notice, "Recovered")
 	})
+}
+
+// TestRecentRunsBounded: the channel remembers the text of a running or
+// retryable turn, forgets one that ended as wanted, and keeps at most
+// maxRecentRuns (the oldest go first; a Retry then asks the store).
+func TestRecentRunsBounded(t *testing.T) {
+	var r recentRuns
+	start := func(id string) { r.note(event.Event{Kind: event.TurnStarted, RunID: id, Text: "q " + id}, alice) }
+	end := func(id string, reason event.StopReason) {
+		r.note(event.Event{Kind: event.Aborted, RunID: id, StopReason: reason}, alice)
+	}
+	start("timed-out")
+	end("timed-out", event.ReasonTimeout)
+	start("stopped")
+	end("stopped", event.ReasonUser)
+	start("running")
+	if run, ok := r.get("timed-out"); !ok || run.text != "q timed-out" || run.reason != event.ReasonTimeout {
+		t.Errorf("timed-out run = %+v, %v", run, ok)
+	}
+	if _, ok := r.get("stopped"); ok {
+		t.Error("a turn the person stopped is still remembered")
+	}
+	if _, ok := r.get("running"); !ok {
+		t.Error("the running turn is not remembered")
+	}
+	for i := range maxRecentRuns {
+		start(fmt.Sprintf("r%d", i))
+	}
+	if _, ok := r.get("timed-out"); ok {
+		t.Error("the oldest run is still remembered past maxRecentRuns")
+	}
+	if len(r.runs) > maxRecentRuns {
+		t.Errorf("%d runs remembered, want at most %d", len(r.runs), maxRecentRuns)
+	}
 }
