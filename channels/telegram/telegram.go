@@ -45,35 +45,39 @@ import (
 // second for the whole bot, and a typing indicator that shows for about five
 // seconds.
 const (
-	typingEvery     = 4 * time.Second // a typing action is repeated this often while a turn runs
-	privateInterval = time.Second     // least spacing of messages and edits in a private chat
-	groupInterval   = 3 * time.Second // … in a group (20 per minute)
-	globalPerSecond = 30              // Bot API calls per second to chats, all chats together
-	callTimeout     = 20 * time.Second
-	maxAttempts     = 5 // tries of one message on 5xx and network errors
-	maxRateLimits   = 8 // 429 answers tolerated for one message before it counts as failed
-	firstBackoff    = 500 * time.Millisecond
-	maxBackoff      = 8 * time.Second
-	progressMaxWait = 2 * time.Second // longest wait for the shared limiter a progress edit accepts
-	typingMaxWait   = time.Second     // … a typing action accepts
-	viewRetry       = 2 * time.Second // a failed progress edit is retried (with the latest text) after this
-	maxViewFailures = 5
-	inboxLimit      = 50 // queued updates per chat; more are dropped (and logged)
-	maxOutboxTries  = 10 // delivery attempts of an outbox message across sweeps before giving up
-	resendInterval  = 5 * time.Minute
+	typingEvery      = 4 * time.Second // a typing action is repeated this often while a turn runs
+	privateInterval  = time.Second     // least spacing of messages and edits in a private chat
+	groupInterval    = 3 * time.Second // … in a group (20 per minute)
+	globalPerSecond  = 30              // Bot API calls per second to chats, all chats together
+	callTimeout      = 20 * time.Second
+	maxAttempts      = 5 // tries of one message on 5xx and network errors
+	maxRateLimits    = 8 // 429 answers tolerated for one message before it counts as failed
+	firstBackoff     = 500 * time.Millisecond
+	maxBackoff       = 8 * time.Second
+	progressMaxWait  = 2 * time.Second // longest wait for the shared limiter a progress edit accepts
+	typingMaxWait    = time.Second     // … a typing action accepts
+	viewRetry        = 2 * time.Second // a failed progress edit is retried (with the latest text) after this
+	maxViewFailures  = 5
+	inboxLimit       = 50 // queued updates per chat; more are dropped (and logged)
+	maxOutboxTries   = 10 // delivery attempts of an outbox message across sweeps before giving up
+	resendInterval   = 5 * time.Minute
+	pendingBatch     = 500
+	webhookBodyLimit = 1 << 20
+	startupMaxWait   = 30 * time.Second
+
+	// DefaultPollTimeout is how long one getUpdates long poll waits.
+	DefaultPollTimeout = 30 * time.Second
+)
+
+// Durable endings (Options.DurableEndings).
+const (
 	// claimWait is how long a turn's ending waits for the store to put it
-	// in the outbox (durable endings) before it is sent from memory: the
-	// store cannot write, and the user should not wait for the disk.
+	// in the outbox before it is sent from memory: the store cannot write,
+	// and the user should not wait for the disk.
 	claimWait = 10 * time.Second
 	// maxSentFromMemory bounds the endings remembered as sent from memory
 	// (so that the store's late row is marked delivered, not sent again).
 	maxSentFromMemory = 10000
-	pendingBatch      = 500
-	webhookBodyLimit  = 1 << 20
-	startupMaxWait    = 30 * time.Second
-
-	// DefaultPollTimeout is how long one getUpdates long poll waits.
-	DefaultPollTimeout = 30 * time.Second
 )
 
 // allowedUpdates are the update types asked of Telegram.
