@@ -244,3 +244,27 @@ func TestDurableEndingWhenStoreCannotWrite(t *testing.T) {
 		}
 	})
 }
+
+// TestDurableFailedEndingWaitsForSweep: a reply whose delivery failed
+// (Telegram answered 503 to every try) stays pending and is sent again by
+// the periodic sweep — not each time another turn's ending is claimed.
+func TestDurableFailedEndingWaitsForSweep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := openStore(t, filepath.Join(t.TempDir(), "turnguard.db"))
+		h := newHarness(t, setup{store: st, prepare: func(f *fakeAPI, _ *memTransport) {
+			f.fail(fault{Method: "sendMessage", Chat: alice, Times: maxAttempts, Status: 503, Desc: "503"})
+		}})
+		h.say(alice, "/steps say:First")
+		h.advance(time.Minute)
+		h.wantScreen(alice)
+		h.say(bob, "/steps say:Other_chat")
+		h.advance(time.Minute)
+		h.wantScreen(bob, "Other chat")
+		h.wantScreen(alice) // not resent by bob's ending
+		if c := outboxCounts(t, st.st); c.Pending != 1 {
+			t.Errorf("outbox %+v, want alice's reply pending", c)
+		}
+		h.advance(resendInterval)
+		h.wantScreen(alice, "First")
+	})
+}

@@ -532,7 +532,10 @@ func (c *Channel) resendPending(ctx context.Context) { c.claim(ctx, true) }
 // its queueing, and a delivery's outcome is recorded (and its inflight key
 // removed) under claimMu for reading, so a message delivered meanwhile is
 // never queued a second time: either the read sees it delivered, or the
-// key is still inflight when the claim checks it.
+// key is still inflight when the claim checks it. resend (the start-up and
+// periodic sweeps) takes every pending message; otherwise (a new ending
+// was written) only those never tried, so a failing message is retried at
+// the sweep's pace, not at every turn's end.
 func (c *Channel) claim(ctx context.Context, resend bool) {
 	c.claimMu.Lock()
 	defer c.claimMu.Unlock()
@@ -544,6 +547,9 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 		return
 	}
 	for _, m := range msgs {
+		if !resend && m.Attempts > 0 {
+			continue // its delivery failed before: the periodic sweep resends it, not every new ending
+		}
 		chatID, perr := strconv.ParseInt(m.ChatRef, 10, 64)
 		switch {
 		case perr != nil:
