@@ -33,8 +33,8 @@ func (c *Channel) dispatch(u *models.Update) {
 		in.msg = u.Message
 	case u.EditedMessage != nil:
 		in.msg, in.edited = u.EditedMessage, true
-	case u.CallbackQuery != nil && u.CallbackQuery.Message.Message != nil:
-		in.msg, in.cb = u.CallbackQuery.Message.Message, u.CallbackQuery // a button under one of our messages
+	case u.CallbackQuery != nil && callbackMessage(u.CallbackQuery) != nil:
+		in.msg, in.cb = callbackMessage(u.CallbackQuery), u.CallbackQuery // a button under one of our messages
 	default:
 		return // channel posts, reactions, …: not for this bot
 	}

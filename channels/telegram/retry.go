@@ -132,6 +132,19 @@ func (c *Channel) retryMarkup(ctx context.Context, ch *chat, it *outItem) models
 	}}}
 }
 
+// callbackMessage is the message a tapped button is under, or nil for a
+// button not under a chat message (inline mode). Telegram sends only the
+// chat and the id of a message too old for it to show in full.
+func callbackMessage(cb *models.CallbackQuery) *models.Message {
+	switch m := cb.Message; {
+	case m.Message != nil:
+		return m.Message
+	case m.InaccessibleMessage != nil:
+		return &models.Message{ID: m.InaccessibleMessage.MessageID, Chat: m.InaccessibleMessage.Chat}
+	}
+	return nil
+}
+
 // handleRetry answers a tapped button and, for a Retry of a turn of this
 // chat, sends the turn's original message again.
 func (c *Channel) handleRetry(ctx context.Context, ch *chat, cb *models.CallbackQuery) {
@@ -145,7 +158,7 @@ func (c *Channel) handleRetry(ctx context.Context, ch *chat, cb *models.Callback
 	if text == "" {
 		return
 	}
-	m := cb.Message.Message
+	m := callbackMessage(cb)
 	// The retried message is the button's message's id in this chat: a
 	// second tap (or a redelivered update) is the same turn, not another.
 	c.handle(ctx, ch, inMsg{retry: true, msg: &models.Message{ID: m.ID, Chat: m.Chat, From: &cb.From, Date: m.Date, Text: text}})

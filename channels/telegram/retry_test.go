@@ -10,6 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/go-telegram/bot/models"
+
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/store"
@@ -24,6 +26,19 @@ func (f *fakeAPI) lastMsgID(chatID int64) int {
 		return 0
 	}
 	return ms[len(ms)-1].id
+}
+
+// tapOld is like tap, under a message Telegram no longer shows in full
+// (older than 48 hours): the update carries only its chat and id.
+func (f *fakeAPI) tapOld(chatID, from int64, msgID int, data string) {
+	f.mu.Lock()
+	id := fmt.Sprintf("cbq-%d", f.nextUpdate+1)
+	f.mu.Unlock()
+	f.push(models.Update{CallbackQuery: &models.CallbackQuery{
+		ID: id, From: models.User{ID: from, FirstName: "User"}, Data: data, ChatInstance: "ci",
+		Message: models.MaybeInaccessibleMessage{Type: models.MaybeInaccessibleMessageTypeInaccessibleMessage,
+			InaccessibleMessage: &models.InaccessibleMessage{Chat: models.Chat{ID: chatID, Type: models.ChatTypePrivate}, MessageID: msgID}},
+	}})
 }
 
 // started collects the engine's TurnStarted events: "run text".
@@ -130,9 +145,10 @@ func TestRetryButtonResendsOriginal(t *testing.T) {
 }
 
 // TestRetryAfterRestart: the "interrupted" notice of a turn cut off by a
-// restart (queued by the start-up recovery) carries Retry, and tapping it
-// sends the message the store recorded for that turn — the channel never
-// saw it in this process.
+// restart (queued by the start-up recovery) carries Retry, and tapping it —
+// even once the notice is too old for Telegram to send it in full — sends
+// the message the store recorded for that turn: the channel never saw it in
+// this process.
 func TestRetryAfterRestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := t.Context()
@@ -161,7 +177,7 @@ func TestRetryAfterRestart(t *testing.T) {
 		if b := h.api.button(alice, id); b != "retry:"+run {
 			t.Fatalf("button under the interrupted notice = %q, want retry:%s", b, run)
 		}
-		h.api.tap(alice, alice, id, "retry:"+run)
+		h.api.tapOld(alice, alice, id, "retry:"+run) // tapped days later
 		synctest.Wait()
 		h.advance(5 * time.Second)
 		h.wantScreen(alice, notice, "Recovered")
