@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -170,6 +171,12 @@ type setup struct {
 	noRun   bool          // do not call Run
 	admit   func() error  // gateway.Options.Admit
 	prepare func(*fakeAPI, *memTransport)
+	// store, when set, is the outbox with durable endings: it records the
+	// engine's events and writes the endings (open it with openStore).
+	store *durableStore
+	// storeOutbox, with store, stands in front of it as the channel's
+	// Outbox (a test's crash point).
+	storeOutbox Outbox
 }
 
 // testConfig is the default configuration with Telegram enabled against
@@ -226,10 +233,20 @@ func newHarness(t *testing.T, s setup) *harness {
 	if h.outbox == nil {
 		h.outbox = newFakeOutbox()
 	}
-	h.ch, err = New(eng, h.src, Options{Log: log, Outbox: h.outbox,
-		HTTPClient: &http.Client{Transport: h.tr}, PollTimeout: 10 * time.Second})
+	opts := Options{Log: log, Outbox: h.outbox, HTTPClient: &http.Client{Transport: h.tr}, PollTimeout: 10 * time.Second}
+	if s.store != nil {
+		opts.Outbox, opts.DurableEndings, opts.Sync, opts.Runs = s.store.st, true, s.store.st.Flush, s.store.st
+		if s.storeOutbox != nil {
+			opts.Outbox = s.storeOutbox
+		}
+		t.Cleanup(eng.Bus().Subscribe("", s.store.handle))
+	}
+	h.ch, err = New(eng, h.src, opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if s.store != nil {
+		s.store.claim.Store(h.ch)
 	}
 	h.runCtx, h.cancelRun = context.WithCancel(context.Background())
 	h.runErr = make(chan error, 1)
@@ -238,6 +255,72 @@ func newHarness(t *testing.T, s setup) *harness {
 	}
 	t.Cleanup(h.stop)
 	return h
+}
+
+// durableStore is a real SQLite store that writes Telegram's turn endings
+// to its outbox and tells the channel in claim (store.Options.OnOutbox).
+type durableStore struct {
+	st    *store.SQLite
+	claim atomic.Pointer[Channel]
+
+	mu      sync.Mutex
+	holding bool          // events are held back from the store (a slow or stuck writer)
+	held    []event.Event // in order
+}
+
+// handle hands ev to the store, unless events are held.
+func (d *durableStore) handle(ev event.Event) {
+	d.mu.Lock()
+	if d.holding {
+		d.held = append(d.held, ev)
+		d.mu.Unlock()
+		return
+	}
+	d.mu.Unlock()
+	d.st.Handle(ev)
+}
+
+// hold makes the store see no event until release.
+func (d *durableStore) hold() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.holding = true
+}
+
+// release hands the held events to the store, in order.
+func (d *durableStore) release() {
+	d.mu.Lock()
+	held := d.held
+	d.held, d.holding = nil, false
+	d.mu.Unlock()
+	for _, ev := range held {
+		d.st.Handle(ev)
+	}
+}
+
+// openStore opens a durableStore at path; it is closed when the test ends
+// (after the harness stopped). Call it before newHarness.
+func openStore(t *testing.T, path string) *durableStore {
+	t.Helper()
+	d := &durableStore{}
+	st, err := store.Open(context.Background(), path, store.Options{
+		Logger: slog.New(slog.DiscardHandler), OutboxChannels: []string{config.ChannelTelegram},
+		OnOutbox: func(string) {
+			if c := d.claim.Load(); c != nil {
+				c.Claim()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.st = st
+	t.Cleanup(func() {
+		if err := st.Close(); err != nil {
+			t.Errorf("store Close: %v", err)
+		}
+	})
+	return d
 }
 
 // run starts Run (with the harness's context) and lets start-up settle.
