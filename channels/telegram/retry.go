@@ -34,10 +34,6 @@ const (
 	textRetryElsewere = "⚠️ That button belongs to another chat."
 )
 
-// reasonSuperseded is the stop reason of a turn replaced by a newer message
-// (busy mode "interrupt"); event.ReasonSuperseded once the busy modes land.
-const reasonSuperseded event.StopReason = "superseded"
-
 // Runs looks up a past turn: its recorded state and the message its user
 // sent. *store.SQLite implements it.
 type Runs interface {
@@ -50,7 +46,7 @@ type Runs interface {
 // message, a failure) — not a reply and not their own /stop.
 func retryable(r event.StopReason) bool {
 	switch {
-	case r.IsTimeout(), r == event.ReasonInterrupted, r == event.ReasonShutdown, r == event.ReasonError, r == reasonSuperseded:
+	case r.IsTimeout(), r == event.ReasonInterrupted, r == event.ReasonShutdown, r == event.ReasonError, r == event.ReasonSuperseded:
 		return true
 	}
 	return false
