@@ -350,7 +350,10 @@ func TestTUI(t *testing.T) {
 }
 
 // TestWebChat drives the web chat page in headless Chromium (webchat.mjs),
-// including Stop after the page's socket dropped and reconnected (the page
+// including Retry on a timed-out turn's notice, a reload during a running
+// turn (the page re-attaches to it: steps, the still-working notice and a
+// Stop that ends it: webchat-reattached.png), Stop after the page's socket
+// dropped and reconnected (the page
 // signs each challenge with its browser's device key), a browser without
 // WebCrypto Ed25519, and a 390 px phone screen driven by accessible names
 // (Markdown replies rendered safely, a refused message kept, stop reasons in
@@ -370,7 +373,7 @@ func TestWebChat(t *testing.T) {
 		t.Fatalf("web chat in Chromium failed: %v (screenshot of the failure: %s)", err,
 			filepath.Join(env.artifacts, "webchat-failure.png"))
 	}
-	for _, name := range []string{"webchat-step-timeout.png", "webchat-390.png"} {
+	for _, name := range []string{"webchat-step-timeout.png", "webchat-reattached.png", "webchat-390.png"} {
 		shot := filepath.Join(env.artifacts, name)
 		if fi, err := os.Stat(shot); err != nil || fi.Size() == 0 {
 			t.Fatalf("screenshot %s missing: %v", shot, err)

@@ -3,7 +3,9 @@
 // fragment, start a new session, watch a streamed reply with tool lines,
 // watch a step time out (the "still working" note on the step's line, then
 // the warning with its stop reason — screenshot), stop a turn with the Stop
-// button and by typing /stop, switch sessions, and stop a turn after the
+// button and by typing /stop, Retry a timed-out turn from its notice, reload
+// during a running turn (the page re-attaches: steps, the "still working"
+// notice, a Stop that works), switch sessions, and stop a turn after the
 // page's socket dropped and reconnected (the page signs each challenge with
 // the same device key, so the run is still its own), then on a 390 px phone
 // screen by role and accessible name: a Markdown reply with an HTML tag in it
@@ -220,6 +222,43 @@ async function main() {
     await page.waitForSelector('.run:last-child .step[data-status="stopped"] >> text=shell', { timeout: 1000 });
     ok("the hung shell step is marked stopped");
 
+    // 2b. Retry on the step timeout's notice sends the same text again as a
+    //     new turn, which runs (its steps appear) and times out again.
+    const hung = "/steps web_search:300ms shell:hang";
+    const userCount = () => page.$$eval(".msg.user", (ms, t) => ms.filter((m) => m.firstChild && m.firstChild.textContent === t).length, hung);
+    const sentBefore = await userCount();
+    const retry = await page.$('.run:last-child .notice.warning[data-stop-reason="step_timeout"] button.retry');
+    if (!retry || (await retry.textContent()) !== "Retry") throw new Error("no Retry button on the step timeout's notice");
+    const retries = await page.getByRole("button", { name: "Retry" }).count();
+    await retry.click();
+    await page.waitForFunction(([t, n]) => [...document.querySelectorAll(".msg.user")].filter((m) => m.firstChild && m.firstChild.textContent === t).length > n, [hung, sentBefore], { timeout: T.turn });
+    if (!(await retry.isDisabled())) throw new Error("Retry stayed enabled after one tap");
+    await page.waitForSelector('.run:last-child .step[data-status="completed"] >> text=web_search', { timeout: T.turn });
+    await page.waitForSelector('.run:last-child .notice.warning[data-stop-reason="step_timeout"] button.retry:not([disabled])', { timeout: T.turn });
+    ok(`Retry after the step timeout: "${hung}" sent again as a new turn (${(await userCount()) - sentBefore} more), which ran and timed out again (Retry buttons ${retries} → ${await page.getByRole("button", { name: "Retry" }).count()})`);
+
+    // 2c. Reload during a running turn: the page re-attaches to it (the
+    //     step completed before, the running step with its "still working"
+    //     notice, Stop on) and its Stop ends it. The step sends heartbeats,
+    //     so only Stop ends it.
+    await send(page, "/steps web_search:300ms shell:hang:hb=500ms");
+    await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=shell', { timeout: T.turn });
+    await page.waitForSelector('.run:last-child .step.has-note >> text=Still working', { timeout: T.turn });
+    await page.reload();
+    await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    const reattached = page.locator(".run:last-child");
+    await reattached.locator('.step[data-status="completed"]', { hasText: "web_search" }).waitFor({ timeout: T.turn });
+    await reattached.locator('.step[data-status="running"]', { hasText: "shell" }).waitFor({ timeout: T.turn });
+    await reattached.locator(".step.has-note .step-note", { hasText: "Still working" }).waitFor({ timeout: T.turn });
+    await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
+    const lines = await reattached.locator(".step").allTextContents();
+    ok(`reloaded during a turn: re-attached, steps ${JSON.stringify(lines)}, Stop on`);
+    await page.screenshot({ path: path.join(artifacts, "webchat-reattached.png") });
+    await page.getByRole("button", { name: "Stop", exact: true }).click();
+    await page.waitForSelector('.run:last-child .notice.warning[data-stop-reason="user"]', { timeout: T.turn });
+    await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+    ok("Stop after the reload ended the turn: stop notice shown, Stop off");
+
     // 3. The Stop button (chat.abort).
     await send(page, "/steps shell:hang");
     await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
@@ -254,10 +293,10 @@ async function main() {
     await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Second session reply", { timeout: T.turn });
     ok("second session has its own conversation");
     await page.selectOption("#session", sessionA);
-    await page.waitForSelector('.notice.warning[data-stop-reason="step_timeout"]', { timeout: T.turn });
+    await page.waitForSelector('.notice.warning[data-stop-reason="step_timeout"] button.retry', { timeout: T.turn });
     await page.waitForSelector(".msg.user >> text=/steps web_search:300ms shell:hang", { timeout: T.turn });
     if (await page.$("text=Second session reply")) throw new Error("switching back still shows the other session");
-    ok("switched back: history with the step timeout notice reloaded");
+    ok("switched back: history with the step timeout notice (and its Retry) reloaded");
     await page.screenshot({ path: path.join(artifacts, "webchat-history.png") });
 
     // 5. A dropped socket: the page reconnects, signing the new challenge with
