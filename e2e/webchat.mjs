@@ -254,6 +254,14 @@ async function main() {
     const lines = await reattached.locator(".step").allTextContents();
     ok(`reloaded during a turn: re-attached, steps ${JSON.stringify(lines)}, Stop on`);
     await page.screenshot({ path: path.join(artifacts, "webchat-reattached.png") });
+    // Away to another session (nothing runs there: Stop off) and back: the
+    // page re-attaches again.
+    await newSession(page);
+    await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+    await page.selectOption("#session", sessionA);
+    await reattached.locator('.step[data-status="running"]', { hasText: "shell" }).waitFor({ timeout: T.turn });
+    await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
+    ok("switched away and back during the turn: re-attached again, Stop on");
     await page.getByRole("button", { name: "Stop", exact: true }).click();
     await page.waitForSelector('.run:last-child .notice.warning[data-stop-reason="user"]', { timeout: T.turn });
     await page.waitForSelector("#stop[disabled]", { timeout: T.turn });

@@ -391,7 +391,7 @@
       if (st === "running" || (aborted && st === "failed")) setStepStatus(s, "stopped");
       setStepNote(s, "");
     }
-    if (state.activeRun === v.id || state.activeRun === ANY_RUN) setActive("");
+    if (state.activeRun === v.id) setActive("");
   }
 
   // ---- queued messages -----------------------------------------------------
@@ -702,6 +702,9 @@
     started(p.runId);
     const v = run(p.runId);
     v.started = true;
+    // The end of a turn this page had not seen start (ANY_RUN): Stop goes
+    // off. A command's answer is not a turn.
+    if (p.state !== "delta" && state.activeRun === ANY_RUN && !state.commands.has(p.runId)) setActive("");
     switch (p.state) {
       case "delta": {
         if (v.done) return;
