@@ -169,3 +169,63 @@ func running(id, state string, start time.Time, cur, last event.Step, paused, st
 }
 
 func ms13(t time.Time) string { return string(mustJSON(t.UnixMilli())) }
+
+// TestHistoryShowsTheQueue: messages queued behind a running turn (the
+// default busy mode) are in chat.history's turnguard.queue, oldest first,
+// with the run ids their turns will have — not among the history's
+// messages until their turns start; when the running turn is stopped they
+// run in order under those run ids, and then the block is gone.
+func TestHistoryShowsTheQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newPipeEnv(t, envOpts{})
+		c, _ := e.connect("webchat", "")
+		send := func(id, text string) frame {
+			t.Helper()
+			r := c.call("chat.send", map[string]any{"sessionKey": "agent:main:web", "message": text, "idempotencyKey": id})
+			if !r.OK {
+				t.Fatalf("chat.send %s: %s", id, r.raw)
+			}
+			return r
+		}
+		send("w1", "/steps shell:hang")
+		for i, id := range []string{"q1", "q2"} {
+			if r := send(id, "/steps say:"+id); r.str("status") != "queued" || r.get("ahead") != float64(i) {
+				t.Fatalf("chat.send %s while busy: %s, want queued with %d ahead", id, r.raw, i)
+			}
+		}
+		faketime.Advance(time.Second)
+
+		page, _ := e.connect("webchat", "")
+		h := page.call("chat.history", map[string]any{"sessionKey": "agent:main:web"})
+		var res struct {
+			Messages  []historyMessage `json:"messages"`
+			Turnguard *reattachInfo    `json:"turnguard"`
+		}
+		if err := json.Unmarshal(h.Payload, &res); err != nil || res.Turnguard == nil {
+			t.Fatalf("chat.history %s: %v", h.raw, err)
+		}
+		if len(res.Messages) != 1 {
+			t.Fatalf("history has %d messages, want only the running turn's: %s", len(res.Messages), h.raw)
+		}
+		q := res.Turnguard.Queue
+		if len(q) != 2 || q[0].RunID != "q1" || q[0].Text != "/steps say:q1" || q[0].Ahead != 0 ||
+			q[1].RunID != "q2" || q[1].Ahead != 1 || q[0].QueuedAt == 0 {
+			t.Fatalf("queue %+v, want q1 then q2", q)
+		}
+		if a := res.Turnguard.ActiveRun; a == nil || a.RunID != "w1" {
+			t.Fatalf("activeRun %+v, want w1", a)
+		}
+
+		// The first turn stopped: q1 then q2 run as themselves.
+		c.call("chat.abort", map[string]any{"sessionKey": "agent:main:web", "runId": "w1"})
+		page.until("q1's start", func(f frame) bool {
+			return f.Event == "agent" && f.str("runId") == "q1" && f.str("data.phase") == "start"
+		})
+		page.chat("q1", "final")
+		page.chat("q2", "final")
+		e.waitIdle()
+		if h := page.call("chat.history", map[string]any{"sessionKey": "agent:main:web"}); h.get("turnguard") != nil {
+			t.Fatalf("all ran, yet the history has a turnguard block: %s", h.raw)
+		}
+	})
+}
