@@ -64,7 +64,7 @@ func TestMain(m *testing.M) {
 }
 
 func startGateway(dir string) error {
-	cfg := fmt.Sprintf(`# The e2e gateway: loopback, a token, a short step timeout.
+	cfg := fmt.Sprintf(`# The e2e gateway: loopback, a token, a short step timeout, a short queue.
 server:
   listen: 127.0.0.1:0
   token: %s
@@ -75,6 +75,8 @@ agents:
     progressNotifyAfterSeconds: 1
     progressRepeatSeconds: 1
     abortGraceSeconds: 2
+    busy:
+      maxQueued: 1 # the default mode (queue), one message waiting: the next is refused
 store:
   path: %s
 `, token, stepTimeout, filepath.Join(dir, "e2e.db"))
@@ -352,7 +354,9 @@ func TestTUI(t *testing.T) {
 // TestWebChat drives the web chat page in headless Chromium (webchat.mjs),
 // including Retry on a timed-out turn's notice, a reload during a running
 // turn (the page re-attaches to it: steps, the still-working notice and a
-// Stop that ends it: webchat-reattached.png), Stop after the page's socket
+// Stop that ends it: webchat-reattached.png), a message queued behind a
+// running turn (shown as queued, also after a reload, then answered:
+// webchat-queued.png; /stop drops it and says so), Stop after the page's socket
 // dropped and reconnected (the page
 // signs each challenge with its browser's device key), a browser without
 // WebCrypto Ed25519, and a 390 px phone screen driven by accessible names
@@ -373,7 +377,7 @@ func TestWebChat(t *testing.T) {
 		t.Fatalf("web chat in Chromium failed: %v (screenshot of the failure: %s)", err,
 			filepath.Join(env.artifacts, "webchat-failure.png"))
 	}
-	for _, name := range []string{"webchat-step-timeout.png", "webchat-reattached.png", "webchat-390.png"} {
+	for _, name := range []string{"webchat-step-timeout.png", "webchat-reattached.png", "webchat-queued.png", "webchat-390.png"} {
 		shot := filepath.Join(env.artifacts, name)
 		if fi, err := os.Stat(shot); err != nil || fi.Size() == 0 {
 			t.Fatalf("screenshot %s missing: %v", shot, err)

@@ -9,7 +9,8 @@
 // page's socket dropped and reconnected (the page signs each challenge with
 // the same device key, so the run is still its own), then on a 390 px phone
 // screen by role and accessible name: a Markdown reply with an HTML tag in it
-// (rendered, the tag as text), a message refused as busy (kept), the stop
+// (rendered, the tag as text), a queued message that runs after a step
+// timeout, a message refused as busy (kept), the stop
 // reason in words, no horizontal scroll (screenshot webchat-390.png).
 //
 // Usage: node webchat.mjs URL ARTIFACTS_DIR
@@ -55,6 +56,53 @@ function connectsOf(page) {
     } catch (_) { /* not JSON */ }
   }));
   return connects;
+}
+
+// queueChecks: messages sent while a turn runs are queued (the gateway's
+// default busy mode): the bubble keeps its text and says "Queued (1 ahead)",
+// survives a reload (chat.history's turnguard.queue), turns into the running
+// turn when its run starts and gets its answer; typed /stop drops the queue
+// and says how many were dropped.
+async function queueChecks(page, artifacts) {
+  await newSession(page);
+  // Steps of 1.5s, each under the 2s step timeout: a turn of ~4.5s.
+  await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+  await send(page, "/steps say:Queued_answer");
+  const queued = page.locator('.msg.user[data-status="queued"]', { hasText: "/steps say:Queued_answer" });
+  await queued.waitFor({ timeout: T.turn });
+  const label = await queued.locator(".msg-status").textContent();
+  if (label !== "Queued (1 ahead)") throw new Error(`queued label "${label}", want "Queued (1 ahead)"`);
+  if (!(await page.isEnabled("#stop"))) throw new Error("Stop went off when a message was queued behind the running turn");
+  ok(`a message sent while busy: kept, "${label}", Stop still on`);
+  await page.screenshot({ path: path.join(artifacts, "webchat-queued.png") });
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const again = page.locator('.msg.user[data-status="queued"]', { hasText: "/steps say:Queued_answer" });
+  try {
+    await again.waitFor({ timeout: 2000 });
+    ok("reloaded: the queued message is shown as queued (turnguard.queue)");
+  } catch (_) {
+    // The running turn may have ended meanwhile: then the message runs.
+    ok("reloaded: the queued message had started already");
+  }
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Queued answer", { timeout: T.turn });
+  const still = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.length);
+  if (still) throw new Error(`${still} message(s) still marked queued after their answer`);
+  ok("the queued message ran after the turn before it: answer shown, no longer marked queued");
+
+  // /stop with a queue: the queued message is dropped, and the words say so.
+  await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+  await send(page, "/steps say:Never_runs");
+  await page.locator('.msg.user[data-status="queued"]', { hasText: "Never_runs" }).waitFor({ timeout: T.turn });
+  await send(page, "/stop");
+  await page.locator('.msg.user[data-status="dropped"]', { hasText: "Never_runs" }).waitFor({ timeout: T.turn });
+  await page.waitForSelector(".msg.assistant >> text=1 queued message was dropped", { timeout: T.turn });
+  await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+  await page.waitForTimeout(1000); // real time: a dropped message must not start (it would within this second)
+  if (await page.$("text=Never runs")) throw new Error("a dropped message ran");
+  ok("typed /stop with a message queued: the turn stopped, the queued message marked dropped, \"1 queued message was dropped\"");
 }
 
 // phoneChecks drives the page at 390 px width by roles and accessible names.
@@ -118,15 +166,18 @@ async function phoneChecks(browser, artifacts, consoleErrors) {
     }
     ok("Markdown blocks: paragraphs, bullet and numbered lists, fenced code (HTML in it as text)");
 
-    // A message refused while the session is busy keeps its text; Stop
-    // still stops the running turn; then the step timeout, in words.
+    // A message refused while the session is busy (one already waits:
+    // busy.maxQueued 1) keeps its text; Stop still stops the running turn;
+    // then the step timeout, in words.
     await say("/steps web_search:300ms shell:hang");
     await page.waitForSelector(".run:last-child .step >> text=shell", { timeout: T.turn });
+    await say("/steps say:Waited_my_turn");
+    await page.waitForSelector('.msg.user[data-status="queued"] >> text=Waited_my_turn', { timeout: T.turn });
     await say("please keep this text");
     await page.waitForSelector('.msg.user[data-status="not-sent"] >> text=please keep this text', { timeout: T.turn });
     if ((await box.inputValue()) !== "please keep this text") throw new Error(`refused text lost: "${await box.inputValue()}"`);
     if (!(await stopBtn.isEnabled())) throw new Error("Stop went off after a refused message while the turn still runs");
-    ok("a message refused as busy: marked not sent, its text back in the textbox, Stop still on");
+    ok("a message refused while one already waits: marked not sent, its text back in the textbox, Stop still on");
     const warn = page.locator('.run .notice.warning[data-stop-reason="step_timeout"]');
     await warn.waitFor({ timeout: T.turn });
     const words = await warn.locator(".stop-reason").textContent();
@@ -134,6 +185,8 @@ async function phoneChecks(browser, artifacts, consoleErrors) {
       throw new Error(`stop reason not in words: "${await warn.textContent()}"`);
     }
     ok(`step timeout shown in words: "${await warn.textContent()}"`);
+    await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Waited my turn", { timeout: T.turn });
+    ok("the message queued behind the timed-out turn ran after it");
 
     // No horizontal scroll at 390 px; the controls are on the screen.
     const width = await page.evaluate(() => document.documentElement.scrollWidth);
@@ -370,6 +423,9 @@ async function main() {
     if ((await plain.textContent("#messages")).match(/Ed25519|device|signature/i)) throw new Error("the page talks about keys");
     ok("without WebCrypto Ed25519: connected unsigned, Stop works, nothing alarming shown");
     await plain.close();
+
+    // 6b. Busy sessions: queued messages.
+    await queueChecks(page, artifacts);
 
     // 7. The page as a product, on a 390 px phone screen: controls found by
     //    role and accessible name, Markdown replies rendered safely, a
