@@ -54,6 +54,14 @@ async function interrupt(page) {
   if ((await bubble(page, "Newer_wins").getAttribute("data-status")) !== null) throw new Error("the new message is still marked");
   if (await page.$("text=First done")) throw new Error("the superseded turn finished anyway");
   ok("the newer message ran and was answered");
+  // From the history too: the superseded notice (not a reply), its Retry.
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const h = await page.waitForSelector('.notice.warning[data-stop-reason="superseded"]', { timeout: T.turn });
+  if (!(await h.$("button.retry"))) throw new Error("no Retry on the superseded notice from the history");
+  const asReply = await page.$$eval(".msg.assistant", (ms) => ms.filter((m) => m.textContent.includes("replaced it")).length);
+  if (asReply) throw new Error("the superseded notice is drawn as a reply after a reload");
+  ok(`after a reload the history shows the superseded notice with Retry: "${await h.textContent()}"`);
 }
 
 async function collect(page) {

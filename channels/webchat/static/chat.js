@@ -785,8 +785,6 @@
 
   // ---- history and sessions ---------------------------------------------
 
-  const NOTICE_START = /^(⚠️|⏹️|⏳|⚠)/u;
-
   // loadHistory draws the session's history, then re-attaches to what is
   // happening in it now (turnguard.activeRun, turnguard.queue), then the run
   // events that arrived meanwhile. A run that ended meanwhile may or may not
@@ -817,20 +815,37 @@
     state.queued.clear();
     setActive("");
     let lastUser = "";
-    for (const m of (res && res.messages) || []) {
+    const msgs = (res && res.messages) || [];
+    const stopped = (m) => m && m.role === "assistant" && !!m.stopReason && m.stopReason !== "stop" && m.stopReason !== "end_turn";
+    for (let i = 0; i < msgs.length; i++) {
+      const m = msgs[i];
       const text = textOf(m);
       if (m.role === "user") { userMessage(text); lastUser = text; continue; }
       if (m.role !== "assistant") continue;
-      const reason = m.stopReason || "";
-      if (!reason || reason === "stop" || reason === "end_turn") {
+      if (!stopped(m)) {
         if (text) assistantMessage(text);
         continue;
       }
-      // A stopped turn: the partial reply (if any), then the notice the
-      // user was shown (with Retry for the message before it).
-      const cut = text.search(/\n\n(⚠️|⏹️|⏳|⚠)/u);
-      const partial = cut >= 0 ? text.slice(0, cut) : (NOTICE_START.test(text) ? "" : text);
-      const shown = cut >= 0 ? text.slice(cut + 2) : (NOTICE_START.test(text) ? text : "");
+      // A turn that did not end normally: its partial reply (if any), then
+      // the notice the user was shown, with Retry for the message before
+      // it. Live, the gateway keeps them as two messages with the turn's
+      // stop reason; reloaded from the store, as one: the partial reply, a
+      // blank line, the notice. Nothing here depends on the notice's words
+      // (they are configurable).
+      const reason = m.stopReason;
+      const next = msgs[i + 1];
+      if (stopped(next) && next.stopReason === reason) { // the partial reply; the notice follows
+        if (text) assistantMessage(text);
+        continue;
+      }
+      let partial = "";
+      let shown = text;
+      const prev = msgs[i - 1];
+      const cut = text.lastIndexOf("\n\n");
+      if (!(stopped(prev) && prev.stopReason === reason) && cut >= 0) {
+        partial = text.slice(0, cut);
+        shown = text.slice(cut + 2);
+      }
       if (partial) assistantMessage(partial);
       if (shown) notice(reason === "error" ? "error" : "warning", shown, reason, undefined, lastUser);
     }
