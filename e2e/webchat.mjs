@@ -103,6 +103,28 @@ async function queueChecks(page, artifacts) {
   await page.waitForTimeout(1000); // real time: a dropped message must not start (it would within this second)
   if (await page.$("text=Never runs")) throw new Error("a dropped message ran");
   ok("typed /stop with a message queued: the turn stopped, the queued message marked dropped, \"1 queued message was dropped\"");
+
+  // /stop typed in another tab of this browser: this tab learns that its
+  // queued message was dropped too.
+  await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+  await send(page, "/steps say:Dropped_elsewhere");
+  await page.locator('.msg.user[data-status="queued"]', { hasText: "Dropped_elsewhere" }).waitFor({ timeout: T.turn });
+  const key = await page.$eval("#session", (s) => s.value);
+  const other = await page.context().newPage();
+  try {
+    const u = new URL(url);
+    u.searchParams.set("session", key);
+    await other.goto(u.toString());
+    await other.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    await other.locator('.msg.user[data-status="queued"]', { hasText: "Dropped_elsewhere" }).waitFor({ timeout: T.turn });
+    await send(other, "/stop");
+    await other.waitForSelector(".msg.assistant >> text=1 queued message was dropped", { timeout: T.turn });
+  } finally {
+    await other.close();
+  }
+  await page.locator('.msg.user[data-status="dropped"]', { hasText: "Dropped_elsewhere" }).waitFor({ timeout: T.turn });
+  ok("/stop from another tab: its queued message shown there too, and here marked dropped");
 }
 
 // phoneChecks drives the page at 390 px width by roles and accessible names.
@@ -214,7 +236,10 @@ async function main() {
     args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
       "--disable-component-update", "--disable-sync"],
   });
-  const page = await browser.newPage({ viewport: { width: 1100, height: 760 } });
+  // A context of its own (not browser.newPage's): a second tab of the same
+  // browser profile is opened in it (queueChecks).
+  const context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
+  const page = await context.newPage();
   const consoleErrors = [];
   page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
   page.on("pageerror", (e) => consoleErrors.push(String(e)));

@@ -59,6 +59,7 @@
     stopReconnect: false,
     instanceId: uuid(),
     sessionsTimer: 0,
+    queueTimer: 0,
     commands: new Set(), // idempotency keys of the commands sent (their answers are not runs)
     device: null, // Promise of this browser's device key (null inside: none)
   };
@@ -438,18 +439,44 @@
     }
   }
 
-  // dropQueue marks every queued message dropped (a /stop or /new discards
-  // the session's queue) and removes their empty runs.
-  function dropQueue() {
-    for (const [runId, list] of state.queued) {
+  // dropQueue marks the queued messages of runIds (all when omitted)
+  // dropped — a /stop or /new discards the session's queue — and removes
+  // their empty runs.
+  function dropQueue(runIds) {
+    for (const [runId, list] of [...state.queued]) {
+      if (runIds && !runIds.includes(runId)) continue;
       for (const b of list) setBubbleStatus(b, "dropped", "dropped — not sent");
       const v = state.runs.get(runId);
       if (v && !v.reply && v.stepsById.size === 0) {
         v.block.remove();
         state.runs.delete(runId);
       }
+      state.queued.delete(runId);
     }
-    state.queued.clear();
+  }
+
+  // checkQueueSoon asks the gateway, a moment after a turn of the session
+  // ended, which of the messages shown as queued still wait: one that
+  // neither waits nor has started was dropped (a /stop from another client).
+  function checkQueueSoon() {
+    if (!state.queued.size) return;
+    clearTimeout(state.queueTimer);
+    state.queueTimer = setTimeout(checkQueue, 1500);
+  }
+
+  async function checkQueue() {
+    const key = state.sessionKey;
+    if (!state.queued.size || !state.connected || state.loading) return;
+    let res;
+    try { res = await request("chat.history", { sessionKey: key, limit: 1 }); } catch (_) { return; }
+    if (key !== state.sessionKey || state.loading) return;
+    const live = (res && res.turnguard) || {};
+    const waiting = new Set((live.queue || []).map((q) => q && q.runId));
+    const running = live.activeRun && live.activeRun.runId;
+    // A run's events come before an answer computed after them: a run that
+    // started is known here by now.
+    const gone = [...state.queued.keys()].filter((id) => !waiting.has(id) && id !== running && !(state.runs.get(id) || {}).started);
+    if (gone.length) dropQueue(gone);
   }
 
   // ---- device identity ---------------------------------------------------
@@ -704,7 +731,10 @@
     v.started = true;
     // The end of a turn this page had not seen start (ANY_RUN): Stop goes
     // off. A command's answer is not a turn.
-    if (p.state !== "delta" && state.activeRun === ANY_RUN && !state.commands.has(p.runId)) setActive("");
+    if (p.state !== "delta" && !state.commands.has(p.runId)) {
+      if (state.activeRun === ANY_RUN) setActive("");
+      checkQueueSoon();
+    }
     switch (p.state) {
       case "delta": {
         if (v.done) return;
