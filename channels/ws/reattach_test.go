@@ -229,3 +229,43 @@ func TestHistoryShowsTheQueue(t *testing.T) {
 		}
 	})
 }
+
+// TestHistoryWithAQueueFitsTheAnswerBudget: a session whose running turn
+// and five queued messages are long still answers chat.history within
+// server.maxAnswerBytes: the queued texts are cut (saying so) and the
+// history keeps its newest messages, never the other way round.
+func TestHistoryWithAQueueFitsTheAnswerBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const budget = 32 << 10
+		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) { c.Server.MaxAnswerBytes = budget }})
+		c, _ := e.connect("webchat", "")
+		long := strings.Repeat("ü\"", 4000) // 4,000 × 8 bytes once JSON-escaped: 32 KB
+		if r := c.call("chat.send", map[string]any{"sessionKey": "web", "message": "/steps shell:hang say:x",
+			"idempotencyKey": "run"}); !r.OK {
+			t.Fatalf("chat.send %s", r.raw)
+		}
+		for i := range 5 {
+			id := "q" + string(rune('1'+i))
+			if r := c.call("chat.send", map[string]any{"sessionKey": "web", "message": long, "idempotencyKey": id}); r.str("status") != "queued" {
+				t.Fatalf("chat.send %s: %s", id, r.raw)
+			}
+		}
+		h := c.call("chat.history", map[string]any{"sessionKey": "web"})
+		if !h.OK || len(h.Payload) > budget {
+			t.Fatalf("chat.history answer: ok %v, %d payload bytes, budget %d", h.OK, len(h.Payload), budget)
+		}
+		var res struct {
+			Messages  []historyMessage `json:"messages"`
+			Turnguard *reattachInfo    `json:"turnguard"`
+		}
+		if err := json.Unmarshal(h.Payload, &res); err != nil || res.Turnguard == nil || res.Turnguard.ActiveRun == nil {
+			t.Fatalf("chat.history %.300s: %v", h.raw, err)
+		}
+		if q := res.Turnguard.Queue; len(q) != 5 || !strings.HasSuffix(q[4].Text, "too long to show here]") {
+			t.Fatalf("queue of %d, last %.80q…, want 5 cut texts", len(q), q[len(q)-1].Text)
+		}
+		if len(res.Messages) == 0 || res.Messages[len(res.Messages)-1].Content[0].Text != "/steps shell:hang say:x" {
+			t.Fatalf("history lost the running turn's message: %.300s", h.raw)
+		}
+	})
+}
