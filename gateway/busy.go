@@ -106,7 +106,10 @@ type TurnStatus struct {
 	Running    bool           // a turn is active (running, or stopping: Turn.State says)
 	Turn       abort.Snapshot // valid when Running
 	Limits     timeout.Settings
-	Queue      []QueuedMessage // oldest first
+	// Queue lists every waiting message, oldest first; messages collected
+	// into one follow-up turn are listed one by one (that turn's run id is
+	// the first one's).
+	Queue []QueuedMessage
 }
 
 // Status returns a snapshot of the session's running turn and queue.
@@ -183,6 +186,14 @@ type queued struct {
 	// begun is closed when the turn is registered (or the entry dropped):
 	// Wait waits on it for a queued run id.
 	begun chan struct{}
+}
+
+// end closes begun (once): the entry started or was dropped. Called with
+// e.mu held.
+func (q *queued) end() {
+	if !isClosed(q.begun) {
+		close(q.begun)
+	}
 }
 
 func (q *queued) runID() string      { return q.msgs[0].RunID }
@@ -329,7 +340,7 @@ func (e *Engine) unqueueLocked(s *session, q *queued, runID string) {
 	q.msgs = slices.DeleteFunc(q.msgs, func(m QueuedMessage) bool { return m.RunID == runID })
 	if len(q.msgs) == 0 {
 		s.queue = slices.DeleteFunc(s.queue, func(x *queued) bool { return x == q })
-		close(q.begun)
+		q.end()
 	}
 }
 
@@ -345,7 +356,7 @@ func (e *Engine) dropQueueLocked(s *session) []string {
 			delete(e.waiting, id)
 			ids = append(ids, id)
 		}
-		close(q.begun)
+		q.end()
 	}
 	s.queue = nil
 	return ids
@@ -373,7 +384,7 @@ func (e *Engine) pumpLocked(s *session) func() {
 		for _, id := range ids {
 			delete(e.waiting, id)
 		}
-		close(q.begun)
+		q.end()
 		if err != nil {
 			e.log.Error("a queued message could not start and was dropped", "run", req.RunID, "session", s.key, "err", err)
 			return func() { e.removeQueued(context.Background(), ids) }

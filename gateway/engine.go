@@ -375,8 +375,13 @@ type Ack struct {
 }
 
 // Send starts a turn. The same RunID while it runs answers StatusInFlight;
-// after it ended (for idempotencyTTLSeconds) the cached outcome. A session
-// with an active turn answers *BusyError. Send returns as soon as the turn
+// after it ended (for idempotencyTTLSeconds) the cached outcome; while it
+// waits in a queue StatusQueued again. A message for a session with an
+// active turn (or messages waiting) is handled by the channel's busy mode
+// (busy.go): queued or collected (StatusQueued, stored in Options.Queue
+// first; *QueueFullError past busy.maxQueued), steered into the running
+// turn (StatusSteered), queued after superseding the running turn
+// (interrupt), or refused (*BusyError, mode reject). Send returns as soon as the turn
 // is registered; the reply comes as events. While the session's previous
 // turn's terminal event is still being handed to subscribers (Send called
 // from a handler of it, or racing it), the session is free and the turn is

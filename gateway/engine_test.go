@@ -77,7 +77,13 @@ func newEnv(t *testing.T, adjust func(*config.Config)) *env {
 // subscribed to all its events; the test's cleanup shuts it down.
 func startEngine(t *testing.T, c *config.Config, runners map[string]runner.Runner) (*Engine, *sink) {
 	t.Helper()
-	e, err := New(Options{Config: config.NewSource(c), Runners: runners})
+	return startEngineWith(t, Options{Config: config.NewSource(c), Runners: runners})
+}
+
+// startEngineWith is startEngine with every option.
+func startEngineWith(t *testing.T, opts Options) (*Engine, *sink) {
+	t.Helper()
+	e, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

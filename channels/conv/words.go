@@ -27,8 +27,7 @@ const (
 	TextRestarting  = "⚠️ The gateway is restarting — please send that again in a minute."
 	TextCannotStart = "⚠️ Sorry — I couldn't start on that request. Please try again later."
 
-	TextSteered   = "📨 Passed on to the request that is running — it will take your message into account."
-	TextInterrupt = "⏭️ Stopping the current request to start on your new message."
+	TextSteered = "📨 Passed on to the request that is running — it will take your message into account."
 )
 
 // stateRunning is abort.StateRunning's name in a snapshot (pinned by a
@@ -41,9 +40,10 @@ func TooLongText(n, limit int) string {
 }
 
 // AckText is what a person reads when Send accepted a message: "" when its
-// turn started (its events are the answer) or the message was a repeat;
-// otherwise what happened to it while the session was busy. The count in
-// "(N ahead)" includes the running request.
+// turn started (its events are the answer), the message was a repeat, or it
+// interrupted the running turn (that turn's superseded notice, published
+// before Send returns, says so); otherwise what happened to it while the
+// session was busy. The count in "(N ahead)" includes the running request.
 func AckText(ack gateway.Ack) string {
 	switch ack.Status {
 	case gateway.StatusSteered:
@@ -57,7 +57,7 @@ func AckText(ack gateway.Ack) string {
 	case ack.FellBack:
 		return "📥 The assistant can't take messages mid-request, so I queued it — I'll get to it after the current request " + ahead + "."
 	case ack.Busy == gateway.BusyInterrupt:
-		return TextInterrupt
+		return ""
 	case ack.Busy == gateway.BusyCollect:
 		return "📥 Noted — I'll answer this together with your other new messages after the current request."
 	}
@@ -65,7 +65,9 @@ func AckText(ack gateway.Ack) string {
 }
 
 // StopText is the answer to /stop: "" when a turn was stopped and nothing
-// queued was dropped (the stop notice the abort publishes is the answer).
+// queued was dropped (the stop notice the abort publishes is the answer);
+// when queued messages were dropped, how many (after a stopped turn's
+// notice, only that).
 func StopText(res gateway.StopResult, err error) string {
 	switch {
 	case errors.Is(err, gateway.ErrNotOwner):
@@ -86,6 +88,8 @@ func StopText(res gateway.StopResult, err error) string {
 		return strings.TrimSpace(TextStillStopping + " " + dropped)
 	case res.Aborted && dropped == "":
 		return ""
+	case res.Aborted:
+		return "🗑️ " + dropped // after the stop notice, which says "⏹️ Stopped…"
 	case dropped != "":
 		return "⏹️ Stopped. " + dropped
 	}

@@ -32,7 +32,7 @@ func TestAckText(t *testing.T) {
 		{"steered", gateway.Ack{Status: gateway.StatusSteered, Busy: gateway.BusySteer}, conv.TextSteered},
 		{"steer fell back", gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusySteer, FellBack: true},
 			"📥 The assistant can't take messages mid-request, so I queued it — I'll get to it after the current request (1 ahead)."},
-		{"interrupt", gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusyInterrupt}, conv.TextInterrupt},
+		{"interrupt: the superseded notice answers", gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusyInterrupt}, ""},
 	} {
 		if got := conv.AckText(tc.ack); got != tc.want {
 			t.Errorf("%s: AckText = %q, want %q", tc.name, got, tc.want)
@@ -50,8 +50,8 @@ func TestStopText(t *testing.T) {
 	}{
 		{"idle", gateway.StopResult{}, nil, conv.TextNothingToStop},
 		{"stopped: the stop notice answers", gateway.StopResult{AbortResult: stopped}, nil, ""},
-		{"stopped with a queue", gateway.StopResult{AbortResult: stopped, Dropped: 2}, nil, "⏹️ Stopped. 2 queued messages were dropped."},
-		{"stopped with one queued", gateway.StopResult{AbortResult: stopped, Dropped: 1}, nil, "⏹️ Stopped. 1 queued message was dropped."},
+		{"stopped with a queue", gateway.StopResult{AbortResult: stopped, Dropped: 2}, nil, "🗑️ 2 queued messages were dropped."},
+		{"stopped with one queued", gateway.StopResult{AbortResult: stopped, Dropped: 1}, nil, "🗑️ 1 queued message was dropped."},
 		{"idle with a queue", gateway.StopResult{Dropped: 3}, nil, "⏹️ Stopped. 3 queued messages were dropped."},
 		{"already stopping", gateway.StopResult{Stopping: true}, nil, conv.TextStillStopping},
 		{"already stopping, queue dropped", gateway.StopResult{Stopping: true, Dropped: 2}, nil,
