@@ -394,8 +394,8 @@ func TestWebChat(t *testing.T) {
 // gateway per busy mode other than the default queue (channels.ws.busy.mode):
 // interrupt (the running turn superseded, in words, with Retry; the new
 // message answered), collect (two messages wait for one follow-up turn:
-// webchat-collect.png) and steer (handed to the running turn, or queued
-// saying the runner cannot take it).
+// webchat-collect.png) and steer (handed to the demo runner's running turn,
+// which notes it).
 func TestWebChatBusyModes(t *testing.T) {
 	script, err := filepath.Abs("webchat-busy.mjs")
 	if err != nil {
