@@ -319,7 +319,7 @@ async function main() {
     //     step completed before, the running step with its "still working"
     //     notice, Stop on) and its Stop ends it. The step sends heartbeats,
     //     so only Stop ends it.
-    await send(page, "/steps web_search:300ms shell:hang:hb=500ms");
+    await send(page, "/steps web_search:300ms say:Looking_first shell:hang:hb=500ms");
     await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=shell', { timeout: T.turn });
     await page.waitForSelector('.run:last-child .step.has-note >> text=Still working', { timeout: T.turn });
     await page.reload();
@@ -328,9 +328,10 @@ async function main() {
     await reattached.locator('.step[data-status="completed"]', { hasText: "web_search" }).waitFor({ timeout: T.turn });
     await reattached.locator('.step[data-status="running"]', { hasText: "shell" }).waitFor({ timeout: T.turn });
     await reattached.locator(".step.has-note .step-note", { hasText: "Still working" }).waitFor({ timeout: T.turn });
+    await reattached.locator(".msg.assistant.streaming", { hasText: "Looking first" }).waitFor({ timeout: T.turn });
     await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
     const lines = await reattached.locator(".step").allTextContents();
-    ok(`reloaded during a turn: re-attached, steps ${JSON.stringify(lines)}, Stop on`);
+    ok(`reloaded during a turn: re-attached, steps ${JSON.stringify(lines)}, the reply so far, Stop on`);
     await page.screenshot({ path: path.join(artifacts, "webchat-reattached.png") });
     // Away to another session (nothing runs there: Stop off) and back: the
     // page re-attaches again.

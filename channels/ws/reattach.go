@@ -40,6 +40,9 @@ type activeRunView struct {
 	// ProgressText is then the notice the run's watchers were shown.
 	Stalled      bool   `json:"stalled"`
 	ProgressText string `json:"progressText,omitempty"`
+	// Text is the reply streamed so far (the full text a chat delta
+	// carries in message); cut to a quarter of the answer's budget.
+	Text string `json:"text,omitempty"`
 }
 
 // stepView is one step as the run's agent events name it.
@@ -61,9 +64,10 @@ type queuedView struct {
 	Ahead    int    `json:"ahead"`    // queued messages before it
 }
 
-// Bounds of the re-attach block inside a history answer: the queued texts
-// share at most a quarter of server.maxAnswerBytes, each at least
-// minQueuedText bytes (a longer text is cut and says so).
+// Bounds of the re-attach block inside a history answer: the reply so far
+// takes at most a quarter of server.maxAnswerBytes and the queued texts
+// share another quarter, each at least minQueuedText bytes (a longer text is
+// cut and says so).
 const (
 	queueShare     = 4
 	minQueuedText  = 256
@@ -82,7 +86,10 @@ func (s *Server) reattach(st gateway.TurnStatus, budget int) (*reattachInfo, int
 	used := 0
 	if st.Running {
 		info.ActiveRun = s.activeRun(st)
-		used += activeOverhead + jsonLen(info.ActiveRun.ProgressText)
+		if jsonLen(st.Text) > budget/queueShare {
+			info.ActiveRun.Text = cutText(st.Text, budget/queueShare)
+		}
+		used += activeOverhead + jsonLen(info.ActiveRun.ProgressText) + jsonLen(info.ActiveRun.Text)
 	}
 	if n := len(st.Queue); n > 0 {
 		per := max(minQueuedText, budget/queueShare/n)
@@ -103,7 +110,7 @@ func (s *Server) activeRun(st gateway.TurnStatus) *activeRunView {
 	t := st.Turn
 	v := &activeRunView{
 		RunID: t.RunID, StartedAt: ms(t.StartedAt), ElapsedMs: t.Elapsed.Milliseconds(),
-		Stopping: t.State != "running", Paused: t.Paused, Stalled: t.Stalled,
+		Stopping: t.State != "running", Paused: t.Paused, Stalled: t.Stalled, Text: st.Text,
 	}
 	if !t.CurrentStep.IsZero() {
 		v.CurrentStep = stepOf(t.RunID, t.CurrentStep)

@@ -231,16 +231,18 @@ func TestHistoryShowsTheQueue(t *testing.T) {
 }
 
 // TestHistoryWithAQueueFitsTheAnswerBudget: a session whose running turn
-// and five queued messages are long still answers chat.history within
-// server.maxAnswerBytes: the queued texts are cut (saying so) and the
-// history keeps its newest messages, never the other way round.
+// (its message and its reply so far) and five queued messages are long
+// still answers chat.history within server.maxAnswerBytes: the reply so far
+// and the queued texts are cut (saying so) and the history keeps its newest
+// messages.
 func TestHistoryWithAQueueFitsTheAnswerBudget(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const budget = 32 << 10
 		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) { c.Server.MaxAnswerBytes = budget }})
 		c, _ := e.connect("webchat", "")
-		long := strings.Repeat("ü\"", 4000) // 4,000 × 8 bytes once JSON-escaped: 32 KB
-		if r := c.call("chat.send", map[string]any{"sessionKey": "web", "message": "/steps shell:hang say:x",
+		long := strings.Repeat("ü\"", 4000)                                // 4,000 × 8 bytes once JSON-escaped: 32 KB
+		first := "/steps say:" + strings.Repeat("ü", 5000) + " shell:hang" // a reply so far of 10 KB
+		if r := c.call("chat.send", map[string]any{"sessionKey": "web", "message": first,
 			"idempotencyKey": "run"}); !r.OK {
 			t.Fatalf("chat.send %s", r.raw)
 		}
@@ -264,8 +266,28 @@ func TestHistoryWithAQueueFitsTheAnswerBudget(t *testing.T) {
 		if q := res.Turnguard.Queue; len(q) != 5 || !strings.HasSuffix(q[4].Text, "too long to show here]") {
 			t.Fatalf("queue of %d, last %.80q…, want 5 cut texts", len(q), q[len(q)-1].Text)
 		}
-		if len(res.Messages) == 0 || res.Messages[len(res.Messages)-1].Content[0].Text != "/steps shell:hang say:x" {
+		if a := res.Turnguard.ActiveRun; !strings.HasPrefix(a.Text, "üü") || !strings.HasSuffix(a.Text, "too long to show here]") {
+			t.Fatalf("reply so far %.80q…, want it cut", a.Text)
+		}
+		if len(res.Messages) == 0 || res.Messages[len(res.Messages)-1].Content[0].Text != first {
 			t.Fatalf("history lost the running turn's message: %.300s", h.raw)
+		}
+	})
+}
+
+// TestHistoryReattachCarriesTheReplySoFar: a page reloaded while its turn
+// works after streaming part of its reply gets that text with the running
+// turn, not only at the next delta.
+func TestHistoryReattachCarriesTheReplySoFar(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newPipeEnv(t, envOpts{})
+		c, _ := e.connect("webchat", "")
+		c.call("chat.send", map[string]any{"sessionKey": "web", "message": "/steps say:Half_way_there shell:hang", "idempotencyKey": "r"})
+		faketime.Advance(time.Second)
+		page, _ := e.connect("webchat", "")
+		h := page.call("chat.history", map[string]any{"sessionKey": "web"})
+		if got := h.str("turnguard.activeRun.text"); got != "Half way there" {
+			t.Fatalf("activeRun.text %q, want the reply so far; %s", got, h.raw)
 		}
 	})
 }

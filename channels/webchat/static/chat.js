@@ -892,8 +892,8 @@
 
   // reattach draws the session's running turn as chat.history describes it:
   // the last step completed, the step running (with the "still working"
-  // notice when it is stalled), and turns Stop on for it. Its later events
-  // carry the same tool ids, so they update these lines.
+  // notice when it is stalled), the reply so far, and turns Stop on for it.
+  // Its later events carry the same tool ids, so they update these lines.
   function reattach(a, userText) {
     const v = run(String(a.runId));
     v.userText = userText;
@@ -905,6 +905,7 @@
       setStepStatus(s, a.paused ? "blocked" : "running");
       setStepNote(s, a.progressText || (a.paused ? "⏸️ waiting" : ""));
     }
+    if (a.text) replyText(v, String(a.text), true); // the reply so far; its next delta carries it all
     setActive(v.id);
   }
 
