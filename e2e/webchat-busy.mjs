@@ -76,12 +76,23 @@ async function collect(page) {
   const label = await bubble(page, "second extra").locator(".msg-status").textContent();
   ok(`two messages sent while busy wait for one follow-up turn: "${label}"`);
   await page.screenshot({ path: path.join(artifacts, "webchat-collect.png") });
+  // After a reload both still show as queued (turnguard.queue), and when
+  // their turn starts neither is taken for dropped.
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const reloaded = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.map((m) => m.firstChild.textContent));
+  if (reloaded.length && JSON.stringify(reloaded) !== JSON.stringify(["first extra", "second extra"])) {
+    throw new Error(`after a reload the queue shows ${JSON.stringify(reloaded)}`);
+  }
+  ok(`reloaded: ${reloaded.length ? "both shown as queued" : "their turn had started"}`);
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=First done", { timeout: T.turn });
   await page.waitForFunction(() => !document.querySelector('.msg.user[data-status="queued"]'), null, { timeout: T.turn });
+  await page.waitForSelector(`.run[data-run-id="${ids[0]}"] .msg.assistant:not(.streaming)`, { timeout: 30000 });
   const runs = await page.$$eval(`.run[data-run-id="${ids[0]}"]`, (r) => r.length);
   if (runs !== 1) throw new Error(`${runs} run blocks for the follow-up`);
-  await page.waitForSelector(`.run[data-run-id="${ids[0]}"] .msg.assistant:not(.streaming)`, { timeout: 30000 });
-  ok("the follow-up turn ran once for both and was answered");
+  const marked = await page.$$eval(".msg.user[data-status]", (ms) => ms.map((m) => m.dataset.status));
+  if (marked.length) throw new Error(`messages still marked after their answer: ${JSON.stringify(marked)}`);
+  ok("the follow-up turn ran once for both and was answered; neither is marked");
 }
 
 async function steer(page) {

@@ -457,7 +457,8 @@
 
   // checkQueueSoon asks the gateway, a moment after a turn of the session
   // ended, which of the messages shown as queued still wait: one that
-  // neither waits nor has started was dropped (a /stop from another client).
+  // neither waits nor has started was dropped (a /stop from another client)
+  // or joined the running turn.
   function checkQueueSoon() {
     if (!state.queued.size) return;
     clearTimeout(state.queueTimer);
@@ -476,7 +477,23 @@
     // A run's events come before an answer computed after them: a run that
     // started is known here by now.
     const gone = [...state.queued.keys()].filter((id) => !waiting.has(id) && id !== running && !(state.runs.get(id) || {}).started);
-    if (gone.length) dropQueue(gone);
+    if (!gone.length) return;
+    // Messages leave the queue by starting or all at once by a stop. With a
+    // turn running, they were joined into it (collect: after a reload the
+    // page knows each collected message by its own id, the turn runs as the
+    // first's); with none, they were dropped.
+    if (!running) {
+      dropQueue(gone);
+      return;
+    }
+    for (const id of gone) {
+      started(id);
+      const v = state.runs.get(id);
+      if (v && !v.started && !v.reply && v.stepsById.size === 0) { // joined: its own run never comes
+        v.block.remove();
+        state.runs.delete(id);
+      }
+    }
   }
 
   // ---- device identity ---------------------------------------------------
