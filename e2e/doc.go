@@ -2,7 +2,8 @@
 // gateway binary driven by the real, unmodified OpenClaw CLI (`gateway call
 // health`, `status`, `chat.send`, `agent --expect-final`, `openclaw agent`)
 // and TUI (in tmux), and by the web chat page in headless Chromium
-// (webchat.mjs, with playwright-core).
+// (webchat.mjs, with playwright-core; webchat-busy.mjs against a gateway per
+// busy mode).
 //
 // Run them with `make e2e`: e2e/run.sh installs what they need (Debian's
 // chromium, tmux and an emoji font; Node 24, openclaw and playwright-core

@@ -64,7 +64,15 @@ func TestMain(m *testing.M) {
 }
 
 func startGateway(dir string) error {
-	cfg := fmt.Sprintf(`# The e2e gateway: loopback, a token, a short step timeout.
+	var err error
+	gw, err = launchGateway(dir, gatewayConfig(dir, ""))
+	return err
+}
+
+// gatewayConfig is the e2e gateway's YAML with its store in dir; extra is
+// appended (a top-level section, e.g. channels:).
+func gatewayConfig(dir, extra string) string {
+	return fmt.Sprintf(`# The e2e gateway: loopback, a token, a short step timeout, a short queue.
 server:
   listen: 127.0.0.1:0
   token: %s
@@ -75,12 +83,11 @@ agents:
     progressNotifyAfterSeconds: 1
     progressRepeatSeconds: 1
     abortGraceSeconds: 2
+    busy:
+      maxQueued: 1 # the default mode (queue), one message waiting: the next is refused
 store:
   path: %s
-`, token, stepTimeout, filepath.Join(dir, "e2e.db"))
-	var err error
-	gw, err = launchGateway(dir, cfg)
-	return err
+`, token, stepTimeout, filepath.Join(dir, "e2e.db")) + extra
 }
 
 func stopGateway() { gw.stop() }
@@ -350,7 +357,12 @@ func TestTUI(t *testing.T) {
 }
 
 // TestWebChat drives the web chat page in headless Chromium (webchat.mjs),
-// including Stop after the page's socket dropped and reconnected (the page
+// including Retry on a timed-out turn's notice, a reload during a running
+// turn (the page re-attaches to it: steps, the still-working notice and a
+// Stop that ends it: webchat-reattached.png), a message queued behind a
+// running turn (shown as queued, also after a reload, then answered:
+// webchat-queued.png; /stop drops it and says so), Stop after the page's socket
+// dropped and reconnected (the page
 // signs each challenge with its browser's device key), a browser without
 // WebCrypto Ed25519, and a 390 px phone screen driven by accessible names
 // (Markdown replies rendered safely, a refused message kept, stop reasons in
@@ -370,10 +382,46 @@ func TestWebChat(t *testing.T) {
 		t.Fatalf("web chat in Chromium failed: %v (screenshot of the failure: %s)", err,
 			filepath.Join(env.artifacts, "webchat-failure.png"))
 	}
-	for _, name := range []string{"webchat-step-timeout.png", "webchat-390.png"} {
+	for _, name := range []string{"webchat-step-timeout.png", "webchat-reattached.png", "webchat-queued.png", "webchat-390.png"} {
 		shot := filepath.Join(env.artifacts, name)
 		if fi, err := os.Stat(shot); err != nil || fi.Size() == 0 {
 			t.Fatalf("screenshot %s missing: %v", shot, err)
 		}
+	}
+}
+
+// TestWebChatBusyModes drives the web chat (webchat-busy.mjs) against a
+// gateway per busy mode other than the default queue (channels.ws.busy.mode):
+// interrupt (the running turn superseded, in words, with Retry; the new
+// message answered), collect (two messages wait for one follow-up turn:
+// webchat-collect.png) and steer (handed to the demo runner's running turn,
+// which notes it).
+func TestWebChatBusyModes(t *testing.T) {
+	script, err := filepath.Abs("webchat-busy.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"interrupt", "collect", "steer"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			g, err := launchGateway(dir, gatewayConfig(dir, "channels:\n  ws:\n    busy:\n      mode: "+mode+"\n      maxQueued: 5\n"))
+			if err != nil {
+				t.Fatalf("gateway with busy mode %s: %v\n%s", mode, err, g.logs())
+			}
+			defer func() {
+				g.stop()
+				_ = os.WriteFile(filepath.Join(env.artifacts, "gateway-"+mode+".log"), []byte(g.logs()), 0o644)
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, env.node, script, "http://"+g.addr+"/#token="+token, env.artifacts, mode)
+			cmd.Env = append(os.Environ(), "E2E_CHROMIUM="+env.chromium, "E2E_NODE_MODULES="+env.nodeModules, "HOME="+t.TempDir())
+			out, err := cmd.CombinedOutput()
+			t.Logf("webchat-busy.mjs %s:\n%s", mode, out)
+			if err != nil {
+				t.Fatalf("busy mode %s in Chromium failed: %v (screenshot: %s)", mode, err,
+					filepath.Join(env.artifacts, "webchat-"+mode+"-failure.png"))
+			}
+		})
 	}
 }

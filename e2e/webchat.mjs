@@ -3,11 +3,14 @@
 // fragment, start a new session, watch a streamed reply with tool lines,
 // watch a step time out (the "still working" note on the step's line, then
 // the warning with its stop reason — screenshot), stop a turn with the Stop
-// button and by typing /stop, switch sessions, and stop a turn after the
+// button and by typing /stop, Retry a timed-out turn from its notice, reload
+// during a running turn (the page re-attaches: steps, the "still working"
+// notice, a Stop that works), switch sessions, and stop a turn after the
 // page's socket dropped and reconnected (the page signs each challenge with
 // the same device key, so the run is still its own), then on a 390 px phone
 // screen by role and accessible name: a Markdown reply with an HTML tag in it
-// (rendered, the tag as text), a message refused as busy (kept), the stop
+// (rendered, the tag as text), a queued message that runs after a step
+// timeout, a message refused as busy (kept), the stop
 // reason in words, no horizontal scroll (screenshot webchat-390.png).
 //
 // Usage: node webchat.mjs URL ARTIFACTS_DIR
@@ -53,6 +56,75 @@ function connectsOf(page) {
     } catch (_) { /* not JSON */ }
   }));
   return connects;
+}
+
+// queueChecks: messages sent while a turn runs are queued (the gateway's
+// default busy mode): the bubble keeps its text and says "Queued (1 ahead)",
+// survives a reload (chat.history's turnguard.queue), turns into the running
+// turn when its run starts and gets its answer; typed /stop drops the queue
+// and says how many were dropped.
+async function queueChecks(page, artifacts) {
+  await newSession(page);
+  // Steps of 1.5s, each under the 2s step timeout: a turn of ~4.5s.
+  await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+  await send(page, "/steps say:Queued_answer");
+  const queued = page.locator('.msg.user[data-status="queued"]', { hasText: "/steps say:Queued_answer" });
+  await queued.waitFor({ timeout: T.turn });
+  const label = await queued.locator(".msg-status").textContent();
+  if (label !== "Queued (1 ahead)") throw new Error(`queued label "${label}", want "Queued (1 ahead)"`);
+  if (!(await page.isEnabled("#stop"))) throw new Error("Stop went off when a message was queued behind the running turn");
+  ok(`a message sent while busy: kept, "${label}", Stop still on`);
+  await page.screenshot({ path: path.join(artifacts, "webchat-queued.png") });
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const again = page.locator('.msg.user[data-status="queued"]', { hasText: "/steps say:Queued_answer" });
+  try {
+    await again.waitFor({ timeout: 2000 });
+    ok("reloaded: the queued message is shown as queued (turnguard.queue)");
+  } catch (_) {
+    // The running turn may have ended meanwhile: then the message runs.
+    ok("reloaded: the queued message had started already");
+  }
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Queued answer", { timeout: T.turn });
+  const still = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.length);
+  if (still) throw new Error(`${still} message(s) still marked queued after their answer`);
+  ok("the queued message ran after the turn before it: answer shown, no longer marked queued");
+
+  // /stop with a queue: the queued message is dropped, and the words say so.
+  await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+  await send(page, "/steps say:Never_runs");
+  await page.locator('.msg.user[data-status="queued"]', { hasText: "Never_runs" }).waitFor({ timeout: T.turn });
+  await send(page, "/stop");
+  await page.locator('.msg.user[data-status="dropped"]', { hasText: "Never_runs" }).waitFor({ timeout: T.turn });
+  await page.waitForSelector(".msg.assistant >> text=1 queued message was dropped", { timeout: T.turn });
+  await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+  await page.waitForTimeout(1000); // real time: a dropped message must not start (it would within this second)
+  if (await page.$("text=Never runs")) throw new Error("a dropped message ran");
+  ok("typed /stop with a message queued: the turn stopped, the queued message marked dropped, \"1 queued message was dropped\"");
+
+  // /stop typed in another tab of this browser: this tab learns that its
+  // queued message was dropped too.
+  await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+  await send(page, "/steps say:Dropped_elsewhere");
+  await page.locator('.msg.user[data-status="queued"]', { hasText: "Dropped_elsewhere" }).waitFor({ timeout: T.turn });
+  const key = await page.$eval("#session", (s) => s.value);
+  const other = await page.context().newPage();
+  try {
+    const u = new URL(url);
+    u.searchParams.set("session", key);
+    await other.goto(u.toString());
+    await other.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    await other.locator('.msg.user[data-status="queued"]', { hasText: "Dropped_elsewhere" }).waitFor({ timeout: T.turn });
+    await send(other, "/stop");
+    await other.waitForSelector(".msg.assistant >> text=1 queued message was dropped", { timeout: T.turn });
+  } finally {
+    await other.close();
+  }
+  await page.locator('.msg.user[data-status="dropped"]', { hasText: "Dropped_elsewhere" }).waitFor({ timeout: T.turn });
+  ok("/stop from another tab: its queued message shown there too, and here marked dropped");
 }
 
 // phoneChecks drives the page at 390 px width by roles and accessible names.
@@ -116,15 +188,18 @@ async function phoneChecks(browser, artifacts, consoleErrors) {
     }
     ok("Markdown blocks: paragraphs, bullet and numbered lists, fenced code (HTML in it as text)");
 
-    // A message refused while the session is busy keeps its text; Stop
-    // still stops the running turn; then the step timeout, in words.
+    // A message refused while the session is busy (one already waits:
+    // busy.maxQueued 1) keeps its text; Stop still stops the running turn;
+    // then the step timeout, in words.
     await say("/steps web_search:300ms shell:hang");
     await page.waitForSelector(".run:last-child .step >> text=shell", { timeout: T.turn });
+    await say("/steps say:Waited_my_turn");
+    await page.waitForSelector('.msg.user[data-status="queued"] >> text=Waited_my_turn', { timeout: T.turn });
     await say("please keep this text");
     await page.waitForSelector('.msg.user[data-status="not-sent"] >> text=please keep this text', { timeout: T.turn });
     if ((await box.inputValue()) !== "please keep this text") throw new Error(`refused text lost: "${await box.inputValue()}"`);
     if (!(await stopBtn.isEnabled())) throw new Error("Stop went off after a refused message while the turn still runs");
-    ok("a message refused as busy: marked not sent, its text back in the textbox, Stop still on");
+    ok("a message refused while one already waits: marked not sent, its text back in the textbox, Stop still on");
     const warn = page.locator('.run .notice.warning[data-stop-reason="step_timeout"]');
     await warn.waitFor({ timeout: T.turn });
     const words = await warn.locator(".stop-reason").textContent();
@@ -132,6 +207,8 @@ async function phoneChecks(browser, artifacts, consoleErrors) {
       throw new Error(`stop reason not in words: "${await warn.textContent()}"`);
     }
     ok(`step timeout shown in words: "${await warn.textContent()}"`);
+    await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Waited my turn", { timeout: T.turn });
+    ok("the message queued behind the timed-out turn ran after it");
 
     // No horizontal scroll at 390 px; the controls are on the screen.
     const width = await page.evaluate(() => document.documentElement.scrollWidth);
@@ -159,7 +236,10 @@ async function main() {
     args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
       "--disable-component-update", "--disable-sync"],
   });
-  const page = await browser.newPage({ viewport: { width: 1100, height: 760 } });
+  // A context of its own (not browser.newPage's): a second tab of the same
+  // browser profile is opened in it (queueChecks).
+  const context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
+  const page = await context.newPage();
   const consoleErrors = [];
   page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
   page.on("pageerror", (e) => consoleErrors.push(String(e)));
@@ -220,6 +300,52 @@ async function main() {
     await page.waitForSelector('.run:last-child .step[data-status="stopped"] >> text=shell', { timeout: 1000 });
     ok("the hung shell step is marked stopped");
 
+    // 2b. Retry on the step timeout's notice sends the same text again as a
+    //     new turn, which runs (its steps appear) and times out again.
+    const hung = "/steps web_search:300ms shell:hang";
+    const userCount = () => page.$$eval(".msg.user", (ms, t) => ms.filter((m) => m.firstChild && m.firstChild.textContent === t).length, hung);
+    const sentBefore = await userCount();
+    const retry = await page.$('.run:last-child .notice.warning[data-stop-reason="step_timeout"] button.retry');
+    if (!retry || (await retry.textContent()) !== "Retry") throw new Error("no Retry button on the step timeout's notice");
+    const retries = await page.getByRole("button", { name: "Retry" }).count();
+    await retry.click();
+    await page.waitForFunction(([t, n]) => [...document.querySelectorAll(".msg.user")].filter((m) => m.firstChild && m.firstChild.textContent === t).length > n, [hung, sentBefore], { timeout: T.turn });
+    if (!(await retry.isDisabled())) throw new Error("Retry stayed enabled after one tap");
+    await page.waitForSelector('.run:last-child .step[data-status="completed"] >> text=web_search', { timeout: T.turn });
+    await page.waitForSelector('.run:last-child .notice.warning[data-stop-reason="step_timeout"] button.retry:not([disabled])', { timeout: T.turn });
+    ok(`Retry after the step timeout: "${hung}" sent again as a new turn (${(await userCount()) - sentBefore} more), which ran and timed out again (Retry buttons ${retries} → ${await page.getByRole("button", { name: "Retry" }).count()})`);
+
+    // 2c. Reload during a running turn: the page re-attaches to it (the
+    //     step completed before, the running step with its "still working"
+    //     notice, Stop on) and its Stop ends it. The step sends heartbeats,
+    //     so only Stop ends it.
+    await send(page, "/steps web_search:300ms say:Looking_first shell:hang:hb=500ms");
+    await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=shell', { timeout: T.turn });
+    await page.waitForSelector('.run:last-child .step.has-note >> text=Still working', { timeout: T.turn });
+    await page.reload();
+    await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    const reattached = page.locator(".run:last-child");
+    await reattached.locator('.step[data-status="completed"]', { hasText: "web_search" }).waitFor({ timeout: T.turn });
+    await reattached.locator('.step[data-status="running"]', { hasText: "shell" }).waitFor({ timeout: T.turn });
+    await reattached.locator(".step.has-note .step-note", { hasText: "Still working" }).waitFor({ timeout: T.turn });
+    await reattached.locator(".msg.assistant.streaming", { hasText: "Looking first" }).waitFor({ timeout: T.turn });
+    await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
+    const lines = await reattached.locator(".step").allTextContents();
+    ok(`reloaded during a turn: re-attached, steps ${JSON.stringify(lines)}, the reply so far, Stop on`);
+    await page.screenshot({ path: path.join(artifacts, "webchat-reattached.png") });
+    // Away to another session (nothing runs there: Stop off) and back: the
+    // page re-attaches again.
+    await newSession(page);
+    await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+    await page.selectOption("#session", sessionA);
+    await reattached.locator('.step[data-status="running"]', { hasText: "shell" }).waitFor({ timeout: T.turn });
+    await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
+    ok("switched away and back during the turn: re-attached again, Stop on");
+    await page.getByRole("button", { name: "Stop", exact: true }).click();
+    await page.waitForSelector('.run:last-child .notice.warning[data-stop-reason="user"]', { timeout: T.turn });
+    await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+    ok("Stop after the reload ended the turn: stop notice shown, Stop off");
+
     // 3. The Stop button (chat.abort).
     await send(page, "/steps shell:hang");
     await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
@@ -254,10 +380,10 @@ async function main() {
     await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Second session reply", { timeout: T.turn });
     ok("second session has its own conversation");
     await page.selectOption("#session", sessionA);
-    await page.waitForSelector('.notice.warning[data-stop-reason="step_timeout"]', { timeout: T.turn });
+    await page.waitForSelector('.notice.warning[data-stop-reason="step_timeout"] button.retry', { timeout: T.turn });
     await page.waitForSelector(".msg.user >> text=/steps web_search:300ms shell:hang", { timeout: T.turn });
     if (await page.$("text=Second session reply")) throw new Error("switching back still shows the other session");
-    ok("switched back: history with the step timeout notice reloaded");
+    ok("switched back: history with the step timeout notice (and its Retry) reloaded");
     await page.screenshot({ path: path.join(artifacts, "webchat-history.png") });
 
     // 5. A dropped socket: the page reconnects, signing the new challenge with
@@ -323,6 +449,9 @@ async function main() {
     if ((await plain.textContent("#messages")).match(/Ed25519|device|signature/i)) throw new Error("the page talks about keys");
     ok("without WebCrypto Ed25519: connected unsigned, Stop works, nothing alarming shown");
     await plain.close();
+
+    // 6b. Busy sessions: queued messages.
+    await queueChecks(page, artifacts);
 
     // 7. The page as a product, on a 390 px phone screen: controls found by
     //    role and accessible name, Markdown replies rendered safely, a

@@ -111,6 +111,8 @@ type TurnStatus struct {
 	// into one follow-up turn are listed one by one (that turn's run id is
 	// the first one's).
 	Queue []QueuedMessage
+	// Text is the running turn's reply so far (valid when Running).
+	Text string
 }
 
 // Status returns a snapshot of the session's running turn and queue.
@@ -129,6 +131,7 @@ func (e *Engine) Status(sessionKey string) TurnStatus {
 	st := TurnStatus{SessionKey: sessionKey, Queue: queue}
 	if run != nil {
 		st.Running, st.Turn, st.Limits = true, run.Snapshot(), run.Settings
+		st.Text = run.Text()
 	}
 	return st
 }

@@ -32,7 +32,7 @@ func TestServesPage(t *testing.T) {
 		{"/?token=abc", "text/html", []string{`id="input"`}},
 		{"/assets/chat.js", "text/javascript", []string{`"connect.challenge"`, `minProtocol: PROTOCOL`,
 			`"chat.send"`, `idempotencyKey`, `"chat.abort"`, `"chat.history"`, `"sessions.list"`,
-			`notice("warning"`, "dataset.stopReason", `"step"`}},
+			`notice("warning"`, "dataset.stopReason", `"step"`, "turnguard", "activeRun", `"Retry"`, `"queued"`}},
 		{"/assets/chat.css", "text/css", []string{".notice.warning", ".step"}},
 	}
 	for _, tc := range tests {
@@ -109,5 +109,21 @@ func TestPolicyKeepsPageOnItsOrigin(t *testing.T) {
 	}
 	if strings.Contains(csp, "unsafe-inline") || strings.Contains(csp, "unsafe-eval") {
 		t.Errorf("CSP %q allows inline or eval code", csp)
+	}
+}
+
+// TestPageNeverParsesHTML: the page draws agent and user text only as text
+// nodes (textContent, createTextNode): no HTML parser entry point and no
+// string evaluation appears in its script.
+func TestPageNeverParsesHTML(t *testing.T) {
+	js, err := files.ReadFile("static/chat.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	forbidden := regexp.MustCompile(`\.(innerHTML|outerHTML|insertAdjacentHTML)\b|document\.write|\beval\(|new Function\(|createContextualFragment|DOMParser|srcdoc`)
+	for i, line := range strings.Split(string(js), "\n") {
+		if m := forbidden.FindString(line); m != "" {
+			t.Errorf("chat.js:%d uses %s: %s", i+1, m, strings.TrimSpace(line))
+		}
 	}
 }

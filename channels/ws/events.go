@@ -1,7 +1,6 @@
 package ws
 
 import (
-	"strconv"
 	"sync"
 	"time"
 
@@ -191,7 +190,7 @@ func (rs *runState) outcome(ev event.Event) gateway.Outcome {
 }
 
 func (rs *runState) toolCallID(st event.Step) string {
-	return rs.id + ":" + strconv.FormatUint(uint64(st.Seq), 10)
+	return toolCallID(rs.id, st)
 }
 
 func isTool(st event.Step) bool { return !st.IsZero() && st.Kind != event.StepLLM }

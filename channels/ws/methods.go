@@ -365,12 +365,19 @@ func chatHistory(c *conn, req request) (any, *rpcError) {
 	}
 	c.s.watch(c, key)
 	id, msgs := c.s.eng.History(c.ctx, key, p.Limit)
-	out, omitted := fitHistory(msgs, c.s.answerBudget())
+	// The running turn and queue after the history: a turn that ended in
+	// between is in the history, not shown as running (see reattach.go).
+	budget := c.s.answerBudget()
+	live, used := c.s.reattach(c.s.eng.Status(key), budget)
+	out, omitted := fitHistory(msgs, budget-used)
 	res := map[string]any{
 		"sessionKey": key, "sessionId": id, "messages": out, "thinkingLevel": "off", "verboseLevel": "on",
 	}
 	if omitted > 0 {
 		res["truncated"], res["omitted"] = true, omitted
+	}
+	if live != nil {
+		res["turnguard"] = live
 	}
 	return res, nil
 }

@@ -119,6 +119,19 @@ func (r *runnerSlot) Run(ctx context.Context, turn runner.Turn, cb runner.Callba
 	return b.r.Run(ctx, turn, cb)
 }
 
+// Steers reports whether the runner built last reads Turn.Inbox (busy mode
+// steer): the engine asks the runner it holds, which is this slot.
+func (r *runnerSlot) Steers() bool {
+	b := r.built.Load()
+	if b == nil {
+		return false
+	}
+	st, ok := b.r.(runner.Steerer)
+	return ok && st.Steers()
+}
+
+var _ runner.Steerer = (*runnerSlot)(nil)
+
 // runnerSpec is what a runner is built from: a change of it rebuilds.
 func runnerSpec(name string, cfg *config.Config) any {
 	switch name {

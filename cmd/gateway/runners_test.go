@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/runner"
 )
 
 // TestRunnerSetPrepare: prepare builds what a configuration names, keeps a
@@ -90,5 +91,34 @@ func TestRunnerSetKeepsTelegramsRunner(t *testing.T) {
 	off.Channels.Telegram.Runner = config.RunnerOpenAI
 	if err := s.prepare(off); err != nil || s.built(config.RunnerOpenAI) {
 		t.Errorf("prepare without Telegram = %v, openai built %v; want nil, false", err, s.built(config.RunnerOpenAI))
+	}
+}
+
+// TestRunnerSlotSteersLikeItsRunner: the engine sees each runner through its
+// slot, so busy mode steer reaches a runner only if the slot says whether
+// the runner built last steers (the demo runner does; exec does not; nothing
+// built, nothing steers). Before, the slot was no runner.Steerer and every
+// steered message of the built binary fell back to the queue.
+func TestRunnerSlotSteersLikeItsRunner(t *testing.T) {
+	s := newRunnerSet(slog.New(slog.DiscardHandler), false)
+	runners := s.engineRunners()
+	steers := func(name string) bool {
+		st, ok := runners[name].(runner.Steerer)
+		return ok && st.Steers()
+	}
+	if steers(config.RunnerDemo) {
+		t.Fatal("an unbuilt slot steers")
+	}
+	cfg := config.Default()
+	cfg.Channels.WS.Runner = config.RunnerExec
+	cfg.Agents.Exec.Command = "/bin/cat"
+	if err := s.prepare(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !steers(config.RunnerDemo) {
+		t.Error("the demo runner steers, its slot does not")
+	}
+	if steers(config.RunnerExec) {
+		t.Error("the exec runner cannot take a message mid-turn, its slot says it can")
 	}
 }

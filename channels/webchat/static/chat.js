@@ -9,6 +9,20 @@
 // step (a "still working" notice replaces that line's note in place), and a
 // terminal final | aborted (warning with the stop reason) | error.
 //
+// Busy sessions: a message sent while the session's turn runs is answered
+// "queued" (it keeps its bubble, marked "Queued (N ahead)", and becomes the
+// running turn when its run starts — same runId), "steered" (handed to the
+// running turn) or refused ("not sent", its text back in the textbox).
+//
+// Re-attach: chat.history's answer carries turnguard.activeRun and
+// turnguard.queue (docs/protocol.md §6): on load, on a session switch and
+// after a reconnect the page draws the running turn's steps, its "still
+// working" notice and a working Stop, and the queued messages. Events that
+// arrive while the history loads are held and replayed after it.
+//
+// Retry: the notice of a turn that timed out, was interrupted, superseded or
+// failed has a Retry button that sends the same text again as a new turn.
+//
 // Identity: connect carries a device block signing the challenge with an
 // Ed25519 key this browser keeps (see "device identity" below), so the turns
 // this page starts stay its own across reconnects and its Stop keeps working.
@@ -18,6 +32,9 @@
   const PROTOCOL = 4;
   const CLIENT_VERSION = "turnguard-web/1";
   const NEW_SESSION = "__new__";
+  // ANY_RUN as the active run: a turn runs that this page has not seen start
+  // (its message was queued behind it); Stop then stops the session's turn.
+  const ANY_RUN = "*";
   const MAX_BACKOFF_MS = 10000;
 
   const $ = (id) => document.getElementById(id);
@@ -36,10 +53,14 @@
     sessionKey: canonical(initialSession()),
     runs: new Map(), // runId → view
     activeRun: "", // the session's running turn, "" when idle
+    queued: new Map(), // runId → [user bubbles] waiting behind the running turn (collect: several)
+    loading: null, // {key, held: [[event, payload]]} while chat.history is on its way
     backoff: 500,
     stopReconnect: false,
     instanceId: uuid(),
     sessionsTimer: 0,
+    queueTimer: 0,
+    commands: new Set(), // idempotency keys of the commands sent (their answers are not runs)
     device: null, // Promise of this browser's device key (null inside: none)
   };
 
@@ -150,6 +171,20 @@
     return append(el("div", "msg user", text), parent);
   }
 
+  // setBubbleStatus marks a user message (data-status: not-sent, queued,
+  // steered, dropped; "" = sent) with a line of words under its text.
+  function setBubbleStatus(bubble, status, words, detail) {
+    if (status) bubble.dataset.status = status; else delete bubble.dataset.status;
+    let line = bubble.querySelector(".msg-status");
+    if (!words) {
+      if (line) line.remove();
+      return;
+    }
+    if (!line) line = bubble.appendChild(el("span", "msg-status"));
+    line.textContent = words;
+    if (detail) line.title = detail; else line.removeAttribute("title");
+  }
+
   // STOP_WORDS says why a turn stopped in words; the code itself stays in
   // the notice's data-stop-reason attribute, never in its text.
   const STOP_WORDS = {
@@ -159,6 +194,7 @@
     user: "stopped by you",
     shutdown: "stopped: gateway shut down",
     interrupted: "stopped: interrupted",
+    superseded: "stopped: replaced by your newer message",
     error: "failed",
     aborted: "stopped",
   };
@@ -167,13 +203,30 @@
     return STOP_WORDS[reason] || "stopped";
   }
 
+  // RETRYABLE are the stop reasons whose notice offers Retry: the turn did
+  // not get to finish through no choice of the user's (a stop by the user
+  // is not retried with one tap).
+  const RETRYABLE = new Set(["timeout", "step_timeout", "max_turn_time", "interrupted", "superseded", "shutdown", "error"]);
+
   // notice draws a warning (a stop: timeout, user, shutdown…) or an error.
-  function notice(kind, text, stopReason, parent) {
+  // retryText, for a retryable stop, adds a Retry button that sends it again.
+  function notice(kind, text, stopReason, parent, retryText) {
     const n = el("div", `notice ${kind}`);
     n.setAttribute("role", kind === "info" ? "status" : "alert");
     if (stopReason) n.dataset.stopReason = stopReason;
     n.appendChild(el("span", "notice-text", text));
     if (stopReason) n.appendChild(el("span", "stop-reason", stopWords(stopReason)));
+    if (retryText && RETRYABLE.has(stopReason)) {
+      const b = el("button", "retry", "Retry");
+      b.type = "button";
+      b.title = "Send the same message again";
+      b.addEventListener("click", () => {
+        if (!state.connected) return;
+        b.disabled = true;
+        sendText(retryText);
+      });
+      n.appendChild(b);
+    }
     return append(n, parent);
   }
 
@@ -281,7 +334,7 @@
     const steps = el("div", "steps");
     block.appendChild(steps);
     append(block);
-    v = { id: runId, block, steps, stepsById: new Map(), reply: null, text: "", done: false };
+    v = { id: runId, block, steps, stepsById: new Map(), reply: null, text: "", done: false, userText: "", started: false };
     state.runs.set(runId, v);
     return v;
   }
@@ -340,6 +393,107 @@
       setStepNote(s, "");
     }
     if (state.activeRun === v.id) setActive("");
+  }
+
+  // ---- queued messages -----------------------------------------------------
+
+  // queueLabel is a queued message's words, by what the gateway did with
+  // it (busy: queue, collect, steer — queued because the turn cannot take
+  // it —, interrupt) and how many requests are before it (the running one
+  // included).
+  function queueLabel(busy, ahead) {
+    switch (busy) {
+      case "collect": return "Queued — answered together with your other new messages";
+      case "interrupt": return "Next — the current request is being replaced";
+      case "steer": return `Queued (${ahead + 1} ahead) — the assistant can't take it mid-request`;
+      default: return `Queued (${ahead + 1} ahead)`;
+    }
+  }
+
+  // markQueued marks bubble as waiting to run as runId; ahead counts the
+  // queued messages before it; detail is the gateway's sentence for it.
+  function markQueued(bubble, runId, busy, ahead, detail) {
+    bubble.dataset.runId = runId;
+    bubble.dataset.busy = busy || "queue";
+    bubble.dataset.ahead = String(ahead || 0);
+    setBubbleStatus(bubble, "queued", queueLabel(bubble.dataset.busy, ahead || 0), detail);
+    const list = state.queued.get(runId) || [];
+    if (!list.includes(bubble)) list.push(bubble);
+    state.queued.set(runId, list);
+  }
+
+  // started turns the queued messages of runId into sent ones (their turn
+  // runs now) and moves the others up the queue.
+  function started(runId) {
+    const list = state.queued.get(runId);
+    if (!list) return;
+    state.queued.delete(runId);
+    for (const b of list) setBubbleStatus(b, "", "");
+    for (const others of state.queued.values()) {
+      for (const b of others) {
+        const ahead = Math.max(0, Number(b.dataset.ahead || 0) - 1);
+        b.dataset.ahead = String(ahead);
+        const line = b.querySelector(".msg-status");
+        setBubbleStatus(b, "queued", queueLabel(b.dataset.busy, ahead), line && line.title);
+      }
+    }
+  }
+
+  // dropQueue marks the queued messages of runIds (all when omitted)
+  // dropped — a /stop or /new discards the session's queue — and removes
+  // their empty runs.
+  function dropQueue(runIds) {
+    for (const [runId, list] of [...state.queued]) {
+      if (runIds && !runIds.includes(runId)) continue;
+      for (const b of list) setBubbleStatus(b, "dropped", "dropped — not sent");
+      const v = state.runs.get(runId);
+      if (v && !v.reply && v.stepsById.size === 0) {
+        v.block.remove();
+        state.runs.delete(runId);
+      }
+      state.queued.delete(runId);
+    }
+  }
+
+  // checkQueueSoon asks the gateway, a moment after a turn of the session
+  // ended, which of the messages shown as queued still wait: one that
+  // neither waits nor has started was dropped (a /stop from another client)
+  // or joined the running turn.
+  function checkQueueSoon() {
+    if (!state.queued.size) return;
+    clearTimeout(state.queueTimer);
+    state.queueTimer = setTimeout(checkQueue, 1500);
+  }
+
+  async function checkQueue() {
+    const key = state.sessionKey;
+    if (!state.queued.size || !state.connected || state.loading) return;
+    let res;
+    try { res = await request("chat.history", { sessionKey: key, limit: 1 }); } catch (_) { return; }
+    if (key !== state.sessionKey || state.loading) return;
+    const live = (res && res.turnguard) || {};
+    const waiting = new Set((live.queue || []).map((q) => q && q.runId));
+    const running = live.activeRun && live.activeRun.runId;
+    // A run's events come before an answer computed after them: a run that
+    // started is known here by now.
+    const gone = [...state.queued.keys()].filter((id) => !waiting.has(id) && id !== running && !(state.runs.get(id) || {}).started);
+    if (!gone.length) return;
+    // Messages leave the queue by starting or all at once by a stop. With a
+    // turn running, they were joined into it (collect: after a reload the
+    // page knows each collected message by its own id, the turn runs as the
+    // first's); with none, they were dropped.
+    if (!running) {
+      dropQueue(gone);
+      return;
+    }
+    for (const id of gone) {
+      started(id);
+      const v = state.runs.get(id);
+      if (v && !v.started && !v.reply && v.stepsById.size === 0) { // joined: its own run never comes
+        v.block.remove();
+        state.runs.delete(id);
+      }
+    }
   }
 
   // ---- device identity ---------------------------------------------------
@@ -511,8 +665,12 @@
     const payload = f.payload || {};
     switch (f.event) {
       case "connect.challenge": hello(ws, payload); break;
-      case "chat": onChat(payload); break;
-      case "agent": onAgent(payload); break;
+      case "chat": case "agent":
+        // While the history loads, this session's run events wait: they are
+        // drawn after it (loadHistory), on top of what it shows.
+        if (state.loading && mine(payload)) state.loading.held.push([f.event, payload]);
+        else runEvent(f.event, payload);
+        break;
       case "sessions.changed": refreshSessionsSoon(); break;
       case "shutdown": setStatus("disconnected", "gateway shutting down…"); break;
       default: break; // tick, presence, …
@@ -576,12 +734,24 @@
     return !p.sessionKey || canonical(p.sessionKey) === state.sessionKey;
   }
 
+  function runEvent(name, p) {
+    if (name === "chat") onChat(p); else onAgent(p);
+  }
+
   function onChat(p) {
     if (!p.runId || !mine(p)) {
       if (p.state && p.state !== "delta") refreshSessionsSoon();
       return;
     }
+    started(p.runId);
     const v = run(p.runId);
+    v.started = true;
+    // The end of a turn this page had not seen start (ANY_RUN): Stop goes
+    // off. A command's answer is not a turn.
+    if (p.state !== "delta" && !state.commands.has(p.runId)) {
+      if (state.activeRun === ANY_RUN) setActive("");
+      checkQueueSoon();
+    }
     switch (p.state) {
       case "delta": {
         if (v.done) return;
@@ -601,13 +771,13 @@
         const partial = textOf(p.message);
         if (partial) replyText(v, partial, false);
         finishRun(v, true);
-        notice("warning", p.errorMessage || "Stopped.", p.stopReason || "aborted", v.block);
+        notice("warning", p.errorMessage || "Stopped.", p.stopReason || "aborted", v.block, v.userText);
         refreshSessionsSoon();
         break;
       }
       case "error": {
         finishRun(v);
-        notice("error", p.errorMessage || "Something went wrong.", p.stopReason || "error", v.block);
+        notice("error", p.errorMessage || "Something went wrong.", p.stopReason || "error", v.block, v.userText);
         refreshSessionsSoon();
         break;
       }
@@ -618,6 +788,10 @@
   function onAgent(p) {
     if (!p.runId || !mine(p)) return;
     const v = run(p.runId);
+    if (p.stream === "lifecycle" && (p.data || {}).phase === "start") {
+      started(p.runId);
+      v.started = true;
+    }
     const d = p.data || {};
     if (p.stream === "lifecycle") {
       if (d.phase === "start" && !v.done) setActive(p.runId);
@@ -658,38 +832,98 @@
 
   // ---- history and sessions ---------------------------------------------
 
-  const NOTICE_START = /^(⚠️|⏹️|⏳|⚠)/u;
-
-  async function loadHistory() {
+  // loadHistory draws the session's history, then re-attaches to what is
+  // happening in it now (turnguard.activeRun, turnguard.queue), then the run
+  // events that arrived meanwhile. A run that ended meanwhile may or may not
+  // be in the history already, so then the history is loaded again (twice at
+  // most) rather than guessed.
+  async function loadHistory(attempt) {
     const key = state.sessionKey;
+    const loading = { key, held: [] };
+    state.loading = loading;
     let res;
     try {
       res = await request("chat.history", { sessionKey: key, limit: 200 });
     } catch (err) {
-      notice("error", `Could not load the history: ${err.message}`);
+      if (state.loading === loading) state.loading = null;
+      if (key === state.sessionKey) notice("error", `Could not load the history: ${err.message}`);
       return;
     }
-    if (key !== state.sessionKey) return;
+    if (state.loading !== loading || key !== state.sessionKey) return; // a newer load owns the page
+    state.loading = null;
+    const live = (res && res.turnguard) || {};
+    const active = live.activeRun && !live.activeRun.stopping ? live.activeRun : null;
+    const ended = loading.held.some(([name, p]) => name === "chat" && p.state !== "delta" &&
+      (!active || p.runId !== active.runId) && !state.commands.has(p.runId));
+    if (ended && (attempt || 0) < 2) return loadHistory((attempt || 0) + 1);
+
     ui.messages.replaceChildren();
     state.runs.clear();
-    for (const m of (res && res.messages) || []) {
+    state.queued.clear();
+    setActive("");
+    let lastUser = "";
+    const msgs = (res && res.messages) || [];
+    const stopped = (m) => m && m.role === "assistant" && !!m.stopReason && m.stopReason !== "stop" && m.stopReason !== "end_turn";
+    for (let i = 0; i < msgs.length; i++) {
+      const m = msgs[i];
       const text = textOf(m);
-      if (m.role === "user") { userMessage(text); continue; }
+      if (m.role === "user") { userMessage(text); lastUser = text; continue; }
       if (m.role !== "assistant") continue;
-      const reason = m.stopReason || "";
-      if (!reason || reason === "stop" || reason === "end_turn") {
+      if (!stopped(m)) {
         if (text) assistantMessage(text);
         continue;
       }
-      // A stopped turn: the partial reply (if any), then the notice the
-      // user was shown.
-      const cut = text.search(/\n\n(⚠️|⏹️|⏳|⚠)/u);
-      const partial = cut >= 0 ? text.slice(0, cut) : (NOTICE_START.test(text) ? "" : text);
-      const shown = cut >= 0 ? text.slice(cut + 2) : (NOTICE_START.test(text) ? text : "");
+      // A turn that did not end normally: its partial reply (if any), then
+      // the notice the user was shown, with Retry for the message before
+      // it. Live, the gateway keeps them as two messages with the turn's
+      // stop reason; reloaded from the store, as one: the partial reply, a
+      // blank line, the notice. Nothing here depends on the notice's words
+      // (they are configurable).
+      const reason = m.stopReason;
+      const next = msgs[i + 1];
+      if (stopped(next) && next.stopReason === reason) { // the partial reply; the notice follows
+        if (text) assistantMessage(text);
+        continue;
+      }
+      let partial = "";
+      let shown = text;
+      const prev = msgs[i - 1];
+      const cut = text.lastIndexOf("\n\n");
+      if (!(stopped(prev) && prev.stopReason === reason) && cut >= 0) {
+        partial = text.slice(0, cut);
+        shown = text.slice(cut + 2);
+      }
       if (partial) assistantMessage(partial);
-      if (shown) notice(reason === "error" ? "error" : "warning", shown, reason);
+      if (shown) notice(reason === "error" ? "error" : "warning", shown, reason, undefined, lastUser);
+    }
+    if (active) reattach(active, lastUser);
+    for (const q of live.queue || []) {
+      if (!q || !q.runId) continue;
+      const bubble = userMessage(String(q.text || ""));
+      run(q.runId);
+      markQueued(bubble, q.runId, "queue", Number(q.ahead) || 0);
     }
     ui.messages.scrollTop = ui.messages.scrollHeight;
+    for (const [name, p] of loading.held) runEvent(name, p);
+  }
+
+  // reattach draws the session's running turn as chat.history describes it:
+  // the last step completed, the step running (with the "still working"
+  // notice when it is stalled), the reply so far, and turns Stop on for it.
+  // Its later events carry the same tool ids, so they update these lines.
+  function reattach(a, userText) {
+    const v = run(String(a.runId));
+    v.userText = userText;
+    const last = a.lastStep;
+    if (last && last.toolCallId) setStepStatus(step(v, last.toolCallId, last.name), "completed");
+    const cur = a.currentStep;
+    if (cur && cur.toolCallId) {
+      const s = step(v, cur.toolCallId, cur.name);
+      setStepStatus(s, a.paused ? "blocked" : "running");
+      setStepNote(s, a.progressText || (a.paused ? "⏸️ waiting" : ""));
+    }
+    if (a.text) replyText(v, String(a.text), true); // the reply so far; its next delta carries it all
+    setActive(v.id);
   }
 
   async function refreshSessions() {
@@ -744,6 +978,7 @@
   // view and the Stop button.
   async function command(text) {
     const id = uuid();
+    state.commands.add(id);
     const bubble = userMessage(text);
     try {
       const res = await request("chat.send", { sessionKey: state.sessionKey, message: text, idempotencyKey: id });
@@ -751,6 +986,9 @@
         const v = state.runs.get(state.activeRun);
         if (v) finishRun(v); else setActive("");
       }
+      // /stop and /new discard the session's queue (the answer's words say
+      // how many): the queued messages here are dropped.
+      if (res && res.ok !== false && /^\s*\/(stop|new)/i.test(text)) dropQueue();
       if (/^\s*\/new/i.test(text)) refreshSessionsSoon();
     } catch (err) {
       notSent(bubble, text);
@@ -763,8 +1001,7 @@
   // connection) and puts its text back in the textbox unless something new
   // was typed there meanwhile: what the user typed is never lost.
   function notSent(bubble, text) {
-    bubble.dataset.status = "not-sent";
-    bubble.appendChild(el("span", "msg-status", "not sent"));
+    setBubbleStatus(bubble, "not-sent", "not sent");
     if (!ui.input.value.trim()) {
       ui.input.value = text;
       ui.input.focus();
@@ -776,15 +1013,43 @@
     if (!text.trim() || !state.connected) return;
     ui.input.value = "";
     if (COMMAND.test(text)) return command(text);
+    return sendText(text);
+  }
+
+  // sendText starts a turn with text (typed, or a Retry). While the
+  // session's turn runs, the gateway may queue it (the bubble says so and
+  // turns into the running turn when its run starts), hand it to the running
+  // turn (steered), or refuse it (not sent: the text goes back).
+  async function sendText(text) {
     const runId = uuid();
     const bubble = userMessage(text);
     const v = run(runId);
+    v.userText = text;
     const before = state.activeRun;
-    setActive(runId);
+    if (!before) setActive(runId); // Stop at once; a busy session keeps Stop on its running turn
     try {
       const ack = await request("chat.send", { sessionKey: state.sessionKey, message: text, idempotencyKey: runId });
       const status = ack && ack.status;
-      if (status && status !== "started" && status !== "in_flight" && !v.done) {
+      if (status === "queued") {
+        const id = ack.runId || runId;
+        if (id !== runId) { // joined another message's follow-up turn (collect)
+          v.block.remove();
+          state.runs.delete(runId);
+          const joined = run(id);
+          joined.userText = joined.userText ? `${joined.userText}\n\n${text}` : text;
+        }
+        // Its run may have started already (the turn before it ended while
+        // this answer was on its way): then it is simply sent.
+        if (!run(id).started) {
+          if (state.activeRun === runId) setActive(before || ANY_RUN);
+          markQueued(bubble, id, ack.fellBack ? "steer" : ack.busy, Number(ack.ahead) || 0, ack.text);
+        }
+      } else if (status === "steered") {
+        v.block.remove();
+        state.runs.delete(runId);
+        if (state.activeRun === runId) setActive(before || ack.runId);
+        setBubbleStatus(bubble, "steered", "Added to the running request", ack.text);
+      } else if (status && status !== "started" && status !== "in_flight" && !v.done) {
         // Terminal at once (a repeated key): the history has the outcome.
         finishRun(v);
         await loadHistory();
@@ -806,7 +1071,7 @@
   async function stop() {
     ui.stop.disabled = true;
     const params = { sessionKey: state.sessionKey };
-    if (state.activeRun) params.runId = state.activeRun;
+    if (state.activeRun && state.activeRun !== ANY_RUN) params.runId = state.activeRun;
     try {
       const res = await request("chat.abort", params);
       if (res && res.aborted === false) {

@@ -1,0 +1,143 @@
+package ws
+
+import (
+	"strconv"
+
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/messages"
+)
+
+// Re-attach: turnguard's extension of chat.history (docs/protocol.md §6,
+// "chat.history … turnguard"). A client that opens a session — the web chat
+// on load, on a session switch, after a reconnect — learns from the history
+// answer what is happening in the session now: its running turn (the step
+// running, the last one completed, whether it is paused or stalled and the
+// "⏳ Still working" notice it was shown) and the messages queued behind it.
+// chat.history already makes the connection watch the session, so the run's
+// next events follow; with this the client can draw the turn and its Stop at
+// once instead of waiting for the next event. OpenClaw clients ignore the
+// field.
+
+// reattachInfo is the `turnguard` object of a chat.history answer.
+type reattachInfo struct {
+	ActiveRun *activeRunView `json:"activeRun,omitempty"`
+	Queue     []queuedView   `json:"queue,omitempty"`
+}
+
+// activeRunView is the session's running turn.
+type activeRunView struct {
+	RunID     string `json:"runId"`
+	StartedAt int64  `json:"startedAt"` // unix ms
+	ElapsedMs int64  `json:"elapsedMs"`
+	// Stopping: the turn was stopped (a deadline, /stop) and waits for its
+	// runner to return; its aborted event may already have been sent.
+	Stopping    bool      `json:"stopping,omitempty"`
+	CurrentStep *stepView `json:"currentStep,omitempty"` // the step running now
+	LastStep    *stepView `json:"lastStep,omitempty"`    // the last step completed
+	Paused      bool      `json:"paused"`                // waiting for a human (the no-progress clock stops)
+	// Stalled: the current step has run past progressNotifyAfterSeconds;
+	// ProgressText is then the notice the run's watchers were shown.
+	Stalled      bool   `json:"stalled"`
+	ProgressText string `json:"progressText,omitempty"`
+	// Text is the reply streamed so far (the full text a chat delta
+	// carries in message); cut to a quarter of the answer's budget.
+	Text string `json:"text,omitempty"`
+}
+
+// stepView is one step as the run's agent events name it.
+type stepView struct {
+	// ToolCallID is the id of the step's tool events (`<runId>:<step
+	// number>`); "" for an LLM call, which has no tool line.
+	ToolCallID string `json:"toolCallId,omitempty"`
+	Name       string `json:"name"`
+	Kind       string `json:"kind,omitempty"`
+	StartedAt  int64  `json:"startedAt,omitempty"` // unix ms
+	ElapsedMs  int64  `json:"elapsedMs,omitempty"` // the current step: how long it has run
+}
+
+// queuedView is a message waiting behind the running turn.
+type queuedView struct {
+	RunID    string `json:"runId"` // the run id its turn will have
+	Text     string `json:"text"`
+	QueuedAt int64  `json:"queuedAt"` // unix ms
+	Ahead    int    `json:"ahead"`    // queued messages before it
+}
+
+// Bounds of the re-attach block inside a history answer: the reply so far
+// takes at most a quarter of server.maxAnswerBytes and the queued texts
+// share another quarter, each at least minQueuedText bytes (a longer text is
+// cut and says so).
+const (
+	queueShare     = 4
+	minQueuedText  = 256
+	queuedOverhead = 120
+	activeOverhead = 600
+)
+
+// reattach returns the session's running turn and queue for a history
+// answer whose budget is budget bytes, and the bytes it takes (nil, 0 when
+// the session is idle with nothing queued).
+func (s *Server) reattach(st gateway.TurnStatus, budget int) (*reattachInfo, int) {
+	if !st.Running && len(st.Queue) == 0 {
+		return nil, 0
+	}
+	info := &reattachInfo{}
+	used := 0
+	if st.Running {
+		info.ActiveRun = s.activeRun(st)
+		if jsonLen(st.Text) > budget/queueShare {
+			info.ActiveRun.Text = cutText(st.Text, budget/queueShare)
+		}
+		used += activeOverhead + jsonLen(info.ActiveRun.ProgressText) + jsonLen(info.ActiveRun.Text)
+	}
+	if n := len(st.Queue); n > 0 {
+		per := max(minQueuedText, budget/queueShare/n)
+		info.Queue = make([]queuedView, 0, n)
+		for i, m := range st.Queue {
+			text := m.Text
+			if jsonLen(text) > per {
+				text = cutText(text, per)
+			}
+			info.Queue = append(info.Queue, queuedView{RunID: m.RunID, Text: text, QueuedAt: ms(m.QueuedAt), Ahead: i})
+			used += queuedOverhead + jsonLen(text) + jsonLen(m.RunID)
+		}
+	}
+	return info, used
+}
+
+func (s *Server) activeRun(st gateway.TurnStatus) *activeRunView {
+	t := st.Turn
+	v := &activeRunView{
+		RunID: t.RunID, StartedAt: ms(t.StartedAt), ElapsedMs: t.Elapsed.Milliseconds(),
+		Stopping: t.State != "running", Paused: t.Paused, Stalled: t.Stalled, Text: st.Text,
+	}
+	if !t.CurrentStep.IsZero() {
+		v.CurrentStep = stepOf(t.RunID, t.CurrentStep)
+		v.CurrentStep.ElapsedMs = t.StepElapsed.Milliseconds()
+	}
+	if !t.LastStep.IsZero() {
+		v.LastStep = stepOf(t.RunID, t.LastStep)
+	}
+	if t.Stalled && !t.Paused {
+		v.ProgressText = s.cfg.Current().MessageSet().Render(messages.Progress, messages.Fields{
+			Elapsed: messages.Duration(t.StepElapsed), CurrentStep: t.CurrentStep.Label(),
+			LastStep: t.LastStep.Label(), StepTimeout: messages.Duration(st.Limits.StepTimeout),
+			Limit: messages.Duration(st.Limits.Timeout),
+		})
+	}
+	return v
+}
+
+func stepOf(runID string, st event.Step) *stepView {
+	v := &stepView{Name: st.Label(), Kind: st.Kind, StartedAt: ms(st.StartedAt)}
+	if isTool(st) {
+		v.ToolCallID = toolCallID(runID, st)
+	}
+	return v
+}
+
+// toolCallID is the id of a step's tool events: `<runId>:<step number>`.
+func toolCallID(runID string, st event.Step) string {
+	return runID + ":" + strconv.FormatUint(uint64(st.Seq), 10)
+}

@@ -1,0 +1,146 @@
+// Drives the web chat in headless Chromium against a gateway whose busy mode
+// (channels.ws.busy.mode) is MODE, sending a message while a turn runs, as a
+// person would, and checking what the page shows:
+//
+//   interrupt  the running turn stops with "stopped: replaced by your newer
+//              message" (stop reason superseded) and a Retry button; the new
+//              message runs and is answered.
+//   collect    two messages sent while busy are both marked queued to be
+//              answered together, then run as one follow-up turn.
+//   steer      the message is handed to the running turn ("Added to the
+//              running request"; the demo runner notes it in its reply).
+//
+// Usage: node webchat-busy.mjs URL ARTIFACTS_DIR MODE
+// Env:   E2E_CHROMIUM, E2E_NODE_MODULES (as webchat.mjs)
+// Prints one "ok: …" line per check; on failure "FAIL: …" and exit status 1.
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const [url, artifacts, mode] = process.argv.slice(2);
+if (!url || !artifacts || !mode) {
+  console.error("usage: node webchat-busy.mjs URL ARTIFACTS_DIR MODE");
+  process.exit(2);
+}
+const require = createRequire(path.join(process.env.E2E_NODE_MODULES || ".", "_.js"));
+const { chromium } = require("playwright-core");
+
+const ok = (msg) => console.log(`ok: ${mode}: ${msg}`);
+const T = { connect: 20000, turn: 20000 };
+// Steps of 1.5s, each under the e2e gateway's 2s step timeout.
+const LONG = "/steps web_search:1500ms web_search:1500ms web_search:1500ms say:First_done";
+
+async function send(page, text) {
+  await page.getByRole("textbox", { name: "Message", exact: true }).fill(text);
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+}
+
+async function startLong(page) {
+  await send(page, LONG);
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+}
+
+const bubble = (page, text) => page.locator(".msg.user", { hasText: text });
+
+async function interrupt(page) {
+  await startLong(page);
+  await send(page, "/steps say:Newer_wins");
+  const n = await page.waitForSelector('.notice.warning[data-stop-reason="superseded"]', { timeout: T.turn });
+  const words = await n.$eval(".stop-reason", (e) => e.textContent);
+  if (words !== "stopped: replaced by your newer message") throw new Error(`superseded in words: "${words}"`);
+  if (!(await n.$("button.retry"))) throw new Error("no Retry on the superseded turn's notice");
+  ok(`the running turn was superseded: "${await n.textContent()}"`);
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Newer wins", { timeout: T.turn });
+  if ((await bubble(page, "Newer_wins").getAttribute("data-status")) !== null) throw new Error("the new message is still marked");
+  if (await page.$("text=First done")) throw new Error("the superseded turn finished anyway");
+  ok("the newer message ran and was answered");
+  // From the history too: the superseded notice (not a reply), its Retry.
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const h = await page.waitForSelector('.notice.warning[data-stop-reason="superseded"]', { timeout: T.turn });
+  if (!(await h.$("button.retry"))) throw new Error("no Retry on the superseded notice from the history");
+  const asReply = await page.$$eval(".msg.assistant", (ms) => ms.filter((m) => m.textContent.includes("replaced it")).length);
+  if (asReply) throw new Error("the superseded notice is drawn as a reply after a reload");
+  ok(`after a reload the history shows the superseded notice with Retry: "${await h.textContent()}"`);
+}
+
+async function collect(page) {
+  await startLong(page);
+  await send(page, "first extra");
+  await send(page, "second extra");
+  for (const t of ["first extra", "second extra"]) {
+    const b = bubble(page, t);
+    await page.waitForFunction((el) => el && el.dataset.status === "queued", await b.elementHandle(), { timeout: T.turn });
+  }
+  const ids = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.map((m) => m.dataset.runId));
+  if (ids.length !== 2 || ids[0] !== ids[1]) throw new Error(`collected messages wait as ${JSON.stringify(ids)}, want one run`);
+  const label = await bubble(page, "second extra").locator(".msg-status").textContent();
+  ok(`two messages sent while busy wait for one follow-up turn: "${label}"`);
+  await page.screenshot({ path: path.join(artifacts, "webchat-collect.png") });
+  // After a reload both still show as queued (turnguard.queue), and when
+  // their turn starts neither is taken for dropped.
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const reloaded = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.map((m) => m.firstChild.textContent));
+  if (reloaded.length && JSON.stringify(reloaded) !== JSON.stringify(["first extra", "second extra"])) {
+    throw new Error(`after a reload the queue shows ${JSON.stringify(reloaded)}`);
+  }
+  ok(`reloaded: ${reloaded.length ? "both shown as queued" : "their turn had started"}`);
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=First done", { timeout: T.turn });
+  await page.waitForFunction(() => !document.querySelector('.msg.user[data-status="queued"]'), null, { timeout: T.turn });
+  await page.waitForSelector(`.run[data-run-id="${ids[0]}"] .msg.assistant:not(.streaming)`, { timeout: 30000 });
+  const runs = await page.$$eval(`.run[data-run-id="${ids[0]}"]`, (r) => r.length);
+  if (runs !== 1) throw new Error(`${runs} run blocks for the follow-up`);
+  const marked = await page.$$eval(".msg.user[data-status]", (ms) => ms.map((m) => m.dataset.status));
+  if (marked.length) throw new Error(`messages still marked after their answer: ${JSON.stringify(marked)}`);
+  ok("the follow-up turn ran once for both and was answered; neither is marked");
+}
+
+async function steer(page) {
+  await startLong(page);
+  await send(page, "also check the weather");
+  const b = bubble(page, "also check the weather");
+  await page.waitForFunction((el) => el && (el.dataset.status === "steered" || el.dataset.status === "queued"),
+    await b.elementHandle(), { timeout: T.turn });
+  const status = await b.getAttribute("data-status");
+  const label = await b.locator(".msg-status").textContent();
+  // The e2e gateway runs the demo runner, which takes messages between its
+  // steps: it must be handed over, not queued.
+  if (status !== "steered" || label !== "Added to the running request") {
+    throw new Error(`a message for the demo runner was ${status}: "${label}"`);
+  }
+  ok(`handed to the running turn: "${label}"`);
+  const noted = await page.waitForSelector(".run .msg.assistant >> text=also check the weather", { timeout: T.turn });
+  ok(`the running turn noted it: "${await noted.textContent()}"`);
+  await page.screenshot({ path: path.join(artifacts, "webchat-steered.png") });
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=First done", { timeout: T.turn });
+}
+
+const scenarios = { interrupt, collect, steer };
+
+async function main() {
+  if (!scenarios[mode]) throw new Error(`unknown mode ${mode}`);
+  const browser = await chromium.launch({
+    executablePath: process.env.E2E_CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync"],
+  });
+  const page = await browser.newPage({ viewport: { width: 1100, height: 760 } });
+  const consoleErrors = [];
+  page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
+  page.on("pageerror", (e) => consoleErrors.push(String(e)));
+  try {
+    await page.goto(url);
+    await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    await scenarios[mode](page);
+    if (consoleErrors.length) throw new Error(`console errors: ${consoleErrors.join(" | ")}`);
+  } catch (err) {
+    try { await page.screenshot({ path: path.join(artifacts, `webchat-${mode}-failure.png`) }); } catch (_) { /* ignore */ }
+    console.log(`FAIL: ${mode}: ${err.message}`);
+    process.exitCode = 1;
+  } finally {
+    await browser.close();
+  }
+}
+
+await main();
