@@ -84,6 +84,10 @@ func TestEndTurnWritesOutbox(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
+			// Told after the commit that wrote the rows; the repeated ending
+			// may land in a batch of its own and tell again (harmless: the
+			// claim finds nothing new). Never told for a channel without rows.
+			told = slices.Compact(told)
 			if wantTold := tc.want != nil; wantTold != slices.Equal(told, []string{"telegram"}) {
 				t.Errorf("OnOutbox calls = %q (rows written: %v)", told, wantTold)
 			}
