@@ -163,6 +163,8 @@ type Options struct {
 	// so a turn would leave no trace). Repeated idempotency keys are still
 	// answered.
 	Admit func() error
+	// Queue, optional, keeps queued messages across restarts (busy modes).
+	Queue QueueStore
 }
 
 // Engine runs turns. Create with New, then Start. Methods are safe for

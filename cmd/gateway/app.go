@@ -91,13 +91,17 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// While the store cannot write, a turn would leave no trace: refuse new
 	// ones (retryable) until it can.
 	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: a.runners.engineRunners(), Log: log, History: storeHistory(a.store),
-		Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health})
+		Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store}})
 	if err != nil {
 		return a, fmt.Errorf("engine: %w", err)
 	}
 	// Subscribed before any turn can start, so the store sees every event.
 	a.unsub = a.eng.Bus().Subscribe("", a.store.Handle)
 	a.eng.Start(ctx)
+	// The messages queued before the last stop run now: after the
+	// interrupted notices (recoverInterrupted), before any channel takes a
+	// new message.
+	restoreQueued(sctx, a.eng, log)
 
 	// Channels. The WebSocket protocol serves the OpenClaw clients and the
 	// web chat.
