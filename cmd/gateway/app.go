@@ -16,6 +16,7 @@ import (
 	"github.com/turnguard/turnguard/channels/webchat"
 	"github.com/turnguard/turnguard/channels/ws"
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/messages"
@@ -327,11 +328,9 @@ func recoverInterrupted(ctx context.Context, st *store.SQLite, cfg *config.Confi
 	}
 	msgs := cfg.MessageSet()
 	for _, t := range turns {
-		text := msgs.Render(messages.Interrupted, messages.Fields{
-			Elapsed:     messages.Duration(t.UpdatedAt.Sub(t.StartedAt)),
-			LastStep:    t.LastStep.Label(),
-			CurrentStep: t.CurrentStep.Label(),
-		})
+		text := messages.Render(msgs, event.Event{Kind: event.Aborted, StopReason: event.ReasonInterrupted,
+			Elapsed: t.UpdatedAt.Sub(t.StartedAt), Step: t.CurrentStep, LastStep: t.LastStep,
+			StepTimeout: t.StepTimeout})
 		if t.Channel != config.ChannelWS && t.ChatRef != "" {
 			if _, err := st.Enqueue(ctx, store.OutboxMessage{Channel: t.Channel, ChatRef: t.ChatRef, RunID: t.RunID,
 				Kind: store.OutboxNotice, Text: text}); err != nil && !errors.Is(err, store.ErrDuplicate) {
