@@ -85,6 +85,8 @@ func defaults() map[string]any {
 
 		"agents.defaults.runner":                     RunnerDemo,
 		"agents.defaults.maxReplyChars":              100000,
+		"agents.defaults.busy.mode":                  BusyQueue,
+		"agents.defaults.busy.maxQueued":             defaultMaxQueued,
 		"agents.openai.maxSteps":                     8,
 		"agents.openai.llmIdleTimeoutSeconds":        120.0,
 		"agents.openai.tools.httpGet.maxBytes":       1 << 20,

@@ -64,7 +64,28 @@ type AgentDefaults struct {
 	timeout.Keys  `koanf:",squash"`
 	Runner        string `koanf:"runner"`        // demo | openai | exec; default demo
 	MaxReplyChars int    `koanf:"maxReplyChars"` // longest reply kept, in characters; default 100000, at most MaxReplyCharsLimit
+	Busy          Busy   `koanf:"busy"`          // what a message sent while its session is busy does
 }
+
+// Busy says what happens to a message that arrives while its session has a
+// running turn (agents.defaults.busy; channels.<name>.busy overrides it key
+// by key). See BusyFor.
+type Busy struct {
+	Mode      string `koanf:"mode"`      // queue | collect | steer | interrupt | reject; default queue ("" in a channel: inherit)
+	MaxQueued *int   `koanf:"maxQueued"` // messages waiting per session; default 5, 0–MaxQueuedLimit (unset in a channel: inherit)
+}
+
+// Busy modes (agents.defaults.busy.mode, channels.*.busy.mode).
+const (
+	BusyQueue     = "queue"
+	BusyCollect   = "collect"
+	BusySteer     = "steer"
+	BusyInterrupt = "interrupt"
+	BusyReject    = "reject"
+)
+
+// MaxQueuedLimit is the upper bound of busy.maxQueued.
+const MaxQueuedLimit = 100
 
 // MaxReplyCharsLimit is the upper bound of agents.defaults.maxReplyChars.
 const MaxReplyCharsLimit = 10_000_000
@@ -125,6 +146,7 @@ type Channels struct {
 type Channel struct {
 	Timeouts timeout.Keys `koanf:"timeouts"`
 	Runner   string       `koanf:"runner"` // overrides agents.defaults.runner
+	Busy     Busy         `koanf:"busy"`   // overrides agents.defaults.busy, key by key
 }
 
 // Telegram configures the Telegram bot channel.

@@ -121,6 +121,9 @@ var bounds = map[string]bound{
 	"agents.openai.tools.commands[].timeoutSeconds": {max: 3600, zero: "the default", maxText: "1h"},
 	"agents.openai.tools.commands[].maxOutputBytes": {max: 16 << 20, zero: "the default", maxText: "16 MiB"},
 
+	"agents.defaults.busy.maxQueued":        {max: MaxQueuedLimit, zero: "nothing waits"},
+	"channels.ws.busy.maxQueued":            {max: MaxQueuedLimit, zero: "nothing waits"},
+	"channels.telegram.busy.maxQueued":      {max: MaxQueuedLimit, zero: "nothing waits"},
 	"channels.telegram.maxInputChars":       {min: 1, max: 1000000},
 	"store.queueSize":                       {min: 1, max: 1 << 20},
 	"store.retention.historyDays":           {max: 3650, zero: "kept forever"},
@@ -270,6 +273,10 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 		p.add("agents.defaults.maxReplyChars", "must be an integer from 1 to %d, got %d", MaxReplyCharsLimit, r)
 	}
 
+	p.busy("agents.defaults.busy", c.Agents.Defaults.Busy, false)
+	p.busy("channels.ws.busy", c.Channels.WS.Busy, true)
+	p.busy("channels.telegram.busy", c.Channels.Telegram.Busy, true)
+
 	runners := []string{RunnerDemo, RunnerOpenAI, RunnerExec}
 	p.oneOf("agents.defaults.runner", c.Agents.Defaults.Runner, runners...)
 	if r := c.Channels.WS.Runner; r != "" {
@@ -405,6 +412,19 @@ func (p *problems) timeouts(prefix string, k timeout.Keys) {
 	case "", timeout.LivenessStep, timeout.LivenessActivity:
 	default:
 		p.add(prefix+".livenessResetOn", "must be %q or %q, got %q", timeout.LivenessStep, timeout.LivenessActivity, k.LivenessResetOn)
+	}
+}
+
+// busy checks one layer of busy keys; a channel's (inherit) may leave them
+// unset.
+func (p *problems) busy(prefix string, b Busy, inherit bool) {
+	if b.Mode != "" || !inherit {
+		p.oneOf(prefix+".mode", b.Mode, BusyQueue, BusyCollect, BusySteer, BusyInterrupt, BusyReject)
+	}
+	if b.MaxQueued != nil {
+		p.wholeIn(prefix+".maxQueued", prefix+".maxQueued", *b.MaxQueued)
+	} else if !inherit {
+		p.add(prefix+".maxQueued", "must be set (a whole number from 0 to %d)", MaxQueuedLimit)
 	}
 }
 

@@ -63,6 +63,32 @@ func (c *Config) RunnerFor(channel string) string {
 	return c.Agents.Defaults.Runner
 }
 
+// BusyFor returns the busy mode and the per-session queue bound of a turn
+// on channel: each of channels.<channel>.busy's keys when set, else
+// agents.defaults.busy's, else the built-in queue and 5.
+func (c *Config) BusyFor(channel string) (mode string, maxQueued int) {
+	mode, maxQueued = BusyQueue, defaultMaxQueued
+	layers := []Busy{c.Agents.Defaults.Busy}
+	switch channel {
+	case ChannelWS:
+		layers = append(layers, c.Channels.WS.Busy)
+	case ChannelTelegram:
+		layers = append(layers, c.Channels.Telegram.Busy)
+	}
+	for _, b := range layers {
+		if b.Mode != "" {
+			mode = b.Mode
+		}
+		if b.MaxQueued != nil {
+			maxQueued = *b.MaxQueued
+		}
+	}
+	return mode, maxQueued
+}
+
+// defaultMaxQueued is busy.maxQueued's built-in value.
+const defaultMaxQueued = 5
+
 // Redacted returns a deep copy of c in which every non-empty secret is
 // replaced by Redaction: server.token, server.operatorToken,
 // agents.openai.apiKey, channels.telegram.token,
@@ -79,6 +105,9 @@ func (c *Config) Redacted() Config {
 	r.Server.OperatorToken = redact(c.Server.OperatorToken)
 
 	r.Agents.Defaults.Keys = cloneKeys(c.Agents.Defaults.Keys)
+	r.Agents.Defaults.Busy = cloneBusy(c.Agents.Defaults.Busy)
+	r.Channels.WS.Busy = cloneBusy(c.Channels.WS.Busy)
+	r.Channels.Telegram.Busy = cloneBusy(c.Channels.Telegram.Busy)
 	o := &r.Agents.OpenAI
 	o.APIKey = redact(o.APIKey)
 	o.BaseURL = redactURL(o.BaseURL)
@@ -170,6 +199,14 @@ func redactURL(s string) string {
 		b.WriteString("#" + Redaction)
 	}
 	return b.String()
+}
+
+func cloneBusy(b Busy) Busy {
+	if b.MaxQueued != nil {
+		n := *b.MaxQueued
+		b.MaxQueued = &n
+	}
+	return b
 }
 
 func cloneKeys(k timeout.Keys) timeout.Keys {

@@ -26,13 +26,16 @@ const (
 	ReasonShutdown    StopReason = "shutdown"
 	ReasonInterrupted StopReason = "interrupted"
 	ReasonError       StopReason = "error"
+	// ReasonSuperseded: the person sent a newer message while the turn ran
+	// and the session's busy mode is interrupt; the newer message runs next.
+	ReasonSuperseded StopReason = "superseded"
 )
 
 // Valid reports whether r is one of the defined stop reasons.
 func (r StopReason) Valid() bool {
 	switch r {
 	case ReasonStop, ReasonTimeout, ReasonStepTimeout, ReasonMaxTurnTime, ReasonUser,
-		ReasonShutdown, ReasonInterrupted, ReasonError:
+		ReasonShutdown, ReasonInterrupted, ReasonError, ReasonSuperseded:
 		return true
 	}
 	return false

@@ -2,8 +2,13 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
@@ -109,11 +114,15 @@ func (e *Engine) Status(sessionKey string) TurnStatus {
 	e.mu.Lock()
 	s, ok := e.sessions[sessionKey]
 	var run *abort.Run
+	var queue []QueuedMessage
 	if ok {
 		run = s.active
+		for _, q := range s.queue {
+			queue = append(queue, q.msgs...)
+		}
 	}
 	e.mu.Unlock()
-	st := TurnStatus{SessionKey: sessionKey}
+	st := TurnStatus{SessionKey: sessionKey, Queue: queue}
 	if run != nil {
 		st.Running, st.Turn, st.Limits = true, run.Snapshot(), run.Settings
 	}
@@ -130,14 +139,323 @@ type StopResult struct {
 }
 
 // Stop is /stop: it aborts the session's running turn with reason user and
-// discards the session's queued messages, on behalf of requester (the
-// turn's owner, or anyone when operator; otherwise ErrNotOwner and nothing
-// changes).
+// discards the session's queued messages (also from the QueueStore), on
+// behalf of requester (the turn's owner — or, for an idle session, the
+// first queued message's — or anyone when operator; otherwise ErrNotOwner
+// and nothing changes). The queue is dropped before the turn is aborted, so
+// nothing queued starts after the stop.
 func (e *Engine) Stop(ctx context.Context, sessionKey, requester string, operator bool) (StopResult, error) {
-	st := e.Status(sessionKey)
+	e.mu.Lock()
+	s := e.sessions[sessionKey]
+	running, owner := false, ""
+	if s != nil && s.active != nil {
+		running = true
+		if t := e.turns[s.active.ID]; t != nil {
+			owner = t.owner
+		}
+	} else if s != nil && len(s.queue) > 0 {
+		owner = s.queue[0].msgs[0].Owner
+	}
+	if !operator && owner != "" && owner != requester {
+		e.mu.Unlock()
+		return StopResult{}, ErrNotOwner
+	}
+	dropped := e.dropQueueLocked(s)
+	e.mu.Unlock()
+	e.removeQueued(ctx, dropped)
 	res, err := e.Abort(ctx, sessionKey, "", event.ReasonUser, requester, operator)
 	if err != nil {
-		return StopResult{}, err
+		return StopResult{Dropped: len(dropped)}, err
 	}
-	return StopResult{AbortResult: res, Stopping: !res.Aborted && st.Running}, nil
+	return StopResult{AbortResult: res, Stopping: !res.Aborted && running, Dropped: len(dropped)}, nil
+}
+
+// queued is one turn waiting in its session's queue: one message, or (busy
+// mode collect) several joined into one follow-up turn.
+type queued struct {
+	msgs    []QueuedMessage // msgs[0].RunID is the turn's run id
+	timeout time.Duration
+	mode    BusyMode // how it was queued (Ack.Busy)
+	collect bool     // later messages join it (mode collect)
+	// persisting counts QueueStore.AddQueued calls in flight for its
+	// messages: the turn may not start before they are done.
+	persisting int
+	// begun is closed when the turn is registered (or the entry dropped):
+	// Wait waits on it for a queued run id.
+	begun chan struct{}
+}
+
+func (q *queued) runID() string      { return q.msgs[0].RunID }
+func (q *queued) sessionKey() string { return q.msgs[0].SessionKey }
+
+// text is the turn's message: collected messages are joined by a blank line.
+func (q *queued) text() string {
+	if len(q.msgs) == 1 {
+		return q.msgs[0].Text
+	}
+	parts := make([]string, len(q.msgs))
+	for i, m := range q.msgs {
+		parts[i] = m.Text
+	}
+	return strings.Join(parts, "\n\n")
+}
+
+func (q *queued) ids() []string {
+	ids := make([]string, len(q.msgs))
+	for i, m := range q.msgs {
+		ids[i] = m.RunID
+	}
+	return ids
+}
+
+// queuedCount counts the messages waiting in s's queue.
+func (s *session) queuedCount() int {
+	n := 0
+	for _, q := range s.queue {
+		n += len(q.msgs)
+	}
+	return n
+}
+
+// queuedAckLocked answers a message waiting in q. Called with e.mu held.
+func (e *Engine) queuedAckLocked(q *queued) Ack {
+	ack := Ack{RunID: q.runID(), Status: StatusQueued, Busy: q.mode}
+	if s := e.sessions[q.sessionKey()]; s != nil {
+		ack.Ahead = max(slices.Index(s.queue, q), 0)
+	}
+	return ack
+}
+
+// sendBusy handles a message for session s, which has a running turn or
+// messages waiting, in busy mode mode (not reject). Called with e.mu held;
+// it releases it.
+func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode BusyMode, maxQueued int) (Ack, error) {
+	fellBack := false
+	if mode == BusySteer {
+		if s.active != nil && len(s.queue) == 0 && s.active.State() == abort.StateRunning {
+			if t := e.turns[s.active.ID]; t != nil && t.inbox != nil && t.inbox.Put(req.Text) {
+				now := time.Now()
+				s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: now}, e.cfg.Current().Server.HistoryLimit)
+				s.updated = now
+				id := s.active.ID
+				e.mu.Unlock()
+				return Ack{RunID: id, Status: StatusSteered, Busy: BusySteer}, nil
+			}
+		}
+		fellBack = true
+	}
+	if n := s.queuedCount(); n >= maxQueued {
+		e.mu.Unlock()
+		return Ack{}, &QueueFullError{SessionKey: req.SessionKey, Limit: maxQueued}
+	}
+	qm := QueuedMessage{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
+		Owner: req.Owner, Text: req.Text, QueuedAt: time.Now()}
+	q := e.enqueueLocked(s, qm, req.Timeout, mode)
+	q.persisting++
+	var victim string
+	if mode == BusyInterrupt && s.active != nil && s.active.State() == abort.StateRunning {
+		victim = s.active.ID
+	}
+	e.mu.Unlock()
+
+	var err error
+	if e.qstore != nil {
+		err = e.qstore.AddQueued(ctx, qm)
+	}
+
+	e.mu.Lock()
+	q.persisting--
+	if err != nil {
+		e.unqueueLocked(s, q, req.RunID)
+		start := e.pumpLocked(s)
+		e.mu.Unlock()
+		start()
+		return Ack{}, fmt.Errorf("queueing the message: %w", err)
+	}
+	if !slices.Contains(s.queue, q) {
+		// Dropped (/stop, /new) while it was being stored.
+		e.mu.Unlock()
+		e.removeQueued(ctx, []string{req.RunID})
+		return Ack{RunID: req.RunID, Status: StatusAborted, Busy: mode}, nil
+	}
+	ack := e.queuedAckLocked(q)
+	ack.FellBack = fellBack
+	start := e.pumpLocked(s)
+	if _, ok := e.turns[q.runID()]; ok && q.begun != nil && isClosed(q.begun) {
+		ack = Ack{RunID: q.runID(), Status: StatusStarted} // the session was free: it started at once
+	}
+	e.mu.Unlock()
+	start()
+	if victim != "" {
+		// Queued first: the pump starts it as soon as the superseded turn
+		// has ended and freed the session.
+		if _, err := e.Abort(ctx, req.SessionKey, victim, event.ReasonSuperseded, req.Owner, false); err != nil {
+			e.log.Info("interrupt: the running turn was not stopped; the message waits", "run", victim, "err", err)
+			ack.Busy = BusyQueue
+		}
+	}
+	return ack, nil
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// enqueueLocked adds qm to s's queue — to the last waiting turn when both
+// are collected — and returns its entry. Called with e.mu held.
+func (e *Engine) enqueueLocked(s *session, qm QueuedMessage, timeout time.Duration, mode BusyMode) *queued {
+	var q *queued
+	if n := len(s.queue); mode == BusyCollect && n > 0 && s.queue[n-1].collect {
+		q = s.queue[n-1]
+		q.msgs = append(q.msgs, qm)
+	} else {
+		q = &queued{msgs: []QueuedMessage{qm}, timeout: timeout, mode: mode, collect: mode == BusyCollect,
+			begun: make(chan struct{})}
+		s.queue = append(s.queue, q)
+	}
+	e.waiting[qm.RunID] = q
+	return q
+}
+
+// unqueueLocked removes the message runID from q (and q from s's queue when
+// it was its last). Called with e.mu held.
+func (e *Engine) unqueueLocked(s *session, q *queued, runID string) {
+	delete(e.waiting, runID)
+	q.msgs = slices.DeleteFunc(q.msgs, func(m QueuedMessage) bool { return m.RunID == runID })
+	if len(q.msgs) == 0 {
+		s.queue = slices.DeleteFunc(s.queue, func(x *queued) bool { return x == q })
+		close(q.begun)
+	}
+}
+
+// dropQueueLocked empties s's queue (nil s: nothing) and returns the run
+// ids of the dropped messages. Called with e.mu held.
+func (e *Engine) dropQueueLocked(s *session) []string {
+	if s == nil {
+		return nil
+	}
+	var ids []string
+	for _, q := range s.queue {
+		for _, id := range q.ids() {
+			delete(e.waiting, id)
+			ids = append(ids, id)
+		}
+		close(q.begun)
+	}
+	s.queue = nil
+	return ids
+}
+
+// pumpLocked starts the next queued turn of s if s is free: no active turn,
+// no ending on its way to subscribers (ended pumps after it), not shutting
+// down, and the head stored. It returns the function that starts it (a no-op
+// when nothing starts), to call once e.mu is released. Called with e.mu held.
+func (e *Engine) pumpLocked(s *session) func() {
+	for !e.closing && s.active == nil && s.ending == 0 && len(s.queue) > 0 && s.queue[0].persisting == 0 {
+		q := s.queue[0]
+		first := q.msgs[0]
+		req := SendRequest{SessionKey: first.SessionKey, Channel: first.Channel, ChatRef: first.ChatRef,
+			RunID: first.RunID, Text: q.text(), Timeout: q.timeout, Owner: first.Owner}
+		start, err := e.beginLocked(e.cfg.Current(), s, req)
+		var stuck *RunnerStuckError
+		if errors.As(err, &stuck) {
+			// It waits: the session's next message or a restart tries again.
+			e.log.Warn("a queued message waits: its runner refuses new turns", "run", req.RunID, "session", s.key, "err", err)
+			return func() {}
+		}
+		s.queue = s.queue[1:]
+		ids := q.ids()
+		for _, id := range ids {
+			delete(e.waiting, id)
+		}
+		close(q.begun)
+		if err != nil {
+			e.log.Error("a queued message could not start and was dropped", "run", req.RunID, "session", s.key, "err", err)
+			return func() { e.removeQueued(context.Background(), ids) }
+		}
+		return func() {
+			start()
+			e.removeQueued(context.Background(), ids)
+		}
+	}
+	return func() {}
+}
+
+// requeueSteered puts the steered messages a turn's runner never took at
+// the head of its session's queue, as one turn (they were never stored).
+func (e *Engine) requeueSteered(t *turn, texts []string) {
+	if len(texts) == 0 {
+		return
+	}
+	run := t.run
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.sessions[run.SessionKey]
+	if s == nil {
+		return
+	}
+	id := uuid.NewString()
+	q := &queued{msgs: []QueuedMessage{{RunID: id, SessionKey: run.SessionKey, Channel: run.Channel, ChatRef: run.ChatRef,
+		Owner: t.owner, Text: strings.Join(texts, "\n\n"), QueuedAt: time.Now()}}, mode: BusyQueue, begun: make(chan struct{})}
+	e.waiting[id] = q
+	s.queue = append([]*queued{q}, s.queue...)
+}
+
+// queueStoreTimeout bounds one QueueStore call the engine makes on its own.
+const queueStoreTimeout = 10 * time.Second
+
+// removeQueued forgets started or dropped messages in the QueueStore. A
+// failure is logged: the message would run again after a restart.
+func (e *Engine) removeQueued(ctx context.Context, ids []string) {
+	if e.qstore == nil || len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queueStoreTimeout)
+	defer cancel()
+	if err := e.qstore.RemoveQueued(ctx, ids...); err != nil {
+		e.log.Error("forgetting queued messages failed: they may run again after a restart", "runs", ids, "err", err)
+	}
+}
+
+// RestoreQueued queues the messages the QueueStore kept (queued before a
+// restart), per session in their order, and starts each session's first.
+// A collected session's messages are joined into one turn again. Call it
+// once after start-up recovery and before channels take messages.
+func (e *Engine) RestoreQueued(ctx context.Context) error {
+	if e.qstore == nil {
+		return nil
+	}
+	msgs, err := e.qstore.Queued(ctx)
+	if err != nil {
+		return fmt.Errorf("restoring queued messages: %w", err)
+	}
+	cfg := e.cfg.Current()
+	var order []*session
+	for _, m := range msgs {
+		s, err := e.session(ctx, m.SessionKey)
+		if err != nil {
+			return fmt.Errorf("restoring queued messages: %w", err)
+		}
+		e.mu.Lock()
+		if _, dup := e.waiting[m.RunID]; !dup && e.sessions[m.SessionKey] == s {
+			mode, _ := cfg.BusyFor(m.Channel)
+			e.enqueueLocked(s, m, 0, BusyMode(mode))
+			if !slices.Contains(order, s) {
+				order = append(order, s)
+			}
+		}
+		e.mu.Unlock()
+	}
+	for _, s := range order {
+		e.mu.Lock()
+		start := e.pumpLocked(s)
+		e.mu.Unlock()
+		start()
+	}
+	return nil
 }

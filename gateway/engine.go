@@ -163,7 +163,10 @@ type Options struct {
 	// so a turn would leave no trace). Repeated idempotency keys are still
 	// answered.
 	Admit func() error
-	// Queue, optional, keeps queued messages across restarts (busy modes).
+	// Queue, optional, keeps queued messages across restarts (busy modes
+	// queue, collect, interrupt and steer's fallback): Send answers
+	// StatusQueued only once Queue.AddQueued returned. nil: queued messages
+	// live in memory only.
 	Queue QueueStore
 }
 
@@ -176,6 +179,7 @@ type Engine struct {
 	loadHist HistoryLoader
 	onStuck  StuckRunsFunc
 	admit    func() error
+	qstore   QueueStore
 
 	errs  *errlog.Ring
 	reg   *abort.Registry
@@ -197,11 +201,15 @@ type Engine struct {
 	resetAge *list.List               // of resetID, oldest first; at most keptResetIDs
 	lru      *list.List               // of *session, least recently used first
 	turns    map[string]*turn         // live runs by id
-	outcomes map[string]*list.Element
-	expiry   *list.List // of *cached, oldest first
-	closing  bool
-	stuck    map[string]int  // by runner: force-finalized runs still running
-	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
+	waiting  map[string]*queued       // queued messages by run id (each message of a collected turn too)
+	// heldForFinalize: sessions freed by a force-finalization whose
+	// ForceFinalized event is not out yet, by run id (their queue waits).
+	heldForFinalize map[string]*session
+	outcomes        map[string]*list.Element
+	expiry          *list.List // of *cached, oldest first
+	closing         bool
+	stuck           map[string]int  // by runner: force-finalized runs still running
+	refusing        map[string]bool // by runner: at the cap (StuckRuns told saturated)
 	// stuckLimit is server.maxStuckRuns as last applied (New,
 	// ConfigChanged): Send's refusals and the StuckRuns notices use the same.
 	stuckLimit int
@@ -227,6 +235,9 @@ type session struct {
 	// out: deferred holds those starts. The session is not evicted meanwhile.
 	ending   int
 	deferred []func()
+	// queue holds the turns waiting for this session to be free, oldest
+	// first (busy.go). A session with a queue is never evicted.
+	queue []*queued
 }
 
 type turn struct {
@@ -240,6 +251,9 @@ type turn struct {
 	// them across a hot reload.
 	msgs    *messages.Set
 	started chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
+	// inbox takes the messages steered into this turn (busy mode steer);
+	// nil when the runner is not a runner.Steerer that steers.
+	inbox *runner.Inbox
 	// done is closed once the outcome is known, the terminal event is out
 	// to every subscriber and the session is free (both flags below, under
 	// Engine.mu): whoever Wait wakes may send the session's next message at
@@ -273,7 +287,7 @@ func New(opts Options) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
-		admit: opts.Admit, stuck: map[string]int{}, refusing: map[string]bool{},
+		admit: opts.Admit, qstore: opts.Queue, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stuck: map[string]int{}, refusing: map[string]bool{},
 		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
 		bus:        event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
@@ -396,6 +410,14 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		}
 		return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
 	}
+	if q, ok := e.waiting[req.RunID]; ok {
+		ack := e.queuedAckLocked(q)
+		e.mu.Unlock()
+		if q.sessionKey() != req.SessionKey {
+			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		return ack, nil
+	}
 	e.mu.Unlock()
 	if e.admit != nil {
 		if err := e.admit(); err != nil {
@@ -410,8 +432,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		return Ack{}, fmt.Errorf("%w: %d characters, the limit is %d", ErrTooLong, utf8.RuneCountInString(req.Text), max)
 	}
 	name := cfg.RunnerFor(req.Channel)
-	rn, ok := e.runners[name]
-	if !ok {
+	if _, ok := e.runners[name]; !ok {
 		return Ack{}, fmt.Errorf("%w: %q (channel %s)", ErrNoRunner, name, req.Channel)
 	}
 	var s *session
@@ -430,39 +451,24 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		e.mu.Unlock()
 		return Ack{}, ErrShutdown
 	}
+	mode, maxQueued := cfg.BusyFor(req.Channel)
+	if s.active != nil || len(s.queue) > 0 {
+		if m := BusyMode(mode); m != BusyReject {
+			return e.sendBusy(ctx, s, req, m, maxQueued) // unlocks e.mu
+		}
+	}
 	if s.active != nil {
 		a := s.active
 		e.mu.Unlock()
 		return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: a.ID, Stopping: a.State() != abort.StateRunning}
 	}
-	if n, limit := e.stuck[name], e.stuckLimit; limit > 0 && n >= limit {
-		e.mu.Unlock()
-		return Ack{}, &RunnerStuckError{Runner: name, Stuck: n, Limit: limit}
-	}
-	run, err := e.reg.Register(e.baseCtx, abort.Spec{
-		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
-		Settings: cfg.TurnSettings(req.Channel, req.Timeout),
-	})
+	start, err := e.beginLocked(cfg, s, req)
 	if err != nil {
 		e.mu.Unlock()
 		if errors.Is(err, abort.ErrDuplicate) {
 			return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
 		}
-		return Ack{}, fmt.Errorf("send: %w", err)
-	}
-	history := append([]runner.Message(nil), toRunnerHistory(s.history)...)
-	s.active = run
-	s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
-	s.updated = run.StartedAt()
-	e.touchLocked(s, time.Now())
-	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
-		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet()}
-	t.pending.Store(2)
-	e.turns[req.RunID] = t
-	start := func() {
-		e.startTurn(rn, t, runner.Turn{
-			RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, Message: req.Text, History: history,
-		})
+		return Ack{}, err
 	}
 	// The previous turn's ending is still on its way to the bus's
 	// subscribers (this may be one of them, answering it): the publisher
@@ -476,6 +482,45 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		start()
 	}
 	return Ack{RunID: req.RunID, Status: StatusStarted}, nil
+}
+
+// beginLocked registers the turn of req in the free session s and makes it
+// the session's active turn; the returned function starts it (TurnStarted,
+// scheduler, runner) and must be called once e.mu is released — right away,
+// or by the publisher of the session's previous ending (s.deferred). Called
+// with e.mu held. Errors: ErrNoRunner, *RunnerStuckError, a wrapped
+// abort.ErrDuplicate.
+func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (func(), error) {
+	name := cfg.RunnerFor(req.Channel)
+	rn, ok := e.runners[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q (channel %s)", ErrNoRunner, name, req.Channel)
+	}
+	if n, limit := e.stuck[name], e.stuckLimit; limit > 0 && n >= limit {
+		return nil, &RunnerStuckError{Runner: name, Stuck: n, Limit: limit}
+	}
+	run, err := e.reg.Register(e.baseCtx, abort.Spec{
+		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
+		Settings: cfg.TurnSettings(req.Channel, req.Timeout),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("send: %w", err)
+	}
+	history := append([]runner.Message(nil), toRunnerHistory(s.history)...)
+	s.active = run
+	s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
+	s.updated = run.StartedAt()
+	e.touchLocked(s, time.Now())
+	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
+		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet()}
+	if st, ok := rn.(runner.Steerer); ok && st.Steers() {
+		t.inbox = &runner.Inbox{}
+	}
+	t.pending.Store(2)
+	e.turns[req.RunID] = t
+	rt := runner.Turn{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, Message: req.Text,
+		History: history, Inbox: t.inbox}
+	return func() { e.startTurn(rn, t, rt) }, nil
 }
 
 // startTurn publishes a registered turn's TurnStarted, hands the run to the
@@ -516,6 +561,10 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, maxReply: tr.maxReply})
 	}()
 	run.MarkReturned()
+	if tr.inbox != nil {
+		// Steered messages the runner never took run next, before the queue.
+		e.requeueSteered(tr, tr.inbox.Close())
+	}
 	if !tr.life.CompareAndSwap(0, 1) {
 		e.stuckChanged(tr.runner, -1) // force-finalized earlier: no longer stuck
 	}
@@ -695,15 +744,27 @@ func (e *Engine) released(run *abort.Run) {
 	notify := func() {}
 	defer func() { notify() }() // after e.mu is unlocked
 	e.mu.Lock()
+	forced := false
 	if t, ok := e.turns[run.ID]; ok && t.run == run && t.life.CompareAndSwap(0, 2) {
 		// Force-finalized: its runner has not returned. Counted under the
 		// same lock as the swap, so the runner's return (which finds the
 		// swap done and subtracts under e.mu) always comes after.
 		notify = e.stuckChangedLocked(t.runner, +1)
+		forced = true
 	}
+	start := func() {}
+	defer func() { start() }() // after e.mu is unlocked, before notify
 	if s, ok := e.sessions[run.SessionKey]; ok && s.active == run {
 		s.active = nil
 		e.touchLocked(s, time.Now()) // idle from now on
+		if forced {
+			// Its ForceFinalized event follows this hook: the queue waits
+			// for it like for an ending (publish calls ended).
+			s.ending++
+			e.heldForFinalize[run.ID] = s
+		} else {
+			start = e.pumpLocked(s) // waits for an ending on its way (ended pumps)
+		}
 	}
 	// The turn is done when both the session is free and its terminal event
 	// is published; an abort cancels the runner before its event is
@@ -756,6 +817,19 @@ func (e *Engine) publish(ev event.Event) {
 	if ev.Message == "" && messages.Wordy(&ev) {
 		ev.Message = messages.Render(e.messagesOf(ev.RunID), ev)
 	}
+	if ev.Kind == event.ForceFinalized {
+		// released held the session's queue back for this event (see
+		// heldForFinalize): the next queued turn starts after it.
+		e.bus.Publish(ev)
+		e.mu.Lock()
+		s := e.heldForFinalize[ev.RunID]
+		delete(e.heldForFinalize, ev.RunID)
+		e.mu.Unlock()
+		if s != nil {
+			e.ended(nil, s)
+		}
+		return
+	}
 	if !ev.Kind.Terminal() {
 		e.bus.Publish(ev)
 		return
@@ -792,6 +866,9 @@ func (e *Engine) ended(t *turn, s *session) {
 		s.ending--
 		if s.ending == 0 {
 			starts, s.deferred = s.deferred, nil
+			// The session may be free with messages waiting (its turn was
+			// released while this ending was on its way): the next one starts.
+			starts = append(starts, e.pumpLocked(s))
 		}
 	}
 	e.mu.Unlock()
@@ -920,6 +997,17 @@ func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
 	// A live turn first: its outcome may be cached already, but it is done
 	// only once its ending is published and its session is free.
 	t, ok := e.turns[runID]
+	if q, queued := e.waiting[runID]; !ok && queued {
+		// Queued: wait for its turn to be registered (or dropped), then
+		// for that turn (a collected message's is the first one's).
+		e.mu.Unlock()
+		select {
+		case <-q.begun:
+			return e.Wait(ctx, q.runID())
+		case <-ctx.Done():
+			return Outcome{}, false
+		}
+	}
 	if !ok {
 		el, ok := e.outcomes[runID]
 		e.mu.Unlock()
@@ -988,8 +1076,9 @@ func (e *Engine) Sessions() []SessionInfo {
 }
 
 // Reset starts a fresh conversation in sessionKey: the history is cleared
-// (in memory, and in the store through a SessionReset event) and the session
-// id changes. A running turn is not affected.
+// (in memory, and in the store through a SessionReset event), the queued
+// messages are dropped and the session id changes. A running turn is not
+// affected.
 func (e *Engine) Reset(sessionKey string) SessionInfo {
 	e.mu.Lock()
 	s, ok := e.sessions[sessionKey]
@@ -1000,10 +1089,12 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 	e.evictLocked(time.Now(), s)
 	s.id, s.reset = uuid.NewString(), true
 	s.history = nil
+	dropped := e.dropQueueLocked(s) // a fresh conversation: what waited was for the old one
 	s.loaded = true
 	s.updated = time.Now()
 	info := SessionInfo{Key: s.key, ID: s.id, Updated: s.updated}
 	e.mu.Unlock()
+	e.removeQueued(context.Background(), dropped)
 	// Published (outside the lock: handlers may call the engine) so the store
 	// forgets the history too, across restarts.
 	e.bus.Publish(event.Event{Kind: event.SessionReset, SessionKey: sessionKey, Time: info.Updated})
@@ -1042,7 +1133,7 @@ func (e *Engine) evictLocked(now time.Time, keep *session) {
 		if !over && (idle <= 0 || now.Sub(s.used) < idle) {
 			return // the rest were used more recently
 		}
-		if s.active != nil || s.loading != nil || s.ending > 0 || s == keep {
+		if s.active != nil || s.loading != nil || s.ending > 0 || len(s.queue) > 0 || s == keep {
 			skipped++
 		} else {
 			e.lru.Remove(el)

@@ -77,7 +77,13 @@ func newEnv(t *testing.T, adjust func(*config.Config)) *env {
 // subscribed to all its events; the test's cleanup shuts it down.
 func startEngine(t *testing.T, c *config.Config, runners map[string]runner.Runner) (*Engine, *sink) {
 	t.Helper()
-	e, err := New(Options{Config: config.NewSource(c), Runners: runners})
+	return startEngineWith(t, Options{Config: config.NewSource(c), Runners: runners})
+}
+
+// startEngineWith is startEngine with every option.
+func startEngineWith(t *testing.T, opts Options) (*Engine, *sink) {
+	t.Helper()
+	e, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,6 +113,9 @@ func testConfig(t testing.TB, adjust func(*config.Config)) *config.Config {
 }
 
 func secs(v float64) *float64 { return &v }
+
+// rejectWhenBusy sets busy mode reject (a message while busy is refused).
+func rejectWhenBusy(c *config.Config) { c.Agents.Defaults.Busy.Mode = config.BusyReject }
 
 func stepTimeout(sec float64) func(*config.Config) {
 	return func(c *config.Config) {
@@ -178,7 +187,7 @@ func TestSilentStepTimesOutWithToolNameAndFreesSession(t *testing.T) {
 
 func TestStuckRunnerForceFinalizedThenSessionFree(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		v := newEnv(t, stepTimeout(2))
+		v := newEnv(t, func(c *config.Config) { stepTimeout(2)(c); rejectWhenBusy(c) })
 		v.send(t, "r1", "/steps shell:stuck")
 		faketime.Advance(3 * time.Second)
 		synctest.Wait()
@@ -200,7 +209,7 @@ func TestStuckRunnerForceFinalizedThenSessionFree(t *testing.T) {
 
 func TestBusyAndIdempotency(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		v := newEnv(t, nil)
+		v := newEnv(t, rejectWhenBusy)
 		v.send(t, "r1", "/steps shell:1s")
 		if ack := v.send(t, "r1", "/steps shell:1s"); ack.Status != StatusInFlight {
 			t.Fatalf("repeat while running: %+v", ack)

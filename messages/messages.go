@@ -27,6 +27,7 @@ const (
 	Shutdown    Name = "shutdown"
 	User        Name = "user"
 	Error       Name = "error"
+	Superseded  Name = "superseded"
 )
 
 // Defaults are the built-in texts.
@@ -38,6 +39,7 @@ var Defaults = map[Name]string{
 	Interrupted: `⚠️ The gateway restarted while working on your request{{with or .CurrentStep .LastStep}} — last action was {{.}}{{end}}. Please send it again.`,
 	Shutdown:    `⚠️ The gateway is shutting down, so your request was stopped after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again in a minute.`,
 	User:        `⏹️ Stopped{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} after {{.Elapsed}}.`,
+	Superseded:  `⏭️ I stopped this request{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} because your newer message replaced it — working on that one now.`,
 	Error:       `❌ Something went wrong on my side{{if .CurrentStep}} during {{.CurrentStep}}{{end}} (error id {{.ErrorID}}) — try again, or tell the operator this id.`,
 }
 

@@ -35,6 +35,8 @@ func TestRenderFromFacts(t *testing.T) {
 			"⚠️ The gateway is shutting down, so your request was stopped after 4s. Please send it again in a minute."},
 		{"interrupted", event.Event{Kind: event.Aborted, StopReason: event.ReasonInterrupted, Step: shell},
 			"⚠️ The gateway restarted while working on your request — last action was shell. Please send it again."},
+		{"superseded", event.Event{Kind: event.Aborted, StopReason: event.ReasonSuperseded, Step: shell},
+			"⏭️ I stopped this request while shell was running because your newer message replaced it — working on that one now."},
 		{"a reason with no template stops", event.Event{Kind: event.Aborted, StopReason: "brand_new", Elapsed: time.Second},
 			"⏹️ Stopped after 1s."},
 		{"progress", event.Event{Kind: event.Progress, Step: shell, Elapsed: 30 * time.Second, Limit: time.Hour},

@@ -127,7 +127,7 @@ type replyText struct {
 // stopReasons are the reasons a state word can carry (index 0 = none).
 var stopReasons = [...]event.StopReason{event.ReasonNone, event.ReasonStop, event.ReasonTimeout,
 	event.ReasonStepTimeout, event.ReasonMaxTurnTime, event.ReasonUser, event.ReasonShutdown,
-	event.ReasonInterrupted, event.ReasonError}
+	event.ReasonInterrupted, event.ReasonSuperseded, event.ReasonError} // error last: unknown reasons map to it
 
 // stateWord packs a terminal state and its reason; an unknown reason is
 // recorded as "error".

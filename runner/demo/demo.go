@@ -46,6 +46,10 @@
 //	/steps say:Building... build:10m:hb=5s say:Built
 //	/steps pause:30s say:Approved
 //
+// Steering (busy mode steer): the demo runner is a runner.Steerer. Between
+// its steps (and before it returns) a turn shows each message steered into
+// it as reply text, "📨 Noted: TEXT", so the reply mentions it.
+//
 // Cancellation: every wait also waits for the context, except a stuck
 // step's: it ignores the cancellation for the runner's stuck time
 // (WithStuckFor; default DefaultStuckFor, a bit beyond the default abort
@@ -80,7 +84,16 @@ type Runner struct {
 	releaseOnce  sync.Once
 }
 
-var _ runner.Runner = (*Runner)(nil)
+var _ runner.Steerer = (*Runner)(nil)
+
+// Steers reports true: between its steps a turn takes the messages steered
+// into it (busy mode steer) and shows each as reply text, "📨 Noted: TEXT",
+// so the reply mentions it; messages steered during its last step are shown
+// before it returns.
+func (r *Runner) Steers() bool { return true }
+
+// NotedPrefix starts the reply text that shows a steered message.
+const NotedPrefix = "📨 Noted: "
 
 // Option configures a Runner.
 type Option func(*Runner)
@@ -185,8 +198,11 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	} else {
 		steps = r.scenario(msg)
 	}
-	t := &turnState{r: r, cb: cb}
+	t := &turnState{r: r, cb: cb, inbox: turn.Inbox}
 	err := t.run(ctx, steps)
+	if err == nil && t.inbox != nil {
+		t.note(t.inbox.Close())
+	}
 	return runner.Result{Text: t.text.String()}, err
 }
 
@@ -221,15 +237,26 @@ const maxChunks = 16
 
 // turnState is the state of one Run: the text streamed so far.
 type turnState struct {
-	r    *Runner
-	cb   runner.Callbacks
-	text strings.Builder
+	r     *Runner
+	cb    runner.Callbacks
+	inbox *runner.Inbox // nil: nothing is steered into this turn
+	text  strings.Builder
+}
+
+// note shows steered messages as reply text.
+func (t *turnState) note(msgs []string) {
+	for _, m := range msgs {
+		t.say(NotedPrefix + clip(strings.Join(strings.Fields(m), " "), 200))
+	}
 }
 
 func (t *turnState) run(ctx context.Context, steps []Step) error {
 	for _, s := range steps {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if t.inbox != nil {
+			t.note(t.inbox.Take())
 		}
 		var err error
 		switch s.Kind {

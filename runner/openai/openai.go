@@ -36,6 +36,11 @@
 //     meant for the user; the API key never appears in any error or log, even
 //     when the provider echoes it.
 //
+// Steering (busy mode steer): the runner is a runner.Steerer. Messages the
+// person sends while a turn runs are added as user messages before the
+// turn's next model call; one that arrives during the final answer gets one
+// more call while maxSteps allows (otherwise the engine queues it).
+//
 // Errors meant for the user also satisfy runner.AsUserError; errors.Is and
 // errors.As reach the typed cause (ErrIdleTimeout, ErrBreakerOpen,
 // ErrMaxSteps, *StatusError). After ctx is cancelled Run returns promptly with
@@ -220,6 +225,13 @@ func (t *turnState) emit(s string) {
 	t.cb.Delta(s)
 }
 
+// Steers reports true: messages steered into a turn (runner.Turn.Inbox)
+// reach the model as user messages before its next call — also after a
+// final answer, which then gets one more call while maxSteps allows.
+func (r *Runner) Steers() bool { return true }
+
+var _ runner.Steerer = (*Runner)(nil)
+
 // Run does one turn. See the package documentation for what it reports.
 func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
 	if cb == nil {
@@ -246,7 +258,21 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	}
 	msgs = append(msgs, chatMessage{Role: "user", Content: ptr(turn.Message)})
 
+	// steered adds the messages the person sent meanwhile (busy mode
+	// steer) as user messages; it reports whether there were any.
+	steered := func() bool {
+		if turn.Inbox == nil {
+			return false
+		}
+		more := turn.Inbox.Take()
+		for _, m := range more {
+			msgs = append(msgs, chatMessage{Role: "user", Content: ptr(m)})
+		}
+		return len(more) > 0
+	}
+
 	for step := 1; step <= r.maxSteps; step++ {
+		steered()
 		cb.StepStarted(event.StepLLM, r.model)
 		st.stepStart = true
 		reply, err := r.complete(ctx, turn.RunID, msgs, st)
@@ -255,6 +281,14 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		}
 		cb.StepCompleted(event.StepLLM, r.model)
 		if len(reply.toolCalls) == 0 {
+			// A message steered in during the final answer gets one more
+			// call (when the budget allows; otherwise the engine queues it).
+			if step < r.maxSteps {
+				msgs = append(msgs, chatMessage{Role: "assistant", Content: ptr(reply.text)})
+				if steered() {
+					continue
+				}
+			}
 			return result(nil)
 		}
 		if step == r.maxSteps {

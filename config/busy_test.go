@@ -1,0 +1,58 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// TestBusyFor: a channel's busy keys override agents.defaults.busy key by
+// key; other channels get the defaults.
+func TestBusyFor(t *testing.T) {
+	n := func(v int) *int { return &v }
+	c := Default()
+	c.Agents.Defaults.Busy = Busy{Mode: BusyCollect, MaxQueued: n(7)}
+	c.Channels.Telegram.Busy = Busy{Mode: BusyInterrupt}
+	c.Channels.WS.Busy = Busy{MaxQueued: n(0)}
+	for _, tc := range []struct {
+		channel string
+		mode    string
+		max     int
+	}{
+		{ChannelTelegram, BusyInterrupt, 7},
+		{ChannelWS, BusyCollect, 0},
+		{"loopback", BusyCollect, 7},
+	} {
+		if mode, max := c.BusyFor(tc.channel); mode != tc.mode || max != tc.max {
+			t.Errorf("BusyFor(%s) = %s, %d; want %s, %d", tc.channel, mode, max, tc.mode, tc.max)
+		}
+	}
+	if mode, max := Default().BusyFor(ChannelWS); mode != BusyQueue || max != 5 {
+		t.Errorf("default BusyFor = %s, %d; want queue, 5", mode, max)
+	}
+}
+
+// TestBusyValidation: an unknown mode and an out-of-range maxQueued are
+// refused with a problem naming the key and what is allowed.
+func TestBusyValidation(t *testing.T) {
+	n := func(v int) *int { return &v }
+	for _, tc := range []struct {
+		key, errSub string
+		set         func(*Config)
+	}{
+		{"agents.defaults.busy.mode", `must be one of queue, collect, steer, interrupt, reject, got "later"`,
+			func(c *Config) { c.Agents.Defaults.Busy.Mode = "later" }},
+		{"channels.telegram.busy.mode", `got "steering"`, func(c *Config) { c.Channels.Telegram.Busy.Mode = "steering" }},
+		{"agents.defaults.busy.maxQueued", "from 0 (nothing waits) to 100, got 101",
+			func(c *Config) { c.Agents.Defaults.Busy.MaxQueued = n(101) }},
+		{"channels.ws.busy.maxQueued", "got -1", func(c *Config) { c.Channels.WS.Busy.MaxQueued = n(-1) }},
+	} {
+		c := Default()
+		tc.set(c)
+		var ce *Error
+		if err := c.Validate(); !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Key != tc.key ||
+			!strings.Contains(ce.Problems[0].Text, tc.errSub) {
+			t.Errorf("%s: %v, want one problem naming it (%q)", tc.key, err, tc.errSub)
+		}
+	}
+}
