@@ -88,6 +88,7 @@ func TestConversations(t *testing.T) {
 		},
 		{
 			name:   "busy session",
+			adjust: func(c *config.Config) { c.Channels.Telegram.Busy.Mode = config.BusyReject },
 			script: []step{say("/steps shell:hang"), wait(time.Second), say("and another thing")},
 			want:   []string{busyText},
 		},
@@ -142,6 +143,7 @@ func TestConversations(t *testing.T) {
 			adjust: func(c *config.Config) {
 				c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(5)
 				c.Channels.Telegram.Timeouts.AbortGraceSeconds = secs(3)
+				c.Channels.Telegram.Busy.Mode = config.BusyReject
 			},
 			script: []step{
 				say("/steps shell:stuck"), wait(6 * time.Second),

@@ -7,9 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf16"
-	"unicode/utf8"
 
 	"github.com/go-telegram/bot/models"
 
@@ -140,84 +138,32 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 			return
 		}
 	}
-	cmd, forOther := conv.Parse(text, me.username)
-	if forOther {
-		return
-	}
-	owner, requester := "", ""
+	owner := ""
 	if !private && m.From != nil {
 		owner = "telegram-user:" + strconv.FormatInt(m.From.ID, 10)
-		requester = owner
 	}
-	switch cmd {
-	case conv.Stop:
-		c.cmdStop(ctx, ch, requester)
-		return
-	case conv.Status:
-		c.reply(ch, conv.StatusText(c.eng.Active(ch.key)))
-		return
-	case conv.New:
-		c.cmdNew(ctx, ch, requester)
-		return
-	case conv.Help:
-		c.reply(ch, helpText(c.cfg.Current()))
-		return
-	}
-	if strings.HasPrefix(text, "/") {
-		text = stripBotName(text) // "/steps@bot x" → "/steps x": the runner's own commands
-	}
-	if n := utf8.RuneCountInString(text); n > tg.MaxInputChars && tg.MaxInputChars > 0 {
-		c.reply(ch, tooLongText(n, tg.MaxInputChars))
-		return
-	}
-	ack, err := c.eng.Send(ctx, gateway.SendRequest{
-		SessionKey: ch.key, Channel: config.ChannelTelegram, ChatRef: ch.ref,
-		RunID: fmt.Sprintf("tg-%d-%d", ch.id, m.ID), // a redelivered update is the same run
-		Text:  text, Owner: owner,
+	cfg := c.cfg.Current()
+	ans := conv.Handle(ctx, c.eng, cfg, conv.Inbound{
+		SessionKey: ch.key, Channel: config.ChannelTelegram, ChatRef: ch.ref, Sender: owner, Text: text,
+		ID:  fmt.Sprintf("tg-%d-%d", ch.id, m.ID), // a redelivered update is the same run
+		Bot: me.username, MaxChars: tg.MaxInputChars, Progress: helpProgress(cfg),
 	})
-	var busy *gateway.BusyError
-	var stuck *gateway.RunnerStuckError
 	var unavail *gateway.UnavailableError
 	switch {
-	case err == nil:
-		if ack.Status != gateway.StatusStarted {
-			c.log.Debug("telegram: message already handled", "chat", ch.id, "message", m.ID, "status", ack.Status)
+	case ans.Ignored:
+		return
+	case ans.Err == nil:
+		if ans.Command == conv.None && ans.Ack.Status != gateway.StatusStarted {
+			c.log.Debug("telegram: message not started at once", "chat", ch.id, "message", m.ID, "status", ans.Ack.Status)
 		}
-	case errors.As(err, &busy):
-		c.reply(ch, busy.UserText())
-	case errors.As(err, &stuck):
-		c.reply(ch, stuck.UserText())
-	case errors.Is(err, gateway.ErrEmpty):
-		c.reply(ch, textEmpty)
-	case errors.Is(err, gateway.ErrTooLong):
-		c.reply(ch, tooLongText(utf8.RuneCountInString(text), c.cfg.Current().Server.MaxMessageChars))
-	case errors.Is(err, gateway.ErrShutdown):
-		c.reply(ch, textRestarting)
-	case errors.As(err, &unavail):
-		c.log.Warn("telegram: new turn refused: the gateway cannot take turns now", "chat", ch.id, "err", c.red.err(err))
-		c.reply(ch, unavail.UserText())
-	default:
-		c.log.Error("telegram: could not start a turn", "chat", ch.id, "err", c.red.err(err))
-		c.reply(ch, textCannotStart)
+	case errors.As(ans.Err, &unavail):
+		c.log.Warn("telegram: new turn refused: the gateway cannot take turns now", "chat", ch.id, "err", c.red.err(ans.Err))
+	case ans.Failed:
+		c.log.Error("telegram: could not carry out a message", "chat", ch.id, "command", ans.Command, "err", c.red.err(ans.Err))
 	}
-}
-
-// cmdStop aborts the chat's running turn (stop reason "user"). The stop
-// notice that the abort publishes is the acknowledgement.
-func (c *Channel) cmdStop(ctx context.Context, ch *chat, requester string) {
-	res, err := conv.DoStop(ctx, c.eng, ch.key, requester, false)
-	if err != nil && !errors.Is(err, gateway.ErrNotOwner) {
-		c.log.Error("telegram: stop failed", "chat", ch.id, "err", c.red.err(err))
+	if ans.Text != "" {
+		c.reply(ch, ans.Text)
 	}
-	if res.Text != "" {
-		c.reply(ch, res.Text)
-	}
-}
-
-// cmdNew stops a running turn, then starts a fresh conversation.
-func (c *Channel) cmdNew(ctx context.Context, ch *chat, requester string) {
-	text, _ := conv.DoNew(ctx, c.eng, ch.key, requester, false)
-	c.reply(ch, text)
 }
 
 // isService reports whether m is a service message (members joining, a
@@ -226,18 +172,6 @@ func isService(m *models.Message) bool {
 	return len(m.NewChatMembers) > 0 || m.LeftChatMember != nil || m.NewChatTitle != "" ||
 		len(m.NewChatPhoto) > 0 || m.DeleteChatPhoto || m.GroupChatCreated || m.SupergroupChatCreated ||
 		m.PinnedMessage != nil || m.MigrateToChatID != 0 || m.MigrateFromChatID != 0
-}
-
-// stripBotName removes "@bot" from a leading command word.
-func stripBotName(text string) string {
-	end := strings.IndexFunc(text, unicode.IsSpace)
-	if end < 0 {
-		end = len(text)
-	}
-	if at := strings.IndexByte(text[:end], '@'); at >= 0 {
-		return text[:at] + text[end:]
-	}
-	return text
 }
 
 // ourCommands are the commands that, sent bare in a group, are taken as

@@ -1,8 +1,6 @@
 package telegram
 
 import (
-	"fmt"
-
 	"github.com/go-telegram/bot/models"
 
 	"github.com/turnguard/turnguard/channels/conv"
@@ -12,13 +10,11 @@ import (
 // The texts a user reads that are not engine messages and are Telegram's
 // own (the command answers are package conv's). They are plain text.
 const (
-	textEdited      = "✏️ Edits are not picked up — send the corrected text as a new message."
-	textNotText     = "📎 I can only read text messages. Please type your request."
-	textEmpty       = "Send me some text and I'll pass it on. /help lists the commands."
-	textRestarting  = "⚠️ The gateway is restarting — please send that again in a minute."
-	textCannotStart = "⚠️ Sorry — I couldn't start on that request. Please try again later."
+	textEdited  = "✏️ Edits are not picked up — send the corrected text as a new message."
+	textNotText = "📎 I can only read text messages. Please type your request."
 
-	// The answers of the commands: the same words in every channel.
+	// The words every channel shares (package conv).
+	textEmpty         = conv.TextEmpty
 	textNothingToStop = conv.TextNothingToStop
 	textNotOwner      = conv.TextNotOwner
 	textStillStopping = conv.TextStillStopping
@@ -34,16 +30,18 @@ var botCommands = []models.BotCommand{
 	{Command: "help", Description: "How this bot works"},
 }
 
-func tooLongText(n, limit int) string {
-	return fmt.Sprintf("✂️ That message is too long (%d characters; the limit is %d). Please shorten it or split it.", n, limit)
-}
+var tooLongText = conv.TooLongText
 
-// helpText describes the bot, its commands and the turn limits in force.
-func helpText(c *config.Config) string {
+// helpProgress is what /help says a Telegram user sees while a turn works.
+func helpProgress(c *config.Config) string {
 	progress := "While it works you see “typing…”"
 	if c.Channels.Telegram.ShowSteps {
 		progress += ", a line for each tool it uses"
 	}
-	progress += ", and a “⏳ Still working” note if one step takes long."
-	return conv.HelpText(c, config.ChannelTelegram, progress)
+	return progress + ", and a “⏳ Still working” note if one step takes long."
+}
+
+// helpText describes the bot, its commands and the turn limits in force.
+func helpText(c *config.Config) string {
+	return conv.HelpText(c, config.ChannelTelegram, helpProgress(c))
 }

@@ -9,7 +9,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
 )
 
 // callLine renders a call as "12s sendMessage #1 text" for comparisons.
@@ -374,7 +376,8 @@ func TestOrderPerChat(t *testing.T) {
 		h.advance(10 * time.Second)
 		help := helpText(h.src.Current())
 		for _, id := range chats {
-			h.wantScreen(id, textIdle, busyText, "⏹️ Stopped after 0s.", help)
+			h.wantScreen(id, textIdle, conv.AckText(gateway.Ack{Status: gateway.StatusQueued}), "⏹️ Stopped after 0s.",
+				"🗑️ 1 queued message was dropped.", help)
 		}
 	})
 }

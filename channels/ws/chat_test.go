@@ -2,12 +2,16 @@ package ws
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
 )
 
 func TestChatSendStreamsToolsAndFinal(t *testing.T) {
@@ -133,7 +137,7 @@ func TestIdempotency(t *testing.T) {
 }
 
 func TestBusySessionRefused(t *testing.T) {
-	e := newTCPEnv(t, envOpts{})
+	e := newTCPEnv(t, envOpts{adjust: func(c *config.Config) { c.Channels.WS.Busy.Mode = config.BusyReject }})
 	c, _ := e.connect("tui", "")
 	c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "a"})
 	r := c.call("chat.send", map[string]any{"sessionKey": "agent:main:main", "message": "hello?", "idempotencyKey": "b"})
@@ -488,4 +492,55 @@ func TestChatSendRefusedWhileNotAcceptingTurns(t *testing.T) {
 		t.Fatalf("chat.send once accepting again: %s", r.raw)
 	}
 	c.chat("r1", "final")
+}
+
+// A message sent while its session's turn runs is queued (the default busy
+// mode): chat.send answers with its status, place and words, and the
+// message runs as its own turn, with its idempotencyKey as runId, once the
+// running turn has ended.
+func TestBusySessionQueues(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newPipeEnv(t, envOpts{})
+		c, _ := e.connect("tui", "")
+		c.wait = time.Hour
+		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps work:20s say:First", "idempotencyKey": "a"})
+		r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:Second", "idempotencyKey": "b"})
+		want := `{"runId":"b","status":"queued","busy":"queue","ahead":0,"text":"📥 Queued — I'll get to it after the current request (1 ahead)."}`
+		if !r.OK || string(r.Payload) != want {
+			t.Fatalf("busy chat.send answered %s, want %s", r.raw, want)
+		}
+		if r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:Second", "idempotencyKey": "b"}); r.str("status") != "queued" {
+			t.Fatalf("a repeated idempotencyKey of a queued message answered %s", r.raw)
+		}
+		if got := c.chat("a", "final").str("message.content.0.text"); got != "First" {
+			t.Fatalf("first reply %q", got)
+		}
+		if got := c.chat("b", "final").str("message.content.0.text"); got != "Second" {
+			t.Fatalf("queued reply %q", got)
+		}
+	})
+}
+
+// One message more than busy.maxQueued is refused with words and a code a
+// client can branch on.
+func TestBusyQueueFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		one := 1
+		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) { c.Agents.Defaults.Busy.MaxQueued = &one }})
+		c, _ := e.connect("tui", "")
+		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "a"})
+		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "queued", "idempotencyKey": "b"})
+		r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "too many", "idempotencyKey": "c"})
+		if r.OK || r.Error.Code != "UNAVAILABLE" || r.Error.Message != (&gateway.QueueFullError{Limit: 1}).UserText() ||
+			fmt.Sprint(r.Error.Details) != "map[code:QUEUE_FULL limit:1]" {
+			t.Fatalf("queue full answered %s", r.raw)
+		}
+		res := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/stop", "idempotencyKey": "s"})
+		if string(res.Payload) != `{"aborted":true,"ok":true,"runIds":["a"]}` {
+			t.Fatalf("/stop answered %s", res.raw)
+		}
+		if got := c.words("s"); got != "🗑️ 1 queued message was dropped." {
+			t.Fatalf("/stop with a queue said %q", got)
+		}
+	})
 }

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/channels/conv"
-	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 )
@@ -14,51 +13,39 @@ import (
 // works.
 const helpProgress = "While it works you see each step it takes; /stop (or the Stop button) ends it."
 
-// command carries out a chat.send whose message is a conversation command
-// (see package conv and docs/protocol.md §6 "Commands"). It never starts a
-// turn, never reaches the runner and is never refused as busy. /stop
-// answers OpenClaw's {ok, aborted, runIds}; /status, /new and /help answer
-// {ok, runId, status:"ok"}. Every answer in words (an idle /stop, /status,
+// commandAnswer answers a chat.send whose message was a conversation
+// command, carried out by conv.Handle (see docs/protocol.md §6
+// "Commands"). A command never starts a turn, never reaches the runner and
+// is never refused as busy. /stop answers OpenClaw's {ok, aborted, runIds};
+// /status, /new and /help answer {ok, runId, status:"ok"}. Every answer in
+// words (an idle /stop, a /stop that dropped queued messages, /status,
 // /new, /help) follows the response as a chat "final" event whose runId is
 // the request's idempotencyKey, sent to this connection only.
-func command(c *conn, req request, key, runID string, cmd conv.Command) (any, *rpcError) {
-	c.s.watch(c, key) // the aborted event of a stopped run goes out before the response
-	var res any
-	var text string
-	switch cmd {
-	case conv.Stop:
-		r, err := conv.DoStop(c.ctx, c.s.eng, key, c.owner, c.operator)
-		switch {
-		case errors.Is(err, gateway.ErrNotOwner):
-			return nil, &rpcError{Code: CodeForbidden, Message: "not allowed to abort this run: another client started it"}
-		case err != nil:
-			c.s.log.Error("/stop failed", "conn", c.id, "session", key, "err", err)
-			return nil, unavailable(r.Text)
+func commandAnswer(c *conn, req request, key, runID string, ans conv.Answer) (any, *rpcError) {
+	if errors.Is(ans.Err, gateway.ErrNotOwner) {
+		msg := "not allowed to abort this run: another client started it"
+		if ans.Command == conv.New {
+			msg = ans.Text
 		}
-		ids := r.RunIDs
+		return nil, &rpcError{Code: CodeForbidden, Message: msg}
+	}
+	if ans.Failed {
+		c.s.log.Error("command failed", "conn", c.id, "session", key, "command", ans.Command, "err", ans.Err)
+		return nil, unavailable(ans.Text)
+	}
+	var res any = map[string]any{"ok": true, "runId": runID, "status": "ok"}
+	if ans.Command == conv.Stop {
+		ids := ans.Stopped.RunIDs
 		if ids == nil {
 			ids = []string{}
 		}
-		res, text = map[string]any{"ok": true, "aborted": r.Aborted, "runIds": ids}, r.Text
-	case conv.Status:
-		text = conv.StatusText(c.s.eng.Active(key))
-	case conv.New:
-		t, err := conv.DoNew(c.ctx, c.s.eng, key, c.owner, c.operator)
-		if errors.Is(err, gateway.ErrNotOwner) {
-			return nil, &rpcError{Code: CodeForbidden, Message: t}
-		}
-		text = t
-	case conv.Help:
-		text = conv.HelpText(c.s.cfg.Current(), config.ChannelWS, helpProgress)
-	}
-	if res == nil {
-		res = map[string]any{"ok": true, "runId": runID, "status": "ok"}
+		res = map[string]any{"ok": true, "aborted": ans.Stopped.Aborted, "runIds": ids}
 	}
 	c.push(resFrame(req.ID, res, nil))
-	if text != "" {
+	if ans.Text != "" {
 		t := time.Now()
 		c.push(outFrame{data: encodeChat(&chatEvent{RunID: runID, SessionKey: key, Seq: 1, AgentID: agentOf(key), State: "final",
-			StopReason: string(event.ReasonStop), Message: textMessage("assistant", text, t, ""), EndedAt: ms(t)}),
+			StopReason: string(event.ReasonStop), Message: textMessage("assistant", ans.Text, t, ""), EndedAt: ms(t)}),
 			seq: true, runID: runID, terminal: true})
 	}
 	return deferred, nil

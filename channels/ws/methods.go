@@ -168,29 +168,60 @@ func chatSend(c *conn, req request) (any, *rpcError) {
 	if rerr != nil {
 		return nil, rerr
 	}
-	if cmd, other := conv.Parse(*p.Message, ""); cmd != conv.None && !other {
-		return command(c, req, key, p.IdempotencyKey, cmd)
-	}
 	var timeout time.Duration
 	if p.TimeoutMs != nil {
 		timeout = time.Duration(min(*p.TimeoutMs, int64(maxWaitMs))) * time.Millisecond
 	}
-	ack, rerr := c.send(req.Method, key, p.IdempotencyKey, *p.Message, timeout)
-	if rerr != nil {
-		return nil, rerr
+	// The session is watched first: the aborted event of a run /stop stops
+	// goes out before the response. A command is carried out even when
+	// this connection watches too many sessions; a message is not sent.
+	cmd, _ := conv.Parse(*p.Message, "")
+	if !c.s.watch(c, key) && cmd == conv.None {
+		return nil, unavailable(tooManyWatched)
 	}
+	ans := conv.Handle(c.ctx, c.s.eng, c.s.cfg.Current(), conv.Inbound{
+		SessionKey: key, Channel: config.ChannelWS, ChatRef: c.id, Sender: c.owner, Operator: c.operator,
+		Text: *p.Message, ID: p.IdempotencyKey, Timeout: timeout, Progress: helpProgress,
+	})
+	if ans.Command != conv.None {
+		return commandAnswer(c, req, key, p.IdempotencyKey, ans)
+	}
+	if ans.Err != nil {
+		return nil, c.sendError(req.Method, key, p.IdempotencyKey, ans.Err)
+	}
+	ack := ans.Ack
 	switch ack.Status {
 	case gateway.StatusStarted, gateway.StatusInFlight:
 		return sendAck{RunID: ack.RunID, Status: string(ack.Status)}, nil
+	case gateway.StatusQueued, gateway.StatusSteered:
+		return busyAck{RunID: ack.RunID, Status: string(ack.Status), Busy: string(ack.Busy), Ahead: ack.Ahead,
+			FellBack: ack.FellBack, Text: ans.Text}, nil
 	}
 	return cachedAck(ack), nil
 }
+
+// busyAck is chat.send's answer for a message that arrived while its
+// session's turn was running and was queued, collected or steered (a
+// turnguard extension, docs/protocol.md §6 "Busy sessions"): runId is the
+// turn it will run as (queued, collect) or the running turn it was handed
+// to (steered); ahead counts the queued turns before it; text says so in
+// words.
+type busyAck struct {
+	RunID    string `json:"runId"`
+	Status   string `json:"status"` // queued | steered
+	Busy     string `json:"busy"`   // queue | collect | steer | interrupt
+	Ahead    int    `json:"ahead"`
+	FellBack bool   `json:"fellBack,omitempty"`
+	Text     string `json:"text"`
+}
+
+const tooManyWatched = "this connection already watches too many sessions; open a new connection"
 
 // send watches key and starts a turn, mapping the engine's refusals to
 // error responses.
 func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gateway.Ack, *rpcError) {
 	if !c.s.watch(c, key) {
-		return gateway.Ack{}, unavailable("this connection already watches too many sessions; open a new connection")
+		return gateway.Ack{}, unavailable(tooManyWatched)
 	}
 	req := gateway.SendRequest{
 		SessionKey: key, Channel: config.ChannelWS, ChatRef: c.id, RunID: runID, Text: text, Timeout: timeout, Owner: c.owner,
@@ -198,34 +229,45 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 	// The engine frees a session before its final event is published, so a
 	// client answering a final at once is never refused as busy.
 	ack, err := c.s.eng.Send(c.ctx, req)
+	if err != nil {
+		return ack, c.sendError(method, key, runID, err)
+	}
+	return ack, nil
+}
+
+// sendError maps the engine's refusal or failure of a message to an error
+// response: the words a person reads in Message, a machine-readable
+// details.code where a client branches.
+func (c *conn) sendError(method, key, runID string, err error) *rpcError {
 	var busy *gateway.BusyError
+	var full *gateway.QueueFullError
 	var stuck *gateway.RunnerStuckError
 	var unavail *gateway.UnavailableError
-	if err == nil {
-		return ack, nil
-	}
 	switch {
+	case errors.As(err, &full):
+		return &rpcError{Code: CodeUnavailable, Message: full.UserText(),
+			Details: map[string]any{"code": "QUEUE_FULL", "limit": full.Limit}}
 	case errors.As(err, &busy):
-		return ack, &rpcError{Code: CodeUnavailable, Message: busy.UserText(),
+		return &rpcError{Code: CodeUnavailable, Message: busy.UserText(),
 			Details: map[string]any{"code": "SESSION_BUSY", "runId": busy.RunID, "stopping": busy.Stopping}}
 	case errors.Is(err, gateway.ErrEmpty):
-		return ack, invalid("invalid %s params: message is empty", method)
+		return invalid("invalid %s params: message is empty", method)
 	case errors.Is(err, gateway.ErrTooLong):
-		return ack, invalid("invalid %s params: %s", method, err.Error())
+		return invalid("invalid %s params: %s", method, err.Error())
 	case errors.Is(err, gateway.ErrWrongSession):
-		return ack, invalid("invalid %s params: idempotencyKey %q was used for another session", method, clip(runID, 80))
+		return invalid("invalid %s params: idempotencyKey %q was used for another session", method, clip(runID, 80))
 	case errors.Is(err, gateway.ErrShutdown):
-		return ack, &rpcError{Code: CodeUnavailable, Message: "gateway is shutting down", Retryable: true, RetryAfterMs: 2000}
+		return &rpcError{Code: CodeUnavailable, Message: "gateway is shutting down", Retryable: true, RetryAfterMs: 2000}
 	case errors.As(err, &stuck):
-		return ack, &rpcError{Code: CodeUnavailable, Message: stuck.UserText(), Retryable: true, RetryAfterMs: 60000}
+		return &rpcError{Code: CodeUnavailable, Message: stuck.UserText(), Retryable: true, RetryAfterMs: 60000}
 	case errors.As(err, &unavail):
 		// The store cannot write: the cause is for operators (/readyz, the
 		// log, an alert), the client gets words and a retry hint.
-		return ack, &rpcError{Code: CodeUnavailable, Message: unavail.UserText(), Retryable: true, RetryAfterMs: 5000,
+		return &rpcError{Code: CodeUnavailable, Message: unavail.UserText(), Retryable: true, RetryAfterMs: 5000,
 			Details: map[string]any{"code": "NOT_ACCEPTING_TURNS"}}
 	default:
 		c.s.log.Error("starting a turn failed", "conn", c.id, "session", key, "err", err)
-		return ack, unavailable("could not start the turn: " + err.Error())
+		return unavailable("could not start the turn: " + err.Error())
 	}
 }
 

@@ -67,3 +67,58 @@ func TestImportsRunOneWay(t *testing.T) {
 		}
 	}
 }
+
+// imports maps each package matching pattern (below the module) to the
+// turnguard packages it imports directly (tests excluded).
+func imports(t *testing.T, pattern string) map[string][]string {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(gobin, "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+pattern)
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list %s: %v\n%s", pattern, err, out)
+	}
+	m := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		pkg := strings.TrimPrefix(f[0], module)
+		m[pkg] = nil
+		for _, dep := range f[1:] {
+			if strings.HasPrefix(dep, module) {
+				m[pkg] = append(m[pkg], strings.TrimPrefix(dep, module))
+			}
+		}
+	}
+	return m
+}
+
+// TestChannelsSeeTurnsAsValues fails when a channel imports the abort
+// registry or the scheduler itself: channels see a turn only through the
+// engine's values (gateway.TurnStatus, gateway.StopResult), so the engine's
+// machinery can change without touching a channel. (They still depend on
+// those packages through gateway; only a direct import is a reach-in.)
+// The operator side (ops/) still imports both for its live-turn list and
+// scheduler counters; it is not checked here.
+func TestChannelsSeeTurnsAsValues(t *testing.T) {
+	forbidden := []string{"gateway/abort", "gateway/maintenance"}
+	pkgs := imports(t, "channels/...")
+	if len(pkgs) == 0 {
+		t.Fatal("go list found no package under channels/")
+	}
+	for pkg, deps := range pkgs {
+		for _, dep := range deps {
+			for _, f := range forbidden {
+				if dep == f || strings.HasPrefix(dep, f+"/") {
+					t.Errorf("%s imports %s: a channel sees turns through gateway.TurnStatus and gateway.StopResult, not the engine's machinery", pkg, dep)
+				}
+			}
+		}
+	}
+}

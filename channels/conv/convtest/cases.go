@@ -1,0 +1,200 @@
+package convtest
+
+import (
+	"strings"
+	"time"
+
+	"github.com/turnguard/turnguard/channels/conv"
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/demo"
+)
+
+// A case is a conversation: what the person sends and must see.
+type tcase struct {
+	name   string
+	busy   bool // needs the engine's busy modes (branch i11-busy)
+	adjust func(*config.Config)
+	run    func(p *person)
+}
+
+// Scripts of the demo runner (see runner/demo).
+const (
+	hang     = "/steps shell:hang"               // a turn that only a stop or a deadline ends
+	slowDone = "/steps work:30s say:First_reply" // a turn that answers after 30 s
+)
+
+// busy sets agents.defaults.busy (every channel inherits it).
+func busy(mode string, maxQueued int) func(*config.Config) {
+	return func(c *config.Config) {
+		c.Agents.Defaults.Busy.Mode = mode
+		c.Agents.Defaults.Busy.MaxQueued = &maxQueued
+	}
+}
+
+// both applies each adjustment in order.
+func both(fs ...func(*config.Config)) func(*config.Config) {
+	return func(c *config.Config) {
+		for _, f := range fs {
+			f(c)
+		}
+	}
+}
+
+func seconds(v float64) *float64 { return &v }
+
+// queuedAck is the answer to a message queued behind the running turn
+// with ahead queued messages before it.
+func queuedAck(ahead int) string {
+	return conv.AckText(gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusyQueue, Ahead: ahead})
+}
+
+var cases = []tcase{
+	// Commands: carried out at once, never a turn, never refused as busy.
+	{name: "stop/running", run: func(p *person) {
+		p.send(hang)
+		p.send("/stop")
+		p.see("⏹️ Stopped", conv.TextNothingToStop)
+		p.quiet(time.Second) // the stopped turn's runner returns
+		p.send("/steps say:After_the_stop")
+		p.see("After the stop", "⏳ I'm still working")
+	}},
+	{name: "stop/idle", run: func(p *person) {
+		p.send("/stop")
+		p.seeExactly(conv.TextNothingToStop)
+		p.quiet(time.Minute, "Done.", "demo runner")
+	}},
+	{name: "status/idle", run: func(p *person) {
+		p.send("/status")
+		p.seeExactly(conv.TextIdle)
+	}},
+	{name: "status/running", run: func(p *person) {
+		p.send(hang)
+		p.send("/status")
+		s := p.see("⏳ Working")
+		if !strings.Contains(s, "before the time limit") || !strings.HasSuffix(s, "Send /stop to stop it.") {
+			p.t.Errorf("/status while a turn runs said %q; want the time left and how to stop it", s)
+		}
+		p.send("/stop")
+		p.see("⏹️ Stopped")
+	}},
+	{name: "new", run: func(p *person) {
+		p.send(hang)
+		p.send("/new")
+		p.see(conv.TextNew)
+		p.quiet(time.Second) // the stopped turn's runner returns
+		p.send("/status")
+		p.seeExactly(conv.TextIdle)
+	}},
+	{name: "help", run: func(p *person) {
+		p.send("/help")
+		s := p.see("Commands:")
+		for _, w := range []string{"/stop — stop the request", "/status —", "/new —", "/help —"} {
+			if !strings.Contains(s, w) {
+				p.t.Errorf("/help does not mention %q:\n%s", w, s)
+			}
+		}
+	}},
+
+	// Delivery: the answer arrives; a deadline tells the person.
+	{name: "delivery/answer", run: func(p *person) {
+		p.send("/steps web_search:2s say:Here_it_is")
+		p.see("Here it is")
+	}},
+	{name: "delivery/timeout", adjust: func(c *config.Config) { c.Agents.Defaults.TimeoutSeconds = seconds(30) }, run: func(p *person) {
+		p.send(hang)
+		p.see("⚠️ This request hit its time limit of 30s after 30s")
+		p.send("/steps say:Afterwards")
+		p.see("Afterwards")
+	}},
+	{name: "delivery/timeout-then-queued", busy: true, adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
+		c.Agents.Defaults.TimeoutSeconds = seconds(30)
+	}), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Second_answer")
+		p.seeExactly(queuedAck(0))
+		p.see("hit its time limit of 30s", "Second answer")
+		p.see("Second answer")
+	}},
+
+	// Busy modes.
+	{name: "busy/queue", busy: true, adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+		p.send(slowDone)
+		p.send("/steps say:Second_reply")
+		p.seeExactly(queuedAck(0))
+		p.send("/steps say:Third_reply")
+		p.seeExactly(queuedAck(1))
+		p.see("First reply", "Second reply", "Third reply")
+		p.see("Second reply", "Third reply")
+		p.see("Third reply")
+	}},
+	{name: "busy/status-shows-queue", busy: true, adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Waiting_one")
+		p.seeExactly(queuedAck(0))
+		p.send("/status")
+		s := p.see("⏳ Working")
+		if !strings.Contains(s, "📥 1 message waiting:\n1. /steps say:Waiting_one") {
+			p.t.Errorf("/status does not show the queue:\n%s", s)
+		}
+		p.send("/stop")
+		p.see("1 queued message was dropped.")
+	}},
+	{name: "busy/max-queued-overflow", busy: true, adjust: busy(config.BusyQueue, 1), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Kept")
+		p.seeExactly(queuedAck(0))
+		p.send("/steps say:One_too_many")
+		p.seeExactly((&gateway.QueueFullError{Limit: 1}).UserText())
+		p.send("/stop")
+		p.see("1 queued message was dropped.")
+		p.quiet(time.Minute, "Kept", "One too many")
+	}},
+	{name: "busy/stop-drops-queue", busy: true, adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Dropped_A")
+		p.send("/steps say:Dropped_B")
+		p.send("/stop")
+		p.see("⏹️ Stopped", "Dropped A", "Dropped B")
+		p.see("2 queued messages were dropped.", "Dropped A", "Dropped B")
+		p.quiet(time.Minute, "Dropped A", "Dropped B")
+		p.send("/steps say:Fresh")
+		p.see("Fresh")
+	}},
+	{name: "busy/interrupt", busy: true, adjust: busy(config.BusyInterrupt, 5), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:The_newer_one")
+		p.see("your newer message replaced it", "The newer one")
+		p.expect(`"The newer one", nothing else`, func(s string) bool { return s == "The newer one" }, "")
+	}},
+	{name: "busy/collect", busy: true, adjust: busy(config.BusyCollect, 5), run: func(p *person) {
+		p.send(slowDone)
+		p.send("alpha")
+		p.see("📥 Noted")
+		p.send("beta")
+		p.see("📥 Noted")
+		p.see("First reply", "alpha")
+		p.see(`"alpha beta"`)
+	}},
+	{name: "busy/steer", busy: true, adjust: busy(config.BusySteer, 5), run: func(p *person) {
+		if _, ok := any(demo.New()).(runner.Steerer); !ok {
+			p.t.Skip("the demo runner does not take messages mid-turn (runner.Steerer)")
+		}
+		p.send(slowDone)
+		p.send("turn left")
+		p.seeExactly(conv.TextSteered)
+		s := p.see("First reply")
+		if !strings.Contains(s, "turn left") {
+			p.t.Errorf("the reply of the steered turn does not mention the message: %q", s)
+		}
+	}},
+	{name: "busy/reject", busy: true, adjust: busy(config.BusyReject, 5), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Refused")
+		p.seeExactly((&gateway.BusyError{}).UserText())
+		p.send("/stop")
+		p.see("⏹️ Stopped")
+		p.quiet(time.Minute, "Refused")
+	}},
+}
