@@ -38,24 +38,13 @@ func (q storeQueue) Queued(ctx context.Context) ([]gateway.QueuedMessage, error)
 	return out, nil
 }
 
-// queueRestorer is the engine's RestoreQueued (busy modes): it loads the
-// stored queue and starts, per session and in order, the messages a
-// previous process had queued.
-type queueRestorer interface {
-	RestoreQueued(ctx context.Context) error
-}
-
 // restoreQueued runs the messages queued before the last stop. It is
 // called after recoverInterrupted, so each session's interrupted notice is
 // in its history before the queued message behind it starts, and before
 // the channels take new messages, so those queue behind the restored ones.
 // A failure is logged: the messages stay stored for the next start.
-func restoreQueued(ctx context.Context, eng any, log *slog.Logger) {
-	r, ok := eng.(queueRestorer)
-	if !ok {
-		return // an engine without busy modes: nothing is ever queued
-	}
-	if err := r.RestoreQueued(ctx); err != nil && !errors.Is(err, context.Canceled) {
+func restoreQueued(ctx context.Context, eng *gateway.Engine, log *slog.Logger) {
+	if err := eng.RestoreQueued(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("store: cannot restore the messages queued before the last stop; they stay stored", "error", err)
 	}
 }
