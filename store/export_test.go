@@ -127,3 +127,11 @@ func QueryPlan(ctx context.Context, path, query string, args ...any) ([]string, 
 	}
 	return out, rows.Err()
 }
+
+// WithCommitHooks returns o with hooks the writer goroutine calls inside a
+// batch's transaction just before its commit and just after it; tests kill
+// the process there to simulate a crash.
+func WithCommitHooks(o Options, before, after func()) Options {
+	o.beforeCommit, o.afterCommit = before, after
+	return o
+}

@@ -176,3 +176,26 @@ func (s *SQLite) Counts(ctx context.Context) (OutboxCounts, error) {
 	}
 	return c, nil
 }
+
+// UserText returns the message the user sent to start run runID (the
+// latest, if the run id was reused), for a Retry that sends it again.
+// ErrNotFound if the history has none (never recorded, or pruned).
+func (s *SQLite) UserText(ctx context.Context, runID string) (string, error) {
+	release, err := s.acquire()
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	var text string
+	// Through the turn's session: messages are indexed by session, not run.
+	err = s.r.QueryRowContext(ctx, `SELECT text FROM messages
+		WHERE session_key = (SELECT session_key FROM turns WHERE run_id = ?1) AND run_id = ?1 AND role = ?2
+		ORDER BY id DESC LIMIT 1`, runID, string(RoleUser)).Scan(&text)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "", fmt.Errorf("user text of run %q: %w", runID, ErrNotFound)
+	case err != nil:
+		return "", fmt.Errorf("user text of run %q: %w", runID, err)
+	}
+	return text, nil
+}

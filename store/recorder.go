@@ -5,12 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
 )
 
 // Handle records ev. It is an event.Handler for bus.Subscribe("", …): it is
@@ -43,7 +45,10 @@ import (
 //   - Aborted and Finished end the turn (state aborted / finished, stop
 //     reason, end time) and append the assistant message described on
 //     Message; they create the turn if its TurnStarted was lost. Only the
-//     first ending of a turn counts.
+//     first ending of a turn counts. For a turn of an outbox channel
+//     (Options.OutboxChannels) the first ending also writes its terminal
+//     messages to the outbox, in the same transaction (committed durably);
+//     Options.OnOutbox is called after the commit.
 //   - Every event except Delta, including the above, is journaled.
 //
 // A batch that fails for the state of the disk or the file (full, I/O
@@ -303,7 +308,7 @@ func (s *SQLite) write(batch []event.Event) (rest []event.Event, err error) {
 		s.log.Error("store: invalid events not recorded", "count", bad, "first", firstErr)
 	}
 	if len(valid) > 0 {
-		err = s.inTx(ctx, func(tx *sql.Tx) error {
+		err = s.batchTx(ctx, valid, func(tx *sql.Tx) error {
 			for i := range valid {
 				if err := s.apply(ctx, tx, &valid[i]); err != nil {
 					return err
@@ -315,16 +320,19 @@ func (s *SQLite) write(batch []event.Event) (rest []event.Event, err error) {
 	switch {
 	case err == nil:
 		ok += uint64(len(valid))
+		s.committed(valid)
 	case !eventSpecific(err):
 		s.counted(0, bad)
 		return valid, fmt.Errorf("write %d events: %w", len(valid), err)
 	default:
 		for i := range valid {
 			ev := &valid[i]
-			err := s.inTx(ctx, func(tx *sql.Tx) error { return s.apply(ctx, tx, ev) })
+			one := valid[i : i+1]
+			err := s.batchTx(ctx, one, func(tx *sql.Tx) error { return s.apply(ctx, tx, ev) })
 			switch {
 			case err == nil:
 				ok++
+				s.committed(one)
 			case eventSpecific(err):
 				bad++
 				s.log.Error("store: event not recorded", "run", ev.RunID, "kind", ev.Kind.String(), "err", err)
@@ -336,6 +344,54 @@ func (s *SQLite) write(batch []event.Event) (rest []event.Event, err error) {
 	}
 	s.counted(ok, bad)
 	return nil, nil
+}
+
+// batchTx runs fn, which applies evs, in one write transaction. When evs
+// end a turn of an outbox channel (its terminal message goes into the
+// outbox with it), the commit is durable (synchronous=FULL, like Enqueue):
+// the message survives a power loss, not only a crash of the process.
+func (s *SQLite) batchTx(ctx context.Context, evs []event.Event, fn func(*sql.Tx) error) error {
+	body := fn
+	if s.beforeCommit != nil {
+		body = func(tx *sql.Tx) error {
+			if err := fn(tx); err != nil {
+				return err
+			}
+			s.beforeCommit()
+			return nil
+		}
+	}
+	var err error
+	if slices.ContainsFunc(evs, s.toOutbox) {
+		err = s.durably(ctx, body)
+	} else {
+		err = s.inTx(ctx, body)
+	}
+	if err == nil && s.afterCommit != nil {
+		s.afterCommit()
+	}
+	return err
+}
+
+// toOutbox reports whether ev ends a turn whose terminal message the store
+// writes to the outbox (Options.OutboxChannels).
+func (s *SQLite) toOutbox(ev event.Event) bool {
+	return (ev.Kind == event.Aborted || ev.Kind == event.Finished) && ev.ChatRef != "" && s.outboxChannels[ev.Channel]
+}
+
+// committed calls Options.OnOutbox once for each outbox channel whose turn
+// endings evs (just committed) hold.
+func (s *SQLite) committed(evs []event.Event) {
+	if s.onOutbox == nil || len(s.outboxChannels) == 0 {
+		return
+	}
+	var told []string
+	for i := range evs {
+		if ch := evs[i].Channel; s.toOutbox(evs[i]) && !slices.Contains(told, ch) {
+			told = append(told, ch)
+			s.onOutbox(ch)
+		}
+	}
 }
 
 // counted adds to the written and failed counters and wakes Flush.
@@ -459,12 +515,43 @@ func (s *SQLite) endTurn(ctx context.Context, tx *sql.Tx, ev *event.Event, now i
 	if err != nil {
 		return fmt.Errorf("end turn: %w", err)
 	}
-	if n, _ := res.RowsAffected(); n != 1 || text == "" {
-		return nil // already ended: its message is in the history
+	if n, _ := res.RowsAffected(); n != 1 {
+		return nil // already ended: its message is in the history (and the outbox)
+	}
+	if s.toOutbox(*ev) {
+		if err := s.outboxEnding(ctx, tx, ev, now); err != nil {
+			return err
+		}
+	}
+	if text == "" {
+		return nil
 	}
 	if _, err := tx.StmtContext(ctx, st.insertMessage).ExecContext(ctx,
 		ev.SessionKey, ev.RunID, RoleAssistant, text, string(ev.StopReason), now); err != nil {
 		return fmt.Errorf("insert assistant message: %w", err)
+	}
+	return nil
+}
+
+// outboxEnding puts the terminal messages of the turn ev ends into the
+// outbox, inside the transaction that records the end: the reply ("final")
+// and, for a turn that did not end normally, the notice ("notice"), with the
+// texts messages.Ending decides. A run has at most one row of each kind
+// (UNIQUE (run_id, kind)): one already there (the restart's interrupted
+// notice, an earlier ending of a reused run id) is kept.
+func (s *SQLite) outboxEnding(ctx context.Context, tx *sql.Tx, ev *event.Event, now int64) error {
+	final, notice := messages.Ending(string(ev.StopReason), ev.FullText, ev.Message)
+	for _, m := range []struct {
+		kind OutboxKind
+		text string
+	}{{OutboxFinal, final}, {OutboxNotice, notice}} {
+		if m.text == "" {
+			continue
+		}
+		if _, err := tx.StmtContext(ctx, s.st.insertOutbox).ExecContext(ctx,
+			ev.Channel, ev.ChatRef, ev.RunID, string(m.kind), m.text, now); err != nil {
+			return fmt.Errorf("outbox %s message: %w", m.kind, err)
+		}
 	}
 	return nil
 }
@@ -515,7 +602,7 @@ func journalRow(ev *event.Event, at time.Time) []any {
 // stmts are the writer's prepared statements, prepared once on the write
 // connection and bound to each batch's transaction.
 type stmts struct {
-	upsertSession, startTurn, insertMessage, stepStarted, stepCompleted, endTurn, insertJournal *sql.Stmt
+	upsertSession, startTurn, insertMessage, stepStarted, stepCompleted, endTurn, insertJournal, insertOutbox *sql.Stmt
 }
 
 func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -564,6 +651,8 @@ func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
 		{&st.insertJournal, `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
 				step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
+		{&st.insertOutbox, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
+			VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, kind) DO NOTHING`},
 	} {
 		stmt, err := db.PrepareContext(ctx, p.sql)
 		if err != nil {
@@ -577,7 +666,7 @@ func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
 func (st *stmts) close() error {
 	var errs []error
 	for _, p := range []*sql.Stmt{st.upsertSession, st.startTurn, st.insertMessage, st.stepStarted,
-		st.stepCompleted, st.endTurn, st.insertJournal} {
+		st.stepCompleted, st.endTurn, st.insertJournal, st.insertOutbox} {
 		if p != nil {
 			errs = append(errs, p.Close())
 		}

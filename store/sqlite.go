@@ -45,10 +45,28 @@ type Options struct {
 	// reads a store a gateway is using (a test watching it, a tool) or that
 	// stands in for a second process: a gateway must never set it.
 	Unlocked bool
+	// OutboxChannels are the channels that deliver a turn's terminal
+	// message out of band (e.g. "telegram"): for their turns, the writer
+	// puts the ending's texts (messages.Ending: the reply, or the partial
+	// reply and the notice) into the outbox in the same transaction that
+	// records the turn's end, committed durably (synchronous=FULL), so the
+	// turn is recorded as ended if and only if its message is in the
+	// outbox. Channels served from the history (WebSocket) are not listed.
+	OutboxChannels []string
+	// OnOutbox, when set, is called on the writer goroutine after a batch
+	// that put terminal messages into the outbox has committed, once per
+	// channel concerned; the channel then claims its pending rows (Pending).
+	// It must not block.
+	OnOutbox func(channel string)
 
 	// beforeBatch, when set (tests only, see export_test.go), is called by
 	// the writer goroutine before it writes each batch.
 	beforeBatch func()
+	// beforeCommit and afterCommit, when set (tests only), are called by
+	// the writer goroutine inside a batch's transaction just before its
+	// commit and just after the commit (before OnOutbox): a test kills the
+	// process there to simulate a crash.
+	beforeCommit, afterCommit func()
 }
 
 const (
@@ -115,6 +133,12 @@ type SQLite struct {
 	processed uint64        // written + failed, guarded by mu
 	progress  chan struct{} // closed and replaced after each batch, guarded by mu
 
+	// Terminal messages written with the turn's end (recorder.go endTurn).
+	outboxChannels map[string]bool      // Options.OutboxChannels
+	onOutbox       func(channel string) // Options.OnOutbox
+	beforeCommit   func()               // tests: see Options.beforeCommit
+	afterCommit    func()
+
 	// Health (health.go).
 	healthMu    sync.Mutex
 	unwrit      *UnwritableError // nil while writes succeed, guarded by healthMu
@@ -167,8 +191,18 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 		path: path, memory: path == ":memory:", log: opts.Logger,
 		ring: ring{buf: make([]event.Event, opts.QueueSize)}, wake: make(chan struct{}, 1), batchSize: opts.BatchSize,
 		beforeBatch: opts.beforeBatch, onHealth: opts.OnHealth, poke: make(chan struct{}, 1),
-		retention: opts.Retention.withDefaults(),
-		stop:      make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
+		retention: opts.Retention.withDefaults(), onOutbox: opts.OnOutbox,
+		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit,
+		stop: make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
+	}
+	for _, ch := range opts.OutboxChannels {
+		if ch == "" {
+			return nil, fmt.Errorf("open store: empty outbox channel: %w", ErrInvalid)
+		}
+		if s.outboxChannels == nil {
+			s.outboxChannels = map[string]bool{}
+		}
+		s.outboxChannels[ch] = true
 	}
 	if !s.memory && !opts.Unlocked {
 		lock, err := lockFile(path)

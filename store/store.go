@@ -27,10 +27,18 @@
 //     deletes old history, journal entries and delivered outbox rows in
 //     small batches; a running turn's rows and an undelivered outbox row
 //     are never pruned.
-//   - Terminal messages. Enqueue writes an outbox row synchronously and
-//     durably before the channel attempts delivery; the channel then calls
-//     MarkDelivered, MarkAttempt or MarkFailed. After a restart, Pending
-//     lists what still has to be sent, so no final reply or notice is lost.
+//   - Terminal messages. For the channels that deliver out of band
+//     (Options.OutboxChannels, e.g. Telegram), the writer puts a turn's
+//     terminal messages (messages.Ending: the reply, or the partial reply
+//     and the notice) into the outbox in the same transaction that records
+//     the turn's end, committed durably: the end is recorded if and only if
+//     its messages are in the outbox, before any pacing or network call.
+//     After the commit Options.OnOutbox tells the channel, which claims the
+//     rows with Pending and then calls MarkDelivered, MarkAttempt or
+//     MarkFailed. Enqueue writes a row synchronously and durably for
+//     messages that are not a recorded ending (the restart's interrupted
+//     notice). After a restart, Pending lists what still has to be sent, so
+//     no final reply or notice is lost.
 //   - Queued messages. AddQueued writes a message that waits behind its
 //     session's running turn, synchronously and durably, before the sender
 //     is told it is queued; RemoveQueued forgets it when its turn starts or

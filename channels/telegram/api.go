@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-telegram/bot"
 	"github.com/go-telegram/bot/models"
+
+	"github.com/turnguard/turnguard/channels/delivery"
 )
 
 // ServerError is a Bot API answer with an HTTP 5xx status: Telegram (or a
@@ -92,36 +94,31 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-// errClass says what to do about a failed Bot API call.
-type errClass int
-
-const (
-	classOK        errClass = iota
-	classRateLimit          // 429: wait retry_after, then retry
-	classTransient          // 5xx, network, undecodable answer: retry with backoff
-	classPermanent          // Telegram refused the request: do not retry
-	classCanceled           // our own context ended
-)
-
-// classify sorts an error from the bot library. retryAfter is set for
-// classRateLimit (at least one second).
-func classify(ctx context.Context, err error) (c errClass, retryAfter time.Duration) {
+// asDelivery turns an error of the bot library into the shared delivery
+// code's terms: a 429 is a *delivery.RetryAfterError (at least one
+// second), a refusal of the request (400, 401, 403, 404, 409, a chat
+// migration) stays as it is (permanent), anything else — a 5xx, the
+// network, an answer that could not be read — is temporary.
+func asDelivery(err error) error {
 	if err == nil {
-		return classOK, 0
+		return nil
 	}
 	var tm *bot.TooManyRequestsError
 	if errors.As(err, &tm) {
-		return classRateLimit, time.Duration(max(tm.RetryAfter, 1)) * time.Second
-	}
-	if ctx.Err() != nil {
-		return classCanceled, 0
+		return &delivery.RetryAfterError{After: time.Duration(max(tm.RetryAfter, 1)) * time.Second, Err: err}
 	}
 	var me *bot.MigrateError
 	if errors.As(err, &me) || errors.Is(err, bot.ErrorBadRequest) || errors.Is(err, bot.ErrorForbidden) ||
 		errors.Is(err, bot.ErrorUnauthorized) || errors.Is(err, bot.ErrorNotFound) || errors.Is(err, bot.ErrorConflict) {
-		return classPermanent, 0
+		return err
 	}
-	return classTransient, 0
+	return delivery.Temporary(err)
+}
+
+// classify sorts an error from the bot library (delivery.Classify of
+// asDelivery). retryAfter is set for delivery.RateLimit.
+func classify(ctx context.Context, err error) (c delivery.Class, retryAfter time.Duration) {
+	return delivery.Classify(ctx, asDelivery(err))
 }
 
 // Bad-request descriptions the channel branches on.
@@ -140,8 +137,9 @@ func editGone(err error) bool {
 // api is the handful of Bot API calls the channel makes.
 type api struct{ b *bot.Bot }
 
-func (a api) send(ctx context.Context, chatID int64, text string, html bool) (int, error) {
-	p := &bot.SendMessageParams{ChatID: chatID, Text: text,
+// send sends a message; markup (an inline keyboard) may be nil.
+func (a api) send(ctx context.Context, chatID int64, text string, html bool, markup models.ReplyMarkup) (int, error) {
+	p := &bot.SendMessageParams{ChatID: chatID, Text: text, ReplyMarkup: markup,
 		LinkPreviewOptions: &models.LinkPreviewOptions{IsDisabled: bot.True()}}
 	if html {
 		p.ParseMode = models.ParseModeHTML
@@ -156,6 +154,11 @@ func (a api) send(ctx context.Context, chatID int64, text string, html bool) (in
 func (a api) edit(ctx context.Context, chatID int64, msgID int, text string) error {
 	_, err := a.b.EditMessageText(ctx, &bot.EditMessageTextParams{ChatID: chatID, MessageID: msgID, Text: text,
 		LinkPreviewOptions: &models.LinkPreviewOptions{IsDisabled: bot.True()}})
+	return err
+}
+
+func (a api) answerCallback(ctx context.Context, id, text string) error {
+	_, err := a.b.AnswerCallbackQuery(ctx, &bot.AnswerCallbackQueryParams{CallbackQueryID: id, Text: text})
 	return err
 }
 

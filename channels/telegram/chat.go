@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-telegram/bot/models"
 
+	"github.com/turnguard/turnguard/channels/delivery"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/store"
@@ -24,8 +25,7 @@ type chat struct {
 	group bool
 	wake  chan struct{} // pokes the outgoing worker; capacity 1
 
-	pace         pacer     // this chat's message spacing
-	blockedUntil time.Time // a 429's retry_after: nothing goes to the chat before
+	pace delivery.Pacer // this chat's message spacing and a 429's block
 
 	inbox     []inMsg
 	inRunning bool
@@ -39,6 +39,8 @@ type chat struct {
 type inMsg struct {
 	msg    *models.Message
 	edited bool
+	cb     *models.CallbackQuery // a button was tapped (msg is the message it is under)
+	retry  bool                  // msg is a person's earlier message sent again by Retry
 }
 
 func newChat(id int64) *chat {
@@ -49,9 +51,9 @@ func newChat(id int64) *chat {
 
 func (ch *chat) setGroup(g bool) {
 	ch.group = g
-	ch.pace.interval = privateInterval
+	ch.pace.Interval = privateInterval
 	if g {
-		ch.pace.interval = groupInterval
+		ch.pace.Interval = groupInterval
 	}
 }
 
@@ -83,6 +85,20 @@ func (ch *chat) turn(runID string) *turnView {
 	t := &turnView{runID: runID}
 	ch.turns = append(ch.turns, t)
 	return t
+}
+
+// viewPending reports whether run's view (if shown) still has an edit to
+// make: its closing edit goes before its terminal messages.
+func (ch *chat) viewPending(runID string) bool {
+	if runID == "" {
+		return false
+	}
+	for _, t := range ch.turns {
+		if t.runID == runID {
+			return t.pending()
+		}
+	}
+	return false
 }
 
 // idle reports whether the chat holds nothing worth keeping.

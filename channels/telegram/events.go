@@ -2,15 +2,12 @@ package telegram
 
 import (
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
 )
-
-// emptyReply is sent when a turn finished without any reply text.
-const emptyReply = "✅ Done (the assistant sent no text)."
 
 // onEvent is the bus handler. It never blocks: it updates the chat's state
 // under the lock and pokes the chat's outgoing worker.
@@ -37,6 +34,7 @@ func (c *Channel) onEvent(ev event.Event) {
 		c.log.Warn("telegram: a stopped turn's runner did not end; its session was freed", "chat", chatID, "run", ev.RunID, "reason", ev.StopReason)
 		return
 	}
+	c.recent.note(ev, chatID)
 	ch := c.chatLocked(chatID)
 	t := ch.turn(ev.RunID)
 	now := time.Now()
@@ -66,39 +64,21 @@ func (c *Channel) onEvent(ev event.Event) {
 	c.kickLocked(ch)
 }
 
-// enqueueEnding queues what a user reads when a turn ends: the reply; or
-// the partial reply (if any) and the notice (timeout, stop, shutdown,
-// error).
+// enqueueEnding queues what a user reads when a turn ends (messages.Ending):
+// the reply; or the partial reply (if any) and the notice (timeout, stop,
+// shutdown, error). With durable endings the store has written them to the
+// outbox with the turn's end, and they are claimed from there instead.
 func (c *Channel) enqueueEnding(ch *chat, ev event.Event) {
-	if ev.Kind == event.Finished && ev.StopReason == event.ReasonStop {
-		text := ev.FullText
-		if strings.TrimSpace(text) == "" {
-			text = emptyReply
-		}
-		c.enqueueLocked(ch, &outItem{kind: itemFinal, runID: ev.RunID, text: text})
+	if c.durable {
 		return
 	}
-	if strings.TrimSpace(ev.FullText) != "" {
-		c.enqueueLocked(ch, &outItem{kind: itemFinal, runID: ev.RunID, text: ev.FullText})
+	final, notice := messages.Ending(string(ev.StopReason), ev.FullText, ev.Message)
+	if final != "" {
+		c.enqueueLocked(ch, &outItem{kind: itemFinal, runID: ev.RunID, text: final})
 	}
-	msg := ev.Message
-	if strings.TrimSpace(msg) == "" {
-		msg = fallbackNotice(ev.StopReason)
+	if notice != "" {
+		c.enqueueLocked(ch, &outItem{kind: itemNotice, runID: ev.RunID, text: notice})
 	}
-	c.enqueueLocked(ch, &outItem{kind: itemNotice, runID: ev.RunID, text: msg})
-}
-
-// fallbackNotice is used if an ending event carries no rendered message.
-func fallbackNotice(r event.StopReason) string {
-	switch {
-	case r.IsTimeout():
-		return "⚠️ This request hit a time limit and was stopped."
-	case r == event.ReasonShutdown:
-		return "⚠️ The gateway is shutting down, so your request was stopped. Please send it again in a minute."
-	case r == event.ReasonUser:
-		return "⏹️ Stopped."
-	}
-	return "⚠️ Something went wrong with this request."
 }
 
 // chatLocked returns the chat, creating it. Called with c.mu held.

@@ -45,9 +45,10 @@ type fakeAPI struct {
 }
 
 type fakeMsg struct {
-	id    int
-	text  string // visible text
-	edits int
+	id     int
+	text   string // visible text
+	edits  int
+	markup string // reply_markup as sent (JSON), "" without
 }
 
 // apiCall is one request to a chat method, as the fake saw it.
@@ -61,6 +62,8 @@ type apiCall struct {
 	ParseMode string
 	Action    string
 	Fault     string // the scripted failure answered, if any
+	Markup    string // reply_markup (JSON) of a sendMessage
+	Callback  string // answerCallbackQuery: the query id
 }
 
 // fault is a scripted failure: the next Times calls of Method (to Chat, or
@@ -124,6 +127,40 @@ func commandEntity(text string) []models.MessageEntity {
 }
 
 func (f *fakeAPI) say(chatID int64, text string) { f.push(userText(chatID, text)) }
+
+// tap is user from tapping the inline button with data under message msgID
+// of chat chatID; it returns the callback query's id.
+func (f *fakeAPI) tap(chatID, from int64, msgID int, data string) string {
+	f.mu.Lock()
+	id := fmt.Sprintf("cbq-%d", f.nextUpdate+1)
+	f.mu.Unlock()
+	f.push(models.Update{CallbackQuery: &models.CallbackQuery{
+		ID: id, From: models.User{ID: from, FirstName: "User"}, Data: data, ChatInstance: "ci",
+		Message: models.MaybeInaccessibleMessage{Type: models.MaybeInaccessibleMessageTypeMessage, Message: &models.Message{
+			ID: msgID, Date: 1, Chat: models.Chat{ID: chatID, Type: models.ChatTypePrivate},
+			From: &models.User{ID: f.botID, IsBot: true, FirstName: "Turnguard Test"},
+		}},
+	}})
+	return id
+}
+
+// button is the callback data of the first inline button under message
+// msgID of chatID, "" without.
+func (f *fakeAPI) button(chatID int64, msgID int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.msgs[chatID] {
+		if m.id != msgID || m.markup == "" {
+			continue
+		}
+		var mk models.InlineKeyboardMarkup
+		if err := json.Unmarshal([]byte(m.markup), &mk); err != nil || len(mk.InlineKeyboard) == 0 || len(mk.InlineKeyboard[0]) == 0 {
+			return "bad markup: " + m.markup
+		}
+		return mk.InlineKeyboard[0][0].CallbackData
+	}
+	return ""
+}
 
 // screen is what the user sees in the chat: the bot's messages, oldest
 // first, with their current (edited) text.
@@ -221,6 +258,13 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		f.mu.Unlock()
 		writeOK(w, true)
+	case "answerCallbackQuery":
+		if form["callback_query_id"] == "" {
+			writeErr(w, 400, "Bad Request: query is too old and response timeout expired or query ID is invalid", 0)
+			return
+		}
+		f.record(apiCall{Method: method, Callback: form["callback_query_id"], Text: form["text"]})
+		writeOK(w, true)
 	case "sendChatAction":
 		f.record(apiCall{Method: method, Chat: chat, Action: form["action"]})
 		writeOK(w, true)
@@ -234,9 +278,10 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.nextMsg[chat]++
 		id := f.nextMsg[chat]
-		f.msgs[chat] = append(f.msgs[chat], &fakeMsg{id: id, text: visible})
+		f.msgs[chat] = append(f.msgs[chat], &fakeMsg{id: id, text: visible, markup: form["reply_markup"]})
 		f.mu.Unlock()
-		f.record(apiCall{Method: method, Chat: chat, MsgID: id, Text: visible, Raw: form["text"], ParseMode: form["parse_mode"]})
+		f.record(apiCall{Method: method, Chat: chat, MsgID: id, Text: visible, Raw: form["text"], ParseMode: form["parse_mode"],
+			Markup: form["reply_markup"]})
 		writeOK(w, models.Message{ID: id, Date: 1, Chat: models.Chat{ID: chat, Type: models.ChatTypePrivate}, Text: visible})
 	case "editMessageText":
 		id, _ := strconv.Atoi(form["message_id"])

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -170,6 +171,12 @@ type setup struct {
 	noRun   bool          // do not call Run
 	admit   func() error  // gateway.Options.Admit
 	prepare func(*fakeAPI, *memTransport)
+	// store, when set, is the outbox with durable endings: it records the
+	// engine's events and writes the endings (open it with openStore).
+	store *durableStore
+	// storeOutbox, with store, stands in front of it as the channel's
+	// Outbox (a test's crash point).
+	storeOutbox Outbox
 }
 
 // testConfig is the default configuration with Telegram enabled against
@@ -226,10 +233,20 @@ func newHarness(t *testing.T, s setup) *harness {
 	if h.outbox == nil {
 		h.outbox = newFakeOutbox()
 	}
-	h.ch, err = New(eng, h.src, Options{Log: log, Outbox: h.outbox,
-		HTTPClient: &http.Client{Transport: h.tr}, PollTimeout: 10 * time.Second})
+	opts := Options{Log: log, Outbox: h.outbox, HTTPClient: &http.Client{Transport: h.tr}, PollTimeout: 10 * time.Second}
+	if s.store != nil {
+		opts.Outbox, opts.DurableEndings, opts.Sync, opts.Runs = s.store.st, true, s.store.st.Flush, s.store.st
+		if s.storeOutbox != nil {
+			opts.Outbox = s.storeOutbox
+		}
+		t.Cleanup(eng.Bus().Subscribe("", s.store.st.Handle))
+	}
+	h.ch, err = New(eng, h.src, opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if s.store != nil {
+		s.store.claim.Store(h.ch)
 	}
 	h.runCtx, h.cancelRun = context.WithCancel(context.Background())
 	h.runErr = make(chan error, 1)
@@ -238,6 +255,38 @@ func newHarness(t *testing.T, s setup) *harness {
 	}
 	t.Cleanup(h.stop)
 	return h
+}
+
+// durableStore is a real SQLite store that writes Telegram's turn endings
+// to its outbox and tells the channel in claim (store.Options.OnOutbox).
+type durableStore struct {
+	st    *store.SQLite
+	claim atomic.Pointer[Channel]
+}
+
+// openStore opens a durableStore at path; it is closed when the test ends
+// (after the harness stopped). Call it before newHarness.
+func openStore(t *testing.T, path string) *durableStore {
+	t.Helper()
+	d := &durableStore{}
+	st, err := store.Open(context.Background(), path, store.Options{
+		Logger: slog.New(slog.DiscardHandler), OutboxChannels: []string{config.ChannelTelegram},
+		OnOutbox: func(string) {
+			if c := d.claim.Load(); c != nil {
+				c.Claim()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.st = st
+	t.Cleanup(func() {
+		if err := st.Close(); err != nil {
+			t.Errorf("store Close: %v", err)
+		}
+	})
+	return d
 }
 
 // run starts Run (with the harness's context) and lets start-up settle.

@@ -31,6 +31,8 @@ func (c *Channel) dispatch(u *models.Update) {
 		in.msg = u.Message
 	case u.EditedMessage != nil:
 		in.msg, in.edited = u.EditedMessage, true
+	case u.CallbackQuery != nil && u.CallbackQuery.Message.Message != nil:
+		in.msg, in.cb = u.CallbackQuery.Message.Message, u.CallbackQuery // a button under one of our messages
 	default:
 		return // channel posts, reactions, …: not for this bot
 	}
@@ -41,7 +43,7 @@ func (c *Channel) dispatch(u *models.Update) {
 		c.rejectChat(id)
 		return
 	}
-	if m.Chat.Type == models.ChatTypeChannel || (m.From != nil && m.From.IsBot) {
+	if m.Chat.Type == models.ChatTypeChannel || (m.From != nil && m.From.IsBot && in.cb == nil) {
 		return
 	}
 	c.mu.Lock()
@@ -112,6 +114,10 @@ func (c *Channel) reply(ch *chat, text string) {
 
 // handle acts on one incoming message.
 func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
+	if in.cb != nil {
+		c.handleRetry(ctx, ch, in.cb)
+		return
+	}
 	m := in.msg
 	me := c.me.Load()
 	if me == nil {
@@ -132,7 +138,7 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		}
 		return
 	}
-	if !private {
+	if !private && !in.retry { // a Retry is addressed by its button
 		var ok bool
 		if text, ok = addressed(m, *me); !ok {
 			return

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/go-telegram/bot"
+	"github.com/go-telegram/bot/models"
 
+	"github.com/turnguard/turnguard/channels/delivery"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -88,12 +90,14 @@ func (c *Channel) nextLocked(ch *chat, now time.Time) action {
 	if c.baseCtx.Err() != nil {
 		return action{kind: actExit} // Close gave up waiting: what is queued is shelved
 	}
-	if now.Before(ch.blockedUntil) {
-		return action{kind: actWait, wait: ch.blockedUntil.Sub(now)}
+	if b := ch.pace.Blocked(); now.Before(b) {
+		return action{kind: actWait, wait: b.Sub(now)}
 	}
-	ready := ch.pace.readyAt()
+	ready := ch.pace.ReadyAt()
 	paced := !now.Before(ready)
-	if len(ch.queue) > 0 {
+	// A turn's live view gets its closing edit before the turn's reply or
+	// notice goes: the chat reads in order.
+	if len(ch.queue) > 0 && (c.closing || !ch.viewPending(ch.queue[0].runID)) {
 		if !paced {
 			return action{kind: actWait, wait: ready.Sub(now)}
 		}
@@ -119,7 +123,7 @@ func (c *Channel) nextLocked(ch *chat, now time.Time) action {
 				case !paced:
 					consider(ready)
 				default:
-					ch.pace.take(now)
+					ch.pace.Take(now)
 					return action{kind: actView, turn: t, view: v}
 				}
 			}
@@ -171,7 +175,9 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 			it.outboxID = id
 		}
 	}
-	err := c.sendText(ctx, ch, it.text, it.html())
+	err := c.sendText(ctx, ch, it.text, it.html(), c.retryMarkup(ctx, ch, it))
+	c.claimMu.RLock() // see claim
+	defer c.claimMu.RUnlock()
 	c.record(ctx, ch, it, err)
 	c.itemDone(it, err)
 }
@@ -193,39 +199,25 @@ func (c *Channel) itemDone(it *outItem, err error) {
 	}
 }
 
-// record writes the outcome of a delivery to the outbox and the log.
+// record writes the outcome of a delivery to the outbox (delivery.Record)
+// and the log.
 func (c *Channel) record(ctx context.Context, ch *chat, it *outItem, err error) {
-	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err == nil {
-		if it.outboxID != 0 {
-			if merr := c.outbox.MarkDelivered(octx, it.outboxID); merr != nil {
-				c.log.Warn("telegram: outbox update failed", "chat", ch.id, "run", it.runID, "err", c.red.err(merr))
-			}
-		}
-		return
-	}
-	class, _ := classify(ctx, err)
 	rerr := c.red.err(err)
-	if class == classCanceled {
-		if it.outboxID != 0 {
-			c.log.Warn("telegram: message not delivered before shutdown; it will be sent at the next start", "chat", ch.id, "run", it.runID)
-		} else {
-			c.log.Warn("telegram: message dropped at shutdown", "chat", ch.id, "run", it.runID)
-		}
-		return
+	class, _ := classify(ctx, err)
+	switch {
+	case class == delivery.OK:
+	case class == delivery.Canceled && it.outboxID != 0:
+		c.log.Warn("telegram: message not delivered before shutdown; it will be sent at the next start", "chat", ch.id, "run", it.runID)
+	case class == delivery.Canceled:
+		c.log.Warn("telegram: message dropped at shutdown", "chat", ch.id, "run", it.runID)
+	default:
+		c.log.Error("telegram: message not delivered", "chat", ch.id, "run", it.runID, "kind", it.kind.String(), "err", rerr)
 	}
-	c.log.Error("telegram: message not delivered", "chat", ch.id, "run", it.runID, "kind", it.kind.String(), "err", rerr)
 	if it.outboxID == 0 {
 		return
 	}
-	var merr error
-	if class == classPermanent {
-		merr = c.outbox.MarkFailed(octx, it.outboxID, rerr.Error())
-	} else {
-		merr = c.outbox.MarkAttempt(octx, it.outboxID, rerr) // stays pending: resent by the next sweep
-	}
-	if merr != nil {
+	// A failure that may pass leaves it pending: resent by the next sweep.
+	if _, merr := delivery.Record(ctx, c.outbox, it.outboxID, asDelivery(rerr)); merr != nil {
 		c.log.Warn("telegram: outbox update failed", "chat", ch.id, "run", it.runID, "err", c.red.err(merr))
 	}
 }
@@ -242,7 +234,8 @@ func (k itemKind) String() string {
 
 // sendText sends text as one or more messages: a reply rendered as HTML
 // (split with code blocks repaired), anything else as plain text.
-func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool) error {
+// markup, if not nil, goes with the last message.
+func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool, markup models.ReplyMarkup) error {
 	text = strings.ToValidUTF8(text, "\uFFFD") // Telegram refuses invalid UTF-8
 	var chunks []string
 	if html {
@@ -250,68 +243,76 @@ func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool
 	} else {
 		chunks = splitText(text, MaxMessageLen)
 	}
-	for _, chunk := range chunks {
-		if err := c.sendChunk(ctx, ch, chunk, html); err != nil {
+	for i, chunk := range chunks {
+		var m models.ReplyMarkup
+		if i == len(chunks)-1 {
+			m = markup
+		}
+		if err := c.sendChunk(ctx, ch, chunk, html, m); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// sendChunk sends one message, waiting for the chat's pacing and the
-// shared limiter, waiting out 429s (at most maxRateLimits of them) and
-// retrying 5xx and network errors (maxAttempts tries, backing off). If
-// Telegram refuses the HTML, it is sent again as plain text.
-func (c *Channel) sendChunk(ctx context.Context, ch *chat, chunk string, html bool) error {
+// sendChunk sends one message per the shared delivery policy (chatPolicy):
+// waiting for the chat's pacing and the shared limiter, waiting out 429s
+// (at most maxRateLimits of them) and retrying 5xx and network errors
+// (maxAttempts tries, backing off). If Telegram refuses the HTML, it is
+// sent again as plain text.
+func (c *Channel) sendChunk(ctx context.Context, ch *chat, chunk string, html bool, markup models.ReplyMarkup) error {
 	body := chunk
 	if html {
 		body = toHTML(chunk)
 	}
-	backoff := firstBackoff
-	var failures, limited int
-	for {
-		if err := c.waitChat(ctx, ch); err != nil {
-			return err
-		}
-		if err := c.global.wait(ctx, forever); err != nil {
-			return err
-		}
-		c.holdChat(ch)
+	send := func(ctx context.Context) error {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		_, err := c.api.send(cctx, ch.id, body, html)
-		cancel()
-		class, retryAfter := classify(ctx, err)
-		switch class {
-		case classOK:
-			c.sentMessage(ch)
-			return nil
-		case classRateLimit:
-			c.block(ch, retryAfter)
-			if limited++; limited > maxRateLimits {
-				return err
-			}
-			c.log.Info("telegram: rate limited; waiting", "chat", ch.id, "retryAfter", retryAfter)
-		case classTransient:
-			if failures++; failures >= maxAttempts {
-				return err
-			}
-			c.log.Warn("telegram: send failed; retrying", "chat", ch.id, "in", backoff, "err", c.red.err(err))
-			if err := sleep(ctx, backoff); err != nil {
-				return err
-			}
-			backoff = min(backoff*2, maxBackoff)
-		case classPermanent:
-			if html && errors.Is(err, bot.ErrorBadRequest) {
-				c.log.Info("telegram: formatted text refused; sending it as plain text", "chat", ch.id, "err", c.red.err(err))
-				body, html = chunk, false
-				continue
-			}
-			return err
-		default:
-			return err
+		defer cancel()
+		_, err := c.api.send(cctx, ch.id, body, html, markup)
+		return asDelivery(err)
+	}
+	onRetry := func(r delivery.Retry) {
+		if r.Class == delivery.RateLimit {
+			c.log.Info("telegram: rate limited; waiting", "chat", ch.id, "retryAfter", r.Wait)
+		} else {
+			c.log.Warn("telegram: send failed; retrying", "chat", ch.id, "in", r.Wait, "err", c.red.err(r.Err))
 		}
 	}
+	err := chatPolicy.Do(ctx, chatPace{c, ch}, send, onRetry)
+	if err != nil && html && errors.Is(err, bot.ErrorBadRequest) && ctx.Err() == nil {
+		c.log.Info("telegram: formatted text refused; sending it as plain text", "chat", ch.id, "err", c.red.err(err))
+		body, html = chunk, false
+		err = chatPolicy.Do(ctx, chatPace{c, ch}, send, onRetry)
+	}
+	if err == nil {
+		c.sentMessage(ch)
+	}
+	return err
 }
+
+// chatPolicy is how one message to a chat is tried.
+var chatPolicy = delivery.Policy{MaxAttempts: maxAttempts, MaxRateLimits: maxRateLimits,
+	FirstBackoff: firstBackoff, MaxBackoff: maxBackoff}
+
+// chatPace paces a message to a chat: its spacing and 429 block, then the
+// shared limiter (delivery.Pace).
+type chatPace struct {
+	c  *Channel
+	ch *chat
+}
+
+func (p chatPace) Wait(ctx context.Context) error {
+	if err := p.c.waitChat(ctx, p.ch); err != nil {
+		return err
+	}
+	if err := p.c.global.Wait(ctx, delivery.Forever); err != nil {
+		return err
+	}
+	p.c.holdChat(p.ch)
+	return nil
+}
+
+func (p chatPace) Block(d time.Duration) { p.c.block(p.ch, d) }
 
 // waitChat waits until the chat may receive a message (its pacing and any
 // 429 block) and takes the slot.
@@ -319,17 +320,14 @@ func (c *Channel) waitChat(ctx context.Context, ch *chat) error {
 	for {
 		c.mu.Lock()
 		now := time.Now()
-		at := ch.pace.readyAt()
-		if ch.blockedUntil.After(at) {
-			at = ch.blockedUntil
-		}
+		at := ch.pace.ReadyAt()
 		if !now.Before(at) {
-			ch.pace.take(now)
+			ch.pace.Take(now)
 			c.mu.Unlock()
 			return nil
 		}
 		c.mu.Unlock()
-		if err := sleep(ctx, at.Sub(now)); err != nil {
+		if err := delivery.Sleep(ctx, at.Sub(now)); err != nil {
 			return err
 		}
 	}
@@ -339,7 +337,7 @@ func (c *Channel) waitChat(ctx context.Context, ch *chat) error {
 func (c *Channel) holdChat(ch *chat) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ch.pace.hold(time.Now())
+	ch.pace.Hold(time.Now())
 }
 
 // block holds every message to the chat for d (a 429's retry_after).
@@ -350,9 +348,7 @@ func (c *Channel) block(ch *chat, d time.Duration) {
 }
 
 func (c *Channel) blockLocked(ch *chat, d time.Duration) {
-	if until := time.Now().Add(d); until.After(ch.blockedUntil) {
-		ch.blockedUntil = until
-	}
+	ch.pace.Block(time.Now(), d)
 }
 
 // sentMessage notes that a new message reached the chat: Telegram clears
@@ -373,12 +369,12 @@ func (c *Channel) updateView(ctx context.Context, ch *chat, t *turnView, v *view
 	c.mu.Unlock()
 
 	var err error
-	if err = c.global.wait(ctx, progressMaxWait); err == nil {
+	if err = c.global.Wait(ctx, progressMaxWait); err == nil {
 		c.holdChat(ch)
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		if id == 0 {
 			var newID int
-			newID, err = c.api.send(cctx, ch.id, text, false)
+			newID, err = c.api.send(cctx, ch.id, text, false, nil)
 			if err == nil {
 				c.mu.Lock()
 				v.msgID = newID
@@ -403,19 +399,19 @@ func (c *Channel) updateView(ctx context.Context, ch *chat, t *turnView, v *view
 		v.sent = text
 	case editGone(err):
 		v.msgID, v.sent = 0, "" // sent anew while the turn runs, else dropped
-	case errors.Is(err, errSaturated):
+	case errors.Is(err, delivery.ErrSaturated):
 		v.retryAt = now.Add(viewRetry) // under pressure: skip; the latest text goes later
 	default:
 		class, retryAfter := classify(ctx, err)
-		if class == classCanceled {
+		if class == delivery.Canceled {
 			return
 		}
-		if class == classRateLimit {
+		if class == delivery.RateLimit {
 			c.blockLocked(ch, retryAfter)
 		}
 		v.failures++
 		v.retryAt = now.Add(viewRetry)
-		if class == classPermanent || v.failures >= maxViewFailures {
+		if class == delivery.Permanent || v.failures >= maxViewFailures {
 			v.gone = true
 			c.log.Warn("telegram: giving up on a progress message", "chat", ch.id, "run", t.runID, "err", c.red.err(err))
 		}
@@ -425,7 +421,7 @@ func (c *Channel) updateView(ctx context.Context, ch *chat, t *turnView, v *view
 // sendTyping sends the typing action. It is skipped when the shared
 // limiter is busy, and retried a second later after an error.
 func (c *Channel) sendTyping(ctx context.Context, ch *chat, t *turnView) {
-	err := c.global.wait(ctx, typingMaxWait)
+	err := c.global.Wait(ctx, typingMaxWait)
 	if err == nil {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		err = c.api.typing(cctx, ch.id)
@@ -438,10 +434,10 @@ func (c *Channel) sendTyping(ctx context.Context, ch *chat, t *turnView) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
-	case class == classCanceled:
-	case class == classRateLimit:
+	case class == delivery.Canceled:
+	case class == delivery.RateLimit:
 		c.blockLocked(ch, retryAfter)
-	case t.active && !errors.Is(err, errSaturated):
+	case t.active && !errors.Is(err, delivery.ErrSaturated):
 		t.typingDue = time.Now().Add(time.Second)
 		c.log.Debug("telegram: typing action failed", "chat", ch.id, "err", c.red.err(err))
 	case t.active:

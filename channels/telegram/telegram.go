@@ -30,6 +30,7 @@ import (
 	"github.com/go-telegram/bot"
 	"github.com/go-telegram/bot/models"
 
+	"github.com/turnguard/turnguard/channels/delivery"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/store"
@@ -65,7 +66,7 @@ const (
 )
 
 // allowedUpdates are the update types asked of Telegram.
-var allowedUpdates = []string{"message", "edited_message"}
+var allowedUpdates = []string{"message", "edited_message", "callback_query"}
 
 // ErrClosed is returned by SendText after Close.
 var ErrClosed = errors.New("telegram channel closed")
@@ -98,6 +99,24 @@ type Options struct {
 	// PollTimeout is the long-poll wait of getUpdates (default
 	// DefaultPollTimeout; at least 2s).
 	PollTimeout time.Duration
+	// DurableEndings says that the store writes each Telegram turn's
+	// terminal messages (reply, notice) into Outbox in the transaction
+	// that records the turn's end (store.Options.OutboxChannels lists
+	// "telegram"). The channel then never enqueues them itself: it claims
+	// the pending rows when Claim is called (wire it to
+	// store.Options.OnOutbox) and at start-up, so a crash at any instant
+	// after the turn ended loses none. Requires Outbox.
+	DurableEndings bool
+	// Runs finds a turn's stop reason and its user's message when the
+	// channel no longer remembers them (a Retry button under a notice sent
+	// before a restart). *store.SQLite implements it. Without it, such a
+	// Retry answers that the request is too old.
+	Runs Runs
+	// Sync, with DurableEndings, waits until the endings published so far
+	// are in the outbox (store.Flush). Close calls it, so the shutdown
+	// notices are delivered before the channel stops (or stay pending for
+	// the next start).
+	Sync func(ctx context.Context) error
 }
 
 // Channel is the Telegram channel. Create it with New; methods are safe for
@@ -110,7 +129,7 @@ type Channel struct {
 	bot    *bot.Bot
 	api    api
 	red    redactor
-	global *limiter
+	global *delivery.Limiter
 
 	// Read at New: changing them needs a restart (config says so too).
 	mode       string
@@ -136,6 +155,13 @@ type Channel struct {
 	rejected map[int64]bool  // chats refused by allowedChatIDs, logged once each
 
 	secretLogged atomic.Int64 // unix seconds of the last bad-secret log line
+
+	runs      Runs                        // Options.Runs
+	recent    recentRuns                  // recent runs' texts and endings, for Retry; guarded by mu
+	durable   bool                        // Options.DurableEndings
+	sync      func(context.Context) error // Options.Sync
+	claimWake chan struct{}               // 1-buffered: Claim was called
+	claimMu   sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
 }
 
 type identity struct {
@@ -175,8 +201,12 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	}
 	c := &Channel{
 		eng: eng, cfg: cfg, log: log, outbox: opts.Outbox, red: newRedactor(tg.Token),
-		global: newLimiter(globalPerSecond), mode: tg.Mode, secret: tg.WebhookSecret, webhookURL: tg.WebhookURL,
+		global: delivery.NewLimiter(globalPerSecond), mode: tg.Mode, secret: tg.WebhookSecret, webhookURL: tg.WebhookURL,
 		chats: map[int64]*chat{}, inflight: map[string]bool{}, rejected: map[int64]bool{},
+		runs: opts.Runs, durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
+	}
+	if opts.DurableEndings && opts.Outbox == nil {
+		return nil, errors.New("telegram: durable endings need an outbox")
 	}
 	if c.mode == "" {
 		c.mode = config.TelegramPolling
@@ -199,6 +229,10 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	c.bot, c.api = b, api{b: b}
 	c.baseCtx, c.cancel = context.WithCancel(context.Background())
 	c.unsub = eng.Bus().Subscribe("", c.onEvent)
+	if c.durable {
+		c.wg.Add(1)
+		go c.claimLoop()
+	}
 	if r := c0.RunnerFor(config.ChannelTelegram); r != config.RunnerDemo && len(tg.AllowedChatIDs) == 0 {
 		log.Warn("telegram: channels.telegram.allowedChatIDs is empty, so anyone who finds the bot can use it; "+
 			"the runner may cost money — list the allowed chat ids", "runner", r)
@@ -298,15 +332,15 @@ func (c *Channel) retryStartup(ctx context.Context, what string, fn func(context
 		cancel()
 		class, ra := classify(ctx, err)
 		switch class {
-		case classOK:
+		case delivery.OK:
 			return nil
-		case classPermanent, classCanceled:
+		case delivery.Permanent, delivery.Canceled:
 			return err
-		case classRateLimit:
+		case delivery.RateLimit:
 			backoff = ra
 		}
 		c.log.Warn("telegram: start-up call failed, retrying", "call", what, "in", backoff, "err", c.red.err(err))
-		if sleep(ctx, backoff) != nil {
+		if delivery.Sleep(ctx, backoff) != nil {
 			return ctx.Err()
 		}
 		backoff = min(backoff*2, startupMaxWait)
@@ -326,6 +360,18 @@ func (c *Channel) Close(ctx context.Context) error {
 		c.mu.Unlock()
 		return nil
 	}
+	c.mu.Unlock()
+	if c.durable {
+		// The shutdown notices are written by the store: wait for them
+		// and take them into the chats' queues.
+		if c.sync != nil {
+			if err := c.sync(ctx); err != nil {
+				c.log.Warn("telegram: the store did not write every ending in time; the rest is sent at the next start", "err", c.red.err(err))
+			}
+		}
+		c.claim(ctx, false)
+	}
+	c.mu.Lock()
 	c.closing = true
 	for _, ch := range c.chats {
 		ch.poke()
@@ -432,13 +478,47 @@ func (c *Channel) resendLoop(ctx context.Context) {
 	}
 	for {
 		c.resendPending(ctx)
-		if sleep(ctx, resendInterval) != nil {
+		if delivery.Sleep(ctx, resendInterval) != nil {
 			return
 		}
 	}
 }
 
-func (c *Channel) resendPending(ctx context.Context) {
+// Claim tells the channel that the store has put terminal messages into the
+// outbox (store.Options.OnOutbox): it takes them into the chats' queues
+// soon, on its own goroutine. It never blocks.
+func (c *Channel) Claim() {
+	select {
+	case c.claimWake <- struct{}{}:
+	default:
+	}
+}
+
+// claimLoop claims the outbox's pending messages each time Claim is
+// called, until Close.
+func (c *Channel) claimLoop() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.claimWake:
+			c.claim(c.baseCtx, false)
+		case <-c.baseCtx.Done():
+			return
+		}
+	}
+}
+
+func (c *Channel) resendPending(ctx context.Context) { c.claim(ctx, true) }
+
+// claim queues the outbox's pending messages that are not queued or being
+// delivered already. It holds claimMu for writing from its Pending read to
+// its queueing, and a delivery's outcome is recorded (and its inflight key
+// removed) under claimMu for reading, so a message delivered meanwhile is
+// never queued a second time: either the read sees it delivered, or the
+// key is still inflight when the claim checks it.
+func (c *Channel) claim(ctx context.Context, resend bool) {
+	c.claimMu.Lock()
+	defer c.claimMu.Unlock()
 	msgs, err := c.outbox.Pending(ctx, config.ChannelTelegram, pendingBatch)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -466,7 +546,9 @@ func (c *Channel) resendPending(ctx context.Context) {
 		c.mu.Lock()
 		if !c.inflight[it.key()] && !c.closing {
 			c.enqueueLocked(c.chatLocked(chatID), it)
-			c.log.Info("telegram: resending a message from the outbox", "chat", chatID, "run", m.RunID, "kind", m.Kind)
+			if resend || m.Attempts > 0 {
+				c.log.Info("telegram: resending a message from the outbox", "chat", chatID, "run", m.RunID, "kind", m.Kind)
+			}
 		}
 		c.mu.Unlock()
 	}

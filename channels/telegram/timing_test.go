@@ -83,8 +83,9 @@ func TestNoticeEditedInPlace(t *testing.T) {
 			want: []string{
 				"30s sendMessage #1 ⏳ Still working — shell has been running for 30s…",
 				"1m30s editMessageText #1 ⏳ Still working — shell has been running for 1m30s…",
-				"1m40s sendMessage #2 ⚠️ No progress for 1m40s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
-				"1m41s editMessageText #1 ⏹️ shell stopped after 1m40s.",
+				// The live view closes before the notice: the chat reads in order.
+				"1m40s editMessageText #1 ⏹️ shell stopped after 1m40s.",
+				"1m41s sendMessage #2 ⚠️ No progress for 1m40s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
 			},
 			screen: []string{"⏹️ shell stopped after 1m40s.",
 				"⚠️ No progress for 1m40s — shell never finished. The task may be stuck. Retry or ask for a simpler approach."},

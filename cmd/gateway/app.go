@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/turnguard/turnguard/channels/telegram"
 	"github.com/turnguard/turnguard/channels/webchat"
 	"github.com/turnguard/turnguard/channels/ws"
 	"github.com/turnguard/turnguard/config"
@@ -44,7 +45,8 @@ type app struct {
 	http    *http.Server
 	ln      net.Listener
 	ready   atomic.Bool
-	alerter atomic.Pointer[alerts.Alerter] // store health alerts, once ops is wired
+	alerter atomic.Pointer[alerts.Alerter]   // store health alerts, once ops is wired
+	tgClaim atomic.Pointer[telegram.Channel] // told when the store put Telegram endings into the outbox
 	unsub   func()
 	stopBG  context.CancelFunc // config watcher
 	bg      sync.WaitGroup
@@ -75,6 +77,14 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		OnHealth: func(err error) {
 			if al := a.alerter.Load(); al != nil {
 				al.StoreHealth(err)
+			}
+		},
+		// Telegram's replies and notices go into the outbox with the
+		// turn's end; the channel claims them after the commit.
+		OutboxChannels: outboxChannels(cfg),
+		OnOutbox: func(string) {
+			if ch := a.tgClaim.Load(); ch != nil {
+				ch.Claim()
 			}
 		},
 	})

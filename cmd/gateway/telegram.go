@@ -8,6 +8,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/turnguard/turnguard/channels/telegram"
+	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/ops/alerts"
 )
@@ -32,13 +33,17 @@ func startTelegram(ctx context.Context, a *app) (*tgChannel, error) {
 		return nil, nil
 	}
 	ch, err := telegram.New(a.eng, a.cfg, telegram.Options{
-		Log:        a.log,
-		Outbox:     a.ops.telegramOutbox(a.store),
-		HTTPClient: a.ops.telegramHTTPClient(telegram.DefaultPollTimeout + 15*time.Second),
+		Log:            a.log,
+		Outbox:         a.ops.telegramOutbox(a.store),
+		HTTPClient:     a.ops.telegramHTTPClient(telegram.DefaultPollTimeout + 15*time.Second),
+		DurableEndings: true, // the store writes them (outboxChannels)
+		Sync:           a.store.Flush,
+		Runs:           a.store, // Retry of a notice sent before a restart
 	})
 	if err != nil {
 		return nil, err
 	}
+	a.tgClaim.Store(ch)
 	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	t := &tgChannel{ch: ch, stop: stop, done: make(chan struct{})}
 	go func() {
@@ -48,6 +53,17 @@ func startTelegram(ctx context.Context, a *app) (*tgChannel, error) {
 		}
 	}()
 	return t, nil
+}
+
+// outboxChannels are the channels whose turn endings the store writes to
+// the outbox with the turn's end (store.Options.OutboxChannels): Telegram
+// when enabled. WebSocket clients read the history instead. Enabling
+// Telegram needs a restart, so this is read once.
+func outboxChannels(cfg *config.Config) []string {
+	if cfg.Channels.Telegram.Enabled {
+		return []string{config.ChannelTelegram}
+	}
+	return nil
 }
 
 // sender is the alerts' Telegram sender: nil (untyped) when disabled.
