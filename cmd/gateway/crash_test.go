@@ -680,3 +680,50 @@ func transcriptOf(msgs []historyMessage) string {
 	}
 	return b.String()
 }
+
+// TestQueuedSurvivesSIGKILLTelegram: the same in a Telegram chat. The
+// person's second message is answered "📥 Queued" once it is stored; the
+// process is killed; after the restart the chat gets the interrupted notice
+// of the first request and then the queued message's answer, each once —
+// a third start sends neither again.
+func TestQueuedSurvivesSIGKILLTelegram(t *testing.T) {
+	dir := t.TempDir()
+	bot := newFakeBot(t)
+	cfg := telegramConfig(dir, bot)
+	db := filepath.Join(dir, "gateway.db")
+	const notice, reply = "The gateway restarted while working on your request", "Queued from Telegram"
+
+	p := startGateway(t, dir, cfg)
+	msgID := bot.say("/steps shell:hang")
+	waitCurrentStep(t, db, fmt.Sprintf("tg-%d-%d", crashChat, msgID), "shell")
+	bot.say("/steps say:Queued_from_Telegram")
+	bot.waitSent("📥 Queued", 30*time.Second)
+	p.signal(syscall.SIGKILL) // at once: the answer promised the message is stored
+	p.wait(5 * time.Second)
+
+	p2 := startGateway(t, dir, cfg)
+	bot.waitSent(reply, 30*time.Second)
+	sent, _ := bot.messages()
+	at := func(s string) int {
+		for i, m := range sent {
+			if strings.Contains(m, s) {
+				return i
+			}
+		}
+		return -1
+	}
+	if countContaining(sent, notice) != 1 || countContaining(sent, reply) != 1 || at(notice) > at(reply) {
+		t.Fatalf("after the restart the chat got %q; want the interrupted notice, then the queued answer, once each", sent)
+	}
+	p2.signal(syscall.SIGTERM)
+	if code := p2.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+
+	startGateway(t, dir, cfg)
+	bot.say("/steps say:Still_here")
+	bot.waitSent("Still here", 30*time.Second)
+	if sent, _ := bot.messages(); countContaining(sent, notice) != 1 || countContaining(sent, reply) != 1 {
+		t.Errorf("after another restart the chat got %q: the notice or the queued answer again", sent)
+	}
+}
