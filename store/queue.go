@@ -76,9 +76,19 @@ func (s *SQLite) AddQueued(ctx context.Context, m QueuedMessage) error {
 // RemoveQueued forgets the queued messages with these run ids (their turn
 // started, they joined another, or they were dropped), durably. Unknown ids
 // are ignored; no ids is a no-op.
+//
+// It first waits until every event handed to Handle before the call is
+// written (Flush): a message whose turn has started leaves the queue only
+// once that start is on disk, so no crash instant loses it (the restart
+// ends the turn as interrupted, with its notice). If that wait fails (ctx
+// done, the store closed) nothing is removed and the error says so: the
+// message may run again after a restart, but is never lost.
 func (s *SQLite) RemoveQueued(ctx context.Context, runIDs ...string) error {
 	if len(runIDs) == 0 {
 		return nil
+	}
+	if err := s.Flush(ctx); err != nil {
+		return fmt.Errorf("remove %d queued messages: their turns' starts are not written yet: %w", len(runIDs), err)
 	}
 	release, err := s.acquire()
 	if err != nil {

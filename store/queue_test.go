@@ -3,9 +3,11 @@ package store_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -160,4 +162,43 @@ func TestMigrateFromVersion4KeepsRowsAndQueues(t *testing.T) {
 		t.Fatalf("AddQueued on the migrated file: %v", err)
 	}
 	eqStrings(t, "queued", queuedTexts(t, s), []string{"q=next"})
+}
+
+// TestRemoveQueuedWaitsForItsTurnStart: the engine forgets a queued message
+// right after its turn started, while the turn's start is still in the
+// recorder's queue. Removing the message first would leave an instant at
+// which a crash loses it: gone from the queue, its turn never recorded (no
+// history, no interrupted notice). RemoveQueued waits until what was handed
+// to the recorder before it is written; if that cannot happen in time it
+// removes nothing (the message may run again after a restart — never lost).
+func TestRemoveQueuedWaitsForItsTurnStart(t *testing.T) {
+	ctx := context.Background()
+	held := make(chan struct{})
+	var release sync.Once
+	s := open(t, dbPath(t), store.WithBeforeBatch(store.Options{}, func() { <-held }))
+	t.Cleanup(func() { release.Do(func() { close(held) }) }) // before open's Close
+	if err := s.AddQueued(ctx, store.QueuedMessage{RunID: "q", SessionKey: "ws:a", Text: "next"}); err != nil {
+		t.Fatal(err)
+	}
+	tr := newTurn("q", "ws:a")
+	s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "next" }))
+
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond) // real time: the writer is held; the call must give up
+	defer cancel()
+	if err := s.RemoveQueued(short, "q"); err == nil {
+		t.Error("RemoveQueued returned nil while the turn's start was not written")
+	}
+	_, turnErr := s.Turn(ctx, "q")
+	if q := queuedTexts(t, s); len(q) != 1 && errors.Is(turnErr, store.ErrNotFound) {
+		t.Fatalf("the message left the queue (%q) before its turn's start was written: a crash now loses it", q)
+	}
+
+	release.Do(func() { close(held) })
+	if err := s.RemoveQueued(ctx, "q"); err != nil {
+		t.Fatalf("RemoveQueued once the writer runs: %v", err)
+	}
+	if got := mustTurn(t, s, "q"); got.State != store.TurnRunning {
+		t.Errorf("turn %+v, want running", got)
+	}
+	eqStrings(t, "queued", queuedTexts(t, s), nil)
 }
