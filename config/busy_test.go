@@ -56,3 +56,25 @@ func TestBusyValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestBusyFromEnvironment: the busy keys load from GATEWAY_ variables,
+// including a channel's maxQueued (a pointer: unset inherits).
+func TestBusyFromEnvironment(t *testing.T) {
+	c, err := load("", nil, []string{
+		"GATEWAY_AGENTS__DEFAULTS__BUSY__MODE=collect",
+		"GATEWAY_CHANNELS__TELEGRAM__BUSY__MAX_QUEUED=2",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode, max := c.BusyFor(ChannelTelegram); mode != BusyCollect || max != 2 {
+		t.Errorf("telegram: %s, %d", mode, max)
+	}
+	if mode, max := c.BusyFor(ChannelWS); mode != BusyCollect || max != 5 {
+		t.Errorf("ws: %s, %d", mode, max)
+	}
+	if _, err := load("", nil, []string{"GATEWAY_AGENTS__DEFAULTS__BUSY__MODE=later"}); err == nil ||
+		!strings.Contains(err.Error(), "agents.defaults.busy.mode: must be one of queue, collect, steer, interrupt, reject") {
+		t.Errorf("unknown mode from the environment: %v", err)
+	}
+}

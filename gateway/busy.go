@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -106,7 +107,10 @@ type TurnStatus struct {
 	Running    bool           // a turn is active (running, or stopping: Turn.State says)
 	Turn       abort.Snapshot // valid when Running
 	Limits     timeout.Settings
-	Queue      []QueuedMessage // oldest first
+	// Queue lists every waiting message, oldest first; messages collected
+	// into one follow-up turn are listed one by one (that turn's run id is
+	// the first one's).
+	Queue []QueuedMessage
 }
 
 // Status returns a snapshot of the session's running turn and queue.
@@ -181,8 +185,18 @@ type queued struct {
 	// messages: the turn may not start before they are done.
 	persisting int
 	// begun is closed when the turn is registered (or the entry dropped):
-	// Wait waits on it for a queued run id.
-	begun chan struct{}
+	// Wait waits on it for a queued run id, then for the turn turnID
+	// (set before begun is closed; "" when dropped).
+	begun  chan struct{}
+	turnID string
+}
+
+// end closes begun (once): the entry started or was dropped. Called with
+// e.mu held.
+func (q *queued) end() {
+	if !isClosed(q.begun) {
+		close(q.begun)
+	}
 }
 
 func (q *queued) runID() string      { return q.msgs[0].RunID }
@@ -329,7 +343,7 @@ func (e *Engine) unqueueLocked(s *session, q *queued, runID string) {
 	q.msgs = slices.DeleteFunc(q.msgs, func(m QueuedMessage) bool { return m.RunID == runID })
 	if len(q.msgs) == 0 {
 		s.queue = slices.DeleteFunc(s.queue, func(x *queued) bool { return x == q })
-		close(q.begun)
+		q.end()
 	}
 }
 
@@ -339,13 +353,14 @@ func (e *Engine) dropQueueLocked(s *session) []string {
 	if s == nil {
 		return nil
 	}
+	delete(e.stalled, s)
 	var ids []string
 	for _, q := range s.queue {
 		for _, id := range q.ids() {
 			delete(e.waiting, id)
 			ids = append(ids, id)
 		}
-		close(q.begun)
+		q.end()
 	}
 	s.queue = nil
 	return ids
@@ -356,6 +371,7 @@ func (e *Engine) dropQueueLocked(s *session) []string {
 // down, and the head stored. It returns the function that starts it (a no-op
 // when nothing starts), to call once e.mu is released. Called with e.mu held.
 func (e *Engine) pumpLocked(s *session) func() {
+	delete(e.stalled, s)
 	for !e.closing && s.active == nil && s.ending == 0 && len(s.queue) > 0 && s.queue[0].persisting == 0 {
 		q := s.queue[0]
 		first := q.msgs[0]
@@ -366,6 +382,7 @@ func (e *Engine) pumpLocked(s *session) func() {
 		if errors.As(err, &stuck) {
 			// It waits: the session's next message or a restart tries again.
 			e.log.Warn("a queued message waits: its runner refuses new turns", "run", req.RunID, "session", s.key, "err", err)
+			e.stalled[s] = true
 			return func() {}
 		}
 		s.queue = s.queue[1:]
@@ -373,17 +390,43 @@ func (e *Engine) pumpLocked(s *session) func() {
 		for _, id := range ids {
 			delete(e.waiting, id)
 		}
-		close(q.begun)
+		if err == nil {
+			q.turnID = req.RunID
+		}
+		q.end()
+		// The store forgets it on its own goroutine: the pump may run on the
+		// scheduler's or a publisher's, which must not wait for a disk.
+		forget := func() { go e.removeQueued(context.Background(), ids) }
 		if err != nil {
 			e.log.Error("a queued message could not start and was dropped", "run", req.RunID, "session", s.key, "err", err)
-			return func() { e.removeQueued(context.Background(), ids) }
+			return forget
+		}
+		if t := e.turns[req.RunID]; t != nil && len(ids) > 1 {
+			t.aliases = ids[1:]
+			for _, a := range t.aliases {
+				e.alias[a] = req.RunID
+			}
 		}
 		return func() {
 			start()
-			e.removeQueued(context.Background(), ids)
+			forget()
 		}
 	}
 	return func() {}
+}
+
+// pumpStalled tries again the sessions whose queue waited for a runner that
+// refused new turns.
+func (e *Engine) pumpStalled() {
+	e.mu.Lock()
+	var starts []func()
+	for _, s := range slices.Collect(maps.Keys(e.stalled)) { // pumpLocked changes the map
+		starts = append(starts, e.pumpLocked(s))
+	}
+	e.mu.Unlock()
+	for _, start := range starts {
+		start()
+	}
 }
 
 // requeueSteered puts the steered messages a turn's runner never took at

@@ -184,6 +184,32 @@ func TestBusyQueueRunsAfterReply(t *testing.T) {
 	})
 }
 
+// TestBusyQueueKeepsOrderForAnswerFromHandler: a message a client sends
+// from its handler of a turn's ending (while that ending is still going out)
+// waits behind what was queued before it.
+func TestBusyQueueKeepsOrderForAnswerFromHandler(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newBusyEnv(t, nil, nil)
+		acks := make(chan Ack, 1)
+		unsub := v.e.Bus().Subscribe("", func(ev event.Event) {
+			if ev.Kind == event.Finished && ev.RunID == "r1" {
+				ack, err := v.e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r3", Text: "/steps say:three", Owner: "conn1"})
+				if err != nil {
+					t.Error(err)
+				}
+				acks <- ack
+			}
+		})
+		defer unsub()
+		v.send(t, "r1", "/steps shell:1s say:one")
+		v.send(t, "r2", "/steps say:two")
+		v.wait(t, "r1")
+		wantQueued(t, <-acks, "r3", 1, BusyQueue)
+		v.wait(t, "r3")
+		v.wantEnds(t, "r1 started", "r1 finished stop", "r2 started", "r2 finished stop", "r3 started", "r3 finished stop")
+	})
+}
+
 // TestBusyQueueRunsAfterTimeout: a message queued behind a turn that times
 // out — whichever deadline — runs after the timeout notice.
 func TestBusyQueueRunsAfterTimeout(t *testing.T) {
@@ -216,7 +242,7 @@ func TestBusyQueueRunsAfterTimeout(t *testing.T) {
 
 // TestBusyQueueAfterStopKeepsNothing: /stop stops the turn and drops what
 // was queued (from the store too), saying how many; nothing runs after.
-func TestBusyQueueAfterStopKeepsNothing(t *testing.T) {
+func TestBusyQueueRunsAfterStopKeepsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		v := newBusyEnv(t, nil, nil)
 		v.send(t, "r1", "/steps shell:hang")
@@ -240,16 +266,47 @@ func TestBusyQueueAfterStopKeepsNothing(t *testing.T) {
 		if _, ok := v.e.Wait(context.Background(), "r2"); ok {
 			t.Fatal("a dropped message has an outcome")
 		}
-		// Idle with a queue (a message waits while its store write is
-		// slow is the only way; here: restored ones): /stop just drops it.
+		// A restored session (one running, one waiting): /stop stops the
+		// one and drops the other.
+		v.q.mu.Lock()
 		v.q.msgs = []QueuedMessage{{RunID: "x1", SessionKey: "idle", Channel: "ws", Text: "/steps shell:hang", Owner: "conn1"},
 			{RunID: "x2", SessionKey: "idle", Channel: "ws", Text: "/steps say:two", Owner: "conn1"}}
+		v.q.mu.Unlock()
 		if err := v.e.RestoreQueued(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		res, err = v.e.Stop(context.Background(), "idle", "conn1", false)
 		if err != nil || res.Dropped != 1 || !res.Aborted {
 			t.Fatalf("stop with one running, one queued: %+v, %v", res, err)
+		}
+	})
+}
+
+// TestBusyStopWhileStoring: a /stop that comes while a queued message is
+// still being stored drops it too; its Send then answers that it was
+// stopped, and the store forgets it.
+func TestBusyStopWhileStoring(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{gate: make(chan struct{})}
+		v := newBusyEnv(t, q, nil)
+		v.send(t, "r1", "/steps shell:hang")
+		var ack Ack
+		done := make(chan struct{})
+		go func() { ack = v.send(t, "r2", "/steps say:two"); close(done) }()
+		synctest.Wait()
+		res, err := v.e.Stop(context.Background(), "main", "conn1", false)
+		if err != nil || !res.Aborted || res.Dropped != 1 {
+			t.Fatalf("stop: %+v, %v", res, err)
+		}
+		close(q.gate)
+		<-done
+		if ack.Status != StatusAborted || ack.RunID != "r2" {
+			t.Fatalf("ack of the dropped message %+v", ack)
+		}
+		faketime.Advance(time.Minute)
+		v.wantEnds(t, "r1 started", "r1 aborted user")
+		if got := q.stored(); len(got) != 0 {
+			t.Fatalf("stored %v", got)
 		}
 	})
 }
@@ -348,6 +405,10 @@ func TestBusyCollectJoins(t *testing.T) {
 			t.Fatalf("collected outcome %+v", out)
 		}
 		v.wantEnds(t, "r1 started", "r1 finished stop", "r2 started", "r2 finished stop")
+		// A repeated key of a collected message is answered with its turn's outcome.
+		if ack := v.send(t, "r3", "second part"); ack.RunID != "r2" || ack.Status != StatusOK || ack.Outcome == nil {
+			t.Fatalf("repeat of a collected message %+v", ack)
+		}
 		v.sink.mu.Lock()
 		defer v.sink.mu.Unlock()
 		for _, ev := range v.sink.events {
@@ -398,6 +459,40 @@ func TestBusySteerFallsBack(t *testing.T) {
 			t.Fatalf("r2 %+v", out)
 		}
 		v.wantEnds(t, "r1 started", "r1 finished stop", "r2 started", "r2 finished stop")
+	})
+}
+
+// lazySteerer says it steers but never reads its inbox.
+type lazySteerer struct{ runner.Func }
+
+func (lazySteerer) Steers() bool { return true }
+
+// TestBusySteerNeverTakenRunsNext: a message steered into a turn whose
+// runner returned without taking it is not lost: it runs next as its own
+// turn.
+func TestBusySteerNeverTakenRunsNext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rn := lazySteerer{func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			if turn.Message == "slow" {
+				time.Sleep(time.Second)
+			}
+			return runner.Result{Text: "ok " + turn.Message}, nil
+		}}
+		v := newBusyEnv(t, nil, rn, busyMode(config.BusySteer))
+		v.send(t, "r1", "slow")
+		if ack := v.send(t, "r2", "late thought"); ack.Status != StatusSteered {
+			t.Fatalf("ack %+v", ack)
+		}
+		v.wait(t, "r1")
+		synctest.Wait()
+		ends := v.ends()
+		if len(ends) != 4 || ends[1] != "r1 finished stop" || !strings.HasSuffix(ends[3], "finished stop") {
+			t.Fatalf("turns: %q", ends)
+		}
+		_, h := v.e.History(context.Background(), "main", 0)
+		if last := h[len(h)-1]; last.Text != "ok late thought" {
+			t.Fatalf("history %+v", h)
+		}
 	})
 }
 
@@ -489,6 +584,54 @@ func TestBusyQueuePersistedBeforeAck(t *testing.T) {
 	})
 }
 
+// TestBusyStoreFailsAfterStop: a store write that fails after a /stop
+// dropped its message is an error for Send, and nothing breaks.
+func TestBusyStoreFailsAfterStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{gate: make(chan struct{}), fail: errors.New("disk full")}
+		v := newBusyEnv(t, q, nil)
+		v.send(t, "r1", "/steps shell:hang")
+		var err error
+		done := make(chan struct{})
+		go func() {
+			_, err = v.e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r2", Text: "x"})
+			close(done)
+		}()
+		synctest.Wait()
+		if res, err := v.e.Stop(context.Background(), "main", "", true); err != nil || res.Dropped != 1 {
+			t.Fatalf("stop: %+v, %v", res, err)
+		}
+		close(q.gate)
+		<-done
+		if err == nil || !strings.Contains(err.Error(), "disk full") {
+			t.Fatalf("send: %v", err)
+		}
+		v.wait(t, "r1") // the stopped turn has ended: the session is free
+		if ack := v.send(t, "r3", "/steps say:three"); ack.Status != StatusStarted {
+			t.Fatalf("next message: %+v", ack)
+		}
+	})
+}
+
+// TestBusyWaitOnFailedQueue: Wait on a message whose store write then
+// fails returns no outcome (it never runs).
+func TestBusyWaitOnFailedQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{gate: make(chan struct{}), fail: errors.New("disk full")}
+		v := newBusyEnv(t, q, nil)
+		v.send(t, "r1", "/steps shell:1s")
+		go v.e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r2", Text: "x"})
+		synctest.Wait()
+		waited := make(chan bool)
+		go func() { _, ok := v.e.Wait(context.Background(), "r2"); waited <- ok }()
+		synctest.Wait()
+		close(q.gate)
+		if <-waited {
+			t.Fatal("an outcome for a message that was never queued")
+		}
+	})
+}
+
 // TestRestoreQueuedRunsInOrder: messages the store kept across a restart
 // run per session in their order, sessions side by side, and leave the
 // store as they start.
@@ -527,6 +670,89 @@ func TestRestoreQueuedRunsInOrder(t *testing.T) {
 		}
 		if got := q.stored(); len(got) != 0 {
 			t.Fatalf("still stored: %v", got)
+		}
+	})
+}
+
+// TestBusyQueueWaitsForStuckRunner: a queued message whose runner refuses
+// new turns (server.maxStuckRuns runs ignore their stop) waits, and starts
+// as soon as the stuck run's runner returns.
+func TestBusyQueueWaitsForStuckRunner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		unstick := make(chan struct{})
+		rn := runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			if turn.Message == "stuck" {
+				cb.StepStarted("tool", "shell")
+				<-unstick // ignores ctx
+			}
+			return runner.Result{Text: "ok " + turn.Message}, nil
+		})
+		v := newBusyEnv(t, nil, rn, stepTimeout(2), func(c *config.Config) { c.Server.MaxStuckRuns = 1 })
+		v.send(t, "r1", "stuck")
+		wantQueued(t, v.send(t, "r2", "two"), "r2", 0, BusyQueue)
+		faketime.Advance(10 * time.Second) // aborted at 2s, force-finalized at 4s: the runner is at its cap
+		v.wantEnds(t, "r1 started", "r1 aborted step_timeout", "r1 force_finalized step_timeout")
+		if st := v.e.Status("main"); st.Running || len(st.Queue) != 1 {
+			t.Fatalf("status while the runner refuses: %+v", st)
+		}
+		close(unstick)
+		if out := v.wait(t, "r2"); out.Text != "ok two" {
+			t.Fatalf("r2 %+v", out)
+		}
+		v.wantEnds(t, "r1 started", "r1 aborted step_timeout", "r1 force_finalized step_timeout", "r2 started", "r2 finished stop")
+	})
+}
+
+// TestRestoreQueuedCollects: in collect mode the messages restored for a
+// session are one follow-up turn again.
+func TestRestoreQueuedCollects(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{msgs: []QueuedMessage{
+			{RunID: "c1", SessionKey: "main", Channel: "ws", Text: "first"},
+			{RunID: "c2", SessionKey: "main", Channel: "ws", Text: "second"},
+		}}
+		v := newBusyEnv(t, q, nil, busyMode(config.BusyCollect))
+		if err := v.e.RestoreQueued(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if out := v.wait(t, "c2"); out.RunID != "c1" || !strings.Contains(out.Text, `"first second"`) {
+			t.Fatalf("outcome %+v", out)
+		}
+		v.wantEnds(t, "c1 started", "c1 finished stop")
+		if len(q.stored()) != 0 {
+			t.Fatalf("stored %v", q.stored())
+		}
+	})
+}
+
+// TestBusyStopIdleDropsQueue: /stop on a session with nothing running but
+// messages waiting (their runner refuses new turns) drops them and stops
+// nothing; they never run.
+func TestBusyStopIdleDropsQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		unstick := make(chan struct{})
+		rn := runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			if turn.Message == "stuck" {
+				<-unstick // ignores ctx
+			}
+			return runner.Result{Text: "ok"}, nil
+		})
+		v := newBusyEnv(t, nil, rn, stepTimeout(2), func(c *config.Config) { c.Server.MaxStuckRuns = 1 })
+		v.send(t, "r1", "stuck")
+		v.send(t, "r2", "two")
+		faketime.Advance(10 * time.Second)
+		if st := v.e.Status("main"); st.Running || len(st.Queue) != 1 {
+			t.Fatalf("status %+v", st)
+		}
+		res, err := v.e.Stop(context.Background(), "main", "conn1", false)
+		if err != nil || res.Aborted || res.Stopping || res.Dropped != 1 {
+			t.Fatalf("stop: %+v, %v", res, err)
+		}
+		close(unstick)
+		faketime.Advance(time.Minute)
+		v.wantEnds(t, "r1 started", "r1 aborted step_timeout", "r1 force_finalized step_timeout")
+		if len(v.q.stored()) != 0 {
+			t.Fatalf("stored %v", v.q.stored())
 		}
 	})
 }

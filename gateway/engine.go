@@ -205,11 +205,18 @@ type Engine struct {
 	// heldForFinalize: sessions freed by a force-finalization whose
 	// ForceFinalized event is not out yet, by run id (their queue waits).
 	heldForFinalize map[string]*session
-	outcomes        map[string]*list.Element
-	expiry          *list.List // of *cached, oldest first
-	closing         bool
-	stuck           map[string]int  // by runner: force-finalized runs still running
-	refusing        map[string]bool // by runner: at the cap (StuckRuns told saturated)
+	// stalled: idle sessions whose next queued turn waits because its
+	// runner refuses new turns (stuck runs); pumped when a runner recovers.
+	stalled map[*session]bool
+	// alias: the run id of a message collected into another's turn → that
+	// turn's run id (for Send's idempotency and Wait), until its outcome
+	// expires.
+	alias    map[string]string
+	outcomes map[string]*list.Element
+	expiry   *list.List // of *cached, oldest first
+	closing  bool
+	stuck    map[string]int  // by runner: force-finalized runs still running
+	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
 	// stuckLimit is server.maxStuckRuns as last applied (New,
 	// ConfigChanged): Send's refusals and the StuckRuns notices use the same.
 	stuckLimit int
@@ -251,6 +258,9 @@ type turn struct {
 	// them across a hot reload.
 	msgs    *messages.Set
 	started chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
+	// aliases are the run ids of the messages collected into this turn
+	// besides its own (Engine.alias).
+	aliases []string
 	// inbox takes the messages steered into this turn (busy mode steer);
 	// nil when the runner is not a runner.Steerer that steers.
 	inbox *runner.Inbox
@@ -275,6 +285,7 @@ type turn struct {
 type cached struct {
 	out     Outcome
 	expires time.Time
+	aliases []string // the run ids of the messages collected into this turn besides its own
 }
 
 // New builds an engine. It does not start anything.
@@ -287,7 +298,7 @@ func New(opts Options) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
-		admit: opts.Admit, qstore: opts.Queue, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stuck: map[string]int{}, refusing: map[string]bool{},
+		admit: opts.Admit, qstore: opts.Queue, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stalled: map[*session]bool{}, alias: map[string]string{}, stuck: map[string]int{}, refusing: map[string]bool{},
 		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
 		bus:        event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
@@ -332,6 +343,7 @@ func (e *Engine) ConfigChanged(c *config.Config) {
 	notify := e.notifyStuckLocked(notices)
 	e.mu.Unlock()
 	notify()
+	e.pumpStalled() // a higher cap may let waiting messages start
 }
 
 func (e *Engine) applyPolicy(c *config.Config) {
@@ -378,8 +390,13 @@ type Ack struct {
 }
 
 // Send starts a turn. The same RunID while it runs answers StatusInFlight;
-// after it ended (for idempotencyTTLSeconds) the cached outcome. A session
-// with an active turn answers *BusyError. Send returns as soon as the turn
+// after it ended (for idempotencyTTLSeconds) the cached outcome; while it
+// waits in a queue StatusQueued again. A message for a session with an
+// active turn (or messages waiting) is handled by the channel's busy mode
+// (busy.go): queued or collected (StatusQueued, stored in Options.Queue
+// first; *QueueFullError past busy.maxQueued), steered into the running
+// turn (StatusSteered), queued after superseding the running turn
+// (interrupt), or refused (*BusyError, mode reject). Send returns as soon as the turn
 // is registered; the reply comes as events. While the session's previous
 // turn's terminal event is still being handed to subscribers (Send called
 // from a handler of it, or racing it), the session is free and the turn is
@@ -392,23 +409,27 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
+	key := req.RunID // the run to answer for: a collected message's is its turn's
+	if id, ok := e.alias[key]; ok {
+		key = id
+	}
 	// A repeated key is answered with the outcome as soon as it is recorded
 	// (a client that saw the terminal event must get it), before the turn
 	// is done (Wait waits for that).
-	if el, ok := e.outcomes[req.RunID]; ok {
+	if el, ok := e.outcomes[key]; ok {
 		out := el.Value.(*cached).out
 		e.mu.Unlock()
 		if out.SessionKey != req.SessionKey {
 			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
-		return Ack{RunID: req.RunID, Status: out.Status, Outcome: &out}, nil
+		return Ack{RunID: key, Status: out.Status, Outcome: &out}, nil
 	}
-	if t, ok := e.turns[req.RunID]; ok {
+	if t, ok := e.turns[key]; ok {
 		e.mu.Unlock()
 		if t.run.SessionKey != req.SessionKey {
 			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
-		return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
+		return Ack{RunID: key, Status: StatusInFlight}, nil
 	}
 	if q, ok := e.waiting[req.RunID]; ok {
 		ack := e.queuedAckLocked(q)
@@ -664,6 +685,9 @@ func (e *Engine) stuckChanged(runner string, delta int) {
 	notify := e.stuckChangedLocked(runner, delta)
 	e.mu.Unlock()
 	notify()
+	if delta < 0 {
+		e.pumpStalled()
+	}
 }
 
 // stuckChangedLocked is stuckChanged with e.mu held; the caller calls the
@@ -912,12 +936,14 @@ func (e *Engine) recordOutcome(ev event.Event) (*turn, *session) {
 		s.ending++
 	}
 	t, ok := e.turns[ev.RunID]
+	var aliases []string
 	if ok {
 		out.StartedAt = t.run.StartedAt()
 		t.out = out
+		aliases = t.aliases
 	}
 	e.purgeExpired(ev.Time)
-	e.outcomes[ev.RunID] = e.expiry.PushBack(&cached{out: out, expires: ev.Time.Add(ttl)})
+	e.outcomes[ev.RunID] = e.expiry.PushBack(&cached{out: out, expires: ev.Time.Add(ttl), aliases: aliases})
 	return t, s
 }
 
@@ -930,6 +956,11 @@ func (e *Engine) purgeExpired(now time.Time) {
 		e.expiry.Remove(el)
 		if e.outcomes[c.out.RunID] == el {
 			delete(e.outcomes, c.out.RunID)
+		}
+		for _, a := range c.aliases {
+			if e.alias[a] == c.out.RunID {
+				delete(e.alias, a)
+			}
 		}
 	}
 }
@@ -994,6 +1025,9 @@ func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason eve
 func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
+	if id, ok := e.alias[runID]; ok {
+		runID = id // collected into that turn
+	}
 	// A live turn first: its outcome may be cached already, but it is done
 	// only once its ending is published and its session is free.
 	t, ok := e.turns[runID]
@@ -1003,7 +1037,10 @@ func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
 		e.mu.Unlock()
 		select {
 		case <-q.begun:
-			return e.Wait(ctx, q.runID())
+			if q.turnID == "" {
+				return Outcome{}, false // dropped
+			}
+			return e.Wait(ctx, q.turnID)
 		case <-ctx.Done():
 			return Outcome{}, false
 		}

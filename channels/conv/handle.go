@@ -115,15 +115,19 @@ func Handle(ctx context.Context, eng Engine, cfg *config.Config, in Inbound) Ans
 func doNew(ctx context.Context, eng Engine, in Inbound) Answer {
 	st := eng.Status(in.SessionKey)
 	var res gateway.StopResult
+	var err error
 	if st.Running || len(st.Queue) > 0 {
-		var err error
 		res, err = eng.Stop(ctx, in.SessionKey, in.Sender, in.Operator)
 		if errors.Is(err, gateway.ErrNotOwner) {
 			return Answer{Command: New, Stopped: res, Err: err, Text: TextNotOwner}
 		}
 	}
 	eng.Reset(in.SessionKey)
-	return Answer{Command: New, Stopped: res, Text: TextNew}
+	a := Answer{Command: New, Stopped: res, Text: NewText(res.Dropped)}
+	if err != nil { // the conversation is fresh anyway; the channel logs why the stop failed
+		a.Err, a.Failed = fmt.Errorf("stopping the turn of %s for /new: %w", in.SessionKey, err), true
+	}
+	return a
 }
 
 // stripBotName removes "@bot" from a leading command word.

@@ -22,7 +22,7 @@ type loopback struct {
 	cfg  *config.Source
 	key  string
 	mu   sync.Mutex
-	out  []string
+	out  []string // what the person has not read yet
 	wake chan struct{}
 }
 
@@ -84,9 +84,7 @@ func (l *loopback) Next(ctx context.Context) (string, error) {
 func TestLoopbackConformance(t *testing.T) {
 	convtest.Run(t, func(t *testing.T, adjust func(*config.Config)) convtest.Harness {
 		c := config.Default()
-		if adjust != nil {
-			adjust(c)
-		}
+		adjust(c)
 		if err := c.Validate(); err != nil {
 			t.Fatal(err)
 		}

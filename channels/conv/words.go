@@ -75,14 +75,7 @@ func StopText(res gateway.StopResult, err error) string {
 	case err != nil:
 		return TextCannotStop
 	}
-	dropped := ""
-	switch res.Dropped {
-	case 0:
-	case 1:
-		dropped = "1 queued message was dropped."
-	default:
-		dropped = fmt.Sprintf("%d queued messages were dropped.", res.Dropped)
-	}
+	dropped := DroppedText(res.Dropped)
 	switch {
 	case res.Stopping:
 		return strings.TrimSpace(TextStillStopping + " " + dropped)
@@ -94,6 +87,23 @@ func StopText(res gateway.StopResult, err error) string {
 		return "⏹️ Stopped. " + dropped
 	}
 	return TextNothingToStop
+}
+
+// DroppedText says that n queued messages were dropped ("" for none).
+func DroppedText(n int) string {
+	switch n {
+	case 0:
+		return ""
+	case 1:
+		return "1 queued message was dropped."
+	}
+	return fmt.Sprintf("%d queued messages were dropped.", n)
+}
+
+// NewText is the answer to /new, saying how many queued messages it
+// dropped.
+func NewText(dropped int) string {
+	return strings.TrimSpace(TextNew + " " + DroppedText(dropped))
 }
 
 // ErrorText is what a person reads when Send refused or failed a message

@@ -88,7 +88,7 @@ func TestConversations(t *testing.T) {
 		},
 		{
 			name:   "busy session",
-			adjust: func(c *config.Config) { c.Channels.Telegram.Busy.Mode = config.BusyReject },
+			adjust: rejectWhenBusy, // busy mode reject: today's refusal (queue mode's answers: channels/conv)
 			script: []step{say("/steps shell:hang"), wait(time.Second), say("and another thing")},
 			want:   []string{busyText},
 		},
@@ -143,7 +143,7 @@ func TestConversations(t *testing.T) {
 			adjust: func(c *config.Config) {
 				c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(5)
 				c.Channels.Telegram.Timeouts.AbortGraceSeconds = secs(3)
-				c.Channels.Telegram.Busy.Mode = config.BusyReject
+				rejectWhenBusy(c)
 			},
 			script: []step{
 				say("/steps shell:stuck"), wait(6 * time.Second),
@@ -269,3 +269,6 @@ func TestConfiguredTexts(t *testing.T) {
 		})
 	}
 }
+
+// rejectWhenBusy sets busy mode reject: a message while busy is refused.
+func rejectWhenBusy(c *config.Config) { c.Channels.Telegram.Busy.Mode = config.BusyReject }

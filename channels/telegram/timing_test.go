@@ -366,7 +366,7 @@ func TestGlobalRateAndFlood(t *testing.T) {
 // when they arrive in one batch; several chats at once each keep theirs.
 func TestOrderPerChat(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, setup{})
+		h := newHarness(t, setup{}) // busy mode queue: "second" is queued, /stop drops it
 		chats := []int64{alice, bob, 1003}
 		for _, id := range chats {
 			for _, text := range []string{"/status", "/steps pause:hang", "second", "/stop", "/help"} {

@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
 )
@@ -543,4 +544,20 @@ func TestBusyQueueFull(t *testing.T) {
 			t.Fatalf("/stop with a queue said %q", got)
 		}
 	})
+}
+
+// A failure of the gateway (not a refusal) is answered in words, never
+// with the Go error: the cause goes to the log.
+func TestChatSendFailureSaysWordsNotInternals(t *testing.T) {
+	e := newTCPEnv(t, envOpts{adjust: func(c *config.Config) {
+		c.Agents.Defaults.Runner, c.Agents.Exec.Command = config.RunnerExec, "/bin/true" // not registered: Send fails
+	}})
+	c, _ := e.connect("tui", "")
+	r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "hello", "idempotencyKey": "a"})
+	if r.OK || r.Error.Code != "UNAVAILABLE" || r.Error.Message != conv.TextCannotStart {
+		t.Fatalf("a failed start answered %s, want UNAVAILABLE %q", r.raw, conv.TextCannotStart)
+	}
+	if !strings.Contains(e.logs.String(), "no such runner") {
+		t.Fatalf("the cause is not in the log:\n%s", e.logs.String())
+	}
 }

@@ -31,7 +31,9 @@ func commandAnswer(c *conn, req request, key, runID string, ans conv.Answer) (an
 	}
 	if ans.Failed {
 		c.s.log.Error("command failed", "conn", c.id, "session", key, "command", ans.Command, "err", ans.Err)
-		return nil, unavailable(ans.Text)
+		if ans.Command != conv.New { // /new reset the conversation all the same
+			return nil, unavailable(ans.Text)
+		}
 	}
 	var res any = map[string]any{"ok": true, "runId": runID, "status": "ok"}
 	if ans.Command == conv.Stop {

@@ -17,23 +17,37 @@ import (
 // replies, stop and timeout notices, a command's words — and the progress
 // notices on tool lines.
 type wsPerson struct {
-	c      *client
-	n      int
-	texts  []string
-	frames chan frame // read by one goroutine: a read deadline would break the connection
+	c       *client
+	session string
+	n       int
+	texts   []string
+	frames  chan frame // read by one goroutine: a read deadline would break the connection
 }
 
 // TestConformance runs the conversation core's conformance suite over a
-// real gorilla WebSocket client on an in-memory pipe (fake time).
+// real gorilla WebSocket client on an in-memory pipe (fake time): as the
+// TUI connects, and as the web chat page does (its client id and mode, a
+// signed device key, the gateway token, its own session) — the web chat's
+// server side.
 func TestConformance(t *testing.T) {
-	convtest.Run(t, func(t *testing.T, adjust func(*config.Config)) convtest.Harness {
-		e := newPipeEnv(t, envOpts{adjust: adjust})
-		c, _ := e.connect("tui", "")
-		c.wait = 24 * time.Hour // fake time: the cases wait up to minutes for a deadline
-		p := &wsPerson{c: c, frames: make(chan frame, 64)}
-		go p.readAll()
-		return p
-	})
+	for _, client := range []string{"tui", "webchat"} {
+		t.Run(client, func(t *testing.T) {
+			convtest.Run(t, func(t *testing.T, adjust func(*config.Config)) convtest.Harness {
+				p := &wsPerson{session: "main", frames: make(chan frame, 64)}
+				if client == "tui" {
+					e := newPipeEnv(t, envOpts{adjust: adjust})
+					p.c, _ = e.connect("tui", "")
+				} else {
+					const token = "web-token-conformance"
+					e := newPipeEnv(t, envOpts{adjust: adjust, opts: Options{Token: token}})
+					p.c, p.session = e.connectSigned("webchat", deviceKey(7), token, nil), "agent:main:web"
+				}
+				p.c.wait = 24 * time.Hour // fake time: the cases wait up to minutes for a deadline
+				go p.readAll()
+				return p
+			})
+		})
+	}
 }
 
 // readAll reads frames until the connection closes.
@@ -50,7 +64,7 @@ func (p *wsPerson) readAll() {
 
 func (p *wsPerson) Send(text string) {
 	p.n++
-	id := p.c.request("chat.send", map[string]any{"sessionKey": "main", "message": text, "idempotencyKey": fmt.Sprintf("p-%d", p.n)})
+	id := p.c.request("chat.send", map[string]any{"sessionKey": p.session, "message": text, "idempotencyKey": fmt.Sprintf("p-%d", p.n)})
 	for f := range p.frames {
 		if f.Type == "res" && f.ID == id {
 			switch {

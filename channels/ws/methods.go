@@ -266,8 +266,9 @@ func (c *conn) sendError(method, key, runID string, err error) *rpcError {
 		return &rpcError{Code: CodeUnavailable, Message: unavail.UserText(), Retryable: true, RetryAfterMs: 5000,
 			Details: map[string]any{"code": "NOT_ACCEPTING_TURNS"}}
 	default:
+		// A failure, not a refusal: the words, never the Go error.
 		c.s.log.Error("starting a turn failed", "conn", c.id, "session", key, "err", err)
-		return unavailable("could not start the turn: " + err.Error())
+		return unavailable(conv.TextCannotStart)
 	}
 }
 

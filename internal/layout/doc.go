@@ -5,5 +5,7 @@
 // facts and do not import the user texts; what the engine
 // builds on (runner, store, config) never imports the engine, a channel or
 // the operator side; the engine imports no channel and no operator package;
-// channels and the operator side do not import each other.
+// channels and the operator side do not import each other; and no channel
+// imports the engine's machinery (gateway/abort, gateway/maintenance)
+// itself: channels see turns as values (gateway.TurnStatus, StopResult).
 package layout

@@ -7,14 +7,11 @@ import (
 	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/runner"
-	"github.com/turnguard/turnguard/runner/demo"
 )
 
 // A case is a conversation: what the person sends and must see.
 type tcase struct {
 	name   string
-	busy   bool // needs the engine's busy modes (branch i11-busy)
 	adjust func(*config.Config)
 	run    func(p *person)
 }
@@ -87,6 +84,14 @@ var cases = []tcase{
 		p.send("/status")
 		p.seeExactly(conv.TextIdle)
 	}},
+	{name: "new/drops-queue", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Never_run")
+		p.seeExactly(queuedAck(0))
+		p.send("/new")
+		p.see(conv.TextNew+" 1 queued message was dropped.", "Never run")
+		p.quiet(time.Minute, "Never run")
+	}},
 	{name: "help", run: func(p *person) {
 		p.send("/help")
 		s := p.see("Commands:")
@@ -108,7 +113,7 @@ var cases = []tcase{
 		p.send("/steps say:Afterwards")
 		p.see("Afterwards")
 	}},
-	{name: "delivery/timeout-then-queued", busy: true, adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
+	{name: "delivery/timeout-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
 		c.Agents.Defaults.TimeoutSeconds = seconds(30)
 	}), run: func(p *person) {
 		p.send(hang)
@@ -118,8 +123,37 @@ var cases = []tcase{
 		p.see("Second answer")
 	}},
 
+	{name: "delivery/step-timeout-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
+		c.Agents.Defaults.StepTimeoutSeconds = seconds(20)
+	}), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Second_answer")
+		p.seeExactly(queuedAck(0))
+		p.see("No progress for 20s", "Second answer")
+		p.see("Second answer")
+	}},
+	{name: "delivery/max-turn-time-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
+		c.Agents.Defaults.MaxTurnTimeSeconds = seconds(40)
+	}), run: func(p *person) {
+		p.send("/steps shell:hang:hb=5s")
+		p.send("/steps say:Second_answer")
+		p.seeExactly(queuedAck(0))
+		p.see("reached the maximum time of 40s", "Second answer")
+		p.see("Second answer")
+	}},
+	{name: "delivery/stuck-runner-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
+		c.Agents.Defaults.StepTimeoutSeconds = seconds(10)
+		c.Agents.Defaults.AbortGraceSeconds = seconds(5)
+	}), run: func(p *person) {
+		p.send("/steps shell:stuck")
+		p.send("/steps say:Second_answer")
+		p.seeExactly(queuedAck(0))
+		p.see("No progress for 10s", "Second answer")
+		p.see("Second answer") // once the stuck turn is force-finalized
+	}},
+
 	// Busy modes.
-	{name: "busy/queue", busy: true, adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+	{name: "busy/queue", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
 		p.send(slowDone)
 		p.send("/steps say:Second_reply")
 		p.seeExactly(queuedAck(0))
@@ -129,10 +163,12 @@ var cases = []tcase{
 		p.see("Second reply", "Third reply")
 		p.see("Third reply")
 	}},
-	{name: "busy/status-shows-queue", busy: true, adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+	{name: "busy/status-shows-queue", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:Waiting_one")
 		p.seeExactly(queuedAck(0))
+		p.send("/help") // a command is carried out at once, never queued
+		p.see("Commands:")
 		p.send("/status")
 		s := p.see("⏳ Working")
 		if !strings.Contains(s, "📥 1 message waiting:\n1. /steps say:Waiting_one") {
@@ -141,7 +177,7 @@ var cases = []tcase{
 		p.send("/stop")
 		p.see("1 queued message was dropped.")
 	}},
-	{name: "busy/max-queued-overflow", busy: true, adjust: busy(config.BusyQueue, 1), run: func(p *person) {
+	{name: "busy/max-queued-overflow", adjust: busy(config.BusyQueue, 1), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:Kept")
 		p.seeExactly(queuedAck(0))
@@ -151,7 +187,7 @@ var cases = []tcase{
 		p.see("1 queued message was dropped.")
 		p.quiet(time.Minute, "Kept", "One too many")
 	}},
-	{name: "busy/stop-drops-queue", busy: true, adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+	{name: "busy/stop-drops-queue", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:Dropped_A")
 		p.send("/steps say:Dropped_B")
@@ -162,13 +198,13 @@ var cases = []tcase{
 		p.send("/steps say:Fresh")
 		p.see("Fresh")
 	}},
-	{name: "busy/interrupt", busy: true, adjust: busy(config.BusyInterrupt, 5), run: func(p *person) {
+	{name: "busy/interrupt", adjust: busy(config.BusyInterrupt, 5), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:The_newer_one")
 		p.see("your newer message replaced it", "The newer one")
 		p.expect(`"The newer one", nothing else`, func(s string) bool { return s == "The newer one" }, "")
 	}},
-	{name: "busy/collect", busy: true, adjust: busy(config.BusyCollect, 5), run: func(p *person) {
+	{name: "busy/collect", adjust: busy(config.BusyCollect, 5), run: func(p *person) {
 		p.send(slowDone)
 		p.send("alpha")
 		p.see("📥 Noted")
@@ -177,10 +213,7 @@ var cases = []tcase{
 		p.see("First reply", "alpha")
 		p.see(`"alpha beta"`)
 	}},
-	{name: "busy/steer", busy: true, adjust: busy(config.BusySteer, 5), run: func(p *person) {
-		if _, ok := any(demo.New()).(runner.Steerer); !ok {
-			p.t.Skip("the demo runner does not take messages mid-turn (runner.Steerer)")
-		}
+	{name: "busy/steer", adjust: busy(config.BusySteer, 5), run: func(p *person) {
 		p.send(slowDone)
 		p.send("turn left")
 		p.seeExactly(conv.TextSteered)
@@ -189,7 +222,7 @@ var cases = []tcase{
 			p.t.Errorf("the reply of the steered turn does not mention the message: %q", s)
 		}
 	}},
-	{name: "busy/reject", busy: true, adjust: busy(config.BusyReject, 5), run: func(p *person) {
+	{name: "busy/reject", adjust: busy(config.BusyReject, 5), run: func(p *person) {
 		p.send(hang)
 		p.send("/steps say:Refused")
 		p.seeExactly((&gateway.BusyError{}).UserText())

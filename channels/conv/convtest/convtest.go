@@ -40,14 +40,10 @@ type Harness interface {
 
 // NewHarness builds a harness inside the calling synctest bubble: a real
 // engine with the demo runner (under the name "demo", the default runner),
-// configured by adjust applied to the channel's test configuration, the
+// configured by adjust (never nil) applied to the channel's test configuration, the
 // channel under test, and one person connected to it. The harness cleans
 // up after itself (t.Cleanup), releasing the demo runner's hung steps.
 type NewHarness func(t *testing.T, adjust func(*config.Config)) Harness
-
-// busyPending skips the busy-mode cases until the engine implements them.
-// TEMPORARY: removed when i11-busy is merged.
-const busyPending = false
 
 // patience is how long (fake time) a case waits for a text it expects.
 const patience = 10 * time.Minute
@@ -57,11 +53,12 @@ const patience = 10 * time.Minute
 func Run(t *testing.T, newHarness NewHarness) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if c.busy && busyPending {
-				t.Skip("needs the engine's busy modes (branch i11-busy, not merged yet)")
-			}
 			synctest.Test(t, func(t *testing.T) {
-				p := &person{t: t, h: newHarness(t, c.adjust)}
+				adjust := c.adjust
+				if adjust == nil {
+					adjust = func(*config.Config) {}
+				}
+				p := &person{t: t, h: newHarness(t, adjust)}
 				c.run(p)
 			})
 		})
