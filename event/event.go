@@ -128,13 +128,23 @@ func (k Kind) Terminal() bool { return k == Aborted || k == Finished }
 //   - StepStarted, StepCompleted: Step.
 //   - Delta: Text = the new chunk, FullText = all reply text so far.
 //   - Paused: Text = the reason. Resumed: nothing extra.
-//   - Progress: Step (the long step), Elapsed (how long it has run), Message (rendered notice).
+//   - Progress: Step (the long step), LastStep, Elapsed (how long the step
+//     has run), StepTimeout, Limit (the wall clock), Message (the notice).
 //   - Recovered: Step (the step that had the notice).
 //   - Aborted: StopReason, Elapsed (turn age), Step (current step, may be zero),
-//     LastStep (last completed), Message (rendered user text), FullText (partial reply).
+//     LastStep (last completed), Limit (the limit that was hit, for the
+//     timeout reasons), StepTimeout, Message (the user text), FullText
+//     (partial reply).
 //   - ForceFinalized: StopReason (of the abort), Elapsed (since the abort), Step.
-//   - Finished: StopReason (ReasonStop or ReasonError), FullText (the reply),
-//     Message (the error text shown to the user when StopReason is ReasonError).
+//   - Finished: StopReason (ReasonStop or ReasonError), FullText (the reply).
+//     With ReasonError also Elapsed, Step, LastStep, ErrorID (under which
+//     operators find the failure) and Message (the user text).
+//
+// Message is rendered from the facts (StopReason, Elapsed, Limit,
+// StepTimeout, Step, LastStep, ErrorID) at one point, the engine's single
+// exit of events (messages.Render), so every subscriber sees the same words;
+// the producers of events (the abort registry, the scheduler) leave it empty.
+// A runner's message written for the user (runner.UserError) is set as is.
 //   - SessionReset: SessionKey only (no RunID): earlier history is no longer
 //     part of the conversation.
 type Event struct {
@@ -156,5 +166,7 @@ type Event struct {
 
 	Deadline    time.Time     // TurnStarted: the wall clock deadline
 	Ceiling     time.Time     // TurnStarted: the hard ceiling (zero = none)
-	StepTimeout time.Duration // TurnStarted: the liveness window (0 = disabled)
+	StepTimeout time.Duration // TurnStarted, Progress, Aborted: the liveness window (0 = disabled)
+	Limit       time.Duration // Aborted: the limit hit (wall clock, liveness window or ceiling); Progress: the wall clock
+	ErrorID     string        // Finished with ReasonError: the id of the failure's details, for operators
 }

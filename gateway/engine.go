@@ -254,7 +254,10 @@ type turn struct {
 	// maxReply is the reply cap in characters (agents.defaults.maxReplyChars
 	// when the turn started), for streamed and final text alike.
 	maxReply int
-	started  chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
+	// msgs are the message texts when the turn started: its notices keep
+	// them across a hot reload.
+	msgs    *messages.Set
+	started chan struct{} // closed once TurnStarted is published: before, no one may abort or publish
 	// aliases are the run ids of the messages collected into this turn
 	// besides its own (Engine.alias).
 	aliases []string
@@ -519,7 +522,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	}
 	run, err := e.reg.Register(e.baseCtx, abort.Spec{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
-		Settings: cfg.TurnSettings(req.Channel, req.Timeout), Messages: cfg.MessageSet(),
+		Settings: cfg.TurnSettings(req.Channel, req.Timeout),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("send: %w", err)
@@ -530,7 +533,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	s.updated = run.StartedAt()
 	e.touchLocked(s, time.Now())
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
-		maxReply: cfg.Agents.Defaults.MaxReplyChars}
+		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet()}
 	if st, ok := rn.(runner.Steerer); ok && st.Steers() {
 		t.inbox = &runner.Inbox{}
 	}
@@ -600,8 +603,11 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 		}
 	default:
 		if run.Finish(event.ReasonError) {
-			msg := e.failure(tr, err, panicked, stack)
-			run.Publish(e.publish, event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text, Message: msg})
+			cur, last := run.CurrentStep()
+			ev := event.Event{Kind: event.Finished, StopReason: event.ReasonError, FullText: text,
+				Elapsed: time.Since(run.StartedAt()), Step: cur, LastStep: last}
+			ev.Message, ev.ErrorID = e.failure(tr, err, panicked, stack)
+			run.Publish(e.publish, ev)
 		}
 	}
 }
@@ -625,20 +631,21 @@ const errorRingSize = 256
 // detail goes to the log and the error ring, never to the user.
 type operatorDetailer interface{ OperatorDetail() string }
 
-// failure returns the user's text for a failed turn. A runner.UserError's
-// message was written for the user and is shown (secrets redacted). Anything else —
-// an error chain that may hold stderr lines or a secret, a panic — is kept
-// under a fresh error id, with the configuration's secrets and credential-
-// shaped values redacted, in the log and the error ring (GET /api/errors);
-// the user reads only the id.
-func (e *Engine) failure(t *turn, err error, panicked any, stack []byte) string {
+// failure records a failed turn. A runner.UserError's message was written
+// for the user and is returned as userText, to be shown as is (secrets
+// redacted). Anything else — an error chain that may hold stderr lines or a
+// secret, a panic — is kept under a fresh error id, with the configuration's
+// secrets and credential-shaped values redacted, in the log and the error
+// ring (GET /api/errors); the user reads only the id, in the error notice
+// rendered at publish.
+func (e *Engine) failure(t *turn, err error, panicked any, stack []byte) (userText, errorID string) {
 	run := t.run
 	red := errlog.NewRedactor(e.cfg.Current().Secrets())
 	if u, ok := runner.AsUserError(err); ok && panicked == nil {
 		e.log.Info("turn failed with a message for the user", "run", run.ID, "session", run.SessionKey)
-		return red.Redact(u.Message) // written for the user, but never with a secret in it
+		return red.Redact(u.Message), "" // written for the user, but never with a secret in it
 	}
-	cur, last := run.CurrentStep()
+	cur, _ := run.CurrentStep()
 	rec := errlog.Record{
 		ID: errlog.NewID(), Time: time.Now(), RunID: run.ID, SessionKey: run.SessionKey, Channel: run.Channel,
 		Runner: t.runner, Step: cur.Label(), Error: err.Error(), Chain: errlog.Chain(err),
@@ -660,10 +667,7 @@ func (e *Engine) failure(t *turn, err error, panicked any, stack []byte) string 
 		attrs = append(attrs, "panic", rec.Panic, "stack", rec.Stack)
 	}
 	e.log.Error("turn failed", attrs...)
-	return run.Messages().Render(messages.Error, messages.Fields{
-		Elapsed: messages.Duration(time.Since(run.StartedAt())), CurrentStep: cur.Label(), LastStep: last.Label(),
-		ErrorID: rec.ID, Error: rec.ID,
-	})
+	return "", rec.ID
 }
 
 // Errors returns the recent turn failures, newest first, secrets redacted
@@ -834,6 +838,9 @@ func (e *Engine) drainedLocked() <-chan struct{} {
 // the runner returned) the session is free: a client that answers a final
 // reply at once is never told the session is busy.
 func (e *Engine) publish(ev event.Event) {
+	if ev.Message == "" && messages.Wordy(&ev) {
+		ev.Message = messages.Render(e.messagesOf(ev.RunID), ev)
+	}
 	if ev.Kind == event.ForceFinalized {
 		// released held the session's queue back for this event (see
 		// heldForFinalize): the next queued turn starts after it.
@@ -855,6 +862,18 @@ func (e *Engine) publish(ev event.Event) {
 	e.settle(t)
 	e.bus.Publish(ev)
 	e.ended(t, s)
+}
+
+// messagesOf returns the message texts of live turn runID (those in force
+// when it started), or the current ones.
+func (e *Engine) messagesOf(runID string) *messages.Set {
+	e.mu.Lock()
+	t := e.turns[runID]
+	e.mu.Unlock()
+	if t != nil && t.msgs != nil {
+		return t.msgs
+	}
+	return e.cfg.Current().MessageSet()
 }
 
 // ended is called once the terminal event of turn t (nil: not live) of

@@ -143,15 +143,17 @@ func TestOpenRefusesAnotherApplicationsDatabase(t *testing.T) {
 	}
 }
 
-// Version 2 is the previous schema version since v3 (session reset): its
-// rows survive the migration, and a reset works on the migrated file.
-func TestMigrateFromVersion2KeepsRowsAndResets(t *testing.T) {
+// openMigrated creates a database at schema version v, loads the v1 rows
+// fixture into it (later versions only added tables, columns and indexes),
+// opens it (which migrates it) and checks its version and history.
+func openMigrated(t *testing.T, v int) *store.SQLite {
+	t.Helper()
 	ctx := context.Background()
 	path := dbPath(t)
-	if err := store.CreateAtVersion(ctx, path, 2); err != nil {
-		t.Fatalf("create at version 2: %v", err)
+	if err := store.CreateAtVersion(ctx, path, v); err != nil {
+		t.Fatalf("create at version %d: %v", v, err)
 	}
-	fixture, err := os.ReadFile("testdata/v1_rows.sql") // v2 only added tables and columns
+	fixture, err := os.ReadFile("testdata/v1_rows.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,12 +161,19 @@ func TestMigrateFromVersion2KeepsRowsAndResets(t *testing.T) {
 		t.Fatalf("load fixture: %v", err)
 	}
 	s := open(t, path, store.Options{})
-	if v, _ := store.UserVersion(ctx, path); v != store.SchemaVersion {
-		t.Errorf("schema version = %d, want %d", v, store.SchemaVersion)
+	if got, _ := store.UserVersion(ctx, path); got != store.SchemaVersion {
+		t.Errorf("schema version = %d, want %d", got, store.SchemaVersion)
 	}
 	if got := mustHistory(t, s, "telegram:42"); len(got) != 3 {
-		t.Fatalf("history after migration = %+v, want the 3 stored messages", got)
+		t.Fatalf("history after migration from v%d = %+v, want the 3 stored messages", v, got)
 	}
+	return s
+}
+
+// Version 2 is the previous schema version since v3 (session reset): its
+// rows survive the migration, and a reset works on the migrated file.
+func TestMigrateFromVersion2KeepsRowsAndResets(t *testing.T) {
+	s := openMigrated(t, 2)
 	s.Handle(event.Event{Kind: event.SessionReset, SessionKey: "telegram:42", Time: t0.Add(time.Hour)})
 	flush(t, s)
 	if got := mustHistory(t, s, "telegram:42"); len(got) != 0 {

@@ -39,6 +39,11 @@
 //     messages that are not a recorded ending (the restart's interrupted
 //     notice). After a restart, Pending lists what still has to be sent, so
 //     no final reply or notice is lost.
+//   - Queued messages. AddQueued writes a message that waits behind its
+//     session's running turn, synchronously and durably, before the sender
+//     is told it is queued; RemoveQueued forgets it when its turn starts or
+//     it is dropped; Queued lists them, oldest first, so a restart runs
+//     them after the recovery notices. Retention never deletes them.
 //
 // At start-up the gateway calls RunningTurns: every turn still "running" was
 // cut off by the previous process. For each, MarkInterrupted (exactly once,

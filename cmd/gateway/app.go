@@ -17,6 +17,7 @@ import (
 	"github.com/turnguard/turnguard/channels/webchat"
 	"github.com/turnguard/turnguard/channels/ws"
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/messages"
@@ -101,13 +102,17 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// While the store cannot write, a turn would leave no trace: refuse new
 	// ones (retryable) until it can.
 	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: a.runners.engineRunners(), Log: log, History: storeHistory(a.store),
-		Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health})
+		Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store}})
 	if err != nil {
 		return a, fmt.Errorf("engine: %w", err)
 	}
 	// Subscribed before any turn can start, so the store sees every event.
 	a.unsub = a.eng.Bus().Subscribe("", a.store.Handle)
 	a.eng.Start(ctx)
+	// The messages queued before the last stop run now: after the
+	// interrupted notices (recoverInterrupted), before any channel takes a
+	// new message.
+	restoreQueued(sctx, a.eng, log)
 
 	// Channels. The WebSocket protocol serves the OpenClaw clients and the
 	// web chat.
@@ -333,11 +338,9 @@ func recoverInterrupted(ctx context.Context, st *store.SQLite, cfg *config.Confi
 	}
 	msgs := cfg.MessageSet()
 	for _, t := range turns {
-		text := msgs.Render(messages.Interrupted, messages.Fields{
-			Elapsed:     messages.Duration(t.UpdatedAt.Sub(t.StartedAt)),
-			LastStep:    t.LastStep.Label(),
-			CurrentStep: t.CurrentStep.Label(),
-		})
+		text := messages.Render(msgs, event.Event{Kind: event.Aborted, StopReason: event.ReasonInterrupted,
+			Elapsed: t.UpdatedAt.Sub(t.StartedAt), Step: t.CurrentStep, LastStep: t.LastStep,
+			StepTimeout: t.StepTimeout})
 		if t.Channel != config.ChannelWS && t.ChatRef != "" {
 			if _, err := st.Enqueue(ctx, store.OutboxMessage{Channel: t.Channel, ChatRef: t.ChatRef, RunID: t.RunID,
 				Kind: store.OutboxNotice, Text: text}); err != nil && !errors.Is(err, store.ErrDuplicate) {

@@ -123,6 +123,19 @@ func operatorGet(t *testing.T, addr, path string, v any) {
 	}
 }
 
+// startHanging starts the gateway on dir and a WebSocket turn run in
+// session that hangs in step shell, and returns once the store file records
+// it in that step (so a kill cannot race the asynchronous writer).
+func startHanging(t *testing.T, dir, cfg, session, run string) (*gatewayProc, *wsClient) {
+	t.Helper()
+	p := startGateway(t, dir, cfg)
+	cl := dialGateway(t, p.addr, testToken)
+	chatSend(cl, session, run, "/steps shell:hang")
+	cl.waitEvent("agent", 10*time.Second, toolStarted(run, "shell"))
+	waitCurrentStep(t, filepath.Join(dir, "gateway.db"), run, "shell")
+	return p, cl
+}
+
 // TestCrashInterruptedNoticeOnce: a turn running `/steps shell:hang` when
 // the process is killed (SIGKILL) is ended at the next start, before
 // traffic is accepted, as interrupted; its WebSocket user — disconnected by
@@ -138,11 +151,7 @@ func TestCrashInterruptedNoticeOnce(t *testing.T) {
 	// was running when the process died.
 	const wantStart, wantEnd = "⚠️ The gateway restarted while working on your request — last action was shell.", "Please send it again."
 
-	p := startGateway(t, dir, cfg)
-	cl := dialGateway(t, p.addr, testToken)
-	chatSend(cl, session, run, "/steps shell:hang")
-	cl.waitEvent("agent", 10*time.Second, toolStarted(run, "shell"))
-	waitCurrentStep(t, db, run, "shell")
+	p, _ := startHanging(t, dir, cfg, session, run)
 	p.signal(syscall.SIGKILL)
 	p.wait(5 * time.Second)
 
@@ -204,11 +213,7 @@ func TestCrashInterruptedNoticeOnce(t *testing.T) {
 func TestCrashMetricsAfterRestart(t *testing.T) {
 	dir := t.TempDir()
 	cfg := crashConfig(dir)
-	p := startGateway(t, dir, cfg)
-	cl := dialGateway(t, p.addr, testToken)
-	chatSend(cl, "main", "run-m", "/steps shell:hang")
-	cl.waitEvent("agent", 10*time.Second, toolStarted("run-m", "shell"))
-	waitCurrentStep(t, filepath.Join(dir, "gateway.db"), "run-m", "shell")
+	p, _ := startHanging(t, dir, cfg, "main", "run-m")
 	p.signal(syscall.SIGKILL)
 	p.wait(5 * time.Second)
 
@@ -577,4 +582,148 @@ func grepLines(s string, prefixes ...string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestQueuedSurvivesSIGKILL: a message sent over WebSocket while the
+// session's turn runs is answered "queued" (busy mode queue, the default)
+// only once it is stored durably, so a SIGKILL right after the answer loses
+// nothing. The restarted gateway first ends the cut-off turn with the
+// interrupted notice, then runs the queued message as its own turn (its
+// queued run id) — in that order in the history — and exactly once: a
+// further restart runs nothing again.
+func TestQueuedSurvivesSIGKILL(t *testing.T) {
+	dir := t.TempDir()
+	cfg := crashConfig(dir)
+	db := filepath.Join(dir, "gateway.db")
+	const first, queued, session = "run-before-crash", "run-queued", "main"
+	const question, reply = "/steps say:Queued_answer", "Queued answer"
+
+	p, cl := startHanging(t, dir, cfg, session, first)
+	res := cl.call("chat.send", map[string]any{"sessionKey": session, "message": question, "idempotencyKey": queued})
+	var ack struct{ RunID, Status, Busy string }
+	if err := json.Unmarshal(res.Payload, &ack); err != nil || !res.OK || ack.Status != "queued" || ack.RunID != queued {
+		t.Fatalf("chat.send while busy: ok=%v %s %+v; want status queued", res.OK, res.Payload, res.Error)
+	}
+	p.signal(syscall.SIGKILL) // at once: the answer promised the message is stored
+	p.wait(5 * time.Second)
+
+	for restart := 1; restart <= 2; restart++ {
+		p := startGateway(t, dir, cfg)
+		cl := dialGateway(t, p.addr, testToken)
+		var msgs []historyMessage
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			msgs = history(t, cl, session)
+			if countReplies(msgs, reply) > 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // real time: the restored turn runs in another process
+		}
+		if n := countReplies(msgs, reply); n != 1 {
+			t.Fatalf("restart %d: the history holds the queued message's reply %d times, want once:\n%s", restart, n, transcriptOf(msgs))
+		}
+		notice, user, answer := -1, -1, -1
+		for i, m := range msgs {
+			switch {
+			case m.Role == "assistant" && m.StopReason == "interrupted":
+				notice = i
+			case m.Role == "user" && textOf(m) == question:
+				user = i
+			case m.Role == "assistant" && textOf(m) == reply:
+				answer = i
+			}
+		}
+		if notice < 0 || !(notice < user && user < answer) {
+			t.Fatalf("restart %d: want the interrupted notice, then the queued message, then its reply:\n%s", restart, transcriptOf(msgs))
+		}
+		p.signal(syscall.SIGTERM)
+		if code := p.wait(10 * time.Second); code != 0 {
+			t.Fatalf("restart %d: exit code %d", restart, code)
+		}
+	}
+
+	st, err := store.Open(context.Background(), db, store.Options{Unlocked: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if q, err := st.Queued(context.Background()); err != nil || len(q) != 0 {
+		t.Errorf("the store still queues %+v (%v): the message ran, it must be gone", q, err)
+	}
+	if tr, err := st.Turn(context.Background(), queued); err != nil || tr.State != store.TurnFinished {
+		t.Errorf("the queued run's turn = %+v, %v; want finished under its queued run id", tr, err)
+	}
+}
+
+func textOf(m historyMessage) string {
+	var b strings.Builder
+	for _, c := range m.Content {
+		b.WriteString(c.Text)
+	}
+	return b.String()
+}
+
+func countReplies(msgs []historyMessage, reply string) int {
+	n := 0
+	for _, m := range msgs {
+		if m.Role == "assistant" && textOf(m) == reply {
+			n++
+		}
+	}
+	return n
+}
+
+func transcriptOf(msgs []historyMessage) string {
+	var b strings.Builder
+	for _, m := range msgs {
+		fmt.Fprintf(&b, "  %s [%s] %q\n", m.Role, m.StopReason, textOf(m))
+	}
+	return b.String()
+}
+
+// TestQueuedSurvivesSIGKILLTelegram: the same in a Telegram chat. The
+// person's second message is answered "📥 Queued" once it is stored; the
+// process is killed; after the restart the chat gets the interrupted notice
+// of the first request and then the queued message's answer, each once —
+// a third start sends neither again.
+func TestQueuedSurvivesSIGKILLTelegram(t *testing.T) {
+	dir := t.TempDir()
+	bot := newFakeBot(t)
+	cfg := telegramConfig(dir, bot)
+	db := filepath.Join(dir, "gateway.db")
+	const notice, reply = "The gateway restarted while working on your request", "Queued from Telegram"
+
+	p := startGateway(t, dir, cfg)
+	msgID := bot.say("/steps shell:hang")
+	waitCurrentStep(t, db, fmt.Sprintf("tg-%d-%d", crashChat, msgID), "shell")
+	bot.say("/steps say:Queued_from_Telegram")
+	bot.waitSent("📥 Queued", 30*time.Second)
+	p.signal(syscall.SIGKILL) // at once: the answer promised the message is stored
+	p.wait(5 * time.Second)
+
+	p2 := startGateway(t, dir, cfg)
+	bot.waitSent(reply, 30*time.Second)
+	sent, _ := bot.messages()
+	at := func(s string) int {
+		for i, m := range sent {
+			if strings.Contains(m, s) {
+				return i
+			}
+		}
+		return -1
+	}
+	if countContaining(sent, notice) != 1 || countContaining(sent, reply) != 1 || at(notice) > at(reply) {
+		t.Fatalf("after the restart the chat got %q; want the interrupted notice, then the queued answer, once each", sent)
+	}
+	p2.signal(syscall.SIGTERM)
+	if code := p2.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+
+	startGateway(t, dir, cfg)
+	bot.say("/steps say:Still_here")
+	bot.waitSent("Still here", 30*time.Second)
+	if sent, _ := bot.messages(); countContaining(sent, notice) != 1 || countContaining(sent, reply) != 1 {
+		t.Errorf("after another restart the chat got %q: the notice or the queued answer again", sent)
+	}
 }

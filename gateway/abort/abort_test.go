@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 
 	"github.com/turnguard/turnguard/internal/faketime"
@@ -107,6 +108,8 @@ func TestAbortTwiceSecondLoses(t *testing.T) {
 	}
 }
 
+// TestStepsAndAbortMessage: an abort carries the facts its notice is
+// rendered from (steps, elapsed, the limit hit) and the partial reply.
 func TestStepsAndAbortMessage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := New(nil)
@@ -126,8 +129,14 @@ func TestStepsAndAbortMessage(t *testing.T) {
 			t.Fatal("abort lost")
 		}
 		want := "⚠️ No progress for 5m0s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
-		if ev.Message != want {
-			t.Fatalf("message\n got  %q\n want %q", ev.Message, want)
+		if ev.Message != "" {
+			t.Fatalf("the registry rendered %q: it carries facts, the engine renders", ev.Message)
+		}
+		if ev.Limit != 5*time.Minute || ev.StepTimeout != 5*time.Minute {
+			t.Fatalf("limit %v, step timeout %v: want the liveness window, 5m", ev.Limit, ev.StepTimeout)
+		}
+		if got := messages.Render(nil, ev); got != want {
+			t.Fatalf("message from the facts\n got  %q\n want %q", got, want)
 		}
 		if ev.Elapsed != 5*time.Second || ev.Step.Name != "shell" || ev.LastStep.Name != "web_search" || ev.FullText != "partial " {
 			t.Fatalf("event %+v", ev)

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/event"
-	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 
@@ -100,10 +99,7 @@ type Spec struct {
 	Channel    string
 	ChatRef    string
 	Settings   timeout.Settings
-	Messages   *messages.Set // nil = the built-in texts
 }
-
-var defaultMessages = messages.MustDefault()
 
 // Register creates the Run for spec. Its context derives from ctx, which must
 // outlive the turn (pass the gateway's base context, not a request's). If the
@@ -121,10 +117,7 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 	now := g.now()
 	r := &Run{
 		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef,
-		Settings: spec.Settings, reg: g, msgs: spec.Messages, start: now,
-	}
-	if r.msgs == nil {
-		r.msgs = defaultMessages
+		Settings: spec.Settings, reg: g, start: now,
 	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	s.runs[spec.RunID] = r

@@ -11,7 +11,6 @@ import (
 	"unsafe"
 
 	"github.com/turnguard/turnguard/event"
-	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 
@@ -106,7 +105,6 @@ type Run struct {
 	ChatRef    string
 	Settings   timeout.Settings
 
-	msgs   *messages.Set
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -345,8 +343,9 @@ func (e *AbortError) Error() string { return "turn " + e.RunID + " aborted: " + 
 // Abort stops the run with reason. It wins only if the run is still running:
 // then it cancels the run's context, tells the OnSooner watcher (the
 // force-finalization after the abort grace is now due), and returns the
-// Aborted event (with the rendered user message and the partial reply) for
-// the caller to publish, and true. If Finish or another Abort won first it
+// Aborted event (with the facts its notice is rendered from — reason,
+// elapsed, steps, the limit hit — and the partial reply) for the caller to
+// publish, and true. If Finish or another Abort won first it
 // changes nothing and returns false.
 func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
 	if !r.state.CompareAndSwap(uint32(StateRunning), stateWord(StateAborted, reason)) {
@@ -357,14 +356,15 @@ func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
 	r.cancel(&AbortError{RunID: r.ID, Reason: reason})
 	cur, last := r.steps2()
 	ev := event.Event{
-		Kind:       event.Aborted,
-		StopReason: reason,
-		Elapsed:    time.Duration(now - r.start),
-		Step:       cur,
-		LastStep:   last,
+		Kind:        event.Aborted,
+		StopReason:  reason,
+		Elapsed:     time.Duration(now - r.start),
+		Step:        cur,
+		LastStep:    last,
+		Limit:       r.Limit(reason),
+		StepTimeout: r.Settings.StepTimeout,
+		FullText:    r.Text(),
 	}
-	ev.Message = r.render(reason, ev)
-	ev.FullText = r.Text()
 	r.reg.sooner(r) // the abort grace is due, maybe before the armed time
 	return ev, true
 }
@@ -512,35 +512,16 @@ func (r *Run) toStep(s *stepRec) event.Step {
 	return event.Step{Kind: s.kind, Name: s.name, Seq: s.seq, StartedAt: r.reg.wall(s.started)}
 }
 
-// render produces the user message for an abort with reason.
-func (r *Run) render(reason event.StopReason, ev event.Event) string {
-	f := messages.Fields{
-		Elapsed:     messages.Duration(ev.Elapsed),
-		LastStep:    ev.LastStep.Label(),
-		CurrentStep: ev.Step.Label(),
-		StepTimeout: messages.Duration(r.Settings.StepTimeout),
-	}
-	var n messages.Name
+// Limit is the limit a stop with reason enforces: the wall clock, the
+// liveness window or the ceiling; 0 for the other reasons.
+func (r *Run) Limit(reason event.StopReason) time.Duration {
 	switch reason {
 	case event.ReasonTimeout:
-		n, f.Limit = messages.Timeout, messages.Duration(r.Settings.Timeout)
+		return r.Settings.Timeout
 	case event.ReasonStepTimeout:
-		n, f.Limit = messages.StepTimeout, messages.Duration(r.Settings.StepTimeout)
+		return r.Settings.StepTimeout
 	case event.ReasonMaxTurnTime:
-		n, f.Limit = messages.MaxTurnTime, messages.Duration(r.Settings.MaxTurnTime)
-	case event.ReasonShutdown:
-		n = messages.Shutdown
-	case event.ReasonInterrupted:
-		n = messages.Interrupted
-	case event.ReasonSuperseded:
-		n = messages.Superseded
-	case event.ReasonError:
-		n = messages.Error
-	default:
-		n = messages.User
+		return r.Settings.MaxTurnTime
 	}
-	return r.msgs.Render(n, f)
+	return 0
 }
-
-// Messages returns the template set the run renders with.
-func (r *Run) Messages() *messages.Set { return r.msgs }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/messages"
 )
 
 // Observer receives the scheduler's measurements (for metrics). Methods are
@@ -265,11 +264,8 @@ func (s *Scheduler) progress(r *abort.Run, now time.Duration) {
 	elapsed := now - v.StepStarted
 	r.SetNotice(v.StepSeq, now)
 	s.stats.Progress.Add(1)
-	msg := r.Messages().Render(messages.Progress, messages.Fields{
-		Elapsed: messages.Duration(elapsed), CurrentStep: cur.Label(), LastStep: last.Label(),
-		StepTimeout: messages.Duration(r.Settings.StepTimeout), Limit: messages.Duration(r.Settings.Timeout),
-	})
-	r.Publish(s.publish, event.Event{Kind: event.Progress, Step: cur, LastStep: last, Elapsed: elapsed, Message: msg})
+	r.Publish(s.publish, event.Event{Kind: event.Progress, Step: cur, LastStep: last, Elapsed: elapsed,
+		StepTimeout: r.Settings.StepTimeout, Limit: r.Settings.Timeout})
 }
 
 func reasonIndex(r event.StopReason) int {

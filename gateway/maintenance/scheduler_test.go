@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 
 	"github.com/turnguard/turnguard/internal/faketime"
@@ -101,7 +102,7 @@ func TestSilentStepAbortedAtExactlyTheStepDeadline(t *testing.T) {
 			t.Fatalf("runner context cause = %v", err)
 		}
 		h.rec.mu.Lock()
-		msg := h.rec.events[0].Message
+		msg := messages.Render(nil, h.rec.events[0])
 		h.rec.mu.Unlock()
 		if !strings.Contains(msg, "No progress for 5s") || !strings.Contains(msg, "shell never finished") {
 			t.Fatalf("user message %q", msg)
@@ -215,7 +216,7 @@ func TestProgressNoticeRepeatsAndStopsWithTheStep(t *testing.T) {
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"progress@30s", "progress@1m30s"})
 		h.rec.mu.Lock()
-		msg := h.rec.events[0].Message
+		msg := messages.Render(nil, h.rec.events[0])
 		h.rec.mu.Unlock()
 		if msg != "⏳ Still working — shell has been running for 30s…" {
 			t.Fatalf("progress message %q", msg)

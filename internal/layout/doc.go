@@ -1,6 +1,8 @@
 // Package layout holds no code: its test checks the import rules that keep
 // turnguard's rooms apart (see docs/architecture.md). The vocabulary
-// (event, messages, timeout) imports nothing of turnguard's; what the engine
+// (event, messages, timeout) imports nothing of turnguard's but event (the
+// user texts render events); the abort registry and the scheduler carry
+// facts and do not import the user texts; what the engine
 // builds on (runner, store, config) never imports the engine, a channel or
 // the operator side; the engine imports no channel and no operator package;
 // channels and the operator side do not import each other; and no channel
