@@ -72,6 +72,12 @@ func (e *QueueFullError) Unwrap() error { return ErrBusy }
 
 // UserText is what a channel shows a person whose message was refused.
 func (e *QueueFullError) UserText() string {
+	switch e.Limit {
+	case 0: // busy.maxQueued 0: nothing may wait
+		return (&BusyError{}).UserText()
+	case 1:
+		return "📥 A message is already waiting — wait for an answer, or send /stop to stop the request and drop it."
+	}
 	return fmt.Sprintf("📥 %d messages are already waiting — wait for an answer, or send /stop to stop the request and drop them.", e.Limit)
 }
 
