@@ -189,8 +189,13 @@ type identity struct {
 // SessionKey is the engine session of a Telegram chat.
 func SessionKey(chatID int64) string { return "telegram:" + strconv.FormatInt(chatID, 10) }
 
-// New builds the channel from cfg's channels.telegram section and
-// subscribes it to eng's event bus. It makes no network call. It logs a
+// startupClaimTimeout bounds New's read of the outbox.
+const startupClaimTimeout = 10 * time.Second
+
+// New builds the channel from cfg's channels.telegram section, queues the
+// outbox's pending messages and subscribes it to eng's event bus. It makes
+// no network call itself (the queued messages go out on the chats'
+// workers). It logs a
 // warning when the chat allow-list is empty and the channel's runner is not
 // the free demo runner.
 func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error) {
@@ -245,6 +250,14 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	}
 	c.bot, c.api = b, api{b: b}
 	c.baseCtx, c.cancel = context.WithCancel(context.Background())
+	if c.outbox != nil {
+		// What the outbox still holds (the endings and interrupted notices
+		// of the last run) is queued before the channel hears of any new
+		// turn, so in each chat it goes before what those turns say.
+		ctx, cancel := context.WithTimeout(c.baseCtx, startupClaimTimeout)
+		c.resendPending(ctx)
+		cancel()
+	}
 	c.unsub = eng.Bus().Subscribe("", c.onEvent)
 	if c.durable {
 		c.wg.Add(1)
