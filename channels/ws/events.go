@@ -97,6 +97,11 @@ type runState struct {
 	frames  []outFrame // scratch
 	watched bool       // the current event has watchers: encode frames
 
+	// The watcher check's cache (see hasWatchers): whether a connection
+	// watches key by name, as of the server's watchGen.
+	watchGen   uint64
+	keyWatched bool
+
 	// Streaming (see onDelta): the reply so far, how much of it the last
 	// delta sent carried, when that was, and the timer that sends the rest.
 	full      string
@@ -126,6 +131,10 @@ func (rs *runState) stop() {
 	}
 }
 
+// runSlot is where a run's state is kept in the run's event.Locals, so an
+// event reaches it without a lookup by run id.
+var runSlot = event.NewLocal[runState]()
+
 // onEvent is the bus handler: it turns one engine event into protocol
 // frames, encoded once, and hands them to every connection watching the
 // session. It runs on the publisher's goroutine (in the run's order) and
@@ -134,29 +143,13 @@ func (s *Server) onEvent(ev event.Event) {
 	if ev.Kind == event.ForceFinalized || ev.RunID == "" {
 		return // the run already ended for its users; or not a run's event (a session reset)
 	}
-	// No server-wide lock: one run's events come in its order (the bus
-	// calls this on the run's publisher), so only that run's first event
-	// stores its state and only its terminal event removes it.
-	var rs *runState
-	if ev.Kind.Terminal() {
-		if v, ok := s.runs.LoadAndDelete(ev.RunID); ok {
-			rs = v.(*runState)
-		} else {
-			rs = s.newRun(ev, false) // a run that started before the server
-		}
-	} else if v, ok := s.runs.Load(ev.RunID); ok {
-		rs = v.(*runState)
-	} else {
-		rs = s.newRun(ev, true)
-		s.runs.Store(ev.RunID, rs)
-	}
-
+	rs := s.runFor(ev)
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rs.done {
 		return
 	}
-	rs.watched = s.hasWatchers(rs.key)
+	rs.watched = rs.hasWatchers()
 	rs.frames = rs.frames[:0]
 	rs.apply(ev)
 	if len(rs.frames) > 0 {
@@ -173,6 +166,57 @@ func (s *Server) onEvent(ev event.Event) {
 		}
 		s.endAgentWaiters(rs.outcome(ev))
 	}
+}
+
+// runFor returns the state of ev's run, creating it at the run's first
+// event. No server-wide lock and, for the gateway's events, no lookup: the
+// state is kept in the run's event.Locals (one run's events come in its
+// order, on its publisher), and in s.runs only so that Shutdown can stop its
+// timers — stored at the run's first event, deleted at its terminal one. The
+// state of an ended run stays in the slot, done, so a late event of the run
+// is ignored. Events without Locals (published by hand, as tests do) and a
+// second server on the same bus use s.runs by run id.
+func (s *Server) runFor(ev event.Event) *runState {
+	terminal := ev.Kind.Terminal()
+	if rs := runSlot.Get(ev); rs != nil && rs.s == s {
+		if terminal {
+			s.runs.Delete(ev.RunID)
+		}
+		return rs
+	}
+	if terminal {
+		if v, ok := s.runs.LoadAndDelete(ev.RunID); ok {
+			return v.(*runState)
+		}
+		return s.newRun(ev, false) // a run that started before the server
+	}
+	if v, ok := s.runs.Load(ev.RunID); ok {
+		return v.(*runState)
+	}
+	rs := s.newRun(ev, true)
+	s.runs.Store(ev.RunID, rs)
+	if runSlot.Get(ev) == nil {
+		runSlot.Set(ev, rs)
+	}
+	return rs
+}
+
+// hasWatchers reports whether any connection would receive the run's
+// events. It takes no lock and, unless watchers changed since the run last
+// asked, hashes nothing: called with rs.mu held, for every event.
+func (rs *runState) hasWatchers() bool {
+	s := rs.s
+	if s.watchAllN.Load() > 0 {
+		return true
+	}
+	if s.watchedN.Load() == 0 {
+		return false
+	}
+	if g := s.watchGen.Load(); g != rs.watchGen {
+		_, rs.keyWatched = s.watchedKeys.Load(rs.key)
+		rs.watchGen = g
+	}
+	return rs.keyWatched
 }
 
 // outcome is the engine's Outcome of a terminal event.
@@ -389,7 +433,7 @@ func (rs *runState) keepalive() {
 		return
 	}
 	now := time.Now()
-	rs.watched = rs.s.hasWatchers(rs.key)
+	rs.watched = rs.hasWatchers()
 	rs.frames = rs.frames[:0]
 	lc := lifecycleData{Phase: "running"}
 	if !rs.tool.IsZero() {
@@ -472,7 +516,7 @@ func (rs *runState) flushDelta() {
 	if rs.done || rs.sent >= len(rs.full) {
 		return
 	}
-	rs.watched = rs.s.hasWatchers(rs.key)
+	rs.watched = rs.hasWatchers()
 	rs.frames = rs.frames[:0]
 	rs.emitDelta()
 	if len(rs.frames) > 0 {

@@ -114,8 +114,9 @@ type Run struct {
 	pausedAt  atomic.Int64 // 0 = not paused
 	abortedAt atomic.Int64
 
-	mu   sync.Mutex // orders event publication and guards seq and text
-	text *replyText // streamed reply text; nil until the first delta
+	mu     sync.Mutex   // orders event publication and guards seq and text
+	text   *replyText   // streamed reply text; nil until the first delta
+	locals event.Locals // the subscribers' state for this run, carried on its events
 }
 
 // replyText is a run's streamed reply, allocated with its first chunk (the
@@ -475,15 +476,17 @@ func (r *Run) Text() string {
 	return r.text.b.String()
 }
 
-// Publish stamps ev with the run's identity, the next per-run sequence number
-// and the time, and passes it to pub. Calls are serialised per run, so pub
-// sees one run's events in sequence order. pub must not block.
+// Publish stamps ev with the run's identity, the next per-run sequence number,
+// the time and the run's Locals, and passes it to pub. Calls are serialised
+// per run, so pub sees one run's events in sequence order (and its handlers
+// may use the run's Locals without a lock). pub must not block.
 func (r *Run) Publish(pub func(event.Event), ev event.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
 	ev.Seq = uint64(r.seq)
 	ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef = r.ID, r.SessionKey, r.Channel, r.ChatRef
+	ev.Locals = &r.locals
 	if ev.Time.IsZero() {
 		ev.Time = time.Now()
 	}
