@@ -258,7 +258,7 @@ func (rs *runState) apply(ev event.Event) {
 		}
 		if isTool(ev.Step) {
 			rs.tool = ev.Step
-			if rs.quiet(true) {
+			if rs.quiet(t, true) {
 				break
 			}
 			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label()})
@@ -268,7 +268,7 @@ func (rs *runState) apply(ev event.Event) {
 		switch {
 		case !rs.tool.IsZero() && rs.tool.Seq == ev.Step.Seq:
 			rs.toolResult(t, rs.tool, false)
-		case isTool(ev.Step) && rs.quiet(true):
+		case isTool(ev.Step) && rs.quiet(t, true):
 		case isTool(ev.Step): // a completion without a start: show it as a finished tool
 			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label()})
 			rs.toolResult(t, ev.Step, false)
@@ -350,7 +350,7 @@ func (rs *runState) closeSteps(t time.Time, failed bool) {
 }
 
 func (rs *runState) toolResult(t time.Time, st event.Step, failed bool) {
-	if rs.quiet(true) {
+	if rs.quiet(t, true) {
 		if rs.tool.Seq == st.Seq {
 			rs.tool = event.Step{}
 		}
@@ -368,7 +368,7 @@ func (rs *runState) toolResult(t time.Time, st event.Step, failed bool) {
 }
 
 func (rs *runState) item(t time.Time, st event.Step, phase, title, status, progress string) {
-	if rs.quiet(false) {
+	if rs.quiet(t, false) {
 		return
 	}
 	id := rs.toolCallID(st)
@@ -380,15 +380,16 @@ func (rs *runState) lifecycle(t time.Time, d lifecycleData) {
 	rs.agentEvent(t, "lifecycle", false, true, d)
 }
 
-// quiet reports that the current event has no watchers, so no frame is
-// built; it still records, when resets, that the run made progress (what
-// agentEvent would have recorded).
-func (rs *runState) quiet(resets bool) bool {
+// quiet reports that the current event (of time t) has no watchers, so no
+// frame is built; it still records, when resets, that the run made progress
+// at t (what agentEvent would have recorded). An unwatched event reads no
+// clock: t is the event's.
+func (rs *runState) quiet(t time.Time, resets bool) bool {
 	if rs.watched {
 		return false
 	}
 	if resets {
-		rs.last = time.Now()
+		rs.last = t
 	}
 	return true
 }
@@ -396,11 +397,11 @@ func (rs *runState) quiet(resets bool) bool {
 // agentEvent appends an agent event. toolOnly frames go only to clients with
 // the tool-events cap; resets says the frame resets the TUI's watchdog.
 func (rs *runState) agentEvent(t time.Time, stream string, toolOnly, resets bool, data any) {
+	if rs.quiet(t, resets) {
+		return
+	}
 	if resets {
 		rs.last = time.Now()
-	}
-	if !rs.watched {
-		return
 	}
 	rs.seq++
 	p := agentEvent{RunID: rs.id, Seq: rs.seq, Stream: stream, Ts: ms(t), SessionKey: rs.key, AgentID: rs.agent, Data: data}
@@ -428,7 +429,9 @@ func (rs *runState) keepalive() {
 		return
 	}
 	every := rs.s.opts.Keepalive
-	if since := time.Since(rs.last); since < every {
+	// rs.last may be an event's own time (see quiet): one from the future
+	// (a clock step) counts as long ago, so a frame goes now.
+	if since := time.Since(rs.last); since >= 0 && since < every {
 		rs.timer.Reset(every - since)
 		return
 	}

@@ -477,7 +477,8 @@ func (r *Run) Text() string {
 }
 
 // Publish stamps ev with the run's identity, the next per-run sequence number,
-// the time and the run's Locals, and passes it to pub. Calls are serialised
+// the time (unless set; on the registry's clock, as step start times) and the
+// run's Locals, and passes it to pub. Calls are serialised
 // per run, so pub sees one run's events in sequence order (and its handlers
 // may use the run's Locals without a lock). pub must not block.
 func (r *Run) Publish(pub func(event.Event), ev event.Event) {
@@ -488,7 +489,7 @@ func (r *Run) Publish(pub func(event.Event), ev event.Event) {
 	ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef = r.ID, r.SessionKey, r.Channel, r.ChatRef
 	ev.Locals = &r.locals
 	if ev.Time.IsZero() {
-		ev.Time = time.Now()
+		ev.Time = r.reg.wall(r.now()) // the registry's clock (as steps' StartedAt): one monotonic read, no wall clock read
 	}
 	pub(ev)
 }
