@@ -114,9 +114,10 @@ type Run struct {
 	pausedAt  atomic.Int64 // 0 = not paused
 	abortedAt atomic.Int64
 
-	mu     sync.Mutex   // orders event publication and guards seq and text
-	text   *replyText   // streamed reply text; nil until the first delta
-	locals event.Locals // the subscribers' state for this run, carried on its events
+	mu   sync.Mutex // orders event publication and guards seq and text
+	text *replyText // streamed reply text; nil until the first delta
+
+	locals event.Locals // the subscribers' state for this run, carried on its events (Publish)
 }
 
 // replyText is a run's streamed reply, allocated with its first chunk (the
@@ -478,9 +479,9 @@ func (r *Run) Text() string {
 
 // Publish stamps ev with the run's identity, the next per-run sequence number,
 // the time (unless set; on the registry's clock, as step start times) and the
-// run's Locals, and passes it to pub. Calls are serialised
-// per run, so pub sees one run's events in sequence order (and its handlers
-// may use the run's Locals without a lock). pub must not block.
+// run's Locals, and passes it to pub. Calls are serialised per run, so pub
+// sees one run's events in sequence order (and its handlers may use the
+// run's Locals without a lock). pub must not block.
 func (r *Run) Publish(pub func(event.Event), ev event.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
