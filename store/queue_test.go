@@ -116,3 +116,36 @@ func TestHandleDropsTheRunsLocals(t *testing.T) {
 		t.Error("the queued event still references its run's Locals")
 	}
 }
+
+// TestHandleTakesNoLockToQueueOrShed checks that Handle takes no lock on
+// the paths every step event takes: queued into a ring with room, or shed
+// when the ring is full (the disk is slow). The test holds the spill lock
+// throughout; a Handle that took it would not return.
+func TestHandleTakesNoLockToQueueOrShed(t *testing.T) {
+	held := make(chan struct{})
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "t.db"),
+		Options{QueueSize: 2, beforeBatch: func() { <-held }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	defer close(held)
+	s.qmu.Lock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 6 { // the writer holds at most one batch; the ring fills; the rest are shed
+			s.Handle(event.Event{Kind: event.StepCompleted, RunID: "r1", SessionKey: "k", Seq: uint64(i + 1)})
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second): // real time: a blocked Handle never returns; the bound only ends the test
+		s.qmu.Unlock()
+		t.Fatal("Handle waited for the queue lock")
+	}
+	s.qmu.Unlock()
+	if s.Dropped() == 0 {
+		t.Error("no event was shed although the ring was full")
+	}
+}

@@ -63,9 +63,11 @@ func (s *SQLite) Handle(ev event.Event) {
 		return
 	}
 	ev.Locals = nil // the run's subscriber state is not the store's to keep alive
-	// The fast path, lock-free: nothing spilled, and the ring has room.
+	// Lock-free unless an event that is never shed meets a full ring or
+	// what spilled: nothing spilled and the ring has room, or the event is
+	// shed.
 	if s.spillN.Load() != 0 || !s.ring.push(&ev) {
-		if !s.enqueueSlow(&ev) {
+		if !neverShed(ev.Kind) || !s.enqueueSlow(&ev) {
 			s.dropped.Add(1)
 			return
 		}
@@ -76,10 +78,11 @@ func (s *SQLite) Handle(ev event.Event) {
 	}
 }
 
-// enqueueSlow queues ev when the ring was full or events have spilled
-// (a slow or failing disk): behind what spilled, so the order holds, or
-// into the ring if the writer has made room and nothing spilled. It reports
-// false when ev is shed.
+// enqueueSlow queues ev, an event that is never shed, when the ring was
+// full or events have spilled (a slow or failing disk): behind what
+// spilled, so the order holds, or into the ring if the writer has made room
+// and nothing spilled. It reports false when ev is shed all the same (a
+// SessionReset past QueueSize spilled events).
 //
 // A push that checked spillN before another publisher spilled may still land
 // in the ring ahead of the spilled events: the two calls overlapped, so either
