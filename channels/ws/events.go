@@ -80,33 +80,33 @@ type itemData struct {
 // open tool block and progress notice, and the keepalive timer. Its mutex
 // orders the run's frames, whether they come from the bus or the timer.
 type runState struct {
-	s     *Server
+	// Hot: what every event of the run reads or writes, kept together (with
+	// many live runs each cache line of the state an event touches is a miss).
+	mu         sync.Mutex
+	s          *Server
+	done       bool
+	watched    bool       // the current event has watchers: encode frames
+	keyWatched bool       // the watcher check's cache (see hasWatchers): a connection watches key by name,
+	watchGen   uint64     // as of the server's watchGen
+	frames     []outFrame // scratch
+	sent       int        // streaming (see onDelta): how much of full the last delta carried
+	full       string     // the reply so far
+	last       time.Time  // when watchers last got a frame that resets the TUI's 30 s watchdog
+	tool       event.Step // the open tool block (zero: none)
+
 	id    string
 	key   string
 	agent string
 
 	started time.Time // the TurnStarted event's time
 
-	mu      sync.Mutex
-	seq     uint64
-	last    time.Time  // when watchers last got a frame that resets the TUI's 30 s watchdog
-	tool    event.Step // the open tool block (zero: none)
-	notice  event.Step // the step whose progress notice is shown (zero: none)
-	done    bool
-	timer   *time.Timer
-	frames  []outFrame // scratch
-	watched bool       // the current event has watchers: encode frames
+	seq    uint64
+	notice event.Step // the step whose progress notice is shown (zero: none)
+	timer  *time.Timer
 
-	// The watcher check's cache (see hasWatchers): whether a connection
-	// watches key by name, as of the server's watchGen.
-	watchGen   uint64
-	keyWatched bool
-
-	// Streaming (see onDelta): the reply so far, how much of it the last
-	// delta sent carried, when that was, and the timer that sends the rest.
-	full      string
+	// Streaming (see onDelta): when the newest text came, when the last
+	// delta was sent, and the timer that sends the rest.
 	fullAt    time.Time
-	sent      int
 	lastDelta time.Time
 	deltaT    *time.Timer
 }
