@@ -15,14 +15,16 @@ type Handler func(Event)
 // sessions. The zero Bus is not usable; call NewBus.
 //
 // Publish takes no lock: the subscriber lists are copy-on-write snapshots, so
-// publishing costs two atomic loads, a map lookup and the handlers themselves.
-// Subscribing copies only the list it changes.
+// publishing costs two atomic loads, a map lookup (only while some session has
+// its own subscribers) and the handlers themselves. Subscribing copies only
+// the list it changes.
 type Bus struct {
 	mu        sync.Mutex // serialises changes to the subscriber lists
 	all       atomic.Pointer[[]subscriber]
 	bySession sync.Map // session key → *atomic.Pointer[[]subscriber]
 	next      uint64
 	count     atomic.Int64
+	perKey    atomic.Int64 // subscriptions to one session: while 0, Publish skips bySession
 }
 
 type subscriber struct {
@@ -49,6 +51,9 @@ func (b *Bus) Subscribe(sessionKey string, h Handler) (unsubscribe func()) {
 	n := append(append(make([]subscriber, 0, len(cur)+1), cur...), subscriber{id: id, h: h})
 	list.Store(&n)
 	b.count.Add(1)
+	if sessionKey != "" {
+		b.perKey.Add(1)
+	}
 	b.mu.Unlock()
 
 	var once sync.Once
@@ -74,6 +79,9 @@ func (b *Bus) Subscribe(sessionKey string, h Handler) (unsubscribe func()) {
 				list.Store(&n)
 			}
 			b.count.Add(-1)
+			if sessionKey != "" {
+				b.perKey.Add(-1)
+			}
 		})
 	}
 }
@@ -98,6 +106,9 @@ func (b *Bus) Publish(ev Event) {
 		for _, s := range *p {
 			s.h(ev)
 		}
+	}
+	if b.perKey.Load() == 0 {
+		return // no session has subscribers of its own: no key to hash
 	}
 	if v, ok := b.bySession.Load(ev.SessionKey); ok {
 		if p := v.(*atomic.Pointer[[]subscriber]).Load(); p != nil {

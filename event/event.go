@@ -5,7 +5,8 @@
 // The engine emits events and never sends a message itself; channels (the
 // WebSocket protocol, Telegram, the store) subscribe to the bus and turn
 // events into messages. Event is a plain value: it is copied, never shared,
-// so a subscriber may keep it.
+// so a subscriber may keep it — all but its Locals, a run's per-subscriber
+// state that only handlers use (see Local).
 package event
 
 import "time"
@@ -169,4 +170,10 @@ type Event struct {
 	StepTimeout time.Duration // TurnStarted, Progress, Aborted: the liveness window (0 = disabled)
 	Limit       time.Duration // Aborted: the limit hit (wall clock, liveness window or ceiling); Progress: the wall clock
 	ErrorID     string        // Finished with ReasonError: the id of the failure's details, for operators
+
+	// Locals is the run's storage for subscribers (see Local); nil for an
+	// event of no run. It is a reference, not part of the value: a
+	// subscriber that keeps the event beyond its handler (a queue) should
+	// clear it, and must never read it later.
+	Locals *Locals
 }

@@ -19,7 +19,7 @@ import (
 // Handle's own cost does not depend on the event's content.
 //
 //   - writer=busy: the writer is inside a transaction (held in the batch
-//     hook), as it is under load: Handle is a locked copy into a ring.
+//     hook), as it is under load: Handle is a lock-free copy into a ring.
 //   - writer=draining: the writer runs freely and, with nothing to write,
 //     empties the queue as fast as it fills, so most sends find it parked
 //     and pay for waking it: the worst case.

@@ -34,8 +34,12 @@ import (
 //     are shed and counted (Dropped): losing them only makes the recorded
 //     current step, the journal and the stall history less detailed.
 //
-// Events are written in the order Handle received them, whatever was shed.
-// After Close every event is dropped and counted.
+// Events are written in the order Handle received them, whatever was shed
+// (calls that overlap are in some order; one publisher's, such as one run's,
+// in its own). Handle takes no lock while nothing has spilled: the queue is a
+// lock-free ring (queue.go), so publishers of different runs do not wait for
+// each other or for the writer. After Close every event is dropped and
+// counted.
 //
 // The writer goroutine applies queued events in order, in batches of up to
 // Options.BatchSize per transaction:
@@ -63,26 +67,45 @@ func (s *SQLite) Handle(ev event.Event) {
 		s.dropped.Add(1)
 		return
 	}
-	s.qmu.Lock()
-	switch {
-	case len(s.spill) == 0 && s.ring.len() < len(s.ring.buf):
-		s.ring.push(ev)
-	case neverShed(ev.Kind) && (ev.Kind != event.SessionReset || len(s.spill) < len(s.ring.buf)):
-		// Behind the full queue (and behind what already spilled, so the
-		// order holds).
-		s.spill = append(s.spill, ev)
-		s.spilled.Add(1)
-	default:
-		s.qmu.Unlock()
-		s.dropped.Add(1)
-		return
+	ev.Locals = nil // the run's subscriber state is not the store's to keep alive
+	// Lock-free unless an event that is never shed meets a full ring or
+	// what spilled: nothing spilled and the ring has room, or the event is
+	// shed.
+	if s.spillN.Load() != 0 || !s.ring.push(&ev) {
+		if !neverShed(ev.Kind) || !s.enqueueSlow(&ev) {
+			s.dropped.Add(1)
+			return
+		}
 	}
-	s.enqueued.Add(1)
-	s.qmu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// enqueueSlow queues ev, an event that is never shed, when the ring was
+// full or events have spilled (a slow or failing disk): behind what
+// spilled, so the order holds, or into the ring if the writer has made room
+// and nothing spilled. It reports false when ev is shed all the same (a
+// SessionReset past QueueSize spilled events).
+//
+// A push that checked spillN before another publisher spilled may still land
+// in the ring ahead of the spilled events: the two calls overlapped, so either
+// order is the order Handle received them in. One publisher's (one run's)
+// next event sees the spill and queues behind it.
+func (s *SQLite) enqueueSlow(ev *event.Event) bool {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	switch {
+	case len(s.spill) == 0 && s.ring.push(ev):
+	case neverShed(ev.Kind) && (ev.Kind != event.SessionReset || len(s.spill) < int(s.ring.n)):
+		s.spill = append(s.spill, *ev)
+		s.spillN.Store(int64(len(s.spill)))
+		s.spilled.Add(1)
+	default:
+		return false
+	}
+	return true
 }
 
 // neverShed reports whether events of kind k are kept however long the
@@ -101,15 +124,17 @@ func (s *SQLite) Dropped() uint64 { return s.dropped.Load() }
 
 // QueueDepth reports how many events are waiting for the writer.
 func (s *SQLite) QueueDepth() int {
-	s.qmu.Lock()
-	defer s.qmu.Unlock()
-	return s.ring.len() + len(s.spill)
+	return s.ring.len() + int(s.spillN.Load())
 }
+
+// enqueued reports how many events Handle has accepted: every position of
+// the ring ever claimed and every event that spilled.
+func (s *SQLite) enqueued() uint64 { return s.ring.claimed() + s.spilled.Load() }
 
 // Stats returns the recorder's counters.
 func (s *SQLite) Stats() Stats {
 	return Stats{
-		Enqueued: s.enqueued.Load(), Written: s.written.Load(), Dropped: s.dropped.Load(),
+		Enqueued: s.enqueued(), Written: s.written.Load(), Dropped: s.dropped.Load(),
 		Spilled: s.spilled.Load(), Failed: s.failed.Load(), QueueDepth: s.QueueDepth(),
 	}
 }
@@ -119,7 +144,7 @@ func (s *SQLite) Stats() Stats {
 // first (as it will while the store cannot write), and ErrClosed if the
 // store is closed before then (Close itself writes what was queued).
 func (s *SQLite) Flush(ctx context.Context) error {
-	target := s.enqueued.Load()
+	target := s.enqueued()
 	for {
 		s.mu.Lock()
 		reached, wait := s.processed >= target, s.progress
@@ -187,12 +212,21 @@ func (s *SQLite) run() {
 // abandonQueue counts every queued event failed, without writing it: Close
 // ran out of time (CloseDrainLimit).
 func (s *SQLite) abandonQueue() {
+	var n int
+	var scratch []event.Event
+	for {
+		scratch = s.ring.pop(scratch[:0], 256)
+		if len(scratch) == 0 {
+			break
+		}
+		n += len(scratch)
+		clear(scratch)
+	}
 	s.qmu.Lock()
-	n := s.ring.len() + len(s.spill)
-	clear(s.ring.buf)
-	s.ring.head, s.ring.n = 0, 0
+	n += len(s.spill)
 	clear(s.spill)
 	s.spill = nil
+	s.spillN.Store(0)
 	s.qmu.Unlock()
 	if n > 0 {
 		s.log.Error("store: closing took too long; queued events not recorded", "count", n, "limit", CloseDrainLimit)
@@ -203,10 +237,13 @@ func (s *SQLite) abandonQueue() {
 // take moves up to a batch of queued events into batch, in the order
 // Handle received them: the ring first, then what spilled past it.
 func (s *SQLite) take(batch []event.Event) []event.Event {
+	if batch = s.ring.pop(batch, s.batchSize); len(batch) > 0 || s.spillN.Load() == 0 {
+		return batch
+	}
 	s.qmu.Lock()
 	defer s.qmu.Unlock()
-	if s.ring.len() > 0 {
-		return s.ring.pop(batch, s.batchSize)
+	if batch = s.ring.pop(batch, s.batchSize); len(batch) > 0 {
+		return batch // pushed after the first look: they come first (see enqueueSlow)
 	}
 	n := min(len(s.spill), s.batchSize)
 	batch = append(batch, s.spill[:n]...)
@@ -214,32 +251,8 @@ func (s *SQLite) take(batch []event.Event) []event.Event {
 	if s.spill = s.spill[n:]; len(s.spill) == 0 {
 		s.spill = nil
 	}
+	s.spillN.Store(int64(len(s.spill)))
 	return batch
-}
-
-// ring is the fixed-size FIFO of queued events.
-type ring struct {
-	buf  []event.Event
-	head int // index of the oldest
-	n    int
-}
-
-func (r *ring) len() int { return r.n }
-
-func (r *ring) push(ev event.Event) {
-	r.buf[(r.head+r.n)%len(r.buf)] = ev
-	r.n++
-}
-
-// pop appends up to max of the oldest events to dst and clears their slots.
-func (r *ring) pop(dst []event.Event, max int) []event.Event {
-	for range min(r.n, max) {
-		dst = append(dst, r.buf[r.head])
-		r.buf[r.head] = event.Event{}
-		r.head = (r.head + 1) % len(r.buf)
-		r.n--
-	}
-	return dst
 }
 
 // writeUntilDone writes batch, retrying with backoff while it fails for

@@ -114,13 +114,13 @@ type SQLite struct {
 	side sideFiles   // its -wal and -shm files, to remove only ours on a reopen
 
 	// Event recording (recorder.go).
-	qmu         sync.Mutex
-	ring        ring          // the queue, Options.QueueSize events; guarded by qmu
-	spill       []event.Event // never-shed events queued after the ring filled, in order; guarded by qmu
+	ring        *evQueue      // the queue, Options.QueueSize events; lock-free (queue.go)
+	qmu         sync.Mutex    // guards spill
+	spill       []event.Event // never-shed events queued after the ring filled, in order
+	spillN      atomic.Int64  // len(spill), read without qmu: while 0, Handle takes no lock
 	wake        chan struct{} // 1-buffered: the queue has something
 	batchSize   int
 	beforeBatch func()
-	enqueued    atomic.Uint64
 	dropped     atomic.Uint64
 	spilled     atomic.Uint64
 	failed      atomic.Uint64
@@ -189,7 +189,7 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	}
 	s := &SQLite{
 		path: path, memory: path == ":memory:", log: opts.Logger,
-		ring: ring{buf: make([]event.Event, opts.QueueSize)}, wake: make(chan struct{}, 1), batchSize: opts.BatchSize,
+		ring: newEvQueue(opts.QueueSize), wake: make(chan struct{}, 1), batchSize: opts.BatchSize,
 		beforeBatch: opts.beforeBatch, onHealth: opts.OnHealth, poke: make(chan struct{}, 1),
 		retention: opts.Retention.withDefaults(), onOutbox: opts.OnOutbox,
 		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit,

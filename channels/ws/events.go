@@ -79,28 +79,33 @@ type itemData struct {
 // open tool block and progress notice, and the keepalive timer. Its mutex
 // orders the run's frames, whether they come from the bus or the timer.
 type runState struct {
-	s     *Server
+	// Hot: what every event of the run reads or writes, kept together (with
+	// many live runs each cache line of the state an event touches is a miss).
+	mu         sync.Mutex
+	s          *Server
+	done       bool
+	watched    bool       // the current event has watchers: encode frames
+	keyWatched bool       // the watcher check's cache (see hasWatchers): a connection watches key by name,
+	watchGen   uint64     // as of the server's watchGen
+	frames     []outFrame // scratch
+	sent       int        // streaming (see onDelta): how much of full the last delta carried
+	full       string     // the reply so far
+	last       time.Time  // when watchers last got a frame that resets the TUI's 30 s watchdog
+	tool       event.Step // the open tool block (zero: none)
+
 	id    string
 	key   string
 	agent string
 
 	started time.Time // the TurnStarted event's time
 
-	mu      sync.Mutex
-	seq     uint64
-	last    time.Time  // when watchers last got a frame that resets the TUI's 30 s watchdog
-	tool    event.Step // the open tool block (zero: none)
-	notice  event.Step // the step whose progress notice is shown (zero: none)
-	done    bool
-	timer   *time.Timer
-	frames  []outFrame // scratch
-	watched bool       // the current event has watchers: encode frames
+	seq    uint64
+	notice event.Step // the step whose progress notice is shown (zero: none)
+	timer  *time.Timer
 
-	// Streaming (see onDelta): the reply so far, how much of it the last
-	// delta sent carried, when that was, and the timer that sends the rest.
-	full      string
+	// Streaming (see onDelta): when the newest text came, when the last
+	// delta was sent, and the timer that sends the rest.
 	fullAt    time.Time
-	sent      int
 	lastDelta time.Time
 	deltaT    *time.Timer
 }
@@ -125,6 +130,10 @@ func (rs *runState) stop() {
 	}
 }
 
+// runSlot is where a run's state is kept in the run's event.Locals, so an
+// event reaches it without a lookup by run id.
+var runSlot = event.NewLocal[runState]()
+
 // onEvent is the bus handler: it turns one engine event into protocol
 // frames, encoded once, and hands them to every connection watching the
 // session. It runs on the publisher's goroutine (in the run's order) and
@@ -133,29 +142,13 @@ func (s *Server) onEvent(ev event.Event) {
 	if ev.Kind == event.ForceFinalized || ev.RunID == "" {
 		return // the run already ended for its users; or not a run's event (a session reset)
 	}
-	// No server-wide lock: one run's events come in its order (the bus
-	// calls this on the run's publisher), so only that run's first event
-	// stores its state and only its terminal event removes it.
-	var rs *runState
-	if ev.Kind.Terminal() {
-		if v, ok := s.runs.LoadAndDelete(ev.RunID); ok {
-			rs = v.(*runState)
-		} else {
-			rs = s.newRun(ev, false) // a run that started before the server
-		}
-	} else if v, ok := s.runs.Load(ev.RunID); ok {
-		rs = v.(*runState)
-	} else {
-		rs = s.newRun(ev, true)
-		s.runs.Store(ev.RunID, rs)
-	}
-
+	rs := s.runFor(ev)
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rs.done {
 		return
 	}
-	rs.watched = s.hasWatchers(rs.key)
+	rs.watched = rs.hasWatchers()
 	rs.frames = rs.frames[:0]
 	rs.apply(ev)
 	if len(rs.frames) > 0 {
@@ -172,6 +165,57 @@ func (s *Server) onEvent(ev event.Event) {
 		}
 		s.endAgentWaiters(rs.outcome(ev))
 	}
+}
+
+// runFor returns the state of ev's run, creating it at the run's first
+// event. No server-wide lock and, for the gateway's events, no lookup: the
+// state is kept in the run's event.Locals (one run's events come in its
+// order, on its publisher), and in s.runs only so that Shutdown can stop its
+// timers — stored at the run's first event, deleted at its terminal one. The
+// state of an ended run stays in the slot, done, so a late event of the run
+// is ignored. Events without Locals (published by hand, as tests do) and a
+// second server on the same bus use s.runs by run id.
+func (s *Server) runFor(ev event.Event) *runState {
+	terminal := ev.Kind.Terminal()
+	if rs := runSlot.Get(ev); rs != nil && rs.s == s {
+		if terminal {
+			s.runs.Delete(ev.RunID)
+		}
+		return rs
+	}
+	if terminal {
+		if v, ok := s.runs.LoadAndDelete(ev.RunID); ok {
+			return v.(*runState)
+		}
+		return s.newRun(ev, false) // a run that started before the server
+	}
+	if v, ok := s.runs.Load(ev.RunID); ok {
+		return v.(*runState)
+	}
+	rs := s.newRun(ev, true)
+	s.runs.Store(ev.RunID, rs)
+	if runSlot.Get(ev) == nil {
+		runSlot.Set(ev, rs)
+	}
+	return rs
+}
+
+// hasWatchers reports whether any connection would receive the run's
+// events. It takes no lock and, unless watchers changed since the run last
+// asked, hashes nothing: called with rs.mu held, for every event.
+func (rs *runState) hasWatchers() bool {
+	s := rs.s
+	if s.watchAllN.Load() > 0 {
+		return true
+	}
+	if s.watchedN.Load() == 0 {
+		return false
+	}
+	if g := s.watchGen.Load(); g != rs.watchGen {
+		_, rs.keyWatched = s.watchedKeys.Load(rs.key)
+		rs.watchGen = g
+	}
+	return rs.keyWatched
 }
 
 // outcome is the engine's Outcome of a terminal event.
@@ -213,7 +257,7 @@ func (rs *runState) apply(ev event.Event) {
 		}
 		if isTool(ev.Step) {
 			rs.tool = ev.Step
-			if rs.quiet(true) {
+			if rs.quiet(t, true) {
 				break
 			}
 			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label()})
@@ -223,7 +267,7 @@ func (rs *runState) apply(ev event.Event) {
 		switch {
 		case !rs.tool.IsZero() && rs.tool.Seq == ev.Step.Seq:
 			rs.toolResult(t, rs.tool, false)
-		case isTool(ev.Step) && rs.quiet(true):
+		case isTool(ev.Step) && rs.quiet(t, true):
 		case isTool(ev.Step): // a completion without a start: show it as a finished tool
 			rs.agentEvent(t, "tool", true, true, toolData{Phase: "start", ToolCallID: rs.toolCallID(ev.Step), Name: ev.Step.Label()})
 			rs.toolResult(t, ev.Step, false)
@@ -305,7 +349,7 @@ func (rs *runState) closeSteps(t time.Time, failed bool) {
 }
 
 func (rs *runState) toolResult(t time.Time, st event.Step, failed bool) {
-	if rs.quiet(true) {
+	if rs.quiet(t, true) {
 		if rs.tool.Seq == st.Seq {
 			rs.tool = event.Step{}
 		}
@@ -323,7 +367,7 @@ func (rs *runState) toolResult(t time.Time, st event.Step, failed bool) {
 }
 
 func (rs *runState) item(t time.Time, st event.Step, phase, title, status, progress string) {
-	if rs.quiet(false) {
+	if rs.quiet(t, false) {
 		return
 	}
 	id := rs.toolCallID(st)
@@ -335,15 +379,16 @@ func (rs *runState) lifecycle(t time.Time, d lifecycleData) {
 	rs.agentEvent(t, "lifecycle", false, true, d)
 }
 
-// quiet reports that the current event has no watchers, so no frame is
-// built; it still records, when resets, that the run made progress (what
-// agentEvent would have recorded).
-func (rs *runState) quiet(resets bool) bool {
+// quiet reports that the current event (of time t) has no watchers, so no
+// frame is built; it still records, when resets, that the run made progress
+// at t (what agentEvent would have recorded). An unwatched event reads no
+// clock: t is the event's.
+func (rs *runState) quiet(t time.Time, resets bool) bool {
 	if rs.watched {
 		return false
 	}
 	if resets {
-		rs.last = time.Now()
+		rs.last = t
 	}
 	return true
 }
@@ -351,11 +396,11 @@ func (rs *runState) quiet(resets bool) bool {
 // agentEvent appends an agent event. toolOnly frames go only to clients with
 // the tool-events cap; resets says the frame resets the TUI's watchdog.
 func (rs *runState) agentEvent(t time.Time, stream string, toolOnly, resets bool, data any) {
+	if rs.quiet(t, resets) {
+		return
+	}
 	if resets {
 		rs.last = time.Now()
-	}
-	if !rs.watched {
-		return
 	}
 	rs.seq++
 	p := agentEvent{RunID: rs.id, Seq: rs.seq, Stream: stream, Ts: ms(t), SessionKey: rs.key, AgentID: rs.agent, Data: data}
@@ -383,12 +428,14 @@ func (rs *runState) keepalive() {
 		return
 	}
 	every := rs.s.opts.Keepalive
-	if since := time.Since(rs.last); since < every {
+	// rs.last may be an event's own time (see quiet): one from the future
+	// (a clock step) counts as long ago, so a frame goes now.
+	if since := time.Since(rs.last); since >= 0 && since < every {
 		rs.timer.Reset(every - since)
 		return
 	}
 	now := time.Now()
-	rs.watched = rs.s.hasWatchers(rs.key)
+	rs.watched = rs.hasWatchers()
 	rs.frames = rs.frames[:0]
 	lc := lifecycleData{Phase: "running"}
 	if !rs.tool.IsZero() {
@@ -471,7 +518,7 @@ func (rs *runState) flushDelta() {
 	if rs.done || rs.sent >= len(rs.full) {
 		return
 	}
-	rs.watched = rs.s.hasWatchers(rs.key)
+	rs.watched = rs.hasWatchers()
 	rs.frames = rs.frames[:0]
 	rs.emitDelta()
 	if len(rs.frames) > 0 {

@@ -104,7 +104,9 @@ type Server struct {
 	// number of connections in watchAll, and the keys of watchers (changed
 	// under watchMu with the maps).
 	watchAllN   atomic.Int32
-	watchedKeys sync.Map // canonical session key → struct{}
+	watchedKeys sync.Map      // canonical session key → struct{}
+	watchedN    atomic.Int32  // keys in watchedKeys
+	watchGen    atomic.Uint64 // changes (after watchedKeys) whenever a key is added or removed; starts at 1
 
 	runs sync.Map // run id → *runState: the live turns (read per event without a lock)
 
@@ -237,6 +239,7 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 		agentWaits: map[string][]*agentWaiter{},
 		auth:       newAuthGuard(opts.Log),
 	}
+	s.watchGen.Store(1) // a run's cache starts at 0: stale
 	s.up = websocket.Upgrader{
 		HandshakeTimeout: handshakeTimeout,
 		WriteBufferPool:  &sync.Pool{},
@@ -379,6 +382,8 @@ func (s *Server) watch(c *conn, key string) bool {
 		m = map[*conn]struct{}{}
 		s.watchers[key] = m
 		s.watchedKeys.Store(key, struct{}{})
+		s.watchedN.Add(1)
+		s.watchGen.Add(1)
 	}
 	if _, ok := m[c]; !ok {
 		m[c] = struct{}{}
@@ -413,20 +418,12 @@ func (s *Server) unwatch(c *conn) {
 			if len(m) == 0 {
 				delete(s.watchers, k)
 				s.watchedKeys.Delete(k)
+				s.watchedN.Add(-1)
+				s.watchGen.Add(1)
 			}
 		}
 	}
 	c.watchKeys, c.watched = nil, 0
-}
-
-// hasWatchers reports whether any connection would receive events of key.
-// It takes no lock: it is asked for every event of every run.
-func (s *Server) hasWatchers(key string) bool {
-	if s.watchAllN.Load() > 0 {
-		return true
-	}
-	_, ok := s.watchedKeys.Load(key)
-	return ok
 }
 
 // fanout hands frames to every connection watching key. Frames marked

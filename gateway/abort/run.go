@@ -112,8 +112,24 @@ type Run struct {
 	pausedAt  atomic.Int64 // 0 = not paused
 	abortedAt atomic.Int64
 
-	mu   sync.Mutex // orders event publication and guards seq and text
-	text *replyText // streamed reply text; nil until the first delta
+	mu   sync.Mutex // orders event publication and guards seq and side
+	side *runSide   // allocated with the run's first event (or reply chunk); nil before
+}
+
+// runSide is what a Run keeps only once it publishes, out of line so that a
+// Run stays in its size class: its subscribers' state, carried on its events
+// (Publish), and its streamed reply.
+type runSide struct {
+	locals event.Locals
+	text   *replyText // nil until the first delta
+}
+
+// sideLocked returns r's side, allocating it. Called with r.mu held.
+func (r *Run) sideLocked() *runSide {
+	if r.side == nil {
+		r.side = new(runSide)
+	}
+	return r.side
 }
 
 // replyText is a run's streamed reply, allocated with its first chunk (the
@@ -418,10 +434,11 @@ func (r *Run) AppendText(chunk string, maxChars int) (full, added string) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.text == nil {
-		r.text = new(replyText)
+	side := r.sideLocked()
+	if side.text == nil {
+		side.text = new(replyText)
 	}
-	t := r.text
+	t := side.text
 	if t.truncated {
 		return t.b.String(), ""
 	}
@@ -469,23 +486,26 @@ func cutChars(s string, n int) (string, bool) {
 func (r *Run) Text() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.text == nil {
+	if r.side == nil || r.side.text == nil {
 		return ""
 	}
-	return r.text.b.String()
+	return r.side.text.b.String()
 }
 
-// Publish stamps ev with the run's identity, the next per-run sequence number
-// and the time, and passes it to pub. Calls are serialised per run, so pub
-// sees one run's events in sequence order. pub must not block.
+// Publish stamps ev with the run's identity, the next per-run sequence number,
+// the time (unless set; on the registry's clock, as step start times) and the
+// run's Locals, and passes it to pub. Calls are serialised per run, so pub
+// sees one run's events in sequence order (and its handlers may use the
+// run's Locals without a lock). pub must not block.
 func (r *Run) Publish(pub func(event.Event), ev event.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
 	ev.Seq = uint64(r.seq)
 	ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef = r.ID, r.SessionKey, r.Channel, r.ChatRef
+	ev.Locals = &r.sideLocked().locals
 	if ev.Time.IsZero() {
-		ev.Time = time.Now()
+		ev.Time = r.reg.wall(r.now()) // the registry's clock (as steps' StartedAt): one monotonic read, no wall clock read
 	}
 	pub(ev)
 }

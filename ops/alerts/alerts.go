@@ -169,6 +169,7 @@ func (a *Alerter) Handle(ev event.Event) {
 	if !relevant(ev) {
 		return
 	}
+	ev.Locals = nil // the run's subscriber state is not ours to keep alive
 	select {
 	case a.events <- ev:
 	default:
