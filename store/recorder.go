@@ -37,7 +37,7 @@ import (
 // Events are written in the order Handle received them, whatever was shed
 // (calls that overlap are in some order; one publisher's, such as one run's,
 // in its own). Handle takes no lock while nothing has spilled: the queue is a
-// lock-free ring (queue.go), so publishers of different runs do not wait for
+// lock-free ring (eventqueue.go), so publishers of different runs do not wait for
 // each other or for the writer. After Close every event is dropped and
 // counted.
 //

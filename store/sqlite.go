@@ -114,7 +114,7 @@ type SQLite struct {
 	side sideFiles   // its -wal and -shm files, to remove only ours on a reopen
 
 	// Event recording (recorder.go).
-	ring        *evQueue      // the queue, Options.QueueSize events; lock-free (queue.go)
+	ring        *evQueue      // the queue, Options.QueueSize events; lock-free (eventqueue.go)
 	qmu         sync.Mutex    // guards spill
 	spill       []event.Event // never-shed events queued after the ring filled, in order
 	spillN      atomic.Int64  // len(spill), read without qmu: while 0, Handle takes no lock
