@@ -409,35 +409,8 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
-	key := req.RunID // the run to answer for: a collected message's is its turn's
-	if id, ok := e.alias[key]; ok {
-		key = id
-	}
-	// A repeated key is answered with the outcome as soon as it is recorded
-	// (a client that saw the terminal event must get it), before the turn
-	// is done (Wait waits for that).
-	if el, ok := e.outcomes[key]; ok {
-		out := el.Value.(*cached).out
-		e.mu.Unlock()
-		if out.SessionKey != req.SessionKey {
-			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
-		}
-		return Ack{RunID: key, Status: out.Status, Outcome: &out}, nil
-	}
-	if t, ok := e.turns[key]; ok {
-		e.mu.Unlock()
-		if t.run.SessionKey != req.SessionKey {
-			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
-		}
-		return Ack{RunID: key, Status: StatusInFlight}, nil
-	}
-	if q, ok := e.waiting[req.RunID]; ok {
-		ack := e.queuedAckLocked(q)
-		e.mu.Unlock()
-		if q.sessionKey() != req.SessionKey {
-			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
-		}
-		return ack, nil
+	if ack, ok, err := e.repeatLocked(req); ok {
+		return ack, err // unlocked
 	}
 	e.mu.Unlock()
 	if e.admit != nil {
@@ -467,6 +440,11 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 			break // still the session (not evicted since): e.mu is held
 		}
 		e.mu.Unlock()
+	}
+	// e.mu was released since the check above: the same run id (a client's
+	// retry racing its first send) may have started, queued or ended since.
+	if ack, ok, err := e.repeatLocked(req); ok {
+		return ack, err // unlocked
 	}
 	if e.closing {
 		e.mu.Unlock()
@@ -503,6 +481,45 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		start()
 	}
 	return Ack{RunID: req.RunID, Status: StatusStarted}, nil
+}
+
+// repeatLocked answers a run id Send already knows: ended (the cached
+// outcome), running (StatusInFlight), waiting in a queue (StatusQueued),
+// or a message collected or steered into another turn (that turn's). ok
+// false: a new run id, and e.mu is still held; ok true: e.mu is released.
+// Called with e.mu held.
+func (e *Engine) repeatLocked(req SendRequest) (Ack, bool, error) {
+	key := req.RunID // the run to answer for: a collected or steered message's is its turn's
+	if id, ok := e.alias[key]; ok {
+		key = id
+	}
+	// A repeated key is answered with the outcome as soon as it is recorded
+	// (a client that saw the terminal event must get it), before the turn
+	// is done (Wait waits for that).
+	if el, ok := e.outcomes[key]; ok {
+		out := el.Value.(*cached).out
+		e.mu.Unlock()
+		if out.SessionKey != req.SessionKey {
+			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		return Ack{RunID: key, Status: out.Status, Outcome: &out}, true, nil
+	}
+	if t, ok := e.turns[key]; ok {
+		e.mu.Unlock()
+		if t.run.SessionKey != req.SessionKey {
+			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		return Ack{RunID: key, Status: StatusInFlight}, true, nil
+	}
+	if q, ok := e.waiting[req.RunID]; ok {
+		ack := e.queuedAckLocked(q)
+		e.mu.Unlock()
+		if q.sessionKey() != req.SessionKey {
+			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		return ack, true, nil
+	}
+	return Ack{}, false, nil
 }
 
 // beginLocked registers the turn of req in the free session s and makes it

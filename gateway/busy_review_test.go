@@ -1,0 +1,211 @@
+package gateway
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/internal/faketime"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/demo"
+)
+
+// a client retry racing its first send (same idempotency key) runs the message twice.
+func TestSendConcurrentSameRunIDRunsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		n := 0
+		both := make(chan struct{})
+		admit := func() error { // holds both Sends between the idempotency check and the session lock
+			mu.Lock()
+			n++
+			if n == 2 {
+				close(both)
+			}
+			mu.Unlock()
+			<-both
+			return nil
+		}
+		d := demo.New(demo.WithScenarioStep(100 * time.Millisecond))
+		t.Cleanup(d.Release)
+		c := testConfig(t, nil)
+		e, s := startEngineWith(t, Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Queue: &memQueue{}, Admit: admit})
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r1", Text: "hi", Owner: "c"})
+			}()
+		}
+		wg.Wait()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		v := &busyEnv{e: e, sink: s}
+		v.wantEnds(t, "r1 started", "r1 finished stop")
+	})
+}
+
+// /stop discards the queue, but a message steered into the turn and not
+// yet taken by its runner runs afterwards as a new turn.
+func TestStopDropsSteeredMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rn := lazySteerer{func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			if turn.Message == "slow" {
+				<-ctx.Done()
+				return runner.Result{}, ctx.Err()
+			}
+			return runner.Result{Text: "ok " + turn.Message}, nil
+		}}
+		v := newBusyEnv(t, nil, rn, busyMode(config.BusySteer))
+		v.send(t, "r1", "slow")
+		if ack := v.send(t, "r2", "also do X"); ack.Status != StatusSteered {
+			t.Fatalf("ack %+v", ack)
+		}
+		res, err := v.e.Stop(context.Background(), "main", "conn1", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		t.Logf("stop: %+v", res)
+		v.wantEnds(t, "r1 started", "r1 aborted user")
+	})
+}
+
+// a steered message whose runner ignored cancellation (force-finalized)
+// is put back on the queue after the session was freed and pumped: nothing
+// pumps it again, so it never starts (until the session's next message).
+func TestSteeredAfterForceFinalizeStarts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rn := lazySteerer{func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			if turn.Message == "slow" {
+				time.Sleep(10 * time.Minute) // ignores cancellation
+				return runner.Result{}, ctx.Err()
+			}
+			return runner.Result{Text: "ok " + turn.Message}, nil
+		}}
+		v := newBusyEnv(t, nil, rn, busyMode(config.BusySteer), func(c *config.Config) {
+			c.Agents.Defaults.TimeoutSeconds = secs(60)
+			c.Agents.Defaults.AbortGraceSeconds = secs(2)
+		})
+		v.send(t, "r1", "slow")
+		if ack := v.send(t, "r2", "also do X"); ack.Status != StatusSteered {
+			t.Fatalf("ack %+v", ack)
+		}
+		time.Sleep(30 * time.Minute)
+		synctest.Wait()
+		ends := v.ends()
+		t.Logf("turns: %q status %+v", ends, v.e.Status("main").Queue)
+		if len(ends) < 5 {
+			t.Fatalf("the steered message never ran: %q; still queued: %d", ends, len(v.e.Status("main").Queue))
+		}
+	})
+}
+
+// slowRemove is a QueueStore whose RemoveQueued takes as long as the real
+// store's Flush behind a backlog (or a stalled disk: up to queueStoreTimeout).
+type slowRemove struct{ *memQueue }
+
+func (s slowRemove) RemoveQueued(ctx context.Context, ids ...string) error {
+	select {
+	case <-time.After(8 * time.Second):
+	case <-ctx.Done():
+	}
+	return s.memQueue.RemoveQueued(ctx, ids...)
+}
+
+// /stop waits for the store to forget the queue before it aborts the turn.
+func TestStopIsNotDelayedByTheStore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := testConfig(t, nil)
+		d := demo.New(demo.WithScenarioStep(100 * time.Millisecond))
+		t.Cleanup(d.Release)
+		e, s := startEngineWith(t, Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Queue: slowRemove{&memQueue{}}})
+		v := &busyEnv{e: e, sink: s}
+		v.send(t, "r1", "/steps shell:hang")
+		v.send(t, "r2", "next")
+		t0 := time.Now()
+		if _, err := e.Stop(context.Background(), "main", "conn1", false); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(t0); d > time.Second {
+			t.Fatalf("/stop took %v before the turn was aborted", d)
+		}
+	})
+}
+
+// interrupt: a second message sent while the first interrupt is still
+// stopping the turn does not supersede; it waits for the first one's full run.
+func TestInterruptTwiceRunsNewest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newBusyEnv(t, nil, nil, busyMode(config.BusyInterrupt))
+		v.send(t, "r1", "/steps shell:hang")
+		faketime.Advance(time.Second)
+		v.send(t, "r2", "/steps shell:hang")
+		v.send(t, "r3", "/steps say:newest")
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		t.Logf("%q", v.ends())
+	})
+}
+
+// the run id of a steered message is not remembered: the client's
+// retry (same idempotency key) is steered again, or after the turn ended
+// starts a new turn with the same text.
+func TestSteeredRetryIsIdempotent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newBusyEnv(t, nil, nil, busyMode(config.BusySteer))
+		v.send(t, "r1", "/steps shell:5s")
+		faketime.Advance(time.Second)
+		a1 := v.send(t, "r2", "also X")
+		a2 := v.send(t, "r2", "also X") // the client's retry
+		t.Logf("first %+v retry %+v", a1, a2)
+		v.wait(t, "r1")
+		a3 := v.send(t, "r2", "also X") // a retry after the turn ended
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		t.Logf("late retry %+v turns %q", a3, v.ends())
+		if a3.Status == StatusStarted || a2.Status == StatusSteered {
+			t.Fatalf("a retried steered message was handled again: retry %+v, late retry %+v", a2, a3)
+		}
+	})
+}
+
+// in a shared session (a Telegram group) A's /stop drops B's queued message.
+func TestStopKeepsOthersQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newBusyEnv(t, nil, nil)
+		ctx := context.Background()
+		v.e.Send(ctx, SendRequest{SessionKey: "main", Channel: "ws", RunID: "a1", Text: "/steps shell:hang", Owner: "A"})
+		v.e.Send(ctx, SendRequest{SessionKey: "main", Channel: "ws", RunID: "b1", Text: "B's question", Owner: "B"})
+		res, err := v.e.Stop(ctx, "main", "A", false)
+		if err != nil || res.Dropped != 0 {
+			t.Fatalf("A's /stop dropped %d messages of B (err %v)", res.Dropped, err)
+		}
+	})
+}
+
+// a message acked "steered" that the runner had not taken when the
+// gateway shut down is neither run nor stored: after the restart it is gone.
+func TestShutdownStoresSteered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rn := lazySteerer{func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			<-ctx.Done()
+			return runner.Result{}, ctx.Err()
+		}}
+		v := newBusyEnv(t, nil, rn, busyMode(config.BusySteer))
+		v.send(t, "r1", "slow")
+		if ack := v.send(t, "r2", "also do X"); ack.Status != StatusSteered {
+			t.Fatalf("ack %+v", ack)
+		}
+		v.e.Shutdown(context.Background())
+		synctest.Wait()
+		if got := v.q.stored(); len(got) == 0 {
+			t.Fatalf("the steered message is not in the QueueStore after shutdown (in memory: %d)", len(v.e.Status("main").Queue))
+		}
+	})
+}
