@@ -135,6 +135,11 @@ func TestStopIsNotDelayedByTheStore(t *testing.T) {
 		if d := time.Since(t0); d > time.Second {
 			t.Fatalf("/stop took %v before the turn was aborted", d)
 		}
+		time.Sleep(time.Minute) // the store forgets the dropped message meanwhile
+		synctest.Wait()
+		if got := v.e.Status("main"); got.Running || len(got.Queue) != 0 {
+			t.Fatalf("after /stop: %+v", got)
+		}
 	})
 }
 

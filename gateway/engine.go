@@ -264,6 +264,10 @@ type turn struct {
 	// inbox takes the messages steered into this turn (busy mode steer);
 	// nil when the runner is not a runner.Steerer that steers.
 	inbox *runner.Inbox
+	// steered are the messages steered into this turn, oldest first (under
+	// Engine.mu, like inbox.Put): the inbox's untaken texts are the last
+	// of them.
+	steered []QueuedMessage
 	// done is closed once the outcome is known, the terminal event is out
 	// to every subscriber and the session is free (both flags below, under
 	// Engine.mu): whoever Wait wakes may send the session's next message at
@@ -599,10 +603,8 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, maxReply: tr.maxReply})
 	}()
 	run.MarkReturned()
-	if tr.inbox != nil {
-		// Steered messages the runner never took run next, before the queue.
-		e.requeueSteered(tr, tr.inbox.Close())
-	}
+	// Steered messages the runner never took run next, before the queue.
+	e.requeueSteered(tr)
 	if !tr.life.CompareAndSwap(0, 1) {
 		e.stuckChanged(tr.runner, -1) // force-finalized earlier: no longer stuck
 	}
@@ -1143,12 +1145,19 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 	e.evictLocked(time.Now(), s)
 	s.id, s.reset = uuid.NewString(), true
 	s.history = nil
-	dropped := e.dropQueueLocked(s) // a fresh conversation: what waited was for the old one
+	// A fresh conversation: what waited (queued, or steered into the running
+	// turn and not taken) was for the old one.
+	dropped := e.dropQueueLocked(s, "", true)
+	if s.active != nil {
+		if t := e.turns[s.active.ID]; t != nil {
+			e.takeSteeredLocked(t)
+		}
+	}
 	s.loaded = true
 	s.updated = time.Now()
 	info := SessionInfo{Key: s.key, ID: s.id, Updated: s.updated}
 	e.mu.Unlock()
-	e.removeQueued(context.Background(), dropped)
+	go e.removeQueued(context.Background(), dropped) // never waits for a disk
 	// Published (outside the lock: handlers may call the engine) so the store
 	// forgets the history too, across restarts.
 	e.bus.Publish(event.Event{Kind: event.SessionReset, SessionKey: sessionKey, Time: info.Updated})
