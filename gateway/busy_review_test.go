@@ -214,3 +214,71 @@ func TestShutdownStoresSteered(t *testing.T) {
 		}
 	})
 }
+
+// A restored queued message that can never start (its channel's runner is
+// not configured) is dropped and the one behind it starts.
+func TestQueuedHeadThatCannotStartDoesNotBlockTheRest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{msgs: []QueuedMessage{
+			{RunID: "t1", SessionKey: "main", Channel: "telegram", Text: "hi", QueuedAt: time.Now()},
+			{RunID: "w1", SessionKey: "main", Channel: "ws", Text: "/steps say:ok", QueuedAt: time.Now()},
+		}}
+		v := newBusyEnv(t, q, nil, func(c *config.Config) { c.Channels.Telegram.Runner = "openai" })
+		if err := v.e.RestoreQueued(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		v.wantEnds(t, "w1 started", "w1 finished stop")
+		if got := q.stored(); len(got) != 0 {
+			t.Fatalf("still stored: %+v", got)
+		}
+	})
+}
+
+// The per-request timeout of a queued message survives: restored after a
+// restart, and steered but untaken (requeued).
+func TestQueuedTimeoutSurvives(t *testing.T) {
+	t.Run("restored", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			q := &memQueue{msgs: []QueuedMessage{{RunID: "w1", SessionKey: "main", Channel: "ws",
+				Text: "/steps shell:hang", QueuedAt: time.Now(), Timeout: 7 * time.Second}}}
+			v := newBusyEnv(t, q, nil)
+			if err := v.e.RestoreQueued(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			synctest.Wait()
+			if got := v.e.Status("main").Limits.Timeout; got != 7*time.Second {
+				t.Fatalf("restored turn's timeout %v, want 7s", got)
+			}
+		})
+	})
+	t.Run("steered", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			rn := lazySteerer{func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+				if turn.Message == "slow" {
+					select {
+					case <-ctx.Done():
+					case <-time.After(10 * time.Second):
+					}
+					return runner.Result{Text: "done"}, nil
+				}
+				<-ctx.Done()
+				return runner.Result{}, ctx.Err()
+			}}
+			v := newBusyEnv(t, nil, rn, busyMode(config.BusySteer))
+			v.send(t, "r1", "slow")
+			ack, err := v.e.Send(context.Background(), SendRequest{SessionKey: "main", Channel: "ws", RunID: "r2",
+				Text: "also", Owner: "conn1", Timeout: 9 * time.Second})
+			if err != nil || ack.Status != StatusSteered {
+				t.Fatalf("ack %+v err %v", ack, err)
+			}
+			time.Sleep(11 * time.Second)
+			synctest.Wait()
+			st := v.e.Status("main")
+			if !st.Running || st.Turn.RunID != "r2" || st.Limits.Timeout != 9*time.Second {
+				t.Fatalf("requeued steered turn: running %v run %q timeout %v", st.Running, st.Turn.RunID, st.Limits.Timeout)
+			}
+		})
+	})
+}
