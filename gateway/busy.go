@@ -96,12 +96,14 @@ type QueuedMessage struct {
 
 // QueueStore keeps queued messages across restarts. Send returns
 // StatusQueued only after Add committed durably; the engine removes a
-// message when its turn starts or it is dropped. Implemented by the store
+// message when it is dropped. A message whose turn starts is forgotten by
+// the QueueStore itself when it records that turn's TurnStarted (its RunID
+// and Joined), in the same transaction. Implemented by the store
 // (adapted in cmd/gateway); optional (nil: queued messages live in memory).
 type QueueStore interface {
 	AddQueued(ctx context.Context, m QueuedMessage) error
-	// RemoveQueued forgets the messages with these run ids (started,
-	// joined into a collect turn or dropped). Unknown ids are ignored.
+	// RemoveQueued forgets the messages with these run ids (dropped).
+	// Unknown ids are ignored.
 	RemoveQueued(ctx context.Context, runIDs ...string) error
 	// Queued lists every stored queued message, oldest first.
 	Queued(ctx context.Context) ([]QueuedMessage, error)
@@ -443,18 +445,21 @@ func (e *Engine) pumpLocked(s *session) func() {
 			q.turnID = req.RunID
 		}
 		q.end()
-		// The store forgets it on its own goroutine: the pump may run on the
-		// scheduler's or a publisher's, which must not wait for a disk.
-		forget := func() { go e.removeQueued(context.Background(), ids) }
 		if err != nil {
 			// Not the runner's state: this message can never start. The
-			// next one may.
+			// next one may. The store forgets it on its own goroutine: the
+			// pump may run on the scheduler's or a publisher's, which must
+			// not wait for a disk.
 			e.log.Error("a queued message could not start and was dropped", "run", req.RunID, "session", s.key, "err", err)
-			forgets = append(forgets, forget)
+			forgets = append(forgets, func() { go e.removeQueued(context.Background(), ids) })
 			continue
 		}
+		// A started turn's queued rows are deleted by the store in the
+		// transaction that records its TurnStarted (with Joined): exactly
+		// once across a crash.
 		if t := e.turns[req.RunID]; t != nil && len(ids) > 1 {
 			t.aliases = ids[1:]
+			t.joined = ids[1:]
 			for _, a := range t.aliases {
 				e.alias[a] = req.RunID
 			}
@@ -462,7 +467,6 @@ func (e *Engine) pumpLocked(s *session) func() {
 		return func() {
 			dropped()
 			start()
-			forget()
 		}
 	}
 	return dropped

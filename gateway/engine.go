@@ -268,6 +268,9 @@ type turn struct {
 	// Engine.mu, like inbox.Put): the inbox's untaken texts are the last
 	// of them.
 	steered []QueuedMessage
+	// joined are the run ids of the queued messages collected into this
+	// turn besides its own (set before it starts; TurnStarted.Joined).
+	joined []string
 	// done is closed once the outcome is known, the terminal event is out
 	// to every subscriber and the session is free (both flags below, under
 	// Engine.mu): whoever Wait wakes may send the session's next message at
@@ -574,6 +577,7 @@ func (e *Engine) startTurn(rn runner.Runner, t *turn, rt runner.Turn) {
 	if run.Settings.MaxTurnTime > 0 {
 		started.Ceiling = run.StartedAt().Add(run.Settings.MaxTurnTime)
 	}
+	started.Joined = t.joined // the store forgets these queued rows with the turn's own
 	// Nothing else may publish for this run before TurnStarted: Abort and
 	// Shutdown wait for t.started, and the scheduler and the runner only
 	// learn of the run below.
