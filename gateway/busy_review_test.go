@@ -145,7 +145,9 @@ func TestStopIsNotDelayedByTheStore(t *testing.T) {
 
 // interrupt: a second message sent while the first interrupt is still
 // stopping the turn does not supersede; it waits for the first one's full run.
-func TestInterruptTwiceRunsNewest(t *testing.T) {
+// Not asserted: reviewer R1's item 5 is not in this fix batch (today r2
+// runs to its own end, then r3); it logs the turns for the next fix.
+func TestInterruptTwiceWhileStopping(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		v := newBusyEnv(t, nil, nil, busyMode(config.BusyInterrupt))
 		v.send(t, "r1", "/steps shell:hang")
