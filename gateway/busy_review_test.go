@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -282,5 +283,58 @@ func TestQueuedTimeoutSurvives(t *testing.T) {
 				t.Fatalf("requeued steered turn: running %v run %q timeout %v", st.Running, st.Turn.RunID, st.Limits.Timeout)
 			}
 		})
+	})
+}
+
+// /new (Reset) drops the messages steered into the running turn that its
+// runner has not taken: they belonged to the old conversation.
+func TestResetDropsSteeredMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rn := lazySteerer{func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+			select {
+			case <-ctx.Done():
+				return runner.Result{}, ctx.Err()
+			case <-time.After(5 * time.Second):
+				return runner.Result{Text: "ok " + turn.Message}, nil
+			}
+		}}
+		v := newBusyEnv(t, nil, rn, busyMode(config.BusySteer))
+		v.send(t, "r1", "slow")
+		if ack := v.send(t, "r2", "also do X"); ack.Status != StatusSteered {
+			t.Fatalf("ack %+v", ack)
+		}
+		v.e.Reset("main")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		v.wantEnds(t, "r1 started", "r1 finished stop")
+	})
+}
+
+// Without operator rights, /stop drops only the requester's queued
+// messages (a restored queue: a shared session's messages of two people);
+// another person's turn is not theirs to stop.
+func TestStopDropsOnlyTheRequestersQueued(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newBusyEnv(t, nil, nil)
+		ctx := context.Background()
+		v.q.msgs = []QueuedMessage{
+			{RunID: "b1", SessionKey: "main", Channel: "ws", Owner: "B", Text: "/steps shell:hang", QueuedAt: time.Now()},
+			{RunID: "a1", SessionKey: "main", Channel: "ws", Owner: "A", Text: "/steps say:A", QueuedAt: time.Now()},
+			{RunID: "b2", SessionKey: "main", Channel: "ws", Owner: "B", Text: "/steps say:B", QueuedAt: time.Now()},
+		}
+		if err := v.e.RestoreQueued(ctx); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // b1 runs; a1 and b2 wait behind it
+		if _, err := v.e.Stop(ctx, "main", "A", false); !errors.Is(err, ErrNotOwner) {
+			t.Fatalf("A's /stop of B's turn: %v, want ErrNotOwner", err)
+		}
+		res, err := v.e.Stop(ctx, "main", "B", false)
+		if err != nil || res.Dropped != 1 || !res.Aborted {
+			t.Fatalf("B's /stop: %+v %v; want B's turn aborted and B's queued message dropped (1)", res, err)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		v.wantEnds(t, "b1 started", "b1 aborted user", "a1 started", "a1 finished stop")
 	})
 }
