@@ -170,6 +170,10 @@ type Event struct {
 	StepTimeout time.Duration // TurnStarted, Progress, Aborted: the liveness window (0 = disabled)
 	Limit       time.Duration // Aborted: the limit hit (wall clock, liveness window or ceiling); Progress: the wall clock
 	ErrorID     string        // Finished with ReasonError: the id of the failure's details, for operators
+	// Joined (TurnStarted): the run ids of the queued messages collected
+	// into this turn besides its own; the store forgets them with the
+	// turn's own queued row, in the same transaction.
+	Joined []string
 
 	// Locals is the run's storage for subscribers (see Local); nil for an
 	// event of no run. It is a reference, not part of the value: a

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
 	"github.com/turnguard/turnguard/timeout"
@@ -90,16 +88,22 @@ type QueuedMessage struct {
 	Owner      string    `json:"-"`
 	Text       string    `json:"text"`
 	QueuedAt   time.Time `json:"queuedAt"`
+	// Timeout is the message's per-request wall clock (SendRequest.Timeout;
+	// 0: configured). Messages collected into one turn run with the first
+	// one's.
+	Timeout time.Duration `json:"-"`
 }
 
 // QueueStore keeps queued messages across restarts. Send returns
 // StatusQueued only after Add committed durably; the engine removes a
-// message when its turn starts or it is dropped. Implemented by the store
+// message when it is dropped. A message whose turn starts is forgotten by
+// the QueueStore itself when it records that turn's TurnStarted (its RunID
+// and Joined), in the same transaction. Implemented by the store
 // (adapted in cmd/gateway); optional (nil: queued messages live in memory).
 type QueueStore interface {
 	AddQueued(ctx context.Context, m QueuedMessage) error
-	// RemoveQueued forgets the messages with these run ids (started,
-	// joined into a collect turn or dropped). Unknown ids are ignored.
+	// RemoveQueued forgets the messages with these run ids (dropped).
+	// Unknown ids are ignored.
 	RemoveQueued(ctx context.Context, runIDs ...string) error
 	// Queued lists every stored queued message, oldest first.
 	Queued(ctx context.Context) ([]QueuedMessage, error)
@@ -152,35 +156,56 @@ type StopResult struct {
 }
 
 // Stop is /stop: it aborts the session's running turn with reason user and
-// discards the session's queued messages (also from the QueueStore), on
-// behalf of requester (the turn's owner — or, for an idle session, the
-// first queued message's — or anyone when operator; otherwise ErrNotOwner
-// and nothing changes). The queue is dropped before the turn is aborted, so
-// nothing queued starts after the stop.
+// discards queued messages, on behalf of requester: the running turn must
+// be requester's (its owner, or "" for anyone) unless operator, otherwise
+// ErrNotOwner and nothing changes. Without operator only requester's own
+// queued messages (and those of no owner) are dropped — in a shared session
+// the others' stay; an operator drops them all. Messages steered into the
+// turn and not taken by its runner are dropped the same way (the others'
+// are queued next). The queue is dropped before the turn is aborted, so
+// nothing dropped starts after the stop; the QueueStore forgets the
+// dropped messages on its own goroutine (Stop never waits for a disk).
 func (e *Engine) Stop(ctx context.Context, sessionKey, requester string, operator bool) (StopResult, error) {
 	e.mu.Lock()
 	s := e.sessions[sessionKey]
-	running, owner := false, ""
+	running := false
+	var t *turn
 	if s != nil && s.active != nil {
 		running = true
-		if t := e.turns[s.active.ID]; t != nil {
-			owner = t.owner
+		t = e.turns[s.active.ID]
+		if t != nil && !operator && t.owner != "" && t.owner != requester {
+			e.mu.Unlock()
+			return StopResult{}, ErrNotOwner
 		}
-	} else if s != nil && len(s.queue) > 0 {
-		owner = s.queue[0].msgs[0].Owner
 	}
-	if !operator && owner != "" && owner != requester {
-		e.mu.Unlock()
-		return StopResult{}, ErrNotOwner
+	dropped := e.dropQueueLocked(s, requester, operator)
+	n := len(dropped)
+	requeue := func() {}
+	if t != nil {
+		var others []QueuedMessage
+		for _, m := range e.takeSteeredLocked(t) {
+			if droppable(m, requester, operator) {
+				n++
+			} else {
+				others = append(others, m)
+			}
+		}
+		requeue = e.requeueLocked(s, others)
 	}
-	dropped := e.dropQueueLocked(s)
 	e.mu.Unlock()
-	e.removeQueued(ctx, dropped)
+	go e.removeQueued(context.WithoutCancel(ctx), dropped)
 	res, err := e.Abort(ctx, sessionKey, "", event.ReasonUser, requester, operator)
+	go requeue() // stores others' steered messages: never waits for a disk
 	if err != nil {
-		return StopResult{Dropped: len(dropped)}, err
+		return StopResult{Dropped: n}, err
 	}
-	return StopResult{AbortResult: res, Stopping: !res.Aborted && running, Dropped: len(dropped)}, nil
+	return StopResult{AbortResult: res, Stopping: !res.Aborted && running, Dropped: n}, nil
+}
+
+// droppable reports whether requester may drop m: m is requester's or no
+// one's, or requester is an operator.
+func droppable(m QueuedMessage, requester string, operator bool) bool {
+	return operator || m.Owner == "" || m.Owner == requester
 }
 
 // queued is one turn waiting in its session's queue: one message, or (busy
@@ -261,6 +286,13 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 				s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: now}, e.cfg.Current().Server.HistoryLimit)
 				s.updated = now
 				id := s.active.ID
+				// Its run id answers for the turn it joined (a retry is not
+				// steered again), until its runner leaves it untaken
+				// (requeueLocked).
+				t.steered = append(t.steered, QueuedMessage{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
+					ChatRef: req.ChatRef, Owner: req.Owner, Text: req.Text, QueuedAt: now, Timeout: req.Timeout})
+				t.aliases = append(t.aliases, req.RunID)
+				e.alias[req.RunID] = id
 				e.mu.Unlock()
 				return Ack{RunID: id, Status: StatusSteered, Busy: BusySteer}, nil
 			}
@@ -272,8 +304,8 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 		return Ack{}, &QueueFullError{SessionKey: req.SessionKey, Limit: maxQueued}
 	}
 	qm := QueuedMessage{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
-		Owner: req.Owner, Text: req.Text, QueuedAt: time.Now()}
-	q := e.enqueueLocked(s, qm, req.Timeout, mode)
+		Owner: req.Owner, Text: req.Text, QueuedAt: time.Now(), Timeout: req.Timeout}
+	q := e.enqueueLocked(s, qm, mode)
 	q.persisting++
 	var victim string
 	if mode == BusyInterrupt && s.active != nil && s.active.State() == abort.StateRunning {
@@ -298,7 +330,7 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 	if !slices.Contains(s.queue, q) {
 		// Dropped (/stop, /new) while it was being stored.
 		e.mu.Unlock()
-		e.removeQueued(ctx, []string{req.RunID})
+		go e.removeQueued(context.WithoutCancel(ctx), []string{req.RunID})
 		return Ack{RunID: req.RunID, Status: StatusAborted, Busy: mode}, nil
 	}
 	ack := e.queuedAckLocked(q)
@@ -330,14 +362,15 @@ func isClosed(c chan struct{}) bool {
 }
 
 // enqueueLocked adds qm to s's queue — to the last waiting turn when both
-// are collected — and returns its entry. Called with e.mu held.
-func (e *Engine) enqueueLocked(s *session, qm QueuedMessage, timeout time.Duration, mode BusyMode) *queued {
+// are collected (that turn keeps its first message's timeout) — and returns
+// its entry. Called with e.mu held.
+func (e *Engine) enqueueLocked(s *session, qm QueuedMessage, mode BusyMode) *queued {
 	var q *queued
 	if n := len(s.queue); mode == BusyCollect && n > 0 && s.queue[n-1].collect {
 		q = s.queue[n-1]
 		q.msgs = append(q.msgs, qm)
 	} else {
-		q = &queued{msgs: []QueuedMessage{qm}, timeout: timeout, mode: mode, collect: mode == BusyCollect,
+		q = &queued{msgs: []QueuedMessage{qm}, timeout: qm.Timeout, mode: mode, collect: mode == BusyCollect,
 			begun: make(chan struct{})}
 		s.queue = append(s.queue, q)
 	}
@@ -356,22 +389,25 @@ func (e *Engine) unqueueLocked(s *session, q *queued, runID string) {
 	}
 }
 
-// dropQueueLocked empties s's queue (nil s: nothing) and returns the run
-// ids of the dropped messages. Called with e.mu held.
-func (e *Engine) dropQueueLocked(s *session) []string {
+// dropQueueLocked drops the messages in s's queue (nil s: nothing) that
+// requester may drop (droppable) and returns their run ids. Called with
+// e.mu held.
+func (e *Engine) dropQueueLocked(s *session, requester string, operator bool) []string {
 	if s == nil {
 		return nil
 	}
-	delete(e.stalled, s)
 	var ids []string
-	for _, q := range s.queue {
-		for _, id := range q.ids() {
-			delete(e.waiting, id)
-			ids = append(ids, id)
+	for _, q := range slices.Clone(s.queue) {
+		for _, m := range slices.Clone(q.msgs) {
+			if droppable(m, requester, operator) {
+				e.unqueueLocked(s, q, m.RunID)
+				ids = append(ids, m.RunID)
+			}
 		}
-		q.end()
 	}
-	s.queue = nil
+	if len(s.queue) == 0 {
+		delete(e.stalled, s)
+	}
 	return ids
 }
 
@@ -381,6 +417,12 @@ func (e *Engine) dropQueueLocked(s *session) []string {
 // when nothing starts), to call once e.mu is released. Called with e.mu held.
 func (e *Engine) pumpLocked(s *session) func() {
 	delete(e.stalled, s)
+	var forgets []func() // the dropped heads' (they could not start)
+	dropped := func() {
+		for _, f := range forgets {
+			f()
+		}
+	}
 	for !e.closing && s.active == nil && s.ending == 0 && len(s.queue) > 0 && s.queue[0].persisting == 0 {
 		q := s.queue[0]
 		first := q.msgs[0]
@@ -392,7 +434,7 @@ func (e *Engine) pumpLocked(s *session) func() {
 			// It waits: the session's next message or a restart tries again.
 			e.log.Warn("a queued message waits: its runner refuses new turns", "run", req.RunID, "session", s.key, "err", err)
 			e.stalled[s] = true
-			return func() {}
+			return dropped
 		}
 		s.queue = s.queue[1:]
 		ids := q.ids()
@@ -403,25 +445,31 @@ func (e *Engine) pumpLocked(s *session) func() {
 			q.turnID = req.RunID
 		}
 		q.end()
-		// The store forgets it on its own goroutine: the pump may run on the
-		// scheduler's or a publisher's, which must not wait for a disk.
-		forget := func() { go e.removeQueued(context.Background(), ids) }
 		if err != nil {
+			// Not the runner's state: this message can never start. The
+			// next one may. The store forgets it on its own goroutine: the
+			// pump may run on the scheduler's or a publisher's, which must
+			// not wait for a disk.
 			e.log.Error("a queued message could not start and was dropped", "run", req.RunID, "session", s.key, "err", err)
-			return forget
+			forgets = append(forgets, func() { go e.removeQueued(context.Background(), ids) })
+			continue
 		}
+		// A started turn's queued rows are deleted by the store in the
+		// transaction that records its TurnStarted (with Joined): exactly
+		// once across a crash.
 		if t := e.turns[req.RunID]; t != nil && len(ids) > 1 {
 			t.aliases = ids[1:]
+			t.joined = ids[1:]
 			for _, a := range t.aliases {
 				e.alias[a] = req.RunID
 			}
 		}
 		return func() {
+			dropped()
 			start()
-			forget()
 		}
 	}
-	return func() {}
+	return dropped
 }
 
 // pumpStalled tries again the sessions whose queue waited for a runner that
@@ -438,24 +486,71 @@ func (e *Engine) pumpStalled() {
 	}
 }
 
-// requeueSteered puts the steered messages a turn's runner never took at
-// the head of its session's queue, as one turn (they were never stored).
-func (e *Engine) requeueSteered(t *turn, texts []string) {
-	if len(texts) == 0 {
-		return
-	}
-	run := t.run
+// requeueSteered puts the steered messages t's runner never took at the
+// head of its session's queue (requeueLocked), once its runner returned.
+func (e *Engine) requeueSteered(t *turn) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	s := e.sessions[run.SessionKey]
-	if s == nil {
-		return
+	after := e.requeueLocked(e.sessions[t.run.SessionKey], e.takeSteeredLocked(t))
+	e.mu.Unlock()
+	after()
+}
+
+// takeSteeredLocked closes t's inbox (the runner takes nothing more) and
+// returns the messages steered into t that its runner never took, oldest
+// first. Called with e.mu held (inbox.Put is too, so the inbox's texts are
+// the last of t.steered).
+func (e *Engine) takeSteeredLocked(t *turn) []QueuedMessage {
+	if t.inbox == nil {
+		return nil
 	}
-	id := uuid.NewString()
-	q := &queued{msgs: []QueuedMessage{{RunID: id, SessionKey: run.SessionKey, Channel: run.Channel, ChatRef: run.ChatRef,
-		Owner: t.owner, Text: strings.Join(texts, "\n\n"), QueuedAt: time.Now()}}, mode: BusyQueue, begun: make(chan struct{})}
-	e.waiting[id] = q
+	n := min(len(t.inbox.Close()), len(t.steered))
+	untaken := slices.Clone(t.steered[len(t.steered)-n:])
+	t.steered = t.steered[:len(t.steered)-n]
+	return untaken
+}
+
+// requeueLocked puts msgs (steered messages never taken) at the head of
+// s's queue, joined into one turn under their own run ids (a retry is
+// answered queued, no longer by the turn they were steered into). It
+// returns the function to call once e.mu is released: it stores them in
+// the QueueStore (so a shutdown or a crash does not lose them; the turn
+// waits for that) and then starts the session's next turn if the session
+// is free (its turn may have been force-finalized long ago). Called with
+// e.mu held.
+func (e *Engine) requeueLocked(s *session, msgs []QueuedMessage) func() {
+	if s == nil || len(msgs) == 0 {
+		return func() {}
+	}
+	q := &queued{msgs: msgs, timeout: msgs[0].Timeout, mode: BusySteer, begun: make(chan struct{})}
+	for _, m := range msgs {
+		delete(e.alias, m.RunID)
+		e.waiting[m.RunID] = q
+	}
 	s.queue = append([]*queued{q}, s.queue...)
+	q.persisting++
+	return func() {
+		if e.qstore != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), queueStoreTimeout)
+			for _, m := range msgs {
+				if err := e.qstore.AddQueued(ctx, m); err != nil {
+					e.log.Error("storing a steered message its turn never took failed: a restart loses it", "run", m.RunID, "err", err)
+				}
+			}
+			cancel()
+		}
+		e.mu.Lock()
+		q.persisting--
+		var gone []string // dropped (/stop, /new) while being stored
+		for _, m := range msgs {
+			if _, ok := e.waiting[m.RunID]; !ok || !slices.Contains(s.queue, q) {
+				gone = append(gone, m.RunID)
+			}
+		}
+		start := e.pumpLocked(s)
+		e.mu.Unlock()
+		start()
+		e.removeQueued(context.Background(), gone)
+	}
 }
 
 // queueStoreTimeout bounds one QueueStore call the engine makes on its own.
@@ -496,7 +591,7 @@ func (e *Engine) RestoreQueued(ctx context.Context) error {
 		e.mu.Lock()
 		if _, dup := e.waiting[m.RunID]; !dup && e.sessions[m.SessionKey] == s {
 			mode, _ := cfg.BusyFor(m.Channel)
-			e.enqueueLocked(s, m, 0, BusyMode(mode))
+			e.enqueueLocked(s, m, BusyMode(mode))
 			if !slices.Contains(order, s) {
 				order = append(order, s)
 			}

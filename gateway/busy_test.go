@@ -56,6 +56,18 @@ func (m *memQueue) Queued(ctx context.Context) ([]QueuedMessage, error) {
 	return slices.Clone(m.msgs), nil
 }
 
+// handle forgets the queued messages of a turn that starts, as the store
+// does in the transaction recording its TurnStarted.
+func (m *memQueue) handle(ev event.Event) {
+	if ev.Kind != event.TurnStarted {
+		return
+	}
+	ids := append([]string{ev.RunID}, ev.Joined...)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.msgs = slices.DeleteFunc(m.msgs, func(q QueuedMessage) bool { return slices.Contains(ids, q.RunID) })
+}
+
 func (m *memQueue) stored() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -90,6 +102,7 @@ func newBusyEnv(t *testing.T, q *memQueue, rn runner.Runner, adjust ...func(*con
 		q = &memQueue{}
 	}
 	e, s := startEngineWith(t, Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": rn}, Queue: q})
+	t.Cleanup(e.Bus().Subscribe("", q.handle))
 	return &busyEnv{e: e, sink: s, q: q}
 }
 

@@ -264,6 +264,13 @@ type turn struct {
 	// inbox takes the messages steered into this turn (busy mode steer);
 	// nil when the runner is not a runner.Steerer that steers.
 	inbox *runner.Inbox
+	// steered are the messages steered into this turn, oldest first (under
+	// Engine.mu, like inbox.Put): the inbox's untaken texts are the last
+	// of them.
+	steered []QueuedMessage
+	// joined are the run ids of the queued messages collected into this
+	// turn besides its own (set before it starts; TurnStarted.Joined).
+	joined []string
 	// done is closed once the outcome is known, the terminal event is out
 	// to every subscriber and the session is free (both flags below, under
 	// Engine.mu): whoever Wait wakes may send the session's next message at
@@ -409,35 +416,8 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
-	key := req.RunID // the run to answer for: a collected message's is its turn's
-	if id, ok := e.alias[key]; ok {
-		key = id
-	}
-	// A repeated key is answered with the outcome as soon as it is recorded
-	// (a client that saw the terminal event must get it), before the turn
-	// is done (Wait waits for that).
-	if el, ok := e.outcomes[key]; ok {
-		out := el.Value.(*cached).out
-		e.mu.Unlock()
-		if out.SessionKey != req.SessionKey {
-			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
-		}
-		return Ack{RunID: key, Status: out.Status, Outcome: &out}, nil
-	}
-	if t, ok := e.turns[key]; ok {
-		e.mu.Unlock()
-		if t.run.SessionKey != req.SessionKey {
-			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
-		}
-		return Ack{RunID: key, Status: StatusInFlight}, nil
-	}
-	if q, ok := e.waiting[req.RunID]; ok {
-		ack := e.queuedAckLocked(q)
-		e.mu.Unlock()
-		if q.sessionKey() != req.SessionKey {
-			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
-		}
-		return ack, nil
+	if ack, ok, err := e.repeatLocked(req); ok {
+		return ack, err // unlocked
 	}
 	e.mu.Unlock()
 	if e.admit != nil {
@@ -467,6 +447,11 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 			break // still the session (not evicted since): e.mu is held
 		}
 		e.mu.Unlock()
+	}
+	// e.mu was released since the check above: the same run id (a client's
+	// retry racing its first send) may have started, queued or ended since.
+	if ack, ok, err := e.repeatLocked(req); ok {
+		return ack, err // unlocked
 	}
 	if e.closing {
 		e.mu.Unlock()
@@ -503,6 +488,45 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		start()
 	}
 	return Ack{RunID: req.RunID, Status: StatusStarted}, nil
+}
+
+// repeatLocked answers a run id Send already knows: ended (the cached
+// outcome), running (StatusInFlight), waiting in a queue (StatusQueued),
+// or a message collected or steered into another turn (that turn's). ok
+// false: a new run id, and e.mu is still held; ok true: e.mu is released.
+// Called with e.mu held.
+func (e *Engine) repeatLocked(req SendRequest) (Ack, bool, error) {
+	key := req.RunID // the run to answer for: a collected or steered message's is its turn's
+	if id, ok := e.alias[key]; ok {
+		key = id
+	}
+	// A repeated key is answered with the outcome as soon as it is recorded
+	// (a client that saw the terminal event must get it), before the turn
+	// is done (Wait waits for that).
+	if el, ok := e.outcomes[key]; ok {
+		out := el.Value.(*cached).out
+		e.mu.Unlock()
+		if out.SessionKey != req.SessionKey {
+			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		return Ack{RunID: key, Status: out.Status, Outcome: &out}, true, nil
+	}
+	if t, ok := e.turns[key]; ok {
+		e.mu.Unlock()
+		if t.run.SessionKey != req.SessionKey {
+			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		return Ack{RunID: key, Status: StatusInFlight}, true, nil
+	}
+	if q, ok := e.waiting[req.RunID]; ok {
+		ack := e.queuedAckLocked(q)
+		e.mu.Unlock()
+		if q.sessionKey() != req.SessionKey {
+			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		return ack, true, nil
+	}
+	return Ack{}, false, nil
 }
 
 // beginLocked registers the turn of req in the free session s and makes it
@@ -553,6 +577,7 @@ func (e *Engine) startTurn(rn runner.Runner, t *turn, rt runner.Turn) {
 	if run.Settings.MaxTurnTime > 0 {
 		started.Ceiling = run.StartedAt().Add(run.Settings.MaxTurnTime)
 	}
+	started.Joined = t.joined // the store forgets these queued rows with the turn's own
 	// Nothing else may publish for this run before TurnStarted: Abort and
 	// Shutdown wait for t.started, and the scheduler and the runner only
 	// learn of the run below.
@@ -582,10 +607,8 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, maxReply: tr.maxReply})
 	}()
 	run.MarkReturned()
-	if tr.inbox != nil {
-		// Steered messages the runner never took run next, before the queue.
-		e.requeueSteered(tr, tr.inbox.Close())
-	}
+	// Steered messages the runner never took run next, before the queue.
+	e.requeueSteered(tr)
 	if !tr.life.CompareAndSwap(0, 1) {
 		e.stuckChanged(tr.runner, -1) // force-finalized earlier: no longer stuck
 	}
@@ -1126,12 +1149,19 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 	e.evictLocked(time.Now(), s)
 	s.id, s.reset = uuid.NewString(), true
 	s.history = nil
-	dropped := e.dropQueueLocked(s) // a fresh conversation: what waited was for the old one
+	// A fresh conversation: what waited (queued, or steered into the running
+	// turn and not taken) was for the old one.
+	dropped := e.dropQueueLocked(s, "", true)
+	if s.active != nil {
+		if t := e.turns[s.active.ID]; t != nil {
+			e.takeSteeredLocked(t)
+		}
+	}
 	s.loaded = true
 	s.updated = time.Now()
 	info := SessionInfo{Key: s.key, ID: s.id, Updated: s.updated}
 	e.mu.Unlock()
-	e.removeQueued(context.Background(), dropped)
+	go e.removeQueued(context.Background(), dropped) // never waits for a disk
 	// Published (outside the lock: handlers may call the engine) so the store
 	// forgets the history too, across restarts.
 	e.bus.Publish(event.Event{Kind: event.SessionReset, SessionKey: sessionKey, Time: info.Updated})

@@ -19,6 +19,8 @@ type QueuedMessage struct {
 	Owner      string    `json:"-"`
 	Text       string    `json:"text"`
 	QueuedAt   time.Time `json:"queuedAt"`
+	// Timeout is the message's per-request wall clock (0: configured).
+	Timeout time.Duration `json:"-"`
 }
 
 // Queue keeps queued messages across restarts. SQLite implements it.
@@ -60,11 +62,14 @@ func (s *SQLite) AddQueued(ctx context.Context, m QueuedMessage) error {
 	if m.QueuedAt.IsZero() {
 		m.QueuedAt = time.Now()
 	}
+	if m.Timeout < 0 {
+		return fmt.Errorf("queue run %q: negative timeout %v: %w", m.RunID, m.Timeout, ErrInvalid)
+	}
 	err = s.durably(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO queued (run_id, seq, session_key, channel, chat_ref, owner, text, queued_at)
-			VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM queued), ?2, ?3, ?4, ?5, ?6, ?7)
+		_, err := tx.ExecContext(ctx, `INSERT INTO queued (run_id, seq, session_key, channel, chat_ref, owner, text, queued_at, timeout)
+			VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM queued), ?2, ?3, ?4, ?5, ?6, ?7, ?8)
 			ON CONFLICT (run_id) DO UPDATE SET text = excluded.text`,
-			m.RunID, m.SessionKey, m.Channel, m.ChatRef, m.Owner, m.Text, nanos(m.QueuedAt))
+			m.RunID, m.SessionKey, m.Channel, m.ChatRef, m.Owner, m.Text, nanos(m.QueuedAt), int64(m.Timeout))
 		return err
 	})
 	if err != nil {
@@ -73,59 +78,55 @@ func (s *SQLite) AddQueued(ctx context.Context, m QueuedMessage) error {
 	return nil
 }
 
-// RemoveQueued forgets the queued messages with these run ids (their turn
-// started, they joined another, or they were dropped), durably. Unknown ids
-// are ignored; no ids is a no-op.
-//
-// It first waits until every event handed to Handle before the call is
-// written (Flush): a message whose turn has started leaves the queue only
-// once that start is on disk, so no crash instant loses it (the restart
-// ends the turn as interrupted, with its notice). If that wait fails (ctx
-// done, the store closed) nothing is removed and the error says so: the
-// message may run again after a restart, but is never lost.
+// RemoveQueued forgets the queued messages with these run ids (they were
+// dropped), durably. Unknown ids are ignored; no ids is a no-op. A message
+// whose turn starts needs no call: the transaction that records the turn's
+// TurnStarted deletes its row (and those of the messages joined into it),
+// so across a crash it runs exactly once.
 func (s *SQLite) RemoveQueued(ctx context.Context, runIDs ...string) error {
 	if len(runIDs) == 0 {
 		return nil
-	}
-	if err := s.Flush(ctx); err != nil {
-		return fmt.Errorf("remove %d queued messages: their turns' starts are not written yet: %w", len(runIDs), err)
 	}
 	release, err := s.acquire()
 	if err != nil {
 		return err
 	}
 	defer release()
-	err = s.durably(ctx, func(tx *sql.Tx) error {
-		for ids := runIDs; len(ids) > 0; {
-			n := min(len(ids), maxRemoveBatch)
-			args := make([]any, n)
-			for i, id := range ids[:n] {
-				args[i] = id
-			}
-			q := `DELETE FROM queued WHERE run_id IN (?` + strings.Repeat(`, ?`, n-1) + `)`
-			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-				return err
-			}
-			ids = ids[n:]
-		}
-		return nil
-	})
+	err = s.durably(ctx, func(tx *sql.Tx) error { return forgetQueued(ctx, tx, runIDs) })
 	if err != nil {
 		return fmt.Errorf("remove %d queued messages: %w", len(runIDs), err)
 	}
 	return nil
 }
 
+// forgetQueued deletes the queued rows of runIDs in tx.
+func forgetQueued(ctx context.Context, tx *sql.Tx, runIDs []string) error {
+	for ids := runIDs; len(ids) > 0; {
+		n := min(len(ids), maxRemoveBatch)
+		args := make([]any, n)
+		for i, id := range ids[:n] {
+			args[i] = id
+		}
+		q := `DELETE FROM queued WHERE run_id IN (?` + strings.Repeat(`, ?`, n-1) + `)`
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return err
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
+
 // Queued lists every queued message, oldest first (the order AddQueued
-// stored them in, across sessions).
+// stored them in, across sessions), except those whose run id already has
+// a turn (its start was recorded: it must not run twice).
 func (s *SQLite) Queued(ctx context.Context) ([]QueuedMessage, error) {
 	release, err := s.acquire()
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	rows, err := s.r.QueryContext(ctx, `SELECT run_id, session_key, channel, chat_ref, owner, text, queued_at
-		FROM queued ORDER BY seq`)
+	rows, err := s.r.QueryContext(ctx, `SELECT run_id, session_key, channel, chat_ref, owner, text, queued_at, timeout
+		FROM queued q WHERE NOT EXISTS (SELECT 1 FROM turns t WHERE t.run_id = q.run_id) ORDER BY seq`)
 	if err != nil {
 		return nil, fmt.Errorf("queued messages: %w", err)
 	}
@@ -133,11 +134,12 @@ func (s *SQLite) Queued(ctx context.Context) ([]QueuedMessage, error) {
 	var out []QueuedMessage
 	for rows.Next() {
 		var m QueuedMessage
-		var at int64
-		if err := rows.Scan(&m.RunID, &m.SessionKey, &m.Channel, &m.ChatRef, &m.Owner, &m.Text, &at); err != nil {
+		var at, timeout int64
+		if err := rows.Scan(&m.RunID, &m.SessionKey, &m.Channel, &m.ChatRef, &m.Owner, &m.Text, &at, &timeout); err != nil {
 			return nil, fmt.Errorf("queued messages: %w", err)
 		}
 		m.QueuedAt = fromNanos(at)
+		m.Timeout = time.Duration(timeout)
 		out = append(out, m)
 	}
 	if err := rows.Err(); err != nil {

@@ -3,7 +3,6 @@ package store_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -164,41 +163,50 @@ func TestMigrateFromVersion4KeepsRowsAndQueues(t *testing.T) {
 	eqStrings(t, "queued", queuedTexts(t, s), []string{"q=next"})
 }
 
-// TestRemoveQueuedWaitsForItsTurnStart: the engine forgets a queued message
-// right after its turn started, while the turn's start is still in the
-// recorder's queue. Removing the message first would leave an instant at
-// which a crash loses it: gone from the queue, its turn never recorded (no
-// history, no interrupted notice). RemoveQueued waits until what was handed
-// to the recorder before it is written; if that cannot happen in time it
-// removes nothing (the message may run again after a restart — never lost).
-func TestRemoveQueuedWaitsForItsTurnStart(t *testing.T) {
+// TestTurnStartedRemovesItsQueuedRows: the transaction that records a
+// turn's TurnStarted deletes the queued rows of its run id and of the
+// messages joined into it (Joined): across a crash a queued message is
+// either still queued (its start not written) or its turn is recorded —
+// never both, never neither. A row stored again for a started run id (a
+// late write) is not listed: it must not run twice.
+func TestTurnStartedRemovesItsQueuedRows(t *testing.T) {
 	ctx := context.Background()
-	held := make(chan struct{})
-	var release sync.Once
-	s := open(t, dbPath(t), store.WithBeforeBatch(store.Options{}, func() { <-held }))
-	t.Cleanup(func() { release.Do(func() { close(held) }) }) // before open's Close
-	if err := s.AddQueued(ctx, store.QueuedMessage{RunID: "q", SessionKey: "ws:a", Text: "next"}); err != nil {
+	s := open(t, dbPath(t), store.Options{})
+	for _, id := range []string{"q1", "q2", "q3"} {
+		if err := s.AddQueued(ctx, store.QueuedMessage{RunID: id, SessionKey: "ws:a", Text: "text " + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr := newTurn("q1", "ws:a")
+	s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "text q1\n\ntext q2"; e.Joined = []string{"q2"} }))
+	if err := s.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	tr := newTurn("q", "ws:a")
-	s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "next" }))
-
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond) // real time: the writer is held; the call must give up
-	defer cancel()
-	if err := s.RemoveQueued(short, "q"); err == nil {
-		t.Error("RemoveQueued returned nil while the turn's start was not written")
-	}
-	_, turnErr := s.Turn(ctx, "q")
-	if q := queuedTexts(t, s); len(q) != 1 && errors.Is(turnErr, store.ErrNotFound) {
-		t.Fatalf("the message left the queue (%q) before its turn's start was written: a crash now loses it", q)
-	}
-
-	release.Do(func() { close(held) })
-	if err := s.RemoveQueued(ctx, "q"); err != nil {
-		t.Fatalf("RemoveQueued once the writer runs: %v", err)
-	}
-	if got := mustTurn(t, s, "q"); got.State != store.TurnRunning {
+	eqStrings(t, "queued after q1 started", queuedTexts(t, s), []string{"q3=text q3"})
+	if got := mustTurn(t, s, "q1"); got.State != store.TurnRunning {
 		t.Errorf("turn %+v, want running", got)
 	}
-	eqStrings(t, "queued", queuedTexts(t, s), nil)
+	if err := s.AddQueued(ctx, store.QueuedMessage{RunID: "q1", SessionKey: "ws:a", Text: "text q1"}); err != nil {
+		t.Fatal(err)
+	}
+	eqStrings(t, "queued after a late write of q1", queuedTexts(t, s), []string{"q3=text q3"})
+}
+
+// A queued message's per-request timeout survives a reopen.
+func TestQueuedKeepsTimeout(t *testing.T) {
+	ctx := context.Background()
+	path := dbPath(t)
+	s := open(t, path, store.Options{})
+	if err := s.AddQueued(ctx, store.QueuedMessage{RunID: "q", SessionKey: "ws:a", Text: "x", Timeout: 42 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddQueued(ctx, store.QueuedMessage{RunID: "bad", SessionKey: "ws:a", Text: "x", Timeout: -time.Second}); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("negative timeout: %v, want ErrInvalid", err)
+	}
+	s.Close()
+	s = open(t, path, store.Options{})
+	q, err := s.Queued(ctx)
+	if err != nil || len(q) != 1 || q[0].Timeout != 42*time.Second {
+		t.Fatalf("Queued = %+v, %v; want q with timeout 42s", q, err)
+	}
 }

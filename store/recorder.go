@@ -479,6 +479,12 @@ func (s *SQLite) apply(ctx context.Context, tx *sql.Tx, ev *event.Event) error {
 				return fmt.Errorf("insert user message: %w", err)
 			}
 		}
+		// The queued messages this turn runs leave the queue in the same
+		// transaction: after a crash they are either still queued (the
+		// start was not written) or ended as interrupted, never both.
+		if err := forgetQueued(ctx, tx, append([]string{ev.RunID}, ev.Joined...)); err != nil {
+			return fmt.Errorf("forget the started turn's queued messages: %w", err)
+		}
 	case event.StepStarted:
 		k, n, q := stepArgs(ev.Step)
 		if _, err := stmt(st.stepStarted).ExecContext(ctx, k, n, q, now, ev.RunID); err != nil {

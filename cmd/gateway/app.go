@@ -109,10 +109,6 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// Subscribed before any turn can start, so the store sees every event.
 	a.unsub = a.eng.Bus().Subscribe("", a.store.Handle)
 	a.eng.Start(ctx)
-	// The messages queued before the last stop run now: after the
-	// interrupted notices (recoverInterrupted), before any channel takes a
-	// new message.
-	restoreQueued(sctx, a.eng, log)
 
 	// Channels. The WebSocket protocol serves the OpenClaw clients and the
 	// web chat.
@@ -120,9 +116,10 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		Token: cfg.Server.Token, OperatorToken: cfg.Server.OperatorToken,
 		Version: "turnguard " + version, Log: log.With("channel", "ws"),
 	})
-	// Telegram, when enabled: polling starts now; webhook updates are
-	// accepted once the router serves /telegram/webhook.
-	if a.tg, err = startTelegram(ctx, a); err != nil {
+	// Telegram, when enabled: it follows the engine's events now; it takes
+	// updates from receive on (webhook updates once the router serves
+	// /telegram/webhook).
+	if a.tg, err = newTelegram(a); err != nil {
 		return a, err // "telegram: …"
 	}
 
@@ -135,6 +132,16 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 			al.StoreHealth(err) // it failed before the alerter existed
 		}
 	}
+
+	// The messages queued before the last stop run now: after the
+	// interrupted notices (recoverInterrupted), once every subscriber —
+	// the channels (Telegram's Retry memory), metrics, alerts — follows the
+	// bus, so their TurnStarted reaches everyone, and before any channel
+	// takes a new message (Telegram receives below, HTTP listens last), so
+	// new messages queue behind them.
+	a.tg.claimPending(sctx) // the interrupted notices go before the restored turns' answers
+	restoreQueued(sctx, a.eng, log)
+	a.tg.receive(ctx, a)
 
 	// HTTP last: once it listens, everything it serves is ready.
 	a.ln, err = server.Listen(ctx, cfg.Server.Listen, cfg.Server.Token)

@@ -636,6 +636,13 @@ func TestQueuedSurvivesSIGKILL(t *testing.T) {
 		if notice < 0 || !(notice < user && user < answer) {
 			t.Fatalf("restart %d: want the interrupted notice, then the queued message, then its reply:\n%s", restart, transcriptOf(msgs))
 		}
+		if restart == 1 {
+			// The restored turn's TurnStarted reached the bus's other
+			// subscribers too (restored after they subscribed).
+			if m := scrape(t, p.addr); !strings.Contains(m, `turnguard_turns_started_total{channel="ws"} 1`) {
+				t.Errorf("restart 1: the restored turn is not counted as started in /metrics:\n%s", grepLines(m, "turnguard_turns_"))
+			}
+		}
 		p.signal(syscall.SIGTERM)
 		if code := p.wait(10 * time.Second); code != 0 {
 			t.Fatalf("restart %d: exit code %d", restart, code)

@@ -18,7 +18,7 @@ func TestStoreQueueAdapterRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gateway.db")
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	want := []gateway.QueuedMessage{
-		{RunID: "q1", SessionKey: "telegram:42", Channel: "telegram", ChatRef: "42", Owner: "7", Text: "first", QueuedAt: at},
+		{RunID: "q1", SessionKey: "telegram:42", Channel: "telegram", ChatRef: "42", Owner: "7", Text: "first", QueuedAt: at, Timeout: 42 * time.Second},
 		{RunID: "q2", SessionKey: "main", Channel: "ws", Owner: "op", Text: "second", QueuedAt: at.Add(time.Second)},
 		{RunID: "q3", SessionKey: "main", Channel: "ws", Owner: "op", Text: "third", QueuedAt: at.Add(2 * time.Second)},
 	}

@@ -24,10 +24,10 @@ type tgChannel struct {
 	done chan struct{}      // closed when Run returned
 }
 
-// startTelegram builds the Telegram channel when channels.telegram.enabled
-// and starts receiving updates (polling, or the webhook mounted by mount).
-// Its replies and notices go through the store's outbox.
-func startTelegram(ctx context.Context, a *app) (*tgChannel, error) {
+// newTelegram builds the Telegram channel when channels.telegram.enabled:
+// it follows the engine's events from now on, but takes no update before
+// receive. Its replies and notices go through the store's outbox.
+func newTelegram(a *app) (*tgChannel, error) {
 	cfg := a.cfg.Current()
 	if !cfg.Channels.Telegram.Enabled {
 		return nil, nil
@@ -44,15 +44,32 @@ func startTelegram(ctx context.Context, a *app) (*tgChannel, error) {
 		return nil, err
 	}
 	a.tgClaim.Store(ch)
+	t := &tgChannel{ch: ch, stop: func() {}, done: make(chan struct{})}
+	close(t.done) // not receiving yet
+	return t, nil
+}
+
+// claimPending queues the outbox's pending messages in their chats now.
+func (t *tgChannel) claimPending(ctx context.Context) {
+	if t != nil {
+		t.ch.ClaimPending(ctx)
+	}
+}
+
+// receive starts receiving updates (polling, or the webhook mounted by
+// mount). Call it once.
+func (t *tgChannel) receive(ctx context.Context, a *app) {
+	if t == nil {
+		return
+	}
 	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	t := &tgChannel{ch: ch, stop: stop, done: make(chan struct{})}
-	go func() {
-		defer close(t.done)
-		if err := ch.Run(rctx); err != nil {
+	t.stop, t.done = stop, make(chan struct{})
+	go func(done chan struct{}) {
+		defer close(done)
+		if err := t.ch.Run(rctx); err != nil {
 			a.log.Error("the Telegram channel could not start; the other channels keep running", "error", err)
 		}
-	}()
-	return t, nil
+	}(t.done)
 }
 
 // outboxChannels are the channels whose turn endings the store writes to
