@@ -540,17 +540,6 @@ func (c *Channel) claimLoop() {
 
 func (c *Channel) resendPending(ctx context.Context) { c.claim(ctx, true) }
 
-// ClaimPending takes every pending message of the outbox into its chat's
-// queue now, before it returns (Run does too when it starts). The gateway
-// calls it before the turns queued across a restart run, so the notices
-// written before them (a restart's interrupted notices) keep their place
-// ahead of those turns' answers.
-func (c *Channel) ClaimPending(ctx context.Context) {
-	if c.outbox != nil {
-		c.claim(ctx, true)
-	}
-}
-
 // claim queues the outbox's pending messages that are not queued or being
 // delivered already. It holds claimMu for writing from its Pending read to
 // its queueing, and a delivery's outcome is recorded (and its inflight key

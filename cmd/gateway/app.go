@@ -139,7 +139,6 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// bus, so their TurnStarted reaches everyone, and before any channel
 	// takes a new message (Telegram receives below, HTTP listens last), so
 	// new messages queue behind them.
-	a.tg.claimPending(sctx) // the interrupted notices go before the restored turns' answers
 	restoreQueued(sctx, a.eng, log)
 	a.tg.receive(ctx, a)
 

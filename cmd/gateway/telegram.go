@@ -49,13 +49,6 @@ func newTelegram(a *app) (*tgChannel, error) {
 	return t, nil
 }
 
-// claimPending queues the outbox's pending messages in their chats now.
-func (t *tgChannel) claimPending(ctx context.Context) {
-	if t != nil {
-		t.ch.ClaimPending(ctx)
-	}
-}
-
 // receive starts receiving updates (polling, or the webhook mounted by
 // mount). Call it once.
 func (t *tgChannel) receive(ctx context.Context, a *app) {
