@@ -215,6 +215,10 @@ type queued struct {
 	timeout time.Duration
 	mode    BusyMode // how it was queued (Ack.Busy)
 	collect bool     // later messages join it (mode collect)
+	// superseded: a newer message arrived in mode interrupt while this one
+	// waited; it starts and is stopped at once with reason superseded, so
+	// its sender hears what became of it and the newest message runs next.
+	superseded bool
 	// persisting counts QueueStore.AddQueued calls in flight for its
 	// messages: the turn may not start before they are done.
 	persisting int
@@ -308,8 +312,17 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 	q := e.enqueueLocked(s, qm, mode)
 	q.persisting++
 	var victim string
-	if mode == BusyInterrupt && s.active != nil && s.active.State() == abort.StateRunning {
-		victim = s.active.ID
+	if mode == BusyInterrupt {
+		if s.active != nil && s.active.State() == abort.StateRunning {
+			victim = s.active.ID
+		}
+		// The messages waiting ahead of this one (an earlier interrupt
+		// whose victim is still stopping) are replaced too.
+		for _, w := range s.queue {
+			if w != q {
+				w.superseded = true
+			}
+		}
 	}
 	e.mu.Unlock()
 
@@ -462,6 +475,18 @@ func (e *Engine) pumpLocked(s *session) func() {
 			t.joined = ids[1:]
 			for _, a := range t.aliases {
 				e.alias[a] = req.RunID
+			}
+		}
+		if q.superseded {
+			key, id := s.key, req.RunID
+			return func() {
+				dropped()
+				start()
+				// Replaced while it waited: stopped as soon as it started
+				// (its TurnStarted is out), so its sender reads why.
+				if _, err := e.Abort(context.Background(), key, id, event.ReasonSuperseded, "", true); err != nil {
+					e.log.Info("interrupt: a replaced queued message was not stopped", "run", id, "err", err)
+				}
 			}
 		}
 		return func() {
