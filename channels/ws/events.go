@@ -84,7 +84,8 @@ type runState struct {
 	key   string
 	agent string
 
-	started time.Time // the TurnStarted event's time
+	started  time.Time // the TurnStarted event's time
+	userText string    // the TurnStarted event's text: the user's message the turn answers (under mu)
 
 	mu      sync.Mutex
 	seq     uint64
@@ -205,6 +206,7 @@ func (rs *runState) apply(ev event.Event) {
 	}
 	switch ev.Kind {
 	case event.TurnStarted:
+		rs.userText = ev.Text
 		rs.lifecycle(t, lifecycleData{Phase: "start", StartedAt: ms(t)})
 
 	case event.StepStarted:
