@@ -243,7 +243,10 @@
   const FENCE = /^\s*(`{3,}|~{3,})\s*([\w+#.-]*)\s*$/;
   const HEADING = /^\s{0,3}#{1,6}\s+(.*)$/;
   const ITEM = /^\s*(?:([-*+])|(\d{1,9})[.)])\s+(.*)$/;
-  const INLINE = /`([^`\n]+)`|\*\*(\S(?:[^*\n]*?\S)?)\*\*|\*([^*\s](?:[^*\n]*?[^*\s])?)\*|\[([^\]\n]+)\]\(([^()\s]+)\)|(https?:\/\/[^\s<>()]*[^\s<>().,;:!?'"])/g;
+  // A link's text and address are bounded (500 and 2000 characters): from
+  // every "[" the text may not run to the end of the line, or a line of
+  // many "[" takes time quadratic in its length.
+  const INLINE = /`([^`\n]+)`|\*\*(\S(?:[^*\n]*?\S)?)\*\*|\*([^*\s](?:[^*\n]*?[^*\s])?)\*|\[([^\]\n]{1,500})\]\(([^()\s]{1,2000})\)|(https?:\/\/[^\s<>()]*[^\s<>().,;:!?'"])/g;
 
   function link(href, label, parent) {
     let url = null;
