@@ -34,8 +34,12 @@ async function send(page, text) {
   await page.getByRole("button", { name: "Send", exact: true }).click();
 }
 
-async function startLong(page) {
-  await send(page, LONG);
+// VERY_LONG (~7.5s) outlasts a reload with time to spare: the page must
+// still see its queue after one.
+const VERY_LONG = "/steps web_search:1500ms web_search:1500ms web_search:1500ms web_search:1500ms web_search:1500ms say:First_done";
+
+async function startLong(page, text) {
+  await send(page, text || LONG);
   await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
 }
 
@@ -64,7 +68,7 @@ async function interrupt(page) {
 }
 
 async function collect(page) {
-  await startLong(page);
+  await startLong(page, VERY_LONG);
   await send(page, "first extra");
   await send(page, "second extra");
   for (const t of ["first extra", "second extra"]) {
@@ -80,13 +84,21 @@ async function collect(page) {
   // their turn starts neither is taken for dropped.
   await page.reload();
   await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
-  const reloaded = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.map((m) => m.firstChild.textContent));
-  if (reloaded.length && JSON.stringify(reloaded) !== JSON.stringify(["first extra", "second extra"])) {
-    throw new Error(`after a reload the queue shows ${JSON.stringify(reloaded)}`);
+  // The running turn outlasts the reload: both must be shown queued, for
+  // the one follow-up turn they were acked with (turnguard.queue's
+  // turnRunId), with the collect words — never as dropped.
+  await page.waitForFunction(() => document.querySelectorAll('.msg.user[data-status="queued"]').length === 2, null, { timeout: T.turn });
+  const reloaded = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.map((m) =>
+    [m.firstChild.textContent, m.dataset.runId, m.querySelector(".msg-status").textContent]));
+  const want = ["first extra", "second extra"].map((t) => [t, ids[0], label]);
+  if (JSON.stringify(reloaded) !== JSON.stringify(want)) {
+    throw new Error(`after a reload the queue shows ${JSON.stringify(reloaded)}, want ${JSON.stringify(want)}`);
   }
-  ok(`reloaded: ${reloaded.length ? "both shown as queued" : "their turn had started"}`);
+  ok(`reloaded: both shown queued for the follow-up turn ${ids[0]}: "${label}"`);
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=First done", { timeout: T.turn });
   await page.waitForFunction(() => !document.querySelector('.msg.user[data-status="queued"]'), null, { timeout: T.turn });
+  const dropped = await page.$$eval('.msg.user[data-status="dropped"]', (ms) => ms.map((m) => m.firstChild.textContent));
+  if (dropped.length) throw new Error(`after a reload, collected messages were marked dropped: ${JSON.stringify(dropped)}`);
   await page.waitForSelector(`.run[data-run-id="${ids[0]}"] .msg.assistant:not(.streaming)`, { timeout: 30000 });
   const runs = await page.$$eval(`.run[data-run-id="${ids[0]}"]`, (r) => r.length);
   if (runs !== 1) throw new Error(`${runs} run blocks for the follow-up`);
