@@ -8,7 +8,8 @@
 //   collect    two messages sent while busy are both marked queued to be
 //              answered together, then run as one follow-up turn.
 //   steer      the message is handed to the running turn ("Added to the
-//              running request"; the demo runner notes it in its reply).
+//              running request"; the demo runner notes it in its reply);
+//              after a reload, Retry of that turn resends its own message.
 //
 // Usage: node webchat-busy.mjs URL ARTIFACTS_DIR MODE
 // Env:   E2E_CHROMIUM, E2E_NODE_MODULES (as webchat.mjs)
@@ -125,6 +126,28 @@ async function steer(page) {
   ok(`the running turn noted it: "${await noted.textContent()}"`);
   await page.screenshot({ path: path.join(artifacts, "webchat-steered.png") });
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=First done", { timeout: T.turn });
+
+  // Retry after a reload resends the turn's OWN message, not the one
+  // steered into it (the history's last user message): activeRun.userText.
+  const own = "/steps web_search:1500ms shell:hang";
+  await send(page, own);
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+  await send(page, "steered in later");
+  await page.waitForFunction((el) => el && el.dataset.status === "steered",
+    await bubble(page, "steered in later").elementHandle(), { timeout: T.turn });
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const timedOut = page.locator('.notice.warning[data-stop-reason="step_timeout"]');
+  await timedOut.waitFor({ timeout: T.turn });
+  const users = () => page.$$eval(".msg.user", (ms) => ms.map((m) => m.firstChild.textContent));
+  const before = (await users()).length;
+  await timedOut.locator("button.retry").click();
+  await page.waitForFunction((n) => document.querySelectorAll(".msg.user").length > n, before, { timeout: T.turn });
+  const resent = (await users()).at(-1);
+  if (resent !== own) throw new Error(`Retry after a reload resent "${resent}", want the turn's own "${own}"`);
+  ok(`Retry after a reload resent the turn's own message "${own}", not the steered one`);
+  await page.waitForFunction(() => document.querySelectorAll('.notice.warning[data-stop-reason="step_timeout"]').length === 2,
+    null, { timeout: T.turn }); // the retried turn timed out too
 }
 
 const scenarios = { interrupt, collect, steer };

@@ -224,7 +224,7 @@ async function phoneChecks(browser, artifacts, consoleErrors) {
     }
     const shot = path.join(artifacts, "webchat-390.png");
     await page.screenshot({ path: shot });
-    ok(`390 px: scrollWidth ${width}, controls on screen; screenshot ${shot}`);
+    ok(`390 px: scrollWidth ${width}, #messages ${msgs.scroll} <= ${msgs.client} after a long-named step, controls on screen; screenshot ${shot}`);
     if (dialogs.length) throw new Error(`a reply ran script: dialog ${dialogs.join(", ")}`);
   } catch (err) {
     try { await page.screenshot({ path: path.join(artifacts, "webchat-390-failure.png") }); } catch (_) { /* ignore */ }
