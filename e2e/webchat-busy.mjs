@@ -8,7 +8,8 @@
 //   collect    two messages sent while busy are both marked queued to be
 //              answered together, then run as one follow-up turn.
 //   steer      the message is handed to the running turn ("Added to the
-//              running request"; the demo runner notes it in its reply).
+//              running request"; the demo runner notes it in its reply);
+//              after a reload, Retry of that turn resends its own message.
 //
 // Usage: node webchat-busy.mjs URL ARTIFACTS_DIR MODE
 // Env:   E2E_CHROMIUM, E2E_NODE_MODULES (as webchat.mjs)
@@ -34,8 +35,12 @@ async function send(page, text) {
   await page.getByRole("button", { name: "Send", exact: true }).click();
 }
 
-async function startLong(page) {
-  await send(page, LONG);
+// VERY_LONG (~7.5s) outlasts a reload with time to spare: the page must
+// still see its queue after one.
+const VERY_LONG = "/steps web_search:1500ms web_search:1500ms web_search:1500ms web_search:1500ms web_search:1500ms say:First_done";
+
+async function startLong(page, text) {
+  await send(page, text || LONG);
   await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
 }
 
@@ -64,7 +69,7 @@ async function interrupt(page) {
 }
 
 async function collect(page) {
-  await startLong(page);
+  await startLong(page, VERY_LONG);
   await send(page, "first extra");
   await send(page, "second extra");
   for (const t of ["first extra", "second extra"]) {
@@ -80,13 +85,21 @@ async function collect(page) {
   // their turn starts neither is taken for dropped.
   await page.reload();
   await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
-  const reloaded = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.map((m) => m.firstChild.textContent));
-  if (reloaded.length && JSON.stringify(reloaded) !== JSON.stringify(["first extra", "second extra"])) {
-    throw new Error(`after a reload the queue shows ${JSON.stringify(reloaded)}`);
+  // The running turn outlasts the reload: both must be shown queued, for
+  // the one follow-up turn they were acked with (turnguard.queue's
+  // turnRunId), with the collect words — never as dropped.
+  await page.waitForFunction(() => document.querySelectorAll('.msg.user[data-status="queued"]').length === 2, null, { timeout: T.turn });
+  const reloaded = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.map((m) =>
+    [m.firstChild.textContent, m.dataset.runId, m.querySelector(".msg-status").textContent]));
+  const want = ["first extra", "second extra"].map((t) => [t, ids[0], label]);
+  if (JSON.stringify(reloaded) !== JSON.stringify(want)) {
+    throw new Error(`after a reload the queue shows ${JSON.stringify(reloaded)}, want ${JSON.stringify(want)}`);
   }
-  ok(`reloaded: ${reloaded.length ? "both shown as queued" : "their turn had started"}`);
+  ok(`reloaded: both shown queued for the follow-up turn ${ids[0]}: "${label}"`);
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=First done", { timeout: T.turn });
   await page.waitForFunction(() => !document.querySelector('.msg.user[data-status="queued"]'), null, { timeout: T.turn });
+  const dropped = await page.$$eval('.msg.user[data-status="dropped"]', (ms) => ms.map((m) => m.firstChild.textContent));
+  if (dropped.length) throw new Error(`after a reload, collected messages were marked dropped: ${JSON.stringify(dropped)}`);
   await page.waitForSelector(`.run[data-run-id="${ids[0]}"] .msg.assistant:not(.streaming)`, { timeout: 30000 });
   const runs = await page.$$eval(`.run[data-run-id="${ids[0]}"]`, (r) => r.length);
   if (runs !== 1) throw new Error(`${runs} run blocks for the follow-up`);
@@ -113,6 +126,28 @@ async function steer(page) {
   ok(`the running turn noted it: "${await noted.textContent()}"`);
   await page.screenshot({ path: path.join(artifacts, "webchat-steered.png") });
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=First done", { timeout: T.turn });
+
+  // Retry after a reload resends the turn's OWN message, not the one
+  // steered into it (the history's last user message): activeRun.userText.
+  const own = "/steps web_search:1500ms shell:hang";
+  await send(page, own);
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+  await send(page, "steered in later");
+  await page.waitForFunction((el) => el && el.dataset.status === "steered",
+    await bubble(page, "steered in later").elementHandle(), { timeout: T.turn });
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const timedOut = page.locator('.notice.warning[data-stop-reason="step_timeout"]');
+  await timedOut.waitFor({ timeout: T.turn });
+  const users = () => page.$$eval(".msg.user", (ms) => ms.map((m) => m.firstChild.textContent));
+  const before = (await users()).length;
+  await timedOut.locator("button.retry").click();
+  await page.waitForFunction((n) => document.querySelectorAll(".msg.user").length > n, before, { timeout: T.turn });
+  const resent = (await users()).at(-1);
+  if (resent !== own) throw new Error(`Retry after a reload resent "${resent}", want the turn's own "${own}"`);
+  ok(`Retry after a reload resent the turn's own message "${own}", not the steered one`);
+  await page.waitForFunction(() => document.querySelectorAll('.notice.warning[data-stop-reason="step_timeout"]').length === 2,
+    null, { timeout: T.turn }); // the retried turn timed out too
 }
 
 const scenarios = { interrupt, collect, steer };

@@ -65,8 +65,9 @@ function connectsOf(page) {
 // and says how many were dropped.
 async function queueChecks(page, artifacts) {
   await newSession(page);
-  // Steps of 1.5s, each under the 2s step timeout: a turn of ~4.5s.
-  await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+  // Steps of 1.5s, each under the 2s step timeout: a turn of ~7.5s, which
+  // outlasts the reload below with time to spare.
+  await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms web_search:1500ms web_search:1500ms");
   await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
   await send(page, "/steps say:Queued_answer");
   const queued = page.locator('.msg.user[data-status="queued"]', { hasText: "/steps say:Queued_answer" });
@@ -79,13 +80,10 @@ async function queueChecks(page, artifacts) {
   await page.reload();
   await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
   const again = page.locator('.msg.user[data-status="queued"]', { hasText: "/steps say:Queued_answer" });
-  try {
-    await again.waitFor({ timeout: 2000 });
-    ok("reloaded: the queued message is shown as queued (turnguard.queue)");
-  } catch (_) {
-    // The running turn may have ended meanwhile: then the message runs.
-    ok("reloaded: the queued message had started already");
-  }
+  await again.waitFor({ timeout: T.turn }); // the running turn outlasts the reload: it must still wait
+  const againLabel = await again.locator(".msg-status").textContent();
+  if (againLabel !== "Queued (1 ahead)") throw new Error(`queued label after a reload "${againLabel}", want "Queued (1 ahead)"`);
+  ok(`reloaded: the queued message is shown as queued (turnguard.queue): "${againLabel}"`);
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Queued answer", { timeout: T.turn });
   const still = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.length);
   if (still) throw new Error(`${still} message(s) still marked queued after their answer`);
@@ -210,16 +208,23 @@ async function phoneChecks(browser, artifacts, consoleErrors) {
     await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Waited my turn", { timeout: T.turn });
     ok("the message queued behind the timed-out turn ran after it");
 
+    // A step with a long unbroken tool name and its "still working" note
+    // wrap inside the chat: #messages scrolls only vertically.
+    await say("/steps mcp_server_github_list_pull_request_review_comments_for_repo:1500ms say:Long_step_done");
+    await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Long step done", { timeout: T.turn });
+
     // No horizontal scroll at 390 px; the controls are on the screen.
     const width = await page.evaluate(() => document.documentElement.scrollWidth);
     if (width > 390) throw new Error(`horizontal scroll at 390 px: scrollWidth ${width}`);
+    const msgs = await page.evaluate(() => { const m = document.querySelector("#messages"); return { scroll: m.scrollWidth, client: m.clientWidth }; });
+    if (msgs.scroll > msgs.client) throw new Error(`#messages scrolls sideways at 390 px: scrollWidth ${msgs.scroll} > clientWidth ${msgs.client}`);
     for (const loc of [box, sendBtn, stopBtn, session]) {
       const b = await loc.boundingBox();
       if (!b || b.x < 0 || b.x + b.width > 390 || b.width < 24 || b.height < 24) throw new Error(`control off screen or tiny: ${JSON.stringify(b)}`);
     }
     const shot = path.join(artifacts, "webchat-390.png");
     await page.screenshot({ path: shot });
-    ok(`390 px: scrollWidth ${width}, controls on screen; screenshot ${shot}`);
+    ok(`390 px: scrollWidth ${width}, #messages ${msgs.scroll} <= ${msgs.client} after a long-named step, controls on screen; screenshot ${shot}`);
     if (dialogs.length) throw new Error(`a reply ran script: dialog ${dialogs.join(", ")}`);
   } catch (err) {
     try { await page.screenshot({ path: path.join(artifacts, "webchat-390-failure.png") }); } catch (_) { /* ignore */ }
@@ -421,7 +426,7 @@ async function main() {
     ok(`${connects.length} connects, each signed by device ${devs[0].id.slice(0, 12)}…`);
 
     // 6. A browser without WebCrypto Ed25519: the page connects unsigned,
-    //    says nothing alarming, and Stop works while it stays connected.
+    //    says nothing alarming, and Stop works, after a reload too.
     const plain = await browser.newPage({ viewport: { width: 1100, height: 760 } });
     plain.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") consoleErrors.push(`(no Ed25519) ${m.text()}`); });
     plain.on("pageerror", (e) => consoleErrors.push(`(no Ed25519) ${e}`));
@@ -439,15 +444,20 @@ async function main() {
       throw new Error(`without Ed25519 the connect was ${JSON.stringify(plainConnects)}`);
     }
     await newSession(plain);
-    await send(plain, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+    await send(plain, "/steps web_search:1500ms web_search:1500ms web_search:1500ms web_search:1500ms web_search:1500ms");
     await plain.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+    // Reloaded (a new connection, still unsigned), its Stop still stops the
+    // turn: unsigned holders of the token share one owner.
+    await plain.reload();
+    await plain.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    await plain.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
     await plain.click("#stop");
     const plainStop = await plain.waitForSelector('.notice.warning[data-stop-reason="user"], .notice.error', { timeout: T.turn });
     if (!(await plainStop.evaluate((n) => n.classList.contains("warning")))) {
       throw new Error(`Stop without Ed25519: ${await plainStop.textContent()}`);
     }
     if ((await plain.textContent("#messages")).match(/Ed25519|device|signature/i)) throw new Error("the page talks about keys");
-    ok("without WebCrypto Ed25519: connected unsigned, Stop works, nothing alarming shown");
+    ok("without WebCrypto Ed25519: connected unsigned, Stop works after a reload, nothing alarming shown");
     await plain.close();
 
     // 6b. Busy sessions: queued messages.

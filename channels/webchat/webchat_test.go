@@ -1,12 +1,16 @@
 package webchat
 
 import (
+	"context"
+	"encoding/json"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 func get(t *testing.T, path string, hdr map[string]string) *httptest.ResponseRecorder {
@@ -124,6 +128,59 @@ func TestPageNeverParsesHTML(t *testing.T) {
 	for i, line := range strings.Split(string(js), "\n") {
 		if m := forbidden.FindString(line); m != "" {
 			t.Errorf("chat.js:%d uses %s: %s", i+1, m, strings.TrimSpace(line))
+		}
+	}
+}
+
+// TestInlineMarkdownPatternIsLinear: the page's inline Markdown pattern
+// (chat.js INLINE) used to take time quadratic in a line of many "[" — a
+// reply of 400,000 of them froze the tab for minutes — because a link's
+// text could run to the end of the line from every "[". With the link's
+// parts bounded, node runs it over hostile inputs at once, and ordinary
+// Markdown still matches. Skipped where node is not installed.
+func TestInlineMarkdownPatternIsLinear(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed")
+	}
+	js, err := fs.ReadFile(files, "static/chat.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*const INLINE = /(.+)/g;$`).FindSubmatch(js)
+	if m == nil {
+		t.Fatal("no INLINE pattern in chat.js")
+	}
+	// real time: node is a real process; a linear pattern answers in well
+	// under a second, the quadratic one took minutes.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, node, "testdata/inline.mjs", string(m[1])).Output()
+	if ctx.Err() != nil {
+		t.Fatalf("the inline pattern ran for %v on hostile input: super-linear", 30*time.Second)
+	}
+	if err != nil {
+		t.Fatalf("node: %v", err)
+	}
+	type res struct {
+		Count int    `json:"count"`
+		First string `json:"first"`
+	}
+	var got map[string]res
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node said %q: %v", out, err)
+	}
+	want := map[string]res{
+		"brackets":         {0, ""},
+		"bracketsThenLink": {1, strings.Repeat("[", 60)}, // a link whose text is the last 500 characters before "]("
+		"linkOpen":         {0, ""},
+		"stars":            {0, ""},
+		"urls":             {1, strings.Repeat("https://.", 7)[:60]}, // one address to the end
+		"ordinary":         {4, "[site](https://example.com/)"},
+	}
+	for name, w := range want {
+		if got[name] != w {
+			t.Errorf("%s: %+v, want %+v", name, got[name], w)
 		}
 	}
 }

@@ -181,8 +181,8 @@ func TestFanOutToTwoClientsOnOneSession(t *testing.T) {
 
 func TestAbortAuthorization(t *testing.T) {
 	e := newTCPEnv(t, envOpts{opts: Options{Token: "T", OperatorToken: "OP"}})
-	owner, _ := e.connect("tui", "T")
-	stranger, _ := e.connect("cli", "T")
+	owner := e.connectDevice(deviceKey(11), "T", nil)
+	stranger := e.connectDevice(deviceKey(12), "T", nil) // clients without a device key share one identity
 	op, _ := e.connect("probe", "OP")
 
 	owner.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r1"})
@@ -242,9 +242,9 @@ func TestAbortSurvivesReconnectOfTheSameDevice(t *testing.T) {
 // mode, platform "web", deviceFamily "browser", its scopes, the token, the
 // challenge's ts and nonce), with a key the browser keeps: after its socket
 // drops, the page's Stop still stops the turn it started. Without the
-// device block (a browser without WebCrypto Ed25519) the run is the
-// connection's, and the reconnected page is refused — which is what the
-// signature is for.
+// device block (a browser without WebCrypto Ed25519) the run belongs to
+// every holder of the token without a device key, so the reloaded page may
+// stop it too (TestNoDeviceConnectionsShareRunOwnership).
 func TestWebChatOwnsItsRunAcrossReconnect(t *testing.T) {
 	const token = "web-token-5e1d"
 	e := newTCPEnv(t, envOpts{opts: Options{Token: token}})
@@ -268,14 +268,15 @@ func TestWebChatOwnsItsRunAcrossReconnect(t *testing.T) {
 		t.Fatalf("aborted event %s", ab.raw)
 	}
 
-	// Unsigned: the run belongs to the connection that started it.
+	// Unsigned: the run is every unsigned token holder's; the reloaded
+	// page may stop it.
 	e.waitIdle()
 	plain, _ := e.connect("webchat", token)
 	plain.call("chat.send", map[string]any{"sessionKey": "agent:main:web", "message": "/steps shell:hang", "idempotencyKey": "w2"})
 	plain.ws.Close()
 	back, _ := e.connect("webchat", token)
-	if r := back.call("chat.abort", map[string]any{"sessionKey": "agent:main:web", "runId": "w2"}); r.OK || r.Error.Code != CodeForbidden {
-		t.Fatalf("an unsigned page's new connection stopped the old connection's run: %s", r.raw)
+	if r := back.call("chat.abort", map[string]any{"sessionKey": "agent:main:web", "runId": "w2"}); !r.OK || r.get("aborted") != true {
+		t.Fatalf("an unsigned page's new connection could not stop its run: %s", r.raw)
 	}
 }
 
@@ -559,5 +560,47 @@ func TestChatSendFailureSaysWordsNotInternals(t *testing.T) {
 	}
 	if !strings.Contains(e.logs.String(), "no such runner") {
 		t.Fatalf("the cause is not in the log:\n%s", e.logs.String())
+	}
+}
+
+// TestNoDeviceConnectionsShareRunOwnership: a page without a device
+// identity (plain http off loopback: no WebCrypto) gets a new connection on
+// every reload, and its Stop used to be refused ("another client started
+// it"). Connections without a device key are one identity per credential:
+// every holder of the shared token (every loopback client when there is no
+// token) may stop the runs any of them started. A device-signed client is
+// still its own identity: it may not stop theirs, and they may not stop its
+// runs.
+func TestNoDeviceConnectionsShareRunOwnership(t *testing.T) {
+	for _, token := range []string{"shared-token-9f3e21", ""} {
+		t.Run(map[bool]string{true: "shared token", false: "no token (loopback)"}[token != ""], func(t *testing.T) {
+			e := newTCPEnv(t, envOpts{opts: Options{Token: token}})
+			const key = "agent:main:web"
+			page, _ := e.connect("webchat", token)
+			page.call("chat.send", map[string]any{"sessionKey": key, "message": "/steps shell:hang", "idempotencyKey": "w1"})
+			e.waitStep(key, "shell")
+			page.ws.Close() // the reload
+
+			signed := e.connectSigned("webchat", deviceKey(9), token, nil)
+			if r := signed.call("chat.abort", map[string]any{"sessionKey": key, "runId": "w1"}); r.OK || r.Error.Code != CodeForbidden {
+				t.Fatalf("a device-signed client stopped a run started without a device: %s", r.raw)
+			}
+			reloaded, _ := e.connect("webchat", token)
+			id := reloaded.request("chat.abort", map[string]any{"sessionKey": key, "runId": "w1"})
+			reloaded.chat("w1", "aborted")
+			if r := reloaded.response(id); !r.OK || r.get("aborted") != true {
+				t.Fatalf("the reloaded page's Stop: %s", r.raw)
+			}
+
+			// A device-signed client's run stays its own.
+			e.waitIdle()
+			signed.call("chat.send", map[string]any{"sessionKey": key, "message": "/steps shell:hang", "idempotencyKey": "d1"})
+			e.waitStep(key, "shell")
+			if r := reloaded.call("chat.abort", map[string]any{"sessionKey": key, "runId": "d1"}); r.OK || r.Error.Code != CodeForbidden {
+				t.Fatalf("a client without a device stopped a device-signed client's run: %s", r.raw)
+			}
+			signed.call("chat.abort", map[string]any{"sessionKey": key, "runId": "d1"})
+			e.waitIdle()
+		})
 	}
 }

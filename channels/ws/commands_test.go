@@ -102,11 +102,12 @@ func TestChatSendCommandWhileBusy(t *testing.T) {
 }
 
 // Only the owner (or an operator) may stop a turn with /stop, as with
-// chat.abort.
+// chat.abort: the owner is a device-signed client, the stranger another
+// device (clients without a device key share one identity per credential).
 func TestChatSendStopOwnership(t *testing.T) {
 	e := newTCPEnv(t, envOpts{opts: Options{Token: "T", OperatorToken: "OP"}})
-	owner, _ := e.connect("tui", "T")
-	stranger, _ := e.connect("cli", "T")
+	owner := e.connectDevice(deviceKey(11), "T", nil)
+	stranger := e.connectDevice(deviceKey(12), "T", nil)
 	op, _ := e.connect("probe", "OP")
 	owner.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "r1"})
 	if r := stranger.call("chat.send", map[string]any{"sessionKey": "main", "message": "/stop", "idempotencyKey": "s1"}); r.OK || r.Error.Code != "FORBIDDEN" {

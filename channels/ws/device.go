@@ -15,7 +15,26 @@ import (
 // client.instanceId is self-declared (any client with the token could send
 // another's), so it is not used. A client that signs the challenge with a
 // device key (the TUI always does) is "device:<id>" — the same across its
-// reconnects; any other client is its connection, "conn:<connId>".
+// reconnects. A client without a device key (a browser page served over
+// plain http off loopback has no WebCrypto) proved only its credential, and
+// gets a new connection on every reload: all such clients holding the same
+// credential are one identity — "shared:token" for the shared token (or,
+// with no token, every loopback client: the only ones that may connect),
+// "shared:operator" for the operator token. So a reloaded page may stop
+// the turn it started; a device-signed client may not stop theirs, nor
+// they its runs.
+
+// ownerOf is the identity of a connection that proved device (its id, ""
+// for none) with the operator token or not.
+func ownerOf(device string, operator bool) string {
+	switch {
+	case device != "":
+		return "device:" + device
+	case operator:
+		return "shared:operator"
+	}
+	return "shared:token"
+}
 
 // deviceProof is connect's device block: an Ed25519 signature over the
 // challenge (docs/protocol.md §3, ../shared/openclaw-protocol.md §3).

@@ -97,7 +97,8 @@ type runState struct {
 	key   string
 	agent string
 
-	started time.Time // the TurnStarted event's time
+	started  time.Time // the TurnStarted event's time
+	userText string    // the TurnStarted event's text: the user's message the turn answers (under mu)
 
 	seq    uint64
 	notice event.Step // the step whose progress notice is shown (zero: none)
@@ -249,6 +250,7 @@ func (rs *runState) apply(ev event.Event) {
 	}
 	switch ev.Kind {
 	case event.TurnStarted:
+		rs.userText = ev.Text
 		rs.lifecycle(t, lifecycleData{Phase: "start", StartedAt: ms(t)})
 
 	case event.StepStarted:

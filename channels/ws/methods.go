@@ -368,7 +368,7 @@ func chatHistory(c *conn, req request) (any, *rpcError) {
 	// The running turn and queue after the history: a turn that ended in
 	// between is in the history, not shown as running (see reattach.go).
 	budget := c.s.answerBudget()
-	live, used := c.s.reattach(c.s.eng.Status(key), budget)
+	live, used := c.s.reattachAfter(c.s.eng.Status(key), budget, msgs)
 	out, omitted := fitHistory(msgs, budget-used)
 	res := map[string]any{
 		"sessionKey": key, "sessionId": id, "messages": out, "thinkingLevel": "off", "verboseLevel": "on",

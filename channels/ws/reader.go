@@ -219,11 +219,7 @@ func (r *reader) handshake(data []byte) {
 
 	c.operator = operator
 	c.toolEvents = slices.Contains(p.Caps, "tool-events")
-	if dev := verifiedDevice(p, c.nonce); dev != "" {
-		c.owner = "device:" + dev
-	} else {
-		c.owner = "conn:" + c.id
-	}
+	c.owner = ownerOf(verifiedDevice(p, c.nonce), operator)
 	cfg := c.s.cfg.Current().Server
 	tick := time.Duration(cfg.TickIntervalMs) * time.Millisecond
 	if tick <= 0 {

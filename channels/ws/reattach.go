@@ -3,6 +3,7 @@ package ws
 import (
 	"strconv"
 
+	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/messages"
@@ -43,6 +44,12 @@ type activeRunView struct {
 	// Text is the reply streamed so far (the full text a chat delta
 	// carries in message); cut to a quarter of the answer's budget.
 	Text string `json:"text,omitempty"`
+	// UserText is the user's message this turn answers (a collect turn:
+	// the collected messages joined) — what Retry sends again, not a
+	// message steered into the turn later; cut to an eighth of the answer's
+	// budget. "" when unknown, and in a history answer whose last user
+	// message is that text (the common case: no message was steered in).
+	UserText string `json:"userText,omitempty"`
 }
 
 // stepView is one step as the run's agent events name it.
@@ -58,10 +65,15 @@ type stepView struct {
 
 // queuedView is a message waiting behind the running turn.
 type queuedView struct {
-	RunID    string `json:"runId"` // the run id its turn will have
-	Text     string `json:"text"`
-	QueuedAt int64  `json:"queuedAt"` // unix ms
-	Ahead    int    `json:"ahead"`    // queued messages before it
+	RunID string `json:"runId"` // the message's own id (its chat.send idempotencyKey)
+	// TurnRunID is the run id of the turn it will be answered in: its own
+	// in busy mode queue; in collect mode the first collected message's,
+	// shared by every message collected into that turn.
+	TurnRunID string `json:"turnRunId"`
+	Busy      string `json:"busy"` // queue | collect | steer | interrupt: how it waits
+	Text      string `json:"text"`
+	QueuedAt  int64  `json:"queuedAt"` // unix ms
+	Ahead     int    `json:"ahead"`    // queued turns before its turn (the running one not counted)
 }
 
 // Bounds of the re-attach block inside a history answer: the reply so far
@@ -89,21 +101,47 @@ func (s *Server) reattach(st gateway.TurnStatus, budget int) (*reattachInfo, int
 		if jsonLen(st.Text) > budget/queueShare {
 			info.ActiveRun.Text = cutText(st.Text, budget/queueShare)
 		}
-		used += activeOverhead + jsonLen(info.ActiveRun.ProgressText) + jsonLen(info.ActiveRun.Text)
+		if jsonLen(info.ActiveRun.UserText) > budget/queueShare/2 {
+			info.ActiveRun.UserText = cutText(info.ActiveRun.UserText, budget/queueShare/2)
+		}
+		used += activeOverhead + jsonLen(info.ActiveRun.ProgressText) + jsonLen(info.ActiveRun.Text) + jsonLen(info.ActiveRun.UserText)
 	}
 	if n := len(st.Queue); n > 0 {
 		per := max(minQueuedText, budget/queueShare/n)
-		info.Queue = make([]queuedView, 0, n)
-		for i, m := range st.Queue {
-			text := m.Text
-			if jsonLen(text) > per {
-				text = cutText(text, per)
+		info.Queue = s.queueViews(st.Queue)
+		for i := range info.Queue {
+			q := &info.Queue[i]
+			if jsonLen(q.Text) > per {
+				q.Text = cutText(q.Text, per)
 			}
-			info.Queue = append(info.Queue, queuedView{RunID: m.RunID, Text: text, QueuedAt: ms(m.QueuedAt), Ahead: i})
-			used += queuedOverhead + jsonLen(text) + jsonLen(m.RunID)
+			used += queuedOverhead + jsonLen(q.Text) + jsonLen(q.RunID) + jsonLen(q.TurnRunID)
 		}
 	}
 	return info, used
+}
+
+// queueViews names, for each waiting message (oldest first), the turn it
+// will be answered in. The engine lists collected messages one by one; they
+// are grouped here the way the engine groups them: a message queued in busy
+// mode collect joins the turn of the collect message right before it, any
+// other message is a turn of its own (its run id). The mode is the one
+// configured now for the message's channel.
+func (s *Server) queueViews(queue []gateway.QueuedMessage) []queuedView {
+	cfg := s.cfg.Current()
+	out := make([]queuedView, 0, len(queue))
+	turns := 0
+	for i, m := range queue {
+		mode, _ := cfg.BusyFor(m.Channel)
+		v := queuedView{RunID: m.RunID, TurnRunID: m.RunID, Busy: mode, Text: m.Text, QueuedAt: ms(m.QueuedAt)}
+		if prev := len(out) - 1; i > 0 && mode == config.BusyCollect && out[prev].Busy == config.BusyCollect {
+			v.TurnRunID = out[prev].TurnRunID
+			turns-- // the same turn as the one before
+		}
+		v.Ahead = turns
+		turns++
+		out = append(out, v)
+	}
+	return out
 }
 
 func (s *Server) activeRun(st gateway.TurnStatus) *activeRunView {
@@ -111,6 +149,7 @@ func (s *Server) activeRun(st gateway.TurnStatus) *activeRunView {
 	v := &activeRunView{
 		RunID: t.RunID, StartedAt: ms(t.StartedAt), ElapsedMs: t.Elapsed.Milliseconds(),
 		Stopping: t.State != "running", Paused: t.Paused, Stalled: t.Stalled, Text: st.Text,
+		UserText: s.userTextOf(t.RunID),
 	}
 	if !t.CurrentStep.IsZero() {
 		v.CurrentStep = stepOf(t.RunID, t.CurrentStep)
@@ -127,6 +166,39 @@ func (s *Server) activeRun(st gateway.TurnStatus) *activeRunView {
 		})
 	}
 	return v
+}
+
+// reattachAfter is reattach for a history answer whose messages are msgs:
+// activeRun.userText is left out when it is msgs' last user message.
+func (s *Server) reattachAfter(st gateway.TurnStatus, budget int, msgs []gateway.Message) (*reattachInfo, int) {
+	info, used := s.reattach(st, budget)
+	if info == nil || info.ActiveRun == nil || info.ActiveRun.UserText == "" {
+		return info, used
+	}
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role != "user" {
+			continue
+		}
+		if msgs[i].Text == s.userTextOf(info.ActiveRun.RunID) {
+			used -= jsonLen(info.ActiveRun.UserText)
+			info.ActiveRun.UserText = ""
+		}
+		break
+	}
+	return info, used
+}
+
+// userTextOf is the user's message the live run runID answers, as its
+// TurnStarted event carried it ("" before that event or after its end).
+func (s *Server) userTextOf(runID string) string {
+	v, ok := s.runs.Load(runID)
+	if !ok {
+		return ""
+	}
+	rs := v.(*runState)
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.userText
 }
 
 func stepOf(runID string, st event.Step) *stepView {

@@ -127,7 +127,8 @@ func TestReattachBlock(t *testing.T) {
 			budget: 8000, maxBytes: 8000 / queueShare,
 			want: `{"activeRun":{"runId":"r","startedAt":` + ms13(at) + `,"elapsedMs":5000,` +
 				`"lastStep":{"toolCallId":"r:1","name":"shell","kind":"tool","startedAt":` + ms13(at) + `},"paused":false,"stalled":false},` +
-				`"queue":[{"runId":"q1","text":"next please","queuedAt":` + ms13(at) + `,"ahead":0},{"runId":"q2","text":"CUT","queuedAt":` + ms13(at) + `,"ahead":1}]}`,
+				`"queue":[{"runId":"q1","turnRunId":"q1","busy":"queue","text":"next please","queuedAt":` + ms13(at) + `,"ahead":0},` +
+				`{"runId":"q2","turnRunId":"q2","busy":"queue","text":"CUT","queuedAt":` + ms13(at) + `,"ahead":1}]}`,
 		},
 	}
 	for _, tc := range cases {
@@ -289,5 +290,102 @@ func TestHistoryReattachCarriesTheReplySoFar(t *testing.T) {
 		if got := h.str("turnguard.activeRun.text"); got != "Half way there" {
 			t.Fatalf("activeRun.text %q, want the reply so far; %s", got, h.raw)
 		}
+	})
+}
+
+// TestHistoryQueueNamesTheTurnEachMessageRunsIn: a page reloaded while
+// messages wait learns, for each, the run id of the turn it will be
+// answered in (turnRunId), how it waits (busy) and how many turns are
+// before that turn (ahead). In busy mode collect, the two messages sent
+// while w1 runs are answered together in ONE follow-up turn, c1 (the first
+// one's id; chat.send acked c2 with runId c1): both say turnRunId c1, ahead
+// 0. In busy mode queue each is its own turn, the second one turn behind.
+func TestHistoryQueueNamesTheTurnEachMessageRunsIn(t *testing.T) {
+	type want struct {
+		runID, turn, busy string
+		ahead             int
+	}
+	for _, tc := range []struct {
+		mode string
+		want []want
+	}{
+		{config.BusyCollect, []want{{"c1", "c1", "collect", 0}, {"c2", "c1", "collect", 0}}},
+		{config.BusyQueue, []want{{"c1", "c1", "queue", 0}, {"c2", "c2", "queue", 1}}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) { c.Agents.Defaults.Busy.Mode = tc.mode }})
+				c, _ := e.connect("webchat", "")
+				for _, m := range [][2]string{{"w1", "/steps shell:hang"}, {"c1", "/steps say:One"}, {"c2", "say:Two"}} {
+					if r := c.call("chat.send", map[string]any{"sessionKey": "agent:main:web", "message": m[1], "idempotencyKey": m[0]}); !r.OK {
+						t.Fatalf("chat.send %s: %s", m[0], r.raw)
+					}
+				}
+				faketime.Advance(time.Second)
+				page, _ := e.connect("webchat", "")
+				h := page.call("chat.history", map[string]any{"sessionKey": "agent:main:web"})
+				var res struct {
+					Turnguard struct {
+						Queue []struct {
+							RunID     string `json:"runId"`
+							TurnRunID string `json:"turnRunId"`
+							Busy      string `json:"busy"`
+							Ahead     int    `json:"ahead"`
+						} `json:"queue"`
+					} `json:"turnguard"`
+				}
+				if err := json.Unmarshal(h.Payload, &res); err != nil {
+					t.Fatalf("chat.history %s: %v", h.raw, err)
+				}
+				var got []want
+				for _, q := range res.Turnguard.Queue {
+					got = append(got, want{q.RunID, q.TurnRunID, q.Busy, q.Ahead})
+				}
+				if len(got) != len(tc.want) || got[0] != tc.want[0] || got[1] != tc.want[1] {
+					t.Fatalf("queue %+v, want %+v (%s)", got, tc.want, h.raw)
+				}
+				c.call("chat.abort", map[string]any{"sessionKey": "agent:main:web", "runId": "w1"})
+				page.chat("c1", "final")
+				e.waitIdle()
+			})
+		})
+	}
+}
+
+// TestHistoryActiveRunCarriesItsOwnUserText: a page reloaded while a turn
+// runs offers Retry for that turn with the turn's OWN message. A message
+// steered into the turn later is the last user message of the history, but
+// not what the turn was asked: activeRun.userText is the turn's message.
+func TestHistoryActiveRunCarriesItsOwnUserText(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) { c.Agents.Defaults.Busy.Mode = config.BusySteer }})
+		c, _ := e.connect("webchat", "")
+		c.call("chat.send", map[string]any{"sessionKey": "agent:main:web", "message": "/steps shell:hang", "idempotencyKey": "w1"})
+		faketime.Advance(time.Second)
+		if r := c.call("chat.send", map[string]any{"sessionKey": "agent:main:web", "message": "also this", "idempotencyKey": "s1"}); !r.OK || r.str("status") != "steered" {
+			t.Fatalf("steer %s", r.raw)
+		}
+		page, _ := e.connect("webchat", "")
+		h := page.call("chat.history", map[string]any{"sessionKey": "agent:main:web"})
+		var res struct {
+			Messages  []json.RawMessage `json:"messages"`
+			Turnguard struct {
+				ActiveRun *struct {
+					RunID    string `json:"runId"`
+					UserText string `json:"userText"`
+				} `json:"activeRun"`
+			} `json:"turnguard"`
+		}
+		if err := json.Unmarshal(h.Payload, &res); err != nil || res.Turnguard.ActiveRun == nil {
+			t.Fatalf("chat.history %s: %v", h.raw, err)
+		}
+		if last := string(res.Messages[len(res.Messages)-1]); !strings.Contains(last, "also this") {
+			t.Fatalf("the steered message is not the history's last: %s", h.raw)
+		}
+		if a := res.Turnguard.ActiveRun; a.RunID != "w1" || a.UserText != "/steps shell:hang" {
+			t.Fatalf("activeRun %+v, want w1 with its own text /steps shell:hang", *a)
+		}
+		c.call("chat.abort", map[string]any{"sessionKey": "agent:main:web", "runId": "w1"})
+		e.waitIdle()
 	})
 }

@@ -243,7 +243,10 @@
   const FENCE = /^\s*(`{3,}|~{3,})\s*([\w+#.-]*)\s*$/;
   const HEADING = /^\s{0,3}#{1,6}\s+(.*)$/;
   const ITEM = /^\s*(?:([-*+])|(\d{1,9})[.)])\s+(.*)$/;
-  const INLINE = /`([^`\n]+)`|\*\*(\S(?:[^*\n]*?\S)?)\*\*|\*([^*\s](?:[^*\n]*?[^*\s])?)\*|\[([^\]\n]+)\]\(([^()\s]+)\)|(https?:\/\/[^\s<>()]*[^\s<>().,;:!?'"])/g;
+  // A link's text and address are bounded (500 and 2000 characters): from
+  // every "[" the text may not run to the end of the line, or a line of
+  // many "[" takes time quadratic in its length.
+  const INLINE = /`([^`\n]+)`|\*\*(\S(?:[^*\n]*?\S)?)\*\*|\*([^*\s](?:[^*\n]*?[^*\s])?)\*|\[([^\]\n]{1,500})\]\(([^()\s]{1,2000})\)|(https?:\/\/[^\s<>()]*[^\s<>().,;:!?'"])/g;
 
   function link(href, label, parent) {
     let url = null;
@@ -472,7 +475,7 @@
     try { res = await request("chat.history", { sessionKey: key, limit: 1 }); } catch (_) { return; }
     if (key !== state.sessionKey || state.loading) return;
     const live = (res && res.turnguard) || {};
-    const waiting = new Set((live.queue || []).map((q) => q && q.runId));
+    const waiting = new Set((live.queue || []).map((q) => q && (q.turnRunId || q.runId)));
     const running = live.activeRun && live.activeRun.runId;
     // A run's events come before an answer computed after them: a run that
     // started is known here by now.
@@ -896,12 +899,20 @@
       if (partial) assistantMessage(partial);
       if (shown) notice(reason === "error" ? "error" : "warning", shown, reason, undefined, lastUser);
     }
-    if (active) reattach(active, lastUser);
+    // Retry resends the running turn's own message (activeRun.userText), not
+    // the history's last user message, which may have been steered into it.
+    if (active) reattach(active, String(active.userText || lastUser));
+    // Each queued message is marked with the turn it will be answered in
+    // (turnRunId: in collect mode the messages collected together share the
+    // first's), so that turn's start marks them sent.
     for (const q of live.queue || []) {
       if (!q || !q.runId) continue;
-      const bubble = userMessage(String(q.text || ""));
-      run(q.runId);
-      markQueued(bubble, q.runId, "queue", Number(q.ahead) || 0);
+      const turn = String(q.turnRunId || q.runId);
+      const text = String(q.text || "");
+      const bubble = userMessage(text);
+      const v = run(turn); // Retry of that turn resends its messages (collect: joined)
+      v.userText = v.userText ? `${v.userText}\n\n${text}` : text;
+      markQueued(bubble, turn, String(q.busy || "queue"), Number(q.ahead) || 0);
     }
     ui.messages.scrollTop = ui.messages.scrollHeight;
     for (const [name, p] of loading.held) runEvent(name, p);
