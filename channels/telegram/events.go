@@ -80,6 +80,9 @@ func (c *Channel) enqueueEnding(ch *chat, ev event.Event) {
 			continue
 		}
 		it.runID = ev.RunID
+		if c.durable && c.claimedEarly.remove(it.key()) {
+			continue // claim already queued (or delivered) its outbox row
+		}
 		if c.durable {
 			it.awaiting, it.deadline = true, time.Now().Add(claimWait)
 			c.awaiting[it.key()] = it
