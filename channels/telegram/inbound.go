@@ -162,9 +162,14 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		SessionKey: ch.key, Channel: config.ChannelTelegram, ChatRef: ch.ref, Sender: owner, Text: text,
 		ID: runID, Bot: me.username, MaxChars: tg.MaxInputChars, Progress: helpProgress(cfg),
 	})
-	if in.retry && (ans.Err != nil || ans.Command != conv.None) {
+	switch {
+	case in.retry && (ans.Err != nil || ans.Command != conv.None):
 		c.mu.Lock()
 		c.recent.forget(runID) // it did not start: a later tap may try again
+		c.mu.Unlock()
+	case (ans.Command == conv.Stop || ans.Command == conv.New) && ans.Err == nil:
+		c.mu.Lock()
+		c.recent.dropQueued(ch.id) // the queue is gone: its retries are no longer running
 		c.mu.Unlock()
 	}
 	var unavail *gateway.UnavailableError

@@ -59,11 +59,12 @@ func retryable(r event.StopReason) bool {
 
 // recentRun is what Retry needs of a run the channel saw.
 type recentRun struct {
-	chatID int64
-	sender int64            // the Telegram user who sent the message (0: unknown)
-	text   string           // the person's message
-	reason event.StopReason // how it ended; "" while running (or queued)
-	ended  bool
+	chatID  int64
+	sender  int64            // the Telegram user who sent the message (0: unknown)
+	text    string           // the person's message
+	reason  event.StopReason // how it ended; "" while running (or queued)
+	started bool
+	ended   bool
 }
 
 // recentRuns remembers the running and the retryable ones of the last
@@ -109,6 +110,17 @@ func (r *recentRuns) forget(runID string) {
 	}
 }
 
+// dropQueued forgets the runs of chat chatID that never started: a /stop
+// or /new dropped the session's queue (no event says so), so a Retry whose
+// message was queued may be tapped again.
+func (r *recentRuns) dropQueued(chatID int64) {
+	for id, run := range r.runs {
+		if run.chatID == chatID && !run.started {
+			delete(r.runs, id)
+		}
+	}
+}
+
 // retryRunning reports whether the last run started by the Retry button
 // key is queued or running.
 func (r *recentRuns) retryRunning(key string) bool {
@@ -145,7 +157,7 @@ func (r *recentRuns) note(ev event.Event, chatID int64) {
 	switch ev.Kind {
 	case event.TurnStarted:
 		run := r.add(ev.RunID, chatID)
-		run.chatID, run.text, run.reason, run.ended = chatID, ev.Text, "", false
+		run.chatID, run.text, run.reason, run.started, run.ended = chatID, ev.Text, "", true, false
 	case event.Finished, event.Aborted:
 		run, ok := r.runs[ev.RunID]
 		switch {

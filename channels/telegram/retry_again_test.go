@@ -2,6 +2,7 @@ package telegram
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -47,6 +48,42 @@ func TestRetryTappedAgainLaterIsAnswered(t *testing.T) {
 		}
 		if len(scr) <= n2 || !strings.HasPrefix(scr[len(scr)-1], "⚠️ No progress") {
 			t.Fatalf("the third turn's notice never reached the chat:\n%s\nlogs:\n%s", quoteAll(scr), h.logs.String())
+		}
+	})
+}
+
+// TestRetryTapWhileQueuedThenDropped: a Retry tapped while another request
+// runs is queued; tapping it again then starts nothing and says so; once
+// /stop drops the queue, the button works again (no tap is stuck as
+// "already running").
+func TestRetryTapWhileQueuedThenDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, setup{adjust: func(c *config.Config) { c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(100) }})
+		var st started
+		defer h.eng.Bus().Subscribe("", st.handle)()
+		h.say(alice, "/steps fetch:1s shell:hang")
+		h.advance(2 * time.Minute)
+		noticeID := h.api.lastMsgID(alice)
+		data := h.api.button(alice, noticeID)
+		h.say(alice, "/steps fetch:30s")
+		h.advance(time.Second)
+		for range 2 {
+			h.api.tap(alice, alice, noticeID, data)
+			synctest.Wait()
+		}
+		h.say(alice, "/stop")
+		h.advance(5 * time.Second)
+		h.api.tap(alice, alice, noticeID, data)
+		synctest.Wait()
+		var answers []string
+		for _, c := range h.api.callsTo("answerCallbackQuery", 0) {
+			answers = append(answers, c.Text)
+		}
+		if want := []string{textRetrying, textRetryRunning, textRetrying}; !slices.Equal(answers, want) {
+			t.Errorf("taps answered %q, want %q", answers, want)
+		}
+		if got := st.list(); len(got) != 3 {
+			t.Errorf("turns started = %q, want the first, the second and the retry after /stop", got)
 		}
 	})
 }
