@@ -111,6 +111,22 @@ func (c *Channel) enqueueLocked(ch *chat, it *outItem) {
 	c.kickLocked(ch)
 }
 
+// enqueueClaimedLocked queues an outbox row claim took that no placeholder
+// waits for: it was recorded before any ending still awaiting its row (the
+// store writes in order; a row from before a restart, or one being resent,
+// is older still), so it goes before the first such placeholder. Called
+// with c.mu held.
+func (c *Channel) enqueueClaimedLocked(ch *chat, it *outItem) {
+	c.enqueueLocked(ch, it)
+	for i, q := range ch.queue {
+		if q.awaiting {
+			copy(ch.queue[i+1:], ch.queue[i:len(ch.queue)-1])
+			ch.queue[i] = it
+			return
+		}
+	}
+}
+
 // kickLocked makes sure the chat's outgoing worker runs if it has work.
 // Called with c.mu held.
 func (c *Channel) kickLocked(ch *chat) {

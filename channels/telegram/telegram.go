@@ -597,7 +597,7 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 				// must not hold a place for a row already taken here.
 				c.claimedEarly.add(it.key())
 			}
-			c.enqueueLocked(c.chatLocked(chatID), it)
+			c.enqueueClaimedLocked(c.chatLocked(chatID), it)
 			if resend || m.Attempts > 0 {
 				c.log.Info("telegram: resending a message from the outbox", "chat", chatID, "run", m.RunID, "kind", m.Kind)
 			}
