@@ -102,6 +102,19 @@ async function queueChecks(page, artifacts) {
   if (await page.$("text=Never runs")) throw new Error("a dropped message ran");
   ok("typed /stop with a message queued: the turn stopped, the queued message marked dropped, \"1 queued message was dropped\"");
 
+  // The Stop button with a queue: the same as typed /stop — the queued
+  // message is dropped, not run after the stop.
+  await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
+  await page.waitForSelector('.run:last-child .step[data-status="running"] >> text=web_search', { timeout: T.turn });
+  await send(page, "/steps say:Button_never_runs");
+  await page.locator('.msg.user[data-status="queued"]', { hasText: "Button_never_runs" }).waitFor({ timeout: T.turn });
+  await page.click("#stop");
+  await page.locator('.msg.user[data-status="dropped"]', { hasText: "Button_never_runs" }).waitFor({ timeout: T.turn });
+  await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+  await page.waitForTimeout(1000); // real time: a dropped message must not start (it would within this second)
+  if (await page.$("text=Button never runs")) throw new Error("a message queued before the Stop button ran");
+  ok("the Stop button with a message queued: the turn stopped, the queued message marked dropped (as typed /stop)");
+
   // /stop typed in another tab of this browser: this tab learns that its
   // queued message was dropped too.
   await send(page, "/steps web_search:1500ms web_search:1500ms web_search:1500ms");
@@ -351,7 +364,7 @@ async function main() {
     await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
     ok("Stop after the reload ended the turn: stop notice shown, Stop off");
 
-    // 3. The Stop button (chat.abort).
+    // 3. The Stop button (sends /stop, as typed).
     await send(page, "/steps shell:hang");
     await page.waitForSelector("#stop:not([disabled])", { timeout: T.turn });
     await page.waitForSelector(".run:last-child .step >> text=shell", { timeout: T.turn });

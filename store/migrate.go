@@ -28,7 +28,7 @@ type migration struct {
 
 // SchemaVersion is the schema version this build writes: the number of
 // migrations.
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // migrations is the ordered list, loaded once; a malformed or missing
 // embedded file is a build defect, so it panics at init (and in every test).

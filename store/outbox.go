@@ -119,6 +119,36 @@ func (s *SQLite) updateOutbox(ctx context.Context, what string, id int64, query 
 	return nil
 }
 
+// MarkPartsSent records that the first n parts of message id (a text sent
+// as several messages) reached the chat; Pending reports it as PartsSent,
+// so a resend starts after them. n never goes down.
+func (s *SQLite) MarkPartsSent(ctx context.Context, id int64, n int) error {
+	if n < 0 {
+		return fmt.Errorf("outbox mark parts sent %d: %d parts: %w", id, n, ErrInvalid)
+	}
+	return s.updateOutbox(ctx, "mark parts sent", id,
+		`UPDATE outbox SET parts_sent = max(parts_sent, ?) WHERE id = ?`, n, id)
+}
+
+// IsPending reports whether message id is still to be delivered: neither
+// delivered nor failed. ErrNotFound if there is no such message.
+func (s *SQLite) IsPending(ctx context.Context, id int64) (bool, error) {
+	release, err := s.acquire()
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	var pending bool
+	err = s.r.QueryRowContext(ctx, `SELECT delivered_at IS NULL AND failed_at IS NULL FROM outbox WHERE id = ?`, id).Scan(&pending)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, fmt.Errorf("outbox message %d: %w", id, ErrNotFound)
+	case err != nil:
+		return false, fmt.Errorf("outbox message %d: %w", id, err)
+	}
+	return pending, nil
+}
+
 // Pending returns up to limit messages neither delivered nor failed, oldest
 // first, for channel ("" for every channel). A channel calls it at start-up
 // to resend what the previous process could not deliver.
@@ -128,7 +158,7 @@ func (s *SQLite) Pending(ctx context.Context, channel string, limit int) ([]Outb
 		return nil, err
 	}
 	defer release()
-	const cols = `SELECT id, channel, chat_ref, run_id, kind, text, created_at, attempts, last_error, last_attempt_at
+	const cols = `SELECT id, channel, chat_ref, run_id, kind, text, created_at, attempts, last_error, last_attempt_at, parts_sent
 		FROM outbox WHERE delivered_at IS NULL AND failed_at IS NULL`
 	var rows *sql.Rows
 	if channel == "" {
@@ -146,7 +176,7 @@ func (s *SQLite) Pending(ctx context.Context, channel string, limit int) ([]Outb
 		var created int64
 		var attempted sql.NullInt64
 		if err := rows.Scan(&m.ID, &m.Channel, &m.ChatRef, &m.RunID, &m.Kind, &m.Text, &created,
-			&m.Attempts, &m.LastError, &attempted); err != nil {
+			&m.Attempts, &m.LastError, &attempted, &m.PartsSent); err != nil {
 			return nil, fmt.Errorf("pending outbox of %q: %w", channel, err)
 		}
 		m.CreatedAt, m.LastAttemptAt = fromNanos(created), fromNullNanos(attempted)

@@ -203,3 +203,42 @@ func TestErrorText(t *testing.T) {
 		})
 	}
 }
+
+// TestOutboxPartsSentAndIsPending: the parts of a split message that
+// reached the chat are kept (never going down) and listed by Pending, so a
+// resend goes on after them; IsPending tells a pending message from a
+// delivered one and an unknown id.
+func TestOutboxPartsSentAndIsPending(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, dbPath(t), store.Options{})
+	id, err := s.Enqueue(ctx, store.OutboxMessage{Channel: "telegram", ChatRef: "42", RunID: "run-1", Kind: store.OutboxFinal, Text: "long"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{2, 1} {
+		if err := s.MarkPartsSent(ctx, id, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.MarkPartsSent(ctx, id, -1); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("MarkPartsSent(-1) = %v, want ErrInvalid", err)
+	}
+	if p, _ := s.Pending(ctx, "telegram", 0); len(p) != 1 || p[0].PartsSent != 2 {
+		t.Fatalf("pending = %+v, want one message with 2 parts sent", p)
+	}
+	if pending, err := s.IsPending(ctx, id); !pending || err != nil {
+		t.Errorf("IsPending before delivery = %v, %v; want true", pending, err)
+	}
+	if err := s.MarkDelivered(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if pending, err := s.IsPending(ctx, id); pending || err != nil {
+		t.Errorf("IsPending after delivery = %v, %v; want false", pending, err)
+	}
+	if _, err := s.IsPending(ctx, id+100); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("IsPending of an unknown id: %v, want ErrNotFound", err)
+	}
+	if err := s.MarkPartsSent(ctx, id+100, 1); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("MarkPartsSent of an unknown id: %v, want ErrNotFound", err)
+	}
+}

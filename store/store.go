@@ -127,6 +127,8 @@ type Outbox interface {
 	MarkAttempt(ctx context.Context, id int64, err error) error
 	MarkFailed(ctx context.Context, id int64, reason string) error
 	Pending(ctx context.Context, channel string, limit int) ([]OutboxMessage, error)
+	MarkPartsSent(ctx context.Context, id int64, n int) error
+	IsPending(ctx context.Context, id int64) (bool, error)
 	Counts(ctx context.Context) (OutboxCounts, error)
 }
 
@@ -293,6 +295,10 @@ type OutboxMessage struct {
 	Attempts      int        `json:"attempts"`
 	LastError     string     `json:"lastError,omitempty"`
 	LastAttemptAt time.Time  `json:"lastAttemptAt,omitzero"`
+	// PartsSent is how many parts of a message sent in several (a long
+	// reply split) reached the chat (MarkPartsSent); a resend starts after
+	// them.
+	PartsSent int `json:"partsSent,omitempty"`
 }
 
 // OutboxCounts counts outbox rows by status.

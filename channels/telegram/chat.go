@@ -41,6 +41,7 @@ type inMsg struct {
 	edited bool
 	cb     *models.CallbackQuery // a button was tapped (msg is the message it is under)
 	retry  bool                  // msg is a person's earlier message sent again by Retry
+	runID  string                // the run id of a Retry (each tap its own); "" derives it from msg
 }
 
 func newChat(id int64) *chat {
@@ -132,6 +133,11 @@ type outItem struct {
 	// deadline (the store cannot write), from memory.
 	awaiting bool
 	deadline time.Time
+	// fromMemory: an awaited ending whose row did not come by deadline.
+	fromMemory bool
+	// partsSent is how many parts of the text (split when long) reached
+	// the chat already: delivery goes on from the next one.
+	partsSent int
 }
 
 func (it *outItem) durable() bool { return it.kind != itemReply }

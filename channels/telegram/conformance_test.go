@@ -2,6 +2,7 @@ package telegram
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 
 	"github.com/turnguard/turnguard/channels/conv/convtest"
@@ -18,10 +19,13 @@ type tgPerson struct {
 }
 
 // TestConformance runs the conversation core's conformance suite through
-// the real Telegram client against the fake Bot API (fake time).
+// the real Telegram client against the fake Bot API (fake time), wired as
+// cmd/gateway wires it: durable endings written by a real SQLite store
+// (its own file per case) and claimed from its outbox.
 func TestConformance(t *testing.T) {
 	convtest.Run(t, func(t *testing.T, adjust func(*config.Config)) convtest.Harness {
-		return &tgPerson{h: newHarness(t, setup{adjust: adjust}), chat: alice}
+		s := setup{adjust: adjust, store: openStore(t, filepath.Join(t.TempDir(), "turnguard.db"))}
+		return &tgPerson{h: newHarness(t, s), chat: alice}
 	})
 }
 

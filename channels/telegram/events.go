@@ -80,6 +80,9 @@ func (c *Channel) enqueueEnding(ch *chat, ev event.Event) {
 			continue
 		}
 		it.runID = ev.RunID
+		if c.durable && c.claimedEarly.remove(it.key()) {
+			continue // claim already queued (or delivered) its outbox row
+		}
 		if c.durable {
 			it.awaiting, it.deadline = true, time.Now().Add(claimWait)
 			c.awaiting[it.key()] = it
@@ -106,6 +109,22 @@ func (c *Channel) enqueueLocked(ch *chat, it *outItem) {
 		c.inflight[it.key()] = true
 	}
 	c.kickLocked(ch)
+}
+
+// enqueueClaimedLocked queues an outbox row claim took that no placeholder
+// waits for: it was recorded before any ending still awaiting its row (the
+// store writes in order; a row from before a restart, or one being resent,
+// is older still), so it goes before the first such placeholder. Called
+// with c.mu held.
+func (c *Channel) enqueueClaimedLocked(ch *chat, it *outItem) {
+	c.enqueueLocked(ch, it)
+	for i, q := range ch.queue {
+		if q.awaiting {
+			copy(ch.queue[i+1:], ch.queue[i:len(ch.queue)-1])
+			ch.queue[i] = it
+			return
+		}
+	}
 }
 
 // kickLocked makes sure the chat's outgoing worker runs if it has work.

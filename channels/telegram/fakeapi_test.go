@@ -76,6 +76,7 @@ type fault struct {
 	Code       int
 	Desc       string
 	RetryAfter int
+	Skip       int // let this many matching calls through first
 }
 
 func newFakeAPI(token string) *fakeAPI {
@@ -329,6 +330,10 @@ func (f *fakeAPI) takeFault(method string, chat int64) *fault {
 	defer f.mu.Unlock()
 	for _, ft := range f.faults {
 		if ft.Method == method && (ft.Chat == 0 || ft.Chat == chat) && ft.Times > 0 {
+			if ft.Skip > 0 {
+				ft.Skip--
+				continue
+			}
 			ft.Times--
 			return ft
 		}

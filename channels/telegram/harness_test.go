@@ -123,6 +123,23 @@ func (o *fakeOutbox) Pending(_ context.Context, channel string, limit int) ([]st
 	return out, nil
 }
 
+func (o *fakeOutbox) MarkPartsSent(_ context.Context, id int64, n int) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	r, err := o.row(id)
+	if err == nil {
+		r.m.PartsSent = max(r.m.PartsSent, n)
+	}
+	return err
+}
+
+func (o *fakeOutbox) IsPending(_ context.Context, id int64) (bool, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	r, err := o.row(id)
+	return err == nil && !r.delivered && !r.failed, err
+}
+
 // states returns each row as "kind:state" in id order.
 func (o *fakeOutbox) states() []string {
 	o.mu.Lock()
@@ -263,9 +280,10 @@ type durableStore struct {
 	st    *store.SQLite
 	claim atomic.Pointer[Channel]
 
-	mu      sync.Mutex
-	holding bool          // events are held back from the store (a slow or stuck writer)
-	held    []event.Event // in order
+	mu              sync.Mutex
+	holding         bool          // events are held back from the store (a slow or stuck writer)
+	held            []event.Event // in order
+	slowSubscribers bool          // flush at each ending and pause (fake time): the store claims before the channel's onEvent
 }
 
 // handle hands ev to the store, unless events are held.
@@ -278,6 +296,10 @@ func (d *durableStore) handle(ev event.Event) {
 	}
 	d.mu.Unlock()
 	d.st.Handle(ev)
+	if d.slowSubscribers && ev.Kind.Terminal() {
+		_ = d.st.Flush(context.Background())
+		time.Sleep(time.Millisecond) // fake time (a synctest bubble): the subscribers between the store and the channel take a while
+	}
 }
 
 // hold makes the store see no event until release.

@@ -148,12 +148,30 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 	if !private && m.From != nil {
 		owner = "telegram-user:" + strconv.FormatInt(m.From.ID, 10)
 	}
+	runID := in.runID
+	if runID == "" {
+		runID = fmt.Sprintf("tg-%d-%d", ch.id, m.ID) // a redelivered update is the same run
+	}
+	if m.From != nil {
+		c.mu.Lock()
+		c.recent.sent(runID, ch.id, m.From.ID) // before the turn starts: its sender, for Retry
+		c.mu.Unlock()
+	}
 	cfg := c.cfg.Current()
 	ans := conv.Handle(ctx, c.eng, cfg, conv.Inbound{
 		SessionKey: ch.key, Channel: config.ChannelTelegram, ChatRef: ch.ref, Sender: owner, Text: text,
-		ID:  fmt.Sprintf("tg-%d-%d", ch.id, m.ID), // a redelivered update is the same run
-		Bot: me.username, MaxChars: tg.MaxInputChars, Progress: helpProgress(cfg),
+		ID: runID, Bot: me.username, MaxChars: tg.MaxInputChars, Progress: helpProgress(cfg),
 	})
+	switch {
+	case in.retry && (ans.Err != nil || ans.Command != conv.None):
+		c.mu.Lock()
+		c.recent.forget(runID) // it did not start: a later tap may try again
+		c.mu.Unlock()
+	case (ans.Command == conv.Stop || ans.Command == conv.New) && ans.Err == nil:
+		c.mu.Lock()
+		c.recent.dropQueued(ch.id) // the queue is gone: its retries are no longer running
+		c.mu.Unlock()
+	}
 	var unavail *gateway.UnavailableError
 	switch {
 	case ans.Ignored:

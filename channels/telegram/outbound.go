@@ -104,7 +104,7 @@ func (c *Channel) nextLocked(ch *chat, now time.Time) action {
 		if !c.closing && now.Before(it.deadline) {
 			return action{kind: actWait, wait: it.deadline.Sub(now)}
 		}
-		it.awaiting = false // not written in time: sent from memory (deliver)
+		it.awaiting, it.fromMemory = false, true // not written in time: sent from memory (deliver)
 		delete(c.awaiting, it.key())
 		c.log.Warn("telegram: the store has not recorded a turn's ending in time; sending it from memory", "chat", ch.id, "run", it.runID)
 	}
@@ -175,6 +175,10 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 		id, err := c.outbox.Enqueue(octx, it.outboxMessage(ch))
 		cancel()
 		switch {
+		case errors.Is(err, store.ErrDuplicate) && it.fromMemory && c.stillPending(ctx, ch, it, id):
+			// The store wrote the row after the wait ran out; claim left
+			// it to this item (its key was inflight): deliver it here.
+			it.outboxID = id
 		case errors.Is(err, store.ErrDuplicate):
 			// Already in the outbox: whoever put it there delivers it.
 			c.log.Debug("telegram: message already in the outbox", "chat", ch.id, "run", it.runID)
@@ -186,7 +190,7 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 			it.outboxID = id
 		}
 	}
-	err := c.sendText(ctx, ch, it.text, it.html(), c.retryMarkup(ctx, ch, it))
+	err := c.sendText(ctx, ch, it.text, it.html(), c.retryMarkup(ctx, ch, it), it.partsSent, func(n int) { c.partSent(ch, it, n) })
 	if err == nil && c.durable && it.durable() && it.outboxID == 0 {
 		c.mu.Lock()
 		c.sentMem.add(it.key()) // the store's late row is marked delivered by claim
@@ -196,6 +200,33 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 	defer c.claimMu.RUnlock()
 	c.record(ctx, ch, it, err)
 	c.itemDone(it, err)
+}
+
+// stillPending reports whether outbox message id is neither delivered nor
+// failed (an error reads as pending: a repeat beats a loss).
+func (c *Channel) stillPending(ctx context.Context, ch *chat, it *outItem, id int64) bool {
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	pending, err := c.outbox.IsPending(octx, id)
+	if err != nil {
+		c.log.Warn("telegram: cannot read an outbox message's state; sending it", "chat", ch.id, "run", it.runID, "err", c.red.err(err))
+		return true
+	}
+	return pending
+}
+
+// partSent records that the first n parts of a split item reached the
+// chat, so a resend goes on from the next one.
+func (c *Channel) partSent(ch *chat, it *outItem, n int) {
+	it.partsSent = n
+	if it.outboxID == 0 {
+		return
+	}
+	octx, cancel := context.WithTimeout(context.WithoutCancel(c.baseCtx), 5*time.Second)
+	defer cancel()
+	if err := c.outbox.MarkPartsSent(octx, it.outboxID, n); err != nil {
+		c.log.Warn("telegram: outbox update failed", "chat", ch.id, "run", it.runID, "err", c.red.err(err))
+	}
 }
 
 // itemDone accounts for a finished item.
@@ -250,8 +281,10 @@ func (k itemKind) String() string {
 
 // sendText sends text as one or more messages: a reply rendered as HTML
 // (split with code blocks repaired), anything else as plain text.
-// markup, if not nil, goes with the last message.
-func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool, markup models.ReplyMarkup) error {
+// markup, if not nil, goes with the last message. The first skip parts
+// are not sent (they reached the chat before); sent, if not nil, is told
+// after each part but the last how many have reached the chat.
+func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool, markup models.ReplyMarkup, skip int, sent func(n int)) error {
 	text = strings.ToValidUTF8(text, "\uFFFD") // Telegram refuses invalid UTF-8
 	var chunks []string
 	if html {
@@ -260,12 +293,18 @@ func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool
 		chunks = splitText(text, MaxMessageLen)
 	}
 	for i, chunk := range chunks {
+		if i < skip && i < len(chunks)-1 {
+			continue
+		}
 		var m models.ReplyMarkup
 		if i == len(chunks)-1 {
 			m = markup
 		}
 		if err := c.sendChunk(ctx, ch, chunk, html, m); err != nil {
 			return err
+		}
+		if sent != nil && i < len(chunks)-1 {
+			sent(i + 1)
 		}
 	}
 	return nil

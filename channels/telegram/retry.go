@@ -3,7 +3,10 @@ package telegram
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-telegram/bot/models"
 
@@ -32,6 +35,8 @@ const (
 	textRetrying      = "🔁 Sending it again…"
 	textRetryTooOld   = "⚠️ I no longer have that request — please send it again."
 	textRetryElsewere = "⚠️ That button belongs to another chat."
+	textRetryRunning  = "🔁 That request is already running again."
+	textRetryNotOwner = "Only the person who sent that request can retry it."
 )
 
 // Runs looks up a past turn: its recorded state and the message its user
@@ -54,39 +59,111 @@ func retryable(r event.StopReason) bool {
 
 // recentRun is what Retry needs of a run the channel saw.
 type recentRun struct {
-	chatID int64
-	text   string           // the person's message
-	reason event.StopReason // how it ended; "" while running
+	chatID  int64
+	sender  int64            // the Telegram user who sent the message (0: unknown)
+	text    string           // the person's message
+	reason  event.StopReason // how it ended; "" while running (or queued)
+	started bool
+	ended   bool
 }
 
 // recentRuns remembers the running and the retryable ones of the last
-// maxRecentRuns runs. Guarded by Channel.mu.
+// maxRecentRuns runs, and the last run each Retry button started.
+// Guarded by Channel.mu.
 type recentRuns struct {
 	runs  map[string]*recentRun
 	order []string // oldest first
+
+	retries    map[string]string // Retry button (chat/message) → the run its last tap started
+	retryOrder []string          // oldest first
+	taps       uint64            // Retry taps that started a run, ever: each gets its own run id
+}
+
+// add returns runID's entry, creating it (the oldest is forgotten when
+// maxRecentRuns are kept).
+func (r *recentRuns) add(runID string, chatID int64) *recentRun {
+	if r.runs == nil {
+		r.runs = map[string]*recentRun{}
+	}
+	if run, ok := r.runs[runID]; ok {
+		return run
+	}
+	if len(r.order) >= maxRecentRuns {
+		delete(r.runs, r.order[0])
+		r.order = r.order[1:]
+	}
+	r.order = append(r.order, runID)
+	run := &recentRun{chatID: chatID}
+	r.runs[runID] = run
+	return run
+}
+
+// sent records who sent the message of run runID, before it starts.
+func (r *recentRuns) sent(runID string, chatID, sender int64) {
+	r.add(runID, chatID).sender = sender
+}
+
+// forget drops runID (a Retry that did not start a turn).
+func (r *recentRuns) forget(runID string) {
+	if run, ok := r.runs[runID]; ok && !run.ended {
+		delete(r.runs, runID)
+	}
+}
+
+// dropQueued forgets the runs of chat chatID that never started: a /stop
+// or /new dropped the session's queue (no event says so), so a Retry whose
+// message was queued may be tapped again.
+func (r *recentRuns) dropQueued(chatID int64) {
+	for id, run := range r.runs {
+		if run.chatID == chatID && !run.started {
+			delete(r.runs, id)
+		}
+	}
+}
+
+// retryRunning reports whether the last run started by the Retry button
+// key is queued or running.
+func (r *recentRuns) retryRunning(key string) bool {
+	runID, ok := r.retries[key]
+	if !ok {
+		return false
+	}
+	run, ok := r.runs[runID]
+	return ok && !run.ended
+}
+
+// newRetry returns a fresh run id for a tap of the Retry button key under
+// message msgID of chat chatID, and remembers it as the button's last.
+func (r *recentRuns) newRetry(key string, chatID int64, msgID int) string {
+	r.taps++
+	// The time keeps it unique across restarts, the count within one.
+	runID := fmt.Sprintf("tg-%d-%d-r%s.%s", chatID, msgID, strconv.FormatInt(time.Now().UnixNano(), 36), strconv.FormatUint(r.taps, 36))
+	if r.retries == nil {
+		r.retries = map[string]string{}
+	}
+	if _, ok := r.retries[key]; !ok {
+		if len(r.retryOrder) >= maxRecentRuns {
+			delete(r.retries, r.retryOrder[0])
+			r.retryOrder = r.retryOrder[1:]
+		}
+		r.retryOrder = append(r.retryOrder, key)
+	}
+	r.retries[key] = runID
+	return runID
 }
 
 // note records a run's start (its text) and its ending (its reason).
 func (r *recentRuns) note(ev event.Event, chatID int64) {
 	switch ev.Kind {
 	case event.TurnStarted:
-		if r.runs == nil {
-			r.runs = map[string]*recentRun{}
-		}
-		if _, ok := r.runs[ev.RunID]; !ok {
-			if len(r.order) >= maxRecentRuns {
-				delete(r.runs, r.order[0])
-				r.order = r.order[1:]
-			}
-			r.order = append(r.order, ev.RunID)
-		}
-		r.runs[ev.RunID] = &recentRun{chatID: chatID, text: ev.Text}
+		run := r.add(ev.RunID, chatID)
+		run.chatID, run.text, run.reason, run.started, run.ended = chatID, ev.Text, "", true, false
 	case event.Finished, event.Aborted:
 		run, ok := r.runs[ev.RunID]
 		switch {
 		case !ok:
 		case retryable(ev.StopReason):
-			run.reason = ev.StopReason
+			run.reason, run.ended = ev.StopReason, true
 		default:
 			delete(r.runs, ev.RunID) // no Retry to offer: forget its text (its order entry ages out)
 		}
@@ -149,34 +226,61 @@ func (c *Channel) handleRetry(ctx context.Context, ch *chat, cb *models.Callback
 		c.answerCallback(ctx, ch, cb, "")
 		return
 	}
-	text, answer := c.retryText(ctx, ch, runID)
-	c.answerCallback(ctx, ch, cb, answer)
-	if text == "" {
+	text, sender, answer := c.retryText(ctx, ch, runID)
+	m := callbackMessage(cb)
+	if text == "" || m == nil {
+		c.answerCallback(ctx, ch, cb, answer)
 		return
 	}
-	m := callbackMessage(cb)
-	// The retried message is the button's message's id in this chat: a
-	// second tap (or a redelivered update) is the same turn, not another.
-	c.handle(ctx, ch, inMsg{retry: true, msg: &models.Message{ID: m.ID, Chat: m.Chat, From: &cb.From, Date: m.Date, Text: text}})
+	group := m.Chat.Type != "" && m.Chat.Type != models.ChatTypePrivate
+	if group && sender != 0 && sender != cb.From.ID {
+		// Telegram has no operators: only the sender's own tap runs it
+		// again, as theirs (they can stop it).
+		c.answerCallback(ctx, ch, cb, textRetryNotOwner)
+		return
+	}
+	// Each tap is a turn of its own (its own run id, so its ending is
+	// recorded and delivered even after the first one's); a tap while the
+	// button's last retry is still queued or running starts nothing.
+	key := strconv.FormatInt(ch.id, 10) + "/" + strconv.Itoa(m.ID)
+	c.mu.Lock()
+	running := c.recent.retryRunning(key)
+	var newID string
+	if !running {
+		newID = c.recent.newRetry(key, ch.id, m.ID)
+	}
+	c.mu.Unlock()
+	if running {
+		c.answerCallback(ctx, ch, cb, textRetryRunning)
+		return
+	}
+	c.answerCallback(ctx, ch, cb, answer)
+	from := cb.From
+	if group && sender != 0 {
+		from = models.User{ID: sender}
+	}
+	c.handle(ctx, ch, inMsg{retry: true, runID: newID, msg: &models.Message{ID: m.ID, Chat: m.Chat, From: &from, Date: m.Date, Text: text}})
 }
 
 // retryText finds run's original message, if run belongs to ch: in memory,
 // else in the store. answer is what the tap is answered with.
-func (c *Channel) retryText(ctx context.Context, ch *chat, runID string) (text, answer string) {
+// sender is the Telegram user who sent it, 0 if unknown (the store does not
+// keep it).
+func (c *Channel) retryText(ctx context.Context, ch *chat, runID string) (text string, sender int64, answer string) {
 	c.mu.Lock()
 	run, ok := c.recent.get(runID)
 	c.mu.Unlock()
 	switch {
 	case ok && run.chatID != ch.id:
-		return "", textRetryElsewere
+		return "", 0, textRetryElsewere
 	case ok && strings.TrimSpace(run.text) != "":
-		return run.text, textRetrying
+		return run.text, run.sender, textRetrying
 	case c.runs == nil:
-		return "", textRetryTooOld
+		return "", 0, textRetryTooOld
 	}
 	t, err := c.runs.Turn(ctx, runID)
 	if err == nil && (t.Channel != config.ChannelTelegram || t.ChatRef != ch.ref) {
-		return "", textRetryElsewere
+		return "", 0, textRetryElsewere
 	}
 	if err == nil {
 		text, err = c.runs.UserText(ctx, runID)
@@ -185,9 +289,9 @@ func (c *Channel) retryText(ctx context.Context, ch *chat, runID string) (text, 
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			c.log.Warn("telegram: cannot look up a message to retry", "chat", ch.id, "run", runID, "err", c.red.err(err))
 		}
-		return "", textRetryTooOld
+		return "", 0, textRetryTooOld
 	}
-	return text, textRetrying
+	return text, 0, textRetrying
 }
 
 // answerCallback answers a tapped button (the button stops spinning; text,

@@ -97,6 +97,11 @@ type Outbox interface {
 	MarkAttempt(ctx context.Context, id int64, err error) error
 	MarkFailed(ctx context.Context, id int64, reason string) error
 	Pending(ctx context.Context, channel string, limit int) ([]store.OutboxMessage, error)
+	// MarkPartsSent records that the first n parts of a split message
+	// reached the chat: a resend starts after them.
+	MarkPartsSent(ctx context.Context, id int64, n int) error
+	// IsPending reports whether a message is neither delivered nor failed.
+	IsPending(ctx context.Context, id int64) (bool, error)
 }
 
 // Options configure a Channel. All are optional.
@@ -171,14 +176,15 @@ type Channel struct {
 
 	secretLogged atomic.Int64 // unix seconds of the last bad-secret log line
 
-	runs      Runs                        // Options.Runs
-	recent    recentRuns                  // recent runs' texts and endings, for Retry; guarded by mu
-	durable   bool                        // Options.DurableEndings
-	sync      func(context.Context) error // Options.Sync
-	claimWake chan struct{}               // 1-buffered: Claim was called
-	awaiting  map[string]*outItem         // durable endings waiting for their outbox row, by key; guarded by mu
-	sentMem   keySet                      // durable endings sent from memory before their row came; guarded by mu
-	claimMu   sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
+	runs         Runs                        // Options.Runs
+	recent       recentRuns                  // recent runs' texts and endings, for Retry; guarded by mu
+	durable      bool                        // Options.DurableEndings
+	sync         func(context.Context) error // Options.Sync
+	claimWake    chan struct{}               // 1-buffered: Claim was called
+	awaiting     map[string]*outItem         // durable endings waiting for their outbox row, by key; guarded by mu
+	sentMem      keySet                      // durable endings sent from memory before their row came; guarded by mu
+	claimedEarly keySet                      // durable endings claim queued before their onEvent came; guarded by mu
+	claimMu      sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
 }
 
 type identity struct {
@@ -578,12 +584,12 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 		if m.Kind == store.OutboxFinal {
 			kind = itemFinal
 		}
-		it := &outItem{kind: kind, runID: m.RunID, text: m.Text, outboxID: m.ID}
+		it := &outItem{kind: kind, runID: m.RunID, text: m.Text, outboxID: m.ID, partsSent: m.PartsSent}
 		c.mu.Lock()
 		if w := c.awaiting[it.key()]; w != nil {
 			// The ending the chat is holding a place for: it goes now.
 			delete(c.awaiting, it.key())
-			w.awaiting, w.outboxID, w.text = false, m.ID, m.Text
+			w.awaiting, w.outboxID, w.text, w.partsSent = false, m.ID, m.Text, m.PartsSent
 			if ch := c.chats[chatID]; ch != nil {
 				ch.poke()
 			}
@@ -598,7 +604,13 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 			continue
 		}
 		if !c.inflight[it.key()] && !c.closing {
-			c.enqueueLocked(c.chatLocked(chatID), it)
+			if c.durable {
+				// The store may commit a turn's ending (and call Claim)
+				// before the channel's own onEvent for it runs: that one
+				// must not hold a place for a row already taken here.
+				c.claimedEarly.add(it.key())
+			}
+			c.enqueueClaimedLocked(c.chatLocked(chatID), it)
 			if resend || m.Attempts > 0 {
 				c.log.Info("telegram: resending a message from the outbox", "chat", chatID, "run", m.RunID, "kind", m.Kind)
 			}

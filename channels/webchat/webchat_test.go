@@ -35,7 +35,7 @@ func TestServesPage(t *testing.T) {
 			`id="messages"`, `id="token-form"`, `src="/assets/chat.js"`, `href="/assets/chat.css"`}},
 		{"/?token=abc", "text/html", []string{`id="input"`}},
 		{"/assets/chat.js", "text/javascript", []string{`"connect.challenge"`, `minProtocol: PROTOCOL`,
-			`"chat.send"`, `idempotencyKey`, `"chat.abort"`, `"chat.history"`, `"sessions.list"`,
+			`"chat.send"`, `idempotencyKey`, `"chat.history"`, `"sessions.list"`,
 			`notice("warning"`, "dataset.stopReason", `"step"`, "turnguard", "activeRun", `"Retry"`, `"queued"`}},
 		{"/assets/chat.css", "text/css", []string{".notice.warning", ".step"}},
 	}
@@ -182,5 +182,30 @@ func TestInlineMarkdownPatternIsLinear(t *testing.T) {
 		if got[name] != w {
 			t.Errorf("%s: %+v, want %+v", name, got[name], w)
 		}
+	}
+}
+
+// TestStopButtonSendsSlashStop: the page's Stop button does what typing
+// /stop does (the running turn stops and the session's queued messages are
+// dropped, the answer saying how many): it sends the /stop command through
+// chat.send, not chat.abort (which stops one run and keeps the queue — the
+// OpenClaw semantics other clients keep). e2e/webchat.mjs checks it in a
+// browser.
+func TestStopButtonSendsSlashStop(t *testing.T) {
+	js, err := files.ReadFile("static/chat.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := string(js)
+	if !strings.Contains(src, `ui.stop.addEventListener("click", stop)`) {
+		t.Fatal("the Stop button is not wired to stop()")
+	}
+	_, body, ok := strings.Cut(src, "async function stop() {")
+	if !ok {
+		t.Fatal("chat.js has no stop()")
+	}
+	body, _, _ = strings.Cut(body, "\n  }\n")
+	if !strings.Contains(body, `command("/stop"`) || strings.Contains(body, `"chat.abort"`) {
+		t.Errorf("the Stop button does not send /stop as typed; stop() is:%s", body)
 	}
 }

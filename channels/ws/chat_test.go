@@ -446,7 +446,7 @@ func TestBadRequestsAfterHello(t *testing.T) {
 		{"no idempotencyKey", `{"type":"req","id":"5","method":"chat.send","params":{"message":"hi"}}`, "INVALID_REQUEST", "invalid chat.send params: idempotencyKey is required"},
 		{"no message", `{"type":"req","id":"6","method":"chat.send","params":{"idempotencyKey":"k"}}`, "INVALID_REQUEST", "invalid chat.send params: message is required"},
 		{"blank message", `{"type":"req","id":"7","method":"chat.send","params":{"message":"  ","idempotencyKey":"k"}}`, "INVALID_REQUEST", "invalid chat.send params: message is empty"},
-		{"message too long", `{"type":"req","id":"8","method":"chat.send","params":{"message":"` + strings.Repeat("x", 21) + `","idempotencyKey":"k"}}`, "INVALID_REQUEST", "invalid chat.send params: message too long: 21 characters, the limit is 20"},
+		{"message too long", `{"type":"req","id":"8","method":"chat.send","params":{"message":"` + strings.Repeat("x", 21) + `","idempotencyKey":"k"}}`, "INVALID_REQUEST", "✂️ That message is too long (21 characters; the limit is 20). Please shorten it or split it."},
 		{"negative timeoutMs", `{"type":"req","id":"9","method":"chat.send","params":{"message":"hi","idempotencyKey":"k","timeoutMs":-1}}`, "INVALID_REQUEST", "invalid chat.send params: timeoutMs must be ≥ 0"},
 		{"bad session key", `{"type":"req","id":"10","method":"chat.history","params":{"sessionKey":"agent:main"}}`, "INVALID_REQUEST", `invalid chat.history params: sessionKey "agent:main" is not agent:<agentId>:<key>`},
 		{"session key with spaces", `{"type":"req","id":"11","method":"chat.history","params":{"sessionKey":"a b"}}`, "INVALID_REQUEST", "invalid chat.history params: sessionKey must not contain spaces"},

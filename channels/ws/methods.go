@@ -187,7 +187,7 @@ func chatSend(c *conn, req request) (any, *rpcError) {
 		return commandAnswer(c, req, key, p.IdempotencyKey, ans)
 	}
 	if ans.Err != nil {
-		return nil, c.sendError(req.Method, key, p.IdempotencyKey, ans.Err)
+		return nil, c.sendError(req.Method, key, p.IdempotencyKey, *p.Message, ans.Err)
 	}
 	ack := ans.Ack
 	switch ack.Status {
@@ -230,15 +230,15 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 	// client answering a final at once is never refused as busy.
 	ack, err := c.s.eng.Send(c.ctx, req)
 	if err != nil {
-		return ack, c.sendError(method, key, runID, err)
+		return ack, c.sendError(method, key, runID, text, err)
 	}
 	return ack, nil
 }
 
 // sendError maps the engine's refusal or failure of a message to an error
 // response: the words a person reads in Message, a machine-readable
-// details.code where a client branches.
-func (c *conn) sendError(method, key, runID string, err error) *rpcError {
+// details.code where a client branches. text is the message sent.
+func (c *conn) sendError(method, key, runID, text string, err error) *rpcError {
 	var busy *gateway.BusyError
 	var full *gateway.QueueFullError
 	var stuck *gateway.RunnerStuckError
@@ -253,7 +253,9 @@ func (c *conn) sendError(method, key, runID string, err error) *rpcError {
 	case errors.Is(err, gateway.ErrEmpty):
 		return invalid("invalid %s params: message is empty", method)
 	case errors.Is(err, gateway.ErrTooLong):
-		return invalid("invalid %s params: %s", method, err.Error())
+		limit := c.s.cfg.Current().Server.MaxMessageChars
+		return &rpcError{Code: CodeInvalidRequest, Message: conv.TooLongText(utf8.RuneCountInString(text), limit),
+			Details: map[string]any{"code": "TOO_LONG", "limit": limit}}
 	case errors.Is(err, gateway.ErrWrongSession):
 		return invalid("invalid %s params: idempotencyKey %q was used for another session", method, clip(runID, 80))
 	case errors.Is(err, gateway.ErrShutdown):
@@ -319,7 +321,9 @@ func chatAbort(c *conn, req request) (any, *rpcError) {
 	case errors.Is(err, gateway.ErrWrongSession):
 		return nil, invalid("runId does not match sessionKey")
 	case err != nil:
-		return nil, unavailable("abort failed: " + err.Error())
+		// The cause is for operators (the log); the client gets words.
+		c.s.log.Error("aborting a turn failed", "conn", c.id, "session", key, "run", p.RunID, "err", err)
+		return nil, unavailable(conv.TextCannotStop)
 	}
 	ids := res.RunIDs
 	if ids == nil {

@@ -77,6 +77,8 @@ type Outbox interface {
 	MarkAttempt(ctx context.Context, id int64, err error) error
 	MarkFailed(ctx context.Context, id int64, reason string) error
 	Pending(ctx context.Context, channel string, limit int) ([]store.OutboxMessage, error)
+	MarkPartsSent(ctx context.Context, id int64, n int) error
+	IsPending(ctx context.Context, id int64) (bool, error)
 }
 
 // Results of an outbox delivery, the "result" label of

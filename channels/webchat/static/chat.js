@@ -986,11 +986,12 @@
   // command sends a command through chat.send. Its answer in words arrives
   // as a chat final on its id (drawn by onChat); a /stop that stopped the
   // turn is answered by that turn's stop notice, which also ends the run's
-  // view and the Stop button.
-  async function command(text) {
+  // view and the Stop button. fromButton: the Stop button sent it (no
+  // bubble of a typed message; a failure says Stop failed).
+  async function command(text, fromButton = false) {
     const id = uuid();
     state.commands.add(id);
-    const bubble = userMessage(text);
+    const bubble = fromButton ? null : userMessage(text);
     try {
       const res = await request("chat.send", { sessionKey: state.sessionKey, message: text, idempotencyKey: id });
       if (res && res.aborted === false && state.activeRun) {
@@ -1002,8 +1003,8 @@
       if (res && res.ok !== false && /^\s*\/(stop|new)/i.test(text)) dropQueue();
       if (/^\s*\/new/i.test(text)) refreshSessionsSoon();
     } catch (err) {
-      notSent(bubble, text);
-      notice("error", err.message);
+      if (bubble) notSent(bubble, text);
+      notice("error", fromButton ? `Stop failed: ${err.message}` : err.message);
       updateButtons();
     }
   }
@@ -1079,20 +1080,13 @@
     }
   }
 
+  // stop is the Stop button: it does what typing /stop does — the
+  // session's turn stops and its queued messages are dropped (the answer
+  // says how many). chat.abort, which stops one run and keeps the queue,
+  // stays for other OpenClaw clients.
   async function stop() {
     ui.stop.disabled = true;
-    const params = { sessionKey: state.sessionKey };
-    if (state.activeRun && state.activeRun !== ANY_RUN) params.runId = state.activeRun;
-    try {
-      const res = await request("chat.abort", params);
-      if (res && res.aborted === false) {
-        setActive("");
-        notice("info", "No request is running.");
-      }
-    } catch (err) {
-      notice("error", `Stop failed: ${err.message}`);
-      updateButtons();
-    }
+    await command("/stop", true);
   }
 
   ui.composer.addEventListener("submit", (e) => { e.preventDefault(); send(); });
