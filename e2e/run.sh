@@ -67,4 +67,11 @@ export E2E_NODE_MODULES=$PREFIX/node_modules
 export E2E_CHROMIUM=${E2E_CHROMIUM:-$(command -v chromium)}
 export E2E_ARTIFACTS=$ARTIFACTS
 go test -tags e2e -count=1 -v -timeout 15m ./e2e/ "$@"
+
+# The web chat's own tests that need a JavaScript engine: skipped by
+# `make test` where no node is installed, required here.
+step "go test ./channels/webchat/ with node"
+E2E_NODE_REQUIRED=1 PATH="$(dirname "$NODE"):$PATH" go test -count=1 -run 'TestInlineMarkdownPatternIsLinear' -v ./channels/webchat/ |
+	grep -E '^(=== RUN|--- |ok|FAIL|PASS)'
+[ "${PIPESTATUS[0]}" = 0 ] || die "channels/webchat tests with node failed"
 echo "e2e: artifacts in ${ARTIFACTS#"$ROOT"/}/"
