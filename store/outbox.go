@@ -112,7 +112,7 @@ func (s *SQLite) updateOutbox(ctx context.Context, what string, id int64, query 
 		}
 		return nil // MarkFailed on a delivered message: delivered stands
 	})
-	s.noteWrite(err)
+	s.rec.NoteWrite(err)
 	if err != nil {
 		return fmt.Errorf("outbox %s %d: %w", what, id, err)
 	}

@@ -216,7 +216,7 @@ func (s *SQLite) MarkInterrupted(ctx context.Context, runID, message string) (bo
 		}
 		return nil
 	})
-	s.noteWrite(err)
+	s.rec.NoteWrite(err)
 	if err != nil {
 		return false, fmt.Errorf("mark turn %q interrupted: %w", runID, err)
 	}

@@ -139,7 +139,7 @@ func (s *SQLite) pruneOnce(ctx context.Context, query string, args ...any) (int6
 		n, err = res.RowsAffected()
 		return err
 	})
-	s.noteWrite(err)
+	s.rec.NoteWrite(err)
 	return n, err
 }
 
@@ -182,29 +182,4 @@ func (s *SQLite) longSessions(ctx context.Context, limit int) ([]string, error) 
 		out = append(out, k)
 	}
 	return out, rows.Err()
-}
-
-// pruneLoop prunes every Retention.Interval until Close, skipping while the
-// store cannot write (deleting needs a write too; it resumes afterwards).
-func (s *SQLite) pruneLoop() {
-	defer close(s.pruneDone)
-	t := time.NewTimer(s.retention.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
-		if s.Health() == nil {
-			ps, err := s.Prune(context.Background(), time.Now())
-			if err != nil {
-				s.log.Error("store: pruning failed; retrying at the next interval", "err", err)
-			} else if ps != (PruneStats{}) {
-				s.log.Info("store: pruned", "messages", ps.Messages, "turns", ps.Turns, "sessions", ps.Sessions,
-					"journal", ps.Journal, "outbox", ps.Outbox)
-			}
-		}
-		t.Reset(s.retention.Interval)
-	}
 }
