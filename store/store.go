@@ -85,9 +85,10 @@ const (
 	MaxLimit     = 10000 // larger limits are lowered to this
 )
 
-// Store is everything the gateway asks of persistence. SQLite is the default
-// implementation; consumers should depend on the smallest of Recorder,
-// Reader and Outbox they need.
+// Store is what the engine's side asks of persistence. SQLite is the
+// default implementation, store/postgres the shared one for several
+// replicas; consumers should depend on the smallest of Recorder, Reader and
+// Outbox they need.
 type Store interface {
 	Recorder
 	Reader
@@ -133,6 +134,21 @@ type Outbox interface {
 }
 
 var _ Store = (*SQLite)(nil)
+
+// Backend is everything the gateway (cmd/gateway) asks of its store: a
+// Store, the queued messages, write health, retention and the user text of
+// a run (Telegram's Retry). SQLite and the PostgreSQL store (store/postgres)
+// implement it, with the same semantics: the conformance suite
+// store/storetest checks both.
+type Backend interface {
+	Store
+	Queue
+	Health() error
+	Prune(ctx context.Context, now time.Time) (PruneStats, error)
+	UserText(ctx context.Context, runID string) (string, error)
+}
+
+var _ Backend = (*SQLite)(nil)
 
 // Role is who wrote a history message.
 type Role string
@@ -318,8 +334,9 @@ type Stats struct {
 	QueueDepth int    // events waiting now
 }
 
-// clampLimit applies DefaultLimit and MaxLimit.
-func clampLimit(n int) int {
+// ClampLimit is the number of rows a query returns for limit n: DefaultLimit
+// for 0 or less, at most MaxLimit.
+func ClampLimit(n int) int {
 	switch {
 	case n <= 0:
 		return DefaultLimit
