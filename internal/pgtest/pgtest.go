@@ -7,8 +7,9 @@
 // dropped at the test's cleanup.
 //
 // The server runs with fsync off (a test's data need not survive a power
-// loss) but synchronous_commit at its default (on), so a commit is still
-// acknowledged only once written to the WAL, as in production.
+// loss; TURNGUARD_PGTEST_FSYNC=on turns it on for benchmarks) but
+// synchronous_commit at its default (on), so a commit is still acknowledged
+// only once written to the WAL, as in production.
 //
 // initdb and postgres refuse to run as root: when the test runs as root (CI
 // and the development machines do) they run as the postgres user that the
@@ -47,6 +48,10 @@ import (
 // RequireEnv is the environment variable that turns a missing server into a
 // test failure instead of a skip.
 const RequireEnv = "TURNGUARD_REQUIRE_POSTGRES"
+
+// FsyncEnv is the environment variable that, set to "on", starts the server
+// with fsync on (as in production) for benchmarks of commit latency.
+const FsyncEnv = "TURNGUARD_PGTEST_FSYNC"
 
 // BinGlob is where Debian's postgresql package installs the server's
 // binaries, one directory per major version.
@@ -286,11 +291,16 @@ func (s *server) run(bin, data, sock string, cred *syscall.Credential) error {
 		return err
 	}
 	defer logf.Close()
+	// A test server: no fsync (nothing has to survive a power loss);
+	// synchronous_commit stays on, so commits behave as in production.
+	// FsyncEnv=on (benchmarks of commit latency) syncs like production.
+	fsync := "off"
+	if os.Getenv(FsyncEnv) == "on" {
+		fsync = "on"
+	}
 	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-k", sock, "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1",
-		// A test server: no fsync (nothing has to survive a power loss);
-		// synchronous_commit stays on, so commits behave as in production.
-		"-c", "fsync=off", "-c", "full_page_writes=off",
+		"-c", "fsync="+fsync, "-c", "full_page_writes="+fsync,
 		"-c", "max_connections=300", "-c", "shared_buffers=32MB")
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = logf, logf
