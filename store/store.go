@@ -6,7 +6,11 @@
 //
 // The default implementation, SQLite, keeps everything in one SQLite file
 // (modernc.org/sqlite, pure Go, WAL mode) whose schema is versioned and
-// migrated on Open.
+// migrated on Open. store/postgres keeps the same in a PostgreSQL database
+// that several gateways can share. Both are Backends built on the
+// EventRecorder of this package (recorder.go), which owns the asynchronous
+// path below; a backend supplies only its SQL (BatchWriter). The
+// conformance suite store/storetest checks that they behave alike.
 //
 // Two paths with different guarantees feed it:
 //
