@@ -39,7 +39,9 @@ func (r Retention) withDefaults() Retention {
 	return r
 }
 
-func (r Retention) enabled() bool {
+// Enabled reports whether r has the store prune by itself: an interval and
+// at least one bound.
+func (r Retention) Enabled() bool {
 	return r.Interval > 0 && (r.History > 0 || r.MaxMessagesPerSession > 0 || r.Journal > 0 || r.Outbox > 0)
 }
 

@@ -176,7 +176,7 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	s.setHandles(h)
 	s.busy = opts.BusyTimeout
 	s.rec.Start()
-	if s.retention.enabled() {
+	if s.retention.Enabled() {
 		s.rec.StartPruner(s.retention.Interval, s.Prune)
 	}
 	return s, nil

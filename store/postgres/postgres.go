@@ -130,8 +130,8 @@ func Open(ctx context.Context, rawURL string, opts Options) (_ *Store, err error
 		return nil, err
 	}
 	s.rec.Start()
-	if r := opts.Retention; r.Interval > 0 && (r.History > 0 || r.MaxMessagesPerSession > 0 || r.Journal > 0 || r.Outbox > 0) {
-		s.rec.StartPruner(r.Interval, s.Prune)
+	if opts.Retention.Enabled() {
+		s.rec.StartPruner(opts.Retention.Interval, s.Prune)
 	}
 	return s, nil
 }
