@@ -17,8 +17,9 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Factory{
 		New: func(t *testing.T) string { return dbPath(t) },
 		Open: func(ctx context.Context, path string, c storetest.Config) (store.Backend, error) {
-			return store.Open(ctx, path, store.Options{Logger: quiet, OutboxChannels: c.OutboxChannels,
-				OnOutbox: c.OnOutbox, Retention: c.Retention, BatchSize: c.BatchSize, Unlocked: c.SecondProcess})
+			return store.Open(ctx, path, store.WithCommitHooks(store.Options{Logger: quiet, OutboxChannels: c.OutboxChannels,
+				OnOutbox: c.OnOutbox, Retention: c.Retention, BatchSize: c.BatchSize, Unlocked: c.SecondProcess},
+				c.BeforeCommit, c.AfterCommit))
 		},
 	})
 }

@@ -20,7 +20,7 @@ type writer struct{ s *Store }
 // commits with synchronous_commit on.
 func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 	s := w.s
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		if s.rec.AnyToOutbox(evs) {
 			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
 				return err
@@ -31,8 +31,15 @@ func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 				return err
 			}
 		}
+		if s.beforeCommit != nil {
+			s.beforeCommit()
+		}
 		return nil
 	})
+	if err == nil && s.afterCommit != nil {
+		s.afterCommit()
+	}
+	return err
 }
 
 func (w writer) Classify(err error) store.Failure { return classify(err) }

@@ -53,6 +53,10 @@ type Options struct {
 	MaxConns int32
 
 	beforeBatch func() // tests: see export_test.go
+	// beforeCommit and afterCommit, when set (tests only), are called by
+	// the writer goroutine inside a batch's transaction just before its
+	// commit and just after the commit: a test kills the process there.
+	beforeCommit, afterCommit func()
 }
 
 const (
@@ -68,6 +72,8 @@ type Store struct {
 	log       *slog.Logger
 	retention store.Retention
 	where     string // the redacted URL, for errors and logs
+
+	beforeCommit, afterCommit func() // tests: see Options.beforeCommit
 
 	*store.EventRecorder
 	rec store.RecorderControl
@@ -109,7 +115,8 @@ func Open(ctx context.Context, rawURL string, opts Options) (_ *Store, err error
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Store{log: opts.Logger, retention: opts.Retention, where: where}
+	s := &Store{log: opts.Logger, retention: opts.Retention, where: where,
+		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit}
 	s.EventRecorder, s.rec, err = store.NewEventRecorder(writer{s}, store.RecorderOptions{
 		QueueSize: opts.QueueSize, BatchSize: opts.BatchSize, Logger: opts.Logger, OnHealth: opts.OnHealth,
 		OutboxChannels: opts.OutboxChannels, OnOutbox: opts.OnOutbox, BeforeBatch: opts.beforeBatch,

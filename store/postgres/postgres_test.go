@@ -25,8 +25,9 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 var factory = storetest.Factory{
 	New: func(t *testing.T) string { return pgtest.New(t) },
 	Open: func(ctx context.Context, url string, c storetest.Config) (store.Backend, error) {
-		return postgres.Open(ctx, url, postgres.Options{Logger: storetest.Quiet, OutboxChannels: c.OutboxChannels,
-			OnOutbox: c.OnOutbox, Retention: c.Retention, BatchSize: c.BatchSize})
+		return postgres.Open(ctx, url, postgres.WithCommitHooks(postgres.Options{Logger: storetest.Quiet,
+			OutboxChannels: c.OutboxChannels, OnOutbox: c.OnOutbox, Retention: c.Retention, BatchSize: c.BatchSize},
+			c.BeforeCommit, c.AfterCommit))
 	},
 }
 

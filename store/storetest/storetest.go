@@ -33,6 +33,10 @@ type Config struct {
 	// SecondProcess: the store stands in for another process (a replica)
 	// using the same data at the same time (SQLite: skip its lock file).
 	SecondProcess bool
+	// BeforeCommit and AfterCommit, when set, are called by the writer
+	// goroutine inside a batch's transaction just before its commit and
+	// just after the commit: a test kills the process there.
+	BeforeCommit, AfterCommit func()
 }
 
 // Factory makes stores for the suite.
@@ -89,10 +93,12 @@ func Run(t *testing.T, f Factory) {
 	}
 }
 
-var cases = []struct {
+type testCase struct {
 	name string
 	fn   func(t *testing.T, h *H)
-}{
+}
+
+var cases = []testCase{
 	{"RecordFinishedTurn", testRecordFinishedTurn},
 	{"TurnEndingsInHistory", testTurnEndingsInHistory},
 	{"TurnEndsOnce", testTurnEndsOnce},
