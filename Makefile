@@ -7,7 +7,7 @@ PKGS := ./...
 FUZZTIME ?= 20s
 BENCHTIME ?= 1s
 
-.PHONY: all deps build run test vet fmt-check bench fuzz e2e load clean
+.PHONY: all deps deps-postgres build run test vet fmt-check bench fuzz e2e load clean
 
 all: test
 
@@ -29,9 +29,17 @@ fmt-check:
 vet: deps
 	$(GO) vet $(PKGS)
 
+## deps-postgres: Debian's PostgreSQL server, which the store's tests run (internal/pgtest),
+## installed when no initdb is under /usr/lib/postgresql/*/bin (sudo only when not root).
+deps-postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$sudo apt-get update && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql; \
+	fi
+
 ## test: gofmt check, go vet and the race-enabled unit tests.
-test: deps fmt-check vet
-	$(GO) test -race -count=1 $(PKGS)
+test: deps deps-postgres fmt-check vet
+	TURNGUARD_REQUIRE_POSTGRES=1 $(GO) test -race -count=1 $(PKGS)
 
 ## bench: the benchmarks recorded in docs/performance.md.
 bench: deps

@@ -100,6 +100,7 @@ func defaults() map[string]any {
 		"watchdog.enabled":   true,
 		"watchdog.autoAbort": true,
 
+		"store.driver":    StoreSQLite,
 		"store.path":      "turnguard.db",
 		"store.queueSize": 4096,
 

@@ -57,7 +57,7 @@ func TestDefaults(t *testing.T) {
 		},
 		Channels: Channels{Telegram: Telegram{APIURL: "https://api.telegram.org", Mode: "polling", MaxInputChars: 8000}},
 		Watchdog: Watchdog{Enabled: true, AutoAbort: true},
-		Store: Store{Path: "turnguard.db", QueueSize: 4096, Retention: StoreRetention{
+		Store: Store{Driver: StoreSQLite, Path: "turnguard.db", QueueSize: 4096, Retention: StoreRetention{
 			HistoryDays: 90, MaxMessagesPerSession: 5000, JournalDays: 30, OutboxDays: 7, IntervalMinutes: 60, BatchRows: 500}},
 		Alerts: Alerts{StepTimeoutBurst: 5, Window: 10 * time.Minute},
 	}

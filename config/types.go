@@ -171,10 +171,18 @@ type Watchdog struct {
 
 // Store configures persistence.
 type Store struct {
+	Driver    string         `koanf:"driver"`    // StoreSQLite (default) or StorePostgres; read at start-up
 	Path      string         `koanf:"path"`      // SQLite file; default turnguard.db; ":memory:" for none
+	URL       string         `koanf:"url"`       // PostgreSQL connection URL (driver postgres); a secret
 	QueueSize int            `koanf:"queueSize"` // asynchronous write queue; default 4096
 	Retention StoreRetention `koanf:"retention"`
 }
+
+// The store drivers (store.driver).
+const (
+	StoreSQLite   = "sqlite"
+	StorePostgres = "postgres"
+)
 
 // StoreRetention is what the store prunes, and how often (store.retention.*).
 // A zero age or count keeps those rows forever. Read at start-up.

@@ -213,6 +213,24 @@ func (p *problems) httpURL(key, v string) {
 	}
 }
 
+// postgresURL checks a PostgreSQL connection URL, required when need. The
+// problem never quotes the value: it holds a password.
+func (p *problems) postgresURL(key, v string, need bool) {
+	if v == "" {
+		if need {
+			p.add(key, `is required with store.driver "postgres" (postgres://user:password@host:5432/database)`)
+		}
+		return
+	}
+	u, err := url.Parse(v)
+	switch {
+	case err != nil || u.Host == "" || u.Opaque != "":
+		p.add(key, "must be a URL of the form postgres://user:password@host:5432/database (the value is not shown: it may hold a password)")
+	case u.Scheme != "postgres" && u.Scheme != "postgresql":
+		p.add(key, "must be a postgres:// or postgresql:// URL")
+	}
+}
+
 func (p *problems) oneOf(key, v string, allowed ...string) {
 	for _, a := range allowed {
 		if v == a {
@@ -352,9 +370,11 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	p.httpURL("channels.telegram.webhookURL", tg.WebhookURL)
 	p.wholeIn("channels.telegram.maxInputChars", "channels.telegram.maxInputChars", tg.MaxInputChars)
 
+	p.oneOf("store.driver", c.Store.Driver, StoreSQLite, StorePostgres)
 	if c.Store.Path == "" {
 		p.add("store.path", `must not be empty (use ":memory:" for no file)`)
 	}
+	p.postgresURL("store.url", c.Store.URL, c.Store.Driver == StorePostgres)
 	for _, k := range []struct {
 		name string
 		v    int

@@ -95,7 +95,8 @@ const defaultMaxQueued = 5
 // channels.telegram.webhookSecret and the values of agents.exec.env. In
 // URLs (agents.openai.baseURL, channels.telegram.apiURL and webhookURL,
 // alerts.webhookURL) the user info, query string and fragment are
-// replaced. c is not modified.
+// replaced; in store.url (which holds the database password) too. c is not
+// modified.
 func (c *Config) Redacted() Config {
 	r := *c
 	r.Messages = maps.Clone(c.Messages)
@@ -136,17 +137,22 @@ func (c *Config) Redacted() Config {
 	tg.AllowedChatIDs = slices.Clone(tg.AllowedChatIDs)
 
 	r.Alerts.WebhookURL = redactURL(c.Alerts.WebhookURL)
+	r.Store.URL = redactURL(c.Store.URL)
 	return r
 }
 
 // Secrets returns the non-empty secret values of c (those Redacted
-// replaces, URL credentials aside), for redacting them from free text such
-// as a runner's error.
+// replaces, URL credentials aside — except the password of store.url), for
+// redacting them from free text such as a runner's error.
 func (c *Config) Secrets() []string {
 	out := []string{c.Server.Token, c.Server.OperatorToken, c.Agents.OpenAI.APIKey,
 		c.Channels.Telegram.Token, c.Channels.Telegram.WebhookSecret}
 	for _, v := range c.Agents.Exec.Env {
 		out = append(out, v)
+	}
+	if u, err := url.Parse(c.Store.URL); err == nil && u.User != nil {
+		pw, _ := u.User.Password()
+		out = append(out, pw)
 	}
 	return slices.DeleteFunc(out, func(s string) bool { return s == "" })
 }

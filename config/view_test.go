@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -105,8 +106,10 @@ var fullSecrets = []string{
 
 func TestRedactedAndStringHideSecrets(t *testing.T) {
 	c := mustLoad(t, "testdata/valid/full.yaml",
-		"GATEWAY_AGENTS__OPENAI__BASEURL=https://user:example-url-password@llm.example/v1?token=example-url-query#example-frag")
-	secrets := append(fullSecrets, "example-url-password", "example-url-query", "example-frag")
+		"GATEWAY_AGENTS__OPENAI__BASEURL=https://user:example-url-password@llm.example/v1?token=example-url-query#example-frag",
+		"GATEWAY_STORE__URL=postgres://turnguard:example-db-password@db.example:5432/turnguard?sslmode=require&password=example-db-query")
+	secrets := append(fullSecrets, "example-url-password", "example-url-query", "example-frag", "example-db-password",
+		"example-db-query")
 
 	r := c.Redacted()
 	eq(t, "server.token", r.Server.Token, Redaction)
@@ -117,6 +120,10 @@ func TestRedactedAndStringHideSecrets(t *testing.T) {
 	eq(t, "agents.exec.env", r.Agents.Exec.Env, map[string]string{"MY_AGENT_TOKEN": Redaction})
 	eq(t, "alerts.webhookURL", r.Alerts.WebhookURL, "https://hooks.example.com/turnguard?"+Redaction)
 	eq(t, "agents.openai.baseURL", r.Agents.OpenAI.BaseURL, "https://"+Redaction+"@llm.example/v1?"+Redaction+"#"+Redaction)
+	eq(t, "store.url", r.Store.URL, "postgres://"+Redaction+"@db.example:5432/turnguard?"+Redaction)
+	if !slices.Contains(c.Secrets(), "example-db-password") {
+		t.Errorf("Secrets() = %q lacks the database password", c.Secrets())
+	}
 	eq(t, "non-secret kept", r.Channels.Telegram.WebhookURL, "https://bot.example.com/telegram/webhook")
 	eq(t, "non-secret kept", r.Server.Listen, c.Server.Listen)
 

@@ -38,7 +38,7 @@ func BenchmarkHandle(b *testing.B) {
 				gate.Lock()
 			}
 			s := open(b, dbPath(b), opts)
-			ev := newTurn("run-1", "").ev(event.StepCompleted, time.Second, func(e *event.Event) {
+			ev := newTurn("run-1", "").Ev(event.StepCompleted, time.Second, func(e *event.Event) {
 				e.Step = step("tool", "web_search", 1, 0)
 			})
 			catchUp := func() {
@@ -73,7 +73,7 @@ func BenchmarkHandleFull(b *testing.B) {
 	held := make(chan struct{})
 	s := open(b, dbPath(b), store.WithBeforeBatch(store.Options{QueueSize: 1}, func() { <-held }))
 	b.Cleanup(func() { close(held) })
-	ev := newTurn("run-1", "s").ev(event.StepStarted, 0, nil)
+	ev := newTurn("run-1", "s").Ev(event.StepStarted, 0, nil)
 	for range 2 { // one held by the writer, one in the queue
 		s.Handle(ev)
 	}
@@ -98,15 +98,15 @@ func BenchmarkWriteThroughput(b *testing.B) {
 				for i := 0; i < queue-10; i += 10 {
 					n++
 					tr := newTurn(fmt.Sprintf("run-%d", n), fmt.Sprintf("s-%d", n%100))
-					s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "What's the weather in Paris?" }))
+					s.Handle(tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "What's the weather in Paris?" }))
 					for k := range uint32(3) {
 						st := step("tool", "web_search", k+1, time.Duration(k)*time.Second)
-						s.Handle(tr.ev(event.StepStarted, time.Duration(k)*time.Second, func(e *event.Event) { e.Step = st }))
-						s.Handle(tr.ev(event.StepCompleted, time.Duration(k+1)*time.Second, func(e *event.Event) { e.Step = st }))
+						s.Handle(tr.Ev(event.StepStarted, time.Duration(k)*time.Second, func(e *event.Event) { e.Step = st }))
+						s.Handle(tr.Ev(event.StepCompleted, time.Duration(k+1)*time.Second, func(e *event.Event) { e.Step = st }))
 					}
-					s.Handle(tr.ev(event.Progress, 4*time.Second, func(e *event.Event) { e.Message = "⏳ Still working" }))
-					s.Handle(tr.ev(event.Recovered, 5*time.Second, nil))
-					s.Handle(tr.ev(event.Finished, 6*time.Second, func(e *event.Event) {
+					s.Handle(tr.Ev(event.Progress, 4*time.Second, func(e *event.Event) { e.Message = "⏳ Still working" }))
+					s.Handle(tr.Ev(event.Recovered, 5*time.Second, nil))
+					s.Handle(tr.Ev(event.Finished, 6*time.Second, func(e *event.Event) {
 						e.StopReason, e.FullText = event.ReasonStop, "Sunny, 21°C."
 					}))
 					events += 10

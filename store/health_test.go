@@ -57,7 +57,7 @@ func TestDiskFullKeepsEndingsAndRecovers(t *testing.T) {
 		s := open(t, dbPath(t), store.WithBeforeBatch(store.Options{OnHealth: hl.note}, func() { attempts.Add(1) }))
 		ctx := context.Background()
 		tr := newTurn("run-1", "s")
-		s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
+		s.Handle(tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
 		flush(t, s)
 		if err := s.Health(); err != nil {
 			t.Fatalf("Health before the disk fills = %v", err)
@@ -67,7 +67,7 @@ func TestDiskFullKeepsEndingsAndRecovers(t *testing.T) {
 			t.Fatal(err)
 		}
 		reply := strings.Repeat("a long reply ", 20000) // ~260 KB: needs new pages
-		s.Handle(tr.ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, reply }))
+		s.Handle(tr.Ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, reply }))
 		synctest.Wait()
 		err := s.Health()
 		var uw *store.UnwritableError
@@ -189,8 +189,8 @@ func deletedFileIsRecreated(t *testing.T, deleted []string) {
 	// differs from the deleted one's.
 	for i := range 100 {
 		junk := newTurn(fmt.Sprint("junk-", i), fmt.Sprint("junk-", i))
-		handleAll(s, junk.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = strings.Repeat("j", 2000) }),
-			junk.ev(event.Finished, 0, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, strings.Repeat("k", 2000) }))
+		handleAll(s, junk.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = strings.Repeat("j", 2000) }),
+			junk.Ev(event.Finished, 0, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, strings.Repeat("k", 2000) }))
 	}
 	flush(t, s)
 	if _, err := s.Prune(ctx, t0.Add(2*time.Hour)); err != nil {
@@ -198,9 +198,9 @@ func deletedFileIsRecreated(t *testing.T, deleted []string) {
 	}
 	done, running := newTurn("done", "s"), newTurn("running", "s2")
 	handleAll(s,
-		done.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q1" }),
-		done.ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a1" }),
-		running.ev(event.TurnStarted, 2*time.Second, func(e *event.Event) { e.Text = "q2" }),
+		done.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q1" }),
+		done.Ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a1" }),
+		running.Ev(event.TurnStarted, 2*time.Second, func(e *event.Event) { e.Text = "q2" }),
 	)
 	flush(t, s)
 	if _, err := s.Enqueue(ctx, store.OutboxMessage{Channel: "telegram", ChatRef: "42", RunID: "done",
@@ -214,7 +214,7 @@ func deletedFileIsRecreated(t *testing.T, deleted []string) {
 		}
 	}
 	// Written after the deletion, before the check notices it.
-	s.Handle(running.ev(event.Finished, 3*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a2" }))
+	s.Handle(running.Ev(event.Finished, 3*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a2" }))
 	flush(t, s)
 
 	faketime.Advance(3 * time.Second) // one check interval
@@ -230,8 +230,8 @@ func deletedFileIsRecreated(t *testing.T, deleted []string) {
 	}
 	later := newTurn("later", "s")
 	handleAll(s,
-		later.ev(event.TurnStarted, 4*time.Second, func(e *event.Event) { e.Text = "q3" }),
-		later.ev(event.Finished, 5*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a3" }))
+		later.Ev(event.TurnStarted, 4*time.Second, func(e *event.Event) { e.Text = "q3" }),
+		later.Ev(event.Finished, 5*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a3" }))
 	flush(t, s)
 
 	// What a restart would find: reopen the file from its path.
@@ -271,7 +271,7 @@ func TestRealFullDiskOnTmpfs(t *testing.T) {
 		var hl healthLog
 		s := open(t, filepath.Join(dir, "turnguard.db"), store.Options{OnHealth: hl.note})
 		tr := newTurn("run-1", "s")
-		s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
+		s.Handle(tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
 		flush(t, s)
 
 		// Fill the file system.
@@ -292,7 +292,7 @@ func TestRealFullDiskOnTmpfs(t *testing.T) {
 		f.Close()
 
 		reply := strings.Repeat("a long reply ", 20000)
-		s.Handle(tr.ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, reply }))
+		s.Handle(tr.Ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, reply }))
 		synctest.Wait()
 		if err := s.Health(); !errors.Is(err, store.ErrUnwritable) {
 			t.Fatalf("Health on a full file system = %v, want ErrUnwritable", err)
@@ -330,14 +330,14 @@ func TestReplacedFileIsOpened(t *testing.T) {
 		path := dbPath(t)
 		s := open(t, path, store.Options{OnHealth: hl.note})
 		old := newTurn("old", "s")
-		s.Handle(old.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "before the restore" }))
+		s.Handle(old.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "before the restore" }))
 		flush(t, s)
 
 		// The "backup": another turnguard database with its own history.
 		backup := filepath.Join(t.TempDir(), "backup.db")
 		b := open(t, backup, store.Options{})
 		restored := newTurn("restored", "s")
-		b.Handle(restored.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "from the backup" }))
+		b.Handle(restored.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "from the backup" }))
 		flush(t, b)
 		if err := b.Close(); err != nil {
 			t.Fatal(err)
@@ -355,7 +355,7 @@ func TestReplacedFileIsOpened(t *testing.T) {
 			t.Fatalf("Health after the replacement = %v", err)
 		}
 		after := newTurn("after", "s")
-		s.Handle(after.ev(event.TurnStarted, time.Second, func(e *event.Event) { e.Text = "after the restore" }))
+		s.Handle(after.Ev(event.TurnStarted, time.Second, func(e *event.Event) { e.Text = "after the restore" }))
 		flush(t, s)
 		h := msgs(mustHistory(t, s, "s"))
 		if len(h) != 2 || h[0].Text != "from the backup" || h[1].Text != "after the restore" {
@@ -382,7 +382,7 @@ func TestFileGoneStaysUnwritableUntilRecreated(t *testing.T) {
 		path := filepath.Join(dir, "turnguard.db")
 		s := open(t, path, store.Options{OnHealth: hl.note})
 		tr := newTurn("run-1", "s")
-		s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
+		s.Handle(tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
 		flush(t, s)
 
 		if err := os.RemoveAll(dir); err != nil {
@@ -390,7 +390,7 @@ func TestFileGoneStaysUnwritableUntilRecreated(t *testing.T) {
 		}
 		faketime.Advance(3 * time.Second)
 		synctest.Wait()
-		s.Handle(tr.ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a" }))
+		s.Handle(tr.Ev(event.Finished, time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "a" }))
 		flush(t, s)
 		faketime.Advance(10 * time.Second)
 		synctest.Wait()
@@ -437,7 +437,7 @@ func TestDiskFullDuringPerEventRetryKeepsTheEnding(t *testing.T) {
 		}))
 		ctx := context.Background()
 		tr := newTurn("run-1", "s")
-		s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
+		s.Handle(tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
 		flush(t, s)
 		// An event whose content the database refuses (a constraint).
 		if err := store.ExecFile(ctx, path, `CREATE TRIGGER poison BEFORE INSERT ON messages
@@ -448,11 +448,11 @@ func TestDiskFullDuringPerEventRetryKeepsTheEnding(t *testing.T) {
 		// Hold the writer on a first batch so the next two share one batch.
 		g := make(chan struct{})
 		hold <- g
-		s.Handle(tr.ev(event.Progress, time.Second, func(e *event.Event) { e.Step = step("tool", "slow", 1, 0) }))
+		s.Handle(tr.Ev(event.Progress, time.Second, func(e *event.Event) { e.Step = step("tool", "slow", 1, 0) }))
 		synctest.Wait()
-		s.Handle(newTurn("run-2", "s").ev(event.TurnStarted, time.Second, func(e *event.Event) { e.Text = "poison" }))
+		s.Handle(newTurn("run-2", "s").Ev(event.TurnStarted, time.Second, func(e *event.Event) { e.Text = "poison" }))
 		reply := strings.Repeat("a long reply ", 20000) // ~260 KB: needs new pages
-		s.Handle(tr.ev(event.Finished, 2*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, reply }))
+		s.Handle(tr.Ev(event.Finished, 2*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, reply }))
 		if _, err := store.LimitPages(s, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -506,7 +506,7 @@ func TestCloseHasOneDeadline(t *testing.T) {
 		big := strings.Repeat("a long question ", 20000) // needs new pages
 		const n = 20
 		for i := range n {
-			s.Handle(newTurn(fmt.Sprintf("run-%d", i), "s").ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = big }))
+			s.Handle(newTurn(fmt.Sprintf("run-%d", i), "s").Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = big }))
 		}
 		synctest.Wait()
 		slow.Store(true)

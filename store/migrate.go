@@ -20,42 +20,47 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-type migration struct {
-	version int
-	name    string
-	sql     string
+// Migration is one step of a backend's schema: the SQL that takes it from
+// Version-1 to Version.
+type Migration struct {
+	Version int
+	Name    string // the file's name
+	SQL     string
 }
 
 // SchemaVersion is the schema version this build writes: the number of
 // migrations.
 const SchemaVersion = 7
 
-// migrations is the ordered list, loaded once; a malformed or missing
-// embedded file is a build defect, so it panics at init (and in every test).
-var migrations = loadMigrations()
+// migrations is the ordered list, loaded once.
+var migrations = LoadMigrations(migrationFS, "migrations", SchemaVersion)
 
-func loadMigrations() []migration {
-	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+// LoadMigrations reads dir/NNNN_*.sql of fsys, ordered by version, and
+// panics unless they are numbered 1 to want without a gap: a malformed or
+// missing embedded file is a build defect, so it fails at init (and in
+// every test).
+func LoadMigrations(fsys fs.FS, dir string, want int) []Migration {
+	names, err := fs.Glob(fsys, dir+"/*.sql")
 	if err != nil {
 		panic(err)
 	}
 	sort.Strings(names)
-	out := make([]migration, 0, len(names))
+	out := make([]Migration, 0, len(names))
 	for i, name := range names {
 		base := path.Base(name)
 		num, _, ok := strings.Cut(base, "_")
 		v, err := strconv.Atoi(num)
 		if !ok || err != nil || v != i+1 {
-			panic(fmt.Sprintf("store: migration %s: want version %04d", base, i+1))
+			panic(fmt.Sprintf("migration %s: want version %04d", name, i+1))
 		}
-		b, err := migrationFS.ReadFile(name)
+		b, err := fs.ReadFile(fsys, name)
 		if err != nil {
 			panic(err)
 		}
-		out = append(out, migration{version: v, name: base, sql: string(b)})
+		out = append(out, Migration{Version: v, Name: base, SQL: string(b)})
 	}
-	if len(out) != SchemaVersion {
-		panic(fmt.Sprintf("store: %d migrations embedded, SchemaVersion is %d", len(out), SchemaVersion))
+	if len(out) != want {
+		panic(fmt.Sprintf("%d migrations embedded in %s, the schema version is %d", len(out), dir, want))
 	}
 	return out
 }
@@ -112,30 +117,30 @@ func migrate(ctx context.Context, db *sql.DB, target int) (from int, err error) 
 	return from, nil
 }
 
-func applyMigration(ctx context.Context, db *sql.DB, m migration) error {
+func applyMigration(ctx context.Context, db *sql.DB, m Migration) error {
 	tx, err := db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (see the DSN)
 	if err != nil {
-		return fmt.Errorf("migration %s: begin: %w", m.name, err)
+		return fmt.Errorf("migration %s: begin: %w", m.Name, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
 	cur, err := userVersion(ctx, tx)
 	if err != nil {
-		return fmt.Errorf("migration %s: read schema version: %w", m.name, err)
+		return fmt.Errorf("migration %s: read schema version: %w", m.Name, err)
 	}
-	if cur >= m.version {
+	if cur >= m.Version {
 		return nil
 	}
-	if cur != m.version-1 {
-		return fmt.Errorf("migration %s: schema is at version %d, want %d", m.name, cur, m.version-1)
+	if cur != m.Version-1 {
+		return fmt.Errorf("migration %s: schema is at version %d, want %d", m.Name, cur, m.Version-1)
 	}
-	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-		return fmt.Errorf("migration %s: %w", m.name, err)
+	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+		return fmt.Errorf("migration %s: %w", m.Name, err)
 	}
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", m.version)); err != nil {
-		return fmt.Errorf("migration %s: set schema version: %w", m.name, err)
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", m.Version)); err != nil {
+		return fmt.Errorf("migration %s: set schema version: %w", m.Name, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("migration %s: commit: %w", m.name, err)
+		return fmt.Errorf("migration %s: commit: %w", m.Name, err)
 	}
 	return nil
 }

@@ -56,9 +56,9 @@ func TestMigrateFromVersion1KeepsRows(t *testing.T) {
 		t.Errorf("schema version = %d, want %d", v, store.SchemaVersion)
 	}
 	want := []msg{
-		{store.RoleUser, "What is the capital of France?", ""},
-		{store.RoleAssistant, "Paris.", event.ReasonStop},
-		{store.RoleUser, "Find me flights to Paris.", ""},
+		{Role: store.RoleUser, Text: "What is the capital of France?", StopReason: ""},
+		{Role: store.RoleAssistant, Text: "Paris.", StopReason: event.ReasonStop},
+		{Role: store.RoleUser, Text: "Find me flights to Paris.", StopReason: ""},
 	}
 	if got := msgs(mustHistory(t, s, "telegram:42")); !slices.Equal(got, want) {
 		t.Errorf("history = %q, want %q", got, want)
@@ -82,7 +82,7 @@ func TestMigrateFromVersion1KeepsRows(t *testing.T) {
 		t.Fatalf("Enqueue: %v", err)
 	}
 	tr := newTurn("run-new", "telegram:42")
-	handleAll(s, tr.ev(event.TurnStarted, time.Hour, func(e *event.Event) { e.Text = "and hotels?" }))
+	handleAll(s, tr.Ev(event.TurnStarted, time.Hour, func(e *event.Event) { e.Text = "and hotels?" }))
 	flush(t, s)
 	if got := len(mustHistory(t, s, "telegram:42")); got != 5 {
 		t.Errorf("history has %d messages, want 5", got)

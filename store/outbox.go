@@ -26,15 +26,8 @@ func (s *SQLite) Enqueue(ctx context.Context, m OutboxMessage) (int64, error) {
 		return 0, err
 	}
 	defer release()
-	switch {
-	case m.Channel == "":
-		return 0, fmt.Errorf("enqueue: no channel: %w", ErrInvalid)
-	case m.RunID == "":
-		return 0, fmt.Errorf("enqueue: no run id: %w", ErrInvalid)
-	case m.Kind != OutboxFinal && m.Kind != OutboxNotice:
-		return 0, fmt.Errorf("enqueue: kind %q: %w", m.Kind, ErrInvalid)
-	case m.Text == "":
-		return 0, fmt.Errorf("enqueue: empty text: %w", ErrInvalid)
+	if err := CheckEnqueue(m); err != nil {
+		return 0, err
 	}
 	var id int64
 	dup := false
@@ -62,6 +55,22 @@ func (s *SQLite) Enqueue(ctx context.Context, m OutboxMessage) (int64, error) {
 		return id, fmt.Errorf("enqueue %s message of run %q: %w", m.Kind, m.RunID, ErrDuplicate)
 	}
 	return id, nil
+}
+
+// CheckEnqueue refuses (ErrInvalid) an outbox message that Enqueue must
+// not store: no channel, no run id, an unknown kind or no text.
+func CheckEnqueue(m OutboxMessage) error {
+	switch {
+	case m.Channel == "":
+		return fmt.Errorf("enqueue: no channel: %w", ErrInvalid)
+	case m.RunID == "":
+		return fmt.Errorf("enqueue: no run id: %w", ErrInvalid)
+	case m.Kind != OutboxFinal && m.Kind != OutboxNotice:
+		return fmt.Errorf("enqueue: kind %q: %w", m.Kind, ErrInvalid)
+	case m.Text == "":
+		return fmt.Errorf("enqueue: empty text: %w", ErrInvalid)
+	}
+	return nil
 }
 
 // MarkDelivered records that the channel delivered message id; Pending no
@@ -112,7 +121,7 @@ func (s *SQLite) updateOutbox(ctx context.Context, what string, id int64, query 
 		}
 		return nil // MarkFailed on a delivered message: delivered stands
 	})
-	s.noteWrite(err)
+	s.rec.NoteWrite(err)
 	if err != nil {
 		return fmt.Errorf("outbox %s %d: %w", what, id, err)
 	}
@@ -162,9 +171,9 @@ func (s *SQLite) Pending(ctx context.Context, channel string, limit int) ([]Outb
 		FROM outbox WHERE delivered_at IS NULL AND failed_at IS NULL`
 	var rows *sql.Rows
 	if channel == "" {
-		rows, err = s.r.QueryContext(ctx, cols+` ORDER BY id LIMIT ?`, clampLimit(limit))
+		rows, err = s.r.QueryContext(ctx, cols+` ORDER BY id LIMIT ?`, ClampLimit(limit))
 	} else {
-		rows, err = s.r.QueryContext(ctx, cols+` AND channel = ? ORDER BY id LIMIT ?`, channel, clampLimit(limit))
+		rows, err = s.r.QueryContext(ctx, cols+` AND channel = ? ORDER BY id LIMIT ?`, channel, ClampLimit(limit))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pending outbox of %q: %w", channel, err)

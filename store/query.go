@@ -26,7 +26,7 @@ func (s *SQLite) History(ctx context.Context, sessionKey string, limit int) ([]M
 			WHERE session_key = ?1
 			AND id > coalesce((SELECT reset_after FROM sessions WHERE key = ?1), 0)
 			ORDER BY id DESC LIMIT ?2
-		) ORDER BY id`, sessionKey, clampLimit(limit))
+		) ORDER BY id`, sessionKey, ClampLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("history of %q: %w", sessionKey, err)
 	}
@@ -56,7 +56,7 @@ func (s *SQLite) Sessions(ctx context.Context, limit int) ([]Session, error) {
 	defer release()
 	rows, err := s.r.QueryContext(ctx, `SELECT s.key, s.created_at, s.updated_at,
 			(SELECT count(*) FROM messages m WHERE m.session_key = s.key)
-		FROM sessions s ORDER BY s.updated_at DESC, s.key LIMIT ?`, clampLimit(limit))
+		FROM sessions s ORDER BY s.updated_at DESC, s.key LIMIT ?`, ClampLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("sessions: %w", err)
 	}
@@ -216,7 +216,7 @@ func (s *SQLite) MarkInterrupted(ctx context.Context, runID, message string) (bo
 		}
 		return nil
 	})
-	s.noteWrite(err)
+	s.rec.NoteWrite(err)
 	if err != nil {
 		return false, fmt.Errorf("mark turn %q interrupted: %w", runID, err)
 	}
@@ -232,7 +232,7 @@ func (s *SQLite) Journal(ctx context.Context, f Filter) ([]JournalEntry, error) 
 	}
 	defer release()
 	where, args := f.where()
-	args = append(args, clampLimit(f.Limit))
+	args = append(args, ClampLimit(f.Limit))
 	rows, err := s.r.QueryContext(ctx, `SELECT id, run_id, session_key, seq, kind, stop_reason, step_kind, step_name,
 			step_seq, last_step, elapsed_ns, message, at
 		FROM journal`+where+` ORDER BY id DESC LIMIT ?`, args...)
@@ -249,7 +249,7 @@ func (s *SQLite) Journal(ctx context.Context, f Filter) ([]JournalEntry, error) 
 			return nil, fmt.Errorf("journal: %w", err)
 		}
 		e.Seq, e.Step.Seq, e.Elapsed, e.Time = uint64(seq), uint32(stepSeq), time.Duration(elapsed), fromNanos(at)
-		e.Kind = kindByName[e.KindName]
+		e.Kind = KindOf(e.KindName)
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
@@ -280,6 +280,10 @@ func (f Filter) where() (string, []any) {
 	}
 	return " WHERE " + strings.Join(conds, " AND "), args
 }
+
+// KindOf is the event kind of a journal kind name (event.Kind's String);
+// 0 for an unknown name.
+func KindOf(name string) event.Kind { return kindByName[name] }
 
 // kindByName maps journal kind names back to event kinds.
 var kindByName = func() map[string]event.Kind {

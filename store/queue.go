@@ -23,7 +23,8 @@ type QueuedMessage struct {
 	Timeout time.Duration `json:"-"`
 }
 
-// Queue keeps queued messages across restarts. SQLite implements it.
+// Queue keeps queued messages across restarts. SQLite and the PostgreSQL
+// store (store/postgres) implement it.
 type Queue interface {
 	AddQueued(ctx context.Context, m QueuedMessage) error
 	RemoveQueued(ctx context.Context, runIDs ...string) error
@@ -51,19 +52,8 @@ func (s *SQLite) AddQueued(ctx context.Context, m QueuedMessage) error {
 		return err
 	}
 	defer release()
-	switch {
-	case m.RunID == "":
-		return fmt.Errorf("queue: no run id: %w", ErrInvalid)
-	case m.SessionKey == "":
-		return fmt.Errorf("queue run %q: no session key: %w", m.RunID, ErrInvalid)
-	case m.Text == "":
-		return fmt.Errorf("queue run %q: empty text: %w", m.RunID, ErrInvalid)
-	}
-	if m.QueuedAt.IsZero() {
-		m.QueuedAt = time.Now()
-	}
-	if m.Timeout < 0 {
-		return fmt.Errorf("queue run %q: negative timeout %v: %w", m.RunID, m.Timeout, ErrInvalid)
+	if m, err = CheckQueued(m); err != nil {
+		return err
 	}
 	err = s.durably(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO queued (run_id, seq, session_key, channel, chat_ref, owner, text, queued_at, timeout)
@@ -76,6 +66,26 @@ func (s *SQLite) AddQueued(ctx context.Context, m QueuedMessage) error {
 		return fmt.Errorf("queue run %q of session %q: %w", m.RunID, m.SessionKey, err)
 	}
 	return nil
+}
+
+// CheckQueued refuses (ErrInvalid) a queued message that AddQueued must
+// not store — no run id, session key or text, a negative timeout — and
+// returns m with a zero QueuedAt set to now.
+func CheckQueued(m QueuedMessage) (QueuedMessage, error) {
+	switch {
+	case m.RunID == "":
+		return m, fmt.Errorf("queue: no run id: %w", ErrInvalid)
+	case m.SessionKey == "":
+		return m, fmt.Errorf("queue run %q: no session key: %w", m.RunID, ErrInvalid)
+	case m.Text == "":
+		return m, fmt.Errorf("queue run %q: empty text: %w", m.RunID, ErrInvalid)
+	case m.Timeout < 0:
+		return m, fmt.Errorf("queue run %q: negative timeout %v: %w", m.RunID, m.Timeout, ErrInvalid)
+	}
+	if m.QueuedAt.IsZero() {
+		m.QueuedAt = time.Now()
+	}
+	return m, nil
 }
 
 // RemoveQueued forgets the queued messages with these run ids (they were

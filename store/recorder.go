@@ -2,25 +2,233 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	"modernc.org/sqlite"
-	sqlite3 "modernc.org/sqlite/lib"
-
 	"github.com/turnguard/turnguard/event"
-	"github.com/turnguard/turnguard/messages"
 )
+
+// The event recorder is shared by every backend: the lock-free queue that
+// Handle fills on the publishing goroutine, the spill that keeps turn
+// starts and endings past a full queue, the writer goroutine that drains it
+// in batches (retrying a batch that failed for the state of the storage,
+// one event at a time when one event's content is at fault), Flush, the
+// counters, write health and the pruner's timer. A backend supplies only
+// the SQL, through BatchWriter; it embeds *EventRecorder (Handle, Flush,
+// Stats, Dropped, QueueDepth and Health are its methods) and drives it
+// through the RecorderControl that NewEventRecorder returns with it.
+
+// BatchWriter is a backend's side of the event recorder.
+type BatchWriter interface {
+	// WriteBatch records evs, in order and every one valid (a run id,
+	// unless a SessionReset, a session key and a known kind), in one
+	// transaction and commits it; for the endings RecorderControl.ToOutbox
+	// selects it writes their terminal messages to the outbox in that
+	// transaction, committed durably. It is called on the writer
+	// goroutine only, so calls never overlap.
+	WriteBatch(ctx context.Context, evs []event.Event) error
+	// Classify says what an error of this backend is.
+	Classify(err error) Failure
+	// Probe tries a small real write; the writer calls it while the store
+	// cannot write, to learn when it can again.
+	Probe(ctx context.Context) error
+	// Check is called on the writer goroutine every few seconds and after
+	// a failed batch's backoff: it reports whether the storage is the one
+	// the store opened and, if not, mends it (SQLite: a deleted file is
+	// recreated). A backend with nothing to check returns true.
+	Check() bool
+}
+
+// Failure is what Classify says of an error.
+type Failure struct {
+	// EventSpecific: the content of an event (a constraint, a value too
+	// big), not the state of the storage; a batch that failed so is
+	// retried one event at a time and the bad event is counted failed.
+	EventSpecific bool
+	// Storage: the storage cannot take writes (a full disk, I/O errors, a
+	// database that is down or read-only). A synchronous write that fails
+	// so makes the store unwritable (Health) until a write succeeds. (A
+	// batch that fails for any reason but its content does.)
+	Storage bool
+	// Reason is the short cause for people: "the disk is full".
+	Reason string
+}
+
+// RecorderOptions tune an EventRecorder.
+type RecorderOptions struct {
+	QueueSize int          // events queued before step events are shed; 0 means 4096
+	BatchSize int          // events per transaction; 0 means 256
+	Logger    *slog.Logger // nil means slog.Default()
+	// OnHealth, OutboxChannels and OnOutbox are as in Options.
+	OnHealth       func(err error)
+	OutboxChannels []string
+	OnOutbox       func(channel string)
+	// BeforeBatch, when set (tests only), is called by the writer
+	// goroutine before it writes each batch.
+	BeforeBatch func()
+}
+
+// EventRecorder is the recording half of a store (see Handle). Its zero
+// value is not usable: make one with NewEventRecorder.
+type EventRecorder struct {
+	w   BatchWriter
+	log *slog.Logger
+
+	ring        *evQueue      // the queue, QueueSize events; lock-free (eventqueue.go)
+	qmu         sync.Mutex    // guards spill
+	spill       []event.Event // never-shed events queued after the ring filled, in order
+	spillN      atomic.Int64  // len(spill), read without qmu: while 0, Handle takes no lock
+	wake        chan struct{} // 1-buffered: the queue has something
+	batchSize   int
+	beforeBatch func()
+	dropped     atomic.Uint64
+	spilled     atomic.Uint64
+	failed      atomic.Uint64
+	written     atomic.Uint64
+	closed      atomic.Bool
+	stop        chan struct{} // closed by Stop: drain the queue and exit
+	done        chan struct{} // closed when the writer has exited
+	started     bool
+
+	mu        sync.Mutex
+	processed uint64        // written + failed, guarded by mu
+	progress  chan struct{} // closed and replaced after each batch, guarded by mu
+
+	outboxChannels map[string]bool      // RecorderOptions.OutboxChannels
+	onOutbox       func(channel string) // RecorderOptions.OnOutbox
+
+	// Health (health.go).
+	healthMu sync.Mutex
+	unwrit   *UnwritableError // nil while writes succeed, guarded by healthMu
+	held     bool             // Hold: only Release ends the episode, guarded by healthMu
+	onHealth func(error)
+	poke     chan struct{} // 1-buffered: a synchronous write failed; probe soon
+
+	pruneDone chan struct{} // closed when the pruner has exited; nil without one
+
+	closeBy atomic.Int64 // Unix nanoseconds after which Stop stops writing (CloseDrainLimit)
+}
+
+// RecorderControl is the backend's handle on its EventRecorder: what the
+// backend, and not the store's users, calls.
+type RecorderControl struct{ r *EventRecorder }
+
+// NewEventRecorder makes the recorder of a backend that writes through w.
+// Nothing runs until RecorderControl.Start. It refuses an empty outbox
+// channel name (ErrInvalid).
+func NewEventRecorder(w BatchWriter, o RecorderOptions) (*EventRecorder, RecorderControl, error) {
+	if o.QueueSize <= 0 {
+		o.QueueSize = defaultQueueSize
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = defaultBatchSize
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	r := &EventRecorder{
+		w: w, log: o.Logger,
+		ring: newEvQueue(o.QueueSize), wake: make(chan struct{}, 1), batchSize: o.BatchSize,
+		beforeBatch: o.BeforeBatch, onHealth: o.OnHealth, poke: make(chan struct{}, 1), onOutbox: o.OnOutbox,
+		stop: make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
+	}
+	for _, ch := range o.OutboxChannels {
+		if ch == "" {
+			return nil, RecorderControl{}, fmt.Errorf("empty outbox channel: %w", ErrInvalid)
+		}
+		if r.outboxChannels == nil {
+			r.outboxChannels = map[string]bool{}
+		}
+		r.outboxChannels[ch] = true
+	}
+	return r, RecorderControl{r}, nil
+}
+
+// Start starts the writer goroutine.
+func (c RecorderControl) Start() {
+	c.r.started = true
+	go c.r.run()
+}
+
+// StartPruner starts a goroutine that calls prune every interval until
+// Stop, skipping while the store cannot write (deleting needs a write too;
+// it resumes afterwards). Call it at most once, after Start.
+func (c RecorderControl) StartPruner(interval time.Duration, prune func(ctx context.Context, now time.Time) (PruneStats, error)) {
+	r := c.r
+	r.pruneDone = make(chan struct{})
+	go func() {
+		defer close(r.pruneDone)
+		t := time.NewTimer(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+			}
+			if r.Health() == nil {
+				ps, err := prune(context.Background(), time.Now())
+				if err != nil {
+					r.log.Error("store: pruning failed; retrying at the next interval", "err", err)
+				} else if ps != (PruneStats{}) {
+					r.log.Info("store: pruned", "messages", ps.Messages, "turns", ps.Turns, "sessions", ps.Sessions,
+						"journal", ps.Journal, "outbox", ps.Outbox)
+				}
+			}
+			t.Reset(interval)
+		}
+	}()
+}
+
+// Stop refuses further events (Handle drops and counts them), writes what
+// was queued — each queued batch gets one more attempt until
+// CloseDrainLimit, see Close — and stops the writer and the pruner. The
+// backend closes its database after it. Call it once.
+func (c RecorderControl) Stop() {
+	r := c.r
+	r.closed.Store(true)
+	r.closeBy.Store(time.Now().Add(CloseDrainLimit).UnixNano())
+	close(r.stop)
+	if r.started {
+		<-r.done
+	}
+	if r.pruneDone != nil {
+		<-r.pruneDone
+	}
+}
+
+// Closed reports whether Stop has been called: the backend's methods
+// return ErrClosed then.
+func (c RecorderControl) Closed() bool { return c.r.closed.Load() }
+
+// ToOutbox reports whether ev ends a turn whose terminal messages the
+// store writes to the outbox with the end (Options.OutboxChannels).
+func (c RecorderControl) ToOutbox(ev *event.Event) bool { return c.r.toOutbox(ev) }
+
+func (r *EventRecorder) toOutbox(ev *event.Event) bool {
+	return (ev.Kind == event.Aborted || ev.Kind == event.Finished) && ev.ChatRef != "" && r.outboxChannels[ev.Channel]
+}
+
+// AnyToOutbox reports whether one of evs is selected by ToOutbox.
+func (c RecorderControl) AnyToOutbox(evs []event.Event) bool {
+	for i := range evs {
+		if c.r.toOutbox(&evs[i]) {
+			return true
+		}
+	}
+	return false
+}
 
 // Handle records ev. It is an event.Handler for bus.Subscribe("", …): it is
 // called on the publishing goroutine, so it never blocks, never does I/O
 // and never fails. It appends ev to the writer's queue. Delta events are
 // ignored (the reply is recorded whole when the turn ends).
 //
-// Beyond Options.QueueSize queued events (a slow or failing disk), events
+// Beyond QueueSize queued events (a slow or failing disk), events
 // are shed by kind:
 //   - TurnStarted, Aborted, Finished and ForceFinalized are never shed:
 //     they wait beyond the queue size (counted in Spilled). A lost ending
@@ -42,7 +250,7 @@ import (
 // counted.
 //
 // The writer goroutine applies queued events in order, in batches of up to
-// Options.BatchSize per transaction:
+// BatchSize per transaction:
 //   - TurnStarted creates the session if new, the turn (state running) and
 //     the user's message in the history.
 //   - StepStarted / StepCompleted update the turn's current and last step.
@@ -59,26 +267,26 @@ import (
 // error, read-only, locked) is kept and retried with backoff until it is
 // written; meanwhile Health reports the store as unwritable. An event
 // without a run id or session key is counted as failed.
-func (s *SQLite) Handle(ev event.Event) {
+func (r *EventRecorder) Handle(ev event.Event) {
 	if ev.Kind == event.Delta {
 		return
 	}
-	if s.closed.Load() {
-		s.dropped.Add(1)
+	if r.closed.Load() {
+		r.dropped.Add(1)
 		return
 	}
 	ev.Locals = nil // the run's subscriber state is not the store's to keep alive
 	// Lock-free unless an event that is never shed meets a full ring or
 	// what spilled: nothing spilled and the ring has room, or the event is
 	// shed.
-	if s.spillN.Load() != 0 || !s.ring.push(&ev) {
-		if !neverShed(ev.Kind) || !s.enqueueSlow(&ev) {
-			s.dropped.Add(1)
+	if r.spillN.Load() != 0 || !r.ring.push(&ev) {
+		if !neverShed(ev.Kind) || !r.enqueueSlow(&ev) {
+			r.dropped.Add(1)
 			return
 		}
 	}
 	select {
-	case s.wake <- struct{}{}:
+	case r.wake <- struct{}{}:
 	default:
 	}
 }
@@ -93,15 +301,15 @@ func (s *SQLite) Handle(ev event.Event) {
 // in the ring ahead of the spilled events: the two calls overlapped, so either
 // order is the order Handle received them in. One publisher's (one run's)
 // next event sees the spill and queues behind it.
-func (s *SQLite) enqueueSlow(ev *event.Event) bool {
-	s.qmu.Lock()
-	defer s.qmu.Unlock()
+func (r *EventRecorder) enqueueSlow(ev *event.Event) bool {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
 	switch {
-	case len(s.spill) == 0 && s.ring.push(ev):
-	case neverShed(ev.Kind) && (ev.Kind != event.SessionReset || len(s.spill) < int(s.ring.n)):
-		s.spill = append(s.spill, *ev)
-		s.spillN.Store(int64(len(s.spill)))
-		s.spilled.Add(1)
+	case len(r.spill) == 0 && r.ring.push(ev):
+	case neverShed(ev.Kind) && (ev.Kind != event.SessionReset || len(r.spill) < int(r.ring.n)):
+		r.spill = append(r.spill, *ev)
+		r.spillN.Store(int64(len(r.spill)))
+		r.spilled.Add(1)
 	default:
 		return false
 	}
@@ -120,22 +328,22 @@ func neverShed(k event.Kind) bool {
 
 // Dropped reports how many events Handle shed because the queue was full
 // (or refused because the store was closed).
-func (s *SQLite) Dropped() uint64 { return s.dropped.Load() }
+func (r *EventRecorder) Dropped() uint64 { return r.dropped.Load() }
 
 // QueueDepth reports how many events are waiting for the writer.
-func (s *SQLite) QueueDepth() int {
-	return s.ring.len() + int(s.spillN.Load())
+func (r *EventRecorder) QueueDepth() int {
+	return r.ring.len() + int(r.spillN.Load())
 }
 
 // enqueued reports how many events Handle has accepted: every position of
 // the ring ever claimed and every event that spilled.
-func (s *SQLite) enqueued() uint64 { return s.ring.claimed() + s.spilled.Load() }
+func (r *EventRecorder) enqueued() uint64 { return r.ring.claimed() + r.spilled.Load() }
 
 // Stats returns the recorder's counters.
-func (s *SQLite) Stats() Stats {
+func (r *EventRecorder) Stats() Stats {
 	return Stats{
-		Enqueued: s.enqueued(), Written: s.written.Load(), Dropped: s.dropped.Load(),
-		Spilled: s.spilled.Load(), Failed: s.failed.Load(), QueueDepth: s.QueueDepth(),
+		Enqueued: r.enqueued(), Written: r.written.Load(), Dropped: r.dropped.Load(),
+		Spilled: r.spilled.Load(), Failed: r.failed.Load(), QueueDepth: r.QueueDepth(),
 	}
 }
 
@@ -143,12 +351,12 @@ func (s *SQLite) Stats() Stats {
 // has been written or counted as failed. It returns ctx's error if ctx ends
 // first (as it will while the store cannot write), and ErrClosed if the
 // store is closed before then (Close itself writes what was queued).
-func (s *SQLite) Flush(ctx context.Context) error {
-	target := s.enqueued()
+func (r *EventRecorder) Flush(ctx context.Context) error {
+	target := r.enqueued()
 	for {
-		s.mu.Lock()
-		reached, wait := s.processed >= target, s.progress
-		s.mu.Unlock()
+		r.mu.Lock()
+		reached, wait := r.processed >= target, r.progress
+		r.mu.Unlock()
 		if reached {
 			return nil
 		}
@@ -156,10 +364,10 @@ func (s *SQLite) Flush(ctx context.Context) error {
 		case <-wait:
 		case <-ctx.Done():
 			return fmt.Errorf("flush store: %w", ctx.Err())
-		case <-s.done:
-			s.mu.Lock()
-			reached = s.processed >= target
-			s.mu.Unlock()
+		case <-r.done:
+			r.mu.Lock()
+			reached = r.processed >= target
+			r.mu.Unlock()
 			if reached {
 				return nil
 			}
@@ -170,24 +378,24 @@ func (s *SQLite) Flush(ctx context.Context) error {
 
 // run is the writer goroutine: it writes the queue, checks the file and,
 // while the store cannot write, probes it.
-func (s *SQLite) run() {
-	defer close(s.done)
+func (r *EventRecorder) run() {
+	defer close(r.done)
 	check := time.NewTimer(checkInterval)
 	defer check.Stop()
-	batch := make([]event.Event, 0, s.batchSize)
+	batch := make([]event.Event, 0, r.batchSize)
 	stopping := false
 	for {
-		if stopping && time.Now().UnixNano() > s.closeBy.Load() {
-			s.abandonQueue()
+		if stopping && time.Now().UnixNano() > r.closeBy.Load() {
+			r.abandonQueue()
 			return
 		}
-		if batch = s.take(batch); len(batch) > 0 {
-			s.writeUntilDone(batch, &stopping)
+		if batch = r.take(batch); len(batch) > 0 {
+			r.writeUntilDone(batch, &stopping)
 			clear(batch) // do not keep the texts alive until the slots are reused
 			batch = batch[:0]
 			select {
 			case <-check.C:
-				s.maintain()
+				r.maintain()
 				check.Reset(checkInterval)
 			default:
 			}
@@ -197,13 +405,13 @@ func (s *SQLite) run() {
 			return
 		}
 		select {
-		case <-s.wake:
-		case <-s.stop:
+		case <-r.wake:
+		case <-r.stop:
 			stopping = true
-		case <-s.poke:
-			s.maintain()
+		case <-r.poke:
+			r.maintain()
 		case <-check.C:
-			s.maintain()
+			r.maintain()
 			check.Reset(checkInterval)
 		}
 	}
@@ -211,78 +419,78 @@ func (s *SQLite) run() {
 
 // abandonQueue counts every queued event failed, without writing it: Close
 // ran out of time (CloseDrainLimit).
-func (s *SQLite) abandonQueue() {
+func (r *EventRecorder) abandonQueue() {
 	var n int
 	var scratch []event.Event
 	for {
-		scratch = s.ring.pop(scratch[:0], 256)
+		scratch = r.ring.pop(scratch[:0], 256)
 		if len(scratch) == 0 {
 			break
 		}
 		n += len(scratch)
 		clear(scratch)
 	}
-	s.qmu.Lock()
-	n += len(s.spill)
-	clear(s.spill)
-	s.spill = nil
-	s.spillN.Store(0)
-	s.qmu.Unlock()
+	r.qmu.Lock()
+	n += len(r.spill)
+	clear(r.spill)
+	r.spill = nil
+	r.spillN.Store(0)
+	r.qmu.Unlock()
 	if n > 0 {
-		s.log.Error("store: closing took too long; queued events not recorded", "count", n, "limit", CloseDrainLimit)
-		s.counted(0, uint64(n))
+		r.log.Error("store: closing took too long; queued events not recorded", "count", n, "limit", CloseDrainLimit)
+		r.counted(0, uint64(n))
 	}
 }
 
 // take moves up to a batch of queued events into batch, in the order
 // Handle received them: the ring first, then what spilled past it.
-func (s *SQLite) take(batch []event.Event) []event.Event {
-	if batch = s.ring.pop(batch, s.batchSize); len(batch) > 0 || s.spillN.Load() == 0 {
+func (r *EventRecorder) take(batch []event.Event) []event.Event {
+	if batch = r.ring.pop(batch, r.batchSize); len(batch) > 0 || r.spillN.Load() == 0 {
 		return batch
 	}
-	s.qmu.Lock()
-	defer s.qmu.Unlock()
-	if batch = s.ring.pop(batch, s.batchSize); len(batch) > 0 {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	if batch = r.ring.pop(batch, r.batchSize); len(batch) > 0 {
 		return batch // pushed after the first look: they come first (see enqueueSlow)
 	}
-	n := min(len(s.spill), s.batchSize)
-	batch = append(batch, s.spill[:n]...)
-	clear(s.spill[:n])
-	if s.spill = s.spill[n:]; len(s.spill) == 0 {
-		s.spill = nil
+	n := min(len(r.spill), r.batchSize)
+	batch = append(batch, r.spill[:n]...)
+	clear(r.spill[:n])
+	if r.spill = r.spill[n:]; len(r.spill) == 0 {
+		r.spill = nil
 	}
-	s.spillN.Store(int64(len(s.spill)))
+	r.spillN.Store(int64(len(r.spill)))
 	return batch
 }
 
 // writeUntilDone writes batch, retrying with backoff while it fails for
 // the state of the disk or the file. Once the store is closing it tries
 // once more and counts what still fails as failed.
-func (s *SQLite) writeUntilDone(batch []event.Event, stopping *bool) {
+func (r *EventRecorder) writeUntilDone(batch []event.Event, stopping *bool) {
 	backoff := firstRetry
 	for {
-		rest, err := s.write(batch)
+		rest, err := r.write(batch)
 		if err == nil {
-			s.setHealth(nil)
+			r.setHealth(nil)
 			return
 		}
 		batch = rest // what was written or counted failed is done
-		s.setHealth(err)
+		r.setHealth(err)
 		if *stopping {
-			s.log.Error("store: closing while the store cannot write; events not recorded",
+			r.log.Error("store: closing while the store cannot write; events not recorded",
 				"count", len(batch), "first_run", batch[0].RunID, "err", err)
-			s.counted(0, uint64(len(batch)))
+			r.counted(0, uint64(len(batch)))
 			return
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:
-		case <-s.stop:
+		case <-r.stop:
 			t.Stop()
 			*stopping = true
 		}
 		backoff = min(2*backoff, maxRetry)
-		s.checkFile()
+		r.w.Check()
 	}
 }
 
@@ -294,9 +502,9 @@ func (s *SQLite) writeUntilDone(batch []event.Event, stopping *bool) {
 // busy timeout) — of the batch or of one of those retries — is returned
 // with rest, the events of batch neither written nor counted failed (in
 // order, never empty): the caller retries them.
-func (s *SQLite) write(batch []event.Event) (rest []event.Event, err error) {
-	if s.beforeBatch != nil {
-		s.beforeBatch()
+func (r *EventRecorder) write(batch []event.Event) (rest []event.Event, err error) {
+	if r.beforeBatch != nil {
+		r.beforeBatch()
 	}
 	ctx := context.Background()
 	var ok, bad uint64
@@ -318,118 +526,64 @@ func (s *SQLite) write(batch []event.Event) (rest []event.Event, err error) {
 			}
 			valid = append(valid, batch[i])
 		}
-		s.log.Error("store: invalid events not recorded", "count", bad, "first", firstErr)
+		r.log.Error("store: invalid events not recorded", "count", bad, "first", firstErr)
 	}
 	if len(valid) > 0 {
-		err = s.batchTx(ctx, valid, func(tx *sql.Tx) error {
-			for i := range valid {
-				if err := s.apply(ctx, tx, &valid[i]); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		err = r.w.WriteBatch(ctx, valid)
 	}
 	switch {
 	case err == nil:
 		ok += uint64(len(valid))
-		s.committed(valid)
-	case !eventSpecific(err):
-		s.counted(0, bad)
+		r.committed(valid)
+	case !r.w.Classify(err).EventSpecific:
+		r.counted(0, bad)
 		return valid, fmt.Errorf("write %d events: %w", len(valid), err)
 	default:
 		for i := range valid {
 			ev := &valid[i]
 			one := valid[i : i+1]
-			err := s.batchTx(ctx, one, func(tx *sql.Tx) error { return s.apply(ctx, tx, ev) })
+			err := r.w.WriteBatch(ctx, one)
 			switch {
 			case err == nil:
 				ok++
-				s.committed(one)
-			case eventSpecific(err):
+				r.committed(one)
+			case r.w.Classify(err).EventSpecific:
 				bad++
-				s.log.Error("store: event not recorded", "run", ev.RunID, "kind", ev.Kind.String(), "err", err)
+				r.log.Error("store: event not recorded", "run", ev.RunID, "kind", ev.Kind.String(), "err", err)
 			default: // the disk, not the event: keep the rest for a retry
-				s.counted(ok, bad)
+				r.counted(ok, bad)
 				return valid[i:], fmt.Errorf("write event %d of %d: %w", i+1, len(valid), err)
 			}
 		}
 	}
-	s.counted(ok, bad)
+	r.counted(ok, bad)
 	return nil, nil
 }
 
-// batchTx runs fn, which applies evs, in one write transaction. When evs
-// end a turn of an outbox channel (its terminal message goes into the
-// outbox with it), the commit is durable (synchronous=FULL, like Enqueue):
-// the message survives a power loss, not only a crash of the process.
-func (s *SQLite) batchTx(ctx context.Context, evs []event.Event, fn func(*sql.Tx) error) error {
-	body := fn
-	if s.beforeCommit != nil {
-		body = func(tx *sql.Tx) error {
-			if err := fn(tx); err != nil {
-				return err
-			}
-			s.beforeCommit()
-			return nil
-		}
-	}
-	var err error
-	if slices.ContainsFunc(evs, s.toOutbox) {
-		err = s.durably(ctx, body)
-	} else {
-		err = s.inTx(ctx, body)
-	}
-	if err == nil && s.afterCommit != nil {
-		s.afterCommit()
-	}
-	return err
-}
-
-// toOutbox reports whether ev ends a turn whose terminal message the store
-// writes to the outbox (Options.OutboxChannels).
-func (s *SQLite) toOutbox(ev event.Event) bool {
-	return (ev.Kind == event.Aborted || ev.Kind == event.Finished) && ev.ChatRef != "" && s.outboxChannels[ev.Channel]
-}
-
-// committed calls Options.OnOutbox once for each outbox channel whose turn
-// endings evs (just committed) hold.
-func (s *SQLite) committed(evs []event.Event) {
-	if s.onOutbox == nil || len(s.outboxChannels) == 0 {
+// committed calls RecorderOptions.OnOutbox once for each outbox channel
+// whose turn endings evs (just committed) hold.
+func (r *EventRecorder) committed(evs []event.Event) {
+	if r.onOutbox == nil || len(r.outboxChannels) == 0 {
 		return
 	}
 	var told []string
 	for i := range evs {
-		if ch := evs[i].Channel; s.toOutbox(evs[i]) && !slices.Contains(told, ch) {
+		if ch := evs[i].Channel; r.toOutbox(&evs[i]) && !slices.Contains(told, ch) {
 			told = append(told, ch)
-			s.onOutbox(ch)
+			r.onOutbox(ch)
 		}
 	}
 }
 
 // counted adds to the written and failed counters and wakes Flush.
-func (s *SQLite) counted(ok, bad uint64) {
-	s.written.Add(ok)
-	s.failed.Add(bad)
-	s.mu.Lock()
-	s.processed += ok + bad
-	close(s.progress)
-	s.progress = make(chan struct{})
-	s.mu.Unlock()
-}
-
-// eventSpecific reports whether err is due to the content of a statement
-// rather than the state of the database.
-func eventSpecific(err error) bool {
-	var se *sqlite.Error
-	if !errors.As(err, &se) {
-		return false
-	}
-	switch se.Code() & 0xff {
-	case sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_RANGE:
-		return true
-	}
-	return false
+func (r *EventRecorder) counted(ok, bad uint64) {
+	r.written.Add(ok)
+	r.failed.Add(bad)
+	r.mu.Lock()
+	r.processed += ok + bad
+	close(r.progress)
+	r.progress = make(chan struct{})
+	r.mu.Unlock()
 }
 
 // validEvent rejects what cannot be recorded.
@@ -443,252 +597,4 @@ func validEvent(ev *event.Event) error {
 		return fmt.Errorf("%w: unknown event kind %d", ErrInvalid, ev.Kind)
 	}
 	return nil
-}
-
-// apply records one valid event inside tx.
-func (s *SQLite) apply(ctx context.Context, tx *sql.Tx, ev *event.Event) error {
-	at := ev.Time
-	if at.IsZero() {
-		at = time.Now()
-	}
-	now := nanos(at)
-	st := &s.st
-	stmt := func(p *sql.Stmt) *sql.Stmt { return tx.StmtContext(ctx, p) }
-
-	switch ev.Kind {
-	case event.SessionReset:
-		if _, err := stmt(st.upsertSession).ExecContext(ctx, ev.SessionKey, now); err != nil {
-			return fmt.Errorf("upsert session: %w", err)
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE sessions SET reset_after =
-				(SELECT coalesce(max(id), 0) FROM messages WHERE session_key = ?1) WHERE key = ?1`, ev.SessionKey); err != nil {
-			return fmt.Errorf("reset session: %w", err)
-		}
-		return nil // not a turn event: nothing to journal
-	case event.TurnStarted:
-		if _, err := stmt(st.upsertSession).ExecContext(ctx, ev.SessionKey, now); err != nil {
-			return fmt.Errorf("upsert session: %w", err)
-		}
-		res, err := stmt(st.startTurn).ExecContext(ctx, ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, now,
-			nullNanos(ev.Deadline), nullNanos(ev.Ceiling), nullDuration(ev.StepTimeout))
-		if err != nil {
-			return fmt.Errorf("start turn: %w", err)
-		}
-		if n, _ := res.RowsAffected(); n == 1 && ev.Text != "" {
-			if _, err := stmt(st.insertMessage).ExecContext(ctx, ev.SessionKey, ev.RunID, RoleUser, ev.Text, "", now); err != nil {
-				return fmt.Errorf("insert user message: %w", err)
-			}
-		}
-		// The queued messages this turn runs leave the queue in the same
-		// transaction: after a crash they are either still queued (the
-		// start was not written) or ended as interrupted, never both.
-		if err := forgetQueued(ctx, tx, append([]string{ev.RunID}, ev.Joined...)); err != nil {
-			return fmt.Errorf("forget the started turn's queued messages: %w", err)
-		}
-	case event.StepStarted:
-		k, n, q := stepArgs(ev.Step)
-		if _, err := stmt(st.stepStarted).ExecContext(ctx, k, n, q, now, ev.RunID); err != nil {
-			return fmt.Errorf("step started: %w", err)
-		}
-	case event.StepCompleted:
-		k, n, q := stepArgs(ev.Step)
-		if _, err := stmt(st.stepCompleted).ExecContext(ctx, k, n, q, now, ev.RunID); err != nil {
-			return fmt.Errorf("step completed: %w", err)
-		}
-	case event.Aborted, event.Finished:
-		if err := s.endTurn(ctx, tx, ev, now); err != nil {
-			return err
-		}
-	}
-
-	j := journalRow(ev, at)
-	if _, err := stmt(st.insertJournal).ExecContext(ctx, j...); err != nil {
-		return fmt.Errorf("journal %s: %w", ev.Kind, err)
-	}
-	return nil
-}
-
-// endTurn records an Aborted or Finished event: the turn's final state and,
-// if this is the turn's first ending, the assistant message.
-func (s *SQLite) endTurn(ctx context.Context, tx *sql.Tx, ev *event.Event, now int64) error {
-	st := &s.st
-	state, text := TurnFinished, ev.FullText
-	started := now
-	var cur event.Step // a finished turn has no running step
-	if ev.Kind == event.Aborted {
-		state, text, cur = TurnAborted, joinEnding(ev.FullText, ev.Message), ev.Step
-		if ev.Elapsed > 0 {
-			started = now - int64(ev.Elapsed) // only used if TurnStarted was lost
-		}
-	} else if ev.StopReason != event.ReasonStop {
-		text = joinEnding(ev.FullText, ev.Message)
-	}
-	if _, err := tx.StmtContext(ctx, st.upsertSession).ExecContext(ctx, ev.SessionKey, now); err != nil {
-		return fmt.Errorf("upsert session: %w", err)
-	}
-	ck, cn, cq := stepArgs(cur)
-	lk, ln, lq := stepArgs(ev.LastStep)
-	res, err := tx.StmtContext(ctx, st.endTurn).ExecContext(ctx,
-		ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, state, string(ev.StopReason), started, now,
-		ck, cn, cq, lk, ln, lq)
-	if err != nil {
-		return fmt.Errorf("end turn: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return nil // already ended: its message is in the history (and the outbox)
-	}
-	if s.toOutbox(*ev) {
-		if err := s.outboxEnding(ctx, tx, ev, now); err != nil {
-			return err
-		}
-	}
-	if text == "" {
-		return nil
-	}
-	if _, err := tx.StmtContext(ctx, st.insertMessage).ExecContext(ctx,
-		ev.SessionKey, ev.RunID, RoleAssistant, text, string(ev.StopReason), now); err != nil {
-		return fmt.Errorf("insert assistant message: %w", err)
-	}
-	return nil
-}
-
-// outboxEnding puts the terminal messages of the turn ev ends into the
-// outbox, inside the transaction that records the end: the reply ("final")
-// and, for a turn that did not end normally, the notice ("notice"), with the
-// texts messages.Ending decides. A run has at most one row of each kind
-// (UNIQUE (run_id, kind)): one already there (the restart's interrupted
-// notice, an earlier ending of a reused run id) is kept.
-func (s *SQLite) outboxEnding(ctx context.Context, tx *sql.Tx, ev *event.Event, now int64) error {
-	final, notice := messages.Ending(string(ev.StopReason), ev.FullText, ev.Message)
-	for _, m := range []struct {
-		kind OutboxKind
-		text string
-	}{{OutboxFinal, final}, {OutboxNotice, notice}} {
-		if m.text == "" {
-			continue
-		}
-		if _, err := tx.StmtContext(ctx, s.st.insertOutbox).ExecContext(ctx,
-			ev.Channel, ev.ChatRef, ev.RunID, string(m.kind), m.text, now); err != nil {
-			return fmt.Errorf("outbox %s message: %w", m.kind, err)
-		}
-	}
-	return nil
-}
-
-// joinEnding is the history text of a turn that did not end normally: the
-// partial reply, a blank line, the notice.
-func joinEnding(partial, notice string) string {
-	switch {
-	case partial == "":
-		return notice
-	case notice == "":
-		return partial
-	}
-	return partial + "\n\n" + notice
-}
-
-// stepArgs are the nullable column values of a step.
-func stepArgs(st event.Step) (kind, name, seq any) {
-	if st.IsZero() {
-		return nil, nil, nil
-	}
-	return st.Kind, st.Name, int64(st.Seq)
-}
-
-// journalRow is the insertJournal arguments for ev. It keeps the journal
-// compact: no user text, no reply text.
-func journalRow(ev *event.Event, at time.Time) []any {
-	msg := ev.Message
-	elapsed := ev.Elapsed
-	switch ev.Kind {
-	case event.Paused:
-		msg = ev.Text
-	case event.Finished:
-		if ev.StopReason == event.ReasonStop {
-			msg = ""
-		}
-	case event.StepCompleted:
-		if elapsed == 0 && !ev.Step.StartedAt.IsZero() {
-			elapsed = at.Sub(ev.Step.StartedAt)
-		}
-	}
-	return []any{
-		ev.RunID, ev.SessionKey, int64(ev.Seq), ev.Kind.String(), string(ev.StopReason),
-		ev.Step.Kind, ev.Step.Name, int64(ev.Step.Seq), ev.LastStep.Label(), int64(elapsed), msg, nanos(at),
-	}
-}
-
-// stmts are the writer's prepared statements, prepared once on the write
-// connection and bound to each batch's transaction.
-type stmts struct {
-	upsertSession, startTurn, insertMessage, stepStarted, stepCompleted, endTurn, insertJournal, insertOutbox *sql.Stmt
-}
-
-func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
-	for _, p := range []struct {
-		dst **sql.Stmt
-		sql string
-	}{
-		{&st.upsertSession, `INSERT INTO sessions (key, created_at, updated_at) VALUES (?1, ?2, ?2)
-			ON CONFLICT (key) DO UPDATE SET updated_at = max(updated_at, excluded.updated_at)`},
-		// A TurnStarted for a run id whose turn has ended starts it afresh
-		// (the id was reused); for a running turn it is a duplicate.
-		{&st.startTurn, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at,
-				deadline_at, ceiling_at, step_timeout_ns)
-			VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?5, ?6, ?7, ?8)
-			ON CONFLICT (run_id) DO UPDATE SET session_key = excluded.session_key, channel = excluded.channel,
-				chat_ref = excluded.chat_ref, state = 'running', stop_reason = '', started_at = excluded.started_at,
-				deadline_at = excluded.deadline_at, ceiling_at = excluded.ceiling_at, step_timeout_ns = excluded.step_timeout_ns,
-				updated_at = excluded.updated_at, ended_at = NULL, step_kind = NULL, step_name = NULL,
-				step_seq = NULL, last_step_kind = NULL, last_step_name = NULL, last_step_seq = NULL
-			WHERE turns.state <> 'running'`},
-		{&st.insertMessage, `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
-			VALUES (?, ?, ?, ?, ?, ?)`},
-		{&st.stepStarted, `UPDATE turns SET step_kind = ?1, step_name = ?2, step_seq = ?3, updated_at = ?4
-			WHERE run_id = ?5 AND state = 'running'`},
-		// SET expressions see the row's old values: the current step is
-		// cleared only if it is the one that completed.
-		{&st.stepCompleted, `UPDATE turns SET last_step_kind = ?1, last_step_name = ?2, last_step_seq = ?3,
-				step_kind = CASE WHEN step_seq IS ?3 THEN NULL ELSE step_kind END,
-				step_name = CASE WHEN step_seq IS ?3 THEN NULL ELSE step_name END,
-				step_seq = CASE WHEN step_seq IS ?3 THEN NULL ELSE step_seq END,
-				updated_at = ?4
-			WHERE run_id = ?5 AND state = 'running'`},
-		// Ends a running turn, or creates the ended turn if its TurnStarted
-		// was never recorded. Changes no row if the turn already ended.
-		{&st.endTurn, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, stop_reason,
-				started_at, updated_at, ended_at, step_kind, step_name, step_seq,
-				last_step_kind, last_step_name, last_step_seq)
-			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
-			ON CONFLICT (run_id) DO UPDATE SET state = excluded.state, stop_reason = excluded.stop_reason,
-				updated_at = excluded.updated_at, ended_at = excluded.ended_at,
-				step_kind = excluded.step_kind, step_name = excluded.step_name, step_seq = excluded.step_seq,
-				last_step_kind = coalesce(excluded.last_step_kind, last_step_kind),
-				last_step_name = coalesce(excluded.last_step_name, last_step_name),
-				last_step_seq = coalesce(excluded.last_step_seq, last_step_seq)
-			WHERE turns.state = 'running'`},
-		{&st.insertJournal, `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
-				step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
-		{&st.insertOutbox, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
-			VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, kind) DO NOTHING`},
-	} {
-		stmt, err := db.PrepareContext(ctx, p.sql)
-		if err != nil {
-			return fmt.Errorf("prepare: %w", err)
-		}
-		*p.dst = stmt
-	}
-	return nil
-}
-
-func (st *stmts) close() error {
-	var errs []error
-	for _, p := range []*sql.Stmt{st.upsertSession, st.startTurn, st.insertMessage, st.stepStarted,
-		st.stepCompleted, st.endTurn, st.insertJournal, st.insertOutbox} {
-		if p != nil {
-			errs = append(errs, p.Close())
-		}
-	}
-	return errors.Join(errs...)
 }

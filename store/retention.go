@@ -39,7 +39,9 @@ func (r Retention) withDefaults() Retention {
 	return r
 }
 
-func (r Retention) enabled() bool {
+// Enabled reports whether r has the store prune by itself: an interval and
+// at least one bound.
+func (r Retention) Enabled() bool {
 	return r.Interval > 0 && (r.History > 0 || r.MaxMessagesPerSession > 0 || r.Journal > 0 || r.Outbox > 0)
 }
 
@@ -67,9 +69,36 @@ const pruneMessages = `DELETE FROM messages WHERE id IN (SELECT id FROM messages
 // growing; it is never VACUUMed (see docs/operations.md). It returns what
 // it deleted; on an error, what it deleted so far.
 func (s *SQLite) Prune(ctx context.Context, now time.Time) (PruneStats, error) {
+	return RunPrune(ctx, s.retention, now, sqlitePrune{s})
+}
+
+// PruneBackend is what RunPrune needs of a backend. Queries are portable
+// SQL with numbered parameters ?1, ?2, …; a time bound is passed as the
+// time.Time itself.
+type PruneBackend interface {
+	// PruneExec runs one DELETE in its own short transaction and returns
+	// the rows it deleted.
+	PruneExec(ctx context.Context, query string, args ...any) (int64, error)
+	// PruneKeys returns the strings (session keys) of a query's one column.
+	PruneKeys(ctx context.Context, query string, args ...any) ([]string, error)
+}
+
+// RunPrune is Prune for any backend: the retention rules, their statements
+// and the batching, with b running the SQL.
+func RunPrune(ctx context.Context, r Retention, now time.Time, b PruneBackend) (PruneStats, error) {
+	r = r.withDefaults()
 	var ps PruneStats
-	r := s.retention
-	before := func(d time.Duration) int64 { return nanos(now.Add(-d)) }
+	before := func(d time.Duration) time.Time { return now.Add(-d) }
+	batches := func(count *int64, query string, args ...any) error {
+		args = append(args, r.BatchRows)
+		for {
+			n, err := b.PruneExec(ctx, query, args...)
+			*count += n
+			if err != nil || n < int64(r.BatchRows) {
+				return err
+			}
+		}
+	}
 	type step struct {
 		on    bool
 		count *int64
@@ -90,17 +119,29 @@ func (s *SQLite) Prune(ctx context.Context, now time.Time) (PruneStats, error) {
 		if !st.on {
 			continue
 		}
-		if err := s.pruneBatches(ctx, st.count, st.query, st.args...); err != nil {
+		if err := batches(st.count, st.query, st.args...); err != nil {
 			return ps, fmt.Errorf("prune %s: %w", st.what, err)
 		}
 	}
-	if r.MaxMessagesPerSession > 0 {
-		if err := s.pruneLongSessions(ctx, &ps.Messages, r.MaxMessagesPerSession); err != nil {
+	if limit := r.MaxMessagesPerSession; limit > 0 {
+		long, err := b.PruneKeys(ctx, `SELECT session_key FROM messages GROUP BY session_key HAVING count(*) > ?1`, limit)
+		if err != nil {
 			return ps, fmt.Errorf("prune long sessions: %w", err)
+		}
+		for _, key := range long {
+			// The oldest messages of the session beyond its newest limit
+			// (never a running turn's).
+			err := batches(&ps.Messages, `DELETE FROM messages WHERE id IN (SELECT id FROM messages
+				WHERE session_key = ?1 AND `+notRunning+` AND id < (SELECT min(id) FROM (SELECT id FROM messages
+					WHERE session_key = ?1 ORDER BY id DESC LIMIT ?2) AS newest)
+				ORDER BY id LIMIT ?3)`, key, limit)
+			if err != nil {
+				return ps, fmt.Errorf("prune long sessions: %w", err)
+			}
 		}
 	}
 	if r.History > 0 {
-		err := s.pruneBatches(ctx, &ps.Sessions, `DELETE FROM sessions WHERE key IN (SELECT key FROM sessions s
+		err := batches(&ps.Sessions, `DELETE FROM sessions WHERE key IN (SELECT key FROM sessions s
 			WHERE updated_at < ?1
 			AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_key = s.key)
 			AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_key = s.key) LIMIT ?2)`, before(r.History))
@@ -111,20 +152,21 @@ func (s *SQLite) Prune(ctx context.Context, now time.Time) (PruneStats, error) {
 	return ps, nil
 }
 
-// pruneBatches runs a DELETE whose last parameter is the batch size until
-// it deletes less than a batch, one short transaction each.
-func (s *SQLite) pruneBatches(ctx context.Context, count *int64, query string, args ...any) error {
-	args = append(args, s.retention.BatchRows)
-	for {
-		n, err := s.pruneOnce(ctx, query, args...)
-		*count += n
-		if err != nil || n < int64(s.retention.BatchRows) {
-			return err
+// sqlitePrune runs Prune's statements on the SQLite store.
+type sqlitePrune struct{ s *SQLite }
+
+// args stores time bounds as Unix nanoseconds.
+func (sqlitePrune) args(args []any) []any {
+	for i, a := range args {
+		if t, ok := a.(time.Time); ok {
+			args[i] = nanos(t)
 		}
 	}
+	return args
 }
 
-func (s *SQLite) pruneOnce(ctx context.Context, query string, args ...any) (int64, error) {
+func (p sqlitePrune) PruneExec(ctx context.Context, query string, args ...any) (int64, error) {
+	s := p.s
 	release, err := s.acquire()
 	if err != nil {
 		return 0, err
@@ -132,43 +174,25 @@ func (s *SQLite) pruneOnce(ctx context.Context, query string, args ...any) (int6
 	defer release()
 	var n int64
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, query, args...)
+		res, err := tx.ExecContext(ctx, query, p.args(args)...)
 		if err != nil {
 			return err
 		}
 		n, err = res.RowsAffected()
 		return err
 	})
-	s.noteWrite(err)
+	s.rec.NoteWrite(err)
 	return n, err
 }
 
-// pruneLongSessions deletes the oldest messages of each session beyond its
-// newest limit (never a running turn's).
-func (s *SQLite) pruneLongSessions(ctx context.Context, count *int64, limit int) error {
-	long, err := s.longSessions(ctx, limit)
-	if err != nil {
-		return err
-	}
-	for _, key := range long {
-		err := s.pruneBatches(ctx, count, `DELETE FROM messages WHERE id IN (SELECT id FROM messages
-			WHERE session_key = ?1 AND `+notRunning+` AND id < (SELECT min(id) FROM (SELECT id FROM messages
-				WHERE session_key = ?1 ORDER BY id DESC LIMIT ?2))
-			ORDER BY id LIMIT ?3)`, key, limit)
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *SQLite) longSessions(ctx context.Context, limit int) ([]string, error) {
+func (p sqlitePrune) PruneKeys(ctx context.Context, query string, args ...any) ([]string, error) {
+	s := p.s
 	release, err := s.acquire()
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	rows, err := s.r.QueryContext(ctx, `SELECT session_key FROM messages GROUP BY session_key HAVING count(*) > ?`, limit)
+	rows, err := s.r.QueryContext(ctx, query, p.args(args)...)
 	if err != nil {
 		return nil, err
 	}
@@ -182,29 +206,4 @@ func (s *SQLite) longSessions(ctx context.Context, limit int) ([]string, error) 
 		out = append(out, k)
 	}
 	return out, rows.Err()
-}
-
-// pruneLoop prunes every Retention.Interval until Close, skipping while the
-// store cannot write (deleting needs a write too; it resumes afterwards).
-func (s *SQLite) pruneLoop() {
-	defer close(s.pruneDone)
-	t := time.NewTimer(s.retention.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
-		if s.Health() == nil {
-			ps, err := s.Prune(context.Background(), time.Now())
-			if err != nil {
-				s.log.Error("store: pruning failed; retrying at the next interval", "err", err)
-			} else if ps != (PruneStats{}) {
-				s.log.Info("store: pruned", "messages", ps.Messages, "turns", ps.Turns, "sessions", ps.Sessions,
-					"journal", ps.Journal, "outbox", ps.Outbox)
-			}
-		}
-		t.Reset(s.retention.Interval)
-	}
 }

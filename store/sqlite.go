@@ -10,10 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/turnguard/turnguard/event"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -113,46 +110,18 @@ type SQLite struct {
 	file os.FileInfo // the file opened, to notice it being deleted or replaced
 	side sideFiles   // its -wal and -shm files, to remove only ours on a reopen
 
-	// Event recording (recorder.go).
-	ring        *evQueue      // the queue, Options.QueueSize events; lock-free (eventqueue.go)
-	qmu         sync.Mutex    // guards spill
-	spill       []event.Event // never-shed events queued after the ring filled, in order
-	spillN      atomic.Int64  // len(spill), read without qmu: while 0, Handle takes no lock
-	wake        chan struct{} // 1-buffered: the queue has something
-	batchSize   int
-	beforeBatch func()
-	dropped     atomic.Uint64
-	spilled     atomic.Uint64
-	failed      atomic.Uint64
-	written     atomic.Uint64
-	closed      atomic.Bool
-	stop        chan struct{} // closed by Close: drain the queue and exit
-	done        chan struct{} // closed when the writer has exited
+	// Event recording (recorder.go): the shared recorder, its queue,
+	// writer goroutine, counters and write health; this file and
+	// sqlite_events.go supply the SQL.
+	*EventRecorder
+	rec RecorderControl
 
-	mu        sync.Mutex
-	processed uint64        // written + failed, guarded by mu
-	progress  chan struct{} // closed and replaced after each batch, guarded by mu
-
-	// Terminal messages written with the turn's end (recorder.go endTurn).
-	outboxChannels map[string]bool      // Options.OutboxChannels
-	onOutbox       func(channel string) // Options.OnOutbox
-	beforeCommit   func()               // tests: see Options.beforeCommit
-	afterCommit    func()
-
-	// Health (health.go).
-	healthMu    sync.Mutex
-	unwrit      *UnwritableError // nil while writes succeed, guarded by healthMu
-	fileMissing bool             // the file was deleted or replaced and not yet reopened, guarded by healthMu
-	onHealth    func(error)
-	poke        chan struct{} // 1-buffered: a synchronous write failed; probe soon
+	beforeCommit, afterCommit func() // tests: see Options.beforeCommit
 
 	retention Retention
-	pruneDone chan struct{} // closed when the pruner has exited; nil without one
 	busy      time.Duration // BusyTimeout, for a reopen
 
 	lock *os.File // the held <path>.lock (lock.go); nil for ":memory:"
-
-	closeBy atomic.Int64 // Unix nanoseconds after which Close stops writing (CloseDrainLimit); set by Close
 
 	closeOnce sync.Once
 	closeErr  error
@@ -175,12 +144,6 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	if path == "" {
 		return nil, fmt.Errorf("open store: empty path: %w", ErrInvalid)
 	}
-	if opts.QueueSize <= 0 {
-		opts.QueueSize = defaultQueueSize
-	}
-	if opts.BatchSize <= 0 {
-		opts.BatchSize = defaultBatchSize
-	}
 	if opts.BusyTimeout <= 0 {
 		opts.BusyTimeout = defaultBusyTimeout
 	}
@@ -189,20 +152,12 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	}
 	s := &SQLite{
 		path: path, memory: path == ":memory:", log: opts.Logger,
-		ring: newEvQueue(opts.QueueSize), wake: make(chan struct{}, 1), batchSize: opts.BatchSize,
-		beforeBatch: opts.beforeBatch, onHealth: opts.OnHealth, poke: make(chan struct{}, 1),
-		retention: opts.Retention.withDefaults(), onOutbox: opts.OnOutbox,
-		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit,
-		stop: make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
+		retention: opts.Retention.withDefaults(), beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit,
 	}
-	for _, ch := range opts.OutboxChannels {
-		if ch == "" {
-			return nil, fmt.Errorf("open store: empty outbox channel: %w", ErrInvalid)
-		}
-		if s.outboxChannels == nil {
-			s.outboxChannels = map[string]bool{}
-		}
-		s.outboxChannels[ch] = true
+	var err error
+	s.EventRecorder, s.rec, err = NewEventRecorder(sqliteWriter{s}, opts.recorder())
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
 	}
 	if !s.memory && !opts.Unlocked {
 		lock, err := lockFile(path)
@@ -220,10 +175,9 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	}
 	s.setHandles(h)
 	s.busy = opts.BusyTimeout
-	go s.run()
-	if s.retention.enabled() {
-		s.pruneDone = make(chan struct{})
-		go s.pruneLoop()
+	s.rec.Start()
+	if s.retention.Enabled() {
+		s.rec.StartPruner(s.retention.Interval, s.Prune)
 	}
 	return s, nil
 }
@@ -350,13 +304,7 @@ func dsn(path string, memory bool, q url.Values) string {
 // call's result.
 func (s *SQLite) Close() error {
 	s.closeOnce.Do(func() {
-		s.closed.Store(true)
-		s.closeBy.Store(time.Now().Add(CloseDrainLimit).UnixNano())
-		close(s.stop)
-		<-s.done
-		if s.pruneDone != nil {
-			<-s.pruneDone
-		}
+		s.rec.Stop()
 		s.dbMu.Lock()
 		defer s.dbMu.Unlock()
 		if s.lock != nil {
@@ -379,7 +327,7 @@ func (s *SQLite) Path() string { return s.path }
 // acquire returns ErrClosed once Close has been called; otherwise it holds
 // the database handles (against a reopen) until release is called.
 func (s *SQLite) acquire() (release func(), err error) {
-	if s.closed.Load() {
+	if s.rec.Closed() {
 		return nil, ErrClosed
 	}
 	s.dbMu.RLock()
@@ -397,7 +345,7 @@ func (s *SQLite) durably(ctx context.Context, fn func(*sql.Tx) error) (err error
 	if s.w == nil {
 		return errNotOpen
 	}
-	defer func() { s.noteWrite(err) }()
+	defer func() { s.rec.NoteWrite(err) }()
 	conn, err := s.w.Conn(ctx)
 	if err != nil {
 		return err
@@ -469,4 +417,10 @@ func fromNullNanos(n sql.NullInt64) time.Time {
 		return time.Time{}
 	}
 	return fromNanos(n.Int64)
+}
+
+// recorder is what o sets of the event recorder.
+func (o Options) recorder() RecorderOptions {
+	return RecorderOptions{QueueSize: o.QueueSize, BatchSize: o.BatchSize, Logger: o.Logger, OnHealth: o.OnHealth,
+		OutboxChannels: o.OutboxChannels, OnOutbox: o.OnOutbox, BeforeBatch: o.beforeBatch}
 }

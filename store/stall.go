@@ -30,7 +30,7 @@ func (s *SQLite) StallHistory(ctx context.Context, f Filter) ([]Episode, error) 
 	}
 	defer release()
 	where, args := f.where()
-	opener := "kind IN ('progress', 'aborted')"
+	opener := "kind IN " + StallOpeners
 	if where == "" {
 		where = " WHERE " + opener
 	} else {
@@ -38,67 +38,65 @@ func (s *SQLite) StallHistory(ctx context.Context, f Filter) ([]Episode, error) 
 	}
 	rows, err := s.r.QueryContext(ctx, `SELECT run_id, session_key, kind, stop_reason, step_kind, step_name, step_seq, at
 		FROM journal
-		WHERE kind IN ('progress', 'recovered', 'aborted', 'force_finalized', 'finished')
+		WHERE kind IN `+StallKinds+`
 			AND run_id IN (SELECT run_id FROM journal`+where+`)
 		ORDER BY run_id, id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("stall history: %w", err)
 	}
 	defer rows.Close()
-	var b episodeBuilder
+	var b EpisodeBuilder
 	for rows.Next() {
-		var r stallRow
+		var r StallRow
 		var kind string
 		var seq, at int64
-		if err := rows.Scan(&r.runID, &r.sessionKey, &kind, &r.reason, &r.step.Kind, &r.step.Name, &seq, &at); err != nil {
+		if err := rows.Scan(&r.RunID, &r.SessionKey, &kind, &r.StopReason, &r.Step.Kind, &r.Step.Name, &seq, &at); err != nil {
 			return nil, fmt.Errorf("stall history: %w", err)
 		}
-		r.kind, r.step.Seq, r.at = kindByName[kind], uint32(seq), fromNanos(at)
-		b.add(r)
+		r.Kind, r.Step.Seq, r.At = KindOf(kind), uint32(seq), fromNanos(at)
+		b.Add(r)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("stall history: %w", err)
 	}
-	out := slices.DeleteFunc(b.episodes(), func(e Episode) bool {
-		return (!f.Since.IsZero() && e.Started.Before(f.Since)) || (!f.Until.IsZero() && !e.Started.Before(f.Until))
-	})
-	slices.SortStableFunc(out, func(a, b Episode) int {
-		if c := a.Started.Compare(b.Started); c != 0 {
-			return c
-		}
-		return strings.Compare(a.RunID, b.RunID)
-	})
-	if n := clampLimit(f.Limit); len(out) > n {
-		out = out[len(out)-n:]
-	}
-	return out, nil
+	return b.Episodes(f), nil
 }
 
-// stallRow is one journal entry that matters to stall episodes.
-type stallRow struct {
-	runID, sessionKey string
-	kind              event.Kind
-	reason            event.StopReason
-	step              event.Step
-	at                time.Time
+// StallKinds are the journal kinds that open or end stall episodes, as an
+// SQL list; StallOpeners those that open one.
+const (
+	StallKinds   = `('progress', 'recovered', 'aborted', 'force_finalized', 'finished')`
+	StallOpeners = `('progress', 'aborted')`
+)
+
+// StallRow is one journal entry that matters to stall episodes (of a kind
+// in StallKinds).
+type StallRow struct {
+	RunID, SessionKey string
+	Kind              event.Kind
+	StopReason        event.StopReason
+	Step              event.Step
+	At                time.Time
 }
 
-// episodeBuilder pairs a run's journal rows, fed in order run by run, into
-// episodes.
-type episodeBuilder struct {
+// EpisodeBuilder pairs a run's journal rows, fed in order run by run (by
+// journal id within a run), into stall episodes (see SQLite.StallHistory).
+// The zero value is ready to use.
+type EpisodeBuilder struct {
 	out     []*Episode
 	runID   string
 	open    *Episode // an episode opened by progress and not yet ended
 	aborted *Episode // the episode the run's abort ended, for ForceFinalized
 }
 
-func (b *episodeBuilder) add(r stallRow) {
-	if r.runID != b.runID {
-		b.runID, b.open, b.aborted = r.runID, nil, nil
+// Add feeds the next row.
+func (b *EpisodeBuilder) Add(r StallRow) {
+	if r.RunID != b.runID {
+		b.runID, b.open, b.aborted = r.RunID, nil, nil
 	}
-	switch r.kind {
+	switch r.Kind {
 	case event.Progress:
-		if b.open != nil && b.open.Step.Seq != r.step.Seq {
+		if b.open != nil && b.open.Step.Seq != r.Step.Seq {
 			b.end(b.open, r, OutcomeRecovered)
 		}
 		if b.open == nil {
@@ -122,31 +120,44 @@ func (b *episodeBuilder) add(r stallRow) {
 		b.aborted = ep
 	case event.ForceFinalized:
 		if b.aborted != nil {
-			b.aborted.Ended, b.aborted.Outcome = r.at, OutcomeForceFinalized
+			b.aborted.Ended, b.aborted.Outcome = r.At, OutcomeForceFinalized
 		}
 	}
 }
 
-func (b *episodeBuilder) start(r stallRow) *Episode {
-	ep := &Episode{RunID: r.runID, SessionKey: r.sessionKey, Step: r.step, Started: r.at, Outcome: OutcomeOpen}
+func (b *EpisodeBuilder) start(r StallRow) *Episode {
+	ep := &Episode{RunID: r.RunID, SessionKey: r.SessionKey, Step: r.Step, Started: r.At, Outcome: OutcomeOpen}
 	b.out = append(b.out, ep)
 	return ep
 }
 
-func (b *episodeBuilder) end(ep *Episode, r stallRow, o Outcome) {
-	ep.Ended, ep.Outcome = r.at, o
+func (b *EpisodeBuilder) end(ep *Episode, r StallRow, o Outcome) {
+	ep.Ended, ep.Outcome = r.At, o
 	if o == OutcomeAborted || o == OutcomeFinished {
-		ep.StopReason = r.reason
+		ep.StopReason = r.StopReason
 	}
 	if ep == b.open {
 		b.open = nil
 	}
 }
 
-func (b *episodeBuilder) episodes() []Episode {
-	out := make([]Episode, len(b.out))
-	for i, ep := range b.out {
-		out[i] = *ep
+// Episodes returns the episodes of the rows fed, those that f selects by
+// their start (Since, Until), ordered by start, the most recent f.Limit.
+func (b *EpisodeBuilder) Episodes(f Filter) []Episode {
+	out := make([]Episode, 0, len(b.out))
+	for _, ep := range b.out {
+		if (f.Since.IsZero() || !ep.Started.Before(f.Since)) && (f.Until.IsZero() || ep.Started.Before(f.Until)) {
+			out = append(out, *ep)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Episode) int {
+		if c := a.Started.Compare(b.Started); c != 0 {
+			return c
+		}
+		return strings.Compare(a.RunID, b.RunID)
+	})
+	if n := ClampLimit(f.Limit); len(out) > n {
+		out = out[len(out)-n:]
 	}
 	return out
 }

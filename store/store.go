@@ -6,7 +6,11 @@
 //
 // The default implementation, SQLite, keeps everything in one SQLite file
 // (modernc.org/sqlite, pure Go, WAL mode) whose schema is versioned and
-// migrated on Open.
+// migrated on Open. store/postgres keeps the same in a PostgreSQL database
+// that several gateways can share. Both are Backends built on the
+// EventRecorder of this package (recorder.go), which owns the asynchronous
+// path below; a backend supplies only its SQL (BatchWriter). The
+// conformance suite store/storetest checks that they behave alike.
 //
 // Two paths with different guarantees feed it:
 //
@@ -85,9 +89,10 @@ const (
 	MaxLimit     = 10000 // larger limits are lowered to this
 )
 
-// Store is everything the gateway asks of persistence. SQLite is the default
-// implementation; consumers should depend on the smallest of Recorder,
-// Reader and Outbox they need.
+// Store is what the engine's side asks of persistence. SQLite is the
+// default implementation, store/postgres the shared one for several
+// replicas; consumers should depend on the smallest of Recorder, Reader and
+// Outbox they need.
 type Store interface {
 	Recorder
 	Reader
@@ -133,6 +138,21 @@ type Outbox interface {
 }
 
 var _ Store = (*SQLite)(nil)
+
+// Backend is everything the gateway (cmd/gateway) asks of its store: a
+// Store, the queued messages, write health, retention and the user text of
+// a run (Telegram's Retry). SQLite and the PostgreSQL store (store/postgres)
+// implement it, with the same semantics: the conformance suite
+// store/storetest checks both.
+type Backend interface {
+	Store
+	Queue
+	Health() error
+	Prune(ctx context.Context, now time.Time) (PruneStats, error)
+	UserText(ctx context.Context, runID string) (string, error)
+}
+
+var _ Backend = (*SQLite)(nil)
 
 // Role is who wrote a history message.
 type Role string
@@ -318,8 +338,9 @@ type Stats struct {
 	QueueDepth int    // events waiting now
 }
 
-// clampLimit applies DefaultLimit and MaxLimit.
-func clampLimit(n int) int {
+// ClampLimit is the number of rows a query returns for limit n: DefaultLimit
+// for 0 or less, at most MaxLimit.
+func ClampLimit(n int) int {
 	switch {
 	case n <= 0:
 		return DefaultLimit

@@ -39,7 +39,7 @@ const (
 type app struct {
 	log     *slog.Logger
 	cfg     *config.Source
-	store   *store.SQLite
+	store   store.Backend // store.SQLite or postgres.Store (store.driver)
 	eng     *gateway.Engine
 	ws      *ws.Server
 	http    *http.Server
@@ -72,8 +72,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// feed the engine's history from it.
 	sctx, cancel := context.WithTimeout(ctx, startupStoreWait)
 	defer cancel()
-	a.store, err = store.Open(sctx, cfg.Store.Path, store.Options{
-		QueueSize: cfg.Store.QueueSize, Logger: log, Retention: retention(cfg.Store.Retention),
+	a.store, err = openStore(sctx, cfg, log, storeHooks{
 		OnHealth: func(err error) {
 			if al := a.alerter.Load(); al != nil {
 				al.StoreHealth(err)
@@ -81,7 +80,6 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		},
 		// Telegram's replies and notices go into the outbox with the
 		// turn's end; the channel claims them after the commit.
-		OutboxChannels: outboxChannels(cfg),
 		OnOutbox: func(string) {
 			if ch := a.tgClaim.Load(); ch != nil {
 				ch.Claim()
@@ -167,7 +165,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	}
 	addr := a.ln.Addr().String()
 	log.Info("listening", "addr", addr, "url", "http://"+addr+"/", "runner", cfg.RunnerFor(config.ChannelWS),
-		"store", cfg.Store.Path, "config", cfgOrDefaults(cfgPath))
+		"store", storeWhere(cfg), "config", cfgOrDefaults(cfgPath))
 
 	return a, nil
 }
@@ -301,10 +299,10 @@ func (a *app) close() {
 // instance; an in-memory store has a random instance per process and nothing
 // left over.
 func killLeftoverAgents(cfg *config.Config, log *slog.Logger) {
-	if cfg.Store.Path == ":memory:" {
+	if cfg.Store.Driver != config.StorePostgres && cfg.Store.Path == ":memory:" {
 		return
 	}
-	n, err := execrunner.KillInstance(execrunner.InstanceID(cfg.Store.Path))
+	n, err := execrunner.KillInstance(execrunner.InstanceID(storeInstance(cfg)))
 	switch {
 	case err != nil && !errors.Is(err, errors.ErrUnsupported):
 		log.Error("cannot look for agent processes left by the last stop", "error", err)
@@ -314,7 +312,7 @@ func killLeftoverAgents(cfg *config.Config, log *slog.Logger) {
 }
 
 // storeHistory loads a session's stored history for the engine.
-func storeHistory(st *store.SQLite) gateway.HistoryLoader {
+func storeHistory(st store.Reader) gateway.HistoryLoader {
 	return func(ctx context.Context, sessionKey string, limit int) ([]gateway.Message, error) {
 		msgs, err := st.History(ctx, sessionKey, limit)
 		if err != nil {
@@ -336,7 +334,10 @@ func storeHistory(st *store.SQLite) gateway.HistoryLoader {
 // nothing: the turn stays running and the next start's Enqueue is
 // deduplicated. Failures are logged; they do not stop the gateway from
 // starting.
-func recoverInterrupted(ctx context.Context, st *store.SQLite, cfg *config.Config, log *slog.Logger) {
+func recoverInterrupted(ctx context.Context, st interface {
+	store.Reader
+	store.Outbox
+}, cfg *config.Config, log *slog.Logger) {
 	turns, err := st.RunningTurns(ctx)
 	if err != nil {
 		log.Error("store: cannot list turns cut off by the last stop", "error", err)

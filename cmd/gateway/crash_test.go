@@ -27,6 +27,11 @@ const crashOpToken = "crash-operator-token"
 // crashConfig is a gateway with a token, an operator token (the test reads
 // the operator API like an operator would) and its store in dir.
 func crashConfig(dir string) string {
+	return crashConfigStore(fmt.Sprintf("  path: %s\n", filepath.Join(dir, "gateway.db")))
+}
+
+// crashConfigStore is crashConfig with the given keys of the store section.
+func crashConfigStore(storeKeys string) string {
 	return fmt.Sprintf(`server:
   listen: 127.0.0.1:0
   token: %s
@@ -35,8 +40,7 @@ agents:
   defaults:
     abortGraceSeconds: 5
 store:
-  path: %s
-`, testToken, crashOpToken, filepath.Join(dir, "gateway.db"))
+%s`, testToken, crashOpToken, storeKeys)
 }
 
 // historyMessage is a chat.history entry.
@@ -94,6 +98,14 @@ func waitTurn(t *testing.T, path, runID, what string, ok func(store.Turn) bool) 
 		t.Fatal(err)
 	}
 	defer st.Close()
+	waitTurnIn(t, st, runID, what, ok)
+}
+
+// waitTurnIn polls st (written by another process) until the turn runID
+// satisfies ok, for at most 10 s.
+func waitTurnIn(t *testing.T, st store.Reader, runID, what string, ok func(store.Turn) bool) {
+	t.Helper()
+	ctx := context.Background()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		if turn, err := st.Turn(ctx, runID); err == nil && ok(turn) {

@@ -14,7 +14,6 @@ import (
 	"github.com/turnguard/turnguard/ops/admin"
 	"github.com/turnguard/turnguard/ops/alerts"
 	"github.com/turnguard/turnguard/ops/metrics"
-	"github.com/turnguard/turnguard/store"
 )
 
 // ops is the operator side of the gateway: Prometheus metrics
@@ -63,7 +62,7 @@ func (o *ops) stuckRuns(runner string, stuck, limit int, saturated bool) {
 
 // telegramOutbox wraps the outbox given to the Telegram channel so that its
 // deliveries, retries and failures are counted (turnguard_deliveries_total).
-func (o *ops) telegramOutbox(st *store.SQLite) metrics.Outbox {
+func (o *ops) telegramOutbox(st metrics.Outbox) metrics.Outbox {
 	if o == nil {
 		return st
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/turnguard/turnguard/internal/pgtest"
 	"github.com/turnguard/turnguard/internal/testlog"
 	"github.com/turnguard/turnguard/store"
 )
@@ -44,6 +45,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	pgtest.Stop() // the PostgreSQL test server, if a test started one
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -9,10 +9,10 @@ import (
 	"github.com/turnguard/turnguard/store"
 )
 
-// storeQueue is the engine's QueueStore on the SQLite store: a message the
-// engine queues behind a running turn is committed durably before its
-// sender is told "queued", and is still there after a restart.
-type storeQueue struct{ st *store.SQLite }
+// storeQueue is the engine's QueueStore on the store: a message the engine
+// queues behind a running turn is committed durably before its sender is
+// told "queued", and is still there after a restart.
+type storeQueue struct{ st store.Queue }
 
 var _ gateway.QueueStore = storeQueue{}
 

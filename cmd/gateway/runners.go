@@ -183,7 +183,7 @@ func buildRunner(name string, cfg *config.Config, log *slog.Logger) (runner.Runn
 		return r, nil
 	case config.RunnerExec:
 		r, err := execrunner.New(cfg.Agents.Exec, execGrace(cfg), log.With("runner", name),
-			execrunner.WithInstance(execrunner.InstanceID(cfg.Store.Path)))
+			execrunner.WithInstance(execrunner.InstanceID(storeInstance(cfg))))
 		if err != nil {
 			return nil, fmt.Errorf("runner exec: %w", err)
 		}

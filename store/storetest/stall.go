@@ -1,4 +1,4 @@
-package store_test
+package storetest
 
 import (
 	"context"
@@ -10,9 +10,9 @@ import (
 	"github.com/turnguard/turnguard/store"
 )
 
-func TestStallHistoryPairsEpisodes(t *testing.T) {
-	slow := step("tool", "web_search", 2, 0)
-	other := step("tool", "http_get", 3, 0)
+func testStallHistoryPairsEpisodes(t *testing.T, h *H) {
+	slow := Step("tool", "web_search", 2, 0)
+	other := Step("tool", "http_get", 3, 0)
 	progress := func(st event.Step) func(*event.Event) {
 		return func(e *event.Event) { e.Step, e.Message = st, "⏳ Still working" }
 	}
@@ -42,7 +42,7 @@ func TestStallHistoryPairsEpisodes(t *testing.T) {
 				{event.Recovered, 70 * sec, withStep(slow)},
 				{event.Finished, 80 * sec, func(e *event.Event) { e.StopReason = event.ReasonStop }},
 			},
-			want: []store.Episode{{Step: s2, Started: t0.Add(30 * sec), Ended: t0.Add(70 * sec),
+			want: []store.Episode{{Step: s2, Started: T0.Add(30 * sec), Ended: T0.Add(70 * sec),
 				Outcome: store.OutcomeRecovered, Notices: 2}},
 		},
 		{
@@ -52,7 +52,7 @@ func TestStallHistoryPairsEpisodes(t *testing.T) {
 				{event.Aborted, 120 * sec, abort(event.ReasonStepTimeout, slow)},
 				{event.ForceFinalized, 135 * sec, abort(event.ReasonStepTimeout, slow)},
 			},
-			want: []store.Episode{{Step: s2, Started: t0.Add(30 * sec), Ended: t0.Add(135 * sec),
+			want: []store.Episode{{Step: s2, Started: T0.Add(30 * sec), Ended: T0.Add(135 * sec),
 				Outcome: store.OutcomeForceFinalized, StopReason: event.ReasonStepTimeout, Notices: 1}},
 		},
 		{
@@ -61,7 +61,7 @@ func TestStallHistoryPairsEpisodes(t *testing.T) {
 				{event.Progress, 30 * sec, progress(slow)},
 				{event.Aborted, 40 * sec, abort(event.ReasonUser, slow)},
 			},
-			want: []store.Episode{{Step: s2, Started: t0.Add(30 * sec), Ended: t0.Add(40 * sec),
+			want: []store.Episode{{Step: s2, Started: T0.Add(30 * sec), Ended: T0.Add(40 * sec),
 				Outcome: store.OutcomeAborted, StopReason: event.ReasonUser, Notices: 1}},
 		},
 		{
@@ -69,7 +69,7 @@ func TestStallHistoryPairsEpisodes(t *testing.T) {
 			events: []at{
 				{event.Aborted, 600 * sec, abort(event.ReasonTimeout, other)},
 			},
-			want: []store.Episode{{Step: s3, Started: t0.Add(600 * sec), Ended: t0.Add(600 * sec),
+			want: []store.Episode{{Step: s3, Started: T0.Add(600 * sec), Ended: T0.Add(600 * sec),
 				Outcome: store.OutcomeAborted, StopReason: event.ReasonTimeout}},
 		},
 		{
@@ -78,7 +78,7 @@ func TestStallHistoryPairsEpisodes(t *testing.T) {
 				{event.Progress, 30 * sec, progress(slow)},
 				{event.Finished, 50 * sec, func(e *event.Event) { e.StopReason = event.ReasonError }},
 			},
-			want: []store.Episode{{Step: s2, Started: t0.Add(30 * sec), Ended: t0.Add(50 * sec),
+			want: []store.Episode{{Step: s2, Started: T0.Add(30 * sec), Ended: T0.Add(50 * sec),
 				Outcome: store.OutcomeFinished, StopReason: event.ReasonError, Notices: 1}},
 		},
 		{
@@ -88,8 +88,8 @@ func TestStallHistoryPairsEpisodes(t *testing.T) {
 				{event.Progress, 90 * sec, progress(other)},
 			},
 			want: []store.Episode{
-				{Step: s2, Started: t0.Add(30 * sec), Ended: t0.Add(90 * sec), Outcome: store.OutcomeRecovered, Notices: 1},
-				{Step: s3, Started: t0.Add(90 * sec), Outcome: store.OutcomeOpen, Notices: 1},
+				{Step: s2, Started: T0.Add(30 * sec), Ended: T0.Add(90 * sec), Outcome: store.OutcomeRecovered, Notices: 1},
+				{Step: s3, Started: T0.Add(90 * sec), Outcome: store.OutcomeOpen, Notices: 1},
 			},
 		},
 		{
@@ -101,8 +101,8 @@ func TestStallHistoryPairsEpisodes(t *testing.T) {
 				{event.Aborted, 200 * sec, abort(event.ReasonTimeout, other)},
 			},
 			want: []store.Episode{
-				{Step: s2, Started: t0.Add(30 * sec), Ended: t0.Add(40 * sec), Outcome: store.OutcomeRecovered, Notices: 1},
-				{Step: s3, Started: t0.Add(100 * sec), Ended: t0.Add(200 * sec), Outcome: store.OutcomeAborted,
+				{Step: s2, Started: T0.Add(30 * sec), Ended: T0.Add(40 * sec), Outcome: store.OutcomeRecovered, Notices: 1},
+				{Step: s3, Started: T0.Add(100 * sec), Ended: T0.Add(200 * sec), Outcome: store.OutcomeAborted,
 					StopReason: event.ReasonTimeout, Notices: 1},
 			},
 		},
@@ -117,13 +117,13 @@ func TestStallHistoryPairsEpisodes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := open(t, dbPath(t), store.Options{})
-			tr := newTurn("run-1", "s")
-			s.Handle(tr.ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
+			s := h.Open(t, h.New(t), Config{})
+			tr := NewTurn("run-1", "s")
+			s.Handle(tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "q" }))
 			for _, e := range tc.events {
-				s.Handle(tr.ev(e.kind, e.t, e.f))
+				s.Handle(tr.Ev(e.kind, e.t, e.f))
 			}
-			flush(t, s)
+			Flush(t, s)
 			got, err := s.StallHistory(context.Background(), store.Filter{})
 			if err != nil {
 				t.Fatal(err)
@@ -139,13 +139,13 @@ func TestStallHistoryPairsEpisodes(t *testing.T) {
 	}
 }
 
-func TestStallHistoryOfAnInterruptedTurn(t *testing.T) {
-	s := open(t, dbPath(t), store.Options{})
-	tr := newTurn("run-1", "s")
-	handleAll(s,
-		tr.ev(event.TurnStarted, 0, nil),
-		tr.ev(event.Progress, 30*time.Second, func(e *event.Event) { e.Step = step("tool", "exec", 1, 0) }))
-	flush(t, s)
+func testStallHistoryOfAnInterruptedTurn(t *testing.T, h *H) {
+	s := h.Open(t, h.New(t), Config{})
+	tr := NewTurn("run-1", "s")
+	HandleAll(s,
+		tr.Ev(event.TurnStarted, 0, nil),
+		tr.Ev(event.Progress, 30*time.Second, func(e *event.Event) { e.Step = Step("tool", "exec", 1, 0) }))
+	Flush(t, s)
 	if ok, err := s.MarkInterrupted(context.Background(), "run-1", "restarted"); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
@@ -154,25 +154,25 @@ func TestStallHistoryOfAnInterruptedTurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(eps) != 1 || eps[0].Outcome != store.OutcomeAborted || eps[0].StopReason != event.ReasonInterrupted ||
-		!eps[0].Started.Equal(t0.Add(30*time.Second)) || eps[0].Duration() <= 0 {
+		!eps[0].Started.Equal(T0.Add(30*time.Second)) || eps[0].Duration() <= 0 {
 		t.Errorf("episodes = %+v, want one ended by the interruption", eps)
 	}
 }
 
-func TestStallHistoryAndJournalFilters(t *testing.T) {
-	s := open(t, dbPath(t), store.Options{})
+func testStallHistoryAndJournalFilters(t *testing.T, h *H) {
+	s := h.Open(t, h.New(t), Config{})
 	// Three turns, an hour apart, each stalling 30s in and recovering 10s later.
 	for i, sess := range []string{"a", "b", "a"} {
-		tr := newTurn("run-"+string(rune('1'+i)), sess)
+		tr := NewTurn("run-"+string(rune('1'+i)), sess)
 		base := time.Duration(i) * time.Hour
-		st := step("tool", "exec", 1, base)
-		handleAll(s,
-			tr.ev(event.TurnStarted, base, nil),
-			tr.ev(event.Progress, base+30*time.Second, func(e *event.Event) { e.Step = st }),
-			tr.ev(event.Recovered, base+40*time.Second, func(e *event.Event) { e.Step = st }),
+		st := Step("tool", "exec", 1, base)
+		HandleAll(s,
+			tr.Ev(event.TurnStarted, base, nil),
+			tr.Ev(event.Progress, base+30*time.Second, func(e *event.Event) { e.Step = st }),
+			tr.Ev(event.Recovered, base+40*time.Second, func(e *event.Event) { e.Step = st }),
 		)
 	}
-	flush(t, s)
+	Flush(t, s)
 	runs := func(eps []store.Episode) []string {
 		var out []string
 		for _, e := range eps {
@@ -189,10 +189,10 @@ func TestStallHistoryAndJournalFilters(t *testing.T) {
 		{"all", store.Filter{}, []string{"run-1", "run-2", "run-3"}, 9},
 		{"session", store.Filter{SessionKey: "a"}, []string{"run-1", "run-3"}, 6},
 		{"run", store.Filter{RunID: "run-2"}, []string{"run-2"}, 3},
-		{"since is inclusive", store.Filter{Since: t0.Add(time.Hour + 30*time.Second)}, []string{"run-2", "run-3"}, 5},
+		{"since is inclusive", store.Filter{Since: T0.Add(time.Hour + 30*time.Second)}, []string{"run-2", "run-3"}, 5},
 		// The episode starting before Until counts even though its recovery
 		// is after it.
-		{"until is exclusive", store.Filter{Until: t0.Add(time.Hour + 35*time.Second)}, []string{"run-1", "run-2"}, 5},
+		{"until is exclusive", store.Filter{Until: T0.Add(time.Hour + 35*time.Second)}, []string{"run-1", "run-2"}, 5},
 		{"limit keeps the most recent", store.Filter{Limit: 2}, []string{"run-2", "run-3"}, 2},
 	}
 	for _, tc := range tests {
