@@ -36,7 +36,8 @@ func pgConfig(dbURL string) string {
 // waitTurnPG polls the database until the turn runID satisfies ok.
 func waitTurnPG(t *testing.T, dbURL, runID, what string, ok func(store.Turn) bool) {
 	t.Helper()
-	st, err := postgres.Open(context.Background(), dbURL, postgres.Options{Logger: slog.New(slog.DiscardHandler)})
+	// Shared: the test reads the database beside the gateway that holds it.
+	st, err := postgres.Open(context.Background(), dbURL, postgres.Options{Logger: slog.New(slog.DiscardHandler), Shared: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 
 func (w writer) Classify(err error) store.Failure { return classify(err) }
 func (w writer) Probe(ctx context.Context) error  { return w.s.probe(ctx) }
-func (w writer) Check() bool                      { return true }
+func (w writer) Check() bool                      { return w.s.checkOwner() }
 
 const (
 	upsertSession = `INSERT INTO sessions (key, created_at, updated_at) VALUES ($1, $2, $2)

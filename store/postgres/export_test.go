@@ -7,3 +7,6 @@ func WithCommitHooks(o Options, before, after func()) Options {
 	o.beforeCommit, o.afterCommit = before, after
 	return o
 }
+
+// OwnerLock is the advisory lock key a gateway holds on its database.
+const OwnerLock = ownerLock

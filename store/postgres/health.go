@@ -17,6 +17,10 @@ import (
 // shutting down, out of disk or connections, read-only, I/O errors).
 func classify(err error) store.Failure {
 	f := store.Failure{Reason: "writes to the database fail"}
+	if _, ok := errors.AsType[*InUseError](err); ok {
+		f.Storage, f.Reason = true, "another gateway is using the database"
+		return f
+	}
 	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
 		code := pe.Code
 		switch {

@@ -51,6 +51,13 @@ type Options struct {
 	// MaxConns bounds the connection pool; 0 means 8. The event writer
 	// holds one connection while it writes a batch.
 	MaxConns int32
+	// Shared says that several gateways use the database together (the
+	// cluster's replicas, which coordinate through it). When false — one
+	// gateway, the default — Open takes an advisory lock that the store
+	// holds on a connection of its own until Close, and refuses a database
+	// another gateway holds (*InUseError), as the SQLite store refuses a
+	// file another process has locked.
+	Shared bool
 
 	beforeBatch func() // tests: see export_test.go
 	// beforeCommit and afterCommit, when set (tests only), are called by
@@ -74,6 +81,13 @@ type Store struct {
 	where     string // the redacted URL, for errors and logs
 
 	beforeCommit, afterCommit func() // tests: see Options.beforeCommit
+
+	// owner holds ownerLock (Options.Shared false); only the writer
+	// goroutine (Check) replaces it, and Close closes it.
+	ownerMu   sync.Mutex
+	owner     *pgx.Conn
+	ownerLost bool // another gateway took ownerLock: the store is held unwritable
+	shared    bool
 
 	*store.EventRecorder
 	rec store.RecorderControl
@@ -115,7 +129,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (_ *Store, err error
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Store{log: opts.Logger, retention: opts.Retention, where: where,
+	s := &Store{log: opts.Logger, retention: opts.Retention, where: where, shared: opts.Shared,
 		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit}
 	s.EventRecorder, s.rec, err = store.NewEventRecorder(writer{s}, store.RecorderOptions{
 		QueueSize: opts.QueueSize, BatchSize: opts.BatchSize, Logger: opts.Logger, OnHealth: opts.OnHealth,
@@ -132,7 +146,14 @@ func Open(ctx context.Context, rawURL string, opts Options) (_ *Store, err error
 		s.pool.Close()
 		return nil, fmt.Errorf("connect: %w", err)
 	}
+	if !s.shared {
+		if s.owner, err = lockOwner(ctx, s.pool, where); err != nil {
+			s.pool.Close()
+			return nil, err
+		}
+	}
 	if err := migrate(ctx, s.pool); err != nil {
+		s.closeOwner()
 		s.pool.Close()
 		return nil, err
 	}
@@ -149,6 +170,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (_ *Store, err error
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.rec.Stop()
+		s.closeOwner()
 		s.pool.Close()
 	})
 	return nil

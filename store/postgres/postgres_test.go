@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 var factory = storetest.Factory{
 	New: func(t *testing.T) string { return pgtest.New(t) },
 	Open: func(ctx context.Context, url string, c storetest.Config) (store.Backend, error) {
-		return postgres.Open(ctx, url, postgres.WithCommitHooks(postgres.Options{Logger: storetest.Quiet,
+		return postgres.Open(ctx, url, postgres.WithCommitHooks(postgres.Options{Logger: storetest.Quiet, Shared: c.SecondProcess,
 			OutboxChannels: c.OutboxChannels, OnOutbox: c.OnOutbox, Retention: c.Retention, BatchSize: c.BatchSize},
 			c.BeforeCommit, c.AfterCommit))
 	},
@@ -66,7 +66,7 @@ func TestReplicasMigrateOnce(t *testing.T) {
 	errs := make(chan error, replicas)
 	for range replicas {
 		wg.Go(func() {
-			s, err := postgres.Open(context.Background(), url, postgres.Options{Logger: storetest.Quiet})
+			s, err := postgres.Open(context.Background(), url, postgres.Options{Logger: storetest.Quiet, Shared: true})
 			if err != nil {
 				errs <- err
 				return
@@ -202,6 +202,96 @@ func TestReadOnlyDatabaseIsUnwritableUntilWritable(t *testing.T) {
 	defer mu.Unlock()
 	if len(health) < 2 || health[len(health)-1] != "<nil>" {
 		t.Errorf("OnHealth calls = %q, want an error, then nil", health)
+	}
+}
+
+// A second gateway on a database another gateway uses is refused, saying
+// so without the password; once the first closes its store, it opens.
+func TestSecondGatewayIsRefused(t *testing.T) {
+	url := pgtest.New(t)
+	first, err := postgres.Open(context.Background(), url, postgres.Options{Logger: storetest.Quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = postgres.Open(context.Background(), url, postgres.Options{Logger: storetest.Quiet})
+	var inUse *postgres.InUseError
+	if !errors.As(err, &inUse) {
+		_ = first.Close()
+		t.Fatalf("second Open: %v, want *InUseError", err)
+	}
+	for _, want := range []string{"another gateway is using the database", "connected from 127.0.0.1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), pgtest.Password()) {
+		t.Errorf("error shows the password: %v", err)
+	}
+	// Replicas of a cluster share the database.
+	shared, err := postgres.Open(context.Background(), url, postgres.Options{Logger: storetest.Quiet, Shared: true})
+	if err != nil {
+		t.Errorf("Open with Shared beside the first gateway: %v", err)
+	} else {
+		_ = shared.Close()
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	open(t, url, postgres.Options{}) // the database is free again
+}
+
+// The server drops the connection that holds the gateway's lock (here:
+// terminated, as by a server restart or a network cut). The store takes
+// the lock again; if another gateway took it first, the store refuses new
+// turns (Health) until it has the lock back.
+func TestLockLostToAnotherGatewayMakesTheStoreUnwritable(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	s := open(t, url, postgres.Options{})
+	admin := connect(t, url)
+	thief := connect(t, url)
+	// Cut the store's connections; the thief takes the lock as soon as
+	// the server has released it.
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), $1)`, thief.PgConn().PID()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var got bool
+		if err := thief.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, postgres.OwnerLock).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the terminated store's lock was never released")
+		}
+		time.Sleep(20 * time.Millisecond) // real time: the server releases the lock when it sees the connection end
+	}
+	for s.Health() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the store never noticed that another gateway holds the database")
+		}
+		time.Sleep(20 * time.Millisecond) // real time: the writer checks its lock on a real timer
+	}
+	if err := s.Health(); !errors.Is(err, store.ErrUnwritable) || !strings.Contains(err.Error(), "another gateway is using the database") {
+		t.Errorf("Health = %v, want unwritable because another gateway holds the database", err)
+	}
+	if _, err := thief.Exec(ctx, `SELECT pg_advisory_unlock($1)`, postgres.OwnerLock); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for s.Health() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("still unwritable after the lock was free again: %v", s.Health())
+		}
+		time.Sleep(20 * time.Millisecond) // real time: the writer checks its lock on a real timer
+	}
+	// The store holds the lock again: another gateway is refused.
+	if _, err := postgres.Open(ctx, url, postgres.Options{Logger: storetest.Quiet}); !errors.As(err, new(*postgres.InUseError)) {
+		t.Errorf("Open beside the store that took its lock back: %v, want *InUseError", err)
 	}
 }
 

@@ -31,7 +31,8 @@ type Config struct {
 	Retention      store.Retention
 	BatchSize      int
 	// SecondProcess: the store stands in for another process (a replica)
-	// using the same data at the same time (SQLite: skip its lock file).
+	// using the same data at the same time (SQLite: skip its lock file;
+	// PostgreSQL: Shared, no owner lock).
 	SecondProcess bool
 	// BeforeCommit and AfterCommit, when set, are called by the writer
 	// goroutine inside a batch's transaction just before its commit and
