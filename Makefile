@@ -29,8 +29,15 @@ fmt-check:
 vet: deps
 	$(GO) vet $(PKGS)
 
+## bin/nats-server: the NATS server the cluster tests run (internal/natstest), built from its Go
+## module in tools/nats-server — a module of its own, so go.mod does not carry the server's deps.
+bin/nats-server: tools/nats-server/go.mod tools/nats-server/go.sum
+	mkdir -p bin
+	cd tools/nats-server && $(GO) build -o $(CURDIR)/bin/nats-server github.com/nats-io/nats-server/v2
+
 ## test: gofmt check, go vet and the race-enabled unit tests.
-test: deps fmt-check vet
+test: export TURNGUARD_NATS_SERVER := $(CURDIR)/bin/nats-server
+test: deps fmt-check vet bin/nats-server
 	$(GO) test -race -count=1 $(PKGS)
 
 ## bench: the benchmarks recorded in docs/performance.md.
