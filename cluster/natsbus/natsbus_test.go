@@ -332,6 +332,10 @@ func TestDeltasAreNotKept(t *testing.T) {
 	const key = "agent:main:ws:deltas"
 	r := watch(t, connect(t, c, 0), key, WatchOptions{Replay: true})
 	x.Publish(keptEvent(key, 1, 3))
+	// A delta that reaches a watcher before the session's first kept event
+	// is dropped by design (it cannot be placed); wait for that event so
+	// the deltas below must all arrive, in order.
+	eventually(t, 10*time.Second, "the first kept event", func() bool { return len(r.kept()) == 1 })
 	for i := 1; i <= 5; i++ {
 		x.Publish(event.Event{Kind: event.Delta, RunID: "run", SessionKey: key, Seq: uint64(10 + i), Text: "x" + strconv.Itoa(i)})
 	}

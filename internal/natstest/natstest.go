@@ -124,17 +124,65 @@ func (c *Cluster) Restart(i int) {
 	c.t.Helper()
 	c.Kill(i)
 	c.start(i)
-	c.waitNode(i)
+	c.WaitReady()
 }
 
-// WaitReady waits until JetStream answers on every running node.
+// WaitReady waits until JetStream answers on every running node and, in a
+// cluster, until a stream can be placed on all of them: a meta leader
+// answers before it has heard from every peer, and a stream with as many
+// replicas as nodes created then fails with "no suitable peers for
+// placement".
 func (c *Cluster) WaitReady() {
 	c.t.Helper()
+	up := 0
 	for i := range c.nodes {
 		if c.running(i) {
 			c.waitNode(i)
+			up++
 		}
 	}
+	if len(c.nodes) > 1 && up == len(c.nodes) {
+		c.waitPlacement()
+	}
+}
+
+// waitPlacement polls until a memory stream with one replica per node can
+// be created (it is deleted again).
+func (c *Cluster) waitPlacement() {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), ReadyTimeout)
+	defer cancel()
+	var last error
+	for ctx.Err() == nil {
+		if last = place(ctx, c.URL(0), len(c.nodes)); last == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	c.t.Fatalf("natstest: no stream of %d replicas could be placed within %v: %v\n%s", len(c.nodes), ReadyTimeout, last, tail(c.Log(0)))
+}
+
+func place(ctx context.Context, url string, replicas int) error {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.NoReconnect())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	const name = "NATSTEST_PLACEMENT_PROBE"
+	if _, err := js.CreateStream(rctx, jetstream.StreamConfig{Name: name, Subjects: []string{"natstest.placement.probe"},
+		Storage: jetstream.MemoryStorage, Replicas: replicas}); err != nil {
+		return err
+	}
+	return js.DeleteStream(rctx, name)
 }
 
 // Log returns what node i has written to stderr so far.
