@@ -37,8 +37,16 @@ deps-postgres:
 		$$sudo apt-get update && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql; \
 	fi
 
-## test: gofmt check, go vet and the race-enabled unit tests.
-test: deps deps-postgres fmt-check vet
+## bin/nats-server: the NATS server the cluster tests run (internal/natstest), built from its Go
+## module in tools/nats-server — a module of its own, so go.mod does not carry the server's deps.
+bin/nats-server: tools/nats-server/go.mod tools/nats-server/go.sum
+	mkdir -p bin
+	cd tools/nats-server && $(GO) build -o $(CURDIR)/bin/nats-server github.com/nats-io/nats-server/v2
+
+## test: gofmt check, go vet and the race-enabled unit tests (with a real PostgreSQL and real
+## nats-server processes, both required: a missing one fails the tests instead of skipping them).
+test: export TURNGUARD_NATS_SERVER := $(CURDIR)/bin/nats-server
+test: deps deps-postgres fmt-check vet bin/nats-server
 	TURNGUARD_REQUIRE_POSTGRES=1 $(GO) test -race -count=1 $(PKGS)
 
 ## bench: the benchmarks recorded in docs/performance.md.
@@ -57,6 +65,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzFrame$$' -fuzztime $(FUZZTIME) ./channels/ws/
 	$(GO) test -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME) ./channels/telegram/
 	$(GO) test -run '^$$' -fuzz '^FuzzTemplates$$' -fuzztime $(FUZZTIME) ./messages/
+	$(GO) test -run '^$$' -fuzz '^FuzzFrame$$' -fuzztime $(FUZZTIME) ./cluster/natsbus/
 
 ## e2e: the built binary against the real OpenClaw CLI/TUI (tmux) and the web chat in headless
 ## Chromium; installs chromium, tmux, Node 24, openclaw itself (e2e/run.sh). Artifacts: artifacts/e2e/.

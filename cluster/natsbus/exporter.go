@@ -1,0 +1,557 @@
+package natsbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/turnguard/turnguard/event"
+)
+
+// ExporterOptions tunes an Exporter. The zero value is the defaults.
+type ExporterOptions struct {
+	Config
+	// Buffer is how many events wait between Publish and the network.
+	// When it is full Publish drops the event (counted in Stats.Dropped);
+	// a dropped kept event becomes a frameLost, so its watchers learn of
+	// it. Default 65536.
+	Buffer int
+	// MaxInFlight bounds the kept frames published and not yet
+	// acknowledged by the stream. Default 4096.
+	MaxInFlight int
+	// AckTimeout is how long one publish waits for the stream's
+	// acknowledgement. Default 5 s.
+	AckTimeout time.Duration
+	// Retries is how many times a kept frame that was not acknowledged is
+	// published again (with the same Nats-Msg-Id, so the stream stores it
+	// once) before it counts as failed. Default 3.
+	Retries int
+	// OnError, if set, is called with a *PublishError for every kept event
+	// the exporter could not store or dropped. It is called on the
+	// exporter's goroutines and must not block.
+	OnError func(error)
+}
+
+func (o ExporterOptions) withDefaults() ExporterOptions {
+	o.Config = o.Config.withDefaults()
+	if o.Buffer <= 0 {
+		o.Buffer = 1 << 16
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 4096
+	}
+	if o.AckTimeout <= 0 {
+		o.AckTimeout = 5 * time.Second
+	}
+	if o.Retries <= 0 {
+		o.Retries = 3
+	}
+	return o
+}
+
+// PublishError reports a kept event that did not reach the stream: after
+// Retries publishes without an acknowledgement (Seq > 0), or dropped by a
+// full buffer before it was numbered (Seq == 0). Watchers of the session
+// see a gap there and report it; the error is for operators.
+type PublishError struct {
+	SessionKey string
+	Kind       event.Kind
+	Seq        uint64
+	Err        error
+}
+
+func (e *PublishError) Error() string {
+	if e.Seq == 0 {
+		return fmt.Sprintf("natsbus: %s event of session %q dropped: %v", e.Kind, e.SessionKey, e.Err)
+	}
+	return fmt.Sprintf("natsbus: %s event %d of session %q not stored: %v", e.Kind, e.Seq, e.SessionKey, e.Err)
+}
+
+func (e *PublishError) Unwrap() error { return e.Err }
+
+// ErrBufferFull is the cause of a PublishError for an event Publish
+// dropped because the exporter's buffer was full.
+var ErrBufferFull = errors.New("exporter buffer full")
+
+// ErrClosed is the cause for an event published after Close.
+var ErrClosed = errors.New("exporter closed")
+
+// ExporterStats are an Exporter's counters since it was created.
+type ExporterStats struct {
+	Published     uint64 // kept frames handed to NATS (events, lost and sync frames; retries not counted)
+	Acked         uint64 // kept frames the stream acknowledged
+	Failed        uint64 // kept frames not acknowledged after Retries
+	Dropped       uint64 // events (kept or delta) Publish dropped: buffer full or closed
+	Deltas        uint64 // deltas published
+	DeltasDropped uint64 // deltas not sent: not connected, no kept event yet, or a write error
+	Queued        int    // events waiting in the buffer now
+}
+
+// Exporter is the owner side: it numbers each session's kept events and
+// publishes them to the stream, and its deltas to a core subject.
+//
+// Publish never waits on the network: it copies the event into a bounded
+// buffer and returns (about a hundred nanoseconds). One goroutine numbers
+// and publishes asynchronously; another collects the stream's
+// acknowledgements, retries what was not acknowledged and records where the
+// stream put each frame (the repair hint that later frames carry). When
+// NATS is slow the in-flight frames (MaxInFlight), then the buffer, fill;
+// past that Publish drops events and counts them. No kept event is lost
+// silently: each dropped or unstored one is counted, reported to OnError,
+// and made visible to watchers by a frameLost or frameSync in its
+// session's sequence.
+type Exporter struct {
+	opt    ExporterOptions
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream
+
+	queue    chan event.Event
+	inflight chan *pending
+	quit     chan struct{} // Close: drain and stop
+	abort    chan struct{} // Close's ctx ended: stop waiting on the network
+	done     chan struct{} // both goroutines have returned
+	closing  atomic.Bool
+	once     sync.Once
+
+	tenurePrefix string
+	tenureN      atomic.Uint64
+
+	mu       sync.Mutex
+	sessions map[string]*expSession
+	lost     map[string]uint64 // session → events dropped unnumbered, owing a frameLost
+	unsynced map[string]bool   // sessions owing a frameSync
+	owe      atomic.Bool       // lost or unsynced is not empty
+
+	published, acked, failed, dropped, deltas, deltasDropped atomic.Uint64
+}
+
+// expSession is the exporter's numbering of one session it owns. Guarded
+// by Exporter.mu.
+type expSession struct {
+	key        string
+	subj       subjects
+	tenure     string
+	base, seq  uint64
+	hintSeq    uint64
+	hintStream uint64
+	used       time.Time
+}
+
+type pending struct {
+	st   *expSession
+	kind event.Kind
+	seq  uint64
+	msg  *nats.Msg
+	id   string
+	fut  jetstream.PubAckFuture
+	err  error // the async publish was refused outright
+}
+
+// NewExporter ensures the stream (EnsureStream) and starts the exporter on
+// nc. The caller owns nc; Close the exporter before closing nc.
+func NewExporter(ctx context.Context, nc *nats.Conn, opt ExporterOptions) (*Exporter, error) {
+	opt = opt.withDefaults()
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(opt.MaxInFlight),
+		jetstream.WithPublishAsyncTimeout(opt.AckTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("natsbus: exporter: %w", err)
+	}
+	s, err := EnsureStream(ctx, js, opt.Config)
+	if err != nil {
+		return nil, err
+	}
+	x := &Exporter{
+		opt:          opt,
+		nc:           nc,
+		js:           js,
+		stream:       s,
+		queue:        make(chan event.Event, opt.Buffer),
+		inflight:     make(chan *pending, opt.MaxInFlight),
+		quit:         make(chan struct{}),
+		abort:        make(chan struct{}),
+		done:         make(chan struct{}),
+		tenurePrefix: nuid.Next(),
+		sessions:     map[string]*expSession{},
+		lost:         map[string]uint64{},
+		unsynced:     map[string]bool{},
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); x.run() }()
+	go func() { defer wg.Done(); x.collect() }()
+	go func() { wg.Wait(); close(x.done) }()
+	return x, nil
+}
+
+// Publish hands ev to the exporter; it has the signature of an
+// event.Handler, for event.Bus.Subscribe. It never blocks: a full buffer,
+// or a closed exporter, drops the event (counted; a kept one reported to
+// OnError and shown to watchers as a frameLost). Locals are not carried.
+func (x *Exporter) Publish(ev event.Event) {
+	ev.Locals = nil
+	if !x.closing.Load() {
+		select {
+		case x.queue <- ev:
+			return
+		default:
+		}
+		x.refuse(ev, ErrBufferFull)
+		return
+	}
+	x.refuse(ev, ErrClosed)
+}
+
+func (x *Exporter) refuse(ev event.Event, cause error) {
+	x.dropped.Add(1)
+	if ev.Kind == event.Delta {
+		return
+	}
+	x.mu.Lock()
+	x.lost[ev.SessionKey]++
+	x.owe.Store(true)
+	x.mu.Unlock()
+	x.report(&PublishError{SessionKey: ev.SessionKey, Kind: ev.Kind, Err: cause})
+}
+
+func (x *Exporter) report(err error) {
+	if x.opt.OnError != nil {
+		x.opt.OnError(err)
+	}
+}
+
+// Adopt makes the exporter the session's owner from now on, under a new
+// tenure that continues after max(lastSeq, the sequence of the stream's
+// last frame of the session); it returns that sequence. A new owner calls
+// it at takeover with what it knows (lastSeq, e.g. kept beside the
+// session's ownership; 0 if nothing) before publishing the session's
+// events; without it, the first event of a session the exporter does not
+// know looks the stream up the same way on the exporter's goroutine.
+func (x *Exporter) Adopt(ctx context.Context, sessionKey string, lastSeq uint64) (uint64, error) {
+	subj := subjectsFor(x.opt.Prefix, sessionKey)
+	learned, err := x.lastSeq(ctx, subj.kept)
+	if err != nil {
+		return 0, err
+	}
+	base := max(learned, lastSeq)
+	x.mu.Lock()
+	x.sessions[sessionKey] = x.newSession(sessionKey, subj, base)
+	x.mu.Unlock()
+	return base, nil
+}
+
+// Forget drops the exporter's numbering of a session it no longer owns;
+// if it owns it again later, it continues from the stream (a new tenure).
+func (x *Exporter) Forget(sessionKey string) {
+	x.mu.Lock()
+	delete(x.sessions, sessionKey)
+	x.mu.Unlock()
+}
+
+// newSession is called with x.mu held.
+func (x *Exporter) newSession(key string, subj subjects, base uint64) *expSession {
+	return &expSession{key: key, subj: subj, base: base, seq: base, used: time.Now(),
+		tenure: x.tenurePrefix + "." + strconv.FormatUint(x.tenureN.Add(1), 36)}
+}
+
+// lastSeq returns the sequence of the stream's last kept frame on subject,
+// 0 if it has none.
+func (x *Exporter) lastSeq(ctx context.Context, subject string) (uint64, error) {
+	m, err := x.stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("natsbus: last frame of %s: %w", subject, err)
+	}
+	f, err := decodeFrame(m.Data)
+	if err != nil {
+		return 0, fmt.Errorf("natsbus: last frame of %s (stream seq %d): %w", subject, m.Sequence, err)
+	}
+	return f.seq, nil
+}
+
+// Stats returns the exporter's counters.
+func (x *Exporter) Stats() ExporterStats {
+	return ExporterStats{
+		Published: x.published.Load(), Acked: x.acked.Load(), Failed: x.failed.Load(),
+		Dropped: x.dropped.Load(), Deltas: x.deltas.Load(), DeltasDropped: x.deltasDropped.Load(),
+		Queued: len(x.queue),
+	}
+}
+
+// Close stops taking events, publishes what is buffered and waits for the
+// stream's acknowledgements, until ctx ends; then it stops waiting on the
+// network (what was not acknowledged counts as failed) and returns
+// ctx.Err(). It is safe to call more than once.
+func (x *Exporter) Close(ctx context.Context) error {
+	x.once.Do(func() {
+		x.closing.Store(true)
+		close(x.quit)
+	})
+	select {
+	case <-x.done:
+		return nil
+	case <-ctx.Done():
+	}
+	select {
+	case <-x.abort:
+	default:
+		close(x.abort)
+	}
+	<-x.done
+	return fmt.Errorf("natsbus: exporter close: %w", ctx.Err())
+}
+
+// opContext is a context for one network operation: it ends after d or
+// when Close gives up waiting.
+func (x *Exporter) opContext(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	go func() {
+		select {
+		case <-x.abort:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// run numbers and publishes, in buffer order.
+func (x *Exporter) run() {
+	defer close(x.inflight)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if x.owe.Load() {
+			x.payDebts()
+		}
+		select {
+		case ev := <-x.queue:
+			x.export(ev)
+		case <-tick.C:
+			x.evictIdle()
+		case <-x.quit:
+			for {
+				select {
+				case ev := <-x.queue:
+					x.export(ev)
+				default:
+					if x.owe.Load() {
+						x.payDebts()
+					}
+					return
+				}
+			}
+		}
+	}
+}
+
+func (x *Exporter) export(ev event.Event) {
+	if ev.Kind == event.Delta {
+		x.publishDelta(&ev)
+		return
+	}
+	st, err := x.session(ev.SessionKey)
+	if err != nil {
+		x.failed.Add(1)
+		x.report(&PublishError{SessionKey: ev.SessionKey, Kind: ev.Kind, Err: err})
+		return
+	}
+	x.publishKept(st, frameEvent, &ev)
+}
+
+// session returns the numbering of key, learning where it continues from
+// the stream when the exporter has none. It retries the lookup while NATS
+// does not answer, until Close gives up.
+func (x *Exporter) session(key string) (*expSession, error) {
+	x.mu.Lock()
+	st := x.sessions[key]
+	x.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	subj := subjectsFor(x.opt.Prefix, key)
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := x.opContext(x.opt.AckTimeout)
+		base, err := x.lastSeq(ctx, subj.kept)
+		cancel()
+		if err == nil {
+			x.mu.Lock()
+			if st = x.sessions[key]; st == nil { // Adopt may have come first
+				st = x.newSession(key, subj, base)
+				x.sessions[key] = st
+			}
+			x.mu.Unlock()
+			return st, nil
+		}
+		select {
+		case <-x.abort:
+			return nil, err
+		case <-time.After(min(time.Duration(attempt)*100*time.Millisecond, time.Second)):
+		}
+	}
+}
+
+// publishKept numbers a kept frame in st and publishes it asynchronously;
+// it waits only when MaxInFlight frames await their acknowledgement.
+func (x *Exporter) publishKept(st *expSession, kind frameKind, ev *event.Event) {
+	x.mu.Lock()
+	st.seq++
+	st.used = time.Now()
+	f := frame{kind: kind, seq: st.seq, tenure: st.tenure, base: st.base, hintSeq: st.hintSeq, hintStream: st.hintStream}
+	x.mu.Unlock()
+	var k event.Kind
+	if ev != nil {
+		f.ev = *ev
+		k = ev.Kind
+	} else {
+		f.ev.SessionKey = st.key
+	}
+	p := &pending{st: st, kind: k, seq: f.seq,
+		msg: &nats.Msg{Subject: st.subj.kept, Data: appendFrame(make([]byte, 0, 256), &f), Header: nats.Header{}},
+		id:  f.tenure + ":" + strconv.FormatUint(f.seq, 10)}
+	p.fut, p.err = x.js.PublishMsgAsync(p.msg, jetstream.WithMsgID(p.id), jetstream.WithExpectStream(x.opt.Stream))
+	x.published.Add(1)
+	select {
+	case x.inflight <- p:
+	case <-x.abort:
+		x.fail(p, fmt.Errorf("natsbus: exporter closed before the ack: %w", ErrClosed))
+	}
+}
+
+func (x *Exporter) publishDelta(ev *event.Event) {
+	x.mu.Lock()
+	st := x.sessions[ev.SessionKey]
+	var f frame
+	if st != nil {
+		f = frame{kind: frameDelta, seq: st.seq, tenure: st.tenure, base: st.base, ev: *ev}
+	}
+	x.mu.Unlock()
+	if st == nil || !x.nc.IsConnected() {
+		x.deltasDropped.Add(1)
+		return
+	}
+	if err := x.nc.Publish(st.subj.delta, appendFrame(make([]byte, 0, 256), &f)); err != nil {
+		x.deltasDropped.Add(1)
+		return
+	}
+	x.deltas.Add(1)
+}
+
+// collect waits for each in-flight frame's acknowledgement in publication
+// order, retries those that got none, and records the stream position of
+// the acknowledged ones as their session's repair hint.
+func (x *Exporter) collect() {
+	for p := range x.inflight {
+		var ack *jetstream.PubAck
+		err := p.err
+		if err == nil {
+			select {
+			case ack = <-p.fut.Ok():
+			case err = <-p.fut.Err():
+			case <-time.After(x.opt.AckTimeout + time.Second): // the future should have timed out itself
+				err = jetstream.ErrAsyncPublishTimeout
+			case <-x.abort:
+				err = ErrClosed
+			}
+		}
+		if err != nil {
+			ack, err = x.retry(p, err)
+		}
+		if err != nil {
+			x.fail(p, err)
+			continue
+		}
+		x.acked.Add(1)
+		x.mu.Lock()
+		if p.seq > p.st.hintSeq {
+			p.st.hintSeq, p.st.hintStream = p.seq, ack.Sequence
+		}
+		x.mu.Unlock()
+	}
+}
+
+func (x *Exporter) retry(p *pending, err error) (*jetstream.PubAck, error) {
+	for attempt := 1; attempt <= x.opt.Retries; attempt++ {
+		select {
+		case <-x.abort:
+			return nil, err
+		case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+		}
+		ctx, cancel := x.opContext(x.opt.AckTimeout)
+		var ack *jetstream.PubAck
+		ack, err = x.js.PublishMsg(ctx, p.msg, jetstream.WithMsgID(p.id), jetstream.WithExpectStream(x.opt.Stream))
+		cancel()
+		if err == nil {
+			return ack, nil
+		}
+	}
+	return nil, err
+}
+
+// fail counts a kept frame that was not stored and makes its session owe
+// a frameSync, so a watcher waiting for it sees the sequence move.
+func (x *Exporter) fail(p *pending, err error) {
+	x.failed.Add(1)
+	x.mu.Lock()
+	if x.sessions[p.st.key] == p.st {
+		x.unsynced[p.st.key] = true
+		x.owe.Store(true)
+	}
+	x.mu.Unlock()
+	if p.kind != 0 { // an event, not a lost or sync frame: tell the operator
+		x.report(&PublishError{SessionKey: p.st.key, Kind: p.kind, Seq: p.seq, Err: err})
+	}
+}
+
+// payDebts publishes the frameLost and frameSync frames sessions owe.
+func (x *Exporter) payDebts() {
+	x.mu.Lock()
+	lost, unsynced := x.lost, x.unsynced
+	x.lost, x.unsynced = map[string]uint64{}, map[string]bool{}
+	x.owe.Store(false)
+	x.mu.Unlock()
+	for key := range lost {
+		st, err := x.session(key)
+		if err != nil {
+			x.mu.Lock()
+			x.lost[key] += lost[key]
+			x.owe.Store(true)
+			x.mu.Unlock()
+			return
+		}
+		x.publishKept(st, frameLost, nil)
+		delete(unsynced, key) // the lost frame moves the sequence too
+	}
+	for key := range unsynced {
+		x.mu.Lock()
+		st := x.sessions[key]
+		x.mu.Unlock()
+		if st != nil {
+			x.publishKept(st, frameSync, nil)
+		}
+	}
+}
+
+// evictIdle forgets sessions not used for half the stream's MaxAge: their
+// last frame is still in the stream, so a later event continues from it.
+func (x *Exporter) evictIdle() {
+	cut := time.Now().Add(-x.opt.MaxAge / 2)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for k, st := range x.sessions {
+		if st.used.Before(cut) && st.hintSeq == st.seq && !x.unsynced[k] && x.lost[k] == 0 {
+			delete(x.sessions, k)
+		}
+	}
+}

@@ -1,0 +1,485 @@
+package natsbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/internal/natstest"
+)
+
+// connect opens a connection to node i of c that fails over to the other
+// nodes and reconnects without end (the cluster is killed at cleanup).
+func connect(t testing.TB, c *natstest.Cluster, i int) *nats.Conn {
+	t.Helper()
+	urls := []string{c.URL(i)}
+	for j, u := range c.URLs() {
+		if j != i {
+			urls = append(urls, u)
+		}
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1),
+		nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(0, 0), nats.Timeout(time.Second))
+	if err != nil {
+		t.Fatalf("connect to node %d: %v", i, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func testContext(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newExporter(t testing.TB, nc *nats.Conn, opt ExporterOptions) *Exporter {
+	t.Helper()
+	x, err := NewExporter(testContext(t, 30*time.Second), nc, opt)
+	if err != nil {
+		t.Fatalf("exporter: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = x.Close(ctx)
+	})
+	return x
+}
+
+// recorder is what a watcher observed: kept events as "k<text>", deltas as
+// "d<text>", gaps as "GAP".
+type recorder struct {
+	mu   sync.Mutex
+	log  []string
+	gaps []*GapError
+}
+
+func (r *recorder) handle(ev event.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ev.Kind == event.Delta {
+		r.log = append(r.log, "d"+ev.Text)
+	} else {
+		r.log = append(r.log, "k"+ev.Text)
+	}
+}
+
+func (r *recorder) gap(err *GapError) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.log = append(r.log, "GAP")
+	r.gaps = append(r.gaps, err)
+}
+
+func (r *recorder) snapshot() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.log)
+}
+
+// kept returns the kept entries and gaps, deltas left out.
+func (r *recorder) kept() []string {
+	var out []string
+	for _, s := range r.snapshot() {
+		if !strings.HasPrefix(s, "d") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func watch(t testing.TB, nc *nats.Conn, key string, opt WatchOptions) *recorder {
+	t.Helper()
+	r, _ := watchStats(t, nc, key, opt)
+	return r
+}
+
+func watchStats(t testing.TB, nc *nats.Conn, key string, opt WatchOptions) (*recorder, *Watcher) {
+	t.Helper()
+	r := new(recorder)
+	w, err := Watch(testContext(t, 10*time.Second), nc, key, r.handle, r.gap, opt)
+	if err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	t.Cleanup(w.Stop)
+	return r, w
+}
+
+// keptEvent is the i-th kept event of a test turn: a step, or the turn's
+// start or end.
+func keptEvent(key string, i, n int) event.Event {
+	k := event.StepCompleted
+	switch i {
+	case 1:
+		k = event.TurnStarted
+	case n:
+		k = event.Finished
+	}
+	return event.Event{Kind: k, RunID: "run", SessionKey: key, Seq: uint64(2 * i), Text: strconv.Itoa(i), Time: time.Now()}
+}
+
+func deltaEvent(key string, i int) event.Event {
+	return event.Event{Kind: event.Delta, RunID: "run", SessionKey: key, Seq: uint64(2*i + 1), Text: strconv.Itoa(i)}
+}
+
+func want(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "k" + strconv.Itoa(i+1)
+	}
+	return out
+}
+
+// eventually polls cond until it holds or d passes.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond) // real time: waiting on real servers and network delivery
+	}
+}
+
+// TestThreeWatchersOnThreeNodesSeeTheSameSequence: one owner publishes a
+// turn through node 0; watchers on connections to nodes 0, 1 and 2 each
+// deliver the same kept events, in order, and the deltas between them.
+func TestThreeWatchersOnThreeNodesSeeTheSameSequence(t *testing.T) {
+	c := natstest.Start(t, 3)
+	cfg := Config{Replicas: 3}
+	x := newExporter(t, connect(t, c, 0), ExporterOptions{Config: cfg})
+	const key, n = "agent:main:ws:three", 300
+	var rs []*recorder
+	for i := range 3 {
+		rs = append(rs, watch(t, connect(t, c, i), key, WatchOptions{Config: cfg, Replay: true}))
+	}
+	for i := 1; i <= n; i++ {
+		x.Publish(keptEvent(key, i, n))
+		if i < n {
+			x.Publish(deltaEvent(key, i))
+		}
+	}
+	for i, r := range rs {
+		eventually(t, 20*time.Second, fmt.Sprintf("watcher on node %d delivers %d kept events", i, n), func() bool {
+			return len(r.kept()) >= n
+		})
+		if got := r.kept(); !slices.Equal(got, want(n)) {
+			t.Fatalf("watcher on node %d: kept %v", i, got)
+		}
+	}
+	// Deltas may drop, but those delivered sit after the kept event they
+	// followed at the owner.
+	for i, r := range rs {
+		last := 0
+		for _, s := range r.snapshot() {
+			v, _ := strconv.Atoi(s[1:])
+			if s[0] == 'k' {
+				last = v
+			} else if v != last {
+				t.Fatalf("watcher %d: delta %d delivered after kept %d", i, v, last)
+			}
+		}
+	}
+	if st := x.Stats(); st.Acked != n || st.Failed != 0 || st.Dropped != 0 {
+		t.Errorf("exporter stats %+v", st)
+	}
+}
+
+// checkNoSilentGap asserts a watcher's log holds consecutive kept events
+// between gap reports, and ends at the last event or with a gap.
+func checkNoSilentGap(t *testing.T, who string, log []string, n int) {
+	t.Helper()
+	prev := 0
+	for _, s := range log {
+		if s == "GAP" {
+			prev = 0
+			continue
+		}
+		v, _ := strconv.Atoi(s[1:])
+		if prev != 0 && v != prev+1 {
+			t.Fatalf("%s: silent gap: kept %d then %d\nlog %v", who, prev, v, log)
+		}
+		prev = v
+	}
+	if prev != n && (len(log) == 0 || log[len(log)-1] != "GAP") {
+		t.Fatalf("%s: ends at %d of %d without a gap report\nlog %v", who, prev, n, log)
+	}
+}
+
+// TestNodeKilledWhileWatched: events keep flowing while one of three NATS
+// nodes is SIGKILLed; each watcher (one per node) either delivers the whole
+// sequence or reports its gap — never a silent gap.
+func TestNodeKilledWhileWatched(t *testing.T) {
+	c := natstest.Start(t, 3)
+	cfg := Config{Replicas: 3}
+	var errs sync.Map
+	x := newExporter(t, connect(t, c, 1), ExporterOptions{Config: cfg, AckTimeout: 2 * time.Second,
+		OnError: func(err error) { errs.Store(err.Error(), true) }})
+	const key, n = "agent:main:ws:kill", 600
+	var rs []*recorder
+	var ws []*Watcher
+	for i := range 3 {
+		r, w := watchStats(t, connect(t, c, i), key, WatchOptions{Config: cfg, Replay: true})
+		rs, ws = append(rs, r), append(ws, w)
+	}
+	info, err := x.stream.Info(testContext(t, 5*time.Second))
+	if err != nil || info.Cluster == nil || !strings.HasPrefix(info.Cluster.Leader, "n") {
+		t.Fatalf("stream info: %+v, %v", info, err)
+	}
+	leader, _ := strconv.Atoi(info.Cluster.Leader[1:])
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 1; i <= n; i++ {
+			x.Publish(keptEvent(key, i, n))
+			x.Publish(deltaEvent(key, i))
+			time.Sleep(5 * time.Millisecond) // real time: a turn's pace, so the kill lands mid-stream
+		}
+	}()
+	eventually(t, 20*time.Second, "a third of the events delivered", func() bool { return len(rs[0].kept()) > n/3 })
+	c.Kill(leader) // the stream's leader, and the node one watcher (maybe the owner too) is connected to
+	<-done
+	for i, r := range rs {
+		eventually(t, 30*time.Second, fmt.Sprintf("watcher %d delivers the last event or reports a gap", i), func() bool {
+			l := r.kept()
+			return len(l) > 0 && (l[len(l)-1] == "k"+strconv.Itoa(n) || l[len(l)-1] == "GAP")
+		})
+	}
+	for i, r := range rs {
+		checkNoSilentGap(t, fmt.Sprintf("watcher %d", i), r.kept(), n)
+		r.mu.Lock()
+		t.Logf("watcher %d: %d entries, gaps %v, stats %+v", i, len(r.log), r.gaps, ws[i].Stats())
+		r.mu.Unlock()
+	}
+	t.Logf("killed node %d (the stream's leader); exporter %+v", leader, x.Stats())
+	errs.Range(func(k, _ any) bool { t.Logf("exporter error: %s", k); return true })
+}
+
+// TestGapRepairedFromStream: a watcher whose handler stalls is a slow
+// consumer, and NATS withholds the frames that overflow its buffer; the
+// watcher repairs them from the stream and delivers every event in order.
+func TestGapRepairedFromStream(t *testing.T) {
+	c := natstest.Start(t, 3)
+	cfg := Config{Replicas: 3}
+	x := newExporter(t, connect(t, c, 0), ExporterOptions{Config: cfg})
+	const key, n = "agent:main:ws:slow", 50
+	release := make(chan struct{})
+	r := new(recorder)
+	stalled := false
+	w, err := Watch(testContext(t, 10*time.Second), connect(t, c, 2), key, func(ev event.Event) {
+		if !stalled {
+			stalled = true
+			<-release
+		}
+		r.handle(ev)
+	}, r.gap, WatchOptions{Config: cfg, Buffer: 1, Replay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	for i := 1; i <= n; i++ {
+		x.Publish(keptEvent(key, i, n))
+	}
+	eventually(t, 10*time.Second, "every frame acknowledged", func() bool { return x.Stats().Acked == n })
+	close(release)
+	eventually(t, 10*time.Second, "every event delivered", func() bool { return len(r.kept()) >= n })
+	if got := r.kept(); !slices.Equal(got, want(n)) {
+		t.Fatalf("kept %v", got)
+	}
+	if st := w.Stats(); st.Repaired == 0 {
+		t.Fatalf("nothing was repaired from the stream (stats %+v): no frame was withheld", st)
+	} else {
+		t.Logf("watcher stats %+v", st)
+	}
+}
+
+// TestReplayRepairsWhatCameBeforeWatch: a watcher that starts after a
+// session's first events (it has up to After) gets the rest from the stream.
+func TestReplayRepairsWhatCameBeforeWatch(t *testing.T) {
+	c := natstest.Start(t, 1)
+	x := newExporter(t, connect(t, c, 0), ExporterOptions{})
+	const key, n = "agent:main:ws:replay", 20
+	for i := 1; i <= 10; i++ {
+		x.Publish(keptEvent(key, i, n))
+	}
+	eventually(t, 10*time.Second, "acked", func() bool { return x.Stats().Acked == 10 })
+	r := watch(t, connect(t, c, 0), key, WatchOptions{Replay: true, After: 3})
+	for i := 11; i <= n; i++ {
+		x.Publish(keptEvent(key, i, n))
+	}
+	eventually(t, 10*time.Second, "delivered", func() bool { return len(r.kept()) >= n-3 })
+	if got := r.kept(); !slices.Equal(got, want(n)[3:]) {
+		t.Fatalf("kept %v", got)
+	}
+}
+
+// TestDeltasAreNotKept: deltas reach a live watcher but never the stream.
+func TestDeltasAreNotKept(t *testing.T) {
+	c := natstest.Start(t, 1)
+	nc := connect(t, c, 0)
+	x := newExporter(t, nc, ExporterOptions{})
+	const key = "agent:main:ws:deltas"
+	r := watch(t, connect(t, c, 0), key, WatchOptions{Replay: true})
+	x.Publish(keptEvent(key, 1, 3))
+	for i := 1; i <= 5; i++ {
+		x.Publish(event.Event{Kind: event.Delta, RunID: "run", SessionKey: key, Seq: uint64(10 + i), Text: "x" + strconv.Itoa(i)})
+	}
+	x.Publish(keptEvent(key, 2, 3))
+	eventually(t, 10*time.Second, "both kept events", func() bool { return len(r.kept()) == 2 })
+	if got := r.snapshot(); !slices.Equal(got, []string{"k1", "dx1", "dx2", "dx3", "dx4", "dx5", "k2"}) {
+		t.Fatalf("watcher saw %v", got)
+	}
+	info, err := x.stream.Info(testContext(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 2 {
+		t.Fatalf("the stream holds %d frames, want the 2 kept events", info.State.Msgs)
+	}
+	if st := x.Stats(); st.Deltas != 5 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestTakeoverContinuesTheSequence: a second owner continues a session's
+// sequence from the stream (Adopt, or on its first event) and a watcher
+// sees no gap; an owner that cannot know (the stream lost the session)
+// but is told the last sequence continues from it; one that is told
+// nothing conflicts with what the watcher delivered, and the watcher
+// reports it.
+func TestTakeoverContinuesTheSequence(t *testing.T) {
+	c := natstest.Start(t, 3)
+	cfg := Config{Replicas: 3}
+	const key = "agent:main:ws:takeover"
+	a := newExporter(t, connect(t, c, 0), ExporterOptions{Config: cfg})
+	r := watch(t, connect(t, c, 2), key, WatchOptions{Config: cfg, Replay: true})
+	for i := 1; i <= 5; i++ {
+		a.Publish(keptEvent(key, i, 0))
+	}
+	ctx := testContext(t, 30*time.Second)
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	b := newExporter(t, connect(t, c, 1), ExporterOptions{Config: cfg})
+	if last, err := b.Adopt(ctx, key, 0); err != nil || last != 5 {
+		t.Fatalf("Adopt = %d, %v; want 5", last, err)
+	}
+	for i := 6; i <= 8; i++ {
+		b.Publish(keptEvent(key, i, 0))
+	}
+	eventually(t, 10*time.Second, "8 events", func() bool { return len(r.kept()) >= 8 })
+	b.Close(ctx)
+
+	// A third owner that learns on its first event, without Adopt.
+	x3 := newExporter(t, connect(t, c, 2), ExporterOptions{Config: cfg})
+	x3.Publish(keptEvent(key, 9, 0))
+	eventually(t, 10*time.Second, "9 events", func() bool { return len(r.kept()) >= 9 })
+	x3.Close(ctx)
+	if got := r.kept(); !slices.Equal(got, want(9)) {
+		t.Fatalf("kept %v", got)
+	}
+
+	// The stream loses the session (a memory stream after a full restart).
+	if err := x3.stream.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d := newExporter(t, connect(t, c, 0), ExporterOptions{Config: cfg})
+	if last, err := d.Adopt(ctx, key, 9); err != nil || last != 9 {
+		t.Fatalf("Adopt with 9 = %d, %v", last, err)
+	}
+	d.Publish(keptEvent(key, 10, 0))
+	eventually(t, 10*time.Second, "10 events", func() bool { return len(r.kept()) >= 10 })
+	d.Close(ctx)
+
+	if err := x3.stream.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := newExporter(t, connect(t, c, 1), ExporterOptions{Config: cfg})
+	e.Publish(keptEvent(key, 11, 0)) // numbered 1: it cannot know better
+	eventually(t, 10*time.Second, "a conflict reported", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.gaps) == 1
+	})
+	r.mu.Lock()
+	g := r.gaps[0]
+	r.mu.Unlock()
+	if g.Reason != GapConflict || g.Delivered != 10 {
+		t.Fatalf("gap %v; want a conflict after 10", g)
+	}
+	if got := r.kept(); !slices.Equal(got, append(want(10), "GAP")) {
+		t.Fatalf("kept %v", got)
+	}
+}
+
+// TestExporterWithNATSDown: with the only node stopped, Publish still
+// returns at once; the events it cannot hold are counted as dropped, those
+// it held but could not store as failed, and each kept one is reported.
+func TestExporterWithNATSDown(t *testing.T) {
+	c := natstest.Start(t, 1)
+	nc := connect(t, c, 0)
+	var mu sync.Mutex
+	var full, notStored int
+	x := newExporter(t, nc, ExporterOptions{Buffer: 1000, MaxInFlight: 100, AckTimeout: 200 * time.Millisecond, Retries: 1,
+		OnError: func(err error) {
+			var pe *PublishError
+			if !errors.As(err, &pe) {
+				t.Errorf("OnError(%v): not a *PublishError", err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if errors.Is(err, ErrBufferFull) {
+				full++
+			} else if pe.Seq > 0 {
+				notStored++
+			}
+		}})
+	const key = "agent:main:ws:down"
+	x.Publish(keptEvent(key, 1, 0))
+	eventually(t, 10*time.Second, "acked", func() bool { return x.Stats().Acked == 1 })
+	c.Stop(0)
+	eventually(t, 10*time.Second, "disconnected", func() bool { return !nc.IsConnected() })
+
+	const n = 100_000
+	lat := make([]time.Duration, n)
+	for i := range n {
+		ev := keptEvent(key, i+2, 0)
+		t0 := time.Now()
+		x.Publish(ev)
+		lat[i] = time.Since(t0)
+	}
+	slices.Sort(lat)
+	p50, p99, worst := lat[n/2], lat[n*99/100], lat[n-1]
+	t.Logf("Publish with NATS down: p50 %v p99 %v max %v; stats %+v", p50, p99, worst, x.Stats())
+	if p99 > time.Millisecond || worst > 100*time.Millisecond {
+		t.Errorf("Publish blocked: p99 %v max %v", p99, worst)
+	}
+	eventually(t, 20*time.Second, "unstored frames counted", func() bool { return x.Stats().Failed > 0 })
+	st := x.Stats()
+	if st.Dropped == 0 || st.Dropped+uint64(st.Queued) > n {
+		t.Errorf("stats %+v", st)
+	}
+	mu.Lock()
+	if full != int(st.Dropped) || notStored == 0 {
+		t.Errorf("OnError: %d buffer-full (dropped %d), %d not stored", full, st.Dropped, notStored)
+	}
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := x.Close(ctx); err == nil {
+		t.Error("Close with NATS down and frames unacknowledged returned nil")
+	}
+}

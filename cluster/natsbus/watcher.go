@@ -1,0 +1,510 @@
+package natsbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/turnguard/turnguard/event"
+)
+
+// GapReason says why a watcher could not deliver a session's sequence.
+type GapReason uint8
+
+const (
+	// GapUnrepaired: frames were missing on the wire and the stream did
+	// not have them within RepairTimeout (aged out, lost with a node, never
+	// stored, or the stream unreachable).
+	GapUnrepaired GapReason = iota + 1
+	// GapLost: the exporter dropped events before numbering them (its
+	// buffer was full); a frameLost stands in their place.
+	GapLost
+	// GapConflict: a new owner numbered the session from an earlier point
+	// than what this watcher has delivered: the two owners disagree about
+	// what happened, and only the store can tell.
+	GapConflict
+	// GapOverflow: more frames arrived ahead of a gap than the watcher
+	// holds (MaxAhead).
+	GapOverflow
+)
+
+func (r GapReason) String() string {
+	switch r {
+	case GapUnrepaired:
+		return "unrepaired"
+	case GapLost:
+		return "lost at the source"
+	case GapConflict:
+		return "owners conflict"
+	case GapOverflow:
+		return "too far ahead"
+	}
+	return "unknown"
+}
+
+// GapError is what OnGap receives: the watcher cannot deliver the session's
+// events after Delivered. A WebSocket connection closes with 1012 on it and
+// its client reloads the history. After OnGap the watcher follows the
+// session afresh from the next frame it receives.
+type GapError struct {
+	SessionKey string
+	Reason     GapReason
+	Delivered  uint64 // the last sequence delivered in order
+	Next       uint64 // the sequence the watcher had reached when it gave up (0: unknown)
+	Err        error  // the last repair error, if any
+}
+
+func (e *GapError) Error() string {
+	s := fmt.Sprintf("natsbus: session %q: gap after seq %d (%s", e.SessionKey, e.Delivered, e.Reason)
+	if e.Next > 0 {
+		s += fmt.Sprintf(", next seen %d", e.Next)
+	}
+	s += ")"
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *GapError) Unwrap() error { return e.Err }
+
+// WatchOptions tunes a Watcher. The zero value is the defaults.
+type WatchOptions struct {
+	Config
+	// Replay, for a watcher of one session: deliver the kept events after
+	// sequence After (0: from the first), repairing from the stream those
+	// published before Watch. Without it the watcher starts at the first
+	// frame it receives.
+	Replay bool
+	After  uint64
+	// RepairTimeout is how long a gap may stay open — waiting for the
+	// missing frames on the wire or in the stream (its leader may be
+	// changing after a node's loss, which takes seconds) — before OnGap.
+	// Default 5 s.
+	RepairTimeout time.Duration
+	// TailCheck: a session whose last delivered event is not terminal and
+	// that has been silent this long is checked against the stream's last
+	// frame (its last event may have been lost on the wire). Default 2 s.
+	TailCheck time.Duration
+	// MaxAhead bounds the frames held per session while a gap is open.
+	// Default 4096.
+	MaxAhead int
+	// Buffer is the subscription's channel capacity; past it NATS drops
+	// messages for this watcher (detected: every session is checked).
+	// Default 65536.
+	Buffer int
+}
+
+func (o WatchOptions) withDefaults() WatchOptions {
+	o.Config = o.Config.withDefaults()
+	if o.RepairTimeout <= 0 {
+		o.RepairTimeout = 5 * time.Second
+	}
+	if o.TailCheck <= 0 {
+		o.TailCheck = 2 * time.Second
+	}
+	if o.MaxAhead <= 0 {
+		o.MaxAhead = 4096
+	}
+	if o.Buffer <= 0 {
+		o.Buffer = 1 << 16
+	}
+	return o
+}
+
+// WatcherStats are a watcher's counters.
+type WatcherStats struct {
+	Delivered     uint64 // kept events handed to the handler
+	Deltas        uint64 // deltas handed to the handler
+	Late          uint64 // duplicate or late frames dropped
+	DeltasDropped uint64 // deltas dropped (stale, or a gap open)
+	Repaired      uint64 // frames fetched from the stream to fill a gap
+	Gaps          uint64 // OnGap calls
+}
+
+// Watcher delivers the events of one session, or of all, from the wire,
+// in per-session sequence order. Create it with Watch; Stop it.
+//
+// One goroutine owns all of a watcher's state: it reads the subscription,
+// repairs gaps (a repair's round trips to the stream hold back the
+// watcher's other sessions meanwhile) and calls the handlers, one at a
+// time. Handlers must not block, as on event.Bus.
+type Watcher struct {
+	opt    WatchOptions
+	nc     *nats.Conn
+	stream jetstream.Stream
+	key    string // "" = every session
+	h      event.Handler
+	onGap  func(*GapError)
+
+	sub  *nats.Subscription
+	msgs chan *nats.Msg
+	quit chan struct{}
+	done chan struct{}
+
+	sessions map[string]*watchSession
+	live     map[string]*watchSession // sessions with a turn running or a gap open: the ticker looks at these
+	stats    WatcherStats
+	statsC   chan chan WatcherStats
+}
+
+type watchSession struct {
+	key  string
+	subj subjects
+
+	started   bool
+	d         uint64 // last sequence delivered (or passed: sync frames)
+	tenure    string // tenure of the frame at d ("" after Replay: any)
+	old       []string
+	terminal  bool // the event at d ended its turn (or nothing runs)
+	heard     time.Time
+	runID     string
+	runSeq    uint64 // Event.Seq of the newest event delivered for runID
+	hintSeq   uint64 // a stored frame's session and stream sequence,
+	hintStrm  uint64 // hintSeq <= d: where a repair starts walking
+	ahead     map[uint64]frame
+	gapSince  time.Time
+	lastError error
+}
+
+// Watch subscribes nc to sessionKey's frames ("" for every session) and
+// calls h with each event in sequence order and onGap when a gap cannot be
+// repaired. Events published before Watch returns are delivered only with
+// opt.Replay (one session). The caller owns nc.
+func Watch(ctx context.Context, nc *nats.Conn, sessionKey string, h event.Handler, onGap func(*GapError), opt WatchOptions) (*Watcher, error) {
+	opt = opt.withDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("natsbus: watch: %w", err)
+	}
+	s, err := js.Stream(ctx, opt.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("natsbus: watch: stream %s: %w", opt.Stream, err)
+	}
+	w := &Watcher{opt: opt, nc: nc, stream: s, key: sessionKey, h: h, onGap: onGap,
+		msgs: make(chan *nats.Msg, opt.Buffer), quit: make(chan struct{}), done: make(chan struct{}),
+		sessions: map[string]*watchSession{}, live: map[string]*watchSession{}, statsC: make(chan chan WatcherStats)}
+	subject := opt.Prefix + ".*.*.*"
+	if sessionKey != "" {
+		subject = subjectsFor(opt.Prefix, sessionKey).both
+	}
+	w.sub, err = nc.ChanSubscribe(subject, w.msgs)
+	if err != nil {
+		return nil, fmt.Errorf("natsbus: watch: subscribe %s: %w", subject, err)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		w.sub.Unsubscribe()
+		return nil, fmt.Errorf("natsbus: watch: flush: %w", err)
+	}
+	var first *watchSession
+	if sessionKey != "" && opt.Replay {
+		first = w.session(sessionKey)
+		first.started, first.d = true, opt.After
+	}
+	go w.run(first)
+	return w, nil
+}
+
+// Stop unsubscribes and waits for the watcher's goroutine; no handler runs
+// after it returns. It is safe to call more than once.
+func (w *Watcher) Stop() {
+	select {
+	case <-w.quit:
+	default:
+		close(w.quit)
+	}
+	<-w.done
+	_ = w.sub.Unsubscribe()
+}
+
+// Stats returns the watcher's counters (zero once it has stopped).
+func (w *Watcher) Stats() WatcherStats {
+	c := make(chan WatcherStats, 1)
+	select {
+	case w.statsC <- c:
+		return <-c
+	case <-w.done:
+		return WatcherStats{}
+	}
+}
+
+func (w *Watcher) session(key string) *watchSession {
+	s := w.sessions[key]
+	if s == nil {
+		s = &watchSession{key: key, subj: subjectsFor(w.opt.Prefix, key), terminal: true}
+		w.sessions[key] = s
+	}
+	return s
+}
+
+func (w *Watcher) run(first *watchSession) {
+	defer close(w.done)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	reconnects := w.nc.Stats().Reconnects
+	dropped, _ := w.sub.Dropped()
+	if first != nil {
+		w.checkTail(first) // Replay: fetch what was published before Watch
+	}
+	for {
+		select {
+		case <-w.quit:
+			return
+		case c := <-w.statsC:
+			c <- w.stats
+		case m := <-w.msgs:
+			w.receive(m)
+		case now := <-tick.C:
+			// A reconnect or messages NATS dropped for us: anything may be
+			// missing; check every session against the stream.
+			r := w.nc.Stats().Reconnects
+			dr, _ := w.sub.Dropped()
+			if r != reconnects || dr != dropped {
+				reconnects, dropped = r, dr
+				for _, s := range w.sessions {
+					if s.started {
+						w.checkTail(s)
+					}
+				}
+			}
+			for _, s := range w.live {
+				switch {
+				case len(s.ahead) > 0:
+					w.repair(s)
+				case s.started && now.Sub(s.heard) >= w.opt.TailCheck:
+					w.checkTail(s)
+				}
+			}
+		}
+	}
+}
+
+func (w *Watcher) receive(m *nats.Msg) {
+	f, err := decodeFrame(m.Data)
+	if err != nil {
+		w.stats.Late++ // not ours to deliver; nothing to repair from
+		return
+	}
+	key := f.ev.SessionKey
+	if w.key != "" && key != w.key {
+		return // a hash collision, or a foreign publisher
+	}
+	s := w.session(key)
+	s.heard = time.Now()
+	if f.kind == frameDelta {
+		w.delta(s, &f)
+		return
+	}
+	w.offer(s, f)
+	w.drain(s)
+	w.repair(s)
+}
+
+// track keeps the live set: sessions whose turn runs or that have a gap.
+func (w *Watcher) track(s *watchSession) {
+	if !s.terminal || len(s.ahead) > 0 {
+		w.live[s.key] = s
+	} else {
+		delete(w.live, s.key)
+	}
+}
+
+func (w *Watcher) delta(s *watchSession, f *frame) {
+	if !s.started || len(s.ahead) > 0 || f.seq != s.d || (s.tenure != "" && f.tenure != s.tenure) ||
+		(f.ev.RunID == s.runID && f.ev.Seq <= s.runSeq) {
+		w.stats.DeltasDropped++
+		return
+	}
+	s.runID, s.runSeq = f.ev.RunID, f.ev.Seq
+	w.stats.Deltas++
+	w.h(f.ev)
+}
+
+// offer takes a kept frame from the wire or the stream: it starts the
+// session, is dropped as late, or waits in ahead for its turn.
+func (w *Watcher) offer(s *watchSession, f frame) {
+	if !s.started {
+		s.started, s.d, s.tenure = true, f.seq-1, f.tenure
+	}
+	if s.isOld(f.tenure) {
+		w.stats.Late++
+		return
+	}
+	if s.tenure != "" && f.tenure != s.tenure && f.base < s.d {
+		// A tenure we have not followed continues from before what we
+		// delivered: its frames up to d are not the ones we delivered.
+		w.gap(s, GapConflict, f.seq)
+		return
+	}
+	if f.seq <= s.d {
+		w.stats.Late++
+		return
+	}
+	if _, ok := s.ahead[f.seq]; ok {
+		w.stats.Late++
+		return
+	}
+	if len(s.ahead) >= w.opt.MaxAhead {
+		w.gap(s, GapOverflow, f.seq)
+		return
+	}
+	if s.ahead == nil {
+		s.ahead = map[uint64]frame{}
+	}
+	s.ahead[f.seq] = f
+}
+
+func (s *watchSession) isOld(tenure string) bool {
+	for _, t := range s.old {
+		if t == tenure {
+			return true
+		}
+	}
+	return false
+}
+
+// drain delivers the frames that follow d.
+func (w *Watcher) drain(s *watchSession) {
+	for {
+		f, ok := s.ahead[s.d+1]
+		if !ok {
+			break
+		}
+		delete(s.ahead, f.seq)
+		if s.isOld(f.tenure) { // read from the stream: a superseded owner's
+			w.stats.Late++
+			break
+		}
+		if s.tenure != "" && f.tenure != s.tenure {
+			if f.base != s.d {
+				w.gap(s, GapConflict, f.seq)
+				return
+			}
+			s.old = append(s.old, s.tenure)
+			if len(s.old) > 4 {
+				s.old = s.old[1:]
+			}
+		}
+		s.tenure = f.tenure
+		s.d = f.seq
+		if f.hintSeq > s.hintSeq && f.hintSeq <= s.d {
+			s.hintSeq, s.hintStrm = f.hintSeq, f.hintStream
+		}
+		switch f.kind {
+		case frameLost:
+			w.gap(s, GapLost, f.seq)
+			return
+		case frameSync:
+		default:
+			s.terminal = f.ev.Kind.Terminal() || f.ev.Kind == event.ForceFinalized || f.ev.Kind == event.SessionReset
+			s.runID, s.runSeq = f.ev.RunID, f.ev.Seq
+			w.stats.Delivered++
+			w.h(f.ev)
+		}
+	}
+	if len(s.ahead) == 0 {
+		s.gapSince, s.lastError = time.Time{}, nil
+	} else if s.gapSince.IsZero() {
+		s.gapSince = time.Now()
+	}
+}
+
+// repair fetches the missing frames (d+1 up to the first frame held
+// ahead) from the stream, walking the session's subject from the newest
+// known stream position at or before d. Past RepairTimeout it reports the
+// gap.
+func (w *Watcher) repair(s *watchSession) {
+	defer w.track(s)
+	if len(s.ahead) == 0 {
+		return
+	}
+	want := ^uint64(0)
+	for seq := range s.ahead {
+		want = min(want, seq)
+	}
+	err := w.walk(s, want)
+	w.drain(s)
+	if len(s.ahead) == 0 {
+		return
+	}
+	if err != nil {
+		s.lastError = err
+	}
+	if time.Since(s.gapSince) >= w.opt.RepairTimeout {
+		w.gap(s, GapUnrepaired, want)
+	}
+}
+
+// walk reads the session's stored frames from the repair hint on until it
+// has every sequence in (d, until) or the subject ends.
+func (w *Watcher) walk(s *watchSession, until uint64) error {
+	from := uint64(1)
+	if s.hintSeq > 0 && s.hintSeq <= s.d {
+		from = s.hintStrm + 1
+	}
+	missing := until - s.d - 1
+	limit := w.opt.MaxMsgsPerSubject + int64(missing) + 16
+	ctx, cancel := context.WithTimeout(context.Background(), w.opt.RepairTimeout)
+	defer cancel()
+	for i := int64(0); i < limit && missing > 0; i++ {
+		m, err := w.stream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(s.subj.kept))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("natsbus: repair %s from stream seq %d: %w", s.subj.kept, from, err)
+		}
+		from = m.Sequence + 1
+		f, err := decodeFrame(m.Data)
+		if err != nil || (f.kind == frameEvent && f.ev.SessionKey != s.key) {
+			continue
+		}
+		if f.seq > s.d && f.seq < until {
+			if _, ok := s.ahead[f.seq]; !ok {
+				w.stats.Repaired++
+				missing--
+				s.ahead[f.seq] = f
+			}
+		}
+		if f.seq <= s.d && f.seq > s.hintSeq {
+			s.hintSeq, s.hintStrm = f.seq, m.Sequence
+		}
+	}
+	return nil
+}
+
+// checkTail asks the stream for the session's last frame: if it is past
+// what was delivered, the frames in between are repaired.
+func (w *Watcher) checkTail(s *watchSession) {
+	s.heard = time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), w.opt.RepairTimeout)
+	defer cancel()
+	m, err := w.stream.GetLastMsgForSubject(ctx, s.subj.kept)
+	if err != nil {
+		w.track(s)
+		return // nothing stored, or not reachable now: the next check or frame tells
+	}
+	f, err := decodeFrame(m.Data)
+	if err != nil || f.seq <= s.d {
+		w.track(s)
+		return
+	}
+	w.offer(s, f)
+	w.drain(s)
+	w.repair(s)
+}
+
+// gap reports the session's gap and starts it afresh.
+func (w *Watcher) gap(s *watchSession, r GapReason, next uint64) {
+	w.stats.Gaps++
+	err := &GapError{SessionKey: s.key, Reason: r, Delivered: s.d, Next: next, Err: s.lastError}
+	*s = watchSession{key: s.key, subj: s.subj, terminal: true, heard: time.Now()}
+	delete(w.live, s.key)
+	if w.onGap != nil {
+		w.onGap(err)
+	}
+}

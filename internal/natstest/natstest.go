@@ -1,0 +1,360 @@
+// Package natstest owns real nats-server processes for tests: a JetStream
+// cluster of one or three nodes on loopback, each node a child process with
+// its own free ports and store directory, that a test can kill, stop and
+// restart. Nothing is mocked: the binary is the nats-server the project pins
+// in tools/nats-server.
+//
+// The binary is $TURNGUARD_NATS_SERVER when set (make test builds
+// bin/nats-server and sets it); otherwise it is built once per test binary
+// from the tools module into the user's cache directory (keyed by that
+// module's go.sum, so repeats reuse it and the Go build cache makes a
+// rebuild fast).
+package natstest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/turnguard/turnguard/internal/testlog"
+)
+
+// EnvBinary names the environment variable that points at a built
+// nats-server.
+const EnvBinary = "TURNGUARD_NATS_SERVER"
+
+// ReadyTimeout bounds how long Start and Restart wait for JetStream to
+// have a meta leader.
+const ReadyTimeout = 30 * time.Second
+
+// Cluster is a set of nats-server processes started by Start. Its methods
+// are safe for concurrent use; every process is killed at the test's
+// cleanup.
+type Cluster struct {
+	t    testing.TB
+	bin  string
+	name string
+
+	mu    sync.Mutex
+	nodes []*node
+}
+
+type node struct {
+	name        string
+	clientPort  int
+	clusterPort int
+	dir         string
+	log         *testlog.Buffer
+	cmd         *exec.Cmd
+	done        chan struct{} // closed when cmd has been waited for
+}
+
+// Start runs a JetStream cluster of n nodes (1 or 3) on 127.0.0.1 and
+// returns once JetStream answers on every node (the meta group has a
+// leader). It fails the test if the cluster does not come up within
+// ReadyTimeout.
+func Start(t testing.TB, n int) *Cluster {
+	t.Helper()
+	if n != 1 && n != 3 {
+		t.Fatalf("natstest.Start: %d nodes; want 1 or 3", n)
+	}
+	c := &Cluster{t: t, bin: Binary(t), name: "tg" + strconv.Itoa(os.Getpid())}
+	ports := freePorts(t, 2*n)
+	for i := range n {
+		c.nodes = append(c.nodes, &node{
+			name:        fmt.Sprintf("n%d", i),
+			clientPort:  ports[2*i],
+			clusterPort: ports[2*i+1],
+			dir:         t.TempDir(),
+			log:         new(testlog.Buffer),
+		})
+	}
+	t.Cleanup(c.cleanup)
+	for i := range c.nodes {
+		c.start(i)
+	}
+	c.WaitReady()
+	return c
+}
+
+// URLs returns every node's client URL, in node order.
+func (c *Cluster) URLs() []string {
+	urls := make([]string, len(c.nodes))
+	for i := range c.nodes {
+		urls[i] = c.URL(i)
+	}
+	return urls
+}
+
+// URL returns node i's client URL.
+func (c *Cluster) URL(i int) string {
+	return "nats://127.0.0.1:" + strconv.Itoa(c.nodes[i].clientPort)
+}
+
+// Size is the number of nodes.
+func (c *Cluster) Size() int { return len(c.nodes) }
+
+// Kill sends SIGKILL to node i and waits for the process to end.
+func (c *Cluster) Kill(i int) { c.signal(i, syscall.SIGKILL) }
+
+// Stop asks node i to shut down (SIGTERM) and waits for it; past ten
+// seconds it is killed.
+func (c *Cluster) Stop(i int) { c.signal(i, syscall.SIGTERM) }
+
+// Restart starts node i again with its ports and store directory (after
+// Kill or Stop; a running node is killed first) and waits until JetStream
+// answers on it.
+func (c *Cluster) Restart(i int) {
+	c.t.Helper()
+	c.Kill(i)
+	c.start(i)
+	c.waitNode(i)
+}
+
+// WaitReady waits until JetStream answers on every running node.
+func (c *Cluster) WaitReady() {
+	c.t.Helper()
+	for i := range c.nodes {
+		if c.running(i) {
+			c.waitNode(i)
+		}
+	}
+}
+
+// Log returns what node i has written to stderr so far.
+func (c *Cluster) Log(i int) string { return c.nodes[i].log.String() }
+
+func (c *Cluster) running(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nd := c.nodes[i]
+	if nd.cmd == nil {
+		return false
+	}
+	select {
+	case <-nd.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (c *Cluster) start(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nd := c.nodes[i]
+	args := []string{
+		"--name", nd.name,
+		"--addr", "127.0.0.1",
+		"--port", strconv.Itoa(nd.clientPort),
+		"--jetstream",
+		"--store_dir", nd.dir,
+	}
+	if len(c.nodes) > 1 {
+		var routes []string
+		for j, o := range c.nodes {
+			if j != i {
+				routes = append(routes, "nats://127.0.0.1:"+strconv.Itoa(o.clusterPort))
+			}
+		}
+		args = append(args,
+			"--cluster_name", c.name,
+			"--cluster", "nats://127.0.0.1:"+strconv.Itoa(nd.clusterPort),
+			"--routes", strings.Join(routes, ","),
+		)
+	}
+	cmd := exec.Command(c.bin, args...)
+	cmd.Stdout = nd.log
+	cmd.Stderr = nd.log
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("natstest: start node %d (%s): %v", i, c.bin, err)
+	}
+	nd.cmd = cmd
+	nd.done = make(chan struct{})
+	go func(done chan struct{}) {
+		_ = cmd.Wait()
+		close(done)
+	}(nd.done)
+}
+
+func (c *Cluster) signal(i int, sig syscall.Signal) {
+	c.mu.Lock()
+	nd := c.nodes[i]
+	cmd, done := nd.cmd, nd.done
+	c.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// waitNode polls node i until JetStream's account info answers there, which
+// needs a meta leader in a cluster.
+func (c *Cluster) waitNode(i int) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), ReadyTimeout)
+	defer cancel()
+	var last error
+	for ctx.Err() == nil {
+		last = ping(ctx, c.URL(i))
+		if last == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	c.t.Fatalf("natstest: node %d: JetStream not ready within %v: %v\n%s", i, ReadyTimeout, last, tail(c.Log(i)))
+}
+
+func ping(ctx context.Context, url string) error {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.NoReconnect())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(rctx)
+	return err
+}
+
+func (c *Cluster) cleanup() {
+	for i := range c.nodes {
+		c.Kill(i)
+	}
+	if c.t.Failed() {
+		for i := range c.nodes {
+			c.t.Logf("natstest: node %d log (tail):\n%s", i, tail(c.Log(i)))
+		}
+	}
+}
+
+func tail(s string) string {
+	const max = 4000
+	if len(s) > max {
+		return "…" + s[len(s)-max:]
+	}
+	return s
+}
+
+// freePorts returns n distinct ports that were free a moment ago (held
+// open together, so no two are the same).
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("natstest: free port: %v", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+// Binary returns the path of a nats-server binary: $TURNGUARD_NATS_SERVER
+// if set, else one built from tools/nats-server (once per test binary). It
+// fails the test if neither works; it never skips.
+func Binary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv(EnvBinary); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("natstest: %s=%s: %v", EnvBinary, p, err)
+		}
+		return p
+	}
+	buildOnce.Do(func() { buildPath, buildErr = build() })
+	if buildErr != nil {
+		t.Fatalf("natstest: build nats-server: %v", buildErr)
+	}
+	return buildPath
+}
+
+// build compiles the pinned server into the cache directory, under a name
+// keyed by the tools module's go.sum; concurrent test binaries each build
+// to a temporary name and rename, so a reader never sees half a binary.
+func build() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate the source tree")
+	}
+	mod := filepath.Join(filepath.Dir(file), "..", "..", "tools", "nats-server")
+	sum, err := os.ReadFile(filepath.Join(mod, "go.sum"))
+	if err != nil {
+		return "", fmt.Errorf("read the tools module: %w", err)
+	}
+	h := sha256.Sum256(sum)
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "turnguard-natstest")
+	out := filepath.Join(dir, "nats-server-"+hex.EncodeToString(h[:8]))
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(dir, "build-*")
+	if err != nil {
+		return "", err
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name())
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(gobin, "build", "-o", tmp.Name(), "github.com/nats-io/nats-server/v2")
+	cmd.Dir = mod
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build in %s: %w\n%s", mod, err, b)
+	}
+	if err := os.Rename(tmp.Name(), out); err != nil {
+		return "", err
+	}
+	return out, nil
+}
