@@ -224,9 +224,13 @@ func (r *Replica) fence(err error) {
 	if r.opts.OnFenced != nil {
 		go r.opts.OnFenced(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.lease/3)
-	defer cancel()
-	_, _ = r.pool.Exec(ctx, `UPDATE leases SET expires_at = least(expires_at, now()) WHERE epoch = $1`, r.epoch)
+	// On a goroutine of its own: fence may be called inside a claim's
+	// transaction, which must not wait for another connection.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.lease/3)
+		defer cancel()
+		_, _ = r.pool.Exec(ctx, `UPDATE leases SET expires_at = least(expires_at, now()) WHERE epoch = $1`, r.epoch)
+	}()
 }
 
 // end makes every later call fail with err; false if it had already ended.

@@ -272,7 +272,10 @@ func (r *Replica) retryConflicts(ctx context.Context, fn func() error) error {
 // expire (a wait measured by the database, as an interval), so a dead
 // replica's turns are taken over within moments of its lease's end.
 func (r *Replica) surveyLoop(ctx context.Context) {
-	const minWait = 10 * time.Millisecond
+	const (
+		minWait = 5 * time.Millisecond // between two surveys, at least
+		margin  = 2 * time.Millisecond // past the next expiry, so it has passed on the server
+	)
 	for {
 		wait := r.opts.SurveyEvery
 		out, next, err := r.survey(ctx)
@@ -287,8 +290,8 @@ func (r *Replica) surveyLoop(ctx context.Context) {
 		for _, t := range out {
 			r.opts.OnTakeover(t)
 		}
-		if next > 0 && next+minWait < wait {
-			wait = next + minWait
+		if next > 0 && next+margin < wait {
+			wait = next + margin
 		}
 		if wait < minWait {
 			wait = minWait
