@@ -73,6 +73,10 @@ type server struct {
 	release  chan struct{} // closed by stop: the thread that started postgres may end
 	log      string        // the server's log file
 
+	// what run needs to start the server again (Restart)
+	bin, data, sock string
+	cred            *syscall.Credential
+
 	mu    sync.Mutex // guards admin
 	admin *pgx.Conn
 }
@@ -265,6 +269,7 @@ func launch(bin string) (_ *server, err error) {
 		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
 	_ = os.Remove(pwFile)
+	s.bin, s.data, s.sock, s.cred = bin, data, sock, cred
 
 	// The port is chosen free and may be taken before postgres binds it:
 	// try a few.
@@ -384,9 +389,33 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
+// Restart stops the test binary's server (a fast shutdown: every
+// connection is closed), runs down while it is stopped, and starts it again
+// on the same port with the same data: committed data survives, as after a
+// real server restart. Call it only from a test that does not run in
+// parallel with others (the server is every test's), after New.
+func Restart(t testing.TB, down func()) {
+	t.Helper()
+	if srv == nil {
+		t.Fatal("pgtest: Restart before New: no server")
+	}
+	srv.halt()
+	down()
+	if err := srv.run(srv.bin, srv.data, srv.sock, srv.cred); err != nil {
+		t.Fatalf("pgtest: start the server again: %v", err)
+	}
+}
+
 // stop shuts the server down (fast shutdown, then a kill) and removes its
 // directory.
 func (s *server) stop() {
+	s.halt()
+	_ = os.RemoveAll(s.dir)
+}
+
+// halt shuts the server down (fast shutdown, then a kill), keeping its
+// files.
+func (s *server) halt() {
 	s.mu.Lock()
 	if s.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -404,6 +433,6 @@ func (s *server) stop() {
 			<-s.exited
 		}
 		close(s.release)
+		s.cmd = nil
 	}
-	_ = os.RemoveAll(s.dir)
 }

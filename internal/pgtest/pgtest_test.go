@@ -81,3 +81,25 @@ func TestDatabaseDroppedAtCleanup(t *testing.T) {
 		t.Errorf("database %s still exists after its test ended", name)
 	}
 }
+
+// Restart stops the server (connections fail meanwhile) and starts it
+// again on the same port with its data.
+func TestRestartKeepsTheData(t *testing.T) {
+	ctx := context.Background()
+	u := pgtest.New(t)
+	if _, err := connect(t, u).Exec(ctx, `CREATE TABLE t (x int); INSERT INTO t VALUES (42)`); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Restart(t, func() {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(cctx, u); err == nil {
+			c.Close(ctx)
+			t.Error("connected to a stopped server")
+		}
+	})
+	var x int
+	if err := connect(t, u).QueryRow(ctx, `SELECT x FROM t`).Scan(&x); err != nil || x != 42 {
+		t.Fatalf("after the restart: x=%d err=%v, want 42", x, err)
+	}
+}

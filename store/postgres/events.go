@@ -76,7 +76,10 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) error {
 			return fmt.Errorf("upsert session: %w", err)
 		}
 		// A TurnStarted for a run id whose turn has ended starts it afresh
-		// (the id was reused); for a running turn it is a duplicate.
+		// (the id was reused); for a running turn it is a duplicate. A
+		// claimed turn (cluster/pgcoord: owner_epoch set) is never
+		// restarted here: its claim wrote the row and the user's message,
+		// and its end (Finish or a takeover) may already be committed.
 		tag, err := tx.Exec(ctx, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at,
 				deadline_at, ceiling_at, step_timeout_ns)
 			VALUES ($1, $2, $3, $4, 'running', $5, $5, $6, $7, $8)
@@ -85,10 +88,18 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) error {
 				deadline_at = excluded.deadline_at, ceiling_at = excluded.ceiling_at, step_timeout_ns = excluded.step_timeout_ns,
 				updated_at = excluded.updated_at, ended_at = NULL, step_kind = NULL, step_name = NULL,
 				step_seq = NULL, last_step_kind = NULL, last_step_name = NULL, last_step_seq = NULL
-			WHERE turns.state <> 'running'`,
+			WHERE turns.state <> 'running' AND turns.owner_epoch IS NULL`,
 			ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, at, nullTime(ev.Deadline), nullTime(ev.Ceiling), nullDuration(ev.StepTimeout))
 		if err != nil {
 			return fmt.Errorf("start turn: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			// A claimed turn learns its limits from its TurnStarted.
+			if _, err := tx.Exec(ctx, `UPDATE turns SET deadline_at = $2, ceiling_at = $3, step_timeout_ns = $4
+				WHERE run_id = $1 AND state = 'running' AND owner_epoch IS NOT NULL`,
+				ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling), nullDuration(ev.StepTimeout)); err != nil {
+				return fmt.Errorf("start claimed turn: %w", err)
+			}
 		}
 		if tag.RowsAffected() == 1 && ev.Text != "" {
 			if _, err := tx.Exec(ctx, insertMessage, ev.SessionKey, ev.RunID, string(store.RoleUser), ev.Text, "", at); err != nil {
@@ -143,7 +154,11 @@ func (s *Store) endTurn(ctx context.Context, tx pgx.Tx, ev *event.Event, at time
 	ck, cn, cq := store.StepColumns(end.Current)
 	lk, ln, lq := store.StepColumns(ev.LastStep)
 	// Ends a running turn, or creates the ended turn if its TurnStarted
-	// was never recorded. Changes no row if the turn already ended.
+	// was never recorded. Changes no row if the turn already ended, nor
+	// for a claimed turn (cluster/pgcoord: owner_epoch set), whose end
+	// only its owner's Finish or a takeover writes, with its history
+	// message and outbox rows: the recorder writes no ending twice and
+	// none for a stale owner.
 	tag, err := tx.Exec(ctx, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, stop_reason,
 			started_at, updated_at, ended_at, step_kind, step_name, step_seq,
 			last_step_kind, last_step_name, last_step_seq)
@@ -154,7 +169,7 @@ func (s *Store) endTurn(ctx context.Context, tx pgx.Tx, ev *event.Event, at time
 			last_step_kind = coalesce(excluded.last_step_kind, turns.last_step_kind),
 			last_step_name = coalesce(excluded.last_step_name, turns.last_step_name),
 			last_step_seq = coalesce(excluded.last_step_seq, turns.last_step_seq)
-		WHERE turns.state = 'running'`,
+		WHERE turns.state = 'running' AND turns.owner_epoch IS NULL`,
 		ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, string(end.State), string(ev.StopReason), end.StartedAt, at,
 		ck, cn, cq, lk, ln, lq)
 	if err != nil {

@@ -20,7 +20,7 @@ var migrationFS embed.FS
 
 // SchemaVersion is the schema version this build writes: the number of
 // migrations.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // migrationLock is the advisory lock key under which Open migrates
 // ("turnguard" in ASCII, truncated to 64 bits), so replicas starting
@@ -35,6 +35,15 @@ var migrations = store.LoadMigrations(migrationFS, "migrations", SchemaVersion)
 // the advisory lock: a replica that waited for it finds the work done.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return migrateTo(ctx, pool, SchemaVersion)
+}
+
+// Migrate brings the database behind pool to this build's schema, exactly
+// as Open does (one transaction under the migration lock; a newer or a
+// foreign database is refused untouched). It is for the packages that
+// share the schema on a pool of their own (cluster/pgcoord); calling it
+// with a store open on the same database is safe.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return migrate(ctx, pool)
 }
 
 func migrateTo(ctx context.Context, pool *pgxpool.Pool, target int) error {

@@ -122,25 +122,31 @@ func (s *Store) Pending(ctx context.Context, channel string, limit int) ([]store
 	if err := s.live(); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, `SELECT id, channel, chat_ref, run_id, kind, text, created_at, attempts, last_error,
-			last_attempt_at, parts_sent
+	rows, err := s.pool.Query(ctx, `SELECT `+OutboxColumns+`
 		FROM outbox WHERE delivered_at IS NULL AND failed_at IS NULL AND ($1 = '' OR channel = $1)
 		ORDER BY id LIMIT $2`, channel, store.ClampLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("pending outbox of %q: %w", channel, err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.OutboxMessage, error) {
-		var m store.OutboxMessage
-		var attempted *time.Time
-		err := row.Scan(&m.ID, &m.Channel, &m.ChatRef, &m.RunID, &m.Kind, &m.Text, &m.CreatedAt,
-			&m.Attempts, &m.LastError, &attempted, &m.PartsSent)
-		m.CreatedAt, m.LastAttemptAt = m.CreatedAt.UTC(), timeOf(attempted)
-		return m, err
-	})
+	out, err := pgx.CollectRows(rows, ScanOutbox)
 	if err != nil {
 		return nil, fmt.Errorf("pending outbox of %q: %w", channel, err)
 	}
 	return out, nil
+}
+
+// OutboxColumns are the outbox columns ScanOutbox reads, in its order: for
+// the packages that read outbox rows on the same schema (cluster/pgcoord).
+const OutboxColumns = `id, channel, chat_ref, run_id, kind, text, created_at, attempts, last_error, last_attempt_at, parts_sent`
+
+// ScanOutbox reads a row of OutboxColumns (times in UTC).
+func ScanOutbox(row pgx.CollectableRow) (store.OutboxMessage, error) {
+	var m store.OutboxMessage
+	var attempted *time.Time
+	err := row.Scan(&m.ID, &m.Channel, &m.ChatRef, &m.RunID, &m.Kind, &m.Text, &m.CreatedAt,
+		&m.Attempts, &m.LastError, &attempted, &m.PartsSent)
+	m.CreatedAt, m.LastAttemptAt = m.CreatedAt.UTC(), timeOf(attempted)
+	return m, err
 }
 
 // Counts counts outbox messages by status.

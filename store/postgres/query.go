@@ -127,12 +127,15 @@ func (s *Store) Turn(ctx context.Context, runID string) (store.Turn, error) {
 
 // RunningTurns returns every turn recorded as running, oldest first. Called
 // at start-up, before any turn starts, it lists the turns the previous
-// process was cut off in: end each with MarkInterrupted.
+// process was cut off in: end each with MarkInterrupted. A turn claimed by
+// a cluster replica (cluster/pgcoord) is not listed: its replica's lease
+// decides when it was cut off, and a takeover ends it.
 func (s *Store) RunningTurns(ctx context.Context) ([]store.Turn, error) {
 	if err := s.live(); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+turnColumns+` FROM turns WHERE state = 'running' ORDER BY started_at, run_id`)
+	rows, err := s.pool.Query(ctx, `SELECT `+turnColumns+` FROM turns
+		WHERE state = 'running' AND owner_epoch IS NULL ORDER BY started_at, run_id`)
 	if err != nil {
 		return nil, fmt.Errorf("running turns: %w", err)
 	}
@@ -148,8 +151,9 @@ func (s *Store) RunningTurns(ctx context.Context) ([]store.Turn, error) {
 // history), committed with synchronous_commit on. The change is one
 // conditional UPDATE, whose row lock makes it exactly-once: among any
 // number of concurrent callers, in any number of processes, exactly one
-// gets true. False if the turn had already ended; store.ErrNotFound if
-// there is no such turn.
+// gets true. False if the turn had already ended, or is claimed by a
+// cluster replica (cluster/pgcoord: only its owner's Finish or a takeover
+// of its lease ends it); store.ErrNotFound if there is no such turn.
 func (s *Store) MarkInterrupted(ctx context.Context, runID, message string) (bool, error) {
 	if err := s.live(); err != nil {
 		return false, err
@@ -162,7 +166,7 @@ func (s *Store) MarkInterrupted(ctx context.Context, runID, message string) (boo
 		var cur nullStep
 		var last *string
 		err := tx.QueryRow(ctx, `UPDATE turns SET state = 'aborted', stop_reason = $1, updated_at = $2, ended_at = $2
-			WHERE run_id = $3 AND state = 'running'
+			WHERE run_id = $3 AND state = 'running' AND owner_epoch IS NULL
 			RETURNING session_key, started_at, step_kind, step_name, step_seq, coalesce(last_step_name, last_step_kind)`,
 			string(event.ReasonInterrupted), now, runID,
 		).Scan(&sessionKey, &started, &cur.kind, &cur.name, &cur.seq, &last)

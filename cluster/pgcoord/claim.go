@@ -1,0 +1,294 @@
+package pgcoord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/store"
+)
+
+// Claim is a turn a replica asks to run.
+type Claim struct {
+	RunID      string // the client's idempotency key: unique cluster-wide
+	SessionKey string
+	Channel    string
+	ChatRef    string
+	// Text is the user's message, appended to the session's history with
+	// the claim ("" appends none). The recorder's TurnStarted of a claimed
+	// turn does not append it again.
+	Text string
+	// Joined are the run ids of queued messages this turn runs (collect
+	// mode); they leave the queue with the claim, as RunID's own does.
+	Joined []string
+}
+
+// BusyError is Claim's answer when the session has a running turn
+// anywhere in the cluster.
+type BusyError struct {
+	SessionKey    string
+	HolderRunID   string // the running turn's run id
+	HolderReplica string // the replica that runs it
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("session %q is busy: run %q is running on replica %q", e.SessionKey, e.HolderRunID, e.HolderReplica)
+}
+
+// DuplicateError is Claim's answer when the run id already has a turn,
+// running or ended, on any replica (cluster-wide idempotency).
+type DuplicateError struct {
+	RunID      string
+	SessionKey string
+	State      store.TurnState  // TurnRunning, or how it ended
+	StopReason event.StopReason // "" while running
+	Replica    string           // its owner; "" for a turn no replica claimed
+}
+
+func (e *DuplicateError) Error() string {
+	if e.State == store.TurnRunning {
+		return fmt.Sprintf("run %q is already running (session %q, replica %q)", e.RunID, e.SessionKey, e.Replica)
+	}
+	return fmt.Sprintf("run %q already ran: %s (%s)", e.RunID, e.State, e.StopReason)
+}
+
+// claimRetries bounds how often Claim retries when its insert conflicted
+// with a turn that ended before Claim could read it.
+const claimRetries = 8
+
+// Claim makes this replica the owner of c's turn, in one transaction
+// committed durably: the turn's row (running, owned by this replica's
+// epoch), the user's message in the history, c's queued messages gone.
+// It returns nil when the turn is this replica's to run; *BusyError when
+// the session has a running turn anywhere (the holder's run id, the same
+// for every concurrent loser); *DuplicateError when the run id already has
+// a turn; an error wrapping ErrFenced when this replica may not start turns
+// (it must not run c). Concurrent claims of one session, from any number
+// of replicas, have exactly one winner: the database's unique index
+// decides.
+func (r *Replica) Claim(ctx context.Context, c Claim) error {
+	if c.RunID == "" || c.SessionKey == "" {
+		return fmt.Errorf("claim: run id and session key are required: %w", store.ErrInvalid)
+	}
+	for range claimRetries {
+		if err := r.live(); err != nil {
+			return fmt.Errorf("claim run %q: %w", c.RunID, err)
+		}
+		// The common busy answer costs one read and no write.
+		if err := r.conflict(ctx, c); err != nil {
+			return err
+		}
+		won, err := r.insertClaim(ctx, c)
+		if err != nil {
+			return fmt.Errorf("claim run %q: %w", c.RunID, err)
+		}
+		if won {
+			return nil
+		}
+		// Lost to a turn committed meanwhile: conflict names it, unless it
+		// has already ended (then try again).
+	}
+	return fmt.Errorf("claim run %q: session %q: the claim kept conflicting with turns that ended at once", c.RunID, c.SessionKey)
+}
+
+// conflict returns the *DuplicateError or *BusyError c runs into now, nil
+// if none (or an error of the read).
+func (r *Replica) conflict(ctx context.Context, c Claim) error {
+	var runID, session, state, reason, owner string
+	var same bool
+	err := r.pool.QueryRow(ctx, `SELECT run_id, session_key, state, stop_reason, coalesce(owner_replica, ''), run_id = $1
+		FROM turns WHERE run_id = $1 OR (session_key = $2 AND state = 'running' AND owner_epoch IS NOT NULL)
+		ORDER BY run_id = $1 DESC LIMIT 1`, c.RunID, c.SessionKey).Scan(&runID, &session, &state, &reason, &owner, &same)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("claim run %q: read the session's turn: %w", c.RunID, err)
+	case same:
+		return &DuplicateError{RunID: runID, SessionKey: session, State: store.TurnState(state),
+			StopReason: event.StopReason(reason), Replica: owner}
+	}
+	return &BusyError{SessionKey: session, HolderRunID: runID, HolderReplica: owner}
+}
+
+// insertClaim writes the claim; false (and nothing written) when the run id
+// or the session's running turn conflicted.
+func (r *Replica) insertClaim(ctx context.Context, c Claim) (bool, error) {
+	won := false
+	err := r.inTx(ctx, func(tx pgx.Tx) error {
+		if err := r.holdLease(ctx, tx); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO sessions (key, created_at, updated_at) VALUES ($1, now(), now())
+			ON CONFLICT (key) DO NOTHING`, c.SessionKey); err != nil {
+			return fmt.Errorf("session: %w", err)
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at,
+				owner_replica, owner_epoch)
+			VALUES ($1, $2, $3, $4, 'running', now(), now(), $5, $6) ON CONFLICT DO NOTHING`,
+			c.RunID, c.SessionKey, c.Channel, c.ChatRef, r.id, r.epoch)
+		if err != nil {
+			return fmt.Errorf("turn: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return errLost
+		}
+		if _, err := tx.Exec(ctx, `UPDATE sessions SET updated_at = greatest(updated_at, now()) WHERE key = $1`, c.SessionKey); err != nil {
+			return fmt.Errorf("session: %w", err)
+		}
+		if c.Text != "" {
+			if _, err := tx.Exec(ctx, `INSERT INTO messages (session_key, run_id, role, text, created_at)
+				VALUES ($1, $2, 'user', $3, now())`, c.SessionKey, c.RunID, c.Text); err != nil {
+				return fmt.Errorf("user message: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, append([]string{c.RunID}, c.Joined...)); err != nil {
+			return fmt.Errorf("queued messages: %w", err)
+		}
+		won = true
+		return nil
+	})
+	if errors.Is(err, errLost) {
+		return false, nil
+	}
+	return won, err
+}
+
+// errLost rolls back a claim that conflicted.
+var errLost = errors.New("claim lost")
+
+// holdLease locks this epoch's lease row FOR KEY SHARE for the rest of tx
+// if it has not expired on the database's clock: a survivor's takeover
+// (FOR UPDATE) then waits for tx, or tx for it and finds no lease. No
+// lease fences the replica for good.
+func (r *Replica) holdLease(ctx context.Context, tx pgx.Tx) error {
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM leases WHERE epoch = $1 AND expires_at > now() FOR KEY SHARE`, r.epoch).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		lost := fmt.Errorf("%w: %w", ErrFenced, fmt.Errorf("lease of %s: %w", r.Owner(), ErrLeaseLost))
+		r.fence(lost)
+		return lost
+	}
+	if err != nil {
+		return fmt.Errorf("lease: %w", err)
+	}
+	return nil
+}
+
+// inTx runs fn in a transaction committed with synchronous_commit on.
+func (r *Replica) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+// Finish ends this replica's turn ev.RunID with ev, its terminal event
+// (event.Finished or event.Aborted, its words rendered as the engine
+// publishes it), in one transaction committed durably: the turn's state,
+// stop reason and steps; the assistant message store.EndingOf says; for an
+// outbox channel (Options.OutboxChannels, with a chat reference) the rows
+// store.EndingOutbox says. Call it before publishing ev.
+//
+// It matches only the turn still running under this replica's epoch, while
+// the epoch's lease is valid on the database's clock; otherwise it writes
+// nothing and returns an error wrapping ErrStale (and ErrFenced when the
+// replica is fenced): a survivor has ended the turn as interrupted, or will
+// — publish nothing. An unknown run id wraps store.ErrNotFound.
+func (r *Replica) Finish(ctx context.Context, ev event.Event) error {
+	return r.finish(ctx, ev, true)
+}
+
+// finish is Finish; tests pass checkFence false to show that the database
+// refuses a stale owner by itself.
+func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) error {
+	if ev.Kind != event.Finished && ev.Kind != event.Aborted || ev.RunID == "" {
+		return fmt.Errorf("finish: %s event of run %q is not an ending: %w", ev.Kind, ev.RunID, store.ErrInvalid)
+	}
+	if err := r.live(); err != nil && checkFence {
+		return fmt.Errorf("finish run %q: %w (%w)", ev.RunID, ErrStale, err)
+	}
+	end := store.EndingOf(&ev, ev.Time)
+	ck, cn, cq := store.StepColumns(end.Current)
+	lk, ln, lq := store.StepColumns(ev.LastStep)
+	var channel string
+	wroteOutbox := false
+	err := r.inTx(ctx, func(tx pgx.Tx) error {
+		if err := r.holdLease(ctx, tx); err != nil {
+			return fmt.Errorf("%w (%w)", ErrStale, err)
+		}
+		var session, chatRef string
+		err := tx.QueryRow(ctx, `UPDATE turns SET state = $2, stop_reason = $3, updated_at = now(), ended_at = now(),
+				step_kind = $4, step_name = $5, step_seq = $6,
+				last_step_kind = coalesce($7, last_step_kind), last_step_name = coalesce($8, last_step_name),
+				last_step_seq = coalesce($9, last_step_seq)
+			WHERE run_id = $1 AND state = 'running' AND owner_epoch = $10
+			RETURNING session_key, channel, chat_ref`,
+			ev.RunID, string(end.State), string(ev.StopReason), ck, cn, cq, lk, ln, lq, r.epoch).Scan(&session, &channel, &chatRef)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return r.whyNotMine(ctx, tx, ev.RunID)
+		}
+		if err != nil {
+			return fmt.Errorf("end the turn: %w", err)
+		}
+		ev.SessionKey, ev.Channel, ev.ChatRef = session, channel, chatRef
+		if r.outbox[channel] && chatRef != "" {
+			for _, m := range store.EndingOutbox(&ev) {
+				if _, err := tx.Exec(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
+					VALUES ($1, $2, $3, $4, $5, now()) ON CONFLICT (run_id, kind) DO NOTHING`,
+					m.Channel, m.ChatRef, m.RunID, string(m.Kind), m.Text); err != nil {
+					return fmt.Errorf("outbox %s message: %w", m.Kind, err)
+				}
+				wroteOutbox = true
+			}
+		}
+		if end.Text != "" {
+			if _, err := tx.Exec(ctx, `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
+				VALUES ($1, $2, 'assistant', $3, $4, now())`, session, ev.RunID, end.Text, string(ev.StopReason)); err != nil {
+				return fmt.Errorf("assistant message: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE sessions SET updated_at = greatest(updated_at, now()) WHERE key = $1`, session); err != nil {
+			return fmt.Errorf("session: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("finish run %q: %w", ev.RunID, err)
+	}
+	if wroteOutbox && r.opts.OnOutbox != nil {
+		r.opts.OnOutbox(channel)
+	}
+	return nil
+}
+
+// whyNotMine explains a Finish that matched no row: store.ErrNotFound, or
+// ErrStale with the turn's state and owner.
+func (r *Replica) whyNotMine(ctx context.Context, tx pgx.Tx, runID string) error {
+	var state, reason, owner string
+	var epoch *int64
+	err := tx.QueryRow(ctx, `SELECT state, stop_reason, coalesce(owner_replica, ''), owner_epoch FROM turns WHERE run_id = $1`,
+		runID).Scan(&state, &reason, &owner, &epoch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("read the turn: %w", err)
+	}
+	if state == string(store.TurnRunning) {
+		return fmt.Errorf("%w: the turn runs under replica %q epoch %v, not %s", ErrStale, owner, deref(epoch), r.Owner())
+	}
+	return fmt.Errorf("%w: the turn already ended (%s, %s)", ErrStale, state, reason)
+}
+
+func deref(p *int64) any {
+	if p == nil {
+		return "none"
+	}
+	return *p
+}

@@ -1,0 +1,335 @@
+package pgcoord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/internal/pgtest"
+	"github.com/turnguard/turnguard/store"
+)
+
+// 150 concurrent claims of one session from three replicas: exactly one
+// starts; the 149 others are told the session is busy, all with the
+// winner's run id and replica.
+func TestConcurrentClaimsOfOneSessionHaveOneWinner(t *testing.T) {
+	url := pgtest.New(t)
+	reps := []*Replica{
+		join(t, url, "a", 5*time.Second, func(o *Options) { o.MaxConns = 50 }),
+		join(t, url, "b", 5*time.Second, func(o *Options) { o.MaxConns = 50 }),
+		join(t, url, "c", 5*time.Second, func(o *Options) { o.MaxConns = 50 }),
+	}
+	const n = 150
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			errs[i] = reps[i%3].Claim(context.Background(), Claim{RunID: fmt.Sprintf("run-%d", i),
+				SessionKey: "telegram:1", Channel: "telegram", ChatRef: "1", Text: fmt.Sprintf("message %d", i)})
+		})
+	}
+	began := time.Now()
+	close(start)
+	wg.Wait()
+	t.Logf("150 claims took %s", time.Since(began))
+	winner := -1
+	for i, err := range errs {
+		if err == nil {
+			if winner >= 0 {
+				t.Fatalf("runs %d and %d both claimed the session", winner, i)
+			}
+			winner = i
+		}
+	}
+	if winner < 0 {
+		t.Fatalf("no claim won: first error %v", errs[0])
+	}
+	wantRun, wantReplica := fmt.Sprintf("run-%d", winner), reps[winner%3].ID()
+	for i, err := range errs {
+		if i == winner {
+			continue
+		}
+		be, ok := errors.AsType[*BusyError](err)
+		if !ok {
+			t.Fatalf("claim %d: %v, want *BusyError", i, err)
+		}
+		if be.HolderRunID != wantRun || be.HolderReplica != wantReplica || be.SessionKey != "telegram:1" {
+			t.Fatalf("claim %d: busy with %+v, want holder %s on %s", i, be, wantRun, wantReplica)
+		}
+	}
+	p := db(t, url)
+	if n := count(t, p, `SELECT count(*) FROM turns WHERE session_key = 'telegram:1'`); n != 1 {
+		t.Errorf("%d turns recorded for the session, want 1", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM messages WHERE session_key = 'telegram:1'`); n != 1 {
+		t.Errorf("%d messages in the history, want the winner's 1", n)
+	}
+}
+
+// A run id is answered cluster-wide: running or ended, on any replica. A
+// session is free again once its turn's Finish committed, with the reply
+// in the history and, for Telegram, in the outbox — once.
+func TestClaimIsIdempotentAndTheSessionIsFreeAfterFinish(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	a, b := join(t, url, "a", 5*time.Second), join(t, url, "b", 5*time.Second)
+	p := db(t, url)
+	first := Claim{RunID: "run-1", SessionKey: "telegram:42", Channel: "telegram", ChatRef: "42", Text: "hi"}
+	if err := a.Claim(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if de, ok := errors.AsType[*DuplicateError](b.Claim(ctx, first)); !ok || de.State != store.TurnRunning || de.Replica != "a" {
+		t.Fatalf("the same run id on b: %v, want *DuplicateError running on a", de)
+	}
+	second := Claim{RunID: "run-2", SessionKey: "telegram:42", Channel: "telegram", ChatRef: "42", Text: "and now?"}
+	if be, ok := errors.AsType[*BusyError](b.Claim(ctx, second)); !ok || be.HolderRunID != "run-1" {
+		t.Fatalf("another run on b: %v, want *BusyError held by run-1", be)
+	}
+	if err := a.Finish(ctx, finished("run-1", "hello")); err != nil {
+		t.Fatal(err)
+	}
+	de, ok := errors.AsType[*DuplicateError](b.Claim(ctx, first))
+	if !ok || de.State != store.TurnFinished || de.StopReason != event.ReasonStop {
+		t.Fatalf("the ended run id again: %v, want *DuplicateError finished (stop)", de)
+	}
+	if err := b.Claim(ctx, second); err != nil {
+		t.Fatalf("the session after Finish: %v, want it free", err)
+	}
+	if err := a.Finish(ctx, finished("run-1", "hello again")); !errors.Is(err, ErrStale) {
+		t.Errorf("a second Finish: %v, want ErrStale", err)
+	}
+	if err := a.Finish(ctx, finished("run-9", "?")); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Finish of an unknown run: %v, want store.ErrNotFound", err)
+	}
+	history := texts(t, p, `SELECT role || ':' || text FROM messages WHERE session_key = 'telegram:42' ORDER BY id`)
+	if fmt.Sprint(history) != "[user:hi assistant:hello user:and now?]" {
+		t.Errorf("history %q", history)
+	}
+	if n := count(t, p, `SELECT count(*) FROM outbox WHERE run_id = 'run-1' AND kind = 'final' AND text = 'hello'`); n != 1 {
+		t.Errorf("%d final rows for run-1, want 1", n)
+	}
+}
+
+// A replica whose lease expired is taken over; its late Finish writes
+// nothing: the turn stays interrupted, with exactly one notice (history,
+// and the outbox for Telegram only) and no final reply.
+func TestStaleFinishIsRefusedAfterTakeover(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	// A long lease: a's own renewals do not notice the expiry before its
+	// Finish, so the database is what refuses it.
+	a, b := join(t, url, "a", 30*time.Second), join(t, url, "b", 30*time.Second)
+	p := db(t, url)
+	for _, c := range []Claim{
+		{RunID: "tg", SessionKey: "telegram:7", Channel: "telegram", ChatRef: "7", Text: "long job"},
+		{RunID: "ws", SessionKey: "ws:main", Channel: "ws", Text: "another"},
+	} {
+		if err := a.Claim(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expire(t, p, a)
+	out, err := b.Survey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 1 || out[0].Epoch != a.Epoch() || out[0].Replica != "a" || len(out[0].Turns) != 2 {
+		t.Fatalf("Survey = %+v, want a's epoch with its 2 turns", out)
+	}
+	for _, tt := range out[0].Turns {
+		if tt.Outboxed != (tt.Channel == "telegram") || tt.Notice != "⚠️ interrupted: "+tt.RunID {
+			t.Errorf("taken turn %+v", tt)
+		}
+	}
+	for _, run := range []string{"tg", "ws"} {
+		err := a.Finish(ctx, finished(run, "late reply"))
+		if !errors.Is(err, ErrStale) {
+			t.Fatalf("a's late Finish of %s: %v, want ErrStale", run, err)
+		}
+	}
+	if !errors.Is(a.Err(), ErrLeaseLost) {
+		t.Errorf("a.Err() = %v, want ErrLeaseLost: its Finish found its lease gone", a.Err())
+	}
+	if n := count(t, p, `SELECT count(*) FROM turns WHERE state = 'aborted' AND stop_reason = 'interrupted'`); n != 2 {
+		t.Errorf("%d turns interrupted, want 2", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM messages WHERE role = 'assistant'`); n != 2 {
+		t.Errorf("%d assistant messages, want the 2 notices", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM messages WHERE text = 'late reply'`); n != 0 {
+		t.Errorf("the late reply is in the history %d times", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM outbox WHERE run_id = 'tg' AND kind = 'notice'`); n != 1 {
+		t.Errorf("%d notices in the outbox for tg, want 1", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM outbox WHERE kind = 'final' OR run_id = 'ws'`); n != 0 {
+		t.Errorf("%d outbox rows that must not exist (a final, or one for WebSocket)", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM journal WHERE stop_reason = 'interrupted'`); n != 2 {
+		t.Errorf("%d journal entries, want 2", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM leases WHERE epoch = $1`, a.Epoch()); n != 0 {
+		t.Errorf("a's lease is still there")
+	}
+	if err := b.Claim(ctx, Claim{RunID: "tg-2", SessionKey: "telegram:7", Channel: "telegram", ChatRef: "7"}); err != nil {
+		t.Errorf("the taken-over session: %v, want it free", err)
+	}
+}
+
+// A replica stops renewing (killed): one of three surveying survivors takes
+// its turns over within lease + 1 s of its death, and each turn ends with
+// exactly one notice.
+func TestTakeoverWithinLeasePlusOneSecondExactlyOnce(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	const lease = time.Second
+	var seen takeovers
+	dead := join(t, url, "dead", lease)
+	for i := range 3 {
+		join(t, url, fmt.Sprintf("survivor-%d", i), lease, func(o *Options) { o.OnTakeover = seen.add })
+	}
+	p := db(t, url)
+	const turns = 40
+	for i := range turns {
+		channel := []string{"telegram", "ws"}[i%2]
+		if err := dead.Claim(ctx, Claim{RunID: fmt.Sprintf("run-%d", i), SessionKey: fmt.Sprintf("%s:%d", channel, i),
+			Channel: channel, ChatRef: fmt.Sprint(i), Text: "work"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	die(dead)
+	killed := time.Now()
+	eventually(t, lease+2*time.Second, "a survivor takes the dead replica over", func() bool {
+		n, _, _ := seen.of(dead.Epoch())
+		return n > 0
+	})
+	n, first, taken := seen.of(dead.Epoch())
+	if took := first.Sub(killed); took > lease+time.Second {
+		t.Errorf("taken over %s after the death, want ≤ lease + 1 s = %s", took, lease+time.Second)
+	} else {
+		t.Logf("taken over %s after the death (lease %s)", took.Round(time.Millisecond), lease)
+	}
+	if n != 1 || len(taken) != turns {
+		t.Fatalf("%d takeovers with %d turns, want 1 with %d", n, len(taken), turns)
+	}
+	// Give the other survivors a few more surveys: still one of each.
+	time.Sleep(lease / 2) // real time: the survivors' survey loops run on real timers
+	if n, _, _ := seen.of(dead.Epoch()); n != 1 {
+		t.Errorf("%d takeovers of the dead epoch, want 1", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM (SELECT run_id FROM messages WHERE stop_reason = 'interrupted'
+		GROUP BY run_id HAVING count(*) = 1) o`); n != turns {
+		t.Errorf("%d runs with exactly one interrupted notice in the history, want %d", n, turns)
+	}
+	if n := count(t, p, `SELECT count(*) FROM outbox WHERE kind = 'notice'`); n != turns/2 {
+		t.Errorf("%d notices in the outbox, want %d (the Telegram turns)", n, turns/2)
+	}
+	if n := count(t, p, `SELECT count(*) FROM turns WHERE state = 'running'`); n != 0 {
+		t.Errorf("%d turns still running", n)
+	}
+}
+
+// Joining again with the same replica id supersedes the earlier epoch: it
+// is fenced for good, and its turns are taken over as interrupted.
+func TestJoinSupersedesTheEarlierEpoch(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	const lease = 600 * time.Millisecond
+	old := join(t, url, "gw-1", lease)
+	if err := old.Claim(ctx, Claim{RunID: "r1", SessionKey: "ws:s", Channel: "ws", Text: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	restarted := join(t, url, "gw-1", lease)
+	if restarted.Epoch() == old.Epoch() {
+		t.Fatal("a new join got the same epoch")
+	}
+	if !fencedWithin(old, lease) || !errors.Is(old.Err(), ErrLeaseLost) {
+		t.Fatalf("the superseded epoch: Err %v, want fenced with ErrLeaseLost within a lease", old.Err())
+	}
+	out, err := restarted.Survey(ctx)
+	if err != nil || len(out) != 1 || out[0].Epoch != old.Epoch() || len(out[0].Turns) != 1 {
+		t.Fatalf("Survey = %+v, %v: want the old epoch's turn", out, err)
+	}
+	if err := restarted.Claim(ctx, Claim{RunID: "r2", SessionKey: "ws:s", Channel: "ws"}); err != nil {
+		t.Errorf("claim after the takeover: %v", err)
+	}
+	if err := old.Claim(ctx, Claim{RunID: "r3", SessionKey: "ws:t", Channel: "ws"}); !errors.Is(err, ErrFenced) {
+		t.Errorf("a claim of the superseded epoch: %v, want ErrFenced", err)
+	}
+}
+
+// Outbox rows are claimed with SKIP LOCKED: concurrent claimers get
+// disjoint rows; a dead claimer's hold expires; a released row is free at
+// once; delivered rows are never claimed.
+func TestOutboxClaimsAreDisjointAndExpire(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	a, b := join(t, url, "a", 5*time.Second), join(t, url, "b", 5*time.Second)
+	p := db(t, url)
+	if _, err := p.Exec(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
+		SELECT 'telegram', '1', 'run-' || i, 'final', 'reply ' || i, now() FROM generate_series(1, 20) i`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Exec(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at, delivered_at)
+		VALUES ('telegram', '1', 'sent', 'final', 'done', now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	var got [2][]store.OutboxMessage
+	var errs [2]error
+	var wg sync.WaitGroup
+	for i, r := range []*Replica{a, b} {
+		wg.Go(func() { got[i], errs[i] = r.ClaimOutbox(ctx, "telegram", 15, time.Minute) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs[0], errs[1]); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[int64]string{}
+	for i, ms := range got {
+		for _, m := range ms {
+			if prev, dup := ids[m.ID]; dup {
+				t.Fatalf("row %d claimed by %s and %s", m.ID, prev, []string{"a", "b"}[i])
+			}
+			if m.RunID == "sent" {
+				t.Fatal("a delivered row was claimed")
+			}
+			ids[m.ID] = []string{"a", "b"}[i]
+		}
+	}
+	if len(ids) != 20 {
+		t.Fatalf("%d rows claimed between a and b, want all 20", len(ids))
+	}
+	if more, _ := b.ClaimOutbox(ctx, "telegram", 50, time.Minute); len(more) != len(got[1]) {
+		t.Errorf("b claims again: %d rows, want its own %d (held by a: none)", len(more), len(got[1]))
+	}
+	// a hands back its rows; b dies holding its own, with a short hold.
+	if err := a.ReleaseOutbox(ctx, idsOf(got[0])...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ClaimOutbox(ctx, "telegram", 50, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	die(b)
+	mine, err := a.ClaimOutbox(ctx, "telegram", 50, time.Minute)
+	if err != nil || len(mine) != 0 {
+		t.Fatalf("a claims while b holds everything: %d rows, %v; want none", len(mine), err)
+	}
+	eventually(t, 2*time.Second, "b's hold expires and a claims its rows", func() bool {
+		mine, err = a.ClaimOutbox(ctx, "telegram", 50, time.Minute)
+		return err == nil && len(mine) == 20
+	})
+}
+
+func idsOf(ms []store.OutboxMessage) []int64 {
+	out := make([]int64, len(ms))
+	for i, m := range ms {
+		out[i] = m.ID
+	}
+	return out
+}

@@ -1,0 +1,303 @@
+package pgcoord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/store"
+)
+
+// Takeover is what a survivor did with one dead replica epoch.
+type Takeover struct {
+	Replica string
+	Epoch   int64
+	// Overdue is how long after the lease expired the takeover's work was
+	// done (just before its commit), on the database's clock.
+	Overdue time.Duration
+	// Turns are the epoch's turns that were running: each is now aborted
+	// with stop reason interrupted, its notice in the history (and, for an
+	// outbox channel, in the outbox).
+	Turns []TakenTurn
+}
+
+// TakenTurn is one turn a takeover ended.
+type TakenTurn struct {
+	RunID      string
+	SessionKey string
+	Channel    string
+	ChatRef    string
+	Notice     string // the words Options.Notice rendered
+	Outboxed   bool   // the notice went into the outbox (Options.OutboxChannels)
+}
+
+// lease names one replica epoch.
+type lease struct {
+	epoch   int64
+	replica string
+}
+
+// Survey takes over every lease that has expired on the database's clock
+// and that no other survivor is taking over right now (FOR UPDATE SKIP
+// LOCKED), one transaction per dead epoch (see takeOver), and returns what
+// it took over: tell the sessions' watchers and run their queued messages.
+// With nothing expired it costs one read. A fenced replica surveys nothing
+// (ErrFenced): it is no longer the one to act on what it would find.
+func (r *Replica) Survey(ctx context.Context) ([]Takeover, error) {
+	out, _, err := r.survey(ctx)
+	return out, err
+}
+
+// survey is Survey that also says how long until the next lease of another
+// epoch expires (0 if there is none), on the database's clock.
+func (r *Replica) survey(ctx context.Context) ([]Takeover, time.Duration, error) {
+	if err := r.live(); err != nil {
+		return nil, 0, fmt.Errorf("survey: %w", err)
+	}
+	var expired int
+	var nextSecs *float64
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE expires_at <= now()),
+			extract(epoch FROM min(expires_at) FILTER (WHERE epoch <> $1 AND expires_at > now()) - now())::float8
+		FROM leases`, r.epoch).Scan(&expired, &nextSecs); err != nil {
+		return nil, 0, fmt.Errorf("survey the leases: %w", err)
+	}
+	var next time.Duration
+	if nextSecs != nil {
+		next = time.Duration(*nextSecs * float64(time.Second))
+	}
+	var out []Takeover
+	for range expired {
+		t, ok, err := r.takeOverNext(ctx)
+		if err != nil {
+			return out, next, err
+		}
+		if !ok {
+			break
+		}
+		out = append(out, t)
+	}
+	return out, next, nil
+}
+
+// takeOverNext takes over one expired lease no one else holds; ok false
+// when there is none.
+func (r *Replica) takeOverNext(ctx context.Context) (Takeover, bool, error) {
+	var t Takeover
+	found := false
+	err := r.retryConflicts(ctx, func() error {
+		t, found = Takeover{}, false
+		var err error
+		err = r.inTx(ctx, func(tx pgx.Tx) error {
+			var l lease
+			err := tx.QueryRow(ctx, `SELECT epoch, replica_id FROM leases WHERE expires_at <= now()
+				ORDER BY expires_at LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&l.epoch, &l.replica)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("lock an expired lease: %w", err)
+			}
+			found = true
+			t, err = r.interrupt(ctx, tx, l)
+			return err
+		})
+		return err
+	})
+	if err != nil {
+		return Takeover{}, false, fmt.Errorf("take over an expired lease: %w", err)
+	}
+	if found {
+		r.afterTakeover(t)
+	}
+	return t, found, nil
+}
+
+// takeOver ends epoch l's running turns and deletes its lease whether or
+// not it has expired (Leave: this replica's own).
+func (r *Replica) takeOver(ctx context.Context, l lease) (Takeover, error) {
+	var t Takeover
+	err := r.retryConflicts(ctx, func() error {
+		return r.inTx(ctx, func(tx pgx.Tx) error {
+			var one int
+			err := tx.QueryRow(ctx, `SELECT 1 FROM leases WHERE epoch = $1 FOR UPDATE`, l.epoch).Scan(&one)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // taken over already
+			}
+			if err != nil {
+				return fmt.Errorf("lock the lease: %w", err)
+			}
+			t, err = r.interrupt(ctx, tx, l)
+			return err
+		})
+	})
+	if err != nil {
+		return Takeover{}, fmt.Errorf("take over %s#%d: %w", l.replica, l.epoch, err)
+	}
+	r.afterTakeover(t)
+	return t, nil
+}
+
+// interrupt does a takeover inside tx, which holds l's lease row FOR UPDATE:
+// it ends l's running turns as interrupted (through turns_by_owner: only
+// that epoch's rows), appends their notices to the history, journals them,
+// enqueues them for outbox channels (one per run: UNIQUE (run_id, kind)),
+// touches their sessions and deletes the lease.
+func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, error) {
+	t := Takeover{Replica: l.replica, Epoch: l.epoch}
+	rows, err := tx.Query(ctx, `UPDATE turns SET state = 'aborted', stop_reason = $3, updated_at = now(), ended_at = now()
+		WHERE owner_replica = $1 AND owner_epoch = $2 AND state = 'running'
+		RETURNING run_id, session_key, channel, chat_ref, started_at,
+			greatest(started_at, (SELECT renewed_at FROM leases WHERE epoch = $2)),
+			coalesce(step_kind, ''), coalesce(step_name, ''), coalesce(step_seq, 0),
+			coalesce(last_step_kind, ''), coalesce(last_step_name, ''), coalesce(last_step_seq, 0),
+			coalesce(step_timeout_ns, 0)`,
+		l.replica, l.epoch, string(event.ReasonInterrupted))
+	if err != nil {
+		return t, fmt.Errorf("end the turns: %w", err)
+	}
+	turns, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.Turn, error) {
+		var tr store.Turn
+		var curSeq, lastSeq, stepTimeout int64
+		err := row.Scan(&tr.RunID, &tr.SessionKey, &tr.Channel, &tr.ChatRef, &tr.StartedAt, &tr.UpdatedAt,
+			&tr.CurrentStep.Kind, &tr.CurrentStep.Name, &curSeq, &tr.LastStep.Kind, &tr.LastStep.Name, &lastSeq, &stepTimeout)
+		tr.State, tr.StopReason = store.TurnAborted, event.ReasonInterrupted
+		tr.StartedAt, tr.UpdatedAt = tr.StartedAt.UTC(), tr.UpdatedAt.UTC()
+		tr.CurrentStep.Seq, tr.LastStep.Seq, tr.StepTimeout = uint32(curSeq), uint32(lastSeq), time.Duration(stepTimeout)
+		return tr, err
+	})
+	if err != nil {
+		return t, fmt.Errorf("end the turns: %w", err)
+	}
+	n := len(turns)
+	var (
+		sessions, runIDs, notices                   = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		stepKinds, stepNames, lastSteps             = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		stepSeqs, elapsed                           = make([]int64, 0, n), make([]int64, 0, n)
+		obChannels, obChatRefs, obRunIDs, obNotices []string
+	)
+	t.Turns = make([]TakenTurn, 0, n)
+	for _, tr := range turns {
+		notice := r.opts.Notice(tr)
+		tt := TakenTurn{RunID: tr.RunID, SessionKey: tr.SessionKey, Channel: tr.Channel, ChatRef: tr.ChatRef, Notice: notice}
+		sessions, runIDs, notices = append(sessions, tr.SessionKey), append(runIDs, tr.RunID), append(notices, notice)
+		stepKinds, stepNames = append(stepKinds, tr.CurrentStep.Kind), append(stepNames, tr.CurrentStep.Name)
+		stepSeqs, elapsed = append(stepSeqs, int64(tr.CurrentStep.Seq)), append(elapsed, int64(tr.UpdatedAt.Sub(tr.StartedAt)))
+		lastSteps = append(lastSteps, tr.LastStep.Label())
+		if notice != "" && tr.ChatRef != "" && r.outbox[tr.Channel] {
+			obChannels, obChatRefs = append(obChannels, tr.Channel), append(obChatRefs, tr.ChatRef)
+			obRunIDs, obNotices = append(obRunIDs, tr.RunID), append(obNotices, notice)
+			tt.Outboxed = true
+		}
+		t.Turns = append(t.Turns, tt)
+	}
+	if n > 0 {
+		if _, err := tx.Exec(ctx, `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
+				step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
+			SELECT r, s, 0, $7, $8, sk, sn, sq, ls, el, x, now()
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $9::bigint[], $10::text[])
+				AS u(r, s, sk, sn, sq, ls, el, x)`,
+			runIDs, sessions, stepKinds, stepNames, stepSeqs, lastSteps, event.Aborted.String(),
+			string(event.ReasonInterrupted), elapsed, notices); err != nil {
+			return t, fmt.Errorf("journal: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
+			SELECT s, r, 'assistant', x, $4, now() FROM unnest($1::text[], $2::text[], $3::text[]) AS u(s, r, x)
+			WHERE x <> ''`, sessions, runIDs, notices, string(event.ReasonInterrupted)); err != nil {
+			return t, fmt.Errorf("history: %w", err)
+		}
+		if len(obRunIDs) > 0 {
+			if _, err := tx.Exec(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
+				SELECT c, cr, r, 'notice', x, now() FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(c, cr, r, x)
+				ON CONFLICT (run_id, kind) DO NOTHING`, obChannels, obChatRefs, obRunIDs, obNotices); err != nil {
+				return t, fmt.Errorf("outbox: %w", err)
+			}
+		}
+		// Sessions locked in key order: no deadlock with another writer
+		// that locks several.
+		if _, err := tx.Exec(ctx, `UPDATE sessions SET updated_at = greatest(updated_at, now())
+			WHERE key IN (SELECT key FROM sessions WHERE key = ANY($1) ORDER BY key FOR UPDATE)`, sessions); err != nil {
+			return t, fmt.Errorf("sessions: %w", err)
+		}
+	}
+	var overdue float64
+	if err := tx.QueryRow(ctx, `DELETE FROM leases WHERE epoch = $1
+		RETURNING extract(epoch FROM clock_timestamp() - expires_at)::float8`, l.epoch).Scan(&overdue); err != nil {
+		return t, fmt.Errorf("delete the lease: %w", err)
+	}
+	t.Overdue = time.Duration(overdue * float64(time.Second))
+	return t, nil
+}
+
+// afterTakeover logs t and tells OnOutbox of the channels it enqueued for.
+func (r *Replica) afterTakeover(t Takeover) {
+	if len(t.Turns) > 0 || t.Epoch != r.epoch {
+		r.log.Warn("cluster: took over a replica's lease", "dead", t.Replica, "dead_epoch", t.Epoch,
+			"turns", len(t.Turns), "overdue", t.Overdue)
+	}
+	if r.opts.OnOutbox == nil {
+		return
+	}
+	told := map[string]bool{}
+	for _, tt := range t.Turns {
+		if tt.Outboxed && !told[tt.Channel] {
+			told[tt.Channel] = true
+			r.opts.OnOutbox(tt.Channel)
+		}
+	}
+}
+
+// retryConflicts runs fn again (a few times) when the server aborted its
+// transaction for a deadlock or a serialization failure.
+func (r *Replica) retryConflicts(ctx context.Context, fn func() error) error {
+	var err error
+	for range 3 {
+		if err = fn(); err == nil {
+			return nil
+		}
+		pe, ok := errors.AsType[*pgconn.PgError](err)
+		if !ok || (pe.Code != "40P01" && pe.Code != "40001") || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// surveyLoop surveys until ctx is done or the replica is fenced: every
+// SurveyEvery, and as soon as the next lease of another epoch is due to
+// expire (a wait measured by the database, as an interval), so a dead
+// replica's turns are taken over within moments of its lease's end.
+func (r *Replica) surveyLoop(ctx context.Context) {
+	const (
+		minWait = 5 * time.Millisecond // between two surveys, at least
+		margin  = 2 * time.Millisecond // past the next expiry, so it has passed on the server
+	)
+	for {
+		wait := r.opts.SurveyEvery
+		out, next, err := r.survey(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrFenced):
+			return
+		case err != nil:
+			r.log.Warn("cluster: survey failed", "error", err)
+		}
+		for _, t := range out {
+			r.opts.OnTakeover(t)
+		}
+		if next > 0 && next+margin < wait {
+			wait = next + margin
+		}
+		if wait < minWait {
+			wait = minWait
+		}
+		if sleepUntil(ctx, time.Now().Add(wait)) != nil {
+			return
+		}
+	}
+}
