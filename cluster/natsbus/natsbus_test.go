@@ -21,19 +21,7 @@ import (
 // nodes and reconnects without end (the cluster is killed at cleanup).
 func connect(t testing.TB, c *natstest.Cluster, i int) *nats.Conn {
 	t.Helper()
-	urls := []string{c.URL(i)}
-	for j, u := range c.URLs() {
-		if j != i {
-			urls = append(urls, u)
-		}
-	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1),
-		nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(0, 0), nats.Timeout(time.Second))
-	if err != nil {
-		t.Fatalf("connect to node %d: %v", i, err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return c.Connect(t, i)
 }
 
 func testContext(t testing.TB, d time.Duration) context.Context {

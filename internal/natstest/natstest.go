@@ -107,6 +107,27 @@ func (c *Cluster) URL(i int) string {
 	return "nats://127.0.0.1:" + strconv.Itoa(c.nodes[i].clientPort)
 }
 
+// Connect opens a connection to node i that fails over to the other nodes
+// (in node order) and reconnects without end, every 50 ms; extra options
+// apply after those. It is closed at the test's cleanup.
+func (c *Cluster) Connect(t testing.TB, i int, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	urls := []string{c.URL(i)}
+	for j, u := range c.URLs() {
+		if j != i {
+			urls = append(urls, u)
+		}
+	}
+	opts = append([]nats.Option{nats.DontRandomize(), nats.MaxReconnects(-1),
+		nats.ReconnectWait(50 * time.Millisecond), nats.ReconnectJitter(0, 0), nats.Timeout(time.Second)}, opts...)
+	nc, err := nats.Connect(strings.Join(urls, ","), opts...)
+	if err != nil {
+		t.Fatalf("natstest: connect to node %d: %v", i, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 // Size is the number of nodes.
 func (c *Cluster) Size() int { return len(c.nodes) }
 
