@@ -171,39 +171,19 @@ func (c *Cluster) WaitReady() {
 // be created (it is deleted again).
 func (c *Cluster) waitPlacement() {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), ReadyTimeout)
-	defer cancel()
-	var last error
-	for ctx.Err() == nil {
-		if last = place(ctx, c.URL(0), len(c.nodes)); last == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	c.t.Fatalf("natstest: no stream of %d replicas could be placed within %v: %v\n%s", len(c.nodes), ReadyTimeout, last, tail(c.Log(0)))
-}
-
-func place(ctx context.Context, url string, replicas int) error {
-	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.NoReconnect())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
 	const name = "NATSTEST_PLACEMENT_PROBE"
-	if _, err := js.CreateStream(rctx, jetstream.StreamConfig{Name: name, Subjects: []string{"natstest.placement.probe"},
-		Storage: jetstream.MemoryStorage, Replicas: replicas}); err != nil {
-		return err
+	err := poll(func(ctx context.Context) error {
+		return withJetStream(ctx, c.URL(0), func(ctx context.Context, js jetstream.JetStream) error {
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"natstest.placement.probe"},
+				Storage: jetstream.MemoryStorage, Replicas: len(c.nodes)}); err != nil {
+				return err
+			}
+			return js.DeleteStream(ctx, name)
+		})
+	})
+	if err != nil {
+		c.t.Fatalf("natstest: no stream of %d replicas could be placed within %v: %v\n%s", len(c.nodes), ReadyTimeout, err, tail(c.Log(0)))
 	}
-	return js.DeleteStream(rctx, name)
 }
 
 // Log returns what node i has written to stderr so far.
@@ -284,23 +264,38 @@ func (c *Cluster) signal(i int, sig syscall.Signal) {
 // needs a meta leader in a cluster.
 func (c *Cluster) waitNode(i int) {
 	c.t.Helper()
+	err := poll(func(ctx context.Context) error {
+		return withJetStream(ctx, c.URL(i), func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := js.AccountInfo(ctx)
+			return err
+		})
+	})
+	if err != nil {
+		c.t.Fatalf("natstest: node %d: JetStream not ready within %v: %v\n%s", i, ReadyTimeout, err, tail(c.Log(i)))
+	}
+}
+
+// poll calls try every 50 ms until it succeeds or ReadyTimeout has passed,
+// and returns its last error.
+func poll(try func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), ReadyTimeout)
 	defer cancel()
 	var last error
 	for ctx.Err() == nil {
-		last = ping(ctx, c.URL(i))
-		if last == nil {
-			return
+		if last = try(ctx); last == nil {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	c.t.Fatalf("natstest: node %d: JetStream not ready within %v: %v\n%s", i, ReadyTimeout, last, tail(c.Log(i)))
+	return last
 }
 
-func ping(ctx context.Context, url string) error {
+// withJetStream connects to url (no reconnects) and calls fn with a
+// JetStream handle and a context of at most two seconds.
+func withJetStream(ctx context.Context, url string, fn func(ctx context.Context, js jetstream.JetStream) error) error {
 	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.NoReconnect())
 	if err != nil {
 		return err
@@ -312,8 +307,7 @@ func ping(ctx context.Context, url string) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_, err = js.AccountInfo(rctx)
-	return err
+	return fn(rctx, js)
 }
 
 func (c *Cluster) cleanup() {
