@@ -7,7 +7,7 @@ PKGS := ./...
 FUZZTIME ?= 20s
 BENCHTIME ?= 1s
 
-.PHONY: all deps deps-postgres build run test vet fmt-check bench fuzz e2e load clean
+.PHONY: all deps deps-postgres build run test vet fmt-check bench bench-cluster fuzz e2e load clean
 
 all: test
 
@@ -57,6 +57,18 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'StreamDeltas|HistoryFloodHeap' -benchtime=3x ./channels/ws/
 	$(GO) test -run '^$$' -bench 'BenchmarkHandle' -benchtime=200000x ./store/
 	$(GO) test -run '^$$' -bench 'BenchmarkProcScan' -benchtime=200x ./runner/exec/
+	$(GO) test -run '^$$' -bench 'EventPath' -benchmem -benchtime=200000x ./cmd/gateway/
+
+## bench-cluster: the scale-out benchmarks (a real PostgreSQL, real nats-server processes); figures in
+## docs/performance.md ("Running on PostgreSQL", "Cluster …", "Telegram updates across replicas").
+bench-cluster: export TURNGUARD_NATS_SERVER := $(CURDIR)/bin/nats-server
+bench-cluster: deps deps-postgres bin/nats-server
+	TURNGUARD_PGTEST_FSYNC=on TURNGUARD_REQUIRE_POSTGRES=1 $(GO) test -run '^$$' -bench EndingCommit -benchtime=2000x ./store/postgres/
+	TURNGUARD_PGTEST_FSYNC=on TURNGUARD_REQUIRE_POSTGRES=1 $(GO) test -run '^$$' -bench Claim -benchtime=2000x ./cluster/pgcoord/
+	TURNGUARD_REQUIRE_POSTGRES=1 $(GO) test -run '^$$' -bench Takeover -benchtime=50x -timeout 30m ./cluster/pgcoord/
+	$(GO) test -run '^$$' -bench 'ClusterPath|BusPath' -benchtime=1x ./cluster/natsbus/
+	$(GO) test -run '^$$' -bench UpdatePath -benchtime 1x ./cluster/tgupdates/
+	$(GO) test -run '^$$' -bench Failover -benchtime 1x ./cluster/lease/
 
 ## fuzz: each fuzz target for FUZZTIME.
 fuzz: deps
