@@ -298,7 +298,7 @@ func (d *durableStore) handle(ev event.Event) {
 	d.st.Handle(ev)
 	if d.slowSubscribers && ev.Kind.Terminal() {
 		_ = d.st.Flush(context.Background())
-		time.Sleep(time.Millisecond) // fake time (a synctest bubble): the subscribers between the store and the channel take a while
+		faketime.Advance(time.Millisecond) // the subscribers between the store and the channel take a while
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 // The campaign's timing under testing/synctest: a fake bucket whose keys
@@ -88,7 +90,7 @@ func delay[T any](ctx context.Context, late time.Duration, apply func() T) (T, e
 	}
 	ch := make(chan T, 1)
 	go func() {
-		time.Sleep(late) // fake time (a synctest bubble): the write's delay on the way
+		faketime.Advance(late) // the write's delay on the way
 		ch <- apply()
 	}()
 	select {
@@ -259,7 +261,7 @@ func TestTimingRenewsEveryQuarterTTL(t *testing.T) {
 		f, ctx := newField(t)
 		_, _, term := f.leader(ctx, "a")
 		start := time.Now()
-		time.Sleep(time.Minute + time.Second) // fake time (a synctest bubble): 24 renewals, the last at 60 s
+		faketime.Advance(time.Minute + time.Second) // 24 renewals, the last at 60 s
 		if !term.Leading() || term.Err() != nil {
 			t.Fatalf("term ended after a minute of healthy renewals: %v", term.Err())
 		}
@@ -286,7 +288,7 @@ func TestTimingGivesUpBeforeTheKeyExpires(t *testing.T) {
 		f, ctx := newField(t)
 		a, ca, term := f.leader(ctx, "a")
 		b, _ := f.join(ctx, "b")
-		time.Sleep(7 * time.Second) // fake time (a synctest bubble): a few renewals
+		faketime.Advance(7 * time.Second) // a few renewals
 		ca.set(func(c *client) { c.cut = true })
 		rs := f.renewals("a")
 		last := rs[len(rs)-1]
@@ -325,7 +327,7 @@ func TestTimingTakenKeyEndsTheTermAtTheNextRenewal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f, ctx := newField(t)
 		a, _, term := f.leader(ctx, "a")
-		time.Sleep(time.Second) // fake time (a synctest bubble): between renewals
+		faketime.Advance(time.Second) // between renewals
 		f.b.overwrite("poller")
 		start := time.Now()
 		<-term.Lost()
@@ -350,7 +352,7 @@ func TestTimingLostAnswerIsAdopted(t *testing.T) {
 		f, ctx := newField(t)
 		_, ca, term := f.leader(ctx, "a")
 		ca.set(func(c *client) { c.lostAck = true })
-		time.Sleep(30 * time.Second) // fake time (a synctest bubble): many renewals
+		faketime.Advance(30 * time.Second) // many renewals
 		if !term.Leading() {
 			t.Fatalf("term ended after one lost answer: %v", term.Err())
 		}
@@ -366,7 +368,7 @@ func TestTimingResignHandsOverWithinRetryEvery(t *testing.T) {
 		a, _ := f.join(actx, "a")
 		term := await(t, ctx, a)
 		b, _ := f.join(ctx, "b")
-		time.Sleep(3 * time.Second) // fake time (a synctest bubble): b is following
+		faketime.Advance(3 * time.Second) // b is following
 		stop()
 		<-a.Done()
 		var le *LostError
@@ -391,7 +393,7 @@ func TestTimingSlowRenewalsGiveUpAtTheDeadline(t *testing.T) {
 		_, ca, term := f.leader(ctx, "a")
 		elected := time.Now()
 		ca.set(func(c *client) { c.late = 6 * time.Second })
-		time.Sleep(fakeTTL*3/4 - time.Nanosecond) // fake time (a synctest bubble): just before the deadline
+		faketime.Advance(fakeTTL*3/4 - time.Nanosecond) // just before the deadline
 		if !term.Leading() {
 			t.Fatal("the term ended before its deadline")
 		}
@@ -403,7 +405,7 @@ func TestTimingSlowRenewalsGiveUpAtTheDeadline(t *testing.T) {
 		if !errors.As(term.Err(), &le) || le.Reason != ReasonGaveUp {
 			t.Fatalf("Err = %v; want ReasonGaveUp", term.Err())
 		}
-		time.Sleep(2 * time.Second) // fake time (a synctest bubble): the late write lands (8.5 s)
+		faketime.Advance(2 * time.Second) // the late write lands (8.5 s)
 		if term.Leading() {
 			t.Fatal("a late write revived the term")
 		}
