@@ -330,7 +330,7 @@ func failingRunner(next runner.Runner) runner.Runner {
 	return runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
 		if turn.Message == "fail" {
 			cb.StepStarted("tool", "shell")
-			time.Sleep(time.Second)
+			faketime.Advance(time.Second) // the tool runs a second
 			return runner.Result{}, errors.New("exit status 1")
 		}
 		return next.Run(ctx, turn, cb)
@@ -487,7 +487,7 @@ func TestBusySteerNeverTakenRunsNext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rn := lazySteerer{func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
 			if turn.Message == "slow" {
-				time.Sleep(time.Second)
+				faketime.Advance(time.Second) // a slow turn
 			}
 			return runner.Result{Text: "ok " + turn.Message}, nil
 		}}

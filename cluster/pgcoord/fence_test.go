@@ -8,6 +8,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/turnguard/turnguard/internal/faketime"
 )
 
 // fakeRenewer is the database as the fencing loop sees it: each call asks
@@ -135,7 +137,7 @@ func TestSlowRenewalCountsFromItsSending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeRenewer{answer: func(ctx context.Context, n int) error {
 			if n == 1 {
-				time.Sleep(900 * time.Millisecond) // fake time (a synctest bubble): the answer takes 0.9 s
+				faketime.Advance(900 * time.Millisecond) // the answer takes 0.9 s
 				return nil
 			}
 			return errDown
