@@ -15,6 +15,7 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/internal/natstest"
+	"github.com/turnguard/turnguard/internal/testwait"
 )
 
 // connect opens a connection to node i of c that fails over to the other
@@ -128,18 +129,6 @@ func want(n int) []string {
 	return out
 }
 
-// eventually polls cond until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond) // real time: waiting on real servers and network delivery
-	}
-}
-
 // TestThreeWatchersOnThreeNodesSeeTheSameSequence: one owner publishes a
 // turn through node 0; watchers on connections to nodes 0, 1 and 2 each
 // deliver the same kept events, in order, and the deltas between them.
@@ -159,7 +148,7 @@ func TestThreeWatchersOnThreeNodesSeeTheSameSequence(t *testing.T) {
 		}
 	}
 	for i, r := range rs {
-		eventually(t, 20*time.Second, fmt.Sprintf("watcher on node %d delivers %d kept events", i, n), func() bool {
+		testwait.Until(t, 20*time.Second, fmt.Sprintf("watcher on node %d delivers %d kept events", i, n), func() bool {
 			return len(r.kept()) >= n
 		})
 		if got := r.kept(); !slices.Equal(got, want(n)) {
@@ -235,11 +224,11 @@ func TestNodeKilledWhileWatched(t *testing.T) {
 			time.Sleep(5 * time.Millisecond) // real time: a turn's pace, so the kill lands mid-stream
 		}
 	}()
-	eventually(t, 20*time.Second, "a third of the events delivered", func() bool { return len(rs[0].kept()) > n/3 })
+	testwait.Until(t, 20*time.Second, "a third of the events delivered", func() bool { return len(rs[0].kept()) > n/3 })
 	c.Kill(leader) // the stream's leader, and the node one watcher (maybe the owner too) is connected to
 	<-done
 	for i, r := range rs {
-		eventually(t, 30*time.Second, fmt.Sprintf("watcher %d delivers the last event or reports a gap", i), func() bool {
+		testwait.Until(t, 30*time.Second, fmt.Sprintf("watcher %d delivers the last event or reports a gap", i), func() bool {
 			l := r.kept()
 			return len(l) > 0 && (l[len(l)-1] == "k"+strconv.Itoa(n) || l[len(l)-1] == "GAP")
 		})
@@ -279,9 +268,9 @@ func TestGapRepairedFromStream(t *testing.T) {
 	for i := 1; i <= n; i++ {
 		x.Publish(keptEvent(key, i, n))
 	}
-	eventually(t, 10*time.Second, "every frame acknowledged", func() bool { return x.Stats().Acked == n })
+	testwait.Until(t, 10*time.Second, "every frame acknowledged", func() bool { return x.Stats().Acked == n })
 	close(release)
-	eventually(t, 10*time.Second, "every event delivered", func() bool { return len(r.kept()) >= n })
+	testwait.Until(t, 10*time.Second, "every event delivered", func() bool { return len(r.kept()) >= n })
 	if got := r.kept(); !slices.Equal(got, want(n)) {
 		t.Fatalf("kept %v", got)
 	}
@@ -301,12 +290,12 @@ func TestReplayRepairsWhatCameBeforeWatch(t *testing.T) {
 	for i := 1; i <= 10; i++ {
 		x.Publish(keptEvent(key, i, n))
 	}
-	eventually(t, 10*time.Second, "acked", func() bool { return x.Stats().Acked == 10 })
+	testwait.Until(t, 10*time.Second, "acked", func() bool { return x.Stats().Acked == 10 })
 	r := watch(t, connect(t, c, 0), key, WatchOptions{Replay: true, After: 3})
 	for i := 11; i <= n; i++ {
 		x.Publish(keptEvent(key, i, n))
 	}
-	eventually(t, 10*time.Second, "delivered", func() bool { return len(r.kept()) >= n-3 })
+	testwait.Until(t, 10*time.Second, "delivered", func() bool { return len(r.kept()) >= n-3 })
 	if got := r.kept(); !slices.Equal(got, want(n)[3:]) {
 		t.Fatalf("kept %v", got)
 	}
@@ -323,12 +312,12 @@ func TestDeltasAreNotKept(t *testing.T) {
 	// A delta that reaches a watcher before the session's first kept event
 	// is dropped by design (it cannot be placed); wait for that event so
 	// the deltas below must all arrive, in order.
-	eventually(t, 10*time.Second, "the first kept event", func() bool { return len(r.kept()) == 1 })
+	testwait.Until(t, 10*time.Second, "the first kept event", func() bool { return len(r.kept()) == 1 })
 	for i := 1; i <= 5; i++ {
 		x.Publish(event.Event{Kind: event.Delta, RunID: "run", SessionKey: key, Seq: uint64(10 + i), Text: "x" + strconv.Itoa(i)})
 	}
 	x.Publish(keptEvent(key, 2, 3))
-	eventually(t, 10*time.Second, "both kept events", func() bool { return len(r.kept()) == 2 })
+	testwait.Until(t, 10*time.Second, "both kept events", func() bool { return len(r.kept()) == 2 })
 	if got := r.snapshot(); !slices.Equal(got, []string{"k1", "dx1", "dx2", "dx3", "dx4", "dx5", "k2"}) {
 		t.Fatalf("watcher saw %v", got)
 	}
@@ -371,13 +360,13 @@ func TestTakeoverContinuesTheSequence(t *testing.T) {
 	for i := 6; i <= 8; i++ {
 		b.Publish(keptEvent(key, i, 0))
 	}
-	eventually(t, 10*time.Second, "8 events", func() bool { return len(r.kept()) >= 8 })
+	testwait.Until(t, 10*time.Second, "8 events", func() bool { return len(r.kept()) >= 8 })
 	b.Close(ctx)
 
 	// A third owner that learns on its first event, without Adopt.
 	x3 := newExporter(t, connect(t, c, 2), ExporterOptions{Config: cfg})
 	x3.Publish(keptEvent(key, 9, 0))
-	eventually(t, 10*time.Second, "9 events", func() bool { return len(r.kept()) >= 9 })
+	testwait.Until(t, 10*time.Second, "9 events", func() bool { return len(r.kept()) >= 9 })
 	x3.Close(ctx)
 	if got := r.kept(); !slices.Equal(got, want(9)) {
 		t.Fatalf("kept %v", got)
@@ -392,7 +381,7 @@ func TestTakeoverContinuesTheSequence(t *testing.T) {
 		t.Fatalf("Adopt with 9 = %d, %v", last, err)
 	}
 	d.Publish(keptEvent(key, 10, 0))
-	eventually(t, 10*time.Second, "10 events", func() bool { return len(r.kept()) >= 10 })
+	testwait.Until(t, 10*time.Second, "10 events", func() bool { return len(r.kept()) >= 10 })
 	d.Close(ctx)
 
 	if err := x3.stream.Purge(ctx); err != nil {
@@ -400,7 +389,7 @@ func TestTakeoverContinuesTheSequence(t *testing.T) {
 	}
 	e := newExporter(t, connect(t, c, 1), ExporterOptions{Config: cfg})
 	e.Publish(keptEvent(key, 11, 0)) // numbered 1: it cannot know better
-	eventually(t, 10*time.Second, "a conflict reported", func() bool {
+	testwait.Until(t, 10*time.Second, "a conflict reported", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return len(r.gaps) == 1
@@ -441,9 +430,9 @@ func TestExporterWithNATSDown(t *testing.T) {
 		}})
 	const key = "agent:main:ws:down"
 	x.Publish(keptEvent(key, 1, 0))
-	eventually(t, 10*time.Second, "acked", func() bool { return x.Stats().Acked == 1 })
+	testwait.Until(t, 10*time.Second, "acked", func() bool { return x.Stats().Acked == 1 })
 	c.Stop(0)
-	eventually(t, 10*time.Second, "disconnected", func() bool { return !nc.IsConnected() })
+	testwait.Until(t, 10*time.Second, "disconnected", func() bool { return !nc.IsConnected() })
 
 	const n = 100_000
 	lat := make([]time.Duration, n)
@@ -459,7 +448,7 @@ func TestExporterWithNATSDown(t *testing.T) {
 	if p99 > time.Millisecond || worst > 100*time.Millisecond {
 		t.Errorf("Publish blocked: p99 %v max %v", p99, worst)
 	}
-	eventually(t, 20*time.Second, "unstored frames counted", func() bool { return x.Stats().Failed > 0 })
+	testwait.Until(t, 20*time.Second, "unstored frames counted", func() bool { return x.Stats().Failed > 0 })
 	st := x.Stats()
 	if st.Dropped == 0 || st.Dropped+uint64(st.Queued) > n {
 		t.Errorf("stats %+v", st)

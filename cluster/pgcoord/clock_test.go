@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/turnguard/turnguard/internal/pgtest"
+	"github.com/turnguard/turnguard/internal/testwait"
 )
 
 // argTracer records every statement a pool's connections send, with its
@@ -86,7 +87,7 @@ func TestReplicasSendNoTimeOfTheirOwn(t *testing.T) {
 	}
 	time.Sleep(2 * lease) // real time: renewals go out on real timers
 	die(a)
-	eventually(t, 2*lease+time.Second, "b takes a over", func() bool { n, _, _ := seen.of(a.Epoch()); return n == 1 })
+	testwait.Until(t, 2*lease+time.Second, "b takes a over", func() bool { n, _, _ := seen.of(a.Epoch()); return n == 1 })
 	ms, err := b.ClaimOutbox(ctx, "telegram", 10, time.Minute)
 	if err != nil || len(ms) != 3 {
 		t.Fatalf("ClaimOutbox = %d rows, %v; want the final and 2 notices", len(ms), err)

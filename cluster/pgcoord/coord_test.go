@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/internal/pgtest"
+	"github.com/turnguard/turnguard/internal/testwait"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -205,7 +206,7 @@ func TestTakeoverWithinLeasePlusOneSecondExactlyOnce(t *testing.T) {
 	}
 	die(dead)
 	killed := time.Now()
-	eventually(t, lease+2*time.Second, "a survivor takes the dead replica over", func() bool {
+	testwait.Until(t, lease+2*time.Second, "a survivor takes the dead replica over", func() bool {
 		n, _, _ := seen.of(dead.Epoch())
 		return n > 0
 	})
@@ -320,7 +321,7 @@ func TestOutboxClaimsAreDisjointAndExpire(t *testing.T) {
 	if err != nil || len(mine) != 0 {
 		t.Fatalf("a claims while b holds everything: %d rows, %v; want none", len(mine), err)
 	}
-	eventually(t, 2*time.Second, "b's hold expires and a claims its rows", func() bool {
+	testwait.Until(t, 2*time.Second, "b's hold expires and a claims its rows", func() bool {
 		mine, err = a.ClaimOutbox(ctx, "telegram", 50, time.Minute)
 		return err == nil && len(mine) == 20
 	})

@@ -127,18 +127,6 @@ func finished(runID, reply string) event.Event {
 	return event.Event{Kind: event.Finished, RunID: runID, StopReason: event.ReasonStop, FullText: reply, Time: time.Now()}
 }
 
-// eventually polls cond every 10 ms until it holds or within passes.
-func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond) // real time: polling a real server and real timers
-	}
-}
-
 func fencedWithin(r *Replica, d time.Duration) bool {
 	select {
 	case <-r.Fenced():

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/internal/pgtest"
+	"github.com/turnguard/turnguard/internal/testwait"
 )
 
 // childEnv, set to a database URL, makes the test binary a replica process
@@ -119,7 +120,7 @@ func TestSIGSTOPedOwnerIsTakenOverAndItsLateFinalRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
-	eventually(t, childLease+3*time.Second, "the survivors take the stopped replica over", func() bool {
+	testwait.Until(t, childLease+3*time.Second, "the survivors take the stopped replica over", func() bool {
 		n, _, _ := seen.of(epoch)
 		return n > 0
 	})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/internal/pgtest"
+	"github.com/turnguard/turnguard/internal/testwait"
 )
 
 // PostgreSQL stops for longer than a lease and comes back. While it is
@@ -52,7 +53,7 @@ func TestDatabaseRestartFencesAndEachTurnIsInterruptedOnce(t *testing.T) {
 	var again []*Replica
 	for _, id := range []string{"a", "b"} {
 		var r *Replica
-		eventually(t, 10*time.Second, "joining again after the restart", func() bool {
+		testwait.Until(t, 10*time.Second, "joining again after the restart", func() bool {
 			var err error
 			r, err = JoinURL(ctx, url, Options{ReplicaID: id, Lease: lease, Notice: notice, OutboxChannels: []string{"telegram"},
 				Logger: quiet, OnTakeover: seen.add})
@@ -63,7 +64,7 @@ func TestDatabaseRestartFencesAndEachTurnIsInterruptedOnce(t *testing.T) {
 	}
 	p := db(t, url)
 	for _, r := range []*Replica{a, b} {
-		eventually(t, lease+time.Second, "the old epoch of "+r.ID()+" is taken over", func() bool {
+		testwait.Until(t, lease+time.Second, "the old epoch of "+r.ID()+" is taken over", func() bool {
 			n, _, _ := seen.of(r.Epoch())
 			return n == 1
 		})

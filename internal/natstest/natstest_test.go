@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/turnguard/turnguard/internal/natstest"
+	"github.com/turnguard/turnguard/internal/testwait"
 )
 
 // TestClusterSurvivesAKilledNode starts three real nodes, stores messages in
@@ -47,7 +48,7 @@ func TestClusterSurvivesAKilledNode(t *testing.T) {
 	c.Kill(0)
 	// The stream's leader may have been node 0: publishing retries until
 	// the remaining two elect a new one.
-	pollUntil(t, 20*time.Second, func() error {
+	testwait.NoError(t, 20*time.Second, func() error {
 		pctx, pcancel := context.WithTimeout(ctx, time.Second)
 		defer pcancel()
 		_, err := js.Publish(pctx, "t.a", []byte("2"))
@@ -56,7 +57,7 @@ func TestClusterSurvivesAKilledNode(t *testing.T) {
 
 	c.Restart(0)
 	js0 := connect(0)
-	pollUntil(t, 20*time.Second, func() error {
+	testwait.NoError(t, 20*time.Second, func() error {
 		gctx, gcancel := context.WithTimeout(ctx, time.Second)
 		defer gcancel()
 		s0, err := js0.Stream(gctx, "T")
@@ -91,20 +92,5 @@ func TestSingleNode(t *testing.T) {
 	c.Stop(0)
 	if nc.FlushTimeout(200*time.Millisecond) == nil {
 		t.Error("a flush succeeded with the only node stopped")
-	}
-}
-
-func pollUntil(t *testing.T, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %v", d, err)
-		}
-		time.Sleep(50 * time.Millisecond) // real time: polling a real server's state between attempts
 	}
 }
