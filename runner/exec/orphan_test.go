@@ -179,7 +179,7 @@ func TestShimKeepsStdioAndStatus(t *testing.T) {
 		{"stdin to stdout", "cat; echo err >&2", "hello", "hello", "err\n", "exit status 0", false},
 		{"exit code", "exit 3", "", "", "", "exit status 3", false},
 		{"killed by a signal", "kill -9 $$", "", "", "", "signal: killed", false},
-		{"SIGTERM handled by the command", "trap 'echo bye; exit 7' TERM; echo up; while :; do sleep 1; done", "", "up\nbye\n", "", "exit status 7", true},
+		{"SIGTERM handled by the command", "trap 'echo bye; exit 7' TERM; echo up; sleep 60 & wait", "", "up\nbye\n", "", "exit status 7", true},
 		{"SIGTERM not handled", "echo up; sleep 60", "", "up\n", "", "signal: terminated", true},
 	}
 	for _, tt := range tests {

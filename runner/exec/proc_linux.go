@@ -33,6 +33,10 @@ import (
 // SIGUSR1 the command sends its own group does nothing. Without /bin/sh
 // (a minimal container) commands run without the shim. The shim exits with the
 // command's status: its exit code, or the signal that killed it, raised again.
+// A wait that the TERM trap interrupted returns 143, not the command's
+// status; if the command ended meanwhile (kill -0 fails), the wait after the
+// loop reports its real status — or 127, "unknown", when the last wait in
+// the loop already reported it.
 const shimScript = `m="` + RunTagEnv + `=$` + RunTagEnv + `"
 trap 'read -r _ _ _ pp _ </proc/$$/stat
 if [ "$pp" != "$PPID" ]; then
@@ -54,6 +58,8 @@ while :; do
 	wait "$pid" 2>/dev/null; st=$?
 	kill -0 "$pid" 2>/dev/null || break
 done
+wait "$pid" 2>/dev/null; s=$?
+[ "$s" = 127 ] || st=$s
 if [ "$st" -gt 128 ]; then
 	trap - TERM USR1
 	kill -s "$((st - 128))" "$$" 2>/dev/null
