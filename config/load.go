@@ -111,6 +111,11 @@ func defaults() map[string]any {
 		"store.retention.intervalMinutes":       60,
 		"store.retention.batchRows":             500,
 
+		"cluster.enabled":      false,
+		"cluster.replicaID":    "",
+		"cluster.leaseSeconds": 3.0,
+		"cluster.nats.urls":    []string{},
+
 		"alerts.stepTimeoutBurst": 5,
 		"alerts.window":           10 * time.Minute,
 	}

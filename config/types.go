@@ -17,6 +17,7 @@ type Config struct {
 	Watchdog Watchdog          `koanf:"watchdog"`
 	Messages map[string]string `koanf:"messages"` // template overrides, see messages
 	Store    Store             `koanf:"store"`
+	Cluster  Cluster           `koanf:"cluster"`
 	Alerts   Alerts            `koanf:"alerts"`
 
 	msgs *messages.Set // Messages parsed at load; see MessageSet
@@ -183,6 +184,22 @@ const (
 	StoreSQLite   = "sqlite"
 	StorePostgres = "postgres"
 )
+
+// Cluster configures scale-out: several gateway replicas sharing one
+// PostgreSQL database (store.driver postgres) and a NATS JetStream cluster
+// (docs/scaling.md). Off by default: one process, nothing else to run. Read
+// at start-up.
+type Cluster struct {
+	Enabled      bool        `koanf:"enabled"`      // default false; true requires store.driver postgres and nats.urls
+	ReplicaID    string      `koanf:"replicaID"`    // this replica's name; default hostname-pid
+	LeaseSeconds float64     `koanf:"leaseSeconds"` // how long a silent replica keeps its turns; default 3, 1–60
+	NATS         ClusterNATS `koanf:"nats"`
+}
+
+// ClusterNATS says where the NATS servers are (cluster.nats.*).
+type ClusterNATS struct {
+	URLs []string `koanf:"urls"` // e.g. [nats://127.0.0.1:4222]; credentials in a URL are a secret
+}
 
 // StoreRetention is what the store prunes, and how often (store.retention.*).
 // A zero age or count keeps those rows forever. Read at start-up.

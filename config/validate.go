@@ -133,6 +133,7 @@ var bounds = map[string]bound{
 	"store.retention.intervalMinutes":       {min: 1, max: 1440, maxText: "24h"},
 	"store.retention.batchRows":             {min: 1, max: 10_000},
 	"alerts.stepTimeoutBurst":               {min: 1, max: 10000},
+	"cluster.leaseSeconds":                  {min: 1, max: 60, maxText: "1m"},
 	"alerts.window":                         {above: true, max: (24 * time.Hour).Seconds(), maxText: "24h"},
 }
 
@@ -390,6 +391,8 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 		p.wholeIn(k.name, k.name, k.v)
 	}
 
+	p.cluster(c)
+
 	p.wholeIn("alerts.stepTimeoutBurst", "alerts.stepTimeoutBurst", c.Alerts.StepTimeoutBurst)
 	if w, b := c.Alerts.Window, bounds["alerts.window"]; w <= 0 || w.Seconds() > b.max {
 		p.add("alerts.window", "must be a duration > 0 and at most %s, got %s", b.maxText, w)
@@ -487,5 +490,31 @@ func (p *problems) hostBounds(s Server) {
 	}
 	if s.SendQueueBytes > 0 && s.SendBufferBytes > 0 && s.SendQueueBytes > s.SendBufferBytes {
 		p.add("server.sendQueueBytes", "must not exceed server.sendBufferBytes (%d), got %d", s.SendBufferBytes, s.SendQueueBytes)
+	}
+}
+
+// cluster checks cluster.*: turned on, it needs the shared store and NATS.
+func (p *problems) cluster(c *Config) {
+	cl := c.Cluster
+	p.numberIn("cluster.leaseSeconds", cl.LeaseSeconds, bounds["cluster.leaseSeconds"])
+	if len(cl.ReplicaID) > 64 || strings.ContainsFunc(cl.ReplicaID, func(r rune) bool {
+		return !(r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}) {
+		p.add("cluster.replicaID", "must be at most 64 letters, digits, '-', '_' or '.'")
+	}
+	for i, u := range cl.NATS.URLs {
+		pu, err := url.Parse(u)
+		if err != nil || pu.Host == "" || (pu.Scheme != "nats" && pu.Scheme != "tls" && pu.Scheme != "ws" && pu.Scheme != "wss") {
+			p.add(fmt.Sprintf("cluster.nats.urls[%d]", i), "must be a nats://, tls://, ws:// or wss:// URL with a host, got %q", redactURL(u))
+		}
+	}
+	if !cl.Enabled {
+		return
+	}
+	if c.Store.Driver != StorePostgres {
+		p.add("cluster.enabled", "needs store.driver: postgres (the replicas share one database), got %q", c.Store.Driver)
+	}
+	if len(cl.NATS.URLs) == 0 {
+		p.add("cluster.enabled", "needs cluster.nats.urls (the replicas' live events and aborts go through NATS)")
 	}
 }

@@ -138,11 +138,18 @@ func (c *Config) Redacted() Config {
 
 	r.Alerts.WebhookURL = redactURL(c.Alerts.WebhookURL)
 	r.Store.URL = redactURL(c.Store.URL)
+	if len(c.Cluster.NATS.URLs) > 0 {
+		r.Cluster.NATS.URLs = make([]string, len(c.Cluster.NATS.URLs))
+		for i, u := range c.Cluster.NATS.URLs {
+			r.Cluster.NATS.URLs[i] = redactURL(u)
+		}
+	}
 	return r
 }
 
 // Secrets returns the non-empty secret values of c (those Redacted
-// replaces, URL credentials aside — except the password of store.url), for
+// replaces, URL credentials aside — except the password of store.url and
+// of cluster.nats.urls, and a NATS URL's token), for
 // redacting them from free text such as a runner's error.
 func (c *Config) Secrets() []string {
 	out := []string{c.Server.Token, c.Server.OperatorToken, c.Agents.OpenAI.APIKey,
@@ -150,9 +157,14 @@ func (c *Config) Secrets() []string {
 	for _, v := range c.Agents.Exec.Env {
 		out = append(out, v)
 	}
-	if u, err := url.Parse(c.Store.URL); err == nil && u.User != nil {
-		pw, _ := u.User.Password()
-		out = append(out, pw)
+	for i, raw := range append([]string{c.Store.URL}, c.Cluster.NATS.URLs...) {
+		if u, err := url.Parse(raw); err == nil && u.User != nil {
+			pw, ok := u.User.Password()
+			out = append(out, pw)
+			if !ok && i > 0 {
+				out = append(out, u.User.Username()) // nats://TOKEN@host: the user part is the token
+			}
+		}
 	}
 	return slices.DeleteFunc(out, func(s string) bool { return s == "" })
 }

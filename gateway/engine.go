@@ -375,6 +375,11 @@ type SendRequest struct {
 	Text       string
 	Timeout    time.Duration // per-request wall clock (0 = configured)
 	Owner      string        // who may abort besides an operator ("" = anyone)
+	// Forwarded: another replica forwarded this message here because this
+	// replica runs the session's turn (Cluster.Forward). If the session
+	// turns out to be running elsewhere by now, Send answers *BusyError
+	// rather than forwarding it again.
+	Forwarded bool
 }
 
 // Ack answers Send.
