@@ -168,6 +168,13 @@ type Options struct {
 	// StatusQueued only once Queue.AddQueued returned. nil: queued messages
 	// live in memory only.
 	Queue QueueStore
+	// Cluster, when set, makes this engine one replica of several
+	// (cluster.go): sessions are claimed cluster-wide, turn endings are
+	// recorded through it before they are published, messages and aborts
+	// for sessions another replica runs are forwarded there, and a
+	// session's history is read from the store (Options.History) whenever
+	// it is idle here, since its turns may run anywhere.
+	Cluster Cluster
 }
 
 // Engine runs turns. Create with New, then Start. Methods are safe for
@@ -180,6 +187,7 @@ type Engine struct {
 	onStuck  StuckRunsFunc
 	admit    func() error
 	qstore   QueueStore
+	cluster  Cluster // nil: one process
 
 	errs  *errlog.Ring
 	reg   *abort.Registry
@@ -245,6 +253,10 @@ type session struct {
 	// queue holds the turns waiting for this session to be free, oldest
 	// first (busy.go). A session with a queue is never evicted.
 	queue []*queued
+	// claiming is closed when the cluster claim in flight for this session
+	// (Send, cluster mode) is decided; nil when none is. Sends meanwhile
+	// wait for it, so a replica claims a session once at a time.
+	claiming chan struct{}
 }
 
 type turn struct {
@@ -287,6 +299,9 @@ type turn struct {
 	// runner returns, and the terminal event is recorded. The side that
 	// brings it to 0 releases the run (see settle).
 	pending atomic.Int32
+	// claimed: the cluster holds this turn's claim (cluster mode), so its
+	// ending is recorded through Cluster.Finish before it is published.
+	claimed atomic.Bool
 }
 
 type cached struct {
@@ -305,14 +320,14 @@ func New(opts Options) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
-		admit: opts.Admit, qstore: opts.Queue, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stalled: map[*session]bool{}, alias: map[string]string{}, stuck: map[string]int{}, refusing: map[string]bool{},
+		admit: opts.Admit, qstore: opts.Queue, cluster: opts.Cluster, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stalled: map[*session]bool{}, alias: map[string]string{}, stuck: map[string]int{}, refusing: map[string]bool{},
 		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
 		bus:        event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
 		idSpace: uuid.New(), resetIDs: map[string]*list.Element{}, resetAge: list.New(),
 	}
 	e.reg = abort.New(e.released)
-	e.sched = maintenance.New(e.reg, e.publish, opts.Observer)
+	e.sched = maintenance.New(e.reg, e.schedPublish, opts.Observer)
 	e.applyPolicy(opts.Config.Current())
 	return e, nil
 }
@@ -444,14 +459,26 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	var s *session
 	for {
 		var err error
-		if s, err = e.session(ctx, req.SessionKey); err != nil {
+		if s, err = e.session(ctx, e.refresh(req.SessionKey)); err != nil {
 			return Ack{}, fmt.Errorf("send: %w", err)
 		}
 		e.mu.Lock()
-		if e.sessions[req.SessionKey] == s {
-			break // still the session (not evicted since): e.mu is held
+		if e.sessions[req.SessionKey] != s {
+			e.mu.Unlock()
+			continue // evicted since
 		}
-		e.mu.Unlock()
+		if c := s.claiming; c != nil {
+			// Another message of this session is being claimed in the
+			// cluster: its answer decides whether this one is busy.
+			e.mu.Unlock()
+			select {
+			case <-c:
+				continue
+			case <-ctx.Done():
+				return Ack{}, fmt.Errorf("send: %w", context.Cause(ctx))
+			}
+		}
+		break // e.mu is held
 	}
 	// e.mu was released since the check above: the same run id (a client's
 	// retry racing its first send) may have started, queued or ended since.
@@ -473,9 +500,23 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		e.mu.Unlock()
 		return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: a.ID, Stopping: a.State() != abort.StateRunning}
 	}
+	claimed := false
+	if e.cluster != nil {
+		ack, done, err := e.claimLocked(ctx, cfg, s, req) // unlocks e.mu; locked again when !done
+		if done {
+			return ack, err
+		}
+		claimed = true
+	}
 	start, err := e.beginLocked(cfg, s, req)
+	if claimed && err == nil {
+		e.turns[req.RunID].claimed.Store(true)
+	}
 	if err != nil {
 		e.mu.Unlock()
+		if claimed {
+			e.releaseClaim(req, err)
+		}
 		if errors.Is(err, abort.ErrDuplicate) {
 			return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
 		}
@@ -576,6 +617,17 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 // startTurn publishes a registered turn's TurnStarted, hands the run to the
 // scheduler and starts the runner.
 func (e *Engine) startTurn(rn runner.Runner, t *turn, rt runner.Turn) {
+	if e.cluster != nil && !t.claimed.Load() {
+		// A queued message's turn: claimed in the cluster first, off the
+		// caller's goroutine (a publisher's or the scheduler's).
+		go e.claimQueued(rn, t, rt)
+		return
+	}
+	e.launch(rn, t, rt)
+}
+
+// launch is startTurn once the turn may start.
+func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 	run := t.run
 	started := event.Event{Kind: event.TurnStarted, Text: rt.Message, StepTimeout: run.Settings.StepTimeout,
 		Deadline: run.StartedAt().Add(run.Settings.Timeout)}
@@ -873,6 +925,7 @@ func (e *Engine) publish(ev event.Event) {
 		// released held the session's queue back for this event (see
 		// heldForFinalize): the next queued turn starts after it.
 		e.bus.Publish(ev)
+		e.export(ev)
 		e.mu.Lock()
 		s := e.heldForFinalize[ev.RunID]
 		delete(e.heldForFinalize, ev.RunID)
@@ -884,11 +937,16 @@ func (e *Engine) publish(ev event.Event) {
 	}
 	if !ev.Kind.Terminal() {
 		e.bus.Publish(ev)
+		e.export(ev)
 		return
 	}
+	refused := e.cluster != nil && !e.finishClaimed(ev)
 	t, s := e.recordOutcome(ev)
 	e.settle(t)
-	e.bus.Publish(ev)
+	if !refused {
+		e.bus.Publish(ev)
+		e.export(ev)
+	}
 	e.ended(t, s)
 }
 
@@ -1022,6 +1080,9 @@ func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason eve
 	}
 	e.mu.Unlock()
 	if t == nil {
+		if e.cluster != nil {
+			return e.abortElsewhere(ctx, sessionKey, runID, reason, requester, operator)
+		}
 		return AbortResult{RunIDs: []string{}}, nil
 	}
 	if t.run.SessionKey != sessionKey {
@@ -1105,7 +1166,7 @@ func (e *Engine) Active(sessionKey string) (*abort.Run, bool) {
 // History returns up to limit most recent messages of the session, oldest
 // first, and the session's id.
 func (e *Engine) History(ctx context.Context, sessionKey string, limit int) (sessionID string, msgs []Message) {
-	s, _ := e.session(ctx, sessionKey) // on a failed load: what the session has so far
+	s, _ := e.session(ctx, e.refresh(sessionKey)) // on a failed load: what the session has so far
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	h := s.history
@@ -1205,7 +1266,7 @@ func (e *Engine) evictLocked(now time.Time, keep *session) {
 		if !over && (idle <= 0 || now.Sub(s.used) < idle) {
 			return // the rest were used more recently
 		}
-		if s.active != nil || s.loading != nil || s.ending > 0 || len(s.queue) > 0 || s == keep {
+		if s.active != nil || s.loading != nil || s.ending > 0 || len(s.queue) > 0 || s.claiming != nil || s == keep {
 			skipped++
 		} else {
 			e.lru.Remove(el)

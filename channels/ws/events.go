@@ -4,6 +4,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 )
@@ -553,4 +555,36 @@ func (d *deltaRef) since(from int) outFrame {
 	n := *d
 	n.from = min(from, d.from)
 	return outFrame{seq: true, kind: kindDelta, runID: d.ev.RunID, delta: &n}
+}
+
+// onGap is told (cluster mode) that events of sessionKey's turns, run by
+// another replica, were lost on their way here. Every connection watching
+// the session — by name or all sessions — is closed with 1012 (service
+// restart): the client reconnects and reloads the history, so what it
+// shows is never silently missing a step or the ending. The session's run
+// states are dropped with their timers.
+func (s *Server) onGap(sessionKey string) {
+	s.runs.Range(func(k, v any) bool {
+		if rs := v.(*runState); rs.key == sessionKey {
+			rs.stop()
+			s.runs.Delete(k)
+		}
+		return true
+	})
+	s.watchMu.RLock()
+	var victims []*conn
+	for c := range s.watchers[sessionKey] {
+		victims = append(victims, c)
+	}
+	for c := range s.watchAll {
+		victims = append(victims, c)
+	}
+	s.watchMu.RUnlock()
+	if len(victims) > 0 {
+		s.log.Warn("events of a session run by another replica were lost; its watchers reconnect and reload",
+			"session", sessionKey, "connections", len(victims))
+	}
+	for _, c := range victims {
+		c.closeWith(websocket.CloseServiceRestart, "events were lost; reload the history", true)
+	}
 }

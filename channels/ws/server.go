@@ -247,7 +247,11 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 		// Origin equal to the Host. A web page elsewhere cannot drive the
 		// gateway from a user's browser.
 	}
-	s.unsub = eng.Bus().Subscribe("", s.onEvent)
+	unsub := eng.Bus().Subscribe("", s.onEvent)
+	// Cluster mode: the turns other replicas run reach their watchers here
+	// too; a session whose events were lost closes its watchers with 1012.
+	unimport := eng.Import(s.onEvent, s.onGap)
+	s.unsub = func() { unimport(); unsub() }
 	return s
 }
 

@@ -64,6 +64,9 @@ type Store interface {
 	StallHistory(ctx context.Context, f store.Filter) ([]store.Episode, error)
 	Counts(ctx context.Context) (store.OutboxCounts, error)
 	Stats() store.Stats
+	// Turn reads a turn's record (the abort of a turn another replica
+	// runs: its session is found here).
+	Turn(ctx context.Context, runID string) (store.Turn, error)
 }
 
 // Metrics reads counters for /api/diagnose; *metrics.Metrics implements it.

@@ -141,11 +141,23 @@ func (h *Handler) abort(w http.ResponseWriter, r *http.Request) {
 	runID := chi.URLParam(r, "runId")
 	live := h.opts.Engine.Live()
 	i := slices.IndexFunc(live, func(s abort.Snapshot) bool { return s.RunID == runID })
-	if i < 0 {
+	var snap abort.Snapshot
+	switch {
+	case i >= 0:
+		snap = live[i]
+	case h.opts.Store != nil:
+		// Not running here: in a cluster another replica may run it (the
+		// engine forwards the abort to it). Its session is in the store.
+		t, err := h.opts.Store.Turn(r.Context(), runID)
+		if err != nil || t.State != store.TurnRunning {
+			writeError(w, http.StatusNotFound, "no live turn has that runId")
+			return
+		}
+		snap = abort.Snapshot{RunID: runID, SessionKey: t.SessionKey, Channel: t.Channel}
+	default:
 		writeError(w, http.StatusNotFound, "no live turn has that runId")
 		return
 	}
-	snap := live[i]
 	res, err := h.opts.Engine.Abort(r.Context(), snap.SessionKey, runID, event.ReasonUser, "operator", true)
 	switch {
 	case err != nil:

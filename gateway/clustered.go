@@ -1,0 +1,273 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/runner"
+)
+
+// This file is the engine's side of the Cluster seam (cluster.go): what
+// Send, the start of a queued turn, publish and Abort do differently when
+// the engine is one replica of several. Nothing here runs without
+// Options.Cluster.
+
+// Bounds of the engine's calls into the cluster.
+const (
+	claimTimeout     = 10 * time.Second       // one claim of a queued turn
+	finishTimeout    = 5 * time.Second        // one attempt at recording an ending
+	finishRetryFirst = 100 * time.Millisecond // the first wait after a failed attempt; doubles
+	finishRetryMax   = 2 * time.Second
+)
+
+// claimLocked claims s for req in the cluster (Send, the session free here).
+// Called with e.mu held; it releases it for the claim. done false: the
+// claim is this replica's, e.mu is held again and the caller begins the
+// turn. done true: e.mu is released and ack, err are Send's answer — the
+// session is busy elsewhere (forwarded there, or *BusyError), the run id is
+// known (its status), or the cluster cannot decide (*UnavailableError).
+func (e *Engine) claimLocked(ctx context.Context, cfg *config.Config, s *session, req SendRequest) (ack Ack, done bool, err error) {
+	// A runner at its cap of stuck runs refuses the turn anyway: refuse it
+	// before claiming, so a refusal never holds a claim.
+	name := cfg.RunnerFor(req.Channel)
+	if n, limit := e.stuck[name], e.stuckLimit; limit > 0 && n >= limit {
+		e.mu.Unlock()
+		return Ack{}, true, &RunnerStuckError{Runner: name, Stuck: n, Limit: limit}
+	}
+	c := make(chan struct{})
+	s.claiming = c
+	e.mu.Unlock()
+	err = e.cluster.Claim(ctx, ClaimRequest{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
+		ChatRef: req.ChatRef, Text: req.Text})
+	e.mu.Lock()
+	s.claiming = nil
+	close(c)
+	if err == nil {
+		if e.closing {
+			e.mu.Unlock()
+			e.releaseClaim(req, ErrShutdown)
+			return Ack{}, true, ErrShutdown
+		}
+		return Ack{}, false, nil
+	}
+	e.mu.Unlock()
+	ack, err = e.claimRefused(ctx, req, err)
+	return ack, true, err
+}
+
+// claimRefused answers a Send whose claim the cluster refused.
+func (e *Engine) claimRefused(ctx context.Context, req SendRequest, err error) (Ack, error) {
+	var held *HeldError
+	var exists *RunExistsError
+	switch {
+	case errors.As(err, &held):
+		if req.Forwarded || held.Replica == e.cluster.Replica() {
+			// Forwarded here already (the turn moved on meanwhile), or an
+			// earlier life of this replica holds it until it is taken
+			// over: busy, with the holder's run id.
+			return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: held.RunID}
+		}
+		// The replica that runs the session's turn decides, with its busy
+		// mode, as if the message had been sent there.
+		fwd := req
+		fwd.Forwarded = true
+		ack, ferr := e.cluster.Forward(ctx, held.Replica, fwd)
+		if errors.Is(ferr, ErrClusterUnavailable) {
+			// That replica does not answer (it may be dying: a survivor
+			// frees the session within the lease): busy for now.
+			e.log.Warn("a message for a session another replica runs could not be forwarded there", "run", req.RunID,
+				"session", req.SessionKey, "replica", held.Replica, "err", ferr)
+			return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: held.RunID}
+		}
+		return ack, ferr
+	case errors.As(err, &exists):
+		if exists.SessionKey != "" && exists.SessionKey != req.SessionKey {
+			return Ack{}, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
+		}
+		if exists.Running {
+			return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
+		}
+		out := exists.Outcome
+		if out == nil {
+			out = &Outcome{RunID: req.RunID, SessionKey: req.SessionKey, StopReason: exists.StopReason, Status: statusOf(exists.StopReason)}
+		}
+		return Ack{RunID: req.RunID, Status: out.Status, Outcome: out}, nil
+	default:
+		return Ack{}, &UnavailableError{Cause: err}
+	}
+}
+
+// statusOf is the status of a run that ended with reason.
+func statusOf(reason event.StopReason) Status {
+	switch reason {
+	case event.ReasonStop:
+		return StatusOK
+	case event.ReasonError:
+		return StatusError
+	default:
+		return StatusAborted
+	}
+}
+
+// releaseClaim ends a claim the engine took but could not start a turn
+// on (cause): the turn is recorded as failed, so the session is free again
+// and the run id answers with that outcome.
+func (e *Engine) releaseClaim(req SendRequest, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	defer cancel()
+	ev := event.Event{Kind: event.Finished, RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
+		ChatRef: req.ChatRef, StopReason: event.ReasonError, Time: time.Now(),
+		Message: "This message could not be started. Please send it again."}
+	if err := e.cluster.Finish(ctx, ev); err != nil {
+		e.log.Error("a claim that could not start a turn was not released; the session stays busy until this replica's lease is taken over",
+			"run", req.RunID, "session", req.SessionKey, "cause", cause, "err", err)
+	}
+}
+
+// claimQueued claims a queued message's turn, then starts it. If the
+// session was claimed elsewhere in between (another replica took a message
+// of it first) or the cluster cannot decide, the turn starts and ends at
+// once with an error the user can act on: a queued message is never
+// dropped silently.
+func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
+	ctx, cancel := context.WithTimeout(e.baseCtx, claimTimeout)
+	err := e.cluster.Claim(ctx, ClaimRequest{RunID: t.run.ID, SessionKey: t.run.SessionKey, Channel: t.run.Channel,
+		ChatRef: t.run.ChatRef, Text: rt.Message, Joined: t.joined})
+	cancel()
+	if err == nil {
+		t.claimed.Store(true)
+		e.launch(rn, t, rt)
+		return
+	}
+	text := "This message could not be started: the gateway's cluster cannot take it right now. Please send it again in a moment."
+	var held *HeldError
+	if errors.As(err, &held) {
+		text = "Another message in this conversation started first, so this one did not run. Send it again when that reply is done."
+	}
+	e.log.Warn("a queued message could not be claimed in the cluster; it ends with an error the user sees", "run", t.run.ID,
+		"session", t.run.SessionKey, "err", err)
+	e.launch(refusedRunner{text: text}, t, rt)
+}
+
+// refusedRunner ends a turn at once with a message for the user.
+type refusedRunner struct{ text string }
+
+func (r refusedRunner) Run(context.Context, runner.Turn, runner.Callbacks) (runner.Result, error) {
+	return runner.Result{}, &runner.UserError{Message: r.text}
+}
+
+// finishClaimed records ev, a terminal event, through the cluster when its
+// turn is claimed, retrying transient failures. false: the turn is not
+// this replica's any more (fenced, or a survivor took it over): ev must not
+// be published.
+func (e *Engine) finishClaimed(ev event.Event) bool {
+	e.mu.Lock()
+	t := e.turns[ev.RunID]
+	e.mu.Unlock()
+	if t == nil || !t.claimed.Load() {
+		return true
+	}
+	wait := finishRetryFirst
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+		err := e.cluster.Finish(ctx, ev)
+		cancel()
+		switch {
+		case err == nil:
+			return true
+		case errors.Is(err, ErrNotTurnOwner):
+			e.log.Warn("a turn's ending was not published: this replica no longer owns the turn (its lease was lost; a survivor ends it as interrupted)",
+				"run", ev.RunID, "session", ev.SessionKey, "stop_reason", ev.StopReason, "err", err)
+			return false
+		}
+		e.log.Warn("recording a turn's ending failed; retrying", "run", ev.RunID, "attempt", attempt, "err", err)
+		time.Sleep(wait) // until the database answers or this replica fences itself (2/3 of its lease)
+		wait = min(2*wait, finishRetryMax)
+	}
+}
+
+// schedPublish is the scheduler's publish: in cluster mode an ending is
+// recorded in the database before it is published, and the scheduler must
+// not wait for that (its other deadlines would be late), so the scheduler's
+// endings are published on a goroutine of their own. An ending is a run's
+// last event but ForceFinalized, which comes an abort grace later.
+func (e *Engine) schedPublish(ev event.Event) {
+	if e.cluster != nil && ev.Kind.Terminal() {
+		go e.publish(ev)
+		return
+	}
+	e.publish(ev)
+}
+
+// export hands a published event to the other replicas.
+func (e *Engine) export(ev event.Event) {
+	if e.cluster != nil {
+		e.cluster.Export(ev)
+	}
+}
+
+// abortElsewhere forwards an abort of a run this replica does not have to
+// the replica that runs the session's turn.
+func (e *Engine) abortElsewhere(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (AbortResult, error) {
+	holder, replica, ok, err := e.cluster.Holder(ctx, sessionKey)
+	if err != nil {
+		return AbortResult{}, &UnavailableError{Cause: err}
+	}
+	if !ok || replica == e.cluster.Replica() || (runID != "" && runID != holder) {
+		return AbortResult{RunIDs: []string{}}, nil
+	}
+	return e.cluster.ForwardAbort(ctx, replica, AbortRequest{SessionKey: sessionKey, RunID: holder, Reason: reason,
+		Requester: requester, Operator: operator})
+}
+
+// refresh forgets the cached history of session key when it is idle here
+// (cluster mode): its turns may have run on another replica since, so the
+// next use reloads it from the store. It returns key.
+func (e *Engine) refresh(key string) string {
+	if e.cluster == nil || e.loadHist == nil {
+		return key
+	}
+	e.mu.Lock()
+	if s, ok := e.sessions[key]; ok && s.loaded && !s.reset && s.active == nil && len(s.queue) == 0 && s.ending == 0 &&
+		s.claiming == nil && s.loading == nil {
+		s.loaded, s.history = false, nil
+	}
+	e.mu.Unlock()
+	return key
+}
+
+// Fenced is told that this replica lost its cluster lease: every live turn
+// is stopped (stop reason interrupted) and, since Cluster.Finish refuses
+// their endings, nothing of them is published — the survivor that takes
+// the lease over ends them and tells their users. It does not wait.
+func (e *Engine) Fenced() {
+	e.mu.Lock()
+	live := make([]*turn, 0, len(e.turns))
+	for _, t := range e.turns {
+		live = append(live, t)
+	}
+	e.mu.Unlock()
+	for _, t := range live {
+		go func() {
+			<-t.started
+			if ev, ok := t.run.Abort(event.ReasonInterrupted); ok {
+				t.run.Publish(e.publish, ev)
+			}
+		}()
+	}
+}
+
+// Import calls h with the events other replicas publish and gap with a
+// session whose events could not be delivered in order (Cluster.Import),
+// for channels that show sessions whose turns may run anywhere (the
+// WebSocket protocol). Without a cluster it does nothing. stop ends it.
+func (e *Engine) Import(h event.Handler, gap func(sessionKey string)) (stop func()) {
+	if e.cluster == nil {
+		return func() {}
+	}
+	return e.cluster.Import(h, gap)
+}
