@@ -75,7 +75,7 @@ func Start(t testing.TB, n int) *Cluster {
 		t.Fatalf("natstest.Start: %d nodes; want 1 or 3", n)
 	}
 	c := &Cluster{t: t, bin: Binary(t), name: "tg" + strconv.Itoa(os.Getpid())}
-	ports := freePorts(t, 2*n)
+	ports := FreePorts(t, 2*n)
 	for i := range n {
 		c.nodes = append(c.nodes, &node{
 			name:        fmt.Sprintf("n%d", i),
@@ -329,9 +329,9 @@ func tail(s string) string {
 	return s
 }
 
-// freePorts returns n distinct ports that were free a moment ago (held
+// FreePorts returns n distinct loopback ports that were free a moment ago (held
 // open together, so no two are the same).
-func freePorts(t testing.TB, n int) []int {
+func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
 	var ports []int
 	var ls []net.Listener

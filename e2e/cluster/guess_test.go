@@ -1,0 +1,192 @@
+package cluster_test
+
+// What the suite assumes about the gateway's cluster mode, one helper per
+// assumption, so that a difference found when the cluster mode lands is
+// fixed here and not in every test. Each helper keeps to what a user sees:
+// an answer's code and words, a history entry, an event's state.
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/internal/clusterrig"
+	"github.com/turnguard/turnguard/internal/fakebot"
+	"github.com/turnguard/turnguard/internal/testwait"
+	"github.com/turnguard/turnguard/internal/wsclient"
+)
+
+// Scripts of the demo runner (runner/demo: /steps).
+const (
+	hangTurn = "/steps web_search:50ms shell:hang" // runs until stopped
+	// streamTurn streams text (llm steps send deltas) with tool steps
+	// between, about two seconds in all.
+	streamTurn = "/steps llm:700ms web_search:300ms llm:700ms say:Streamed_to_every_replica"
+)
+
+// session is the canonical key of a session name (docs/protocol.md §5).
+func session(name string) string { return "agent:main:" + name }
+
+// busyRunID returns the run id a busy refusal names: busy mode reject
+// answers ok:false, UNAVAILABLE, details {code: SESSION_BUSY, runId}
+// (docs/protocol.md, chat.send). Guess: a busy session held on another
+// replica is refused with the same shape.
+func busyRunID(a wsclient.Ack) (string, bool) {
+	if a.OK || a.Err == nil || a.Err.Code != "UNAVAILABLE" || a.Err.Details["code"] != "SESSION_BUSY" {
+		return "", false
+	}
+	id, _ := a.Err.Details["runId"].(string)
+	return id, id != ""
+}
+
+// started reports whether chat.send started runID.
+func started(a wsclient.Ack, runID string) bool {
+	return a.OK && a.Status == "started" && a.RunID == runID
+}
+
+// retryableRefusal reports whether a send was refused for now, with retrying
+// worth it (UNAVAILABLE, retryable) — what a send gets while the store is
+// down. Guess: the NOT_ACCEPTING_TURNS answer of a store that cannot write,
+// or any other retryable UNAVAILABLE.
+func retryableRefusal(a wsclient.Ack) bool {
+	return !a.OK && a.Err != nil && a.Err.Code == "UNAVAILABLE" && a.Err.Retryable
+}
+
+// interruptedNotices are the history entries telling the user that the turn
+// was cut off by a replica's death (an assistant message with stopReason
+// interrupted, as after a restart of one process). Guess: takeover by a
+// survivor records the same entry.
+func interruptedNotices(h wsclient.History) []string {
+	var out []string
+	for _, m := range h.Messages {
+		if m.Role == "assistant" && m.StopReason == "interrupted" {
+			out = append(out, m.Text())
+		}
+	}
+	return out
+}
+
+// telegramInterrupted reports whether a Telegram message is the interrupted
+// notice (messages.Interrupted's words).
+func telegramInterrupted(text string) bool {
+	return strings.Contains(text, "restarted while working on your request")
+}
+
+// endSeen reports whether what a watcher on a surviving replica got tells
+// its user the run is over after its owner died or was stopped: a terminal
+// chat event that is not a final (aborted or error; stop reason interrupted
+// guessed, any accepted), or the socket closed with 1012 (reload history).
+func endSeen(e wsclient.Event, closeCode int, gotEvent bool) error {
+	if gotEvent {
+		if e.State == "final" {
+			return fmt.Errorf("the watcher saw a final for a run whose owner died: %s", e)
+		}
+		return nil
+	}
+	if closeCode == 1012 {
+		return nil
+	}
+	return fmt.Errorf("the watcher's socket closed with %d, want 1012 or a terminal event", closeCode)
+}
+
+// signature is the part of a run's event sequence every watcher must see
+// identically: the kept events (lifecycle, steps, terminal) with their
+// payload seq. Chat deltas may drop for a slow client and are batched per
+// connection, and the keepalive lifecycle "running" is per watcher; both
+// are left out.
+func signature(evs []wsclient.Event) []string {
+	var out []string
+	for _, e := range evs {
+		if e.Name == "chat" && e.State == "delta" {
+			continue
+		}
+		if e.Name == "agent" && e.Stream == "lifecycle" && e.Data.Phase == "running" {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%d %s", e.Seq, e.String()))
+	}
+	return out
+}
+
+// owner returns the replica that runs runID: the one whose operator API
+// (GET /api/turns) lists it. Guess: each replica lists only its own live
+// turns; if several list it, an entry may say which replica holds it
+// ("replica"), else the test fails here, to be adjusted.
+func owner(t *testing.T, c *clusterrig.Cluster, runID string) int {
+	t.Helper()
+	var found []int
+	testwait.Until(t, 10*time.Second, "a replica lists run "+runID, func() bool {
+		found = found[:0]
+		for i, g := range c.Gateways() {
+			if !g.Running() {
+				continue
+			}
+			var live struct {
+				Turns []struct {
+					RunID   string `json:"runId"`
+					Replica string `json:"replica"`
+				} `json:"turns"`
+			}
+			if err := g.OperatorGet("/api/turns", &live); err != nil {
+				continue
+			}
+			for _, tr := range live.Turns {
+				if tr.RunID == runID && (tr.Replica == "" || tr.Replica == g.ID) {
+					found = append(found, i)
+				}
+			}
+		}
+		return len(found) > 0
+	})
+	if len(found) != 1 {
+		t.Fatalf("run %s is listed as running on replicas %v; want exactly one owner (adjust owner() in guess_test.go)", runID, found)
+	}
+	return found[0]
+}
+
+// others returns the replicas other than i, in order.
+func others(c *clusterrig.Cluster, i int) []int {
+	var out []int
+	for j := range c.Gateways() {
+		if j != i {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// toolStarted matches the agent event of runID's tool step name starting.
+func toolStarted(runID, name string) func(wsclient.Event) bool {
+	return func(e wsclient.Event) bool {
+		return e.RunID == runID && e.Name == "agent" && e.Stream == "tool" && e.Data.Phase == "start" && e.Data.Name == name
+	}
+}
+
+// chatState matches runID's chat event in state.
+func chatState(runID, state string) func(wsclient.Event) bool {
+	return func(e wsclient.Event) bool { return e.RunID == runID && e.Name == "chat" && e.State == state }
+}
+
+// processGone reports whether pid has exited (no such process, or a zombie
+// nobody reaped yet).
+func processGone(pid int) bool {
+	if err := syscall.Kill(pid, 0); err == syscall.ESRCH {
+		return true
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	b := string(raw)
+	// /proc/PID/stat: "pid (comm) S …"; the state follows the last ')'.
+	if i := strings.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2] == 'Z'
+	}
+	return false
+}
+
+// telegramSession is the fake chat's session key.
+var telegramSession = fmt.Sprintf("telegram:%d", fakebot.Chat)

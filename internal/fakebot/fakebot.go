@@ -1,0 +1,255 @@
+// Package fakebot is a fake Telegram Bot API on loopback (httptest) for tests
+// that run built gateway processes: it long-polls updates queued by the test
+// (Say), records every message the gateways send to the chat, answers a
+// second getUpdates that overlaps a running one with 409 Conflict (as
+// Telegram does, so several replicas polling at once are seen), and can be
+// told to fail sendMessage with HTTP 500. One Bot may serve any number of
+// gateways.
+//
+// (cmd/gateway's crash tests carry an older copy of this server; it can move
+// onto this package.)
+package fakebot
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Token is the bot token the fake accepts; Chat the private chat of the
+// test's user.
+const (
+	Token = "4240001:fakebot-token"
+	Chat  = int64(4242)
+)
+
+// Message is a sendMessage or editMessageText call the fake answered.
+type Message struct {
+	Method string // sendMessage or editMessageText
+	ChatID string
+	Text   string
+	OK     bool // false: answered 500 (SetFail)
+	At     time.Time
+}
+
+// Bot is the fake API server.
+type Bot struct {
+	t   testing.TB
+	srv *httptest.Server
+
+	mu        sync.Mutex
+	updates   []map[string]any
+	nextID    int64
+	wake      chan struct{} // closed when an update is queued
+	msgs      []Message
+	fail      bool
+	polling   int // getUpdates calls in flight
+	conflicts int // getUpdates answered 409 because another was in flight
+}
+
+// New starts the fake; it is closed at the test's cleanup.
+func New(t testing.TB) *Bot {
+	b := &Bot{t: t, nextID: 100, wake: make(chan struct{})}
+	b.srv = httptest.NewServer(b)
+	t.Cleanup(func() {
+		b.srv.CloseClientConnections() // long polls of killed gateways
+		b.srv.Close()
+	})
+	return b
+}
+
+// URL is the API's base URL (channels.telegram.apiURL).
+func (b *Bot) URL() string { return b.srv.URL }
+
+// SetFail makes sendMessage answer HTTP 500 (true) or succeed again.
+func (b *Bot) SetFail(fail bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fail = fail
+}
+
+// Say queues a private message from the test's chat and returns its
+// update id.
+func (b *Bot) Say(text string) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.nextID++
+	msg := map[string]any{"message_id": b.nextID, "date": time.Now().Unix(), "text": text,
+		"chat": map[string]any{"id": Chat, "type": "private"},
+		"from": map[string]any{"id": Chat, "is_bot": false, "first_name": "User"}}
+	if strings.HasPrefix(text, "/") {
+		n := strings.IndexByte(text+" ", ' ')
+		msg["entities"] = []map[string]any{{"type": "bot_command", "offset": 0, "length": n}}
+	}
+	b.updates = append(b.updates, map[string]any{"update_id": b.nextID, "message": msg})
+	close(b.wake)
+	b.wake = make(chan struct{})
+	return b.nextID
+}
+
+// Messages returns the calls that sent or edited a message, in order.
+func (b *Bot) Messages() []Message {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]Message(nil), b.msgs...)
+}
+
+// Sent returns the texts of the sendMessage calls answered 200.
+func (b *Bot) Sent() []string {
+	var out []string
+	for _, m := range b.Messages() {
+		if m.Method == "sendMessage" && m.OK {
+			out = append(out, m.Text)
+		}
+	}
+	return out
+}
+
+// Conflicts is how many getUpdates calls were answered 409 because another
+// was in flight (several replicas polling at once).
+func (b *Bot) Conflicts() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.conflicts
+}
+
+// Count is how many delivered messages contain s.
+func (b *Bot) Count(s string) int {
+	n := 0
+	for _, t := range b.Sent() {
+		if strings.Contains(t, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// WaitSent waits until a delivered message satisfies match and returns it;
+// it fails the test after within.
+func (b *Bot) WaitSent(within time.Duration, what string, match func(text string) bool) string {
+	b.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		for _, t := range b.Sent() {
+			if match(t) {
+				return t
+			}
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("fakebot: no message %s reached the chat within %v; delivered %q", what, within, b.Sent())
+		}
+		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
+	}
+}
+
+// ServeHTTP is the Bot API.
+func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rest, _ := strings.CutPrefix(r.URL.Path, "/bot")
+	tok, method, _ := strings.Cut(rest, "/")
+	if tok != Token {
+		answer(w, http.StatusUnauthorized, nil, "Unauthorized")
+		return
+	}
+	// A call without parameters (getMe) comes with an empty multipart body,
+	// which does not parse; its form is then simply empty.
+	_ = r.ParseMultipartForm(1 << 20)
+	switch method {
+	case "getMe":
+		answer(w, 200, map[string]any{"id": 4240001, "is_bot": true, "first_name": "Fake", "username": "fake_test_bot"}, "")
+	case "setMyCommands", "deleteWebhook", "setWebhook", "sendChatAction", "deleteMessage", "answerCallbackQuery":
+		answer(w, 200, true, "")
+	case "getUpdates":
+		b.serveUpdates(w, r)
+	case "sendMessage", "editMessageText":
+		m := Message{Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now()}
+		b.mu.Lock()
+		m.OK = !(b.fail && method == "sendMessage")
+		b.msgs = append(b.msgs, m)
+		id := len(b.msgs)
+		b.mu.Unlock()
+		if !m.OK {
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, "<html>500 Internal Server Error</html>")
+			return
+		}
+		answer(w, 200, map[string]any{"message_id": id, "date": time.Now().Unix(), "text": m.Text,
+			"chat": map[string]any{"id": Chat, "type": "private"}}, "")
+	default:
+		answer(w, http.StatusNotFound, nil, "Not Found: method "+method)
+	}
+}
+
+func (b *Bot) serveUpdates(w http.ResponseWriter, r *http.Request) {
+	b.mu.Lock()
+	if b.polling > 0 {
+		b.conflicts++
+		b.mu.Unlock()
+		answer(w, http.StatusConflict, nil, "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running")
+		return
+	}
+	b.polling++
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.polling--
+		b.mu.Unlock()
+	}()
+	offset, _ := strconv.ParseInt(r.FormValue("offset"), 10, 64)
+	wait, _ := strconv.Atoi(r.FormValue("timeout"))
+	timer := time.NewTimer(time.Duration(wait) * time.Second)
+	defer timer.Stop()
+	for {
+		b.mu.Lock()
+		var out []map[string]any
+		kept := b.updates[:0]
+		for _, u := range b.updates {
+			if u["update_id"].(int64) >= offset {
+				kept = append(kept, u)
+				out = append(out, u)
+			}
+		}
+		b.updates = kept
+		wake := b.wake
+		b.mu.Unlock()
+		if len(out) > 0 || wait == 0 {
+			if out == nil {
+				out = []map[string]any{}
+			}
+			answer(w, 200, out, "")
+			return
+		}
+		select {
+		case <-wake:
+		case <-timer.C:
+			wait = 0
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+func answer(w http.ResponseWriter, status int, result any, desc string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if status == 200 {
+		_ = json.NewEncoder(w).Encode(map[string]any{"ok": true, "result": result})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"ok": false, "error_code": status, "description": desc})
+}
+
+// String summarises the chat for failure messages.
+func (b *Bot) String() string {
+	var s strings.Builder
+	for _, m := range b.Messages() {
+		fmt.Fprintf(&s, "\n  %s ok=%v %q", m.Method, m.OK, m.Text)
+	}
+	return s.String()
+}
