@@ -24,8 +24,20 @@ const (
 	hangTurn = "/steps web_search:50ms shell:hang" // runs until stopped
 	// streamTurn streams text (llm steps send deltas) with tool steps
 	// between, about two seconds in all.
-	streamTurn = "/steps llm:700ms web_search:300ms llm:700ms say:Streamed_to_every_replica"
+	streamTurn    = "/steps llm:700ms web_search:300ms llm:700ms say:Streamed_to_every_replica"
+	streamedReply = "Streamed to every replica"
 )
+
+// hasReply reports whether the history holds an assistant message
+// containing text.
+func hasReply(h wsclient.History, text string) bool {
+	for _, m := range h.Messages {
+		if m.Role == "assistant" && strings.Contains(m.Text(), text) {
+			return true
+		}
+	}
+	return false
+}
 
 // session is the canonical key of a session name (docs/protocol.md §5).
 func session(name string) string { return "agent:main:" + name }
@@ -117,8 +129,22 @@ func signature(evs []wsclient.Event) []string {
 // ("replica"), else the test fails here, to be adjusted.
 func owner(t *testing.T, c *clusterrig.Cluster, runID string) int {
 	t.Helper()
+	i, _ := ownerWhere(t, c, "run "+runID, func(id, _ string) bool { return id == runID })
+	return i
+}
+
+// ownerOfSession returns the replica running a turn of session sess, and
+// that turn's run id (see owner).
+func ownerOfSession(t *testing.T, c *clusterrig.Cluster, sess string) (int, string) {
+	t.Helper()
+	return ownerWhere(t, c, "a turn of "+sess, func(_, s string) bool { return s == sess })
+}
+
+func ownerWhere(t *testing.T, c *clusterrig.Cluster, what string, match func(runID, sess string) bool) (int, string) {
+	t.Helper()
 	var found []int
-	testwait.Until(t, 10*time.Second, "a replica lists run "+runID, func() bool {
+	var runID string
+	testwait.Until(t, 10*time.Second, "a replica lists "+what+" in /api/turns", func() bool {
 		found = found[:0]
 		for i, g := range c.Gateways() {
 			if !g.Running() {
@@ -126,25 +152,27 @@ func owner(t *testing.T, c *clusterrig.Cluster, runID string) int {
 			}
 			var live struct {
 				Turns []struct {
-					RunID   string `json:"runId"`
-					Replica string `json:"replica"`
+					RunID      string `json:"runId"`
+					SessionKey string `json:"sessionKey"`
+					State      string `json:"state"`
+					Replica    string `json:"replica"`
 				} `json:"turns"`
 			}
 			if err := g.OperatorGet("/api/turns", &live); err != nil {
 				continue
 			}
 			for _, tr := range live.Turns {
-				if tr.RunID == runID && (tr.Replica == "" || tr.Replica == g.ID) {
-					found = append(found, i)
+				if tr.State == "running" && match(tr.RunID, tr.SessionKey) && (tr.Replica == "" || tr.Replica == g.ID) {
+					found, runID = append(found, i), tr.RunID
 				}
 			}
 		}
 		return len(found) > 0
 	})
 	if len(found) != 1 {
-		t.Fatalf("run %s is listed as running on replicas %v; want exactly one owner (adjust owner() in guess_test.go)", runID, found)
+		t.Fatalf("%s is listed as running on replicas %v; want exactly one owner (adjust ownerWhere() in guess_test.go)", what, found)
 	}
-	return found[0]
+	return found[0], runID
 }
 
 // others returns the replicas other than i, in order.

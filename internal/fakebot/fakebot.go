@@ -48,6 +48,7 @@ type Bot struct {
 	updates   []map[string]any
 	nextID    int64
 	wake      chan struct{} // closed when an update is queued
+	closing   chan struct{} // closed at cleanup: long polls answer at once
 	msgs      []Message
 	fail      bool
 	polling   int // getUpdates calls in flight
@@ -56,9 +57,10 @@ type Bot struct {
 
 // New starts the fake; it is closed at the test's cleanup.
 func New(t testing.TB) *Bot {
-	b := &Bot{t: t, nextID: 100, wake: make(chan struct{})}
+	b := &Bot{t: t, nextID: 100, wake: make(chan struct{}), closing: make(chan struct{})}
 	b.srv = httptest.NewServer(b)
 	t.Cleanup(func() {
+		close(b.closing)
 		b.srv.CloseClientConnections() // long polls of killed gateways
 		b.srv.Close()
 	})
@@ -160,6 +162,9 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A call without parameters (getMe) comes with an empty multipart body,
 	// which does not parse; its form is then simply empty.
 	_ = r.ParseMultipartForm(1 << 20)
+	// Read to EOF: only then does the server notice a client that went away
+	// (a killed gateway's long poll) and cancel the request's context.
+	_, _ = io.Copy(io.Discard, r.Body)
 	switch method {
 	case "getMe":
 		answer(w, 200, map[string]any{"id": 4240001, "is_bot": true, "first_name": "Fake", "username": "fake_test_bot"}, "")
@@ -228,6 +233,8 @@ func (b *Bot) serveUpdates(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-wake:
 		case <-timer.C:
+			wait = 0
+		case <-b.closing:
 			wait = 0
 		case <-r.Context().Done():
 			return

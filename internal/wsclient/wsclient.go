@@ -388,8 +388,9 @@ func (c *Client) Closed() bool {
 	return c.closed
 }
 
-// CloseCode is the close frame's code once closed (-1: closed without a
-// close frame, e.g. the process died; 0: still open).
+// CloseCode is the close frame's code once closed: 1006 when the connection
+// dropped without one (the process died), -1 for another read error, 0
+// while open.
 func (c *Client) CloseCode() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -432,7 +433,7 @@ func (c *Client) WaitEnd(d time.Duration, runID string) (e Event, closeCode int,
 }
 
 // WaitClosed waits until the server closes the connection and returns the
-// close code (-1 without a close frame).
+// close code (see CloseCode).
 func (c *Client) WaitClosed(d time.Duration) int {
 	c.t.Helper()
 	deadline := time.NewTimer(d)

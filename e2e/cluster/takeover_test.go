@@ -1,0 +1,175 @@
+package cluster_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/internal/clusterrig"
+	"github.com/turnguard/turnguard/internal/testwait"
+	"github.com/turnguard/turnguard/internal/wsclient"
+)
+
+// hangingAgent writes an exec agent (jsonl protocol, docs/runners.md) that
+// opens a shell step, appends its process id to pids and then waits
+// forever (exec keeps the pid).
+func hangingAgent(t *testing.T, dir, pids string) string {
+	t.Helper()
+	path := filepath.Join(dir, "hang-agent.sh")
+	script := "#!/bin/sh\ncat >/dev/null\n" +
+		`echo '{"type":"step_start","kind":"tool","name":"shell"}'` + "\n" +
+		"echo $$ >> " + pids + "\n" +
+		"exec sleep 600\n"
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// lastPID is the last process id the agent recorded.
+func lastPID(pids string) int {
+	b, _ := os.ReadFile(pids)
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(f[len(f)-1])
+	return pid
+}
+
+// waitFree sends new messages to sess through cl (busy mode reject) until
+// one starts, and returns when that happened; it fails after within.
+func waitFree(t *testing.T, cl *wsclient.Client, sess, text string, within time.Duration) (string, time.Time) {
+	t.Helper()
+	var runID string
+	var at time.Time
+	n := 0
+	testwait.NoError(t, within, func() error {
+		n++
+		runID = fmt.Sprintf("free-%d", n)
+		a, err := cl.SendErr(sess, text, runID)
+		if err != nil {
+			return err
+		}
+		if started(a, runID) {
+			at = time.Now()
+			return nil
+		}
+		time.Sleep(40 * time.Millisecond) // real time: at most 25 sends a second, under the per-connection rate
+		return fmt.Errorf("the session does not take a new message: ok=%v status=%q err=%v", a.OK, a.Status, a.Err)
+	})
+	return runID, at
+}
+
+// waitOneInterrupted reads the session's history through cl until it holds
+// an interrupted notice, then checks that it holds exactly one.
+func waitOneInterrupted(t *testing.T, cl *wsclient.Client, sess string, within time.Duration) {
+	t.Helper()
+	var notices []string
+	testwait.Until(t, within, "an interrupted notice in the history of "+sess, func() bool {
+		notices = interruptedNotices(cl.History(sess))
+		return len(notices) > 0
+	})
+	if len(notices) != 1 {
+		t.Fatalf("history of %s has %d interrupted notices, want exactly 1: %q", sess, len(notices), notices)
+	}
+}
+
+// TestKillOwnerMidTurn: the replica running a turn (exec runner) is
+// SIGKILLed. Through another replica the user finds exactly one interrupted
+// notice in the history, the session takes a new message within
+// leaseSeconds + 1 s of the kill, a client watching on a third replica sees
+// the run end (or is told to reload with 1012) — never silence — and the
+// agent process is gone.
+func TestKillOwnerMidTurn(t *testing.T) {
+	need(t)
+	dir := t.TempDir()
+	pids := filepath.Join(dir, "pids")
+	agent := hangingAgent(t, dir, pids)
+	c := start(t, clusterrig.Options{Lease: 3 * time.Second, Config: func(_ int, cfg map[string]any) {
+		clusterrig.Set(cfg, "agents.defaults.runner", "exec")
+		clusterrig.Set(cfg, "agents.exec.command", agent)
+		clusterrig.Set(cfg, "channels.ws.busy.mode", "reject")
+	}})
+	sess := session("kill-owner")
+	starter := c.Dial(t, 0)
+	starter.MustStart(sess, "work until stopped", "run-killed")
+	own := owner(t, c, "run-killed")
+	rest := others(c, own)
+	watcher, reader := c.Dial(t, rest[0]), c.Dial(t, rest[1])
+	watcher.History(sess) // watch the session from a replica that does not own it
+	watcher.WaitEvent(10*time.Second, "the shell step, on a non-owner", toolStarted("run-killed", "shell"))
+	testwait.Until(t, 10*time.Second, "the agent recorded its pid", func() bool { return lastPID(pids) != 0 })
+	pid := lastPID(pids)
+
+	killed := c.Gateway(own).Kill()
+	bound := c.Lease() + time.Second
+	_, freeAt := waitFree(t, reader, sess, "next message", bound+10*time.Second)
+	if took := freeAt.Sub(killed); took > bound {
+		t.Errorf("the session took a new message %v after the kill; want within leaseSeconds + 1 s = %v", took, bound)
+	}
+	waitOneInterrupted(t, reader, sess, 10*time.Second)
+	e, code, ok := watcher.WaitEnd(bound+10*time.Second, "run-killed")
+	if err := endSeen(e, code, ok); err != nil {
+		t.Error(err)
+	}
+	testwait.Until(t, 5*time.Second, fmt.Sprintf("the agent process %d is gone", pid), func() bool { return processGone(pid) })
+}
+
+// TestStoppedOwnerTakenOver: the owner is frozen (SIGSTOP) for two leases
+// while its turn runs, then continued. A survivor took the turn over (one
+// interrupted notice), and the stale owner's late answer — due after it
+// wakes up — reaches no client, on any replica, and not the history.
+func TestStoppedOwnerTakenOver(t *testing.T) {
+	const lateReply = "Late_reply_of_a_stale_owner"
+	c := start(t, clusterrig.Options{Lease: 3 * time.Second, Config: func(_ int, cfg map[string]any) {
+		clusterrig.Set(cfg, "channels.ws.busy.mode", "reject")
+	}})
+	sess := session("stopped-owner")
+	var clients []*wsclient.Client
+	for i := range c.Gateways() {
+		cl := c.Dial(t, i)
+		cl.History(sess) // every replica watches
+		clients = append(clients, cl)
+	}
+	// The turn would answer 3 leases after it starts: after the owner woke.
+	turn := fmt.Sprintf("/steps web_search:50ms shell:%s say:%s", 3*c.Lease(), lateReply)
+	clients[0].MustStart(sess, turn, "run-stale")
+	own := owner(t, c, "run-stale")
+	for _, cl := range clients {
+		cl.WaitEvent(10*time.Second, "the shell step", toolStarted("run-stale", "shell"))
+	}
+	began := time.Now()
+	c.Gateway(own).Stop()
+	time.Sleep(2 * c.Lease()) // real time: the owner stays frozen for two leases
+	c.Gateway(own).Cont()
+
+	reader := clients[others(c, own)[0]]
+	waitOneInterrupted(t, reader, sess, 10*time.Second)
+	for _, i := range others(c, own) {
+		e, code, ok := clients[i].WaitEnd(10*time.Second, "run-stale")
+		if err := endSeen(e, code, ok); err != nil {
+			t.Errorf("r%d: %v", i+1, err)
+		}
+	}
+	// Past the moment the stale owner's runner answers, plus a margin.
+	time.Sleep(time.Until(began.Add(3*c.Lease() + 2*time.Second))) // real time: the late final must have had its chance
+	for i, cl := range clients {
+		for _, e := range cl.RunEvents("run-stale") {
+			if e.State == "final" {
+				t.Errorf("r%d: a client got the stale owner's final: %s %s", i+1, e, e.Raw)
+			}
+		}
+	}
+	for _, m := range reader.History(sess).Messages {
+		if strings.Contains(m.Text(), strings.ReplaceAll(lateReply, "_", " ")) {
+			t.Errorf("the stale owner's late reply is in the history: %q", m.Text())
+		}
+	}
+	waitOneInterrupted(t, reader, sess, time.Second)
+	waitFree(t, reader, sess, "/steps say:after_the_takeover", 10*time.Second)
+}
