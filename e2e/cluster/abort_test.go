@@ -40,15 +40,14 @@ func TestAbortFromAnotherReplica(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sess := session("abort-" + tc.name)
 			runID := "run-" + tc.name
-			starter := c.Dial(t, 0)
-			starter.MustStart(sess, hangTurn, runID)
+			clients := watchEverywhere(t, c, sess)
+			clients[0].MustStart(sess, hangTurn, runID)
 			own := owner(t, c, runID)
-			watcher := c.Dial(t, own)
-			watcher.History(sess)
+			watcher := clients[own]
 			watcher.WaitEvent(10*time.Second, "the shell step", toolStarted(runID, "shell"))
 
 			via := others(c, own)[tc.other]
-			tc.abort(t, c.Gateway(via), c.Dial(t, via), sess, runID)
+			tc.abort(t, c.Gateway(via), clients[via], sess, runID)
 			e := watcher.WaitEvent(10*time.Second, "aborted on the owner", chatState(runID, "aborted"))
 			if e.StopReason != "user" {
 				t.Errorf("aborted with stop reason %q, want user: %s", e.StopReason, e.Raw)

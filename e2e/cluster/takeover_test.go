@@ -65,6 +65,19 @@ func waitFree(t *testing.T, cl *wsclient.Client, sess, text string, within time.
 	return runID, at
 }
 
+// watchEverywhere opens a connection to every replica that watches sess
+// (chat.history makes it a watcher), in replica order.
+func watchEverywhere(t *testing.T, c *clusterrig.Cluster, sess string) []*wsclient.Client {
+	t.Helper()
+	var clients []*wsclient.Client
+	for i := range c.Gateways() {
+		cl := c.Dial(t, i)
+		cl.History(sess)
+		clients = append(clients, cl)
+	}
+	return clients
+}
+
 // waitOneInterrupted reads the session's history through cl until it holds
 // an interrupted notice, then checks that it holds exactly one.
 func waitOneInterrupted(t *testing.T, cl *wsclient.Client, sess string, within time.Duration) {
@@ -96,12 +109,11 @@ func TestKillOwnerMidTurn(t *testing.T) {
 		clusterrig.Set(cfg, "channels.ws.busy.mode", "reject")
 	}})
 	sess := session("kill-owner")
-	starter := c.Dial(t, 0)
-	starter.MustStart(sess, "work until stopped", "run-killed")
+	clients := watchEverywhere(t, c, sess)
+	clients[0].MustStart(sess, "work until stopped", "run-killed")
 	own := owner(t, c, "run-killed")
 	rest := others(c, own)
-	watcher, reader := c.Dial(t, rest[0]), c.Dial(t, rest[1])
-	watcher.History(sess) // watch the session from a replica that does not own it
+	watcher, reader := clients[rest[0]], clients[rest[1]]
 	watcher.WaitEvent(10*time.Second, "the shell step, on a non-owner", toolStarted("run-killed", "shell"))
 	testwait.Until(t, 10*time.Second, "the agent recorded its pid", func() bool { return lastPID(pids) != 0 })
 	pid := lastPID(pids)
@@ -130,12 +142,7 @@ func TestStoppedOwnerTakenOver(t *testing.T) {
 		clusterrig.Set(cfg, "channels.ws.busy.mode", "reject")
 	}})
 	sess := session("stopped-owner")
-	var clients []*wsclient.Client
-	for i := range c.Gateways() {
-		cl := c.Dial(t, i)
-		cl.History(sess) // every replica watches
-		clients = append(clients, cl)
-	}
+	clients := watchEverywhere(t, c, sess)
 	// The turn would answer 3 leases after it starts: after the owner woke.
 	turn := fmt.Sprintf("/steps web_search:50ms shell:%s say:%s", 3*c.Lease(), lateReply)
 	clients[0].MustStart(sess, turn, "run-stale")

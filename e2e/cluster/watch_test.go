@@ -29,13 +29,8 @@ func TestWatchFromEveryReplica(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sess := session("watch-" + strings.ReplaceAll(tc.name, " ", "-"))
 			runID := "run-watch-" + fmt.Sprint(tc.killNATS+1)
-			var watchers []*wsclient.Client
-			for i := range c.Gateways() {
-				w := c.Dial(t, i)
-				w.History(sess)
-				watchers = append(watchers, w)
-			}
-			c.Dial(t, 0).MustStart(sess, streamTurn, runID)
+			watchers := watchEverywhere(t, c, sess)
+			watchers[0].MustStart(sess, streamTurn, runID)
 			if tc.killNATS >= 0 {
 				for _, w := range watchers {
 					w.WaitEvent(10*time.Second, "the run's first event", func(e wsclient.Event) bool { return e.RunID == runID })
