@@ -43,6 +43,7 @@ import (
 	"github.com/turnguard/turnguard/internal/natstest"
 	"github.com/turnguard/turnguard/internal/pgtest"
 	"github.com/turnguard/turnguard/internal/testlog"
+	"github.com/turnguard/turnguard/internal/testproc"
 	"github.com/turnguard/turnguard/internal/testwait"
 	"github.com/turnguard/turnguard/internal/wsclient"
 )
@@ -309,35 +310,25 @@ func (g *Gateway) start() {
 	cmd.Dir = g.dir
 	cmd.Env = append(cleanEnv(), "GATEWAY_LOG_FORMAT=json")
 	cmd.Env = append(cmd.Env, g.c.opts.Env...)
-	// The kernel kills the gateway when the thread that started it ends;
-	// that thread is locked and kept until the process has exited, so this
-	// happens only when the test binary dies.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	// Output goes straight to the log (JSON lines); an agent process that
 	// kept the pipe open cannot hold Wait past WaitDelay.
 	cmd.Stdout, cmd.Stderr = &g.log, &g.log
 	cmd.WaitDelay = 2 * time.Second
+	// Killed by the kernel should the test binary die without its clean-up.
+	exited, err := testproc.Start(cmd, syscall.SIGKILL)
+	if err != nil {
+		g.mu.Unlock()
+		g.t.Fatalf("clusterrig: start %s (%s): %v", g.ID, g.bin, err)
+	}
 	done := make(chan struct{})
-	started := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
+		<-exited
 		g.mu.Lock()
 		g.code = cmd.ProcessState.ExitCode()
 		g.mu.Unlock()
 		fmt.Fprintf(&g.log, "=== clusterrig: %s exited: %v\n", g.ID, cmd.ProcessState)
 		close(done)
-		// Stays locked: the goroutine's end ends its thread, harmless now.
 	}()
-	if err := <-started; err != nil {
-		g.mu.Unlock()
-		g.t.Fatalf("clusterrig: start %s (%s): %v", g.ID, g.bin, err)
-	}
 	g.cmd, g.done = cmd, done
 	g.mu.Unlock()
 	deadline := time.Now().Add(StartTimeout)

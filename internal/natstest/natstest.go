@@ -33,6 +33,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/turnguard/turnguard/internal/testlog"
+	"github.com/turnguard/turnguard/internal/testproc"
 )
 
 // EnvBinary names the environment variable that points at a built
@@ -62,7 +63,7 @@ type node struct {
 	dir         string
 	log         *testlog.Buffer
 	cmd         *exec.Cmd
-	done        chan struct{} // closed when cmd has been waited for
+	done        <-chan struct{} // closed when cmd has been waited for
 }
 
 // Start runs a JetStream cluster of n nodes (1 or 3) on 127.0.0.1 and
@@ -232,15 +233,12 @@ func (c *Cluster) start(i int) {
 	cmd := exec.Command(c.bin, args...)
 	cmd.Stdout = nd.log
 	cmd.Stderr = nd.log
-	if err := cmd.Start(); err != nil {
+	// Killed by the kernel should the test binary die without its clean-up.
+	done, err := testproc.Start(cmd, syscall.SIGKILL)
+	if err != nil {
 		c.t.Fatalf("natstest: start node %d (%s): %v", i, c.bin, err)
 	}
-	nd.cmd = cmd
-	nd.done = make(chan struct{})
-	go func(done chan struct{}) {
-		_ = cmd.Wait()
-		close(done)
-	}(nd.done)
+	nd.cmd, nd.done = cmd, done
 }
 
 func (c *Cluster) signal(i int, sig syscall.Signal) {

@@ -32,7 +32,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,6 +42,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/turnguard/turnguard/internal/testproc"
 )
 
 // RequireEnv is the environment variable that turns a missing server into a
@@ -69,9 +70,8 @@ type server struct {
 	port     int
 	password string
 	cmd      *exec.Cmd
-	exited   chan struct{} // closed when the postgres process has exited
-	release  chan struct{} // closed by stop: the thread that started postgres may end
-	log      string        // the server's log file
+	exited   <-chan struct{} // closed when the postgres process has exited
+	log      string          // the server's log file
 
 	// what run needs to start the server again (Restart)
 	bin, data, sock string
@@ -224,7 +224,7 @@ func launch(bin string) (_ *server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{dir: dir, exited: make(chan struct{}), release: make(chan struct{}), log: filepath.Join(dir, "server.log")}
+	s := &server{dir: dir, log: filepath.Join(dir, "server.log")}
 	defer func() {
 		if err != nil {
 			s.stop()
@@ -310,31 +310,14 @@ func (s *server) run(bin, data, sock string, cred *syscall.Credential) error {
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The server must not outlive a test binary that dies without Main's
-	// clean-up: it gets SIGQUIT when the thread that started it ends. That
-	// thread is locked and kept until stop (Go may end an unlocked thread).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
-	exited := make(chan struct{})
-	started := make(chan error, 1)
-	release := make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		go func() { _ = cmd.Wait(); close(exited) }()
-		select {
-		case <-release:
-		case <-exited:
-		}
-		// Stays locked: the goroutine's end ends its thread, which is
-		// harmless once postgres is stopped.
-	}()
-	if err := <-started; err != nil {
+	// clean-up: it gets SIGQUIT (an immediate shutdown that ends its own
+	// children) when the thread that started it ends.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	exited, err := testproc.Start(cmd, syscall.SIGQUIT)
+	if err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
-	s.cmd, s.exited, s.release = cmd, exited, release
+	s.cmd, s.exited = cmd, exited
 	deadline := time.Now().Add(startWait)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -432,7 +415,6 @@ func (s *server) halt() {
 			_ = s.cmd.Process.Kill()
 			<-s.exited
 		}
-		close(s.release)
 		s.cmd = nil
 	}
 }
