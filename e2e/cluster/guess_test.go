@@ -67,6 +67,30 @@ func retryableRefusal(a wsclient.Ack) bool {
 	return !a.OK && a.Err != nil && a.Err.Code == "UNAVAILABLE" && a.Err.Retryable
 }
 
+// terminalEntries lists the assistant messages of a history by how they
+// ended: "reply" for a normal answer, else the stop reason (a turn that did
+// not end normally leaves one entry with its stop reason; the demo scripts
+// used stream no partial reply before such an end).
+func terminalEntries(h wsclient.History) []string {
+	var out []string
+	for _, m := range h.Messages {
+		if m.Role != "assistant" {
+			continue
+		}
+		if m.StopReason == "" || m.StopReason == "stop" {
+			out = append(out, "reply")
+		} else {
+			out = append(out, m.StopReason)
+		}
+	}
+	return out
+}
+
+// refusalWithin bounds how long a send may take to be refused while the
+// store is down: a refusal, not a hang. (The engine's claim gives up after
+// 10 s at most; a database that refuses connections fails at once.)
+const refusalWithin = 5 * time.Second
+
 // interruptedNotices are the history entries telling the user that the turn
 // was cut off by a replica's death (an assistant message with stopReason
 // interrupted, as after a restart of one process). Guess: takeover by a

@@ -91,20 +91,3 @@ func TestRollingRestart(t *testing.T) {
 		}
 	}
 }
-
-// terminalEntries lists the assistant messages of a history by how they
-// ended: "reply" for a normal answer, else the stop reason.
-func terminalEntries(h wsclient.History) []string {
-	var out []string
-	for _, m := range h.Messages {
-		if m.Role != "assistant" {
-			continue
-		}
-		if m.StopReason == "" || m.StopReason == "stop" {
-			out = append(out, "reply")
-		} else {
-			out = append(out, m.StopReason)
-		}
-	}
-	return out
-}
