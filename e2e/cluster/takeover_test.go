@@ -97,7 +97,8 @@ func waitOneInterrupted(t *testing.T, cl *wsclient.Client, sess string, within t
 // notice in the history, the session takes a new message within
 // leaseSeconds + 1 s of the kill, a client watching on a third replica sees
 // the run end (or is told to reload with 1012) — never silence — and the
-// agent process is gone.
+// agent process is gone. When the killed replica comes back on the same
+// host, the agent of the turn a survivor runs by then keeps running.
 func TestKillOwnerMidTurn(t *testing.T) {
 	need(t)
 	dir := t.TempDir()
@@ -120,7 +121,7 @@ func TestKillOwnerMidTurn(t *testing.T) {
 
 	killed := c.Gateway(own).Kill()
 	bound := c.Lease() + time.Second
-	_, freeAt := waitFree(t, reader, sess, "next message", bound+10*time.Second)
+	next, freeAt := waitFree(t, reader, sess, "next message", bound+10*time.Second)
 	if took := freeAt.Sub(killed); took > bound {
 		t.Errorf("the session took a new message %v after the kill; want within leaseSeconds + 1 s = %v", took, bound)
 	}
@@ -130,6 +131,19 @@ func TestKillOwnerMidTurn(t *testing.T) {
 		t.Error(err)
 	}
 	testwait.Until(t, 5*time.Second, fmt.Sprintf("the agent process %d is gone", pid), func() bool { return processGone(pid) })
+
+	// The killed replica comes back on the same host: the agent of the turn
+	// a survivor runs now is not its to kill (exec kills leftover agents of
+	// its own instance at start-up).
+	testwait.Until(t, 10*time.Second, "the next turn's agent recorded its pid", func() bool { return lastPID(pids) != pid })
+	pid2, runsOn := lastPID(pids), owner(t, c, next)
+	c.Gateway(own).Restart()
+	if processGone(pid2) {
+		t.Errorf("restarting %s killed the agent (pid %d) of turn %s, which %s runs", c.Gateway(own).ID, pid2, next, c.Gateway(runsOn).ID)
+	}
+	if again := owner(t, c, next); again != runsOn {
+		t.Errorf("turn %s runs on %s after the restart, want %s", next, c.Gateway(again).ID, c.Gateway(runsOn).ID)
+	}
 }
 
 // TestStoppedOwnerTakenOver: the owner is frozen (SIGSTOP) for two leases
