@@ -14,18 +14,16 @@ import (
 // turn, the 149 others are refused as busy and all name that turn's run id
 // — the session is claimed cluster-wide, not per replica.
 func TestConcurrentSendsOneSession(t *testing.T) {
-	const (
-		sends   = 150
-		perConn = 5 // requests in flight on one connection
-	)
+	// One connection per send (a connection's requests are handled in
+	// order): 50 per replica, under server.maxConnsPerIP (64).
+	const sends = 150
 	c := start(t, clusterrig.Options{Config: func(_ int, cfg map[string]any) {
 		clusterrig.Set(cfg, "channels.ws.busy.mode", "reject")
 	}})
 	sess := session("busy-150")
 
-	// 30 connections, 10 per replica, each sending 5 at once.
 	var conns []*wsclient.Client
-	for k := range sends / perConn {
+	for k := range sends {
 		conns = append(conns, c.Dial(t, k%len(c.Gateways())))
 	}
 	type result struct {
@@ -42,7 +40,7 @@ func TestConcurrentSendsOneSession(t *testing.T) {
 			defer wg.Done()
 			runID := fmt.Sprintf("busy-%03d", n)
 			<-go1
-			a, err := conns[n/perConn].SendErr(sess, hangTurn, runID)
+			a, err := conns[n].SendErr(sess, hangTurn, runID)
 			results[n] = result{runID, a, err}
 		}()
 	}
@@ -54,7 +52,7 @@ func TestConcurrentSendsOneSession(t *testing.T) {
 	for n, r := range results {
 		switch id, busy := busyRunID(r.ack); {
 		case r.err != nil:
-			t.Errorf("send %d (replica r%d): %v", n, n/perConn%3+1, r.err)
+			t.Errorf("send %d (replica r%d): %v", n, n%3+1, r.err)
 		case started(r.ack, r.runID):
 			startedIDs = append(startedIDs, r.runID)
 		case busy:
