@@ -27,6 +27,12 @@ func TestRig(t *testing.T) {
 
 	c.Bot().Say("/steps say:Telegram_reply")
 	c.Bot().WaitSent(15*time.Second, "with the reply", func(s string) bool { return strings.Contains(s, "Telegram reply") })
+	if polls := c.Bot().Polls(); len(polls) == 0 || polls[len(polls)-1].Via != g.ID {
+		t.Errorf("polls %+v: want the update polled through %s's own URL", polls, g.ID)
+	}
+	if m := c.Bot().Messages(); len(m) == 0 || m[len(m)-1].Via != g.ID {
+		t.Errorf("messages %+v: want the reply sent through %s's own URL", m, g.ID)
+	}
 
 	if code, body := g.AdminAbort("no-such-run"); code != http.StatusNotFound {
 		t.Errorf("admin abort of an unknown run: %d %s, want 404", code, body)

@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +15,9 @@ import (
 // TestTelegramAcrossReplicas: one fake Bot API shared by the three
 // replicas. A turn started from Telegram whose replica is SIGKILLed ends in
 // the chat with exactly one interrupted message; /stop sent from Telegram
-// stops a turn whichever replica runs it.
+// stops a turn whichever replica runs it; when the replica that polls the
+// Bot API is SIGKILLed another takes over, and the messages sent meanwhile
+// are each answered once, in order.
 func TestTelegramAcrossReplicas(t *testing.T) {
 	c := start(t, clusterrig.Options{Telegram: true, Lease: 3 * time.Second})
 	bot := c.Bot()
@@ -66,5 +70,44 @@ func TestTelegramAcrossReplicas(t *testing.T) {
 		if conflicts := bot.Conflicts(); conflicts > 0 {
 			t.Logf("getUpdates conflicts seen (several replicas polled at once): %d", conflicts)
 		}
+	})
+	t.Run("poller killed", func(t *testing.T) {
+		bot.Say("/steps say:Before_the_poller_dies")
+		bot.WaitSent(15*time.Second, "answering before the kill", func(s string) bool { return strings.Contains(s, "Before the poller dies") })
+		polls := bot.Polls()
+		poller := slices.IndexFunc(c.Gateways(), func(g *clusterrig.Gateway) bool { return g.ID == polls[len(polls)-1].Via })
+		if poller < 0 {
+			t.Fatalf("the last poll came through %q, no replica's URL", polls[len(polls)-1].Via)
+		}
+		killed := c.Gateway(poller).Kill()
+		const n = 5
+		afterKill := regexp.MustCompile(`After the kill [0-9]+`)
+		var want []string
+		for k := range n {
+			bot.Say(fmt.Sprintf("/steps say:After_the_kill_%d", k+1))
+			want = append(want, fmt.Sprintf("After the kill %d", k+1))
+		}
+		got := func() []string {
+			var out []string
+			for _, text := range bot.Sent() {
+				out = append(out, afterKill.FindAllString(text, -1)...)
+			}
+			return out
+		}
+		testwait.Until(t, c.Lease()+20*time.Second, "every message after the kill answered", func() bool { return len(got()) >= n })
+		time.Sleep(c.Lease() + time.Second) // real time: showing that no message is answered twice
+		if g := got(); !slices.Equal(g, want) {
+			t.Errorf("after the poller's death the chat got %q; want each message answered once, in order: %q", g, want)
+		}
+		for _, p := range bot.Polls() {
+			if p.At.After(killed) {
+				if p.Via == c.Gateway(poller).ID {
+					t.Errorf("updates polled through the killed replica %s after its death", p.Via)
+				}
+				t.Logf("the first poll after the kill: %s, %v later", p.Via, p.At.Sub(killed))
+				break
+			}
+		}
+		c.Gateway(poller).Restart()
 	})
 }

@@ -220,7 +220,7 @@ func (g *Gateway) baseConfig() map[string]any {
 	if c.bot != nil {
 		Set(cfg, "channels.telegram.enabled", true)
 		Set(cfg, "channels.telegram.token", fakebot.Token)
-		Set(cfg, "channels.telegram.apiURL", c.bot.URL())
+		Set(cfg, "channels.telegram.apiURL", c.bot.URLFor(g.ID)) // the fake tells the replicas apart
 		Set(cfg, "channels.telegram.allowedChatIDs", []int64{fakebot.Chat})
 	}
 	return cfg

@@ -4,7 +4,8 @@
 // second getUpdates that overlaps a running one with 409 Conflict (as
 // Telegram does, so several replicas polling at once are seen), and can be
 // told to fail sendMessage with HTTP 500. One Bot may serve any number of
-// gateways.
+// gateways; each may be given its own base URL (URLFor) so that the fake
+// knows which one polled and which one sent.
 //
 // (cmd/gateway's crash tests carry an older copy of this server; it can move
 // onto this package.)
@@ -32,6 +33,7 @@ const (
 
 // Message is a sendMessage or editMessageText call the fake answered.
 type Message struct {
+	Via    string // the name in the base URL it came through (URLFor); "" for URL
 	Method string // sendMessage or editMessageText
 	ChatID string
 	Text   string
@@ -53,6 +55,7 @@ type Bot struct {
 	fail      bool
 	polling   int // getUpdates calls in flight
 	conflicts int // getUpdates answered 409 because another was in flight
+	polls     []Poll
 }
 
 // New starts the fake; it is closed at the test's cleanup.
@@ -69,6 +72,24 @@ func New(t testing.TB) *Bot {
 
 // URL is the API's base URL (channels.telegram.apiURL).
 func (b *Bot) URL() string { return b.srv.URL }
+
+// URLFor is a base URL for the gateway named name (a path segment that is
+// not "bot…"): calls through it are recorded with Via = name.
+func (b *Bot) URLFor(name string) string { return b.srv.URL + "/" + name }
+
+// Poll is a getUpdates call that handed out updates.
+type Poll struct {
+	Via     string
+	Updates []int64 // update ids, in order
+	At      time.Time
+}
+
+// Polls returns the getUpdates calls that handed out updates, in order.
+func (b *Bot) Polls() []Poll {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]Poll(nil), b.polls...)
+}
 
 // SetFail makes sendMessage answer HTTP 500 (true) or succeed again.
 func (b *Bot) SetFail(fail bool) {
@@ -153,7 +174,11 @@ func (b *Bot) WaitSent(within time.Duration, what string, match func(text string
 
 // ServeHTTP is the Bot API.
 func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rest, _ := strings.CutPrefix(r.URL.Path, "/bot")
+	path, via := r.URL.Path, ""
+	if first, after, ok := strings.Cut(strings.TrimPrefix(path, "/"), "/"); ok && !strings.HasPrefix(first, "bot") {
+		path, via = "/"+after, first
+	}
+	rest, _ := strings.CutPrefix(path, "/bot")
 	tok, method, _ := strings.Cut(rest, "/")
 	if tok != Token {
 		answer(w, http.StatusUnauthorized, nil, "Unauthorized")
@@ -171,9 +196,9 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "setMyCommands", "deleteWebhook", "setWebhook", "sendChatAction", "deleteMessage", "answerCallbackQuery":
 		answer(w, 200, true, "")
 	case "getUpdates":
-		b.serveUpdates(w, r)
+		b.serveUpdates(w, r, via)
 	case "sendMessage", "editMessageText":
-		m := Message{Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now()}
+		m := Message{Via: via, Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now()}
 		b.mu.Lock()
 		m.OK = !(b.fail && method == "sendMessage")
 		b.msgs = append(b.msgs, m)
@@ -191,7 +216,7 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (b *Bot) serveUpdates(w http.ResponseWriter, r *http.Request) {
+func (b *Bot) serveUpdates(w http.ResponseWriter, r *http.Request, via string) {
 	b.mu.Lock()
 	if b.polling > 0 {
 		b.conflicts++
@@ -221,6 +246,13 @@ func (b *Bot) serveUpdates(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		b.updates = kept
+		if len(out) > 0 {
+			p := Poll{Via: via, At: time.Now()}
+			for _, u := range out {
+				p.Updates = append(p.Updates, u["update_id"].(int64))
+			}
+			b.polls = append(b.polls, p)
+		}
 		wake := b.wake
 		b.mu.Unlock()
 		if len(out) > 0 || wait == 0 {
@@ -256,7 +288,7 @@ func answer(w http.ResponseWriter, status int, result any, desc string) {
 func (b *Bot) String() string {
 	var s strings.Builder
 	for _, m := range b.Messages() {
-		fmt.Fprintf(&s, "\n  %s ok=%v %q", m.Method, m.OK, m.Text)
+		fmt.Fprintf(&s, "\n  %s via %q ok=%v %q", m.Method, m.Via, m.OK, m.Text)
 	}
 	return s.String()
 }

@@ -62,7 +62,19 @@ func TestBot(t *testing.T) {
 		t.Fatalf("the long poll: %d", c)
 	}
 
-	call(t, b, "sendMessage", url.Values{"chat_id": {"4242"}, "text": {"hello"}})
+	if polls := b.Polls(); len(polls) != 2 || polls[0].Via != "" || polls[0].Updates[0] != id {
+		t.Fatalf("polls %+v", polls)
+	}
+
+	// Through a named base URL: recorded with its name.
+	res2, err := http.PostForm(b.URLFor("r2")+"/bot"+Token+"/sendMessage", url.Values{"chat_id": {"4242"}, "text": {"hello"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2.Body.Close()
+	if m := b.Messages(); len(m) != 1 || m[0].Via != "r2" {
+		t.Fatalf("messages %+v, want one via r2", m)
+	}
 	b.SetFail(true)
 	if code, _ := call(t, b, "sendMessage", url.Values{"chat_id": {"4242"}, "text": {"refused"}}); code != 500 {
 		t.Fatalf("sendMessage while failing: %d", code)
