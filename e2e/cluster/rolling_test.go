@@ -26,6 +26,9 @@ func TestRollingRestart(t *testing.T) {
 		stop     = make(chan struct{})
 		wg       sync.WaitGroup
 	)
+	// The load ends before the cluster does, also when the test fails.
+	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	t.Cleanup(stopLoad)
 	wg.Add(1)
 	go func() { // the load: one turn every 150 ms, at most 300
 		defer wg.Done()
@@ -77,8 +80,7 @@ func TestRollingRestart(t *testing.T) {
 		}
 		g.Restart()
 	}
-	close(stop)
-	wg.Wait()
+	stopLoad()
 
 	mu.Lock()
 	defer mu.Unlock()
