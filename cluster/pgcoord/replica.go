@@ -279,6 +279,19 @@ func (r *Replica) Leave(ctx context.Context) error {
 	return err
 }
 
+// Abandon ends the membership as a crash would: it stops renewing and
+// surveying and writes nothing, so the lease runs out on the database's
+// clock and a survivor takes the epoch's turns over (their notices are the
+// survivor's to publish). Every later call fails as for a fenced replica
+// (OnFenced is not called: the caller knows). It is for a process that must
+// stop at once, and for tests of a replica's death. Leave after it only
+// closes the pool; it is safe to call more than once.
+func (r *Replica) Abandon() {
+	r.stop()
+	r.bg.Wait()
+	r.end(fmt.Errorf("%w: abandoned", ErrFenced))
+}
+
 // dbRenewer renews the replica's lease on the database's clock, on a
 // connection of its own (opened again after a failure): a pool busy with
 // claims, endings or a large takeover never delays a renewal.
