@@ -249,6 +249,12 @@ func (x *Exporter) Adopt(ctx context.Context, sessionKey string, lastSeq uint64)
 	return base, nil
 }
 
+// Origin names this exporter in its frames: every tenure it numbers under
+// begins with it. A watcher given it (WatchOptions.SkipOrigin) follows the
+// sequence of the frames this exporter published but does not deliver
+// them: a replica's own events reach its clients locally.
+func (x *Exporter) Origin() string { return x.tenurePrefix }
+
 // Forget drops the exporter's numbering of a session it no longer owns;
 // if it owns it again later, it continues from the stream (a new tenure).
 func (x *Exporter) Forget(sessionKey string) {

@@ -464,3 +464,51 @@ func TestExporterWithNATSDown(t *testing.T) {
 		t.Error("Close with NATS down and frames unacknowledged returned nil")
 	}
 }
+
+// TestSkipOriginHidesOnlyOneExportersEvents: a watcher of every session
+// given exporter a's Origin delivers b's events and none of a's, and a
+// session that passes from a to b and back stays in sequence: no gap.
+func TestSkipOriginHidesOnlyOneExportersEvents(t *testing.T) {
+	c := natstest.Start(t, 1)
+	nc := connect(t, c, 0)
+	a := newExporter(t, nc, ExporterOptions{})
+	b := newExporter(t, connect(t, c, 0), ExporterOptions{})
+	r, w := watchStats(t, nc, "", WatchOptions{SkipOrigin: a.Origin()})
+	const key = "agent:main:ws:origin"
+	ctx := testContext(t, 30*time.Second)
+	acked := func(x *Exporter, n uint64) {
+		t.Helper()
+		testwait.Until(t, 10*time.Second, fmt.Sprintf("%d frames acknowledged", n), func() bool { return x.Stats().Acked >= n })
+	}
+	for i := 1; i <= 3; i++ {
+		a.Publish(keptEvent(key, i, 0))
+		a.Publish(deltaEvent(key, i))
+	}
+	acked(a, 3)
+	for i := 4; i <= 5; i++ {
+		b.Publish(keptEvent(key, i, 0))
+		b.Publish(deltaEvent(key, i))
+	}
+	acked(b, 2)
+	if last, err := a.Adopt(ctx, key, 0); err != nil || last != 5 {
+		t.Fatalf("a adopts again: %d, %v; want 5", last, err)
+	}
+	a.Publish(keptEvent(key, 6, 0))
+	acked(a, 4)
+	if _, err := b.Adopt(ctx, key, 0); err != nil {
+		t.Fatal(err)
+	}
+	b.Publish(keptEvent(key, 7, 0))
+	testwait.Until(t, 10*time.Second, "b's third event", func() bool { return len(r.kept()) >= 3 })
+	if got := r.kept(); !slices.Equal(got, []string{"k4", "k5", "k7"}) {
+		t.Fatalf("kept %v; want b's events only, no gap", got)
+	}
+	for _, s := range r.snapshot() {
+		if s == "d1" || s == "d2" || s == "d3" {
+			t.Fatalf("a's delta delivered: %v", r.snapshot())
+		}
+	}
+	if st := w.Stats(); st.Skipped == 0 || st.Gaps != 0 {
+		t.Errorf("watcher stats %+v; want a's events skipped, no gap", st)
+	}
+}
