@@ -198,6 +198,9 @@ func NewExporter(ctx context.Context, nc *nats.Conn, opt ExporterOptions) (*Expo
 // or a closed exporter, drops the event (counted; a kept one reported to
 // OnError and shown to watchers as a frameLost). Locals are not carried.
 func (x *Exporter) Publish(ev event.Event) {
+	if ev.Kind == 0 {
+		return // not an event (Kind 0 marks a Renew in the buffer)
+	}
 	ev.Locals = nil
 	if !x.closing.Load() {
 		select {
@@ -254,6 +257,47 @@ func (x *Exporter) Adopt(ctx context.Context, sessionKey string, lastSeq uint64)
 // sequence of the frames this exporter published but does not deliver
 // them: a replica's own events reach its clients locally.
 func (x *Exporter) Origin() string { return x.tenurePrefix }
+
+// Renew makes the exporter's next event of sessionKey start a new tenure
+// continuing after the greater of the stream's last frame of the session
+// and the exporter's own numbering of it. Call it when this exporter's
+// replica owns the session again (a claim) after another owner may have
+// numbered it meanwhile: without it the exporter would go on under its
+// old tenure, which the watchers that followed the other owner drop as
+// superseded. Unlike Adopt it never blocks: it takes its place in the
+// buffer, after the events published before it, and the exporter's
+// goroutine looks the stream up (only if it numbered the session before;
+// a session it does not know is looked up at its first event anyway).
+func (x *Exporter) Renew(sessionKey string) {
+	if x.closing.Load() {
+		return
+	}
+	select {
+	case x.queue <- event.Event{SessionKey: sessionKey}: // Kind 0: the renewal marker
+	default:
+		// A full buffer drops events after this one anyway (frameLost).
+	}
+}
+
+// renew is Renew on the exporter's goroutine.
+func (x *Exporter) renew(key string) {
+	x.mu.Lock()
+	old := x.sessions[key]
+	delete(x.sessions, key)
+	x.mu.Unlock()
+	if old == nil {
+		return
+	}
+	st, err := x.session(key)
+	if err != nil {
+		return // closing
+	}
+	x.mu.Lock()
+	if old.seq > st.base && st.seq == st.base {
+		st.base, st.seq = old.seq, old.seq
+	}
+	x.mu.Unlock()
+}
 
 // Forget drops the exporter's numbering of a session it no longer owns;
 // if it owns it again later, it continues from the stream (a new tenure).
@@ -363,6 +407,10 @@ func (x *Exporter) run() {
 }
 
 func (x *Exporter) export(ev event.Event) {
+	if ev.Kind == 0 {
+		x.renew(ev.SessionKey)
+		return
+	}
 	if ev.Kind == event.Delta {
 		x.publishDelta(&ev)
 		return

@@ -512,3 +512,32 @@ func TestSkipOriginHidesOnlyOneExportersEvents(t *testing.T) {
 		t.Errorf("watcher stats %+v; want a's events skipped, no gap", st)
 	}
 }
+
+// TestRenewContinuesAfterAnotherOwner: a session numbered by a, then by b,
+// then by a again: after a.Renew, a's events continue after b's and every
+// watcher delivers all of them in order; without it a would go on under
+// its old tenure and its events would be dropped as superseded.
+func TestRenewContinuesAfterAnotherOwner(t *testing.T) {
+	c := natstest.Start(t, 1)
+	a := newExporter(t, connect(t, c, 0), ExporterOptions{})
+	b := newExporter(t, connect(t, c, 0), ExporterOptions{})
+	const key = "agent:main:ws:renew"
+	r := watch(t, connect(t, c, 0), key, WatchOptions{Replay: true})
+	b.Renew(key) // b never numbered the session: nothing to do
+	for i := 1; i <= 3; i++ {
+		a.Publish(keptEvent(key, i, 0))
+	}
+	testwait.Until(t, 10*time.Second, "a's frames stored", func() bool { return a.Stats().Acked >= 3 })
+	for i := 4; i <= 5; i++ {
+		b.Publish(keptEvent(key, i, 0))
+	}
+	testwait.Until(t, 10*time.Second, "b's frames stored", func() bool { return b.Stats().Acked >= 2 })
+	a.Renew(key)
+	a.Publish(keptEvent(key, 6, 0))
+	a.Publish(event.Event{SessionKey: key}) // no kind: not an event, and not a renewal
+	a.Publish(keptEvent(key, 7, 0))
+	testwait.Until(t, 10*time.Second, "7 events", func() bool { return len(r.kept()) >= 7 })
+	if got := r.kept(); !slices.Equal(got, want(7)) {
+		t.Fatalf("kept %v", got)
+	}
+}
