@@ -362,35 +362,38 @@ func forwardToAReplicaThatIsNotThere(s *suite, p Pair) {
 	}
 }
 
-// imported records what an Import handler received: "<kind> <run> <seq>" for
-// events, "gap <session>" for gaps.
-type imported struct {
+// Imported records what an Import handler received: "<kind> <run> <seq>"
+// for each event, "gap <session>" for each gap.
+type Imported struct {
 	mu  sync.Mutex
 	got []string
 }
 
-func (l *imported) event(ev event.Event) {
+// Event is the Import handler.
+func (l *Imported) Event(ev event.Event) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.got = append(l.got, fmt.Sprintf("%s %s %d", ev.Kind, ev.RunID, ev.Seq))
 }
 
-func (l *imported) gap(sessionKey string) {
+// Gap is the Import gap callback.
+func (l *Imported) Gap(sessionKey string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.got = append(l.got, "gap "+sessionKey)
 }
 
-func (l *imported) snapshot() []string {
+// Snapshot is what was received so far.
+func (l *Imported) Snapshot() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]string(nil), l.got...)
 }
 
-func (s *suite) importInto(c gateway.Cluster) *imported {
-	l := &imported{}
-	stop := c.Import(l.event, l.gap)
-	s.t.Cleanup(stop)
+// Import records what c imports until the test's end.
+func Import(t testing.TB, c gateway.Cluster) *Imported {
+	l := &Imported{}
+	t.Cleanup(c.Import(l.Event, l.Gap))
 	return l
 }
 
@@ -412,26 +415,26 @@ func turnEvents(runID, sessionKey string, n int) []event.Event {
 
 func exportReachesOnlyTheOthers(s *suite, p Pair) {
 	t := s.t
-	fromA, fromB := s.importInto(p.A), s.importInto(p.B)
+	fromA, fromB := Import(t, p.A), Import(t, p.B)
 	const n = 40
 	var want []string
 	for _, ev := range turnEvents("run-a", s.key, n) {
 		p.A.Export(ev)
 		want = append(want, fmt.Sprintf("%s %s %d", ev.Kind, ev.RunID, ev.Seq))
 	}
-	s.until(fmt.Sprintf("B imports A's %d events", n), func() bool { return len(fromB.snapshot()) >= n })
-	if got := fromB.snapshot(); !reflect.DeepEqual(got, want) {
+	s.until(fmt.Sprintf("B imports A's %d events", n), func() bool { return len(fromB.Snapshot()) >= n })
+	if got := fromB.Snapshot(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("B imported %q; want A's events in order %q", got, want)
 	}
 	// B's own turn in another session: A hears it, after anything of its
 	// own would have come back to it.
 	marker := turnEvents("run-b", s.key+":b", 1)[0]
 	p.B.Export(marker)
-	s.until("A imports B's event", func() bool { return len(fromA.snapshot()) >= 1 })
-	if got := fromA.snapshot(); !reflect.DeepEqual(got, []string{fmt.Sprintf("%s run-b 1", marker.Kind)}) {
+	s.until("A imports B's event", func() bool { return len(fromA.Snapshot()) >= 1 })
+	if got := fromA.Snapshot(); !reflect.DeepEqual(got, []string{fmt.Sprintf("%s run-b 1", marker.Kind)}) {
 		t.Errorf("A imported %q; want B's one event and none of its own", got)
 	}
-	if got := fromB.snapshot(); len(got) != n {
+	if got := fromB.Snapshot(); len(got) != n {
 		t.Errorf("B imported %d events after its own export; want A's %d only", len(got), n)
 	}
 }
@@ -486,11 +489,11 @@ func killedReplicasTurnsAreTakenOver(s *suite, p Pair) {
 	if p.KillA == nil {
 		t.Skip("the pair cannot kill A")
 	}
-	fromB := s.importInto(p.B)
+	fromB := Import(t, p.B)
 	s.mustClaim(p.A, "run-1")
 	p.KillA()
 	s.until("B imports run-1's interrupted end", func() bool {
-		for _, g := range fromB.snapshot() {
+		for _, g := range fromB.Snapshot() {
 			if g == fmt.Sprintf("%s run-1 0", event.Aborted) {
 				return true
 			}

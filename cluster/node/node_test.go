@@ -1,0 +1,199 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/cluster/clustertest"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/internal/natstest"
+	"github.com/turnguard/turnguard/internal/pgtest"
+	"github.com/turnguard/turnguard/internal/testwait"
+	"github.com/turnguard/turnguard/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func notice(t store.Turn) string { return "⚠️ interrupted: " + t.RunID }
+
+func testContext(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// start makes replica id on the database url and the NATS cluster c; it
+// closes at the test's end.
+func start(t testing.TB, dbURL string, c *natstest.Cluster, id string) *Node {
+	t.Helper()
+	n, err := Start(testContext(t, 30*time.Second), Options{DatabaseURL: dbURL, NATSURLs: c.URLs(), ReplicaID: id,
+		Lease: 3 * time.Second, Notice: notice, Logger: quiet, OutboxChannels: []string{"telegram"}})
+	if err != nil {
+		t.Fatalf("Start %s: %v", id, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := n.Close(ctx); err != nil {
+			t.Errorf("Close %s: %v", id, err)
+		}
+	})
+	return n
+}
+
+// kill stops n as a SIGKILL would: no more lease renewals, nothing
+// written, no more NATS traffic.
+func kill(n *Node) {
+	n.coord.Abandon()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = n.closeExporters(ctx)
+	n.nc.Close()
+}
+
+// conformance runs the suite with both replicas on the NATS cluster of
+// size nodes.
+func conformance(t *testing.T, nodes int) {
+	c := natstest.Start(t, nodes)
+	var pairs atomic.Int64
+	clustertest.Run(t, func(t *testing.T) clustertest.Pair {
+		dbURL := pgtest.New(t)
+		i := pairs.Add(1)
+		a, b := start(t, dbURL, c, fmt.Sprintf("a%d.example.org", i)), start(t, dbURL, c, fmt.Sprintf("b%d", i))
+		return clustertest.Pair{A: a, B: b,
+			ServeA: func(h clustertest.Handler) { a.Serve(h) },
+			ServeB: func(h clustertest.Handler) { b.Serve(h) },
+			KillA:  func() { kill(a) }}
+	}, clustertest.Options{})
+}
+
+// The conformance suite on a real PostgreSQL and real nats-server
+// processes: one node, and a three-node JetStream cluster.
+func TestConformance(t *testing.T)                 { conformance(t, 1) }
+func TestConformanceOnThreeNATSNodes(t *testing.T) { conformance(t, 3) }
+
+// A session whose turns run on a, then b, then a again is seen by a third
+// replica in order and without a gap: each replica's exporter continues
+// after the other's events when it claims the session again.
+func TestSessionMovingBetweenReplicasStaysInOrder(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	a, b, w := start(t, dbURL, c, "a"), start(t, dbURL, c, "b"), start(t, dbURL, c, "w")
+	seen := clustertest.Import(t, w)
+	ctx := testContext(t, 30*time.Second)
+	const key = "ws:moving"
+	var want []string
+	for i, owner := range []*Node{a, b, a, b} {
+		run := fmt.Sprintf("run-%d", i)
+		if err := owner.Claim(ctx, gateway.ClaimRequest{RunID: run, SessionKey: key, Channel: "ws", Text: "hi"}); err != nil {
+			t.Fatalf("claim %s on %s: %v", run, owner.Replica(), err)
+		}
+		evs := []event.Event{
+			{Kind: event.TurnStarted, RunID: run, SessionKey: key, Seq: 1},
+			{Kind: event.StepCompleted, RunID: run, SessionKey: key, Seq: 2},
+			{Kind: event.Finished, RunID: run, SessionKey: key, Seq: 3, StopReason: event.ReasonStop, FullText: "done"},
+		}
+		for _, ev := range evs[:2] {
+			owner.Export(ev)
+		}
+		if err := owner.Finish(ctx, evs[2]); err != nil {
+			t.Fatalf("finish %s: %v", run, err)
+		}
+		owner.Export(evs[2])
+		for _, ev := range evs {
+			want = append(want, fmt.Sprintf("%s %s %d", ev.Kind, run, ev.Seq))
+		}
+	}
+	testwait.Until(t, 15*time.Second, "the third replica imports every turn", func() bool { return len(seen.Snapshot()) >= len(want) })
+	if got := seen.Snapshot(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("imported %q\nwant %q", got, want)
+	}
+}
+
+// Start with a wrong password fails, and its error does not show the
+// password it was given.
+func TestStartErrorHidesThePassword(t *testing.T) {
+	c := natstest.Start(t, 1)
+	u, err := url.Parse(pgtest.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wrong = "not-the-password-7f3a"
+	u.User = url.UserPassword(u.User.Username(), wrong)
+	_, err = Start(testContext(t, 30*time.Second), Options{DatabaseURL: u.String(), NATSURLs: c.URLs(), ReplicaID: "a",
+		Lease: time.Second, Notice: notice, Logger: quiet})
+	if err == nil {
+		t.Fatal("Start with a wrong password succeeded")
+	}
+	if strings.Contains(err.Error(), wrong) || strings.Contains(err.Error(), pgtest.Password()) {
+		t.Errorf("the error shows a password: %v", err)
+	}
+}
+
+// Two replicas Lead one duty: one runs it at a time; when the leader's
+// Lead ends, the other takes over, without the two ever overlapping.
+func TestLeadOneAtATime(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	nodes := []*Node{start(t, dbURL, c, "a"), start(t, dbURL, c, "b")}
+	var running, overlaps atomic.Int32
+	var mu sync.Mutex
+	var leaders []string
+	cancels := map[string]context.CancelFunc{}
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels[n.Replica()] = cancel
+		wg.Go(func() {
+			err := n.Lead(ctx, "poller", time.Second, func(ctx context.Context) {
+				if running.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				mu.Lock()
+				leaders = append(leaders, n.Replica())
+				mu.Unlock()
+				<-ctx.Done()
+				running.Add(-1)
+			})
+			if err != nil {
+				t.Errorf("Lead on %s: %v", n.Replica(), err)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+		wg.Wait()
+	})
+	leader := func(n int) string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(leaders) < n {
+			return ""
+		}
+		return leaders[n-1]
+	}
+	testwait.Until(t, 10*time.Second, "a first leader", func() bool { return leader(1) != "" })
+	first := leader(1)
+	cancels[first]()
+	testwait.Until(t, 10*time.Second, "a second leader", func() bool { return leader(2) != "" })
+	if second := leader(2); second == first {
+		t.Errorf("the leader after %s's Lead ended is %s again", first, second)
+	}
+	if overlaps.Load() != 0 {
+		t.Errorf("%d times two replicas ran the duty at once", overlaps.Load())
+	}
+}
