@@ -365,8 +365,9 @@ func forwardToAReplicaThatIsNotThere(s *suite, p Pair) {
 // Imported records what an Import handler received: "<kind> <run> <seq>"
 // for each event, "gap <session>" for each gap.
 type Imported struct {
-	mu  sync.Mutex
-	got []string
+	mu     sync.Mutex
+	got    []string
+	events []event.Event
 }
 
 // Event is the Import handler.
@@ -374,6 +375,14 @@ func (l *Imported) Event(ev event.Event) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.got = append(l.got, fmt.Sprintf("%s %s %d", ev.Kind, ev.RunID, ev.Seq))
+	l.events = append(l.events, ev)
+}
+
+// Events are the events received so far, gaps left out.
+func (l *Imported) Events() []event.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]event.Event(nil), l.events...)
 }
 
 // Gap is the Import gap callback.
@@ -500,6 +509,12 @@ func killedReplicasTurnsAreTakenOver(s *suite, p Pair) {
 		}
 		return false
 	})
+	for _, ev := range fromB.Events() {
+		if ev.Kind == event.Aborted && ev.RunID == "run-1" &&
+			(ev.StopReason != event.ReasonInterrupted || ev.Message == "" || ev.SessionKey != s.key) {
+			t.Errorf("run-1's end: %+v; want aborted as interrupted in %s, with the notice", ev, s.key)
+		}
+	}
 	s.until("the session is free", func() bool {
 		_, _, ok, err := p.B.Holder(s.ctx(), s.key)
 		return err == nil && !ok

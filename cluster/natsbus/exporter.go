@@ -130,6 +130,9 @@ type Exporter struct {
 	lost     map[string]uint64 // session → events dropped unnumbered, owing a frameLost
 	unsynced map[string]bool   // sessions owing a frameSync
 	owe      atomic.Bool       // lost or unsynced is not empty
+	settled  uint64            // kept events stored or failed (Flush)
+	settledC chan struct{}     // closed at the next settle; nil when no Flush waits
+	accepted atomic.Uint64     // kept events Publish queued
 
 	published, acked, failed, dropped, deltas, deltasDropped atomic.Uint64
 }
@@ -205,6 +208,9 @@ func (x *Exporter) Publish(ev event.Event) {
 	if !x.closing.Load() {
 		select {
 		case x.queue <- ev:
+			if ev.Kind != event.Delta {
+				x.accepted.Add(1)
+			}
 			return
 		default:
 		}
@@ -418,6 +424,7 @@ func (x *Exporter) export(ev event.Event) {
 	st, err := x.session(ev.SessionKey)
 	if err != nil {
 		x.failed.Add(1)
+		x.settle()
 		x.report(&PublishError{SessionKey: ev.SessionKey, Kind: ev.Kind, Err: err})
 		return
 	}
@@ -532,6 +539,9 @@ func (x *Exporter) collect() {
 			p.st.hintSeq, p.st.hintStream = p.seq, ack.Sequence
 		}
 		x.mu.Unlock()
+		if p.kind != 0 {
+			x.settle()
+		}
 	}
 }
 
@@ -564,7 +574,47 @@ func (x *Exporter) fail(p *pending, err error) {
 	}
 	x.mu.Unlock()
 	if p.kind != 0 { // an event, not a lost or sync frame: tell the operator
+		x.settle()
 		x.report(&PublishError{SessionKey: p.st.key, Kind: p.kind, Seq: p.seq, Err: err})
+	}
+}
+
+// settle counts a kept event the exporter is done with (stored, or
+// failed) and wakes the Flush calls waiting.
+func (x *Exporter) settle() {
+	x.mu.Lock()
+	x.settled++
+	if x.settledC != nil {
+		close(x.settledC)
+		x.settledC = nil
+	}
+	x.mu.Unlock()
+}
+
+// Flush waits until every kept event Publish took before the call is
+// stored by the stream or counted as failed (reported to OnError), or
+// until ctx ends (an error wrapping ctx.Err()). Deltas, and events Publish
+// dropped, are not waited for. A replica flushes before it tells anyone
+// that an event is out — e.g. before it runs a session's next turn
+// elsewhere numbered after it.
+func (x *Exporter) Flush(ctx context.Context) error {
+	target := x.accepted.Load()
+	for {
+		x.mu.Lock()
+		if x.settled >= target {
+			x.mu.Unlock()
+			return nil
+		}
+		if x.settledC == nil {
+			x.settledC = make(chan struct{})
+		}
+		c := x.settledC
+		x.mu.Unlock()
+		select {
+		case <-c:
+		case <-ctx.Done():
+			return fmt.Errorf("natsbus: flush: %w", ctx.Err())
+		}
 	}
 }
 

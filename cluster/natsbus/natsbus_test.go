@@ -541,3 +541,31 @@ func TestRenewContinuesAfterAnotherOwner(t *testing.T) {
 		t.Fatalf("kept %v", got)
 	}
 }
+
+// TestFlushWaitsForTheStream: once Flush returns, every kept event
+// published before it is acknowledged; with the stream unreachable Flush
+// ends with its ctx.
+func TestFlushWaitsForTheStream(t *testing.T) {
+	c := natstest.Start(t, 1)
+	nc := connect(t, c, 0)
+	x := newExporter(t, nc, ExporterOptions{})
+	const key, n = "agent:main:ws:flush", 20
+	for i := 1; i <= n; i++ {
+		x.Publish(keptEvent(key, i, n))
+		x.Publish(deltaEvent(key, i))
+	}
+	if err := x.Flush(testContext(t, 10*time.Second)); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	if st := x.Stats(); st.Acked != n {
+		t.Fatalf("after Flush: %d of %d kept events acknowledged (%+v)", st.Acked, n, st)
+	}
+	c.Stop(0)
+	testwait.Until(t, 10*time.Second, "disconnected", func() bool { return !nc.IsConnected() })
+	x.Publish(keptEvent(key, n+1, 0))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := x.Flush(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Flush with the stream down: %v; want its deadline", err)
+	}
+}

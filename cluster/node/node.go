@@ -19,6 +19,10 @@ import (
 	"github.com/turnguard/turnguard/store"
 )
 
+// takeoverFlush bounds how long a takeover waits for the stream to store
+// the ends it exported before it calls Options.OnTakeover.
+const takeoverFlush = 2 * time.Second
+
 // Options configure a replica. DatabaseURL, NATSURLs, ReplicaID, Lease and
 // Notice are required.
 type Options struct {
@@ -273,6 +277,14 @@ func (n *Node) tookOver(t pgcoord.Takeover) {
 		n.tkx.Publish(event.Event{Kind: event.Aborted, RunID: tt.RunID, SessionKey: tt.SessionKey, Channel: tt.Channel,
 			ChatRef: tt.ChatRef, StopReason: event.ReasonInterrupted, Message: tt.Notice, Time: now})
 	}
+	// Stored before anyone runs the sessions' next turns: a turn this
+	// replica starts at once (OnTakeover runs the queued messages) numbers
+	// its events after these ends.
+	ctx, cancel := context.WithTimeout(context.Background(), takeoverFlush)
+	if err := n.tkx.Flush(ctx); err != nil {
+		n.log.Warn("cluster: the ends of taken-over turns are not all stored yet (their watchers may see a gap)", "error", err)
+	}
+	cancel()
 	n.log.Info("cluster: took a dead replica's turns over", "dead", t.Replica, "epoch", t.Epoch,
 		"turns", len(t.Turns), "overdue", t.Overdue)
 	if n.opts.OnTakeover != nil {

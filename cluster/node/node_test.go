@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/cluster/clustertest"
+	"github.com/turnguard/turnguard/cluster/pgcoord"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/internal/natstest"
@@ -36,10 +37,14 @@ func testContext(t testing.TB, d time.Duration) context.Context {
 
 // start makes replica id on the database url and the NATS cluster c; it
 // closes at the test's end.
-func start(t testing.TB, dbURL string, c *natstest.Cluster, id string) *Node {
+func start(t testing.TB, dbURL string, c *natstest.Cluster, id string, edit ...func(*Options)) *Node {
 	t.Helper()
-	n, err := Start(testContext(t, 30*time.Second), Options{DatabaseURL: dbURL, NATSURLs: c.URLs(), ReplicaID: id,
-		Lease: 3 * time.Second, Notice: notice, Logger: quiet, OutboxChannels: []string{"telegram"}})
+	o := Options{DatabaseURL: dbURL, NATSURLs: c.URLs(), ReplicaID: id,
+		Lease: 3 * time.Second, Notice: notice, Logger: quiet, OutboxChannels: []string{"telegram"}}
+	for _, e := range edit {
+		e(&o)
+	}
+	n, err := Start(testContext(t, 30*time.Second), o)
 	if err != nil {
 		t.Fatalf("Start %s: %v", id, err)
 	}
@@ -195,5 +200,71 @@ func TestLeadOneAtATime(t *testing.T) {
 	}
 	if overlaps.Load() != 0 {
 		t.Errorf("%d times two replicas ran the duty at once", overlaps.Load())
+	}
+}
+
+// A replica dies mid-turn: whichever survivor takes the turn over, both
+// survivors' Imports deliver its interrupted end with the notice, and a
+// turn the survivor starts in the session from OnTakeover (as the engine
+// runs the queued messages) follows it in order, with no gap.
+func TestTakeoverEndIsSeenEverywhereBeforeTheNextTurn(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	ctx := testContext(t, 30*time.Second)
+	const key = "ws:taken"
+	var survivors sync.Map // replica id → *Node
+	var tookOver atomic.Int32
+	next := func(id string) func(*Options) {
+		return func(o *Options) {
+			o.OnTakeover = func(tk pgcoord.Takeover) {
+				tookOver.Add(1)
+				v, _ := survivors.Load(id)
+				n := v.(*Node)
+				if err := n.Claim(ctx, gateway.ClaimRequest{RunID: "run-2", SessionKey: key, Channel: "ws", Text: "queued"}); err != nil {
+					t.Errorf("claim the queued turn on %s: %v", id, err)
+					return
+				}
+				n.Export(event.Event{Kind: event.TurnStarted, RunID: "run-2", SessionKey: key, Seq: 1})
+			}
+		}
+	}
+	a := start(t, dbURL, c, "a")
+	b, d := start(t, dbURL, c, "b", next("b")), start(t, dbURL, c, "d", next("d"))
+	survivors.Store("b", b)
+	survivors.Store("d", d)
+	fromB, fromD := clustertest.Import(t, b), clustertest.Import(t, d)
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: key, Channel: "ws", Text: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	a.Export(event.Event{Kind: event.TurnStarted, RunID: "run-1", SessionKey: key, Seq: 1})
+	testwait.Until(t, 10*time.Second, "both survivors see run-1 start", func() bool {
+		return len(fromB.Snapshot()) == 1 && len(fromD.Snapshot()) == 1
+	})
+	kill(a)
+	testwait.Until(t, 15*time.Second, "a survivor took run-1 over", func() bool { return tookOver.Load() == 1 })
+	survivor, other, fromOther := b, d, fromD
+	if run, rep, ok, _ := b.Holder(ctx, key); ok && run == "run-2" && rep == "d" {
+		survivor, other, fromOther = d, b, fromB
+	}
+	want := []string{fmt.Sprintf("%s run-1 1", event.TurnStarted), fmt.Sprintf("%s run-1 0", event.Aborted),
+		fmt.Sprintf("%s run-2 1", event.TurnStarted)}
+	testwait.Until(t, 10*time.Second, "the other survivor sees the end and the next turn", func() bool {
+		return len(fromOther.Snapshot()) >= 3
+	})
+	if got := fromOther.Snapshot(); !reflect.DeepEqual(got, want) {
+		t.Errorf("%s (not the survivor) imported %q; want %q", other.Replica(), got, want)
+	}
+	fromSurvivor := fromB
+	if survivor == d {
+		fromSurvivor = fromD
+	}
+	testwait.Until(t, 10*time.Second, "the survivor sees the end", func() bool { return len(fromSurvivor.Snapshot()) >= 2 })
+	if got := fromSurvivor.Snapshot(); !reflect.DeepEqual(got, want[:2]) {
+		t.Errorf("%s (the survivor) imported %q; want %q (its own next turn is not imported)", survivor.Replica(), got, want[:2])
+	}
+	for _, imp := range []*clustertest.Imported{fromB, fromD} {
+		if evs := imp.Events(); len(evs) < 2 || evs[1].Message != "⚠️ interrupted: run-1" || evs[1].StopReason != event.ReasonInterrupted {
+			t.Errorf("the end of run-1 as imported: %+v; want interrupted, with the notice", evs)
+		}
 	}
 }
