@@ -85,6 +85,7 @@ var cases = []struct {
 	{"Holder", holder},
 	{"ForwardReachesTheOtherEngine", forwardReachesTheOtherEngine},
 	{"ForwardedErrorsKeepTypeAndWords", forwardedErrorsKeepTypeAndWords},
+	{"ForwardsAreAnsweredConcurrently", forwardsAreAnsweredConcurrently},
 	{"ForwardAbort", forwardAbort},
 	{"ForwardToAReplicaThatIsNotThere", forwardToAReplicaThatIsNotThere},
 	{"ExportReachesOnlyTheOthers", exportReachesOnlyTheOthers},
@@ -318,6 +319,43 @@ func forwardedErrorsKeepTypeAndWords(s *suite, p Pair) {
 			if got, ok := err.(userTexter); !ok || got.UserText() != want.UserText() {
 				s.t.Errorf("%s: the user's text changed on the way: %v; want %q", c.name, err, want.UserText())
 			}
+		}
+	}
+}
+
+// forwardsAreAnsweredConcurrently: n forwarded sends are all in the other
+// engine's Send at once — one slow Send does not hold the others back.
+func forwardsAreAnsweredConcurrently(s *suite, p Pair) {
+	const n = 8
+	var arrived sync.WaitGroup
+	arrived.Add(n)
+	all := make(chan struct{})
+	go func() { arrived.Wait(); close(all) }()
+	ctx := s.ctx()
+	p.ServeB(&engine{send: func(req gateway.SendRequest) (gateway.Ack, error) {
+		arrived.Done()
+		select {
+		case <-all:
+			return gateway.Ack{RunID: req.RunID, Status: gateway.StatusStarted}, nil
+		case <-ctx.Done():
+			return gateway.Ack{}, fmt.Errorf("only some of the %d sends arrived together: %w", n, ctx.Err())
+		}
+	}})
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ack, err := p.A.Forward(ctx, p.B.Replica(), gateway.SendRequest{SessionKey: fmt.Sprintf("%s:%d", s.key, i), RunID: fmt.Sprintf("run-%d", i), Text: "hi"})
+			if err == nil && ack.RunID != fmt.Sprintf("run-%d", i) {
+				err = fmt.Errorf("ack %+v", ack)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			s.t.Errorf("forward %d: %v", i, err)
 		}
 	}
 }

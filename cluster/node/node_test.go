@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/turnguard/turnguard/cluster/clustertest"
 	"github.com/turnguard/turnguard/cluster/pgcoord"
@@ -267,4 +270,98 @@ func TestTakeoverEndIsSeenEverywhereBeforeTheNextTurn(t *testing.T) {
 			t.Errorf("the end of run-1 as imported: %+v; want interrupted, with the notice", evs)
 		}
 	}
+}
+
+// A replica whose lease the database no longer holds is fenced: it is
+// told (OnFenced), its claims are refused as unavailable, its Finish as
+// not the owner, and what it exports reaches no other replica; the
+// survivor ends its turn.
+func TestFencedReplicaClaimsFinishesAndExportsNothing(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	ctx := testContext(t, 30*time.Second)
+	fenced := make(chan error, 1)
+	a := start(t, dbURL, c, "a", func(o *Options) { o.OnFenced = func(err error) { fenced <- err } })
+	b := start(t, dbURL, c, "b")
+	fromB := clustertest.Import(t, b)
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: "ws:f", Channel: "ws"}); err != nil {
+		t.Fatal(err)
+	}
+	expireLease(t, dbURL, a)
+	select {
+	case err := <-fenced:
+		if !errors.Is(err, pgcoord.ErrFenced) {
+			t.Errorf("OnFenced(%v); want ErrFenced", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("not fenced within 30 s of its lease's expiry")
+	}
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-2", SessionKey: "ws:g"}); !errors.Is(err, gateway.ErrClusterUnavailable) {
+		t.Errorf("a fenced replica's Claim: %v; want ErrClusterUnavailable", err)
+	}
+	if err := a.Finish(ctx, event.Event{Kind: event.Finished, RunID: "run-1", StopReason: event.ReasonStop}); !errors.Is(err, gateway.ErrNotTurnOwner) {
+		t.Errorf("a fenced replica's Finish: %v; want ErrNotTurnOwner", err)
+	}
+	a.Export(event.Event{Kind: event.Finished, RunID: "run-1", SessionKey: "ws:f", Seq: 9})
+	testwait.Until(t, 15*time.Second, "b imports run-1's interrupted end", func() bool { return len(fromB.Snapshot()) >= 1 })
+	if got, want := fromB.Snapshot(), []string{fmt.Sprintf("%s run-1 0", event.Aborted)}; !reflect.DeepEqual(got, want) {
+		t.Errorf("b imported %q; want only the survivor's %q", got, want)
+	}
+}
+
+// expireLease ends n's lease now on the database's clock, as if it had not
+// renewed in time.
+func expireLease(t testing.TB, dbURL string, n *Node) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), `UPDATE leases SET expires_at = now() WHERE epoch = $1`, n.coord.Epoch()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Close leaves at once: the replica's unfinished turn is ended, its
+// session is free for another replica without waiting for the lease, and
+// a forward to it is unavailable.
+func TestCloseLeavesAtOnce(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	ctx := testContext(t, 30*time.Second)
+	a, b := start(t, dbURL, c, "a"), start(t, dbURL, c, "b")
+	a.Serve(&echo{})
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: "ws:c", Channel: "ws"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Forward(ctx, "a", gateway.SendRequest{SessionKey: "ws:c", RunID: "run-2"}); err != nil {
+		t.Fatalf("forward to a serving replica: %v", err)
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok, err := b.Holder(ctx, "ws:c"); err != nil || ok {
+		t.Errorf("Holder right after a closed: ok %v, %v; want the session free", ok, err)
+	}
+	if err := b.Claim(ctx, gateway.ClaimRequest{RunID: "run-3", SessionKey: "ws:c", Channel: "ws"}); err != nil {
+		t.Errorf("claim on b right after a closed: %v", err)
+	}
+	if _, err := b.Forward(ctx, "a", gateway.SendRequest{SessionKey: "ws:c", RunID: "run-4"}); !errors.Is(err, gateway.ErrClusterUnavailable) {
+		t.Errorf("forward to a closed replica: %v; want ErrClusterUnavailable", err)
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
+}
+
+// echo is an engine that starts every message.
+type echo struct{}
+
+func (echo) Send(_ context.Context, req gateway.SendRequest) (gateway.Ack, error) {
+	return gateway.Ack{RunID: req.RunID, Status: gateway.StatusStarted}, nil
+}
+
+func (echo) Abort(context.Context, string, string, event.StopReason, string, bool) (gateway.AbortResult, error) {
+	return gateway.AbortResult{}, nil
 }
