@@ -17,10 +17,10 @@
 // replicas by itself) and NATS (the event stream, the exporter). Serve
 // makes the local engine answer the requests other replicas forward here.
 // Close stops answering, leaves the database (the lease ends at once, so
-// nobody waits for it to expire), flushes the exporter and closes NATS:
-// finish the engine's turns first (their ends are Finish calls), as a
-// turn still claimed at Close is ended as interrupted by Leave and no
-// event of that end is exported.
+// nobody waits for it to expire), flushes the exporters and closes NATS.
+// Finish the engine's turns first (their ends are Finish calls): a turn
+// still claimed at Close is ended as interrupted by Leave, and its end is
+// exported as a takeover's is.
 //
 // # What the other replicas see
 //

@@ -136,6 +136,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		Notice:         opts.Notice,
 		OnFenced:       opts.OnFenced,
 		OnTakeover:     n.tookOver,
+		OnLeave:        n.left,
 		Logger:         opts.Logger,
 	})
 	if err != nil {
@@ -271,24 +272,36 @@ func (n *Node) Export(ev event.Event) {
 // skip: its watchers see them as every other replica's do (the local
 // engine never ran those turns, so its bus does not carry their ends).
 func (n *Node) tookOver(t pgcoord.Takeover) {
+	n.exportEnds(t)
+	n.log.Info("cluster: took a dead replica's turns over", "dead", t.Replica, "epoch", t.Epoch,
+		"turns", len(t.Turns), "overdue", t.Overdue)
+	if n.opts.OnTakeover != nil {
+		n.opts.OnTakeover(t)
+	}
+}
+
+// left exports the ends of the turns Close's Leave ended (the engine had
+// not finished them).
+func (n *Node) left(t pgcoord.Takeover) {
+	n.exportEnds(t)
+	n.log.Warn("cluster: left with turns still running: ended as interrupted", "turns", len(t.Turns))
+}
+
+// exportEnds exports an Aborted event (interrupted, with the notice) for
+// every turn t ended, and waits until the stream has stored them (or
+// takeoverFlush passed): a turn started at once in one of the sessions
+// (OnTakeover runs the queued messages) is numbered after these ends.
+func (n *Node) exportEnds(t pgcoord.Takeover) {
 	now := time.Now()
 	for _, tt := range t.Turns {
 		n.tkx.Renew(tt.SessionKey)
 		n.tkx.Publish(event.Event{Kind: event.Aborted, RunID: tt.RunID, SessionKey: tt.SessionKey, Channel: tt.Channel,
 			ChatRef: tt.ChatRef, StopReason: event.ReasonInterrupted, Message: tt.Notice, Time: now})
 	}
-	// Stored before anyone runs the sessions' next turns: a turn this
-	// replica starts at once (OnTakeover runs the queued messages) numbers
-	// its events after these ends.
 	ctx, cancel := context.WithTimeout(context.Background(), takeoverFlush)
+	defer cancel()
 	if err := n.tkx.Flush(ctx); err != nil {
 		n.log.Warn("cluster: the ends of taken-over turns are not all stored yet (their watchers may see a gap)", "error", err)
-	}
-	cancel()
-	n.log.Info("cluster: took a dead replica's turns over", "dead", t.Replica, "epoch", t.Epoch,
-		"turns", len(t.Turns), "overdue", t.Overdue)
-	if n.opts.OnTakeover != nil {
-		n.opts.OnTakeover(t)
 	}
 }
 

@@ -217,10 +217,12 @@ func TestTakeoverEndIsSeenEverywhereBeforeTheNextTurn(t *testing.T) {
 	const key = "ws:taken"
 	var survivors sync.Map // replica id → *Node
 	var tookOver atomic.Int32
+	var survivorID atomic.Value // set once OnTakeover has started the next turn
 	next := func(id string) func(*Options) {
 		return func(o *Options) {
 			o.OnTakeover = func(tk pgcoord.Takeover) {
 				tookOver.Add(1)
+				defer survivorID.Store(id)
 				v, _ := survivors.Load(id)
 				n := v.(*Node)
 				if err := n.Claim(ctx, gateway.ClaimRequest{RunID: "run-2", SessionKey: key, Channel: "ws", Text: "queued"}); err != nil {
@@ -244,16 +246,23 @@ func TestTakeoverEndIsSeenEverywhereBeforeTheNextTurn(t *testing.T) {
 		return len(fromB.Snapshot()) == 1 && len(fromD.Snapshot()) == 1
 	})
 	kill(a)
-	testwait.Until(t, 15*time.Second, "a survivor took run-1 over", func() bool { return tookOver.Load() == 1 })
+	testwait.Until(t, 15*time.Second, "a survivor took run-1 over", func() bool { return survivorID.Load() != nil })
+	if n := tookOver.Load(); n != 1 {
+		t.Fatalf("%d takeovers; want 1", n)
+	}
 	survivor, other, fromOther := b, d, fromD
-	if run, rep, ok, _ := b.Holder(ctx, key); ok && run == "run-2" && rep == "d" {
+	if survivorID.Load() == "d" {
 		survivor, other, fromOther = d, b, fromB
 	}
 	want := []string{fmt.Sprintf("%s run-1 1", event.TurnStarted), fmt.Sprintf("%s run-1 0", event.Aborted),
 		fmt.Sprintf("%s run-2 1", event.TurnStarted)}
-	testwait.Until(t, 10*time.Second, "the other survivor sees the end and the next turn", func() bool {
-		return len(fromOther.Snapshot()) >= 3
+	testwait.NoError(t, 10*time.Second, func() error {
+		if got := fromOther.Snapshot(); len(got) < 3 {
+			return fmt.Errorf("the other survivor imported only %q", got)
+		}
+		return nil
 	})
+
 	if got := fromOther.Snapshot(); !reflect.DeepEqual(got, want) {
 		t.Errorf("%s (not the survivor) imported %q; want %q", other.Replica(), got, want)
 	}
@@ -323,14 +332,16 @@ func expireLease(t testing.TB, dbURL string, n *Node) {
 	}
 }
 
-// Close leaves at once: the replica's unfinished turn is ended, its
-// session is free for another replica without waiting for the lease, and
-// a forward to it is unavailable.
+// Close leaves at once: the replica's unfinished turn is ended (the other
+// replicas see its interrupted end), its session is free for another
+// replica without waiting for the lease, and a forward to it is
+// unavailable.
 func TestCloseLeavesAtOnce(t *testing.T) {
 	c := natstest.Start(t, 1)
 	dbURL := pgtest.New(t)
 	ctx := testContext(t, 30*time.Second)
 	a, b := start(t, dbURL, c, "a"), start(t, dbURL, c, "b")
+	fromB := clustertest.Import(t, b)
 	a.Serve(&echo{})
 	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: "ws:c", Channel: "ws"}); err != nil {
 		t.Fatal(err)
@@ -343,6 +354,10 @@ func TestCloseLeavesAtOnce(t *testing.T) {
 	}
 	if _, _, ok, err := b.Holder(ctx, "ws:c"); err != nil || ok {
 		t.Errorf("Holder right after a closed: ok %v, %v; want the session free", ok, err)
+	}
+	testwait.Until(t, 10*time.Second, "b imports run-1's end", func() bool { return len(fromB.Snapshot()) >= 1 })
+	if evs := fromB.Events(); evs[0].Kind != event.Aborted || evs[0].RunID != "run-1" || evs[0].StopReason != event.ReasonInterrupted {
+		t.Errorf("b imported %+v; want run-1's interrupted end", evs)
 	}
 	if err := b.Claim(ctx, gateway.ClaimRequest{RunID: "run-3", SessionKey: "ws:c", Channel: "ws"}); err != nil {
 		t.Errorf("claim on b right after a closed: %v", err)

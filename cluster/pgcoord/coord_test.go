@@ -382,3 +382,31 @@ func TestHolderAndAbandon(t *testing.T) {
 		t.Errorf("Leave after Abandon: %v", err)
 	}
 }
+
+// Leave ends the turns still claimed as interrupted and reports them to
+// OnLeave (only those: a finished turn is not among them).
+func TestLeaveReportsTheTurnsItEnded(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	var left []Takeover
+	a := join(t, url, "a", 5*time.Second, func(o *Options) { o.OnLeave = func(t Takeover) { left = append(left, t) } })
+	b := join(t, url, "b", 5*time.Second)
+	for _, run := range []string{"run-1", "run-2"} {
+		if err := a.Claim(ctx, Claim{RunID: run, SessionKey: "ws:" + run, Channel: "ws"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Finish(ctx, finished("run-2", "done")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || len(left[0].Turns) != 1 || left[0].Turns[0].RunID != "run-1" ||
+		left[0].Turns[0].Notice != "⚠️ interrupted: run-1" || left[0].Replica != "a" {
+		t.Fatalf("OnLeave got %+v; want run-1 of a with its notice", left)
+	}
+	if _, _, ok, err := b.Holder(ctx, "ws:run-1"); err != nil || ok {
+		t.Errorf("Holder after Leave: ok %v, %v; want free", ok, err)
+	}
+}
