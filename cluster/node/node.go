@@ -124,7 +124,9 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		n.tkx, err = natsbus.NewExporter(ctx, n.nc, xo)
 	}
 	if err != nil {
-		n.closeExporters(context.Background())
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = n.closeExporters(cctx) // nothing was published
 		n.nc.Close()
 		return nil, fmt.Errorf("cluster node %s: %w", opts.ReplicaID, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/turnguard/turnguard/cluster/clustertest"
 	"github.com/turnguard/turnguard/cluster/pgcoord"
@@ -379,4 +380,54 @@ func (echo) Send(_ context.Context, req gateway.SendRequest) (gateway.Ack, error
 
 func (echo) Abort(context.Context, string, string, event.StopReason, string, bool) (gateway.AbortResult, error) {
 	return gateway.AbortResult{}, nil
+}
+
+// A leader whose lease key is taken from it (here: deleted) sees fn's ctx
+// end, and leads again once it wins the lease back.
+func TestLeadEndsFnWhenTheLeaseIsLost(t *testing.T) {
+	c := natstest.Start(t, 1)
+	a := start(t, pgtest.New(t), c, "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	terms := make(chan context.Context, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- a.Lead(ctx, "duty", time.Second, func(ctx context.Context) {
+			terms <- ctx
+			<-ctx.Done()
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Lead: %v", err)
+		}
+	})
+	wait := testContext(t, 15*time.Second)
+	var first context.Context
+	select {
+	case first = <-terms:
+	case <-wait.Done():
+		t.Fatal("not leading within 15 s")
+	}
+	js, err := jetstream.New(c.Connect(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(wait, "TG_LEASE_duty")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(wait, "duty"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-first.Done():
+	case <-wait.Done():
+		t.Fatal("fn's ctx did not end after the lease was lost")
+	}
+	select {
+	case <-terms:
+	case <-wait.Done():
+		t.Fatal("not leading again")
+	}
 }
