@@ -168,6 +168,11 @@ func TestThreeWatchersOnThreeNodesSeeTheSameSequence(t *testing.T) {
 			}
 		}
 	}
+	// The watchers may deliver a frame before its acknowledgement reaches
+	// the exporter: wait for those, then count.
+	if err := x.Flush(testContext(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	if st := x.Stats(); st.Acked != n || st.Failed != 0 || st.Dropped != 0 {
 		t.Errorf("exporter stats %+v", st)
 	}
