@@ -64,7 +64,9 @@ type Cluster interface {
 	// Forward hands req to replica's engine (Engine.Send with
 	// req.Forwarded set) and returns its answer; errors the engine
 	// returned come back as the same types (*BusyError, *QueueFullError,
-	// ErrTooLong …) as far as callers branch on them.
+	// ErrTooLong …) with the same words, as far as callers branch on
+	// them. A replica that cannot be reached (gone, not serving, ctx's
+	// deadline passed first) is an error wrapping ErrClusterUnavailable.
 	Forward(ctx context.Context, replica string, req SendRequest) (Ack, error)
 	// ForwardAbort asks replica's engine to abort (Engine.Abort) and
 	// returns once that replica published the Aborted event, or failed.
@@ -76,7 +78,11 @@ type Cluster interface {
 	// Import calls h with every event another replica exports, in each
 	// session's order, and gap with a session whose events it could not
 	// deliver in order (the watcher must reload that session's history).
-	// stop ends it.
+	// It also delivers the Aborted event (stop reason interrupted) of each
+	// turn a takeover ended, on every replica — the one that took the turn
+	// over included, since its engine never ran it. This replica's own
+	// exports never come back. h is called from one goroutine at a time
+	// and must not block. stop ends it; no call follows its return.
 	Import(h event.Handler, gap func(sessionKey string)) (stop func())
 }
 

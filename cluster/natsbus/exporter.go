@@ -130,6 +130,9 @@ type Exporter struct {
 	lost     map[string]uint64 // session → events dropped unnumbered, owing a frameLost
 	unsynced map[string]bool   // sessions owing a frameSync
 	owe      atomic.Bool       // lost or unsynced is not empty
+	settled  uint64            // kept events stored or failed (Flush)
+	settledC chan struct{}     // closed at the next settle; nil when no Flush waits
+	accepted atomic.Uint64     // kept events Publish queued
 
 	published, acked, failed, dropped, deltas, deltasDropped atomic.Uint64
 }
@@ -198,10 +201,16 @@ func NewExporter(ctx context.Context, nc *nats.Conn, opt ExporterOptions) (*Expo
 // or a closed exporter, drops the event (counted; a kept one reported to
 // OnError and shown to watchers as a frameLost). Locals are not carried.
 func (x *Exporter) Publish(ev event.Event) {
+	if ev.Kind == 0 {
+		return // not an event (Kind 0 marks a Renew in the buffer)
+	}
 	ev.Locals = nil
 	if !x.closing.Load() {
 		select {
 		case x.queue <- ev:
+			if ev.Kind != event.Delta {
+				x.accepted.Add(1)
+			}
 			return
 		default:
 		}
@@ -247,6 +256,53 @@ func (x *Exporter) Adopt(ctx context.Context, sessionKey string, lastSeq uint64)
 	x.sessions[sessionKey] = x.newSession(sessionKey, subj, base)
 	x.mu.Unlock()
 	return base, nil
+}
+
+// Origin names this exporter in its frames: every tenure it numbers under
+// begins with it. A watcher given it (WatchOptions.SkipOrigin) follows the
+// sequence of the frames this exporter published but does not deliver
+// them: a replica's own events reach its clients locally.
+func (x *Exporter) Origin() string { return x.tenurePrefix }
+
+// Renew makes the exporter's next event of sessionKey start a new tenure
+// continuing after the greater of the stream's last frame of the session
+// and the exporter's own numbering of it. Call it when this exporter's
+// replica owns the session again (a claim) after another owner may have
+// numbered it meanwhile: without it the exporter would go on under its
+// old tenure, which the watchers that followed the other owner drop as
+// superseded. Unlike Adopt it never blocks: it takes its place in the
+// buffer, after the events published before it, and the exporter's
+// goroutine looks the stream up (only if it numbered the session before;
+// a session it does not know is looked up at its first event anyway).
+func (x *Exporter) Renew(sessionKey string) {
+	if x.closing.Load() {
+		return
+	}
+	select {
+	case x.queue <- event.Event{SessionKey: sessionKey}: // Kind 0: the renewal marker
+	default:
+		// A full buffer drops events after this one anyway (frameLost).
+	}
+}
+
+// renew is Renew on the exporter's goroutine.
+func (x *Exporter) renew(key string) {
+	x.mu.Lock()
+	old := x.sessions[key]
+	delete(x.sessions, key)
+	x.mu.Unlock()
+	if old == nil {
+		return
+	}
+	st, err := x.session(key)
+	if err != nil {
+		return // closing
+	}
+	x.mu.Lock()
+	if old.seq > st.base && st.seq == st.base {
+		st.base, st.seq = old.seq, old.seq
+	}
+	x.mu.Unlock()
 }
 
 // Forget drops the exporter's numbering of a session it no longer owns;
@@ -357,6 +413,10 @@ func (x *Exporter) run() {
 }
 
 func (x *Exporter) export(ev event.Event) {
+	if ev.Kind == 0 {
+		x.renew(ev.SessionKey)
+		return
+	}
 	if ev.Kind == event.Delta {
 		x.publishDelta(&ev)
 		return
@@ -364,6 +424,7 @@ func (x *Exporter) export(ev event.Event) {
 	st, err := x.session(ev.SessionKey)
 	if err != nil {
 		x.failed.Add(1)
+		x.settle()
 		x.report(&PublishError{SessionKey: ev.SessionKey, Kind: ev.Kind, Err: err})
 		return
 	}
@@ -478,6 +539,9 @@ func (x *Exporter) collect() {
 			p.st.hintSeq, p.st.hintStream = p.seq, ack.Sequence
 		}
 		x.mu.Unlock()
+		if p.kind != 0 {
+			x.settle()
+		}
 	}
 }
 
@@ -510,7 +574,47 @@ func (x *Exporter) fail(p *pending, err error) {
 	}
 	x.mu.Unlock()
 	if p.kind != 0 { // an event, not a lost or sync frame: tell the operator
+		x.settle()
 		x.report(&PublishError{SessionKey: p.st.key, Kind: p.kind, Seq: p.seq, Err: err})
+	}
+}
+
+// settle counts a kept event the exporter is done with (stored, or
+// failed) and wakes the Flush calls waiting.
+func (x *Exporter) settle() {
+	x.mu.Lock()
+	x.settled++
+	if x.settledC != nil {
+		close(x.settledC)
+		x.settledC = nil
+	}
+	x.mu.Unlock()
+}
+
+// Flush waits until every kept event Publish took before the call is
+// stored by the stream or counted as failed (reported to OnError), or
+// until ctx ends (an error wrapping ctx.Err()). Deltas, and events Publish
+// dropped, are not waited for. A replica flushes before it tells anyone
+// that an event is out — e.g. before it runs a session's next turn
+// elsewhere numbered after it.
+func (x *Exporter) Flush(ctx context.Context) error {
+	target := x.accepted.Load()
+	for {
+		x.mu.Lock()
+		if x.settled >= target {
+			x.mu.Unlock()
+			return nil
+		}
+		if x.settledC == nil {
+			x.settledC = make(chan struct{})
+		}
+		c := x.settledC
+		x.mu.Unlock()
+		select {
+		case <-c:
+		case <-ctx.Done():
+			return fmt.Errorf("natsbus: flush: %w", ctx.Err())
+		}
 	}
 }
 

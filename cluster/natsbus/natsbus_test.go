@@ -168,6 +168,11 @@ func TestThreeWatchersOnThreeNodesSeeTheSameSequence(t *testing.T) {
 			}
 		}
 	}
+	// The watchers may deliver a frame before its acknowledgement reaches
+	// the exporter: wait for those, then count.
+	if err := x.Flush(testContext(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	if st := x.Stats(); st.Acked != n || st.Failed != 0 || st.Dropped != 0 {
 		t.Errorf("exporter stats %+v", st)
 	}
@@ -462,5 +467,110 @@ func TestExporterWithNATSDown(t *testing.T) {
 	defer cancel()
 	if err := x.Close(ctx); err == nil {
 		t.Error("Close with NATS down and frames unacknowledged returned nil")
+	}
+}
+
+// TestSkipOriginHidesOnlyOneExportersEvents: a watcher of every session
+// given exporter a's Origin delivers b's events and none of a's, and a
+// session that passes from a to b and back stays in sequence: no gap.
+func TestSkipOriginHidesOnlyOneExportersEvents(t *testing.T) {
+	c := natstest.Start(t, 1)
+	nc := connect(t, c, 0)
+	a := newExporter(t, nc, ExporterOptions{})
+	b := newExporter(t, connect(t, c, 0), ExporterOptions{})
+	r, w := watchStats(t, nc, "", WatchOptions{SkipOrigin: a.Origin()})
+	const key = "agent:main:ws:origin"
+	ctx := testContext(t, 30*time.Second)
+	acked := func(x *Exporter, n uint64) {
+		t.Helper()
+		testwait.Until(t, 10*time.Second, fmt.Sprintf("%d frames acknowledged", n), func() bool { return x.Stats().Acked >= n })
+	}
+	for i := 1; i <= 3; i++ {
+		a.Publish(keptEvent(key, i, 0))
+		a.Publish(deltaEvent(key, i))
+	}
+	acked(a, 3)
+	for i := 4; i <= 5; i++ {
+		b.Publish(keptEvent(key, i, 0))
+		b.Publish(deltaEvent(key, i))
+	}
+	acked(b, 2)
+	if last, err := a.Adopt(ctx, key, 0); err != nil || last != 5 {
+		t.Fatalf("a adopts again: %d, %v; want 5", last, err)
+	}
+	a.Publish(keptEvent(key, 6, 0))
+	acked(a, 4)
+	if _, err := b.Adopt(ctx, key, 0); err != nil {
+		t.Fatal(err)
+	}
+	b.Publish(keptEvent(key, 7, 0))
+	testwait.Until(t, 10*time.Second, "b's third event", func() bool { return len(r.kept()) >= 3 })
+	if got := r.kept(); !slices.Equal(got, []string{"k4", "k5", "k7"}) {
+		t.Fatalf("kept %v; want b's events only, no gap", got)
+	}
+	for _, s := range r.snapshot() {
+		if s == "d1" || s == "d2" || s == "d3" {
+			t.Fatalf("a's delta delivered: %v", r.snapshot())
+		}
+	}
+	if st := w.Stats(); st.Skipped == 0 || st.Gaps != 0 {
+		t.Errorf("watcher stats %+v; want a's events skipped, no gap", st)
+	}
+}
+
+// TestRenewContinuesAfterAnotherOwner: a session numbered by a, then by b,
+// then by a again: after a.Renew, a's events continue after b's and every
+// watcher delivers all of them in order; without it a would go on under
+// its old tenure and its events would be dropped as superseded.
+func TestRenewContinuesAfterAnotherOwner(t *testing.T) {
+	c := natstest.Start(t, 1)
+	a := newExporter(t, connect(t, c, 0), ExporterOptions{})
+	b := newExporter(t, connect(t, c, 0), ExporterOptions{})
+	const key = "agent:main:ws:renew"
+	r := watch(t, connect(t, c, 0), key, WatchOptions{Replay: true})
+	b.Renew(key) // b never numbered the session: nothing to do
+	for i := 1; i <= 3; i++ {
+		a.Publish(keptEvent(key, i, 0))
+	}
+	testwait.Until(t, 10*time.Second, "a's frames stored", func() bool { return a.Stats().Acked >= 3 })
+	for i := 4; i <= 5; i++ {
+		b.Publish(keptEvent(key, i, 0))
+	}
+	testwait.Until(t, 10*time.Second, "b's frames stored", func() bool { return b.Stats().Acked >= 2 })
+	a.Renew(key)
+	a.Publish(keptEvent(key, 6, 0))
+	a.Publish(event.Event{SessionKey: key}) // no kind: not an event, and not a renewal
+	a.Publish(keptEvent(key, 7, 0))
+	testwait.Until(t, 10*time.Second, "7 events", func() bool { return len(r.kept()) >= 7 })
+	if got := r.kept(); !slices.Equal(got, want(7)) {
+		t.Fatalf("kept %v", got)
+	}
+}
+
+// TestFlushWaitsForTheStream: once Flush returns, every kept event
+// published before it is acknowledged; with the stream unreachable Flush
+// ends with its ctx.
+func TestFlushWaitsForTheStream(t *testing.T) {
+	c := natstest.Start(t, 1)
+	nc := connect(t, c, 0)
+	x := newExporter(t, nc, ExporterOptions{})
+	const key, n = "agent:main:ws:flush", 20
+	for i := 1; i <= n; i++ {
+		x.Publish(keptEvent(key, i, n))
+		x.Publish(deltaEvent(key, i))
+	}
+	if err := x.Flush(testContext(t, 10*time.Second)); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	if st := x.Stats(); st.Acked != n {
+		t.Fatalf("after Flush: %d of %d kept events acknowledged (%+v)", st.Acked, n, st)
+	}
+	c.Stop(0)
+	testwait.Until(t, 10*time.Second, "disconnected", func() bool { return !nc.IsConnected() })
+	x.Publish(keptEvent(key, n+1, 0))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := x.Flush(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Flush with the stream down: %v; want its deadline", err)
 	}
 }

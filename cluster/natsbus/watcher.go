@@ -97,6 +97,12 @@ type WatchOptions struct {
 	// messages for this watcher (detected: every session is checked).
 	// Default 65536.
 	Buffer int
+	// SkipOrigin, when set, is an Exporter's Origin: the frames that
+	// exporter published still count in their sessions' sequences (so
+	// another owner's frames that follow them are in order) but their
+	// events are not delivered. A replica watching every session sets its
+	// own exporter's, so it hears only the other replicas' events.
+	SkipOrigin string
 }
 
 func (o WatchOptions) withDefaults() WatchOptions {
@@ -124,6 +130,7 @@ type WatcherStats struct {
 	DeltasDropped uint64 // deltas dropped (stale, or a gap open)
 	Repaired      uint64 // frames fetched from the stream to fill a gap
 	Gaps          uint64 // OnGap calls
+	Skipped       uint64 // kept events of SkipOrigin passed in sequence, not delivered
 }
 
 // Watcher delivers the events of one session, or of all, from the wire,
@@ -319,6 +326,9 @@ func (w *Watcher) delta(s *watchSession, f *frame) {
 		w.stats.DeltasDropped++
 		return
 	}
+	if w.skipped(f.tenure) {
+		return
+	}
 	s.runID, s.runSeq = f.ev.RunID, f.ev.Seq
 	w.stats.Deltas++
 	w.h(f.ev)
@@ -356,6 +366,12 @@ func (w *Watcher) offer(s *watchSession, f frame) {
 		s.ahead = map[uint64]frame{}
 	}
 	s.ahead[f.seq] = f
+}
+
+// skipped says whether a frame of tenure comes from SkipOrigin's exporter.
+func (w *Watcher) skipped(tenure string) bool {
+	o := w.opt.SkipOrigin
+	return o != "" && len(tenure) > len(o) && tenure[len(o)] == '.' && tenure[:len(o)] == o
 }
 
 func (s *watchSession) isOld(tenure string) bool {
@@ -402,6 +418,10 @@ func (w *Watcher) drain(s *watchSession) {
 		default:
 			s.terminal = f.ev.Kind.Terminal() || f.ev.Kind == event.ForceFinalized || f.ev.Kind == event.SessionReset
 			s.runID, s.runSeq = f.ev.RunID, f.ev.Seq
+			if w.skipped(f.tenure) {
+				w.stats.Skipped++
+				continue
+			}
 			w.stats.Delivered++
 			w.h(f.ev)
 		}

@@ -94,6 +94,23 @@ func (r *Replica) Claim(ctx context.Context, c Claim) error {
 	return fmt.Errorf("claim run %q: session %q: the claim kept conflicting with turns that ended at once", c.RunID, c.SessionKey)
 }
 
+// Holder returns the run of sessionKey's claimed turn that is running and
+// the id of the replica that owns it (as BusyError.HolderReplica names it);
+// ok is false when no replica runs a turn of the session. A turn of a
+// replica that died stays running until a survivor takes it over. A fenced
+// replica still answers: the database is the truth either way.
+func (r *Replica) Holder(ctx context.Context, sessionKey string) (runID, replica string, ok bool, err error) {
+	err = r.pool.QueryRow(ctx, `SELECT run_id, coalesce(owner_replica, '') FROM turns
+		WHERE session_key = $1 AND state = 'running' AND owner_epoch IS NOT NULL`, sessionKey).Scan(&runID, &replica)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", "", false, nil
+	case err != nil:
+		return "", "", false, fmt.Errorf("holder of session %q: %w", sessionKey, err)
+	}
+	return runID, replica, true, nil
+}
+
 // conflict returns the *DuplicateError or *BusyError c runs into now, nil
 // if none (or an error of the read).
 func (r *Replica) conflict(ctx context.Context, c Claim) error {

@@ -334,3 +334,79 @@ func idsOf(ms []store.OutboxMessage) []int64 {
 	}
 	return out
 }
+
+// Holder names the running turn of a session and its replica, on every
+// replica; an abandoned replica's turn is held until a survivor takes it
+// over, and the abandoned replica can then neither finish it nor claim.
+func TestHolderAndAbandon(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	a, b := join(t, url, "a", time.Second), join(t, url, "b", time.Second)
+	if _, _, ok, err := b.Holder(ctx, "ws:7"); err != nil || ok {
+		t.Fatalf("Holder of a session never claimed: ok %v, %v; want free", ok, err)
+	}
+	if err := a.Claim(ctx, Claim{RunID: "run-1", SessionKey: "ws:7", Channel: "ws", Text: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*Replica{a, b} {
+		if run, rep, ok, err := r.Holder(ctx, "ws:7"); err != nil || !ok || run != "run-1" || rep != "a" {
+			t.Fatalf("Holder seen from %s: %q %q %v %v; want run-1 on a", r.ID(), run, rep, ok, err)
+		}
+	}
+	a.Abandon()
+	if run, _, ok, _ := b.Holder(ctx, "ws:7"); !ok || run != "run-1" {
+		t.Fatalf("an abandoned replica's turn before its lease ran out: %q %v; want still held", run, ok)
+	}
+	var taken []Takeover
+	testwait.NoError(t, 5*time.Second, func() error { // real time: the abandoned lease runs out on the database's clock
+		got, err := b.Survey(ctx)
+		taken = append(taken, got...)
+		if len(taken) == 0 {
+			return fmt.Errorf("nothing taken over yet (%v)", err)
+		}
+		return err
+	})
+	if len(taken[0].Turns) != 1 || taken[0].Turns[0].RunID != "run-1" || taken[0].Replica != "a" {
+		t.Fatalf("takeover %+v; want run-1 of a", taken)
+	}
+	if _, _, ok, err := b.Holder(ctx, "ws:7"); err != nil || ok {
+		t.Errorf("Holder after the takeover: ok %v, %v; want free", ok, err)
+	}
+	if err := a.Finish(ctx, finished("run-1", "late")); !errors.Is(err, ErrStale) {
+		t.Errorf("the abandoned replica's Finish: %v, want ErrStale", err)
+	}
+	if err := a.Claim(ctx, Claim{RunID: "run-2", SessionKey: "ws:8"}); !errors.Is(err, ErrFenced) {
+		t.Errorf("the abandoned replica's Claim: %v, want ErrFenced", err)
+	}
+	if err := a.Leave(ctx); err != nil {
+		t.Errorf("Leave after Abandon: %v", err)
+	}
+}
+
+// Leave ends the turns still claimed as interrupted and reports them to
+// OnLeave (only those: a finished turn is not among them).
+func TestLeaveReportsTheTurnsItEnded(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	var left []Takeover
+	a := join(t, url, "a", 5*time.Second, func(o *Options) { o.OnLeave = func(t Takeover) { left = append(left, t) } })
+	b := join(t, url, "b", 5*time.Second)
+	for _, run := range []string{"run-1", "run-2"} {
+		if err := a.Claim(ctx, Claim{RunID: run, SessionKey: "ws:" + run, Channel: "ws"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Finish(ctx, finished("run-2", "done")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || len(left[0].Turns) != 1 || left[0].Turns[0].RunID != "run-1" ||
+		left[0].Turns[0].Notice != "⚠️ interrupted: run-1" || left[0].Replica != "a" {
+		t.Fatalf("OnLeave got %+v; want run-1 of a with its notice", left)
+	}
+	if _, _, ok, err := b.Holder(ctx, "ws:run-1"); err != nil || ok {
+		t.Errorf("Holder after Leave: ok %v, %v; want free", ok, err)
+	}
+}

@@ -72,6 +72,11 @@ type Options struct {
 	// It is called, on the survey goroutine, with each takeover this
 	// replica made. Leave it nil to call Survey yourself.
 	OnTakeover func(Takeover)
+	// OnLeave, when set, is called by Leave with the turns it ended as
+	// interrupted (those still claimed under this epoch), after their
+	// commit and before Leave returns, so the caller can tell their
+	// watchers; not called when there were none.
+	OnLeave func(Takeover)
 	// SurveyEvery bounds the wait between two surveys of the replica's own
 	// loop; 0 means Lease/3.
 	SurveyEvery time.Duration
@@ -257,9 +262,10 @@ func (r *Replica) live() error {
 }
 
 // Leave ends the membership: it stops renewing and surveying, ends as
-// interrupted (with their notices, as a takeover would) the turns still
-// claimed under this epoch — call it after the engine has finished its
-// turns — and deletes the lease; then it closes the pool JoinURL opened.
+// interrupted (with their notices, as a takeover would; then OnLeave) the
+// turns still claimed under this epoch — call it after the engine has
+// finished its turns — and deletes the lease; then it closes the pool
+// JoinURL opened.
 // A fenced replica only stops (its lease is a survivor's to take over).
 // It is safe to call more than once; later calls return nil.
 func (r *Replica) Leave(ctx context.Context) error {
@@ -268,8 +274,11 @@ func (r *Replica) Leave(ctx context.Context) error {
 		r.stop()
 		r.bg.Wait()
 		if r.end(fmt.Errorf("%w: left the cluster", ErrFenced)) {
-			if _, err = r.takeOver(ctx, lease{epoch: r.epoch, replica: r.id}); err != nil {
+			var t Takeover
+			if t, err = r.takeOver(ctx, lease{epoch: r.epoch, replica: r.id}); err != nil {
 				err = fmt.Errorf("leave the cluster: %w", err)
+			} else if len(t.Turns) > 0 && r.opts.OnLeave != nil {
+				r.opts.OnLeave(t)
 			}
 		}
 		if r.ownPool {
@@ -277,6 +286,19 @@ func (r *Replica) Leave(ctx context.Context) error {
 		}
 	})
 	return err
+}
+
+// Abandon ends the membership as a crash would: it stops renewing and
+// surveying and writes nothing, so the lease runs out on the database's
+// clock and a survivor takes the epoch's turns over (their notices are the
+// survivor's to publish). Every later call fails as for a fenced replica
+// (OnFenced is not called: the caller knows). It is for a process that must
+// stop at once, and for tests of a replica's death. Leave after it only
+// closes the pool; it is safe to call more than once.
+func (r *Replica) Abandon() {
+	r.stop()
+	r.bg.Wait()
+	r.end(fmt.Errorf("%w: abandoned", ErrFenced))
 }
 
 // dbRenewer renews the replica's lease on the database's clock, on a

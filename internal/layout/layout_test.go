@@ -4,6 +4,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -57,6 +58,9 @@ func TestImportsRunOneWay(t *testing.T) {
 		{"cluster/natsbus/...", []string{"gateway", "channels", "ops", "cmd", "runner", "store", "config", "messages"}, "the cluster transport carries events between replicas: it imports only the vocabulary"},
 		{"cluster/lease/...", []string{""}, "a leader lease is a mechanism: it imports nothing of turnguard's"},
 		{"cluster/tgupdates/...", []string{""}, "Telegram updates cross replicas as bytes: the channel decodes them; it imports nothing of turnguard's"},
+		{"cluster/node/...", []string{"channels", "ops", "cmd"}, "the cluster's production seam implements the engine's interface below the channels and the operator side"},
+		{"cluster/inproc/...", []string{"channels", "ops", "cmd", "store", "cluster"}, "the in-process cluster is the seam's test double: the gateway's types and the vocabulary only"},
+		{"cluster/clustertest/...", []string{"channels", "ops", "cmd", "store", "cluster"}, "the conformance suite sees a cluster only through gateway.Cluster"},
 	} {
 		own := strings.TrimSuffix(rule.packages, "/...")
 		for _, dep := range deps(t, rule.packages) {
@@ -66,6 +70,26 @@ func TestImportsRunOneWay(t *testing.T) {
 			for _, f := range rule.forbidden {
 				if f == "" || dep == f || strings.HasPrefix(dep, f+"/") {
 					t.Errorf("%s imports %s: %s", rule.packages, dep, rule.why)
+				}
+			}
+		}
+	}
+}
+
+// TestClusterSeamImportsFew fails when an implementation of gateway.Cluster
+// (or its suite) imports a turnguard package directly beyond what it is
+// built from: the engine's types, the vocabulary and, for cluster/node,
+// the store's types and the cluster mechanisms.
+func TestClusterSeamImportsFew(t *testing.T) {
+	for pattern, allowed := range map[string][]string{
+		"cluster/node":        {"gateway", "event", "store", "cluster/pgcoord", "cluster/natsbus", "cluster/lease"},
+		"cluster/inproc":      {"gateway", "event"},
+		"cluster/clustertest": {"gateway", "event", "internal/faketime", "internal/testwait"},
+	} {
+		for pkg, deps := range imports(t, pattern) {
+			for _, dep := range deps {
+				if !slices.Contains(allowed, dep) {
+					t.Errorf("%s imports %s: it may import only %v", pkg, dep, allowed)
 				}
 			}
 		}

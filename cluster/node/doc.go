@@ -1,0 +1,54 @@
+// Package node owns the production gateway.Cluster of a scaled-out gateway
+// (issue 12, cluster.enabled): one replica's membership, built from the
+// pieces below it. PostgreSQL decides (cluster/pgcoord: claims, ends,
+// leases, takeover of a dead replica's turns), NATS JetStream carries
+// (cluster/natsbus: every replica's events to the others' watchers; core
+// request/reply: sends and aborts forwarded to the replica that runs a
+// session's turn; cluster/lease: a leader per named duty). It maps their
+// answers to the gateway's vocabulary — *gateway.HeldError,
+// *gateway.RunExistsError, gateway.ErrClusterUnavailable,
+// gateway.ErrNotTurnOwner — and carries the engine's own errors across a
+// forward with their types and words, so the engine and the channels
+// branch on them as on a local answer.
+//
+// # Lifecycle
+//
+// Start joins the database (a new lease epoch; the replica surveys for dead
+// replicas by itself) and NATS (the event stream, the exporter). Serve
+// makes the local engine answer the requests other replicas forward here.
+// Close stops answering, leaves the database (the lease ends at once, so
+// nobody waits for it to expire), flushes the exporters and closes NATS.
+// Finish the engine's turns first (their ends are Finish calls): a turn
+// still claimed at Close is ended as interrupted by Leave, and its end is
+// exported as a takeover's is.
+//
+// # What the other replicas see
+//
+// Export hands every event this replica publishes to the exporter; Import
+// watches every session's events and delivers only those the other
+// replicas exported (the watcher skips this replica's exporter's frames
+// but keeps their place in each session's sequence). A successful Claim
+// renews the exporter's numbering of the session (natsbus Renew), so a
+// session whose turns move between replicas stays one sequence. When this
+// replica takes over a dead one's turns, it exports an Aborted event (stop
+// reason interrupted, the notice as its Message) for each through a second
+// exporter that its own Import does not skip, so the watchers on every
+// replica, this one included, see the turn end; then it calls
+// Options.OnTakeover. A fenced replica exports nothing more: its turns'
+// ends are the survivor's to publish.
+//
+// # Forwarding
+//
+// Forward and ForwardAbort are NATS requests on the target replica's own
+// subjects (tgrpc.<hex of the replica id>.send and .abort — not under the
+// events' prefix, whose all-sessions watchers subscribe tg.*.*.*), with
+// JSON bodies, answered by the target's engine through Serve (each
+// request on a goroutine of its own, at most maxServing at once, under
+// the time the caller waits). A request that finds no responder is sent
+// again for about 310 ms: interest in a replica that has just started
+// serving crosses the NATS cluster's routes asynchronously. An error the
+// engine returned travels as its kind and fields and comes back as the
+// same Go type with the same words; a replica that does not answer (gone,
+// not serving, NATS down, the caller's deadline — default
+// DefaultForwardTimeout) is an error wrapping gateway.ErrClusterUnavailable.
+package node

@@ -1,0 +1,389 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/turnguard/turnguard/cluster/natsbus"
+	"github.com/turnguard/turnguard/cluster/pgcoord"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/store"
+)
+
+// takeoverFlush bounds how long a takeover waits for the stream to store
+// the ends it exported before it calls Options.OnTakeover.
+const takeoverFlush = 2 * time.Second
+
+// Options configure a replica. DatabaseURL, NATSURLs, ReplicaID, Lease and
+// Notice are required.
+type Options struct {
+	DatabaseURL    string // store.url (postgres://…); never shown in errors or logs
+	NATSURLs       []string
+	ReplicaID      string
+	Lease          time.Duration // cluster.leaseSeconds
+	OutboxChannels []string
+	OnOutbox       func(channel string)
+	// Notice renders the interrupted notice of a turn taken over from a
+	// dead replica (pgcoord.Options.Notice).
+	Notice func(store.Turn) string
+	// OnFenced is called once, on a goroutine of its own, when this replica
+	// is fenced: it must stop its runs and publish nothing more of them.
+	OnFenced func(err error)
+	// OnTakeover is called after this replica took a dead one's turns
+	// over, once their Aborted events are exported.
+	OnTakeover func(pgcoord.Takeover)
+	Logger     *slog.Logger
+	// StreamReplicas is how many NATS nodes keep the event stream and the
+	// lease buckets; 0 means 3 when NATSURLs lists three servers or more,
+	// else 1.
+	StreamReplicas int
+}
+
+// Handler is the local engine as forwarded requests reach it:
+// *gateway.Engine satisfies it.
+type Handler interface {
+	Send(ctx context.Context, req gateway.SendRequest) (gateway.Ack, error)
+	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
+}
+
+// Node is one replica's gateway.Cluster. Its methods are safe for
+// concurrent use.
+type Node struct {
+	opts  Options
+	log   *slog.Logger
+	nc    *nats.Conn
+	cfg   natsbus.Config
+	exp   *natsbus.Exporter // this replica's events; its own Import skips them
+	tkx   *natsbus.Exporter // the ends of the turns it took over: every Import delivers them
+	coord *pgcoord.Replica
+
+	handler   atomic.Pointer[Handler]
+	serveOnce sync.Once
+	serving   serving
+
+	mu       sync.Mutex
+	watchers map[*imported]struct{}
+	closed   bool
+}
+
+var _ gateway.Cluster = (*Node)(nil)
+
+// Start makes this gateway a replica: it connects to NATS (reconnecting
+// without end), ensures the event stream, starts the exporter, and joins
+// the database (a new lease epoch, surveying for dead replicas by itself).
+// Call Serve once the engine runs, and Close at the end.
+func Start(ctx context.Context, opts Options) (*Node, error) {
+	switch {
+	case opts.ReplicaID == "":
+		return nil, errors.New("cluster node: no replica id")
+	case opts.DatabaseURL == "":
+		return nil, errors.New("cluster node: no database URL")
+	case len(opts.NATSURLs) == 0:
+		return nil, errors.New("cluster node: no NATS URLs")
+	case opts.Notice == nil:
+		return nil, errors.New("cluster node: no Notice for interrupted turns")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.StreamReplicas <= 0 {
+		opts.StreamReplicas = 1
+		if len(opts.NATSURLs) >= 3 {
+			opts.StreamReplicas = 3
+		}
+	}
+	n := &Node{opts: opts, log: opts.Logger.With("replica", opts.ReplicaID),
+		cfg: natsbus.Config{Replicas: opts.StreamReplicas}, watchers: map[*imported]struct{}{}}
+	var err error
+	n.nc, err = nats.Connect(strings.Join(opts.NATSURLs, ","),
+		nats.Name("turnguard "+opts.ReplicaID),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			n.log.Warn("cluster: NATS disconnected", "error", err)
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { n.log.Info("cluster: NATS reconnected") }))
+	if err != nil {
+		// The URLs may carry credentials: the error names none of them.
+		return nil, fmt.Errorf("cluster node %s: connect to NATS (%d servers): %w", opts.ReplicaID, len(opts.NATSURLs), err)
+	}
+	xo := natsbus.ExporterOptions{Config: n.cfg, OnError: func(err error) {
+		n.log.Warn("cluster: an event did not reach the stream (its watchers see a gap)", "error", err)
+	}}
+	if n.exp, err = natsbus.NewExporter(ctx, n.nc, xo); err == nil {
+		xo.Buffer = 4096
+		n.tkx, err = natsbus.NewExporter(ctx, n.nc, xo)
+	}
+	if err != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = n.closeExporters(cctx) // nothing was published
+		n.nc.Close()
+		return nil, fmt.Errorf("cluster node %s: %w", opts.ReplicaID, err)
+	}
+	n.coord, err = pgcoord.JoinURL(ctx, opts.DatabaseURL, pgcoord.Options{
+		ReplicaID:      opts.ReplicaID,
+		Lease:          opts.Lease,
+		OutboxChannels: opts.OutboxChannels,
+		OnOutbox:       opts.OnOutbox,
+		Notice:         opts.Notice,
+		OnFenced:       opts.OnFenced,
+		OnTakeover:     n.tookOver,
+		OnLeave:        n.left,
+		Logger:         opts.Logger,
+	})
+	if err != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		n.closeExporters(cctx)
+		n.nc.Close()
+		return nil, fmt.Errorf("cluster node %s: %w", opts.ReplicaID, err) // pgcoord scrubbed the password
+	}
+	return n, nil
+}
+
+// Conn is the replica's NATS connection (the Telegram update stream uses
+// it too). It stays the node's: Close closes it.
+func (n *Node) Conn() *nats.Conn { return n.nc }
+
+// Coordinator is the replica's membership in the database, for outbox
+// claims by the out-of-band channels.
+func (n *Node) Coordinator() *pgcoord.Replica { return n.coord }
+
+// Replica is this replica's id.
+func (n *Node) Replica() string { return n.opts.ReplicaID }
+
+// Close stops answering forwarded requests (waiting, until ctx ends, for
+// those being answered), leaves the database (the lease ends at once; a
+// turn still claimed is ended as interrupted), flushes the exporter, stops
+// the Import watchers and closes NATS. It is safe to call more than once.
+func (n *Node) Close(ctx context.Context) error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	watchers := n.watchers
+	n.watchers = nil
+	n.mu.Unlock()
+	var errs []error
+	if err := n.serving.stop(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := n.coord.Leave(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := n.closeExporters(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	for w := range watchers {
+		w.stop()
+	}
+	n.nc.Close()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cluster node %s: close: %w", n.opts.ReplicaID, err)
+	}
+	return nil
+}
+
+// closeExporters flushes and closes the exporters that exist.
+func (n *Node) closeExporters(ctx context.Context) error {
+	var errs []error
+	for _, x := range []*natsbus.Exporter{n.exp, n.tkx} {
+		if x != nil {
+			if err := x.Close(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Claim reserves the session for the run on every replica (pgcoord.Claim).
+func (n *Node) Claim(ctx context.Context, c gateway.ClaimRequest) error {
+	err := n.coord.Claim(ctx, pgcoord.Claim{RunID: c.RunID, SessionKey: c.SessionKey, Channel: c.Channel,
+		ChatRef: c.ChatRef, Text: c.Text, Joined: c.Joined})
+	if err == nil {
+		// Another replica may have numbered the session's events since this
+		// one last did: continue after them.
+		n.exp.Renew(c.SessionKey)
+		return nil
+	}
+	if be, ok := errors.AsType[*pgcoord.BusyError](err); ok {
+		return &gateway.HeldError{SessionKey: be.SessionKey, RunID: be.HolderRunID, Replica: be.HolderReplica}
+	}
+	if de, ok := errors.AsType[*pgcoord.DuplicateError](err); ok {
+		// Outcome stays nil: the turn's row has its end, not its reply.
+		return &gateway.RunExistsError{RunID: de.RunID, SessionKey: de.SessionKey, Running: de.State == store.TurnRunning,
+			Replica: de.Replica, StopReason: de.StopReason}
+	}
+	if errors.Is(err, store.ErrInvalid) {
+		return fmt.Errorf("cluster claim: %w", err)
+	}
+	return fmt.Errorf("cluster claim: %w: %w", gateway.ErrClusterUnavailable, err)
+}
+
+// Finish records the end of this replica's turn (pgcoord.Finish); a turn
+// that is not this replica's any more (or unknown) wraps
+// gateway.ErrNotTurnOwner.
+func (n *Node) Finish(ctx context.Context, ev event.Event) error {
+	err := n.coord.Finish(ctx, ev)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pgcoord.ErrStale), errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("cluster finish: %w: %w", gateway.ErrNotTurnOwner, err)
+	}
+	return fmt.Errorf("cluster finish: %w", err)
+}
+
+// Holder names the session's running turn and its replica; an error
+// reaching the database wraps gateway.ErrClusterUnavailable.
+func (n *Node) Holder(ctx context.Context, sessionKey string) (runID, replica string, ok bool, err error) {
+	runID, replica, ok, err = n.coord.Holder(ctx, sessionKey)
+	if err != nil {
+		return "", "", false, fmt.Errorf("cluster holder: %w: %w", gateway.ErrClusterUnavailable, err)
+	}
+	return runID, replica, ok, nil
+}
+
+// Export hands ev to the exporter (it never blocks); a fenced replica, or
+// one that left, exports nothing.
+func (n *Node) Export(ev event.Event) {
+	select {
+	case <-n.coord.Fenced():
+		return
+	default:
+	}
+	n.exp.Publish(ev)
+}
+
+// tookOver exports the end of every turn a takeover ended, then tells
+// Options.OnTakeover. It runs on pgcoord's survey goroutine. The ends go
+// through an exporter of their own, which this replica's Import does not
+// skip: its watchers see them as every other replica's do (the local
+// engine never ran those turns, so its bus does not carry their ends).
+func (n *Node) tookOver(t pgcoord.Takeover) {
+	n.exportEnds(t)
+	n.log.Info("cluster: took a dead replica's turns over", "dead", t.Replica, "epoch", t.Epoch,
+		"turns", len(t.Turns), "overdue", t.Overdue)
+	if n.opts.OnTakeover != nil {
+		n.opts.OnTakeover(t)
+	}
+}
+
+// left exports the ends of the turns Close's Leave ended (the engine had
+// not finished them).
+func (n *Node) left(t pgcoord.Takeover) {
+	n.exportEnds(t)
+	n.log.Warn("cluster: left with turns still running: ended as interrupted", "turns", len(t.Turns))
+}
+
+// exportEnds exports an Aborted event (interrupted, with the notice) for
+// every turn t ended, and waits until the stream has stored them (or
+// takeoverFlush passed): a turn started at once in one of the sessions
+// (OnTakeover runs the queued messages) is numbered after these ends.
+func (n *Node) exportEnds(t pgcoord.Takeover) {
+	now := time.Now()
+	for _, tt := range t.Turns {
+		n.tkx.Renew(tt.SessionKey)
+		n.tkx.Publish(event.Event{Kind: event.Aborted, RunID: tt.RunID, SessionKey: tt.SessionKey, Channel: tt.Channel,
+			ChatRef: tt.ChatRef, StopReason: event.ReasonInterrupted, Message: tt.Notice, Time: now})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), takeoverFlush)
+	defer cancel()
+	if err := n.tkx.Flush(ctx); err != nil {
+		n.log.Warn("cluster: the ends of taken-over turns are not all stored yet (their watchers may see a gap)", "error", err)
+	}
+}
+
+// Import watches every session and calls h with the events the other
+// replicas export, in each session's order, and gap with a session it
+// could not deliver in order. If NATS cannot be reached now, it keeps
+// trying in the background; events exported before the watch is up are
+// not delivered (a client that connects meanwhile loads the history). stop
+// ends it; no call follows stop's return.
+func (n *Node) Import(h event.Handler, gap func(sessionKey string)) (stop func()) {
+	im := &imported{quit: make(chan struct{}), done: make(chan struct{})}
+	onGap := func(g *natsbus.GapError) {
+		n.log.Warn("cluster: a session's events could not be delivered in order", "session", g.SessionKey, "error", g)
+		if gap != nil {
+			gap(g.SessionKey)
+		}
+	}
+	opt := natsbus.WatchOptions{Config: n.cfg, SkipOrigin: n.exp.Origin()}
+	watch := func() (*natsbus.Watcher, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return natsbus.Watch(ctx, n.nc, "", h, onGap, opt)
+	}
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		close(im.done)
+		return func() {}
+	}
+	n.watchers[im] = struct{}{}
+	n.mu.Unlock()
+	w, err := watch()
+	if err == nil {
+		im.w = w
+		close(im.done)
+	} else {
+		n.log.Error("cluster: cannot watch the other replicas' events yet; retrying", "error", err)
+		go im.retry(watch, n.log)
+	}
+	return func() {
+		n.mu.Lock()
+		delete(n.watchers, im)
+		n.mu.Unlock()
+		im.stop()
+	}
+}
+
+// imported is one Import: its watcher, once it is up.
+type imported struct {
+	w    *natsbus.Watcher // set before done closes
+	quit chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func (im *imported) retry(watch func() (*natsbus.Watcher, error), log *slog.Logger) {
+	defer close(im.done)
+	wait := 250 * time.Millisecond
+	for {
+		select {
+		case <-im.quit:
+			return
+		case <-time.After(wait):
+		}
+		w, err := watch()
+		if err == nil {
+			log.Info("cluster: watching the other replicas' events")
+			im.w = w
+			return
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+func (im *imported) stop() {
+	im.once.Do(func() {
+		close(im.quit)
+		<-im.done
+		if im.w != nil {
+			im.w.Stop()
+		}
+	})
+}

@@ -1,0 +1,433 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/turnguard/turnguard/cluster/clustertest"
+	"github.com/turnguard/turnguard/cluster/pgcoord"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/internal/natstest"
+	"github.com/turnguard/turnguard/internal/pgtest"
+	"github.com/turnguard/turnguard/internal/testwait"
+	"github.com/turnguard/turnguard/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func notice(t store.Turn) string { return "⚠️ interrupted: " + t.RunID }
+
+func testContext(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// start makes replica id on the database url and the NATS cluster c; it
+// closes at the test's end.
+func start(t testing.TB, dbURL string, c *natstest.Cluster, id string, edit ...func(*Options)) *Node {
+	t.Helper()
+	o := Options{DatabaseURL: dbURL, NATSURLs: c.URLs(), ReplicaID: id,
+		Lease: 3 * time.Second, Notice: notice, Logger: quiet, OutboxChannels: []string{"telegram"}}
+	for _, e := range edit {
+		e(&o)
+	}
+	n, err := Start(testContext(t, 30*time.Second), o)
+	if err != nil {
+		t.Fatalf("Start %s: %v", id, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := n.Close(ctx); err != nil {
+			t.Errorf("Close %s: %v", id, err)
+		}
+	})
+	return n
+}
+
+// kill stops n as a SIGKILL would: no more lease renewals, nothing
+// written, no more NATS traffic.
+func kill(n *Node) {
+	n.coord.Abandon()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = n.closeExporters(ctx)
+	n.nc.Close()
+}
+
+// conformance runs the suite with both replicas on the NATS cluster of
+// size nodes.
+func conformance(t *testing.T, nodes int) {
+	c := natstest.Start(t, nodes)
+	var pairs atomic.Int64
+	clustertest.Run(t, func(t *testing.T) clustertest.Pair {
+		dbURL := pgtest.New(t)
+		i := pairs.Add(1)
+		a, b := start(t, dbURL, c, fmt.Sprintf("a%d.example.org", i)), start(t, dbURL, c, fmt.Sprintf("b%d", i))
+		return clustertest.Pair{A: a, B: b,
+			ServeA: func(h clustertest.Handler) { a.Serve(h) },
+			ServeB: func(h clustertest.Handler) { b.Serve(h) },
+			KillA:  func() { kill(a) }}
+	}, clustertest.Options{})
+}
+
+// The conformance suite on a real PostgreSQL and real nats-server
+// processes: one node, and a three-node JetStream cluster.
+func TestConformance(t *testing.T)                 { conformance(t, 1) }
+func TestConformanceOnThreeNATSNodes(t *testing.T) { conformance(t, 3) }
+
+// A session whose turns run on a, then b, then a again is seen by a third
+// replica in order and without a gap: each replica's exporter continues
+// after the other's events when it claims the session again.
+func TestSessionMovingBetweenReplicasStaysInOrder(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	a, b, w := start(t, dbURL, c, "a"), start(t, dbURL, c, "b"), start(t, dbURL, c, "w")
+	seen := clustertest.Import(t, w)
+	ctx := testContext(t, 30*time.Second)
+	const key = "ws:moving"
+	var want []string
+	for i, owner := range []*Node{a, b, a, b} {
+		run := fmt.Sprintf("run-%d", i)
+		if err := owner.Claim(ctx, gateway.ClaimRequest{RunID: run, SessionKey: key, Channel: "ws", Text: "hi"}); err != nil {
+			t.Fatalf("claim %s on %s: %v", run, owner.Replica(), err)
+		}
+		evs := []event.Event{
+			{Kind: event.TurnStarted, RunID: run, SessionKey: key, Seq: 1},
+			{Kind: event.StepCompleted, RunID: run, SessionKey: key, Seq: 2},
+			{Kind: event.Finished, RunID: run, SessionKey: key, Seq: 3, StopReason: event.ReasonStop, FullText: "done"},
+		}
+		for _, ev := range evs[:2] {
+			owner.Export(ev)
+		}
+		if err := owner.Finish(ctx, evs[2]); err != nil {
+			t.Fatalf("finish %s: %v", run, err)
+		}
+		owner.Export(evs[2])
+		for _, ev := range evs {
+			want = append(want, fmt.Sprintf("%s %s %d", ev.Kind, run, ev.Seq))
+		}
+	}
+	testwait.Until(t, 15*time.Second, "the third replica imports every turn", func() bool { return len(seen.Snapshot()) >= len(want) })
+	if got := seen.Snapshot(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("imported %q\nwant %q", got, want)
+	}
+}
+
+// Start with a wrong password fails, and its error does not show the
+// password it was given.
+func TestStartErrorHidesThePassword(t *testing.T) {
+	c := natstest.Start(t, 1)
+	u, err := url.Parse(pgtest.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wrong = "not-the-password-7f3a"
+	u.User = url.UserPassword(u.User.Username(), wrong)
+	_, err = Start(testContext(t, 30*time.Second), Options{DatabaseURL: u.String(), NATSURLs: c.URLs(), ReplicaID: "a",
+		Lease: time.Second, Notice: notice, Logger: quiet})
+	if err == nil {
+		t.Fatal("Start with a wrong password succeeded")
+	}
+	if strings.Contains(err.Error(), wrong) || strings.Contains(err.Error(), pgtest.Password()) {
+		t.Errorf("the error shows a password: %v", err)
+	}
+}
+
+// Two replicas Lead one duty: one runs it at a time; when the leader's
+// Lead ends, the other takes over, without the two ever overlapping.
+func TestLeadOneAtATime(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	nodes := []*Node{start(t, dbURL, c, "a"), start(t, dbURL, c, "b")}
+	var running, overlaps atomic.Int32
+	var mu sync.Mutex
+	var leaders []string
+	cancels := map[string]context.CancelFunc{}
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels[n.Replica()] = cancel
+		wg.Go(func() {
+			err := n.Lead(ctx, "poller", time.Second, func(ctx context.Context) {
+				if running.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				mu.Lock()
+				leaders = append(leaders, n.Replica())
+				mu.Unlock()
+				<-ctx.Done()
+				running.Add(-1)
+			})
+			if err != nil {
+				t.Errorf("Lead on %s: %v", n.Replica(), err)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+		wg.Wait()
+	})
+	leader := func(n int) string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(leaders) < n {
+			return ""
+		}
+		return leaders[n-1]
+	}
+	testwait.Until(t, 10*time.Second, "a first leader", func() bool { return leader(1) != "" })
+	first := leader(1)
+	cancels[first]()
+	testwait.Until(t, 10*time.Second, "a second leader", func() bool { return leader(2) != "" })
+	if second := leader(2); second == first {
+		t.Errorf("the leader after %s's Lead ended is %s again", first, second)
+	}
+	if overlaps.Load() != 0 {
+		t.Errorf("%d times two replicas ran the duty at once", overlaps.Load())
+	}
+}
+
+// A replica dies mid-turn: whichever survivor takes the turn over, both
+// survivors' Imports deliver its interrupted end with the notice, and a
+// turn the survivor starts in the session from OnTakeover (as the engine
+// runs the queued messages) follows it in order, with no gap.
+func TestTakeoverEndIsSeenEverywhereBeforeTheNextTurn(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	ctx := testContext(t, 30*time.Second)
+	const key = "ws:taken"
+	var survivors sync.Map // replica id → *Node
+	var tookOver atomic.Int32
+	var survivorID atomic.Value // set once OnTakeover has started the next turn
+	next := func(id string) func(*Options) {
+		return func(o *Options) {
+			o.OnTakeover = func(tk pgcoord.Takeover) {
+				tookOver.Add(1)
+				defer survivorID.Store(id)
+				v, _ := survivors.Load(id)
+				n := v.(*Node)
+				if err := n.Claim(ctx, gateway.ClaimRequest{RunID: "run-2", SessionKey: key, Channel: "ws", Text: "queued"}); err != nil {
+					t.Errorf("claim the queued turn on %s: %v", id, err)
+					return
+				}
+				n.Export(event.Event{Kind: event.TurnStarted, RunID: "run-2", SessionKey: key, Seq: 1})
+			}
+		}
+	}
+	a := start(t, dbURL, c, "a")
+	b, d := start(t, dbURL, c, "b", next("b")), start(t, dbURL, c, "d", next("d"))
+	survivors.Store("b", b)
+	survivors.Store("d", d)
+	fromB, fromD := clustertest.Import(t, b), clustertest.Import(t, d)
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: key, Channel: "ws", Text: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	a.Export(event.Event{Kind: event.TurnStarted, RunID: "run-1", SessionKey: key, Seq: 1})
+	testwait.Until(t, 10*time.Second, "both survivors see run-1 start", func() bool {
+		return len(fromB.Snapshot()) == 1 && len(fromD.Snapshot()) == 1
+	})
+	kill(a)
+	testwait.Until(t, 15*time.Second, "a survivor took run-1 over", func() bool { return survivorID.Load() != nil })
+	if n := tookOver.Load(); n != 1 {
+		t.Fatalf("%d takeovers; want 1", n)
+	}
+	survivor, other, fromOther := b, d, fromD
+	if survivorID.Load() == "d" {
+		survivor, other, fromOther = d, b, fromB
+	}
+	want := []string{fmt.Sprintf("%s run-1 1", event.TurnStarted), fmt.Sprintf("%s run-1 0", event.Aborted),
+		fmt.Sprintf("%s run-2 1", event.TurnStarted)}
+	testwait.NoError(t, 10*time.Second, func() error {
+		if got := fromOther.Snapshot(); len(got) < 3 {
+			return fmt.Errorf("the other survivor imported only %q", got)
+		}
+		return nil
+	})
+
+	if got := fromOther.Snapshot(); !reflect.DeepEqual(got, want) {
+		t.Errorf("%s (not the survivor) imported %q; want %q", other.Replica(), got, want)
+	}
+	fromSurvivor := fromB
+	if survivor == d {
+		fromSurvivor = fromD
+	}
+	testwait.Until(t, 10*time.Second, "the survivor sees the end", func() bool { return len(fromSurvivor.Snapshot()) >= 2 })
+	if got := fromSurvivor.Snapshot(); !reflect.DeepEqual(got, want[:2]) {
+		t.Errorf("%s (the survivor) imported %q; want %q (its own next turn is not imported)", survivor.Replica(), got, want[:2])
+	}
+	for _, imp := range []*clustertest.Imported{fromB, fromD} {
+		if evs := imp.Events(); len(evs) < 2 || evs[1].Message != "⚠️ interrupted: run-1" || evs[1].StopReason != event.ReasonInterrupted {
+			t.Errorf("the end of run-1 as imported: %+v; want interrupted, with the notice", evs)
+		}
+	}
+}
+
+// A replica whose lease the database no longer holds is fenced: it is
+// told (OnFenced), its claims are refused as unavailable, its Finish as
+// not the owner, and what it exports reaches no other replica; the
+// survivor ends its turn.
+func TestFencedReplicaClaimsFinishesAndExportsNothing(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	ctx := testContext(t, 30*time.Second)
+	fenced := make(chan error, 1)
+	a := start(t, dbURL, c, "a", func(o *Options) { o.OnFenced = func(err error) { fenced <- err } })
+	b := start(t, dbURL, c, "b")
+	fromB := clustertest.Import(t, b)
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: "ws:f", Channel: "ws"}); err != nil {
+		t.Fatal(err)
+	}
+	expireLease(t, dbURL, a)
+	select {
+	case err := <-fenced:
+		if !errors.Is(err, pgcoord.ErrFenced) {
+			t.Errorf("OnFenced(%v); want ErrFenced", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("not fenced within 30 s of its lease's expiry")
+	}
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-2", SessionKey: "ws:g"}); !errors.Is(err, gateway.ErrClusterUnavailable) {
+		t.Errorf("a fenced replica's Claim: %v; want ErrClusterUnavailable", err)
+	}
+	if err := a.Finish(ctx, event.Event{Kind: event.Finished, RunID: "run-1", StopReason: event.ReasonStop}); !errors.Is(err, gateway.ErrNotTurnOwner) {
+		t.Errorf("a fenced replica's Finish: %v; want ErrNotTurnOwner", err)
+	}
+	a.Export(event.Event{Kind: event.Finished, RunID: "run-1", SessionKey: "ws:f", Seq: 9})
+	testwait.Until(t, 15*time.Second, "b imports run-1's interrupted end", func() bool { return len(fromB.Snapshot()) >= 1 })
+	if got, want := fromB.Snapshot(), []string{fmt.Sprintf("%s run-1 0", event.Aborted)}; !reflect.DeepEqual(got, want) {
+		t.Errorf("b imported %q; want only the survivor's %q", got, want)
+	}
+}
+
+// expireLease ends n's lease now on the database's clock, as if it had not
+// renewed in time.
+func expireLease(t testing.TB, dbURL string, n *Node) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), `UPDATE leases SET expires_at = now() WHERE epoch = $1`, n.coord.Epoch()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Close leaves at once: the replica's unfinished turn is ended (the other
+// replicas see its interrupted end), its session is free for another
+// replica without waiting for the lease, and a forward to it is
+// unavailable.
+func TestCloseLeavesAtOnce(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	ctx := testContext(t, 30*time.Second)
+	a, b := start(t, dbURL, c, "a"), start(t, dbURL, c, "b")
+	fromB := clustertest.Import(t, b)
+	a.Serve(&echo{})
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: "ws:c", Channel: "ws"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Forward(ctx, "a", gateway.SendRequest{SessionKey: "ws:c", RunID: "run-2"}); err != nil {
+		t.Fatalf("forward to a serving replica: %v", err)
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok, err := b.Holder(ctx, "ws:c"); err != nil || ok {
+		t.Errorf("Holder right after a closed: ok %v, %v; want the session free", ok, err)
+	}
+	testwait.Until(t, 10*time.Second, "b imports run-1's end", func() bool { return len(fromB.Snapshot()) >= 1 })
+	if evs := fromB.Events(); evs[0].Kind != event.Aborted || evs[0].RunID != "run-1" || evs[0].StopReason != event.ReasonInterrupted {
+		t.Errorf("b imported %+v; want run-1's interrupted end", evs)
+	}
+	if err := b.Claim(ctx, gateway.ClaimRequest{RunID: "run-3", SessionKey: "ws:c", Channel: "ws"}); err != nil {
+		t.Errorf("claim on b right after a closed: %v", err)
+	}
+	if _, err := b.Forward(ctx, "a", gateway.SendRequest{SessionKey: "ws:c", RunID: "run-4"}); !errors.Is(err, gateway.ErrClusterUnavailable) {
+		t.Errorf("forward to a closed replica: %v; want ErrClusterUnavailable", err)
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
+}
+
+// echo is an engine that starts every message.
+type echo struct{}
+
+func (echo) Send(_ context.Context, req gateway.SendRequest) (gateway.Ack, error) {
+	return gateway.Ack{RunID: req.RunID, Status: gateway.StatusStarted}, nil
+}
+
+func (echo) Abort(context.Context, string, string, event.StopReason, string, bool) (gateway.AbortResult, error) {
+	return gateway.AbortResult{}, nil
+}
+
+// A leader whose lease key is taken from it (here: deleted) sees fn's ctx
+// end, and leads again once it wins the lease back.
+func TestLeadEndsFnWhenTheLeaseIsLost(t *testing.T) {
+	c := natstest.Start(t, 1)
+	a := start(t, pgtest.New(t), c, "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	terms := make(chan context.Context, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- a.Lead(ctx, "duty", time.Second, func(ctx context.Context) {
+			terms <- ctx
+			<-ctx.Done()
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Lead: %v", err)
+		}
+	})
+	wait := testContext(t, 15*time.Second)
+	var first context.Context
+	select {
+	case first = <-terms:
+	case <-wait.Done():
+		t.Fatal("not leading within 15 s")
+	}
+	js, err := jetstream.New(c.Connect(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(wait, "TG_LEASE_duty")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(wait, "duty"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-first.Done():
+	case <-wait.Done():
+		t.Fatal("fn's ctx did not end after the lease was lost")
+	}
+	select {
+	case <-terms:
+	case <-wait.Done():
+		t.Fatal("not leading again")
+	}
+}
