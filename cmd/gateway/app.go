@@ -16,11 +16,10 @@ import (
 	"github.com/turnguard/turnguard/channels/telegram"
 	"github.com/turnguard/turnguard/channels/webchat"
 	"github.com/turnguard/turnguard/channels/ws"
+	"github.com/turnguard/turnguard/cluster/node"
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/server"
-	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/ops/alerts"
 	execrunner "github.com/turnguard/turnguard/runner/exec"
 	"github.com/turnguard/turnguard/store"
@@ -53,6 +52,7 @@ type app struct {
 	runners *runnerSet // built at start and, as needed, on hot reload
 	ops     *ops       // metrics, alerts, /api, /admin (ops.go)
 	tg      *tgChannel // the Telegram bot, when enabled (telegram.go)
+	node    *node.Node // this replica's membership, when cluster.enabled (cluster.go)
 
 	serveErr chan error // the HTTP server's fatal error, if it fails
 }
@@ -80,16 +80,20 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		},
 		// Telegram's replies and notices go into the outbox with the
 		// turn's end; the channel claims them after the commit.
-		OnOutbox: func(string) {
-			if ch := a.tgClaim.Load(); ch != nil {
-				ch.Claim()
-			}
-		},
+		OnOutbox: a.outboxWritten,
 	})
 	if err != nil {
 		return a, err
 	}
-	recoverInterrupted(sctx, a.store, cfg, log)
+	if cfg.Cluster.Enabled {
+		// A replica: the turns a dead replica (or this one's last life)
+		// was running are taken over through the lease table, not here.
+		if err := a.joinCluster(sctx, cfg); err != nil {
+			return a, err
+		}
+	} else {
+		recoverInterrupted(sctx, a.store, cfg, log)
+	}
 	killLeftoverAgents(cfg, log)
 
 	a.runners = newRunnerSet(log, cfg.Channels.Telegram.Enabled)
@@ -99,14 +103,21 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	a.ops = newOps(a.cfg, log)
 	// While the store cannot write, a turn would leave no trace: refuse new
 	// ones (retryable) until it can.
-	a.eng, err = gateway.New(gateway.Options{Config: a.cfg, Runners: a.runners.engineRunners(), Log: log, History: storeHistory(a.store),
-		Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store}})
+	opts := gateway.Options{Config: a.cfg, Runners: a.runners.engineRunners(), Log: log, History: storeHistory(a.store),
+		Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store}}
+	if a.node != nil {
+		opts.Cluster = a.node
+	}
+	a.eng, err = gateway.New(opts)
 	if err != nil {
 		return a, fmt.Errorf("engine: %w", err)
 	}
 	// Subscribed before any turn can start, so the store sees every event.
 	a.unsub = a.eng.Bus().Subscribe("", a.store.Handle)
 	a.eng.Start(ctx)
+	if a.node != nil {
+		a.node.Serve(a.eng) // messages and aborts other replicas forward here
+	}
 
 	// Channels. The WebSocket protocol serves the OpenClaw clients and the
 	// web chat.
@@ -137,7 +148,12 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// bus, so their TurnStarted reaches everyone, and before any channel
 	// takes a new message (Telegram receives below, HTTP listens last), so
 	// new messages queue behind them.
-	restoreQueued(sctx, a.eng, log)
+	if a.node == nil {
+		// (A replica leaves the stored queue alone: several replicas
+		// share it, and each queued message belongs to the replica that
+		// accepted it; see docs/scaling.md.)
+		restoreQueued(sctx, a.eng, log)
+	}
 	a.tg.receive(ctx, a)
 
 	// HTTP last: once it listens, everything it serves is ready.
@@ -277,6 +293,9 @@ func (a *app) close() {
 	}
 	a.tg.close(a)
 	a.ops.close()
+	// The endings of the turns stopped above are recorded: the lease goes
+	// back, and survivors take over nothing of this replica.
+	a.leaveCluster()
 	if a.unsub != nil {
 		a.unsub()
 	}
@@ -345,9 +364,7 @@ func recoverInterrupted(ctx context.Context, st interface {
 	}
 	msgs := cfg.MessageSet()
 	for _, t := range turns {
-		text := messages.Render(msgs, event.Event{Kind: event.Aborted, StopReason: event.ReasonInterrupted,
-			Elapsed: t.UpdatedAt.Sub(t.StartedAt), Step: t.CurrentStep, LastStep: t.LastStep,
-			StepTimeout: t.StepTimeout})
+		text := interruptedNotice(msgs, t)
 		if t.Channel != config.ChannelWS && t.ChatRef != "" {
 			if _, err := st.Enqueue(ctx, store.OutboxMessage{Channel: t.Channel, ChatRef: t.ChatRef, RunID: t.RunID,
 				Kind: store.OutboxNotice, Text: text}); err != nil && !errors.Is(err, store.ErrDuplicate) {

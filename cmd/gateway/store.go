@@ -27,6 +27,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, h stor
 		s, err := postgres.Open(ctx, c.URL, postgres.Options{
 			QueueSize: c.QueueSize, Logger: log, Retention: retention(c.Retention),
 			OnHealth: h.OnHealth, OutboxChannels: outboxChannels(cfg), OnOutbox: h.OnOutbox,
+			Shared: cfg.Cluster.Enabled, // the replicas share it, coordinating through the lease table
 		})
 		if err != nil {
 			// postgres.Open's error names the database with the password
@@ -57,9 +58,14 @@ func storeWhere(cfg *config.Config) string {
 
 // storeInstance identifies the store's state for the exec runner's run tags
 // (execrunner.InstanceID): the SQLite file, or the PostgreSQL database
-// without its password.
+// without its password (and, for a replica, its id).
 func storeInstance(cfg *config.Config) string {
 	if cfg.Store.Driver == config.StorePostgres {
+		if cfg.Cluster.Enabled {
+			// Replicas share the database: each kills only its own
+			// leftovers (a restarted replica keeps its cluster.replicaID).
+			return "postgres:" + postgres.Redact(cfg.Store.URL) + "#" + replicaID(cfg)
+		}
 		return "postgres:" + postgres.Redact(cfg.Store.URL)
 	}
 	return cfg.Store.Path

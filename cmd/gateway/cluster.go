@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/turnguard/turnguard/cluster/node"
+	"github.com/turnguard/turnguard/cluster/pgcoord"
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/store"
+)
+
+// clusterLeaveWait bounds giving the lease back at shutdown (survivors then
+// need not wait for it to expire).
+const clusterLeaveWait = 5 * time.Second
+
+// replicaID is cluster.replicaID, or host name and process id.
+func replicaID(cfg *config.Config) string {
+	if id := cfg.Cluster.ReplicaID; id != "" {
+		return id
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "gateway"
+	}
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
+// joinCluster makes this gateway a replica (cluster.enabled): it joins the
+// lease table, connects to NATS and takes over the turns of replicas that
+// died. The engine gets it as its Cluster; forwarded messages and aborts
+// are served once the engine exists (serveCluster).
+func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
+	if !cfg.Cluster.Enabled {
+		return nil
+	}
+	msgs := cfg.MessageSet()
+	n, err := node.Start(ctx, node.Options{
+		DatabaseURL:    cfg.Store.URL,
+		NATSURLs:       cfg.Cluster.NATS.URLs,
+		ReplicaID:      replicaID(cfg),
+		Lease:          time.Duration(cfg.Cluster.LeaseSeconds * float64(time.Second)),
+		OutboxChannels: outboxChannels(cfg),
+		OnOutbox:       a.outboxWritten,
+		Notice:         func(t store.Turn) string { return interruptedNotice(msgs, t) },
+		OnFenced:       a.fenced,
+		OnTakeover: func(t pgcoord.Takeover) {
+			a.log.Warn("took over the turns of a replica that stopped renewing its lease", "takeover", t)
+		},
+		Logger: a.log.With("cluster", "node"),
+	})
+	if err != nil {
+		return fmt.Errorf("cluster (cluster.enabled): %w", scrubbed(err, cfg.Secrets()))
+	}
+	a.node = n
+	a.log.Info("joined the cluster", "replica", n.Replica(), "lease_seconds", cfg.Cluster.LeaseSeconds)
+	return nil
+}
+
+// fenced is told that this replica lost its lease (it could not renew it
+// in time: the database was unreachable, or the process was stopped): its
+// runs stop and publish nothing — a survivor ends them as interrupted and
+// tells their users. The replica keeps serving with a new lease (the node
+// joins again) for turns that start from now on.
+func (a *app) fenced(err error) {
+	a.log.Error("this replica lost its cluster lease: its running turns stop here and are ended by another replica", "err", err)
+	if a.eng != nil {
+		a.eng.Fenced()
+	}
+}
+
+// outboxWritten is told that the store or the cluster put Telegram endings
+// into the outbox: the channel claims them.
+func (a *app) outboxWritten(string) {
+	if ch := a.tgClaim.Load(); ch != nil {
+		ch.Claim()
+	}
+}
+
+// leaveCluster gives the lease back (after the engine's shutdown wrote
+// every ending) and disconnects.
+func (a *app) leaveCluster() {
+	if a.node == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterLeaveWait)
+	defer cancel()
+	if err := a.node.Close(ctx); err != nil {
+		a.log.Warn("leaving the cluster", "err", err)
+	}
+}
+
+// interruptedNotice is the words of a turn cut off by its replica's death
+// (or the last stop): the same text crash recovery gives.
+func interruptedNotice(msgs *messages.Set, t store.Turn) string {
+	return messages.Render(msgs, event.Event{Kind: event.Aborted, StopReason: event.ReasonInterrupted,
+		Elapsed: t.UpdatedAt.Sub(t.StartedAt), Step: t.CurrentStep, LastStep: t.LastStep, StepTimeout: t.StepTimeout})
+}

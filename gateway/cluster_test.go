@@ -1,0 +1,230 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/turnguard/turnguard/cluster/inproc"
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/internal/faketime"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/demo"
+)
+
+// These tests run several engines in one synctest bubble, joined by the
+// in-process cluster (cluster/inproc): what a user of one replica sees of
+// a session whose turn another replica runs. The same engine code runs on
+// PostgreSQL and NATS in production (cluster/node; e2e/cluster drives
+// three real processes).
+
+// replica is one engine of the test cluster and what its bus and its
+// imported events showed.
+type replica struct {
+	e      *gateway.Engine
+	member *inproc.Member
+	mu     sync.Mutex
+	local  []event.Event // its own bus
+	remote []event.Event // imported from the others
+	gaps   []string
+}
+
+func (r *replica) kinds(remote bool, runID string) []event.Kind {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	evs := r.local
+	if remote {
+		evs = r.remote
+	}
+	var out []event.Kind
+	for _, ev := range evs {
+		if ev.RunID == runID && ev.Kind != event.Delta {
+			out = append(out, ev.Kind)
+		}
+	}
+	return out
+}
+
+func (r *replica) terminal(remote bool, runID string) (event.Event, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	evs := r.local
+	if remote {
+		evs = r.remote
+	}
+	for _, ev := range evs {
+		if ev.RunID == runID && ev.Kind.Terminal() {
+			return ev, true
+		}
+	}
+	return event.Event{}, false
+}
+
+// startCluster starts n engines on the demo runner, joined by one hub.
+func startCluster(t *testing.T, n int, adjust func(*config.Config)) []*replica {
+	t.Helper()
+	c := config.Default()
+	c.Agents.Defaults.AbortGraceSeconds = ptr(1.0)
+	if adjust != nil {
+		adjust(c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	hub := inproc.NewHub()
+	var out []*replica
+	for i := range n {
+		d := demo.New()
+		t.Cleanup(d.Release)
+		r := &replica{member: hub.Join(string(rune('a' + i)))}
+		e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d},
+			Cluster: r.member})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		e.Start(ctx)
+		r.e = e
+		r.member.Serve(e)
+		unsub := e.Bus().Subscribe("", func(ev event.Event) { r.mu.Lock(); r.local = append(r.local, ev); r.mu.Unlock() })
+		stop := e.Import(func(ev event.Event) { r.mu.Lock(); r.remote = append(r.remote, ev); r.mu.Unlock() },
+			func(key string) { r.mu.Lock(); r.gaps = append(r.gaps, key); r.mu.Unlock() })
+		t.Cleanup(func() {
+			e.Shutdown(context.Background())
+			stop()
+			unsub()
+			cancel()
+		})
+		out = append(out, r)
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func send(t *testing.T, e *gateway.Engine, runID, text string) (gateway.Ack, error) {
+	t.Helper()
+	return e.Send(context.Background(), gateway.SendRequest{SessionKey: "main", Channel: "ws", RunID: runID, Text: text, Owner: "u1"})
+}
+
+// A second replica answers a message for a session another replica runs
+// as busy, with the running turn's run id (busy mode reject), and the turn
+// ends once, on its own replica, seen by the other's watchers.
+func TestClusterBusyAnswerNamesTheHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 3, func(c *config.Config) { c.Agents.Defaults.Busy.Mode = config.BusyReject })
+		if ack, err := send(t, rs[0].e, "r1", "/steps shell:2s say:done"); err != nil || ack.Status != gateway.StatusStarted {
+			t.Fatalf("first send: %+v %v", ack, err)
+		}
+		synctest.Wait()
+		for i, r := range rs[1:] {
+			_, err := send(t, r.e, "r"+string(rune('2'+i)), "hello")
+			var busy *gateway.BusyError
+			if !errors.As(err, &busy) || busy.RunID != "r1" {
+				t.Fatalf("replica %d: %v, want busy with run r1", i+1, err)
+			}
+		}
+		// The same run id on another replica is the same run.
+		if ack, err := send(t, rs[2].e, "r1", "/steps shell:2s say:done"); err != nil || ack.Status != gateway.StatusInFlight {
+			t.Fatalf("repeat on another replica: %+v %v", ack, err)
+		}
+		faketime.Advance(3 * time.Second)
+		synctest.Wait()
+		for i, r := range rs[1:] {
+			ev, ok := r.terminal(true, "r1")
+			if !ok || ev.Kind != event.Finished || ev.FullText != "done" {
+				t.Fatalf("replica %d's watchers: %+v %v", i+1, ev, ok)
+			}
+		}
+		if n := len(rs[0].kinds(false, "r1")); n == 0 || slices.Contains(rs[0].kinds(true, "r1"), event.Finished) {
+			t.Fatalf("the owner's own events came back to it: %v", rs[0].kinds(true, "r1"))
+		}
+		// Free everywhere now.
+		if ack, err := send(t, rs[1].e, "r9", "/steps say:next"); err != nil || ack.Status != gateway.StatusStarted {
+			t.Fatalf("after the end: %+v %v", ack, err)
+		}
+	})
+}
+
+// Busy mode queue: a message sent to another replica is forwarded to the
+// replica that runs the session and queued there: it runs next, once.
+func TestClusterForwardedMessageQueuesOnTheOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, nil) // default busy mode: queue
+		send(t, rs[0].e, "r1", "/steps shell:2s say:one")
+		synctest.Wait()
+		ack, err := send(t, rs[1].e, "r2", "/steps say:two")
+		if err != nil || ack.Status != gateway.StatusQueued {
+			t.Fatalf("forwarded send: %+v %v", ack, err)
+		}
+		faketime.Advance(3 * time.Second)
+		synctest.Wait()
+		out, ok := rs[0].e.Wait(context.Background(), "r2")
+		if !ok || out.Status != gateway.StatusOK || out.Text != "two" {
+			t.Fatalf("queued turn on the owner: %+v %v", out, ok)
+		}
+		if ev, ok := rs[1].terminal(true, "r2"); !ok || ev.FullText != "two" {
+			t.Fatalf("the sender's replica did not see the queued turn end: %+v %v", ev, ok)
+		}
+	})
+}
+
+// An abort sent to a replica that does not run the turn stops it on the
+// replica that does; both see the stop.
+func TestClusterAbortIsForwardedToTheOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, nil)
+		send(t, rs[0].e, "r1", "/steps shell:30s")
+		synctest.Wait()
+		res, err := rs[1].e.Abort(context.Background(), "main", "", event.ReasonUser, "u1", false)
+		if err != nil || !res.Aborted || !slices.Equal(res.RunIDs, []string{"r1"}) {
+			t.Fatalf("abort through replica b: %+v %v", res, err)
+		}
+		synctest.Wait()
+		for _, c := range []struct {
+			r      *replica
+			remote bool
+		}{{rs[0], false}, {rs[1], true}} {
+			ev, ok := c.r.terminal(c.remote, "r1")
+			if !ok || ev.Kind != event.Aborted || ev.StopReason != event.ReasonUser {
+				t.Fatalf("ending seen (remote %v): %+v %v", c.remote, ev, ok)
+			}
+		}
+		// Someone else's abort is still refused, through any replica.
+		send(t, rs[0].e, "r2", "/steps shell:30s")
+		synctest.Wait()
+		if _, err := rs[1].e.Abort(context.Background(), "main", "", event.ReasonUser, "intruder", false); !errors.Is(err, gateway.ErrNotOwner) {
+			t.Fatalf("abort by another user: %v, want ErrNotOwner", err)
+		}
+	})
+}
+
+// A replica that lost its turns (killed from the cluster's view: a survivor
+// took them over) publishes nothing of their endings, and the session is
+// free for the others.
+func TestClusterTakenOverTurnPublishesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, nil)
+		send(t, rs[0].e, "r1", "/steps shell:5s say:late")
+		synctest.Wait()
+		rs[0].member.Kill() // its lease expired: its turns are taken over
+		rs[0].e.Fenced()
+		faketime.Advance(6 * time.Second)
+		synctest.Wait()
+		if ev, ok := rs[0].terminal(false, "r1"); ok {
+			t.Fatalf("the stale owner published the ending: %+v", ev)
+		}
+		if ev, ok := rs[1].terminal(true, "r1"); ok && ev.FullText == "late" {
+			t.Fatalf("the stale owner's final reached the other replica: %+v", ev)
+		}
+		if ack, err := send(t, rs[1].e, "r2", "/steps say:fresh"); err != nil || ack.Status != gateway.StatusStarted {
+			t.Fatalf("after the takeover: %+v %v", ack, err)
+		}
+	})
+}
