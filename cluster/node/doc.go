@@ -14,7 +14,11 @@
 // # Lifecycle
 //
 // Start joins the database (a new lease epoch; the replica surveys for dead
-// replicas by itself) and NATS (the event stream, the exporter). Serve
+// replicas by itself) and NATS (the event stream, the exporter). A fenced
+// replica (Options.OnFenced: stop the runs, publish nothing of them)
+// joins again as a new epoch after Options.RejoinAfter, for the turns
+// that start from then on; the fenced epoch's turns are a survivor's to
+// end, and their late Finish is refused (gateway.ErrNotTurnOwner). Serve
 // makes the local engine answer the requests other replicas forward here.
 // Close stops answering, leaves the database (the lease ends at once, so
 // nobody waits for it to expire), flushes the exporters and closes NATS.

@@ -35,9 +35,17 @@ type Options struct {
 	// Notice renders the interrupted notice of a turn taken over from a
 	// dead replica (pgcoord.Options.Notice).
 	Notice func(store.Turn) string
-	// OnFenced is called once, on a goroutine of its own, when this replica
-	// is fenced: it must stop its runs and publish nothing more of them.
+	// OnFenced is called, on a goroutine of its own, each time this
+	// replica is fenced: it must stop its runs and publish nothing more of
+	// them. Then the node joins again (RejoinAfter) for the turns that
+	// start from then on.
 	OnFenced func(err error)
+	// RejoinAfter is how long a fenced replica waits before it joins the
+	// database again as a new epoch (its fenced turns are a survivor's to
+	// end), and the first wait between failed attempts (doubling, up to a
+	// minute). Claims are refused as unavailable meanwhile. 0 means Lease;
+	// negative, never (the replica stays fenced).
+	RejoinAfter time.Duration
 	// OnTakeover is called after this replica took a dead one's turns
 	// over, once their Aborted events are exported.
 	OnTakeover func(pgcoord.Takeover)
@@ -62,9 +70,15 @@ type Node struct {
 	log   *slog.Logger
 	nc    *nats.Conn
 	cfg   natsbus.Config
-	exp   *natsbus.Exporter // this replica's events; its own Import skips them
-	tkx   *natsbus.Exporter // the ends of the turns it took over: every Import delivers them
-	coord *pgcoord.Replica
+	exp   *natsbus.Exporter               // this replica's events; its own Import skips them
+	tkx   *natsbus.Exporter               // the ends of the turns it took over: every Import delivers them
+	coord atomic.Pointer[pgcoord.Replica] // the current epoch; replaced when a fenced replica joins again
+
+	rejoin chan struct{}  // a fence asks rejoinLoop for a new epoch
+	quit   chan struct{}  // Close
+	bg     sync.WaitGroup // rejoinLoop
+	stopBG context.CancelFunc
+	bgCtx  context.Context
 
 	handler   atomic.Pointer[Handler]
 	serveOnce sync.Once
@@ -95,6 +109,9 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.RejoinAfter == 0 {
+		opts.RejoinAfter = opts.Lease
+	}
 	if opts.StreamReplicas <= 0 {
 		opts.StreamReplicas = 1
 		if len(opts.NATSURLs) >= 3 {
@@ -102,7 +119,8 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		}
 	}
 	n := &Node{opts: opts, log: opts.Logger.With("replica", opts.ReplicaID),
-		cfg: natsbus.Config{Replicas: opts.StreamReplicas}, watchers: map[*imported]struct{}{}}
+		cfg: natsbus.Config{Replicas: opts.StreamReplicas}, watchers: map[*imported]struct{}{},
+		rejoin: make(chan struct{}, 1), quit: make(chan struct{})}
 	var err error
 	n.nc, err = nats.Connect(strings.Join(opts.NATSURLs, ","),
 		nats.Name("turnguard "+opts.ReplicaID),
@@ -130,17 +148,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		n.nc.Close()
 		return nil, fmt.Errorf("cluster node %s: %w", opts.ReplicaID, err)
 	}
-	n.coord, err = pgcoord.JoinURL(ctx, opts.DatabaseURL, pgcoord.Options{
-		ReplicaID:      opts.ReplicaID,
-		Lease:          opts.Lease,
-		OutboxChannels: opts.OutboxChannels,
-		OnOutbox:       opts.OnOutbox,
-		Notice:         opts.Notice,
-		OnFenced:       opts.OnFenced,
-		OnTakeover:     n.tookOver,
-		OnLeave:        n.left,
-		Logger:         opts.Logger,
-	})
+	coord, err := n.join(ctx)
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -148,7 +156,85 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		n.nc.Close()
 		return nil, fmt.Errorf("cluster node %s: %w", opts.ReplicaID, err) // pgcoord scrubbed the password
 	}
+	n.coord.Store(coord)
+	n.bgCtx, n.stopBG = context.WithCancel(context.Background())
+	n.bg.Go(n.rejoinLoop)
 	return n, nil
+}
+
+// join joins the database as a new epoch of this replica.
+func (n *Node) join(ctx context.Context) (*pgcoord.Replica, error) {
+	return pgcoord.JoinURL(ctx, n.opts.DatabaseURL, pgcoord.Options{
+		ReplicaID:      n.opts.ReplicaID,
+		Lease:          n.opts.Lease,
+		OutboxChannels: n.opts.OutboxChannels,
+		OnOutbox:       n.opts.OnOutbox,
+		Notice:         n.opts.Notice,
+		OnFenced:       n.fenced,
+		OnTakeover:     n.tookOver,
+		OnLeave:        n.left,
+		Logger:         n.opts.Logger,
+	})
+}
+
+// fenced tells Options.OnFenced that the current epoch is fenced, then
+// asks rejoinLoop for a new one.
+func (n *Node) fenced(err error) {
+	if n.opts.OnFenced != nil {
+		n.opts.OnFenced(err)
+	}
+	select {
+	case n.rejoin <- struct{}{}:
+	default:
+	}
+}
+
+// rejoinLoop joins the database again after each fence, RejoinAfter
+// later, retrying until it succeeds or the node closes.
+func (n *Node) rejoinLoop() {
+	if n.opts.RejoinAfter < 0 {
+		return
+	}
+	for {
+		select {
+		case <-n.quit:
+			return
+		case <-n.rejoin:
+		}
+		for wait := n.opts.RejoinAfter; ; wait = min(2*wait, time.Minute) {
+			select {
+			case <-n.quit:
+				return
+			case <-time.After(wait):
+			}
+			ctx, cancel := context.WithTimeout(n.bgCtx, 30*time.Second)
+			r, err := n.join(ctx)
+			cancel()
+			if err != nil {
+				n.log.Warn("cluster: cannot join again after the fence; retrying", "error", err, "in", 2*wait)
+				continue
+			}
+			n.mu.Lock()
+			closed := n.closed
+			var old *pgcoord.Replica
+			if !closed {
+				old = n.coord.Swap(r)
+			}
+			n.mu.Unlock()
+			lctx, lcancel := context.WithTimeout(context.Background(), n.opts.Lease)
+			if closed {
+				_ = r.Leave(lctx)
+				lcancel()
+				return
+			}
+			if err := old.Leave(lctx); err != nil { // fenced: it only stops and closes its pool
+				n.log.Warn("cluster: close the fenced epoch", "error", err)
+			}
+			lcancel()
+			n.log.Info("cluster: joined again after the fence", "epoch", r.Epoch())
+			break
+		}
+	}
 }
 
 // Conn is the replica's NATS connection (the Telegram update stream uses
@@ -157,7 +243,7 @@ func (n *Node) Conn() *nats.Conn { return n.nc }
 
 // Coordinator is the replica's membership in the database, for outbox
 // claims by the out-of-band channels.
-func (n *Node) Coordinator() *pgcoord.Replica { return n.coord }
+func (n *Node) Coordinator() *pgcoord.Replica { return n.coord.Load() }
 
 // Replica is this replica's id.
 func (n *Node) Replica() string { return n.opts.ReplicaID }
@@ -180,7 +266,10 @@ func (n *Node) Close(ctx context.Context) error {
 	if err := n.serving.stop(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if err := n.coord.Leave(ctx); err != nil {
+	close(n.quit)
+	n.stopBG()
+	n.bg.Wait()
+	if err := n.coord.Load().Leave(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	if err := n.closeExporters(ctx); err != nil {
@@ -211,7 +300,7 @@ func (n *Node) closeExporters(ctx context.Context) error {
 
 // Claim reserves the session for the run on every replica (pgcoord.Claim).
 func (n *Node) Claim(ctx context.Context, c gateway.ClaimRequest) error {
-	err := n.coord.Claim(ctx, pgcoord.Claim{RunID: c.RunID, SessionKey: c.SessionKey, Channel: c.Channel,
+	err := n.coord.Load().Claim(ctx, pgcoord.Claim{RunID: c.RunID, SessionKey: c.SessionKey, Channel: c.Channel,
 		ChatRef: c.ChatRef, Text: c.Text, Joined: c.Joined})
 	if err == nil {
 		// Another replica may have numbered the session's events since this
@@ -237,7 +326,7 @@ func (n *Node) Claim(ctx context.Context, c gateway.ClaimRequest) error {
 // that is not this replica's any more (or unknown) wraps
 // gateway.ErrNotTurnOwner.
 func (n *Node) Finish(ctx context.Context, ev event.Event) error {
-	err := n.coord.Finish(ctx, ev)
+	err := n.coord.Load().Finish(ctx, ev)
 	switch {
 	case err == nil:
 		return nil
@@ -250,7 +339,7 @@ func (n *Node) Finish(ctx context.Context, ev event.Event) error {
 // Holder names the session's running turn and its replica; an error
 // reaching the database wraps gateway.ErrClusterUnavailable.
 func (n *Node) Holder(ctx context.Context, sessionKey string) (runID, replica string, ok bool, err error) {
-	runID, replica, ok, err = n.coord.Holder(ctx, sessionKey)
+	runID, replica, ok, err = n.coord.Load().Holder(ctx, sessionKey)
 	if err != nil {
 		return "", "", false, fmt.Errorf("cluster holder: %w: %w", gateway.ErrClusterUnavailable, err)
 	}
@@ -261,7 +350,7 @@ func (n *Node) Holder(ctx context.Context, sessionKey string) (runID, replica st
 // one that left, exports nothing.
 func (n *Node) Export(ev event.Event) {
 	select {
-	case <-n.coord.Fenced():
+	case <-n.coord.Load().Fenced():
 		return
 	default:
 	}

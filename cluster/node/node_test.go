@@ -65,7 +65,7 @@ func start(t testing.TB, dbURL string, c *natstest.Cluster, id string, edit ...f
 // kill stops n as a SIGKILL would: no more lease renewals, nothing
 // written, no more NATS traffic.
 func kill(n *Node) {
-	n.coord.Abandon()
+	n.coord.Load().Abandon()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = n.closeExporters(ctx)
@@ -291,7 +291,10 @@ func TestFencedReplicaClaimsFinishesAndExportsNothing(t *testing.T) {
 	dbURL := pgtest.New(t)
 	ctx := testContext(t, 30*time.Second)
 	fenced := make(chan error, 1)
-	a := start(t, dbURL, c, "a", func(o *Options) { o.OnFenced = func(err error) { fenced <- err } })
+	a := start(t, dbURL, c, "a", func(o *Options) {
+		o.OnFenced = func(err error) { fenced <- err }
+		o.RejoinAfter = -1 // stays fenced
+	})
 	b := start(t, dbURL, c, "b")
 	fromB := clustertest.Import(t, b)
 	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: "ws:f", Channel: "ws"}); err != nil {
@@ -328,7 +331,7 @@ func expireLease(t testing.TB, dbURL string, n *Node) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(context.Background(), `UPDATE leases SET expires_at = now() WHERE epoch = $1`, n.coord.Epoch()); err != nil {
+	if _, err := conn.Exec(context.Background(), `UPDATE leases SET expires_at = now() WHERE epoch = $1`, n.coord.Load().Epoch()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -430,4 +433,43 @@ func TestLeadEndsFnWhenTheLeaseIsLost(t *testing.T) {
 	case <-wait.Done():
 		t.Fatal("not leading again")
 	}
+}
+
+// A fenced replica joins again as a new epoch (RejoinAfter): the turn it
+// ran before the fence stays ended (its late Finish is refused), and it
+// claims and exports again.
+func TestFencedReplicaJoinsAgain(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	ctx := testContext(t, 30*time.Second)
+	var fences atomic.Int32
+	a := start(t, dbURL, c, "a", func(o *Options) {
+		o.OnFenced = func(error) { fences.Add(1) }
+		o.RejoinAfter = 50 * time.Millisecond
+	})
+	b := start(t, dbURL, c, "b")
+	fromB := clustertest.Import(t, b)
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: "ws:r", Channel: "ws"}); err != nil {
+		t.Fatal(err)
+	}
+	epoch := a.Coordinator().Epoch()
+	expireLease(t, dbURL, a)
+	testwait.Until(t, 15*time.Second, "a joined again as a new epoch", func() bool {
+		return fences.Load() == 1 && a.Coordinator().Epoch() != epoch && a.Coordinator().Err() == nil
+	})
+	if err := a.Finish(ctx, event.Event{Kind: event.Finished, RunID: "run-1", StopReason: event.ReasonStop}); !errors.Is(err, gateway.ErrNotTurnOwner) {
+		t.Errorf("Finish of the turn claimed before the fence: %v; want ErrNotTurnOwner", err)
+	}
+	testwait.NoError(t, 15*time.Second, func() error { // real time: the fenced epoch's turn is ended by a survey
+		return a.Claim(ctx, gateway.ClaimRequest{RunID: "run-2", SessionKey: "ws:r", Channel: "ws"})
+	})
+	a.Export(event.Event{Kind: event.TurnStarted, RunID: "run-2", SessionKey: "ws:r", Seq: 1})
+	testwait.Until(t, 10*time.Second, "b imports run-2's start", func() bool {
+		for _, g := range fromB.Snapshot() {
+			if g == fmt.Sprintf("%s run-2 1", event.TurnStarted) {
+				return true
+			}
+		}
+		return false
+	})
 }
