@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func TestAbortFromAnotherReplica(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sess := session("abort-" + tc.name)
+			sess := session("abort-" + strings.ReplaceAll(tc.name, " ", "-"))
 			runID := "run-" + tc.name
 			clients := watchEverywhere(t, c, sess)
 			clients[0].MustStart(sess, hangTurn, runID)

@@ -57,6 +57,10 @@ func TestWatchFromEveryReplica(t *testing.T) {
 				if e.State != "final" {
 					t.Errorf("r%d: the run ended %s, want final: %s", i+1, e.State, e.Raw)
 				}
+				// The agent stream's lifecycle end follows the chat final.
+				w.WaitEvent(10*time.Second, "the run's lifecycle end", func(e wsclient.Event) bool {
+					return e.RunID == runID && e.Name == "agent" && e.Stream == "lifecycle" && e.Data.Phase == "end"
+				})
 				sig := signature(w.RunEvents(runID))
 				if wantFrom < 0 {
 					want, wantFrom = sig, i

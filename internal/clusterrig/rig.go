@@ -211,6 +211,7 @@ func (g *Gateway) baseConfig() map[string]any {
 	Set(cfg, "server.operatorToken", OperatorToken)
 	Set(cfg, "agents.defaults.runner", "demo")
 	Set(cfg, "agents.defaults.abortGraceSeconds", 2)
+	Set(cfg, "server.requestsPerSecond", 1000) // the tests poll histories
 	Set(cfg, "store.driver", "postgres")
 	Set(cfg, "store.url", c.db)
 	Set(cfg, "cluster.enabled", true)
