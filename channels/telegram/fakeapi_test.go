@@ -498,9 +498,17 @@ func parseHTML(s string) (string, error) {
 // synctest bubble sees every wait as durably blocking. fail, if set, can
 // make a request fail like a broken network.
 type memTransport struct {
-	h    http.Handler
-	mu   sync.Mutex
-	fail func(*http.Request) error
+	h     http.Handler
+	mu    sync.Mutex
+	fail  func(*http.Request) error
+	sends int // sendMessage requests made through this transport
+}
+
+// sendCount is the number of sendMessage requests made through m.
+func (m *memTransport) sendCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sends
 }
 
 func (m *memTransport) setFail(f func(*http.Request) error) {
@@ -512,6 +520,9 @@ func (m *memTransport) setFail(f func(*http.Request) error) {
 func (m *memTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	m.mu.Lock()
 	fail := m.fail
+	if strings.HasSuffix(req.URL.Path, "/sendMessage") {
+		m.sends++
+	}
 	m.mu.Unlock()
 	drain := func() {
 		if req.Body != nil {

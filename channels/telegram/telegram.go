@@ -35,6 +35,7 @@ import (
 	"github.com/go-telegram/bot/models"
 
 	"github.com/turnguard/turnguard/channels/delivery"
+	"github.com/turnguard/turnguard/cluster/tgupdates"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/store"
@@ -137,6 +138,10 @@ type Options struct {
 	// notices are delivered before the channel stops (or stay pending for
 	// the next start).
 	Sync func(ctx context.Context) error
+	// Cluster, if set, makes the channel one of several gateway replicas
+	// (cluster.go): updates go through a NATS stream, one replica polls,
+	// outbox rows are claimed with Cluster.Claims.
+	Cluster *Cluster
 }
 
 // Channel is the Telegram channel. Create it with New; methods are safe for
@@ -185,6 +190,18 @@ type Channel struct {
 	sentMem      keySet                      // durable endings sent from memory before their row came; guarded by mu
 	claimedEarly keySet                      // durable endings claim queued before their onEvent came; guarded by mu
 	claimMu      sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
+
+	apiURL      string       // the Bot API's base URL, without a trailing slash
+	hc          *http.Client // the Bot API's HTTP client
+	pollTimeout time.Duration
+
+	cl              *Cluster                           // Options.Cluster with defaults; nil on one process
+	claims          OutboxClaims                       // cl.Claims when there is an outbox
+	updates         atomic.Pointer[tgupdates.Log]      // the update stream while Run receives (cluster)
+	polling         atomic.Bool                        // this replica polls now (cluster)
+	consumer        atomic.Pointer[tgupdates.Consumer] // this replica's update consumer while Run receives (cluster)
+	onStoredHandled func(tgupdates.Update)             // tests: a stored update was handled (set before Run)
+	pollMu          sync.Mutex                         // one poll loop at a time (cluster)
 }
 
 type identity struct {
@@ -236,12 +253,23 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	if opts.DurableEndings && opts.Outbox == nil {
 		return nil, errors.New("telegram: durable endings need an outbox")
 	}
+	c.apiURL, c.hc, c.pollTimeout = strings.TrimRight(tg.APIURL, "/"), hc, poll
+	var err error
+	if c.cl, err = opts.Cluster.withDefaults(); err != nil {
+		return nil, err
+	}
+	if c.cl != nil && c.outbox != nil {
+		if c.cl.Claims == nil {
+			return nil, errors.New("telegram: cluster: an outbox needs Cluster.Claims (rows are claimed, not read)")
+		}
+		c.claims = c.cl.Claims
+	}
 	if c.mode == "" {
 		c.mode = config.TelegramPolling
 	}
 	b, err := bot.New(tg.Token,
 		bot.WithSkipGetMe(),
-		bot.WithServerURL(strings.TrimRight(tg.APIURL, "/")),
+		bot.WithServerURL(c.apiURL),
 		bot.WithHTTPClient(poll, doer{hc}),
 		bot.WithDefaultHandler(func(_ context.Context, _ *bot.Bot, u *models.Update) { c.dispatch(u) }),
 		bot.WithNotAsyncHandlers(), // dispatch only queues: order is kept, nothing blocks
@@ -292,6 +320,9 @@ func (c *Channel) Run(ctx context.Context) error {
 			return nil
 		}
 		return err
+	}
+	if c.cl != nil {
+		return c.runCluster(ctx)
 	}
 	c.ready.Store(true)
 	defer c.ready.Store(false)
@@ -448,9 +479,14 @@ func (c *Channel) Close(ctx context.Context) error {
 		ch.queue = nil
 	}
 	c.mu.Unlock()
+	var giveBack []int64
 	for i, it := range left {
 		c.shelve(leftChat[i], it)
+		if it.outboxID != 0 {
+			giveBack = append(giveBack, it.outboxID)
+		}
 	}
+	c.release(giveBack) // another replica sends them now, not when their hold ends
 	if err != nil {
 		return fmt.Errorf("telegram: close: %d message(s) not delivered in time: %w", len(left), err)
 	}
@@ -534,9 +570,19 @@ func (c *Channel) Claim() {
 // called, until Close.
 func (c *Channel) claimLoop() {
 	defer c.wg.Done()
+	var tick <-chan time.Time
+	if c.claims != nil {
+		// Rows other replicas wrote, or whose holder died, are claimed
+		// at this pace.
+		t := time.NewTicker(c.cl.ClaimEvery)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-c.claimWake:
+			c.claim(c.baseCtx, false)
+		case <-tick:
 			c.claim(c.baseCtx, false)
 		case <-c.baseCtx.Done():
 			return
@@ -558,15 +604,22 @@ func (c *Channel) resendPending(ctx context.Context) { c.claim(ctx, true) }
 func (c *Channel) claim(ctx context.Context, resend bool) {
 	c.claimMu.Lock()
 	defer c.claimMu.Unlock()
-	msgs, err := c.outbox.Pending(ctx, config.ChannelTelegram, pendingBatch)
+	msgs, err := c.claimRows(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Error("telegram: reading the outbox failed", "err", c.red.err(err))
 		}
 		return
 	}
+	var giveBack []int64 // claimed rows this replica does not send now (cluster)
+	defer func() { c.release(giveBack) }()
 	for _, m := range msgs {
 		if !resend && m.Attempts > 0 {
+			c.mu.Lock()
+			if !c.inflight[m.RunID+"/"+string(m.Kind)] {
+				giveBack = append(giveBack, m.ID)
+			}
+			c.mu.Unlock()
 			continue // its delivery failed before: the periodic sweep resends it, not every new ending
 		}
 		chatID, perr := strconv.ParseInt(m.ChatRef, 10, 64)
@@ -602,6 +655,9 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 			c.mu.Unlock()
 			c.markDelivered(m.ID)
 			continue
+		}
+		if c.closing && !c.inflight[it.key()] {
+			giveBack = append(giveBack, m.ID)
 		}
 		if !c.inflight[it.key()] && !c.closing {
 			if c.durable {
