@@ -55,9 +55,10 @@ const PollerLease = "telegram-poller"
 
 // Leader runs fn while this replica holds the lease name (time to live
 // ttl): fn's context ends when the lease is lost, and then the replica
-// competes again, until ctx ends. cluster/node's Node implements it.
+// competes again, until ctx ends (then it returns nil); it returns an
+// error when it cannot compete at all. cluster/node's Node implements it.
 type Leader interface {
-	Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context))
+	Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context)) error
 }
 
 // OutboxClaims hands out outbox rows to one replica at a time.
@@ -178,7 +179,7 @@ func (c *Channel) runCluster(ctx context.Context) error {
 			c.log.Error("telegram: polling in a cluster needs a leader lease; this replica does not poll")
 		} else {
 			wg.Go(func() {
-				c.cl.Leader.Lead(ctx, PollerLease, c.cl.PollerTTL, func(lctx context.Context) {
+				err := c.cl.Leader.Lead(ctx, PollerLease, c.cl.PollerTTL, func(lctx context.Context) {
 					// Lead may outlive ctx by a moment; the poll must not.
 					pctx, cancel := context.WithCancel(lctx)
 					defer cancel()
@@ -186,6 +187,9 @@ func (c *Channel) runCluster(ctx context.Context) error {
 					defer stop()
 					c.poll(pctx, ulog)
 				})
+				if err != nil && ctx.Err() == nil {
+					c.log.Error("telegram: cannot compete for the poller lease; this replica does not poll (another may)", "err", c.red.err(err))
+				}
 			})
 		}
 	}

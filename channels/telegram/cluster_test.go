@@ -44,24 +44,24 @@ type leaseLeader struct {
 	id string
 }
 
-func (l leaseLeader) Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context)) {
+func (l leaseLeader) Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context)) error {
 	js, err := jetstream.New(l.nc)
 	if err != nil {
-		return
+		return fmt.Errorf("lead %s: %w", name, err)
 	}
 	kv, err := lease.EnsureBucket(ctx, js, lease.BucketConfig{Bucket: "TG_TEST_LEASES", TTL: ttl})
 	if err != nil {
-		return
+		return fmt.Errorf("lead %s: %w", name, err)
 	}
 	cand, err := lease.Campaign(ctx, kv, name, l.id, lease.Options{})
 	if err != nil {
-		return
+		return fmt.Errorf("lead %s: %w", name, err)
 	}
 	defer func() { <-cand.Done() }()
 	for {
 		term, err := cand.Await(ctx)
 		if err != nil {
-			return
+			return nil // ctx ended, or the campaign did
 		}
 		fctx, cancel := context.WithCancel(ctx)
 		go func() {
@@ -76,7 +76,7 @@ func (l leaseLeader) Lead(ctx context.Context, name string, ttl time.Duration, f
 		select { // compete again once this term has ended
 		case <-term.Lost():
 		case <-ctx.Done():
-			return
+			return nil
 		}
 	}
 }
