@@ -206,7 +206,7 @@ func (c *Channel) Polling() bool { return c.polling.Load() }
 // poll calls getUpdates and stores each update in the stream until ctx
 // ends. The offset passed to Telegram (which confirms, and so drops, every
 // update below it) moves past an update only once the stream has it.
-func (c *Channel) poll(ctx context.Context, ulog *tgupdates.Log) {
+func (c *Channel) poll(ctx context.Context, ulog publisher) {
 	c.pollMu.Lock() // one poll loop per replica, even if Lead overlaps its terms
 	defer c.pollMu.Unlock()
 	c.polling.Store(true)
@@ -252,6 +252,12 @@ func (c *Channel) poll(ctx context.Context, ulog *tgupdates.Log) {
 			offset = id + 1
 		}
 	}
+}
+
+// publisher stores an update (*tgupdates.Log); nil only once it is
+// confirmed stored.
+type publisher interface {
+	PublishUpdate(ctx context.Context, updateID, chatID int64, raw []byte) error
 }
 
 // updateKey reads an update's id and the chat it is about; ok is false for

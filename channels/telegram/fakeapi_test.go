@@ -41,6 +41,7 @@ type fakeAPI struct {
 	commands   []models.BotCommand
 	webhook    map[string]string
 	getUpdates int
+	offsets    []int64       // the offset of each getUpdates call, in order
 	notify     chan struct{} // signalled (non-blocking) after every call and when a long poll waits; for real-time tests
 }
 
@@ -344,6 +345,9 @@ func (f *fakeAPI) takeFault(method string, chat int64) *fault {
 func (f *fakeAPI) serveUpdates(w http.ResponseWriter, r *http.Request, form map[string]string) {
 	offset, _ := strconv.ParseInt(form["offset"], 10, 64)
 	wait, _ := strconv.Atoi(form["timeout"])
+	f.mu.Lock()
+	f.offsets = append(f.offsets, offset)
+	f.mu.Unlock()
 	deadline := time.NewTimer(time.Duration(wait) * time.Second)
 	defer deadline.Stop()
 	for {

@@ -17,6 +17,10 @@
 // after the engine's Shutdown has published the shutdown notices, Close,
 // which delivers what is queued before it returns. docs/telegram.md
 // describes the behaviour a user sees.
+//
+// With Options.Cluster the channel is one of several gateway replicas
+// (cluster.go): updates go through a NATS stream partitioned by chat, one
+// replica polls under a lease, and outbox rows are claimed per replica.
 package telegram
 
 import (
