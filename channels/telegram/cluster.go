@@ -49,6 +49,13 @@ import (
 //     replica claims every ClaimEvery, so rows written by another replica
 //     (the interrupted notice a survivor writes for a dead replica's turn)
 //     and rows whose holder died (their hold ran out) are sent promptly.
+//     The replica whose turn wrote a row sends it: its chat holds the
+//     ending's place behind the turn's last progress edit. So a replica
+//     takes a row at once only for a turn it saw on its own engine (or one
+//     given to it with Adopt); any other row it hands back, and takes it
+//     only when it is still unsent two ClaimEvery after it first saw it
+//     (longer than its writer's own claims take) — its writer died, or was
+//     never going to send it (a takeover's notice).
 
 // PollerLease is the name of the lease under which one replica polls.
 const PollerLease = "telegram-poller"
@@ -399,4 +406,62 @@ func (c *Channel) release(ids []int64) {
 	if err := c.claims.ReleaseOutbox(ctx, ids...); err != nil {
 		c.log.Warn("telegram: handing outbox rows back failed; they are claimable when their hold ends", "rows", len(ids), "err", c.red.err(err))
 	}
+}
+
+// Adopt makes the outbox rows of runs this replica's to send at once — the
+// turns it took over from a dead replica (pgcoord.Takeover): their
+// interrupted notices then go out without waiting for the dead owner —
+// and claims them. It is a no-op on one process.
+func (c *Channel) Adopt(runIDs ...string) {
+	if c.claims == nil || len(runIDs) == 0 {
+		return
+	}
+	c.mu.Lock()
+	for _, id := range runIDs {
+		c.ours.add(id)
+	}
+	c.mu.Unlock()
+	c.Claim()
+}
+
+// mayTakeLocked reports whether this replica sends claimed row m now: its
+// run is this replica's, or the row has been left unsent for two
+// ClaimEvery since this replica first saw it (its writer claims at least
+// every ClaimEvery). Called with c.mu held.
+func (c *Channel) mayTakeLocked(m store.OutboxMessage) bool {
+	if c.ours.has(m.RunID) {
+		return true
+	}
+	first, seen := c.seenRows[m.ID]
+	if !seen {
+		if c.seenRows == nil {
+			c.seenRows = map[int64]time.Time{}
+		}
+		c.seenRows[m.ID] = time.Now()
+		return false
+	}
+	if time.Since(first) < 2*c.cl.ClaimEvery {
+		return false
+	}
+	delete(c.seenRows, m.ID)
+	return true
+}
+
+// forgetSeenLocked drops the first sightings older than a hold and two
+// claim periods: such a row was sent or taken by another replica since (a
+// row still pending then is seen anew). Called with c.mu held.
+func (c *Channel) forgetSeenLocked() {
+	for id, first := range c.seenRows {
+		if time.Since(first) > c.cl.ClaimHold+2*c.cl.ClaimEvery {
+			delete(c.seenRows, id)
+		}
+	}
+}
+
+// hasAwaiting reports whether a chat holds a place for an ending whose
+// outbox row this replica has not claimed yet.
+func (c *Channel) hasAwaiting() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.awaiting) > 0
 }

@@ -83,6 +83,9 @@ const (
 	// maxSentFromMemory bounds the endings remembered as sent from memory
 	// (so that the store's late row is marked delivered, not sent again).
 	maxSentFromMemory = 10000
+	// claimRetry: in a cluster, how soon a claim is tried again while an
+	// ending waits for its row.
+	claimRetry = 100 * time.Millisecond
 )
 
 // allowedUpdates are the update types asked of Telegram.
@@ -205,6 +208,8 @@ type Channel struct {
 	polling         atomic.Bool                        // this replica polls now (cluster)
 	consumer        atomic.Pointer[tgupdates.Consumer] // this replica's update consumer while Run receives (cluster)
 	onStoredHandled func(tgupdates.Update)             // tests: a stored update was handled (set before Run)
+	ours            keySet                             // runs whose endings are this replica's to send (cluster); guarded by mu
+	seenRows        map[int64]time.Time                // outbox rows of others' turns, when first claimed here (cluster); guarded by mu
 	pollMu          sync.Mutex                         // one poll loop at a time (cluster)
 }
 
@@ -574,23 +579,33 @@ func (c *Channel) Claim() {
 // called, until Close.
 func (c *Channel) claimLoop() {
 	defer c.wg.Done()
-	var tick <-chan time.Time
-	if c.claims != nil {
-		// Rows other replicas wrote, or whose holder died, are claimed
-		// at this pace.
-		t := time.NewTicker(c.cl.ClaimEvery)
-		defer t.Stop()
-		tick = t.C
-	}
 	for {
+		var tick <-chan time.Time
+		var t *time.Timer
+		if c.claims != nil {
+			// Rows other replicas wrote, or whose holder died, are
+			// claimed at this pace; an ending a chat waits for is tried
+			// again sooner (another replica's claim may have held its
+			// row for a moment).
+			wait := c.cl.ClaimEvery
+			if c.hasAwaiting() {
+				wait = min(wait, claimRetry)
+			}
+			t = time.NewTimer(wait)
+			tick = t.C
+		}
 		select {
 		case <-c.claimWake:
-			c.claim(c.baseCtx, false)
 		case <-tick:
-			c.claim(c.baseCtx, false)
 		case <-c.baseCtx.Done():
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if c.baseCtx.Err() != nil {
 			return
 		}
+		c.claim(c.baseCtx, false)
 	}
 }
 
@@ -617,6 +632,11 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 	}
 	var giveBack []int64 // claimed rows this replica does not send now (cluster)
 	defer func() { c.release(giveBack) }()
+	if c.claims != nil {
+		c.mu.Lock()
+		c.forgetSeenLocked()
+		c.mu.Unlock()
+	}
 	for _, m := range msgs {
 		if !resend && m.Attempts > 0 {
 			c.mu.Lock()
@@ -658,6 +678,11 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 			// came later; it is delivered.
 			c.mu.Unlock()
 			c.markDelivered(m.ID)
+			continue
+		}
+		if c.claims != nil && !c.inflight[it.key()] && !c.mayTakeLocked(m) {
+			giveBack = append(giveBack, m.ID) // its owner's to send first (cluster.go)
+			c.mu.Unlock()
 			continue
 		}
 		if c.closing && !c.inflight[it.key()] {
@@ -707,6 +732,9 @@ func (s *keySet) add(k string) {
 	s.m[k] = true
 	s.order = append(s.order, k)
 }
+
+// has reports whether k is in the set.
+func (s *keySet) has(k string) bool { return s.m[k] }
 
 // remove reports whether k was in the set, and removes it.
 func (s *keySet) remove(k string) bool {
