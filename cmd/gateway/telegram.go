@@ -134,6 +134,23 @@ func outboxChannels(cfg *config.Config) []string {
 	return nil
 }
 
+// tookOver tells the channel about turns this replica took over from a
+// dead one (node Options.OnTakeover): it sends their interrupted notices
+// at once, instead of after leaving them a claim period for their dead
+// owner.
+func (t *tgChannel) tookOver(tk pgcoord.Takeover) {
+	if t == nil {
+		return
+	}
+	var runs []string
+	for _, turn := range tk.Turns {
+		if turn.Channel == config.ChannelTelegram && turn.Outboxed {
+			runs = append(runs, turn.RunID)
+		}
+	}
+	t.ch.Adopt(runs...)
+}
+
 // sender is the alerts' Telegram sender: nil (untyped) when disabled.
 func (t *tgChannel) sender() alerts.TelegramSender {
 	if t == nil {
