@@ -14,6 +14,7 @@ import (
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/ops/alerts"
+	"github.com/turnguard/turnguard/store"
 )
 
 // telegramShutdownWait bounds the delivery of the replies and notices still
@@ -35,13 +36,33 @@ type tgCluster interface {
 	// Lead runs fn while this replica holds the lease name (the poller's).
 	Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context)) error
 	// Coordinator claims outbox rows for this replica; its ID names the
-	// replica to the update consumers.
+	// replica to the update consumers. It changes when a fenced replica
+	// joins again (a new epoch).
 	Coordinator() *pgcoord.Replica
 }
 
-// newTelegram builds the Telegram channel of a one-process gateway (see
-// newTelegramIn).
-func newTelegram(a *app) (*tgChannel, error) { return newTelegramIn(a, nil) }
+// coordClaims claims outbox rows through the replica's current
+// coordinator: the one it had at start is fenced for good once the replica
+// lost its lease and joined again.
+type coordClaims struct{ cl tgCluster }
+
+func (c coordClaims) ClaimOutbox(ctx context.Context, channel string, limit int, hold time.Duration) ([]store.OutboxMessage, error) {
+	return c.cl.Coordinator().ClaimOutbox(ctx, channel, limit, hold)
+}
+
+func (c coordClaims) ReleaseOutbox(ctx context.Context, ids ...int64) error {
+	return c.cl.Coordinator().ReleaseOutbox(ctx, ids...)
+}
+
+// newTelegram builds the Telegram channel (newTelegramIn), as a cluster
+// replica when the gateway joined a cluster (a.node).
+func newTelegram(a *app) (*tgChannel, error) {
+	var cl tgCluster
+	if a.node != nil {
+		cl = a.node
+	}
+	return newTelegramIn(a, cl)
+}
 
 // newTelegramIn builds the Telegram channel when channels.telegram.enabled:
 // it follows the engine's events from now on, but takes no update before
@@ -95,13 +116,12 @@ func telegramCluster(cfg *config.Config, cl tgCluster) *telegram.Cluster {
 	if len(cfg.Cluster.NATS.URLs) >= 3 {
 		replicas = 3
 	}
-	coord := cl.Coordinator()
 	return &telegram.Cluster{
 		Conn:      cl.Conn(),
-		ReplicaID: coord.ID(),
+		ReplicaID: cl.Coordinator().ID(), // the same in every epoch
 		Leader:    cl,
 		PollerTTL: ttl,
-		Claims:    coord,
+		Claims:    coordClaims{cl},
 		Updates:   tgupdates.Config{Replicas: replicas},
 		Consumer:  tgupdates.ConsumerOptions{MemberTTL: max(ttl, 2*time.Second), PinnedTTL: max(ttl, 2*time.Second)},
 	}
@@ -134,12 +154,13 @@ func outboxChannels(cfg *config.Config) []string {
 	return nil
 }
 
-// tookOver tells the channel about turns this replica took over from a
-// dead one (node Options.OnTakeover): it sends their interrupted notices
-// at once, instead of after leaving them a claim period for their dead
-// owner.
-func (t *tgChannel) tookOver(tk pgcoord.Takeover) {
-	if t == nil {
+// telegramTookOver tells the Telegram channel about turns this replica
+// took over from a dead one (call it from node Options.OnTakeover): it
+// sends their interrupted notices at once, instead of first leaving them
+// two claim periods to their dead owner. Safe before the channel exists.
+func (a *app) telegramTookOver(tk pgcoord.Takeover) {
+	ch := a.tgClaim.Load()
+	if ch == nil {
 		return
 	}
 	var runs []string
@@ -148,7 +169,7 @@ func (t *tgChannel) tookOver(tk pgcoord.Takeover) {
 			runs = append(runs, turn.RunID)
 		}
 	}
-	t.ch.Adopt(runs...)
+	ch.Adopt(runs...)
 }
 
 // sender is the alerts' Telegram sender: nil (untyped) when disabled.
