@@ -60,6 +60,9 @@ import (
 // PollerLease is the name of the lease under which one replica polls.
 const PollerLease = "telegram-poller"
 
+// streamSetupWait bounds one attempt to set the update stream up.
+const streamSetupWait = 5 * time.Second
+
 // Leader runs fn while this replica holds the lease name (time to live
 // ttl): fn's context ends when the lease is lost, and then the replica
 // competes again, until ctx ends (then it returns nil); it returns an
@@ -159,7 +162,13 @@ func (c *Channel) runCluster(ctx context.Context) error {
 	err := c.retryStartup(ctx, "the update stream", func(cctx context.Context) error {
 		var err error
 		if ulog == nil {
-			if ulog, err = tgupdates.NewLog(cctx, c.cl.Conn, c.cl.Updates); err != nil {
+			// Replicas starting together race to create the stream; the
+			// losers' requests may go unanswered (nats-server 2.15): try
+			// again soon rather than wait out a long timeout.
+			sctx, cancel := context.WithTimeout(cctx, streamSetupWait)
+			ulog, err = tgupdates.NewLog(sctx, c.cl.Conn, c.cl.Updates)
+			cancel()
+			if err != nil {
 				return err
 			}
 		}
@@ -185,25 +194,41 @@ func (c *Channel) runCluster(ctx context.Context) error {
 		if c.cl.Leader == nil {
 			c.log.Error("telegram: polling in a cluster needs a leader lease; this replica does not poll")
 		} else {
-			wg.Go(func() {
-				err := c.cl.Leader.Lead(ctx, PollerLease, c.cl.PollerTTL, func(lctx context.Context) {
-					// Lead may outlive ctx by a moment; the poll must not.
-					pctx, cancel := context.WithCancel(lctx)
-					defer cancel()
-					stop := context.AfterFunc(ctx, cancel)
-					defer stop()
-					c.poll(pctx, ulog)
-				})
-				if err != nil && ctx.Err() == nil {
-					c.log.Error("telegram: cannot compete for the poller lease; this replica does not poll (another may)", "err", c.red.err(err))
-				}
-			})
+			wg.Go(func() { c.lead(ctx, ulog) })
 		}
 	}
 	<-ctx.Done()
 	wg.Wait()
 	<-cons.Done()
 	return nil
+}
+
+// lead competes for the poller lease until ctx ends, polling while this
+// replica holds it. Lead fails when it cannot set the lease up (NATS is
+// unreachable, or replicas starting together race to create its bucket):
+// it is tried again, backing off.
+func (c *Channel) lead(ctx context.Context, ulog *tgupdates.Log) {
+	backoff := time.Second
+	for {
+		err := c.cl.Leader.Lead(ctx, PollerLease, c.cl.PollerTTL, func(lctx context.Context) {
+			// Lead may outlive ctx by a moment; the poll must not.
+			pctx, cancel := context.WithCancel(lctx)
+			defer cancel()
+			stop := context.AfterFunc(ctx, cancel)
+			defer stop()
+			c.poll(pctx, ulog)
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			c.log.Warn("telegram: cannot compete for the poller lease; retrying", "in", backoff, "err", c.red.err(err))
+		}
+		if delivery.Sleep(ctx, backoff) != nil {
+			return
+		}
+		backoff = min(2*backoff, startupMaxWait)
+	}
 }
 
 // Polling reports whether this replica is polling now (it holds the
