@@ -98,7 +98,9 @@ type Cluster struct {
 	// claim it again (its holder died). Each claim extends the hold of the
 	// rows this replica still holds. Default 1 min.
 	ClaimHold time.Duration
-	// ClaimEvery is how often the replica claims the new rows. Default 2 s.
+	// ClaimEvery is how often the replica claims the new rows. Default 1 s:
+	// a row no live replica will send (a takeover's notice, unless Adopt was
+	// told) goes out within about three of them.
 	ClaimEvery time.Duration
 	// Updates is the update stream's configuration, shared by every
 	// replica (the zero value: tgupdates' defaults).
@@ -124,7 +126,7 @@ func (cl *Cluster) withDefaults() (*Cluster, error) {
 		c.ClaimHold = time.Minute
 	}
 	if c.ClaimEvery <= 0 {
-		c.ClaimEvery = 2 * time.Second
+		c.ClaimEvery = time.Second
 	}
 	c.Consumer.ReplicaID = c.ReplicaID
 	return &c, nil
