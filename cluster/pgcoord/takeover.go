@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/store"
+	"github.com/turnguard/turnguard/store/postgres"
 )
 
 // Takeover is what a survivor did with one dead replica epoch.
@@ -251,20 +251,10 @@ func (r *Replica) afterTakeover(t Takeover) {
 	}
 }
 
-// retryConflicts runs fn again (a few times) when the server aborted its
-// transaction for a deadlock or a serialization failure.
+// retryConflicts runs fn again when the server aborted its transaction for
+// a deadlock or a serialization failure (postgres.RetryConflicts).
 func (r *Replica) retryConflicts(ctx context.Context, fn func() error) error {
-	var err error
-	for range 3 {
-		if err = fn(); err == nil {
-			return nil
-		}
-		pe, ok := errors.AsType[*pgconn.PgError](err)
-		if !ok || (pe.Code != "40P01" && pe.Code != "40001") || ctx.Err() != nil {
-			return err
-		}
-	}
-	return err
+	return postgres.RetryConflicts(ctx, fn)
 }
 
 // surveyLoop surveys until ctx is done or the replica is fenced: every

@@ -51,6 +51,7 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 		OnFenced:       a.fenced,
 		OnTakeover: func(t pgcoord.Takeover) {
 			a.log.Warn("took over the turns of a replica that stopped renewing its lease", "takeover", t)
+			a.telegramTookOver(t) // their Telegram notices go out at once
 		},
 		Logger: a.log.With("cluster", "node"),
 	})
