@@ -224,6 +224,15 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, 
 			return t, fmt.Errorf("sessions: %w", err)
 		}
 	}
+	// The outbox rows the dead epoch had claimed and not sent are
+	// claimable at once, not when their hold ends: a reply it was sending
+	// when it died reaches its chat a lease after the death, not a hold
+	// (a minute) after. (Delivered twice only if Telegram had accepted it.)
+	if _, err := tx.Exec(ctx, `UPDATE outbox SET claimed_by = NULL, claimed_until = NULL
+		WHERE delivered_at IS NULL AND failed_at IS NULL AND claimed_by = $1`,
+		ownerOf(l.replica, l.epoch)); err != nil {
+		return t, fmt.Errorf("release its outbox claims: %w", err)
+	}
 	var overdue float64
 	if err := tx.QueryRow(ctx, `DELETE FROM leases WHERE epoch = $1
 		RETURNING extract(epoch FROM clock_timestamp() - expires_at)::float8`, l.epoch).Scan(&overdue); err != nil {
