@@ -56,7 +56,8 @@ type Cluster interface {
 	// its outbox rows, at once. An error wrapping ErrNotTurnOwner means the
 	// turn is no longer this replica's: its end is someone else's to
 	// write, and ev must not be published. Any other error is transient
-	// (the caller retries).
+	// (the caller retries): the same ending again after an attempt whose
+	// answer was lost (it had committed) is done, not refused.
 	Finish(ctx context.Context, ev event.Event) error
 	// Holder returns the run running sessionKey's turn and the replica that
 	// owns it; ok is false when the session is free everywhere.

@@ -138,6 +138,8 @@ func (m *Member) Finish(_ context.Context, ev event.Event) error {
 		return fmt.Errorf("finish run %q: replica %s is dead: %w", ev.RunID, m.id, gateway.ErrNotTurnOwner)
 	case r == nil:
 		return fmt.Errorf("finish run %q: no such turn: %w", ev.RunID, gateway.ErrNotTurnOwner)
+	case !r.running && r.owner == m && r.stopReason == ev.StopReason && ev.StopReason != event.ReasonInterrupted:
+		return nil // the same ending again: a retry whose first answer was lost
 	case !r.running:
 		return fmt.Errorf("finish run %q: it already ended (%s): %w", ev.RunID, r.stopReason, gateway.ErrNotTurnOwner)
 	case r.owner != m:

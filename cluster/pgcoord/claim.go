@@ -254,7 +254,7 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 			RETURNING session_key, channel, chat_ref`,
 			ev.RunID, string(end.State), string(ev.StopReason), ck, cn, cq, lk, ln, lq, r.epoch).Scan(&session, &channel, &chatRef)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return r.whyNotMine(ctx, tx, ev.RunID)
+			return r.whyNotMine(ctx, tx, ev)
 		}
 		if err != nil {
 			return fmt.Errorf("end the turn: %w", err)
@@ -290,9 +290,15 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 	return nil
 }
 
-// whyNotMine explains a Finish that matched no row: store.ErrNotFound, or
-// ErrStale with the turn's state and owner.
-func (r *Replica) whyNotMine(ctx context.Context, tx pgx.Tx, runID string) error {
+// whyNotMine explains a Finish of ev that matched no row: store.ErrNotFound,
+// ErrStale with the turn's state and owner — or nil when the row shows that
+// this epoch's own earlier attempt at the same ending committed (its answer
+// was lost: a timeout, a dropped connection), so the retry is done: the
+// ending is recorded once and must be published. A takeover's end is never
+// mistaken for it: it is stop reason interrupted, which no Finish of a live
+// owner records (a fenced replica's Finish is refused before it gets here).
+func (r *Replica) whyNotMine(ctx context.Context, tx pgx.Tx, ev event.Event) error {
+	runID := ev.RunID
 	var state, reason, owner string
 	var epoch *int64
 	err := tx.QueryRow(ctx, `SELECT state, stop_reason, coalesce(owner_replica, ''), owner_epoch FROM turns WHERE run_id = $1`,
@@ -305,6 +311,9 @@ func (r *Replica) whyNotMine(ctx context.Context, tx pgx.Tx, runID string) error
 	}
 	if state == string(store.TurnRunning) {
 		return fmt.Errorf("%w: the turn runs under replica %q epoch %v, not %s", ErrStale, owner, deref(epoch), r.Owner())
+	}
+	if epoch != nil && *epoch == r.epoch && reason == string(ev.StopReason) && ev.StopReason != event.ReasonInterrupted {
+		return nil // this epoch's own ending, committed by an attempt whose answer was lost
 	}
 	return fmt.Errorf("%w: the turn already ended (%s, %s)", ErrStale, state, reason)
 }

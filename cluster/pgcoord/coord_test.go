@@ -102,8 +102,10 @@ func TestClaimIsIdempotentAndTheSessionIsFreeAfterFinish(t *testing.T) {
 	if err := b.Claim(ctx, second); err != nil {
 		t.Fatalf("the session after Finish: %v, want it free", err)
 	}
-	if err := a.Finish(ctx, finished("run-1", "hello again")); !errors.Is(err, ErrStale) {
-		t.Errorf("a second Finish: %v, want ErrStale", err)
+	// (The same ending again is a retry after a lost answer:
+	// TestFinishRetriedAfterALostAnswerIsDone. Another ending is refused.)
+	if err := a.Finish(ctx, event.Event{Kind: event.Aborted, RunID: "run-1", StopReason: event.ReasonUser, Time: time.Now()}); !errors.Is(err, ErrStale) {
+		t.Errorf("a second, different Finish: %v, want ErrStale", err)
 	}
 	if err := a.Finish(ctx, finished("run-9", "?")); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Finish of an unknown run: %v, want store.ErrNotFound", err)
@@ -443,5 +445,36 @@ func TestTakeoverReleasesTheDeadReplicasOutboxClaims(t *testing.T) {
 	got, err := survivor.ClaimOutbox(ctx, "telegram", 10, time.Minute)
 	if err != nil || len(got) != 1 || got[0].ID != held[0].ID || got[0].Text != "the reply" {
 		t.Fatalf("after the takeover the survivor claimed %+v, %v; want the dead replica's reply row", got, err)
+	}
+}
+
+// A Finish whose answer was lost (a timeout after the commit) is retried by
+// the engine: the retry of the same ending is done, not refused — or the
+// ending would be recorded and never published (a lost final) — and it
+// writes nothing twice. A different ending is still refused.
+func TestFinishRetriedAfterALostAnswerIsDone(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	a := join(t, url, "a", 3*time.Second)
+	if err := a.Claim(ctx, Claim{RunID: "run-1", SessionKey: "telegram:1", Channel: "telegram", ChatRef: "1", Text: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	ev := finished("run-1", "the reply")
+	if err := a.Finish(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Finish(ctx, ev); err != nil {
+		t.Fatalf("the same Finish again: %v; want nil (its first answer may have been lost)", err)
+	}
+	p := db(t, url)
+	if n := count(t, p, `SELECT count(*) FROM messages WHERE run_id = 'run-1' AND role = 'assistant'`); n != 1 {
+		t.Errorf("%d assistant messages for the run, want 1", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM outbox WHERE run_id = 'run-1'`); n != 1 {
+		t.Errorf("%d outbox rows for the run, want 1", n)
+	}
+	other := event.Event{Kind: event.Aborted, RunID: "run-1", StopReason: event.ReasonUser, Time: time.Now()}
+	if err := a.Finish(ctx, other); !errors.Is(err, ErrStale) {
+		t.Errorf("a different ending after the first: %v; want ErrStale", err)
 	}
 }
