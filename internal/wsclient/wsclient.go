@@ -15,10 +15,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/turnguard/turnguard/internal/tb"
 )
 
 // CallTimeout bounds how long a request waits for its response.
@@ -89,7 +90,7 @@ func (e Event) String() string {
 
 // Client is one protocol connection.
 type Client struct {
-	t    testing.TB
+	t    tb.TB
 	name string // for messages: which gateway
 	conn *websocket.Conn
 
@@ -115,7 +116,7 @@ type Options struct {
 // Dial connects to url (ws://host:port/), completes the handshake and
 // returns the client; it is closed at the test's cleanup. It fails the test
 // if the gateway does not answer within CallTimeout.
-func Dial(t testing.TB, url string, o Options) *Client {
+func Dial(t tb.TB, url string, o Options) *Client {
 	t.Helper()
 	c, err := DialErr(t, url, o)
 	if err != nil {
@@ -125,7 +126,7 @@ func Dial(t testing.TB, url string, o Options) *Client {
 }
 
 // DialErr is Dial that returns the error instead of failing the test.
-func DialErr(t testing.TB, url string, o Options) (*Client, error) {
+func DialErr(t tb.TB, url string, o Options) (*Client, error) {
 	d := websocket.Dialer{HandshakeTimeout: CallTimeout}
 	conn, _, err := d.Dial(url, nil)
 	if err != nil {
