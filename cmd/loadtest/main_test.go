@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/turnguard/turnguard/internal/pgtest"
 )
 
 // TestMain lets this test binary play the gateway child process.
@@ -26,7 +28,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	pgtest.Stop()
+	os.Exit(code)
 }
 
 // A small run end to end: every turn's final arrives, none is lost, and the
@@ -48,6 +52,43 @@ func TestSmallRunReportsEveryTurn(t *testing.T) {
 		`throughput: \d+ turns/s`,
 		`latency, run end → final at the client: p50 \S+ +p90 \S+ +p99 \S+ +max \S+ +\(120 samples\)`,
 		`gateway: frames=\d+ writes=\d+ droppedDeltas=0 slowClosed=0`,
+	} {
+		if !regexp.MustCompile(want).MatchString(out.String()) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// The cluster mode at a tiny size: three replicas, every phase, two kills.
+// It starts real processes (nats-server, PostgreSQL, built gateways), so
+// only with TURNGUARD_CLUSTER_E2E=1 (make cluster-e2e runs it).
+func TestClusterModeTiny(t *testing.T) {
+	if os.Getenv("TURNGUARD_CLUSTER_E2E") != "1" {
+		t.Skip("starts a whole cluster: runs only with TURNGUARD_CLUSTER_E2E=1 (make cluster-e2e)")
+	}
+	os.Setenv(pgtest.RequireEnv, "1")
+	kills, err := parseKills("1:1,20:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err = runCluster(clusterOptions{replicas: 3, lease: 2 * time.Second, phases: "scaling,final,busy,takeover",
+		sessions: 6, turns: 2, rate: 50, abortEvery: 2, stepTimeout: 300 * time.Millisecond, busySamples: 5,
+		kills: kills, script: "/steps a:5ms b:5ms", turnWait: 20 * time.Second, max: 90 * time.Second,
+		logf: func(s string) { t.Log(s) }, out: &out, runName: "tiny"})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for _, want := range []string{
+		`scaling: turns/s by replicas 1: \d+, 3: \d+`,
+		`final: run end → final, same replica .* p50 \S+ ms +p99 \S+ ms .*\(6\)`,
+		`final: run end → final, other replica .* p50 \S+ ms +p99 \S+ ms .*\(6\)`,
+		`abort lateness r1: p99 ≤ \S+ \(bucket bound\) over [1-9]\d* deadline aborts`,
+		`abort lateness r3: p99 ≤ \S+ \(bucket bound\) over [1-9]\d* deadline aborts`,
+		`busy answer through another replica \(forwarded\) \(r2\): p50`,
+		`takeover, 20 turns on the killed replica, 1 kills`,
+		`\(c\) the session takes a new message`,
+		`counters \(must be 0\): lost finals 0, duplicate terminal events 0, order violations 0, stale-owner writes 0, finals of killed runs 0`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out.String()) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())

@@ -58,8 +58,9 @@ type Event struct {
 
 	RunID        string `json:"runId"`
 	SessionKey   string `json:"sessionKey"`
-	Seq          int64  `json:"seq"`   // the run's payload seq (chat and agent together)
-	State        string `json:"state"` // chat: delta, final, aborted, error
+	Seq          int64  `json:"seq"`     // the run's payload seq (chat and agent together)
+	EndedAt      int64  `json:"endedAt"` // chat terminal states: unix ms of the run's end
+	State        string `json:"state"`   // chat: delta, final, aborted, error
 	StopReason   string `json:"stopReason"`
 	ErrorMessage string `json:"errorMessage"`
 	Stream       string `json:"stream"` // agent: lifecycle, tool, item
@@ -101,6 +102,9 @@ type Client struct {
 	pending  map[string]chan Frame
 	events   []Event
 	changed  chan struct{} // closed and replaced when events or closed change
+	ready    bool          // the handshake is done: OnEvent and Discard apply
+	onEvent  func(Event)
+	discard  bool
 	closed   bool
 	closeErr error
 }
@@ -111,6 +115,12 @@ type Options struct {
 	Name   string   // names the gateway in failure messages
 	Scopes []string // default: operator.read, operator.write, operator.admin
 	NoCaps bool     // leave out the tool-events cap
+	// OnEvent, when set, is called with every event after the handshake,
+	// on the connection's reading goroutine, in order.
+	OnEvent func(Event)
+	// Discard keeps no events after the handshake (Events, WaitEvent and
+	// WaitEnd then see none): for load, where OnEvent counts them.
+	Discard bool
 }
 
 // Dial connects to url (ws://host:port/), completes the handshake and
@@ -132,7 +142,8 @@ func DialErr(t tb.TB, url string, o Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", url, err)
 	}
-	c := &Client{t: t, name: o.Name, conn: conn, pending: map[string]chan Frame{}, changed: make(chan struct{})}
+	c := &Client{t: t, name: o.Name, conn: conn, pending: map[string]chan Frame{}, changed: make(chan struct{}),
+		onEvent: o.OnEvent, discard: o.Discard}
 	t.Cleanup(func() { conn.Close() })
 	go c.read()
 	if _, err := c.waitErr(CallTimeout, "connect.challenge", func(e Event) bool { return e.Name == "connect.challenge" }); err != nil {
@@ -164,6 +175,12 @@ func DialErr(t tb.TB, url string, o Options) (*Client, error) {
 		conn.Close()
 		return nil, fmt.Errorf("connect refused: %v", res.Error)
 	}
+	c.mu.Lock()
+	c.ready = true
+	if c.discard {
+		c.events = nil
+	}
+	c.mu.Unlock()
 	return c, nil
 }
 
@@ -196,8 +213,15 @@ func (c *Client) read() {
 			e := Event{Name: f.Event, Frame: f.Seq, Raw: f.Payload, At: time.Now()}
 			_ = json.Unmarshal(f.Payload, &e)
 			e.Name, e.Frame, e.Raw = f.Event, f.Seq, f.Payload
-			c.events = append(c.events, e)
-			c.notifyLocked()
+			if !c.ready || !c.discard {
+				c.events = append(c.events, e)
+				c.notifyLocked()
+			}
+			if c.ready && c.onEvent != nil {
+				c.mu.Unlock()
+				c.onEvent(e)
+				continue
+			}
 		}
 		c.mu.Unlock()
 	}
