@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -97,6 +98,11 @@ type checkCounters struct {
 	orderViolations atomic.Int64 // payload seq backwards, or an event after the run's end
 	staleWrites     atomic.Int64 // a history entry of a taken-over run other than its one notice
 	finalAfterKill  atomic.Int64 // a final (not the notice) of a run whose owner was killed
+	lostNotices     atomic.Int64 // a taken-over run's end never reached the survivor's watcher
+
+	// not a violation: a takeover's watcher told to reload (1012) instead
+	// of getting the notice as an event
+	takeoverReloads atomic.Int64
 }
 
 // runCluster is the cluster mode's entry: the phases in order, each on its
@@ -147,9 +153,9 @@ func runCluster(co clusterOptions) error {
 		})
 	}
 	k := co.counters
-	fmt.Fprintf(co.out, "counters (must be 0): lost finals %d, duplicate terminal events %d, order violations %d, stale-owner writes %d, finals of killed runs %d\n",
-		k.lostFinals.Load(), k.duplicateEnds.Load(), k.orderViolations.Load(), k.staleWrites.Load(), k.finalAfterKill.Load())
-	if n := k.lostFinals.Load() + k.duplicateEnds.Load() + k.orderViolations.Load() + k.staleWrites.Load() + k.finalAfterKill.Load(); n > 0 {
+	fmt.Fprintf(co.out, "counters (must be 0): lost finals %d, duplicate terminal events %d, order violations %d, stale-owner writes %d, finals of killed runs %d, takeover notices lost at a watcher %d\n",
+		k.lostFinals.Load(), k.duplicateEnds.Load(), k.orderViolations.Load(), k.staleWrites.Load(), k.finalAfterKill.Load(), k.lostNotices.Load())
+	if n := k.lostFinals.Load() + k.duplicateEnds.Load() + k.orderViolations.Load() + k.staleWrites.Load() + k.finalAfterKill.Load() + k.lostNotices.Load(); n > 0 {
 		errs = append(errs, fmt.Errorf("%d counted violations", n))
 	}
 	return errors.Join(errs...)
@@ -181,7 +187,7 @@ type tracker struct {
 	// per connection (its index) and run
 	seen map[trackKey]*runSeen
 	// wait: run → closed when any connection saw its end
-	ends map[string]chan struct{}
+	ends map[trackKey]chan struct{}
 }
 
 type trackKey struct {
@@ -190,6 +196,7 @@ type trackKey struct {
 }
 
 type runSeen struct {
+	gen      int // the connection's generation that saw it (reconnects)
 	lastSeq  int64
 	ended    bool
 	state    string
@@ -198,11 +205,19 @@ type runSeen struct {
 }
 
 func newTracker(k *checkCounters) *tracker {
-	return &tracker{k: k, seen: map[trackKey]*runSeen{}, ends: map[string]chan struct{}{}}
+	return &tracker{k: k, seen: map[trackKey]*runSeen{}, ends: map[trackKey]chan struct{}{}}
 }
 
 // onEvent returns conn's OnEvent.
 func (tr *tracker) onEvent(conn int) func(wsclient.Event) {
+	return tr.onEventGen(conn, 0)
+}
+
+// onEventGen is onEvent for generation gen of conn's id: a watcher that
+// reconnected (gen > 0) may get a run's events again from the replica's
+// stream; what an earlier generation saw end is not checked again, and a
+// run still open starts its sequence afresh.
+func (tr *tracker) onEventGen(conn, gen int) func(wsclient.Event) {
 	return func(e wsclient.Event) {
 		if (e.Name != "chat" && e.Name != "agent") || e.RunID == "" {
 			return
@@ -212,8 +227,14 @@ func (tr *tracker) onEvent(conn int) func(wsclient.Event) {
 		key := trackKey{conn, e.RunID}
 		s := tr.seen[key]
 		if s == nil {
-			s = &runSeen{}
+			s = &runSeen{gen: gen}
 			tr.seen[key] = s
+		}
+		if s.gen != gen {
+			if s.ended {
+				return
+			}
+			s.gen, s.lastSeq = gen, 0
 		}
 		lifecycleEnd := e.Name == "agent" && e.Stream == "lifecycle" && (e.Data.Phase == "end" || e.Data.Phase == "error")
 		switch {
@@ -228,9 +249,9 @@ func (tr *tracker) onEvent(conn int) func(wsclient.Event) {
 		s.lastSeq = max(s.lastSeq, e.Seq)
 		if e.Terminal() && !s.ended {
 			s.ended, s.state, s.endedAt, s.received = true, e.State, e.EndedAt, e.At
-			if ch, ok := tr.ends[e.RunID]; ok {
+			if ch, ok := tr.ends[key]; ok {
 				close(ch)
-				delete(tr.ends, e.RunID)
+				delete(tr.ends, key)
 			}
 		}
 	}
@@ -257,21 +278,20 @@ func (tr *tracker) endBy(conn int, run string, deadline time.Time) (runSeen, boo
 	return s, ok
 }
 
-// waitEnd returns a channel closed once any connection saw run end.
-func (tr *tracker) waitEnd(run string) <-chan struct{} {
+// waitEnd returns a channel closed once connection conn saw run end.
+func (tr *tracker) waitEnd(conn int, run string) <-chan struct{} {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	for k, s := range tr.seen {
-		if k.run == run && s.ended {
-			ch := make(chan struct{})
-			close(ch)
-			return ch
-		}
+	key := trackKey{conn, run}
+	if s := tr.seen[key]; s != nil && s.ended {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
 	}
-	ch, ok := tr.ends[run]
+	ch, ok := tr.ends[key]
 	if !ok {
 		ch = make(chan struct{})
-		tr.ends[run] = ch
+		tr.ends[key] = ch
 	}
 	return ch
 }
@@ -337,14 +357,16 @@ func scalingPhase(r *tb.Run, co clusterOptions) error {
 		var tps float64
 		err := tb.Do(fmt.Sprintf("%s_scaling%d", co.runName, n), co.logf, func(r *tb.Run) error {
 			c := startRig(r, co, n, 0)
+			cpu := startCPU(c)
 			res, err := driveCluster(r, co, c, 0, 0)
 			if err != nil {
 				return err
 			}
+			fmt.Fprintf(co.out, "scaling, %d replica(s): CPU %s\n", n, cpu)
 			tps = res.turnsPerSecond
-			fmt.Fprintf(co.out, "scaling, %d replica(s): %d sessions × %d turns of %q, closed loop: %.0f turns/s (%d turns in %.2fs), sender p50/p99 run end → final %s / %s; sends refused and retried: %s\n",
+			fmt.Fprintf(co.out, "scaling, %d replica(s): %d sessions × %d turns of %q, closed loop: %.0f turns/s (%d turns in %.2fs), sender p50/p99 run end → final %s / %s; sends refused and retried: %s; watcher closes: %s (%d ends missed meanwhile); sender closes: %d\n",
 				n, co.sessions, co.turns, co.script, res.turnsPerSecond, res.turns, res.elapsed.Seconds(),
-				ms(res.same.q(0.5)), ms(res.same.q(0.99)), res.refused)
+				ms(res.same.q(0.5)), ms(res.same.q(0.99)), res.refused, res.reloads, res.missedInReload, res.senderCloses)
 			return nil
 		})
 		if err != nil {
@@ -362,23 +384,27 @@ func scalingPhase(r *tb.Run, co clusterOptions) error {
 // aborts. Then every replica's abort lateness.
 func finalPhase(r *tb.Run, co clusterOptions) error {
 	c := startRig(r, co, co.replicas, co.stepTimeout)
+	cpu := startCPU(c)
 	res, err := driveCluster(r, co, c, co.rate, co.abortEvery)
 	if err != nil {
 		return err
 	}
+	fmt.Fprintf(co.out, "final: CPU %s\n", cpu)
 	fmt.Fprintf(co.out, "final: %d sessions × %d turns of %q, offered %.0f turns/s over %d replicas: achieved %.0f turns/s (%d turns in %.2fs, %d sends late by > 100 ms)\n",
 		co.sessions, co.turns, co.script, co.rate, co.replicas, res.turnsPerSecond, res.turns, res.elapsed.Seconds(), res.lateSends)
 	fmt.Fprintf(co.out, "final: run end → final, same replica (the sender, on the owner): p50 %s  p99 %s  max %s  (%d)\n",
 		ms(res.same.q(0.5)), ms(res.same.q(0.99)), ms(res.same.q(1)), len(res.same))
 	fmt.Fprintf(co.out, "final: run end → final, other replica (a watcher):              p50 %s  p99 %s  max %s  (%d)\n",
 		ms(res.cross.q(0.5)), ms(res.cross.q(0.99)), ms(res.cross.q(1)), len(res.cross))
+	fmt.Fprintf(co.out, "final: watcher connections closed by their replica: %s; ends missed meanwhile (not in the figures): %d; sender connections closed by the owner (their session stopped): %d\n",
+		res.reloads, res.missedInReload, res.senderCloses)
 	fmt.Fprintf(co.out, "final: step-timeout aborts seen by their senders: %d (step timeout %v); sends refused and retried: %s\n", res.aborts, co.stepTimeout, res.refused)
 	for _, g := range c.Gateways() {
 		p99, count, err := abortLateP99(g)
 		if err != nil {
 			return fmt.Errorf("%s /metrics: %w", g.ID, err)
 		}
-		fmt.Fprintf(co.out, "abort lateness %s: p99 ≤ %s (bucket bound) over %d deadline aborts\n", g.ID, p99, count)
+		fmt.Fprintf(co.out, "abort lateness %s: p99 ≤ %s over %d deadline aborts\n", g.ID, p99, count)
 	}
 	return nil
 }
@@ -403,8 +429,11 @@ type driveResult struct {
 	turnsPerSecond float64
 	same, cross    latencies
 	refused        *refusals
+	reloads        string // watcher connections closed by a replica, by close code
+	senderCloses   int    // sender connections closed by their replica (the session stopped)
 	lateSends      int
 	aborts         int
+	missedInReload int // ends a watcher missed while it reconnected after a close
 }
 
 // driveCluster runs co.sessions sessions of co.turns turns: session s sends
@@ -420,8 +449,11 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 	d := &dialer{c: c, r: r, tr: tr}
 	senders := make([][]*wsclient.Client, n)
 	senderIDs := make([][]int, n)
-	watchers := make([]*wsclient.Client, n)
-	watcherIDs := make([]int, n)
+	// Watcher connections mirror the senders: session s, sent on
+	// connection k of replica s%N, is watched on connection k of replica
+	// (s+1)%N (chat.history makes a connection watch the session).
+	watchers := make([][]*wsclient.Client, n)
+	watcherIDs := make([][]int, n)
 	conns := co.conns
 	if conns <= 0 { // one connection per session, as real users have
 		conns = (co.sessions + n - 1) / n
@@ -431,34 +463,46 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 			cl, id := d.dial(i)
 			senders[i] = append(senders[i], cl)
 			senderIDs[i] = append(senderIDs[i], id)
+			if n > 1 {
+				cl, id = d.dial(i)
+				watchers[i] = append(watchers[i], cl)
+				watcherIDs[i] = append(watcherIDs[i], id)
+			}
 		}
-		watchers[i], watcherIDs[i] = d.dial(i)
 	}
 	sess := func(s int) string { return fmt.Sprintf("agent:main:%s-s%d", strings.ReplaceAll(r.Name(), "_", "-"), s) }
+	conn := func(s int) int { return (s / n) % conns }
+	watched := make([][][]string, n) // replica → connection → sessions
+	for i := range n {
+		watched[i] = make([][]string, conns)
+	}
 	if n > 1 {
-		// The watcher of session s is on replica (s+1)%N (chat.history
-		// makes a connection watch the session).
-		var wg sync.WaitGroup
-		var werr atomic.Value
-		sem := make(chan struct{}, 32)
 		for s := range co.sessions {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				f, err := watchers[(s+1)%n].CallErr("chat.history", map[string]any{"sessionKey": sess(s), "limit": 1})
-				if err == nil && !f.OK {
-					err = fmt.Errorf("%v", f.Error)
-				}
-				if err != nil {
-					werr.CompareAndSwap(nil, fmt.Errorf("watch %s: %w", sess(s), err))
-				}
-			}()
+			w := (s + 1) % n
+			watched[w][conn(s)] = append(watched[w][conn(s)], sess(s))
 		}
-		wg.Wait()
-		if err, _ := werr.Load().(error); err != nil {
-			return driveResult{refused: new(refusals)}, err
+	}
+	// A watcher closed by its replica (1012: it could not repair a gap in
+	// a session's events; or as a slow client) reconnects and watches
+	// again, as a client reloading would; the ends it missed meanwhile are
+	// counted apart.
+	reloads := new(reloadCounter)
+	watchCtx, stopWatching := context.WithCancel(context.Background())
+	var watchWG sync.WaitGroup
+	defer func() { stopWatching(); watchWG.Wait() }()
+	for i := range watchers {
+		for k, cl := range watchers[i] {
+			if len(watched[i][k]) == 0 {
+				continue
+			}
+			if err := watchSessions(cl, watched[i][k]); err != nil {
+				return driveResult{refused: new(refusals)}, fmt.Errorf("%s: %w", c.Gateway(i).ID, err)
+			}
+			watchWG.Add(1)
+			go func() {
+				defer watchWG.Done()
+				reconnectWatcher(watchCtx, c.Gateway(i), cl, watcherIDs[i][k], tr, watched[i][k], reloads, co.logf)
+			}()
 		}
 	}
 	type turnRec struct {
@@ -466,6 +510,7 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 		session    int
 		owner      int // replica
 		sender     int // tracker id
+		senderCl   *wsclient.Client
 		watcher    int // tracker id, 0 with one replica
 		abort      bool
 		sent, late bool
@@ -477,16 +522,17 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 	defer cancel()
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
+	var senderCloses atomic.Int64
 	for s := range co.sessions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			owner := s % n
-			k := (s / n) % conns
+			k := conn(s)
 			cl, sender := senders[owner][k], senderIDs[owner][k]
 			watcher := 0
 			if n > 1 {
-				watcher = watcherIDs[(s+1)%n]
+				watcher = watcherIDs[(s+1)%n][k]
 			}
 			abort := abortEvery > 0 && (s/n)%abortEvery == abortEvery-1 // every replica gets some
 			text := co.script
@@ -497,7 +543,7 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 				if co.stopping.Load() || ctx.Err() != nil {
 					return
 				}
-				rec := turnRec{run: fmt.Sprintf("%s-s%d-t%d", r.Name(), s, j), session: s, owner: owner, sender: sender, watcher: watcher, abort: abort}
+				rec := turnRec{run: fmt.Sprintf("%s-s%d-t%d", r.Name(), s, j), session: s, owner: owner, senderCl: cl, sender: sender, watcher: watcher, abort: abort}
 				due := start
 				if rate > 0 {
 					due = start.Add(time.Duration(float64(j*co.sessions+s) / rate * float64(time.Second)))
@@ -513,10 +559,16 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 						rec.late = true
 					}
 				}
-				ended := tr.waitEnd(rec.run)
+				ended := tr.waitEnd(sender, rec.run)
 				if err := sendStarted(cl, sess(s), text, rec.run, res.refused, co.turnWait); err != nil {
+					if code := cl.CloseCode(); code != 0 {
+						// The owner closed the sender's own connection
+						// (1012: reload): the session stops here.
+						senderCloses.Add(1)
+						co.logf(fmt.Sprintf("sender of %s on %s closed with %d; the session stops", sess(s), c.Gateway(owner).ID, code))
+						return
+					}
 					firstErr.CompareAndSwap(nil, err)
-					recs[s] = append(recs[s], rec)
 					return
 				}
 				rec.sent = true
@@ -544,6 +596,10 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 				res.lateSends++
 			}
 			se, ok := tr.endBy(rec.sender, rec.run, waitUntil)
+			if !ok && rec.senderCl.CloseCode() != 0 {
+				res.missedInReload++ // its connection was closed by the owner
+				continue
+			}
 			if !ok {
 				co.counters.lostFinals.Add(1)
 				co.logf(fmt.Sprintf("lost: no end of %s (session %s) at its sender on %s", rec.run, sess(rec.session), c.Gateway(rec.owner).ID))
@@ -561,6 +617,10 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 			if rec.watcher != 0 {
 				we, ok := tr.endBy(rec.watcher, rec.run, waitUntil)
 				if !ok {
+					if reloads.missed(rec.watcher, se.received) {
+						res.missedInReload++
+						continue
+					}
 					co.counters.lostFinals.Add(1)
 					co.logf(fmt.Sprintf("lost: no end of %s (session %s) at its watcher on %s", rec.run, sess(rec.session), c.Gateway((rec.owner+1)%n).ID))
 					continue
@@ -569,6 +629,10 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 			}
 		}
 	}
+	stopWatching()
+	watchWG.Wait()
+	res.reloads = reloads.String()
+	res.senderCloses = int(senderCloses.Load())
 	res.elapsed = last.Sub(start)
 	if res.elapsed > 0 {
 		res.turnsPerSecond = float64(res.turns) / res.elapsed.Seconds()
@@ -578,6 +642,121 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 	}
 	return res, nil
 }
+
+// watchSessions makes cl watch every session (chat.history, 32 at a time).
+func watchSessions(cl *wsclient.Client, sessions []string) error {
+	var wg sync.WaitGroup
+	var werr atomic.Value
+	sem := make(chan struct{}, 32)
+	for _, sk := range sessions {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			f, err := cl.CallErr("chat.history", map[string]any{"sessionKey": sk, "limit": 1})
+			if err == nil && !f.OK {
+				err = fmt.Errorf("%v", f.Error)
+			}
+			if err != nil {
+				werr.CompareAndSwap(nil, fmt.Errorf("watch %s: %w", sk, err))
+			}
+		}()
+	}
+	wg.Wait()
+	err, _ := werr.Load().(error)
+	return err
+}
+
+// reloadCounter counts watcher connections closed by their replica and
+// when each tracker id was without a connection.
+type reloadCounter struct {
+	mu    sync.Mutex
+	codes map[int]int
+	gaps  map[int][][2]time.Time // tracker id → [closed, watching again]
+}
+
+func (rc *reloadCounter) add(id, code int, from, to time.Time) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.codes == nil {
+		rc.codes, rc.gaps = map[int]int{}, map[int][][2]time.Time{}
+	}
+	rc.codes[code]++
+	rc.gaps[id] = append(rc.gaps[id], [2]time.Time{from, to})
+}
+
+// missed reports whether watcher id was reconnecting around t (a second's
+// margin: the close comes after the gap it reports).
+func (rc *reloadCounter) missed(id int, t time.Time) bool {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, g := range rc.gaps[id] {
+		if t.After(g[0].Add(-10*time.Second)) && t.Before(g[1].Add(time.Second)) {
+			return true
+		}
+	}
+	return false
+}
+
+func (rc *reloadCounter) String() string {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.codes) == 0 {
+		return "none"
+	}
+	var parts []string
+	for code, k := range rc.codes {
+		parts = append(parts, fmt.Sprintf("%d× close %d", k, code))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// reconnectWatcher waits for cl to be closed by its replica, then dials
+// again (same tracker id) and watches the sessions again, until ctx ends.
+func reconnectWatcher(ctx context.Context, g *clusterrig.Gateway, cl *wsclient.Client, id int, tr *tracker, sessions []string, rc *reloadCounter, logf func(string)) {
+	orig, gen := cl, 0
+	defer func() {
+		if cl != orig {
+			cl.Close()
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-cl.Done():
+		}
+		closed, code := time.Now(), cl.CloseCode()
+		for {
+			if ctx.Err() != nil {
+				return
+			}
+			gen++
+			next, err := wsclient.DialErr(nopTB{}, g.URL(), wsclient.Options{Token: clusterrig.OperatorToken, Name: g.ID,
+				OnEvent: tr.onEventGen(id, gen), Discard: true})
+			if err == nil {
+				if err = watchSessions(next, sessions); err == nil {
+					cl = next
+					break
+				}
+				next.Close()
+			}
+			logf(fmt.Sprintf("watcher on %s: reconnect: %v", g.ID, err))
+			time.Sleep(100 * time.Millisecond) // real time: retrying a connection
+		}
+		rc.add(id, code, closed, time.Now())
+		logf(fmt.Sprintf("watcher on %s closed with %d; watching %d sessions again after %v", g.ID, code, len(sessions), time.Since(closed).Round(time.Millisecond)))
+	}
+}
+
+// nopTB is the tb.TB of connections made on a goroutine of their own: the
+// connection is closed by its owner, and a failure comes back as an error
+// (DialErr), so nothing here is called.
+type nopTB struct{ tb.TB }
+
+func (nopTB) Cleanup(func()) {}
 
 // abortLateP99 reads g's turnguard_abort_late_seconds (every stop reason)
 // and returns the upper bound of the bucket holding the 99th percentile.
@@ -639,10 +818,13 @@ func lateP99(metrics string) (string, int64, error) {
 	if total == 0 {
 		return "n/a", 0, nil
 	}
+	lo := "0"
 	for _, b := range bounds {
+		hi := time.Duration(b * float64(time.Second)).String()
 		if float64(buckets[fmtBound(b)]) >= 0.99*float64(total) {
-			return time.Duration(b * float64(time.Second)).String(), total, nil
+			return fmt.Sprintf("%s (bucket %s–%s)", hi, lo, hi), total, nil
 		}
+		lo = hi
 	}
 	return "+Inf", total, nil
 }
@@ -707,6 +889,7 @@ func takeoverPhase(r *tb.Run, co clusterOptions, c *clusterrig.Cluster) error {
 	kill := 0
 	for _, ks := range co.kills {
 		var committed, notified, free latencies
+		incomplete := 0 // kills after which not every notice reached the watcher
 		for range ks.kills {
 			if co.stopping.Load() {
 				break
@@ -715,18 +898,24 @@ func takeoverPhase(r *tb.Run, co clusterOptions, c *clusterrig.Cluster) error {
 			if err != nil {
 				return fmt.Errorf("kill %d (%d turns): %w", kill, ks.turns, err)
 			}
-			committed, notified, free = append(committed, a), append(notified, b), append(free, cc)
+			committed, free = append(committed, a), append(free, cc)
+			if b >= 0 {
+				notified = append(notified, b)
+			} else {
+				incomplete++
+			}
 			kill++
 			co.logf(fmt.Sprintf("kill %d, %d turns: committed %s, notices %s, free %s", kill, ks.turns, ms(a), ms(b), ms(cc)))
 		}
 		bound := co.lease + time.Second
-		fmt.Fprintf(co.out, "takeover, %d turns on the killed replica, %d kills (target p99 ≤ lease + 1 s = %v):\n", ks.turns, len(committed), bound)
+		fmt.Fprintf(co.out, "takeover, %d turns on the killed replica, %d kills (target p99 ≤ lease + 1 s = %v; watchers told to reload (1012) so far: %d):\n",
+			ks.turns, len(committed), bound, co.counters.takeoverReloads.Load())
 		for _, row := range []struct {
 			what string
 			l    latencies
 		}{
 			{"(a) every interrupted end committed (database)", committed},
-			{"(b) every notice at a watcher on a survivor", notified},
+			{fmt.Sprintf("(b) every notice at a watcher on a survivor (%d kills; %d incomplete)", len(notified), incomplete), notified},
 			{"(c) the session takes a new message (via a survivor)", free},
 		} {
 			fmt.Fprintf(co.out, "  %-56s p50 %s  p99 %s  max %s\n", row.what, ms(row.l.q(0.5)), ms(row.l.q(0.99)), ms(row.l.q(1)))
@@ -735,8 +924,12 @@ func takeoverPhase(r *tb.Run, co clusterOptions, c *clusterrig.Cluster) error {
 	return nil
 }
 
-// takeoverOnce: n hanging turns on the victim (kill%N), sent through it; a
-// watcher on the next replica subscribed to every session; SIGKILL; then
+// takeoverWatch is how many sessions one watcher connection watches in the
+// takeover phase.
+const takeoverWatch = 50
+
+// takeoverOnce: n hanging turns on the victim (kill%N), sent through it;
+// watchers on the next replica, takeoverWatch sessions each; SIGKILL; then
 // (a) the database has no running turn of the victim, (b) the watcher saw
 // every run end (never a final), (c) a send to the first session through
 // the third replica starts. The victim is restarted afterwards.
@@ -748,10 +941,6 @@ func takeoverOnce(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, db *pgx.C
 	err = tb.Do(fmt.Sprintf("%s_kill%d", r.Name(), kill), co.logf, func(r *tb.Run) error {
 		tr := newTracker(co.counters)
 		d := &dialer{c: c, r: r, tr: tr}
-		watcher, wid := d.dial(wi)
-		if f, err := watcher.CallErr("sessions.subscribe", map[string]any{}); err != nil || !f.OK {
-			return fmt.Errorf("sessions.subscribe: %v %v", err, f.Error)
-		}
 		reader, _ := d.dial(ri)
 		conns := max(1, min(co.conns, n))
 		if co.conns <= 0 {
@@ -789,6 +978,27 @@ func takeoverOnce(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, db *pgx.C
 		if err, _ := serr.Load().(error); err != nil {
 			return err
 		}
+		// Watchers on a survivor, each of takeoverWatch sessions
+		// (chat.history): a burst of notices for more sessions than its
+		// send queue holds would close one connection as a slow client.
+		var watchers []*wsclient.Client
+		var wids []int
+		// The first session, which the reader sends to once it is free, has
+		// a watcher of its own: a new owner racing the takeover's notice
+		// may make its replica close the watcher with 1012 (reload).
+		group := func(i int) int { return min(i, 1) + max(0, i-1)/takeoverWatch }
+		for lo := 0; lo < n; {
+			hi := min(n, lo+takeoverWatch)
+			if lo == 0 {
+				hi = 1
+			}
+			cl, id := d.dial(wi)
+			if err := watchSessions(cl, sessions[lo:hi]); err != nil {
+				return fmt.Errorf("%s: %w", gws[wi].ID, err)
+			}
+			watchers, wids = append(watchers, cl), append(wids, id)
+			lo = hi
+		}
 		// Every turn runs on the victim, and the database says so.
 		if err := pollDB(db, 30*time.Second, func(running int) bool { return running == n }, victim.ID); err != nil {
 			return fmt.Errorf("the %d turns running on %s: %w", n, victim.ID, err)
@@ -810,18 +1020,35 @@ func takeoverOnce(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, db *pgx.C
 		go func() { // (b)
 			defer wg2.Done()
 			var latest time.Time
-			for _, run := range runs {
+			missing := 0
+			for i, run := range runs {
+				wid, watcher := wids[group(i)], watchers[group(i)]
 				select {
-				case <-tr.waitEnd(run):
+				case <-tr.waitEnd(wid, run):
+				case <-watcher.Done():
+					if _, ok := tr.end(wid, run); ok {
+						break
+					}
+					if code := watcher.CloseCode(); code != 1012 {
+						perr.CompareAndSwap(nil, fmt.Errorf("(b) the watcher of %s on %s closed with %d before its end", run, gws[wi].ID, code))
+						return
+					}
+					// Told to reload: the history it reloads holds the
+					// notice (committed before it is published).
+					co.counters.takeoverReloads.Add(1)
+					if now := time.Now(); now.After(latest) {
+						latest = now
+					}
+					continue
 				case <-time.After(time.Until(killed.Add(limit))): // real time: bounded wait for another process
-					perr.CompareAndSwap(nil, fmt.Errorf("(b) the watcher on %s saw no end of %s within %v", gws[wi].ID, run, limit))
-					return
+					if missing == 0 {
+						co.logf(fmt.Sprintf("kill %d: the watcher on %s saw no end of %s within %v (its close code: %d)", kill, gws[wi].ID, run, limit, watcher.CloseCode()))
+					}
+					missing++
+					co.counters.lostNotices.Add(1)
+					continue
 				}
-				e, ok := tr.end(wid, run)
-				if !ok {
-					perr.CompareAndSwap(nil, fmt.Errorf("(b) %s ended on another connection than the watcher", run))
-					return
-				}
+				e, _ := tr.end(wid, run)
 				if e.state == "final" {
 					co.counters.finalAfterKill.Add(1)
 				}
@@ -830,6 +1057,9 @@ func takeoverOnce(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, db *pgx.C
 				}
 			}
 			b = latest.Sub(killed)
+			if missing > 0 {
+				b = -1 // not every notice arrived: not a takeover time
+			}
 		}()
 		go func() { // (c)
 			defer wg2.Done()
@@ -871,7 +1101,7 @@ func takeoverOnce(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, db *pgx.C
 		co.counters.staleWrites.Add(bad)
 		co.counters.lostFinals.Add(missing)
 		committed, notified, free = a, b, cc
-		for _, cl := range append(senders, watcher, reader) {
+		for _, cl := range append(append(senders, watchers...), reader) {
 			cl.Close()
 		}
 		victim.Restart()
@@ -900,4 +1130,79 @@ func pollDB(db *pgx.Conn, within time.Duration, ok func(running int) bool, repli
 		}
 		time.Sleep(5 * time.Millisecond) // real time: polling the database
 	}
+}
+
+// procCPU is a process's user+system CPU time from /proc/PID/stat (0 when
+// unreadable).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state): utime is field 14, stime 15
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+// machineCPU is the busy and total CPU time of the whole machine from
+// /proc/stat.
+func machineCPU() (busy, total time.Duration) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	var sum, idle int64
+	for k, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		sum += n
+		if k == 3 || k == 4 { // idle, iowait
+			idle += n
+		}
+	}
+	return time.Duration(sum-idle) * time.Second / 100, time.Duration(sum) * time.Second / 100
+}
+
+// cpuWatch measures a phase's CPU: the gateways', this process's and the
+// machine's.
+type cpuWatch struct {
+	c             *clusterrig.Cluster
+	gw            []time.Duration
+	self          time.Duration
+	mBusy, mTotal time.Duration
+}
+
+func startCPU(c *clusterrig.Cluster) *cpuWatch {
+	w := &cpuWatch{c: c}
+	for _, g := range c.Gateways() {
+		w.gw = append(w.gw, procCPU(g.PID()))
+	}
+	w.self = procCPU(os.Getpid())
+	w.mBusy, w.mTotal = machineCPU()
+	return w
+}
+
+// String is the CPU used since startCPU.
+func (w *cpuWatch) String() string {
+	var parts []string
+	for i, g := range w.c.Gateways() {
+		parts = append(parts, fmt.Sprintf("%s %.1fs", g.ID, (procCPU(g.PID())-w.gw[i]).Seconds()))
+	}
+	busy, total := machineCPU()
+	pct := 0.0
+	if total > w.mTotal {
+		pct = 100 * float64(busy-w.mBusy) / float64(total-w.mTotal)
+	}
+	return fmt.Sprintf("gateways %s; load client %.1fs; machine %.0f%% busy (all processes, both cores)",
+		strings.Join(parts, ", "), (procCPU(os.Getpid()) - w.self).Seconds(), pct)
 }

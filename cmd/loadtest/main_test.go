@@ -83,8 +83,8 @@ func TestClusterModeTiny(t *testing.T) {
 		`scaling: turns/s by replicas 1: \d+, 3: \d+`,
 		`final: run end → final, same replica .* p50 \S+ ms +p99 \S+ ms .*\(6\)`,
 		`final: run end → final, other replica .* p50 \S+ ms +p99 \S+ ms .*\(6\)`,
-		`abort lateness r1: p99 ≤ \S+ \(bucket bound\) over [1-9]\d* deadline aborts`,
-		`abort lateness r3: p99 ≤ \S+ \(bucket bound\) over [1-9]\d* deadline aborts`,
+		`abort lateness r1: p99 ≤ \S+ \(bucket \S+\) over [1-9]\d* deadline aborts`,
+		`abort lateness r3: p99 ≤ \S+ \(bucket \S+\) over [1-9]\d* deadline aborts`,
 		`busy answer through another replica \(forwarded\) \(r2\): p50`,
 		`takeover, 20 turns on the killed replica, 1 kills`,
 		`\(c\) the session takes a new message`,
@@ -92,6 +92,39 @@ func TestClusterModeTiny(t *testing.T) {
 	} {
 		if !regexp.MustCompile(want).MatchString(out.String()) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// The p99 bucket of the abort lateness sums the stop reasons' buckets.
+func TestLateP99(t *testing.T) {
+	m := `# HELP turnguard_abort_late_seconds x
+turnguard_abort_late_seconds_bucket{stop_reason="step_timeout",le="0.001"} 50
+turnguard_abort_late_seconds_bucket{stop_reason="step_timeout",le="0.005"} 98
+turnguard_abort_late_seconds_bucket{stop_reason="step_timeout",le="0.01"} 100
+turnguard_abort_late_seconds_bucket{stop_reason="step_timeout",le="+Inf"} 100
+turnguard_abort_late_seconds_bucket{stop_reason="timeout",le="0.001"} 0
+turnguard_abort_late_seconds_bucket{stop_reason="timeout",le="0.005"} 0
+turnguard_abort_late_seconds_bucket{stop_reason="timeout",le="0.01"} 100
+turnguard_abort_late_seconds_bucket{stop_reason="timeout",le="+Inf"} 100
+`
+	p99, n, err := lateP99(m)
+	if err != nil || n != 200 || p99 != "10ms (bucket 5ms–10ms)" {
+		t.Fatalf("lateP99 = %q, %d, %v", p99, n, err)
+	}
+	if p99, n, _ := lateP99("nothing"); n != 0 || p99 == "" {
+		t.Fatalf("no histogram: %q %d", p99, n)
+	}
+}
+
+func TestParseKills(t *testing.T) {
+	k, err := parseKills("1:50, 1000:10,10000:3")
+	if err != nil || len(k) != 3 || k[2] != (killSize{10000, 3}) {
+		t.Fatalf("parseKills = %v, %v", k, err)
+	}
+	for _, bad := range []string{"1", "0:5", "x:1", "1:-1", "30000:1"} {
+		if _, err := parseKills(bad); err == nil {
+			t.Errorf("parseKills(%q) accepted", bad)
 		}
 	}
 }

@@ -107,6 +107,7 @@ type Client struct {
 	discard  bool
 	closed   bool
 	closeErr error
+	done     chan struct{} // closed with the connection
 }
 
 // Options configure Dial.
@@ -143,7 +144,7 @@ func DialErr(t tb.TB, url string, o Options) (*Client, error) {
 		return nil, fmt.Errorf("dial %s: %w", url, err)
 	}
 	c := &Client{t: t, name: o.Name, conn: conn, pending: map[string]chan Frame{}, changed: make(chan struct{}),
-		onEvent: o.OnEvent, discard: o.Discard}
+		onEvent: o.OnEvent, discard: o.Discard, done: make(chan struct{})}
 	t.Cleanup(func() { conn.Close() })
 	go c.read()
 	if _, err := c.waitErr(CallTimeout, "connect.challenge", func(e Event) bool { return e.Name == "connect.challenge" }); err != nil {
@@ -190,6 +191,7 @@ func (c *Client) read() {
 		if err != nil {
 			c.mu.Lock()
 			c.closed, c.closeErr = true, err
+			close(c.done)
 			for id, ch := range c.pending {
 				close(ch)
 				delete(c.pending, id)
@@ -405,6 +407,9 @@ func (c *Client) RunEvents(runID string) []Event {
 	}
 	return out
 }
+
+// Done is closed once the connection is closed (by either side).
+func (c *Client) Done() <-chan struct{} { return c.done }
 
 // Closed reports whether the server closed the connection.
 func (c *Client) Closed() bool {
