@@ -108,16 +108,21 @@ type checkCounters struct {
 // runCluster is the cluster mode's entry: the phases in order, each on its
 // own rig, then the report. The PostgreSQL server is stopped at the end.
 func runCluster(co clusterOptions) error {
+	want := map[string]bool{}
+	for _, p := range strings.Split(co.phases, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "scaling", "final", "busy", "takeover":
+			want[p] = true
+		default:
+			return fmt.Errorf("-phases: unknown phase %q (scaling, final, busy, takeover)", p)
+		}
+	}
 	defer pgtest.Stop()
 	co.deadline = time.Now().Add(co.max)
 	co.stopping = new(atomic.Bool)
 	co.counters = new(checkCounters)
 	timer := time.AfterFunc(co.max, func() { co.stopping.Store(true) })
 	defer timer.Stop()
-	want := map[string]bool{}
-	for _, p := range strings.Split(co.phases, ",") {
-		want[strings.TrimSpace(p)] = true
-	}
 	fmt.Fprintf(co.out, "loadtest -replicas %d: lease %v, phases %s, bounded by -max %v; loopback only\n",
 		co.replicas, co.lease, co.phases, co.max)
 	var errs []error

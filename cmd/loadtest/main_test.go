@@ -128,3 +128,11 @@ func TestParseKills(t *testing.T) {
 		}
 	}
 }
+
+func TestUnknownPhaseIsRefused(t *testing.T) {
+	var out bytes.Buffer
+	err := runCluster(clusterOptions{replicas: 3, phases: "scaling,nope", out: &out, logf: func(string) {}})
+	if err == nil || !regexp.MustCompile(`unknown phase "nope"`).MatchString(err.Error()) {
+		t.Fatalf("err = %v", err)
+	}
+}
