@@ -401,7 +401,7 @@ func finalPhase(r *tb.Run, co clusterOptions) error {
 		ms(res.same.q(0.5)), ms(res.same.q(0.99)), ms(res.same.q(1)), len(res.same))
 	fmt.Fprintf(co.out, "final: run end → final, other replica (a watcher):              p50 %s  p99 %s  max %s  (%d)\n",
 		ms(res.cross.q(0.5)), ms(res.cross.q(0.99)), ms(res.cross.q(1)), len(res.cross))
-	fmt.Fprintf(co.out, "final: watcher connections closed by their replica: %s; ends missed meanwhile (not in the figures): %d; sender connections closed by the owner (their session stopped): %d\n",
+	fmt.Fprintf(co.out, "final: watcher connections closed by their replica: %s; ends missed meanwhile or only replayed after the reconnection (not in the figures): %d; sender connections closed by the owner (their session stopped): %d\n",
 		res.reloads, res.missedInReload, res.senderCloses)
 	fmt.Fprintf(co.out, "final: step-timeout aborts seen by their senders: %d (step timeout %v); sends refused and retried: %s\n", res.aborts, co.stepTimeout, res.refused)
 	for _, g := range c.Gateways() {
@@ -630,6 +630,12 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 					co.logf(fmt.Sprintf("lost: no end of %s (session %s) at its watcher on %s", rec.run, sess(rec.session), c.Gateway((rec.owner+1)%n).ID))
 					continue
 				}
+				if we.gen > 0 && time.UnixMilli(we.endedAt).Before(reloads.watchingSince(rec.watcher, we.gen)) {
+					// The run ended before this reconnection watched:
+					// a replay, not a delivery.
+					res.missedInReload++
+					continue
+				}
 				res.cross = append(res.cross, we.received.Sub(time.UnixMilli(we.endedAt)))
 			}
 		}
@@ -679,16 +685,26 @@ type reloadCounter struct {
 	mu    sync.Mutex
 	codes map[int]int
 	gaps  map[int][][2]time.Time // tracker id → [closed, watching again]
+	since map[[2]int]time.Time   // (tracker id, generation) → watching again
 }
 
-func (rc *reloadCounter) add(id, code int, from, to time.Time) {
+func (rc *reloadCounter) add(id, gen, code int, from, to time.Time) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if rc.codes == nil {
-		rc.codes, rc.gaps = map[int]int{}, map[int][][2]time.Time{}
+		rc.codes, rc.gaps, rc.since = map[int]int{}, map[int][][2]time.Time{}, map[[2]int]time.Time{}
 	}
 	rc.codes[code]++
 	rc.gaps[id] = append(rc.gaps[id], [2]time.Time{from, to})
+	rc.since[[2]int{id, gen}] = to
+}
+
+// watchingSince is when generation gen (≥ 1) of watcher id watched again
+// (zero before it did).
+func (rc *reloadCounter) watchingSince(id, gen int) time.Time {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.since[[2]int{id, gen}]
 }
 
 // missed reports whether watcher id was reconnecting around t (a second's
@@ -751,7 +767,7 @@ func reconnectWatcher(ctx context.Context, g *clusterrig.Gateway, cl *wsclient.C
 			logf(fmt.Sprintf("watcher on %s: reconnect: %v", g.ID, err))
 			time.Sleep(100 * time.Millisecond) // real time: retrying a connection
 		}
-		rc.add(id, code, closed, time.Now())
+		rc.add(id, gen, code, closed, time.Now())
 		logf(fmt.Sprintf("watcher on %s closed with %d; watching %d sessions again after %v", g.ID, code, len(sessions), time.Since(closed).Round(time.Millisecond)))
 	}
 }
