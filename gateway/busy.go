@@ -598,9 +598,18 @@ func (e *Engine) removeQueued(ctx context.Context, ids []string) {
 // restart), per session in their order, and starts each session's first.
 // A collected session's messages are joined into one turn again. Call it
 // once after start-up recovery and before channels take messages.
+//
+// In cluster mode it restores only the messages of sessions no replica is
+// running a turn of (that replica has them queued), each sent as if it had
+// just arrived (Send: claimed, or forwarded to the session's replica, or
+// recognised by its run id if it ran meanwhile), so a message runs once
+// whichever replica restores it.
 func (e *Engine) RestoreQueued(ctx context.Context) error {
 	if e.qstore == nil {
 		return nil
+	}
+	if e.cluster != nil {
+		return e.restoreClustered(ctx, nil)
 	}
 	msgs, err := e.qstore.Queued(ctx)
 	if err != nil {

@@ -68,6 +68,12 @@ func (r *replica) terminal(remote bool, runID string) (event.Event, bool) {
 
 // startCluster starts n engines on the demo runner, joined by one hub.
 func startCluster(t *testing.T, n int, adjust func(*config.Config)) []*replica {
+	return startClusterWith(t, n, adjust, nil)
+}
+
+// startClusterWith is startCluster with a QueueStore the engines share (as
+// replicas share the database's queued messages).
+func startClusterWith(t *testing.T, n int, adjust func(*config.Config), q gateway.QueueStore) []*replica {
 	t.Helper()
 	c := config.Default()
 	c.Agents.Defaults.AbortGraceSeconds = ptr(1.0)
@@ -84,7 +90,7 @@ func startCluster(t *testing.T, n int, adjust func(*config.Config)) []*replica {
 		t.Cleanup(d.Release)
 		r := &replica{member: hub.Join(string(rune('a' + i)))}
 		e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d},
-			Cluster: r.member})
+			Cluster: r.member, Queue: q})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,6 +231,76 @@ func TestClusterTakenOverTurnPublishesNothing(t *testing.T) {
 		}
 		if ack, err := send(t, rs[1].e, "r2", "/steps say:fresh"); err != nil || ack.Status != gateway.StatusStarted {
 			t.Fatalf("after the takeover: %+v %v", ack, err)
+		}
+	})
+}
+
+// memQueue is a QueueStore in memory, shared by the test's engines.
+type memQueue struct {
+	mu   sync.Mutex
+	msgs []gateway.QueuedMessage
+}
+
+func (q *memQueue) AddQueued(_ context.Context, m gateway.QueuedMessage) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !slices.ContainsFunc(q.msgs, func(x gateway.QueuedMessage) bool { return x.RunID == m.RunID }) {
+		q.msgs = append(q.msgs, m)
+	}
+	return nil
+}
+
+func (q *memQueue) RemoveQueued(_ context.Context, ids ...string) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.msgs = slices.DeleteFunc(q.msgs, func(m gateway.QueuedMessage) bool { return slices.Contains(ids, m.RunID) })
+	return nil
+}
+
+func (q *memQueue) Queued(context.Context) ([]gateway.QueuedMessage, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Clone(q.msgs), nil
+}
+
+// A message queued on a replica that then dies is not lost with its
+// memory: the survivor that took the dead replica's turn over runs it
+// (RestoreQueuedOf), once.
+func TestClusterQueuedMessageOfADeadReplicaRunsOnTheSurvivor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &memQueue{}
+		rs := startClusterWith(t, 2, nil, q) // busy mode queue
+		send(t, rs[0].e, "r1", "/steps shell:30s")
+		synctest.Wait()
+		if ack, err := send(t, rs[1].e, "r2", "/steps say:still_here"); err != nil || ack.Status != gateway.StatusQueued {
+			t.Fatalf("forwarded send: %+v %v", ack, err)
+		}
+		rs[0].member.Kill() // its turn r1 is taken over; r2 waited in its memory
+		rs[0].e.Fenced()
+		synctest.Wait()
+		if err := rs[1].e.RestoreQueuedOf(context.Background(), []string{"main"}); err != nil {
+			t.Fatal(err)
+		}
+		out, ok := rs[1].e.Wait(context.Background(), "r2")
+		if !ok || out.Status != gateway.StatusOK || out.Text != "still here" {
+			t.Fatalf("the queued message on the survivor: %+v %v", out, ok)
+		}
+		// Restoring again finds nothing to run twice.
+		if err := rs[1].e.RestoreQueuedOf(context.Background(), []string{"main"}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if n := len(rs[1].kinds(false, "r2")); n == 0 {
+			t.Fatal("no events of r2 on the survivor")
+		}
+		starts := 0
+		for _, k := range rs[1].kinds(false, "r2") {
+			if k == event.TurnStarted {
+				starts++
+			}
+		}
+		if starts != 1 {
+			t.Fatalf("r2 started %d times on the survivor, want 1", starts)
 		}
 	})
 }

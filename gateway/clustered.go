@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/turnguard/turnguard/config"
@@ -270,4 +271,55 @@ func (e *Engine) Import(h event.Handler, gap func(sessionKey string)) (stop func
 		return func() {}
 	}
 	return e.cluster.Import(h, gap)
+}
+
+// RestoreQueuedOf runs the stored queued messages of sessionKeys (cluster
+// mode): the sessions of the turns this replica just took over from a dead
+// one, whose queued messages died with its memory. Each is sent as if it
+// had just arrived (see RestoreQueued), oldest first, so the first one of
+// a session starts and the rest queue behind it here. Without a cluster or
+// a QueueStore it does nothing.
+func (e *Engine) RestoreQueuedOf(ctx context.Context, sessionKeys []string) error {
+	if e.cluster == nil || e.qstore == nil || len(sessionKeys) == 0 {
+		return nil
+	}
+	return e.restoreClustered(ctx, sessionKeys)
+}
+
+// restoreClustered sends the stored queued messages of the sessions in only
+// (nil: all) that no replica runs a turn of.
+func (e *Engine) restoreClustered(ctx context.Context, only []string) error {
+	msgs, err := e.qstore.Queued(ctx)
+	if err != nil {
+		return fmt.Errorf("restoring queued messages: %w", err)
+	}
+	held := map[string]bool{} // by session: a replica runs a turn of it (it has the queue)
+	restored := 0
+	for _, m := range msgs {
+		if only != nil && !slices.Contains(only, m.SessionKey) {
+			continue
+		}
+		h, seen := held[m.SessionKey]
+		if !seen {
+			_, _, running, err := e.cluster.Holder(ctx, m.SessionKey)
+			if err != nil {
+				return fmt.Errorf("restoring queued messages: %w", err)
+			}
+			h, held[m.SessionKey] = running, running
+		}
+		if h {
+			continue
+		}
+		if _, err := e.Send(ctx, SendRequest{SessionKey: m.SessionKey, Channel: m.Channel, ChatRef: m.ChatRef,
+			RunID: m.RunID, Text: m.Text, Owner: m.Owner, Timeout: m.Timeout}); err != nil {
+			e.log.Warn("a stored queued message could not be sent again; it stays stored", "run", m.RunID,
+				"session", m.SessionKey, "err", err)
+			continue
+		}
+		restored++
+	}
+	if restored > 0 {
+		e.log.Info("restored stored queued messages", "messages", restored)
+	}
+	return nil
 }

@@ -42,6 +42,7 @@ type inMsg struct {
 	cb     *models.CallbackQuery // a button was tapped (msg is the message it is under)
 	retry  bool                  // msg is a person's earlier message sent again by Retry
 	runID  string                // the run id of a Retry (each tap its own); "" derives it from msg
+	done   chan error            // if not nil (capacity 1): told once the message was handled (nil) or dropped (ErrClosed)
 }
 
 func newChat(id int64) *chat {

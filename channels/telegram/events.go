@@ -35,6 +35,9 @@ func (c *Channel) onEvent(ev event.Event) {
 		return
 	}
 	c.recent.note(ev, chatID)
+	if c.claims != nil {
+		c.ours.add(ev.RunID) // a turn of this replica: its ending's row is taken at once
+	}
 	ch := c.chatLocked(chatID)
 	t := ch.turn(ev.RunID)
 	now := time.Now()

@@ -41,6 +41,7 @@ type fakeAPI struct {
 	commands   []models.BotCommand
 	webhook    map[string]string
 	getUpdates int
+	offsets    []int64       // the offset of each getUpdates call, in order
 	notify     chan struct{} // signalled (non-blocking) after every call and when a long poll waits; for real-time tests
 }
 
@@ -344,6 +345,9 @@ func (f *fakeAPI) takeFault(method string, chat int64) *fault {
 func (f *fakeAPI) serveUpdates(w http.ResponseWriter, r *http.Request, form map[string]string) {
 	offset, _ := strconv.ParseInt(form["offset"], 10, 64)
 	wait, _ := strconv.Atoi(form["timeout"])
+	f.mu.Lock()
+	f.offsets = append(f.offsets, offset)
+	f.mu.Unlock()
 	deadline := time.NewTimer(time.Duration(wait) * time.Second)
 	defer deadline.Stop()
 	for {
@@ -498,9 +502,17 @@ func parseHTML(s string) (string, error) {
 // synctest bubble sees every wait as durably blocking. fail, if set, can
 // make a request fail like a broken network.
 type memTransport struct {
-	h    http.Handler
-	mu   sync.Mutex
-	fail func(*http.Request) error
+	h     http.Handler
+	mu    sync.Mutex
+	fail  func(*http.Request) error
+	sends int // sendMessage requests made through this transport
+}
+
+// sendCount is the number of sendMessage requests made through m.
+func (m *memTransport) sendCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sends
 }
 
 func (m *memTransport) setFail(f func(*http.Request) error) {
@@ -512,6 +524,9 @@ func (m *memTransport) setFail(f func(*http.Request) error) {
 func (m *memTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	m.mu.Lock()
 	fail := m.fail
+	if strings.HasSuffix(req.URL.Path, "/sendMessage") {
+		m.sends++
+	}
 	m.mu.Unlock()
 	drain := func() {
 		if req.Body != nil {

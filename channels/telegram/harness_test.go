@@ -194,6 +194,8 @@ type setup struct {
 	// storeOutbox, with store, stands in front of it as the channel's
 	// Outbox (a test's crash point).
 	storeOutbox Outbox
+	// cluster makes the channel a cluster replica (Options.Cluster).
+	cluster *Cluster
 }
 
 // testConfig is the default configuration with Telegram enabled against
@@ -258,6 +260,7 @@ func newHarness(t *testing.T, s setup) *harness {
 		}
 		t.Cleanup(eng.Bus().Subscribe("", s.store.handle))
 	}
+	opts.Cluster = s.cluster
 	h.ch, err = New(eng, h.src, opts)
 	if err != nil {
 		t.Fatal(err)

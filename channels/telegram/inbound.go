@@ -24,8 +24,17 @@ const maxRejectedLogged = 10000
 // (it runs on the library's update loop or a webhook request): updates of
 // one chat are handled in arrival order by one goroutine at a time, those
 // of different chats in parallel.
-func (c *Channel) dispatch(u *models.Update) {
-	var in inMsg
+func (c *Channel) dispatch(u *models.Update) { _ = c.dispatchDone(u, nil) }
+
+// errNotQueued: dispatchDone could not take an update in (the channel is
+// closing, or the chat's inbox is full).
+var errNotQueued = errors.New("telegram: update not taken in (closing, or the chat's inbox is full)")
+
+// updateInput is what an update says to the channel: the message it is
+// about (a message, an edit, or the message under a tapped button), or
+// ok false for updates that are not for this bot (channel posts,
+// reactions, …).
+func updateInput(u *models.Update) (in inMsg, ok bool) {
 	switch {
 	case u.Message != nil:
 		in.msg = u.Message
@@ -34,22 +43,42 @@ func (c *Channel) dispatch(u *models.Update) {
 	case u.CallbackQuery != nil && callbackMessage(u.CallbackQuery) != nil:
 		in.msg, in.cb = callbackMessage(u.CallbackQuery), u.CallbackQuery // a button under one of our messages
 	default:
-		return // channel posts, reactions, …: not for this bot
+		return inMsg{}, false
 	}
+	return in, true
+}
+
+// dispatchDone is dispatch that, when done is not nil, reports on done
+// (capacity 1) once the update has been handled (nil), or that it will not
+// be (ErrClosed). It returns errNotQueued, and reports nothing, when the
+// update was not taken in; an update ignored on purpose (not for this bot,
+// a chat outside the allow-list) returns nil and reports nil at once.
+func (c *Channel) dispatchDone(u *models.Update, done chan error) error {
+	ignored := func() error {
+		if done != nil {
+			done <- nil
+		}
+		return nil
+	}
+	in, ok := updateInput(u)
+	if !ok {
+		return ignored()
+	}
+	in.done = done
 	m := in.msg
 	id := m.Chat.ID
 	tg := c.cfg.Current().Channels.Telegram
 	if len(tg.AllowedChatIDs) > 0 && !slices.Contains(tg.AllowedChatIDs, id) {
 		c.rejectChat(id)
-		return
+		return ignored()
 	}
 	if m.Chat.Type == models.ChatTypeChannel || (m.From != nil && m.From.IsBot && in.cb == nil) {
-		return
+		return ignored()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closing {
-		return
+		return errNotQueued
 	}
 	ch := c.chatLocked(id)
 	ch.setGroup(m.Chat.Type == models.ChatTypeGroup || m.Chat.Type == models.ChatTypeSupergroup)
@@ -58,7 +87,7 @@ func (c *Channel) dispatch(u *models.Update) {
 			ch.dropping = true
 			c.log.Warn("telegram: chat sends faster than it is handled; dropping its updates", "chat", id)
 		}
-		return
+		return errNotQueued
 	}
 	ch.dropping = false
 	ch.inbox = append(ch.inbox, in)
@@ -67,6 +96,7 @@ func (c *Channel) dispatch(u *models.Update) {
 		c.wg.Add(1)
 		go c.runIn(ch)
 	}
+	return nil
 }
 
 // rejectChat logs, once per chat, an update from a chat outside the
@@ -91,6 +121,11 @@ func (c *Channel) runIn(ch *chat) {
 	for {
 		c.mu.Lock()
 		if len(ch.inbox) == 0 || c.closed {
+			for _, in := range ch.inbox {
+				if in.done != nil {
+					in.done <- ErrClosed
+				}
+			}
 			ch.inbox = nil
 			ch.inRunning = false
 			c.releaseLocked(ch)
@@ -102,6 +137,9 @@ func (c *Channel) runIn(ch *chat) {
 		ch.inbox = ch.inbox[1:]
 		c.mu.Unlock()
 		c.handle(c.baseCtx, ch, in)
+		if in.done != nil {
+			in.done <- nil
+		}
 	}
 }
 

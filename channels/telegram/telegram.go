@@ -17,6 +17,10 @@
 // after the engine's Shutdown has published the shutdown notices, Close,
 // which delivers what is queued before it returns. docs/telegram.md
 // describes the behaviour a user sees.
+//
+// With Options.Cluster the channel is one of several gateway replicas
+// (cluster.go): updates go through a NATS stream partitioned by chat, one
+// replica polls under a lease, and outbox rows are claimed per replica.
 package telegram
 
 import (
@@ -35,6 +39,7 @@ import (
 	"github.com/go-telegram/bot/models"
 
 	"github.com/turnguard/turnguard/channels/delivery"
+	"github.com/turnguard/turnguard/cluster/tgupdates"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/store"
@@ -78,6 +83,9 @@ const (
 	// maxSentFromMemory bounds the endings remembered as sent from memory
 	// (so that the store's late row is marked delivered, not sent again).
 	maxSentFromMemory = 10000
+	// claimRetry: in a cluster, how soon a claim is tried again while an
+	// ending waits for its row.
+	claimRetry = 100 * time.Millisecond
 )
 
 // allowedUpdates are the update types asked of Telegram.
@@ -137,6 +145,10 @@ type Options struct {
 	// notices are delivered before the channel stops (or stay pending for
 	// the next start).
 	Sync func(ctx context.Context) error
+	// Cluster, if set, makes the channel one of several gateway replicas
+	// (cluster.go): updates go through a NATS stream, one replica polls,
+	// outbox rows are claimed with Cluster.Claims.
+	Cluster *Cluster
 }
 
 // Channel is the Telegram channel. Create it with New; methods are safe for
@@ -185,6 +197,20 @@ type Channel struct {
 	sentMem      keySet                      // durable endings sent from memory before their row came; guarded by mu
 	claimedEarly keySet                      // durable endings claim queued before their onEvent came; guarded by mu
 	claimMu      sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
+
+	apiURL      string       // the Bot API's base URL, without a trailing slash
+	hc          *http.Client // the Bot API's HTTP client
+	pollTimeout time.Duration
+
+	cl              *Cluster                           // Options.Cluster with defaults; nil on one process
+	claims          OutboxClaims                       // cl.Claims when there is an outbox
+	updates         atomic.Pointer[tgupdates.Log]      // the update stream while Run receives (cluster)
+	polling         atomic.Bool                        // this replica polls now (cluster)
+	consumer        atomic.Pointer[tgupdates.Consumer] // this replica's update consumer while Run receives (cluster)
+	onStoredHandled func(tgupdates.Update)             // tests: a stored update was handled (set before Run)
+	ours            keySet                             // runs whose endings are this replica's to send (cluster); guarded by mu
+	seenRows        map[int64]time.Time                // outbox rows of others' turns, when first claimed here (cluster); guarded by mu
+	pollMu          sync.Mutex                         // one poll loop at a time (cluster)
 }
 
 type identity struct {
@@ -236,12 +262,23 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	if opts.DurableEndings && opts.Outbox == nil {
 		return nil, errors.New("telegram: durable endings need an outbox")
 	}
+	c.apiURL, c.hc, c.pollTimeout = strings.TrimRight(tg.APIURL, "/"), hc, poll
+	var err error
+	if c.cl, err = opts.Cluster.withDefaults(); err != nil {
+		return nil, err
+	}
+	if c.cl != nil && c.outbox != nil {
+		if c.cl.Claims == nil {
+			return nil, errors.New("telegram: cluster: an outbox needs Cluster.Claims (rows are claimed, not read)")
+		}
+		c.claims = c.cl.Claims
+	}
 	if c.mode == "" {
 		c.mode = config.TelegramPolling
 	}
 	b, err := bot.New(tg.Token,
 		bot.WithSkipGetMe(),
-		bot.WithServerURL(strings.TrimRight(tg.APIURL, "/")),
+		bot.WithServerURL(c.apiURL),
 		bot.WithHTTPClient(poll, doer{hc}),
 		bot.WithDefaultHandler(func(_ context.Context, _ *bot.Bot, u *models.Update) { c.dispatch(u) }),
 		bot.WithNotAsyncHandlers(), // dispatch only queues: order is kept, nothing blocks
@@ -292,6 +329,9 @@ func (c *Channel) Run(ctx context.Context) error {
 			return nil
 		}
 		return err
+	}
+	if c.cl != nil {
+		return c.runCluster(ctx)
 	}
 	c.ready.Store(true)
 	defer c.ready.Store(false)
@@ -448,9 +488,14 @@ func (c *Channel) Close(ctx context.Context) error {
 		ch.queue = nil
 	}
 	c.mu.Unlock()
+	var giveBack []int64
 	for i, it := range left {
 		c.shelve(leftChat[i], it)
+		if it.outboxID != 0 {
+			giveBack = append(giveBack, it.outboxID)
+		}
 	}
+	c.release(giveBack) // another replica sends them now, not when their hold ends
 	if err != nil {
 		return fmt.Errorf("telegram: close: %d message(s) not delivered in time: %w", len(left), err)
 	}
@@ -535,12 +580,32 @@ func (c *Channel) Claim() {
 func (c *Channel) claimLoop() {
 	defer c.wg.Done()
 	for {
+		var tick <-chan time.Time
+		var t *time.Timer
+		if c.claims != nil {
+			// Rows other replicas wrote, or whose holder died, are
+			// claimed at this pace; an ending a chat waits for is tried
+			// again sooner (another replica's claim may have held its
+			// row for a moment).
+			wait := c.cl.ClaimEvery
+			if c.hasAwaiting() {
+				wait = min(wait, claimRetry)
+			}
+			t = time.NewTimer(wait)
+			tick = t.C
+		}
 		select {
 		case <-c.claimWake:
-			c.claim(c.baseCtx, false)
+		case <-tick:
 		case <-c.baseCtx.Done():
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if c.baseCtx.Err() != nil {
 			return
 		}
+		c.claim(c.baseCtx, false)
 	}
 }
 
@@ -558,15 +623,27 @@ func (c *Channel) resendPending(ctx context.Context) { c.claim(ctx, true) }
 func (c *Channel) claim(ctx context.Context, resend bool) {
 	c.claimMu.Lock()
 	defer c.claimMu.Unlock()
-	msgs, err := c.outbox.Pending(ctx, config.ChannelTelegram, pendingBatch)
+	msgs, err := c.claimRows(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Error("telegram: reading the outbox failed", "err", c.red.err(err))
 		}
 		return
 	}
+	var giveBack []int64 // claimed rows this replica does not send now (cluster)
+	defer func() { c.release(giveBack) }()
+	if c.claims != nil {
+		c.mu.Lock()
+		c.forgetSeenLocked()
+		c.mu.Unlock()
+	}
 	for _, m := range msgs {
 		if !resend && m.Attempts > 0 {
+			c.mu.Lock()
+			if !c.inflight[m.RunID+"/"+string(m.Kind)] {
+				giveBack = append(giveBack, m.ID)
+			}
+			c.mu.Unlock()
 			continue // its delivery failed before: the periodic sweep resends it, not every new ending
 		}
 		chatID, perr := strconv.ParseInt(m.ChatRef, 10, 64)
@@ -602,6 +679,14 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 			c.mu.Unlock()
 			c.markDelivered(m.ID)
 			continue
+		}
+		if c.claims != nil && !c.inflight[it.key()] && !c.mayTakeLocked(m) {
+			giveBack = append(giveBack, m.ID) // its owner's to send first (cluster.go)
+			c.mu.Unlock()
+			continue
+		}
+		if c.closing && !c.inflight[it.key()] {
+			giveBack = append(giveBack, m.ID)
 		}
 		if !c.inflight[it.key()] && !c.closing {
 			if c.durable {
@@ -647,6 +732,9 @@ func (s *keySet) add(k string) {
 	s.m[k] = true
 	s.order = append(s.order, k)
 }
+
+// has reports whether k is in the set.
+func (s *keySet) has(k string) bool { return s.m[k] }
 
 // remove reports whether k was in the set, and removes it.
 func (s *keySet) remove(k string) bool {

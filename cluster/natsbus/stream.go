@@ -2,6 +2,7 @@ package natsbus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -64,7 +65,7 @@ func (c Config) withDefaults() Config {
 // frames a watcher has already seen on the wire).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
 	cfg = cfg.withDefaults()
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	sc := jetstream.StreamConfig{
 		Name:              cfg.Stream,
 		Description:       "turnguard: kept events of every session, per-session sequence (cluster/natsbus)",
 		Subjects:          []string{cfg.Prefix + ".ev.*.*"},
@@ -76,7 +77,14 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jets
 		MaxBytes:          cfg.MaxBytes,
 		MaxMsgsPerSubject: cfg.MaxMsgsPerSubject,
 		Duplicates:        cfg.Duplicates,
-	})
+	}
+	// Create first, update only an existing stream: concurrent
+	// CreateOrUpdate calls of replicas starting together (an update first)
+	// left all but one waiting for their timeout.
+	s, err := js.CreateStream(ctx, sc)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		s, err = js.UpdateStream(ctx, sc)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: ensure stream %s: %w", cfg.Stream, err)
 	}

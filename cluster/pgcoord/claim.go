@@ -9,6 +9,7 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/store"
+	"github.com/turnguard/turnguard/store/postgres"
 )
 
 // Claim is a turn a replica asks to run.
@@ -195,8 +196,13 @@ func (r *Replica) holdLease(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// inTx runs fn in a transaction committed with synchronous_commit on.
+// inTx runs fn in a transaction committed with synchronous_commit on, run
+// again on a conflict (postgres.RetryConflicts).
 func (r *Replica) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return postgres.RetryConflicts(ctx, func() error { return r.inTxOnce(ctx, fn) })
+}
+
+func (r *Replica) inTxOnce(ctx context.Context, fn func(pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
 			return err

@@ -410,3 +410,38 @@ func TestLeaveReportsTheTurnsItEnded(t *testing.T) {
 		t.Errorf("Holder after Leave: ok %v, %v; want free", ok, err)
 	}
 }
+
+// A replica that dies while it holds outbox rows (it was sending them)
+// does not keep them for the rest of their hold: the takeover of its lease
+// hands them back, so a survivor claims them a lease after the death, not
+// a hold after it.
+func TestTakeoverReleasesTheDeadReplicasOutboxClaims(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	const lease = time.Second
+	var seen takeovers
+	dead := join(t, url, "dead", lease)
+	survivor := join(t, url, "survivor", lease, func(o *Options) { o.OnTakeover = seen.add })
+	if err := dead.Claim(ctx, Claim{RunID: "run-1", SessionKey: "telegram:1", Channel: "telegram", ChatRef: "1", Text: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dead.Finish(ctx, finished("run-1", "the reply")); err != nil {
+		t.Fatal(err)
+	}
+	held, err := dead.ClaimOutbox(ctx, "telegram", 10, time.Hour) // it was sending the reply
+	if err != nil || len(held) != 1 {
+		t.Fatalf("the dead replica's claim: %d rows, %v", len(held), err)
+	}
+	if got, err := survivor.ClaimOutbox(ctx, "telegram", 10, time.Minute); err != nil || len(got) != 0 {
+		t.Fatalf("while the holder lives the row is its own: the survivor claimed %d rows, %v", len(got), err)
+	}
+	die(dead)
+	testwait.Until(t, lease+2*time.Second, "the survivor takes the dead replica over", func() bool {
+		n, _, _ := seen.of(dead.Epoch())
+		return n == 1
+	})
+	got, err := survivor.ClaimOutbox(ctx, "telegram", 10, time.Minute)
+	if err != nil || len(got) != 1 || got[0].ID != held[0].ID || got[0].Text != "the reply" {
+		t.Fatalf("after the takeover the survivor claimed %+v, %v; want the dead replica's reply row", got, err)
+	}
+}

@@ -203,7 +203,10 @@ func (r *Replica) Epoch() int64 { return r.epoch }
 
 // Owner is how this replica epoch is named in the database's claims
 // (outbox claimed_by): "id#epoch".
-func (r *Replica) Owner() string { return r.id + "#" + strconv.FormatInt(r.epoch, 10) }
+func (r *Replica) Owner() string { return ownerOf(r.id, r.epoch) }
+
+// ownerOf is the claimed_by of replica id's epoch.
+func ownerOf(id string, epoch int64) string { return id + "#" + strconv.FormatInt(epoch, 10) }
 
 // Fenced is closed once the replica is fenced; Err then says why.
 func (r *Replica) Fenced() <-chan struct{} { return r.fenced }

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/store"
+	"github.com/turnguard/turnguard/store/postgres"
 )
 
 // Takeover is what a survivor did with one dead replica epoch.
@@ -224,6 +224,15 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, 
 			return t, fmt.Errorf("sessions: %w", err)
 		}
 	}
+	// The outbox rows the dead epoch had claimed and not sent are
+	// claimable at once, not when their hold ends: a reply it was sending
+	// when it died reaches its chat a lease after the death, not a hold
+	// (a minute) after. (Delivered twice only if Telegram had accepted it.)
+	if _, err := tx.Exec(ctx, `UPDATE outbox SET claimed_by = NULL, claimed_until = NULL
+		WHERE delivered_at IS NULL AND failed_at IS NULL AND claimed_by = $1`,
+		ownerOf(l.replica, l.epoch)); err != nil {
+		return t, fmt.Errorf("release its outbox claims: %w", err)
+	}
 	var overdue float64
 	if err := tx.QueryRow(ctx, `DELETE FROM leases WHERE epoch = $1
 		RETURNING extract(epoch FROM clock_timestamp() - expires_at)::float8`, l.epoch).Scan(&overdue); err != nil {
@@ -251,20 +260,10 @@ func (r *Replica) afterTakeover(t Takeover) {
 	}
 }
 
-// retryConflicts runs fn again (a few times) when the server aborted its
-// transaction for a deadlock or a serialization failure.
+// retryConflicts runs fn again when the server aborted its transaction for
+// a deadlock or a serialization failure (postgres.RetryConflicts).
 func (r *Replica) retryConflicts(ctx context.Context, fn func() error) error {
-	var err error
-	for range 3 {
-		if err = fn(); err == nil {
-			return nil
-		}
-		pe, ok := errors.AsType[*pgconn.PgError](err)
-		if !ok || (pe.Code != "40P01" && pe.Code != "40001") || ctx.Err() != nil {
-			return err
-		}
-	}
-	return err
+	return postgres.RetryConflicts(ctx, fn)
 }
 
 // surveyLoop surveys until ctx is done or the replica is fenced: every

@@ -173,7 +173,7 @@ func Consume(ctx context.Context, nc *nats.Conn, cfg Config, h Handler, opt Cons
 			return nil, fmt.Errorf("tgupdates: ensure consumer %s: %w", consumerName(p), err)
 		}
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := createOrUpdateKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      cfg.Stream + "_members",
 		Description: "turnguard: the replicas consuming the Telegram updates (cluster/tgupdates)",
 		History:     1,
@@ -190,6 +190,16 @@ func Consume(ctx context.Context, nc *nats.Conn, cfg Config, h Handler, opt Cons
 	}
 	go c.run(ctx)
 	return c, nil
+}
+
+// createOrUpdateKeyValue creates the bucket, or updates it when it exists
+// with another configuration (see createOrUpdateStream).
+func createOrUpdateKeyValue(ctx context.Context, js jetstream.JetStream, kc jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.CreateKeyValue(ctx, kc)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return js.UpdateKeyValue(ctx, kc)
+	}
+	return kv, err
 }
 
 func consumerName(p int) string { return "upd-" + strconv.Itoa(p) }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/turnguard/turnguard/internal/natstest"
+	"github.com/turnguard/turnguard/internal/testwait"
 )
 
 // TestAssignSpreadsEvenly: 16 partitions over 3 members go 6/5/5, every
@@ -535,4 +537,49 @@ func benchPath(b *testing.B, rate int) {
 	b.ReportMetric(q(0.99), "p99-ms")
 	b.ReportMetric(q(1), "max-ms")
 	b.ReportMetric(float64(len(lat)), "handled")
+}
+
+// TestReplicasStartingTogether: three replicas on three nodes set the
+// stream, its consumers and the members bucket up at the same moment (a
+// cluster's start): each does at once — none waits out a timeout — and an
+// update published then is handled.
+func TestReplicasStartingTogether(t *testing.T) {
+	c := natstest.Start(t, 3)
+	cfg := Config{Partitions: 4, Replicas: 3}
+	var handled atomic.Int64
+	h := func(context.Context, Update) error { handled.Add(1); return nil }
+	var wg sync.WaitGroup
+	took := make([]time.Duration, 3)
+	for i := range 3 {
+		nc := c.Connect(t, i)
+		wg.Go(func() {
+			ctx, stop := context.WithCancel(context.Background())
+			t.Cleanup(stop)
+			t0 := time.Now()
+			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if _, err := NewLog(lctx, nc, cfg); err != nil {
+				t.Errorf("replica %d: %v", i, err)
+				return
+			}
+			if _, err := Consume(ctx, nc, cfg, h, testOptions("r"+strconv.Itoa(i))); err != nil {
+				t.Errorf("replica %d: %v", i, err)
+				return
+			}
+			took[i] = time.Since(t0)
+		})
+	}
+	wg.Wait()
+	for i, d := range took {
+		if d > 3*time.Second { // a lost creation race waits out the 5 s API timeout
+			t.Errorf("replica %d took %v to set up; want well under the API timeout", i, d)
+		}
+	}
+	l := newLog(t, c.Connect(t, 0), cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.PublishUpdate(ctx, 1, 42, []byte(`{"update_id":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 20*time.Second, "the update handled", func() bool { return handled.Load() == 1 })
 }

@@ -53,6 +53,9 @@ type app struct {
 	ops     *ops       // metrics, alerts, /api, /admin (ops.go)
 	tg      *tgChannel // the Telegram bot, when enabled (telegram.go)
 	node    *node.Node // this replica's membership, when cluster.enabled (cluster.go)
+	// live is the engine once it runs queued messages (start's restore
+	// done), for the cluster's callbacks, which may come before.
+	live atomic.Pointer[gateway.Engine]
 
 	serveErr chan error // the HTTP server's fatal error, if it fails
 }
@@ -148,12 +151,10 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// bus, so their TurnStarted reaches everyone, and before any channel
 	// takes a new message (Telegram receives below, HTTP listens last), so
 	// new messages queue behind them.
-	if a.node == nil {
-		// (A replica leaves the stored queue alone: several replicas
-		// share it, and each queued message belongs to the replica that
-		// accepted it; see docs/scaling.md.)
-		restoreQueued(sctx, a.eng, log)
-	}
+	// (A replica restores only the messages of sessions no replica runs:
+	// the others' are queued in their memory. Engine.RestoreQueued.)
+	restoreQueued(sctx, a.eng, log)
+	a.live.Store(a.eng) // takeovers restore their sessions' queued messages from now on
 	a.tg.receive(ctx, a)
 
 	// HTTP last: once it listens, everything it serves is ready.

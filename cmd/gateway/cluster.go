@@ -51,6 +51,8 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 		OnFenced:       a.fenced,
 		OnTakeover: func(t pgcoord.Takeover) {
 			a.log.Warn("took over the turns of a replica that stopped renewing its lease", "takeover", t)
+			a.telegramTookOver(t) // their Telegram notices go out at once
+			a.restoreTakenQueues(t)
 		},
 		Logger: a.log.With("cluster", "node"),
 	})
@@ -69,9 +71,30 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 // joins again) for turns that start from now on.
 func (a *app) fenced(err error) {
 	a.log.Error("this replica lost its cluster lease: its running turns stop here and are ended by another replica", "err", err)
-	if a.eng != nil {
-		a.eng.Fenced()
+	if eng := a.live.Load(); eng != nil {
+		eng.Fenced()
 	}
+}
+
+// restoreTakenQueues runs the stored queued messages of the sessions whose
+// turns this replica just took over: the dead replica had them queued in
+// its memory. Before the engine runs, start's own restore does it.
+func (a *app) restoreTakenQueues(t pgcoord.Takeover) {
+	eng := a.live.Load()
+	if eng == nil || len(t.Turns) == 0 {
+		return
+	}
+	keys := make([]string, 0, len(t.Turns))
+	for _, tt := range t.Turns {
+		keys = append(keys, tt.SessionKey)
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), startupStoreWait)
+		defer cancel()
+		if err := eng.RestoreQueuedOf(ctx, keys); err != nil {
+			a.log.Error("cannot restore the messages a dead replica had queued; they stay stored", "err", err)
+		}
+	}()
 }
 
 // outboxWritten is told that the store or the cluster put Telegram endings

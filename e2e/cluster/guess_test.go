@@ -129,22 +129,44 @@ func endSeen(e wsclient.Event, closeCode int, gotEvent bool) error {
 }
 
 // signature is the part of a run's event sequence every watcher must see
-// identically: the kept events (lifecycle, steps, terminal) with their
-// payload seq. Chat deltas may drop for a slow client and are batched per
-// connection, and the keepalive lifecycle "running" is per watcher; both
-// are left out.
+// identically: the kept events (lifecycle, steps, terminal), in order.
+// Chat deltas may drop (for a slow client, or on their way between
+// replicas) and are batched per server, and the keepalive lifecycle
+// "running" is per watcher; both are left out. So is the payload seq:
+// each replica's server numbers the frames it makes of a run, deltas
+// included (docs/protocol.md: a client may see gaps in it), so only its
+// order is the same everywhere — a watcher whose payload seq goes
+// backwards gets a "seq order" entry that no other watcher has.
 func signature(evs []wsclient.Event) []string {
 	var out []string
+	var last int64
 	for _, e := range evs {
+		if e.Seq <= last {
+			out = append(out, fmt.Sprintf("seq order: %d after %d", e.Seq, last))
+		}
+		last = e.Seq
 		if e.Name == "chat" && e.State == "delta" {
 			continue
 		}
 		if e.Name == "agent" && e.Stream == "lifecycle" && e.Data.Phase == "running" {
 			continue
 		}
-		out = append(out, fmt.Sprintf("%d %s", e.Seq, e.String()))
+		out = append(out, stripSeq(e.String()))
 	}
 	return out
+}
+
+// stripSeq drops the " seq=N" an event's String carries.
+func stripSeq(s string) string {
+	i := strings.Index(s, " seq=")
+	if i < 0 {
+		return s
+	}
+	j := strings.IndexByte(s[i+1:], ' ')
+	if j < 0 {
+		return s[:i]
+	}
+	return s[:i] + s[i+1+j:]
 }
 
 // owner returns the replica that runs runID: the one whose operator API

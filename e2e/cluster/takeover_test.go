@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,4 +194,31 @@ func TestStoppedOwnerTakenOver(t *testing.T) {
 	}
 	waitOneInterrupted(t, reader, sess, time.Second)
 	waitFree(t, reader, sess, "/steps say:after_the_takeover", 10*time.Second)
+}
+
+// TestQueuedMessageSurvivesItsReplica: a message queued behind a running
+// turn (busy mode queue, the default) waits in the memory of the replica
+// that runs the session — sent through another replica, it was forwarded
+// there. SIGKILL that replica: the survivor that takes its turn over runs
+// the queued message, once; the history read through a third replica has
+// the interrupted notice, then the queued message's reply.
+func TestQueuedMessageSurvivesItsReplica(t *testing.T) {
+	c := start(t, clusterrig.Options{Lease: 3 * time.Second})
+	sess := session("queued-survives")
+	owner := c.Dial(t, 0)
+	owner.MustStart(sess, hangTurn, "run-hang")
+	owner.WaitEvent(10*time.Second, "the shell step", toolStarted("run-hang", "shell"))
+	if a := c.Dial(t, 1).Send(sess, "/steps say:Queued_message_survived", "run-queued"); !a.OK || a.Status != "queued" {
+		t.Fatalf("a message for the busy session through r2: ok=%v status=%q err=%v; want queued", a.OK, a.Status, a.Err)
+	}
+	c.Gateway(0).Kill()
+	reader := c.Dial(t, 2)
+	testwait.Until(t, c.Lease()+20*time.Second, "the queued message's reply in the history", func() bool {
+		return hasReply(reader.History(sess), "Queued message survived")
+	})
+	time.Sleep(c.Lease() + time.Second) // real time: showing that it does not run twice
+	h := reader.History(sess)
+	if got, want := terminalEntries(h), []string{"interrupted", "reply"}; !slices.Equal(got, want) {
+		t.Errorf("the history's endings are %q, want %q (the killed turn's notice, then the queued message's reply once)", got, want)
+	}
 }

@@ -111,3 +111,51 @@ func TestTelegramAcrossReplicas(t *testing.T) {
 		c.Gateway(poller).Restart()
 	})
 }
+
+// TestTelegramKilledWhileDelivering: the replica sending a reply to
+// Telegram is SIGKILLed while the Bot API has the request. If Telegram had
+// not accepted the message, the chat gets it exactly once, from a
+// survivor, within a few leases; if it had (the answer was lost with the
+// replica), the survivor sends it again — the one duplicate at-least-once
+// delivery allows, and the only one.
+func TestTelegramKilledWhileDelivering(t *testing.T) {
+	c := start(t, clusterrig.Options{Telegram: true, Lease: 3 * time.Second})
+	bot := c.Bot()
+	for _, tc := range []struct {
+		name   string
+		accept bool
+		want   int // copies of the reply in the chat
+	}{
+		{"not accepted", false, 1},
+		{"accepted, answer lost", true, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			word := "Delivered_" + strings.ReplaceAll(tc.name, " ", "_")
+			word = strings.NewReplacer(",", "").Replace(word)
+			reply := strings.ReplaceAll(word, "_", " ")
+			held := bot.Hold(func(text string) bool { return strings.Contains(text, reply) }, tc.accept)
+			bot.Say("/steps say:" + word)
+			var via string
+			select {
+			case via = <-held:
+			case <-time.After(20 * time.Second): // real time: bounds the wait for the reply's send
+				t.Fatalf("no replica sent the reply:%s", bot)
+			}
+			sender := slices.IndexFunc(c.Gateways(), func(g *clusterrig.Gateway) bool { return g.ID == via })
+			if sender < 0 {
+				t.Fatalf("the reply came through %q, no replica's URL", via)
+			}
+			killed := c.Gateway(sender).Kill()
+			bot.WaitSent(c.Lease()+20*time.Second, "the reply delivered by a survivor", func(s string) bool {
+				return strings.Contains(s, reply) && bot.Count(reply) >= tc.want
+			})
+			t.Logf("%s: %d copies of the reply; the last %v after r%d was killed", tc.name, bot.Count(reply),
+				time.Since(killed).Round(10*time.Millisecond), sender+1)
+			time.Sleep(c.Lease() + time.Second) // real time: showing that no further copy comes
+			if n := bot.Count(reply); n != tc.want {
+				t.Errorf("%d copies of the reply reached the chat, want %d:%s", n, tc.want, bot)
+			}
+			c.Gateway(sender).Restart()
+		})
+	}
+}

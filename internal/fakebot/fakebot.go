@@ -57,6 +57,30 @@ type Bot struct {
 	polling   int // getUpdates calls in flight
 	conflicts int // getUpdates answered 409 because another was in flight
 	polls     []Poll
+	hold      *hold // the next send to hold (Hold), nil when none
+}
+
+// hold is a send the fake keeps waiting (Hold).
+type hold struct {
+	match  func(text string) bool
+	accept bool        // record the message as sent before waiting
+	held   chan string // gets the replica (Via) whose send is held
+	once   bool        // a send was held
+}
+
+// Hold makes the next sendMessage or editMessageText whose text satisfies
+// match wait without an answer until its caller goes away (a killed
+// replica's connection closes) or the fake closes. accept false: the
+// message was not accepted — nothing is recorded, as when Telegram never
+// got it; accept true: it is recorded as sent first, as when Telegram
+// accepted it and the answer was lost. The returned channel gets the held
+// caller's replica name (Message.Via). One send is held; later ones pass.
+func (b *Bot) Hold(match func(text string) bool, accept bool) <-chan string {
+	h := &hold{match: match, accept: accept, held: make(chan string, 1)}
+	b.mu.Lock()
+	b.hold = h
+	b.mu.Unlock()
+	return h.held
 }
 
 // New starts the fake; it is closed at the test's cleanup.
@@ -201,6 +225,20 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "sendMessage", "editMessageText":
 		m := Message{Via: via, Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now()}
 		b.mu.Lock()
+		if h := b.hold; h != nil && !h.once && h.match(m.Text) {
+			h.once = true
+			if h.accept {
+				m.OK = true
+				b.msgs = append(b.msgs, m)
+			}
+			b.mu.Unlock()
+			h.held <- via
+			select {
+			case <-r.Context().Done(): // the caller went away
+			case <-b.closing:
+			}
+			return
+		}
 		m.OK = !(b.fail && method == "sendMessage")
 		b.msgs = append(b.msgs, m)
 		id := len(b.msgs)

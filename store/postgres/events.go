@@ -20,7 +20,17 @@ type writer struct{ s *Store }
 // commits with synchronous_commit on.
 func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 	s := w.s
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	err := RetryConflicts(ctx, func() error { return w.writeBatch(ctx, evs) })
+	if err == nil && s.afterCommit != nil {
+		s.afterCommit()
+	}
+	return err
+}
+
+// writeBatch is one attempt of WriteBatch.
+func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
+	s := w.s
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		if s.rec.AnyToOutbox(evs) {
 			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
 				return err
@@ -36,10 +46,6 @@ func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 		}
 		return nil
 	})
-	if err == nil && s.afterCommit != nil {
-		s.afterCommit()
-	}
-	return err
 }
 
 func (w writer) Classify(err error) store.Failure { return classify(err) }
@@ -49,6 +55,8 @@ func (w writer) Check() bool                      { return w.s.checkOwner() }
 const (
 	upsertSession = `INSERT INTO sessions (key, created_at, updated_at) VALUES ($1, $2, $2)
 		ON CONFLICT (key) DO UPDATE SET updated_at = greatest(sessions.updated_at, excluded.updated_at)`
+	ensureSession = `INSERT INTO sessions (key, created_at, updated_at) VALUES ($1, $2, $2) ON CONFLICT (key) DO NOTHING`
+	touchSession  = `UPDATE sessions SET updated_at = greatest(updated_at, $2) WHERE key = $1`
 	insertMessage = `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6)`
 	insertOutbox = `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
@@ -59,7 +67,7 @@ const (
 )
 
 // apply records one valid event inside tx.
-func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) error {
+func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) (err error) {
 	at := store.EventTime(ev)
 	switch ev.Kind {
 	case event.SessionReset:
@@ -72,9 +80,19 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) error {
 		}
 		return nil // not a turn event: nothing to journal
 	case event.TurnStarted:
-		if _, err := tx.Exec(ctx, upsertSession, ev.SessionKey, at); err != nil {
+		// The session row exists first (no lock on an existing one); it is
+		// updated after the turn's row, the order claims, endings and
+		// takeovers lock them in (RetryConflicts).
+		if _, err := tx.Exec(ctx, ensureSession, ev.SessionKey, at); err != nil {
 			return fmt.Errorf("upsert session: %w", err)
 		}
+		defer func() {
+			if err == nil {
+				if _, err = tx.Exec(ctx, touchSession, ev.SessionKey, at); err != nil {
+					err = fmt.Errorf("update session: %w", err)
+				}
+			}
+		}()
 		// A TurnStarted for a run id whose turn has ended starts it afresh
 		// (the id was reused); for a running turn it is a duplicate. A
 		// claimed turn (cluster/pgcoord: owner_epoch set) is never
@@ -146,11 +164,18 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) error {
 // endTurn records an Aborted or Finished event: the turn's final state and,
 // if this is the turn's first ending, the assistant message and (for an
 // outbox channel) its terminal messages in the outbox.
-func (s *Store) endTurn(ctx context.Context, tx pgx.Tx, ev *event.Event, at time.Time) error {
+func (s *Store) endTurn(ctx context.Context, tx pgx.Tx, ev *event.Event, at time.Time) (err error) {
 	end := store.EndingOf(ev, at)
-	if _, err := tx.Exec(ctx, upsertSession, ev.SessionKey, at); err != nil {
+	if _, err := tx.Exec(ctx, ensureSession, ev.SessionKey, at); err != nil {
 		return fmt.Errorf("upsert session: %w", err)
 	}
+	defer func() { // after the turn's row, as TurnStarted does
+		if err == nil {
+			if _, err = tx.Exec(ctx, touchSession, ev.SessionKey, at); err != nil {
+				err = fmt.Errorf("update session: %w", err)
+			}
+		}
+	}()
 	ck, cn, cq := store.StepColumns(end.Current)
 	lk, ln, lq := store.StepColumns(ev.LastStep)
 	// Ends a running turn, or creates the ended turn if its TurnStarted
