@@ -7,7 +7,7 @@ PKGS := ./...
 FUZZTIME ?= 20s
 BENCHTIME ?= 1s
 
-.PHONY: all deps deps-postgres build run test vet fmt-check bench bench-cluster fuzz e2e cluster-e2e load clean
+.PHONY: all deps deps-postgres build run test vet fmt-check bench bench-cluster fuzz e2e cluster-e2e load load-cluster clean
 
 all: test
 
@@ -99,6 +99,23 @@ load: deps
 	mkdir -p bin
 	$(GO) build -o bin/loadtest ./cmd/loadtest
 	./bin/loadtest $(LOADFLAGS)
+
+## load-cluster: `cmd/loadtest -replicas 3`, the cluster measured (docs/performance.md, "The cluster:
+## three replicas"): turns/s on a cluster of one vs three, run end → final on the owner and on another
+## replica at an offered rate with step-timeout aborts mixed in (each replica's abort lateness), the busy
+## answer's latency, and SIGKILL takeovers (1, 1,000, 10,000 hanging turns on the killed replica);
+## counters that must be 0. Starts 3 nats-server, PostgreSQL and 3 built gateways on loopback, all
+## bounded (-max). Gateway logs: artifacts/load-cluster/.
+LOADCLUSTERFLAGS ?= -replicas 3 -sessions 600 -turns 10 -rate 2000 -kills 1:50,1000:10,10000:3 -max 40m
+load-cluster: export TURNGUARD_NATS_SERVER := $(CURDIR)/bin/nats-server
+load-cluster: export TURNGUARD_GATEWAY_BIN := $(CURDIR)/bin/gateway
+load-cluster: export TURNGUARD_REQUIRE_POSTGRES := 1
+load-cluster: export TURNGUARD_CLUSTER_ARTIFACTS := $(CURDIR)/artifacts/load-cluster
+load-cluster: deps deps-postgres bin/nats-server
+	mkdir -p bin artifacts/load-cluster
+	$(GO) build -o bin/gateway ./cmd/gateway
+	$(GO) build -o bin/loadtest ./cmd/loadtest
+	./bin/loadtest $(LOADCLUSTERFLAGS)
 
 clean:
 	rm -rf bin artifacts .e2e

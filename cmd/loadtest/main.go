@@ -62,6 +62,16 @@ type options struct {
 	turnWait time.Duration
 	profile  string
 
+	replicas    int // > 0: the cluster mode (cluster.go)
+	lease       time.Duration
+	phases      string
+	sessions    int
+	conns       int
+	abortEvery  int
+	stepTimeout time.Duration
+	busySamples int
+	kills       string
+
 	out io.Writer // the report; os.Stdout
 	// child starts the gateway process with args; nil runs this executable.
 	child func(args ...string) *exec.Cmd
@@ -79,10 +89,21 @@ func main() {
 	flag.StringVar(&o.profile, "gateway-cpuprofile", "", "write a CPU profile of the gateway process to this file")
 	flag.BoolVar(&o.serve, "serve", false, "internal: run the gateway (the parent starts this)")
 	flag.StringVar(&o.addr, "addr", "", "internal: address for -serve (default 127.0.0.1:0)")
+	flag.IntVar(&o.replicas, "replicas", 0, "cluster mode: start a whole cluster (3 nats-server, PostgreSQL, this many built gateways; make load-cluster) and measure it (0: one process)")
+	flag.DurationVar(&o.lease, "lease", 3*time.Second, "cluster mode: cluster.leaseSeconds")
+	flag.StringVar(&o.phases, "phases", "scaling,final,busy,takeover", "cluster mode: which measurements, in this order")
+	flag.IntVar(&o.sessions, "sessions", 600, "cluster mode: sessions of the scaling and final phases (one turn at a time each)")
+	flag.IntVar(&o.conns, "conns", 0, "cluster mode: sender connections per replica (0: one per session; the takeover's senders: at most 64)")
+	flag.IntVar(&o.abortEvery, "abort-every", 10, "cluster mode, final phase: every n-th session runs hanging turns the step timeout ends (0: none)")
+	flag.DurationVar(&o.stepTimeout, "step-timeout", 500*time.Millisecond, "cluster mode, final phase: channels.ws.timeouts.stepTimeoutSeconds")
+	flag.IntVar(&o.busySamples, "busy-samples", 300, "cluster mode: busy answers timed per path")
+	flag.StringVar(&o.kills, "kills", "1:50,1000:10,10000:3", "cluster mode: TURNS:KILLS,… hanging turns on the killed replica and how many kills")
 	flag.Parse()
 	o.out = os.Stdout
 	var err error
-	if o.serve {
+	if o.replicas > 0 && !o.serve {
+		err = clusterMain(o)
+	} else if o.serve {
 		err = serve(o)
 	} else {
 		err = drive(o)
@@ -286,6 +307,27 @@ func drive(o options) error {
 	}
 	child.Wait()
 	return report(o, results, ends, serverCPU)
+}
+
+// clusterMain runs the cluster mode with o's flags.
+func clusterMain(o options) error {
+	if o.replicas < 2 || o.replicas > 5 {
+		return fmt.Errorf("-replicas %d: want 2–5", o.replicas)
+	}
+	if o.sessions < 1 || o.turns < 1 || o.conns < 0 || o.sessions > 20000 || o.turns > 1000 {
+		return errors.New("-sessions (1–20000) and -turns (1–1000) must be ≥ 1, -conns ≥ 0")
+	}
+	kills, err := parseKills(o.kills)
+	if err != nil {
+		return err
+	}
+	return runCluster(clusterOptions{
+		replicas: o.replicas, lease: o.lease, phases: o.phases, sessions: o.sessions, turns: o.turns,
+		rate: o.rate, conns: o.conns, abortEvery: o.abortEvery, stepTimeout: o.stepTimeout,
+		busySamples: o.busySamples, kills: kills, script: o.script, turnWait: o.turnWait, max: o.max,
+		logf: func(s string) { fmt.Fprintln(os.Stderr, time.Now().Format("15:04:05.000"), s) }, out: o.out,
+		runName: "loadtest",
+	})
 }
 
 func rateText(r float64) string {

@@ -26,7 +26,7 @@ go build -o bin/gateway ./cmd/gateway
 rm -rf "$ARTIFACTS"
 mkdir -p "$ARTIFACTS"
 
-step "go test ./e2e/cluster/"
+step "go test ./e2e/cluster/ ./cmd/loadtest/ (its -replicas mode at a tiny size)"
 export TURNGUARD_CLUSTER_E2E=1
 export TURNGUARD_REQUIRE_POSTGRES=1
 export TURNGUARD_GATEWAY_BIN=$ROOT/bin/gateway
@@ -34,5 +34,5 @@ export TURNGUARD_NATS_SERVER=$ROOT/bin/nats-server
 export TURNGUARD_NODE=$NODE
 export TURNGUARD_OPENCLAW=$OPENCLAW
 export TURNGUARD_CLUSTER_ARTIFACTS=$ARTIFACTS
-go test -count=1 -v -timeout 20m ./e2e/cluster/ "$@"
+go test -count=1 -v -timeout 20m ./e2e/cluster/ ./cmd/loadtest/ "$@"
 echo "cluster-e2e: gateway logs in ${ARTIFACTS#"$ROOT"/}/"

@@ -42,6 +42,7 @@ import (
 	"github.com/turnguard/turnguard/internal/fakebot"
 	"github.com/turnguard/turnguard/internal/natstest"
 	"github.com/turnguard/turnguard/internal/pgtest"
+	"github.com/turnguard/turnguard/internal/tb"
 	"github.com/turnguard/turnguard/internal/testlog"
 	"github.com/turnguard/turnguard/internal/testproc"
 	"github.com/turnguard/turnguard/internal/testwait"
@@ -79,7 +80,7 @@ type Options struct {
 
 // Cluster is a running rig.
 type Cluster struct {
-	t    testing.TB
+	t    tb.TB
 	opts Options
 	nats *natstest.Cluster
 	db   string
@@ -89,7 +90,7 @@ type Cluster struct {
 
 // Start brings the whole cluster up and returns once every gateway answers
 // /readyz. It fails the test if anything is missing or does not come up.
-func Start(t testing.TB, o Options) *Cluster {
+func Start(t tb.TB, o Options) *Cluster {
 	t.Helper()
 	if o.Replicas == 0 {
 		o.Replicas = 3
@@ -140,14 +141,14 @@ func (c *Cluster) Lease() time.Duration { return c.opts.Lease }
 
 // Dial opens a protocol connection to replica i with the operator token
 // (which may abort any run); it is closed at the test's cleanup.
-func (c *Cluster) Dial(t testing.TB, i int) *wsclient.Client {
+func (c *Cluster) Dial(t tb.TB, i int) *wsclient.Client {
 	t.Helper()
 	g := c.gws[i]
 	return wsclient.Dial(t, g.URL(), wsclient.Options{Token: OperatorToken, Name: g.ID})
 }
 
 // DialUser is Dial with the ordinary token (server.token).
-func (c *Cluster) DialUser(t testing.TB, i int) *wsclient.Client {
+func (c *Cluster) DialUser(t tb.TB, i int) *wsclient.Client {
 	t.Helper()
 	g := c.gws[i]
 	return wsclient.Dial(t, g.URL(), wsclient.Options{Token: Token, Name: g.ID})
@@ -246,7 +247,7 @@ func (g *Gateway) writeConfig() {
 // Gateway is one replica's process. It keeps its port, configuration and
 // directory across Restart.
 type Gateway struct {
-	t       testing.TB
+	t       tb.TB
 	c       *Cluster
 	i       int
 	ID      string // cluster.replicaID: r1, r2, …
@@ -515,7 +516,7 @@ var (
 
 // Binary returns the gateway binary: $TURNGUARD_GATEWAY_BIN, or one built
 // once per test binary from this source tree. It fails the test otherwise.
-func Binary(t testing.TB) string {
+func Binary(t tb.TB) string {
 	t.Helper()
 	if p := os.Getenv(EnvGatewayBin); p != "" {
 		if _, err := os.Stat(p); err != nil {

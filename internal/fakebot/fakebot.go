@@ -20,8 +20,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
+
+	"github.com/turnguard/turnguard/internal/tb"
 )
 
 // Token is the bot token the fake accepts; Chat the private chat of the
@@ -43,7 +44,7 @@ type Message struct {
 
 // Bot is the fake API server.
 type Bot struct {
-	t   testing.TB
+	t   tb.TB
 	srv *httptest.Server
 
 	mu        sync.Mutex
@@ -83,7 +84,7 @@ func (b *Bot) Hold(match func(text string) bool, accept bool) <-chan string {
 }
 
 // New starts the fake; it is closed at the test's cleanup.
-func New(t testing.TB) *Bot {
+func New(t tb.TB) *Bot {
 	b := &Bot{t: t, nextID: 100, wake: make(chan struct{}), closing: make(chan struct{})}
 	b.srv = httptest.NewServer(b)
 	t.Cleanup(func() {

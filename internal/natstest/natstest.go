@@ -26,12 +26,12 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/turnguard/turnguard/internal/tb"
 	"github.com/turnguard/turnguard/internal/testlog"
 	"github.com/turnguard/turnguard/internal/testproc"
 )
@@ -48,7 +48,7 @@ const ReadyTimeout = 30 * time.Second
 // are safe for concurrent use; every process is killed at the test's
 // cleanup.
 type Cluster struct {
-	t    testing.TB
+	t    tb.TB
 	bin  string
 	name string
 
@@ -70,7 +70,7 @@ type node struct {
 // returns once JetStream answers on every node (the meta group has a
 // leader). It fails the test if the cluster does not come up within
 // ReadyTimeout.
-func Start(t testing.TB, n int) *Cluster {
+func Start(t tb.TB, n int) *Cluster {
 	t.Helper()
 	if n != 1 && n != 3 {
 		t.Fatalf("natstest.Start: %d nodes; want 1 or 3", n)
@@ -111,7 +111,7 @@ func (c *Cluster) URL(i int) string {
 // Connect opens a connection to node i that fails over to the other nodes
 // (in node order) and reconnects without end, every 50 ms; extra options
 // apply after those. It is closed at the test's cleanup.
-func (c *Cluster) Connect(t testing.TB, i int, opts ...nats.Option) *nats.Conn {
+func (c *Cluster) Connect(t tb.TB, i int, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	urls := []string{c.URL(i)}
 	for j, u := range c.URLs() {
@@ -329,7 +329,7 @@ func tail(s string) string {
 
 // FreePorts returns n distinct loopback ports that were free a moment ago (held
 // open together, so no two are the same).
-func FreePorts(t testing.TB, n int) []int {
+func FreePorts(t tb.TB, n int) []int {
 	t.Helper()
 	var ports []int
 	var ls []net.Listener
@@ -358,7 +358,7 @@ var (
 // Binary returns the path of a nats-server binary: $TURNGUARD_NATS_SERVER
 // if set, else one built from tools/nats-server (once per test binary). It
 // fails the test if neither works; it never skips.
-func Binary(t testing.TB) string {
+func Binary(t tb.TB) string {
 	t.Helper()
 	if p := os.Getenv(EnvBinary); p != "" {
 		if _, err := os.Stat(p); err != nil {

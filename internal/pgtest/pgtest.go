@@ -43,6 +43,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/turnguard/turnguard/internal/tb"
 	"github.com/turnguard/turnguard/internal/testproc"
 )
 
@@ -112,7 +113,7 @@ func Stop() {
 // the server on first use) and returns its URL: postgres://…@127.0.0.1:port/
 // name, with the server's password. The database is dropped (its
 // connections closed) when t ends.
-func New(t testing.TB) string {
+func New(t tb.TB) string {
 	t.Helper()
 	once.Do(start)
 	if missing {
@@ -377,7 +378,7 @@ func freePort() (int, error) {
 // on the same port with the same data: committed data survives, as after a
 // real server restart. Call it only from a test that does not run in
 // parallel with others (the server is every test's), after New.
-func Restart(t testing.TB, down func()) {
+func Restart(t tb.TB, down func()) {
 	t.Helper()
 	if srv == nil {
 		t.Fatal("pgtest: Restart before New: no server")

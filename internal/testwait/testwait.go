@@ -6,8 +6,9 @@
 package testwait
 
 import (
-	"testing"
 	"time"
+
+	"github.com/turnguard/turnguard/internal/tb"
 )
 
 // Every is how often Until polls.
@@ -15,7 +16,7 @@ const Every = 10 * time.Millisecond
 
 // Until polls cond every Every until it holds, and fails the test (naming
 // what) when it still does not after within.
-func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
+func Until(t tb.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	if !poll(within, cond) {
 		t.Fatalf("not within %v: %s", within, what)
@@ -24,7 +25,7 @@ func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
 
 // NoError polls f until it returns nil, and fails the test with f's last
 // error when it still fails after within.
-func NoError(t testing.TB, within time.Duration, f func() error) {
+func NoError(t tb.TB, within time.Duration, f func() error) {
 	t.Helper()
 	var last error
 	if !poll(within, func() bool { last = f(); return last == nil }) {

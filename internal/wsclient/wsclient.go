@@ -15,10 +15,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/turnguard/turnguard/internal/tb"
 )
 
 // CallTimeout bounds how long a request waits for its response.
@@ -57,8 +58,9 @@ type Event struct {
 
 	RunID        string `json:"runId"`
 	SessionKey   string `json:"sessionKey"`
-	Seq          int64  `json:"seq"`   // the run's payload seq (chat and agent together)
-	State        string `json:"state"` // chat: delta, final, aborted, error
+	Seq          int64  `json:"seq"`     // the run's payload seq (chat and agent together)
+	EndedAt      int64  `json:"endedAt"` // chat terminal states: unix ms of the run's end
+	State        string `json:"state"`   // chat: delta, final, aborted, error
 	StopReason   string `json:"stopReason"`
 	ErrorMessage string `json:"errorMessage"`
 	Stream       string `json:"stream"` // agent: lifecycle, tool, item
@@ -89,7 +91,7 @@ func (e Event) String() string {
 
 // Client is one protocol connection.
 type Client struct {
-	t    testing.TB
+	t    tb.TB
 	name string // for messages: which gateway
 	conn *websocket.Conn
 
@@ -100,8 +102,12 @@ type Client struct {
 	pending  map[string]chan Frame
 	events   []Event
 	changed  chan struct{} // closed and replaced when events or closed change
+	ready    bool          // the handshake is done: OnEvent and Discard apply
+	onEvent  func(Event)
+	discard  bool
 	closed   bool
 	closeErr error
+	done     chan struct{} // closed with the connection
 }
 
 // Options configure Dial.
@@ -110,12 +116,18 @@ type Options struct {
 	Name   string   // names the gateway in failure messages
 	Scopes []string // default: operator.read, operator.write, operator.admin
 	NoCaps bool     // leave out the tool-events cap
+	// OnEvent, when set, is called with every event after the handshake,
+	// on the connection's reading goroutine, in order.
+	OnEvent func(Event)
+	// Discard keeps no events after the handshake (Events, WaitEvent and
+	// WaitEnd then see none): for load, where OnEvent counts them.
+	Discard bool
 }
 
 // Dial connects to url (ws://host:port/), completes the handshake and
 // returns the client; it is closed at the test's cleanup. It fails the test
 // if the gateway does not answer within CallTimeout.
-func Dial(t testing.TB, url string, o Options) *Client {
+func Dial(t tb.TB, url string, o Options) *Client {
 	t.Helper()
 	c, err := DialErr(t, url, o)
 	if err != nil {
@@ -125,13 +137,14 @@ func Dial(t testing.TB, url string, o Options) *Client {
 }
 
 // DialErr is Dial that returns the error instead of failing the test.
-func DialErr(t testing.TB, url string, o Options) (*Client, error) {
+func DialErr(t tb.TB, url string, o Options) (*Client, error) {
 	d := websocket.Dialer{HandshakeTimeout: CallTimeout}
 	conn, _, err := d.Dial(url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", url, err)
 	}
-	c := &Client{t: t, name: o.Name, conn: conn, pending: map[string]chan Frame{}, changed: make(chan struct{})}
+	c := &Client{t: t, name: o.Name, conn: conn, pending: map[string]chan Frame{}, changed: make(chan struct{}),
+		onEvent: o.OnEvent, discard: o.Discard, done: make(chan struct{})}
 	t.Cleanup(func() { conn.Close() })
 	go c.read()
 	if _, err := c.waitErr(CallTimeout, "connect.challenge", func(e Event) bool { return e.Name == "connect.challenge" }); err != nil {
@@ -163,6 +176,12 @@ func DialErr(t testing.TB, url string, o Options) (*Client, error) {
 		conn.Close()
 		return nil, fmt.Errorf("connect refused: %v", res.Error)
 	}
+	c.mu.Lock()
+	c.ready = true
+	if c.discard {
+		c.events = nil
+	}
+	c.mu.Unlock()
 	return c, nil
 }
 
@@ -172,6 +191,7 @@ func (c *Client) read() {
 		if err != nil {
 			c.mu.Lock()
 			c.closed, c.closeErr = true, err
+			close(c.done)
 			for id, ch := range c.pending {
 				close(ch)
 				delete(c.pending, id)
@@ -195,8 +215,15 @@ func (c *Client) read() {
 			e := Event{Name: f.Event, Frame: f.Seq, Raw: f.Payload, At: time.Now()}
 			_ = json.Unmarshal(f.Payload, &e)
 			e.Name, e.Frame, e.Raw = f.Event, f.Seq, f.Payload
-			c.events = append(c.events, e)
-			c.notifyLocked()
+			if !c.ready || !c.discard {
+				c.events = append(c.events, e)
+				c.notifyLocked()
+			}
+			if c.ready && c.onEvent != nil {
+				c.mu.Unlock()
+				c.onEvent(e)
+				continue
+			}
 		}
 		c.mu.Unlock()
 	}
@@ -380,6 +407,9 @@ func (c *Client) RunEvents(runID string) []Event {
 	}
 	return out
 }
+
+// Done is closed once the connection is closed (by either side).
+func (c *Client) Done() <-chan struct{} { return c.done }
 
 // Closed reports whether the server closed the connection.
 func (c *Client) Closed() bool {
