@@ -575,3 +575,38 @@ func TestFlushWaitsForTheStream(t *testing.T) {
 		t.Errorf("Flush with the stream down: %v; want its deadline", err)
 	}
 }
+
+// TestLateFrameOfAnEarlierTenureIsNotAConflict: an owner renews its tenure
+// at every claim, so a busy session goes through many tenures of one
+// exporter. A frame of one of its early tenures arriving again late (a
+// publish retried after an ack timeout reaches core subscribers a second
+// time) is late, not a new owner numbering from an earlier point: no gap,
+// and the sequence goes on.
+func TestLateFrameOfAnEarlierTenureIsNotAConflict(t *testing.T) {
+	c := natstest.Start(t, 1)
+	nc := connect(t, c, 0)
+	x := newExporter(t, nc, ExporterOptions{})
+	const key = "agent:main:ws:tenures"
+	r := watch(t, connect(t, c, 0), key, WatchOptions{})
+	n := 0
+	for range 8 { // eight claims: eight tenures, more than a watcher remembers by name
+		x.Renew(key)
+		for range 2 {
+			n++
+			x.Publish(keptEvent(key, n, 0))
+		}
+	}
+	testwait.Until(t, 10*time.Second, "16 events", func() bool { return len(r.kept()) >= n })
+	first := frame{kind: frameEvent, seq: 2, tenure: x.Origin() + ".1", ev: keptEvent(key, 2, 0)}
+	if err := nc.Publish(subjectsFor(Config{}.withDefaults().Prefix, key).kept, appendFrame(nil, &first)); err != nil {
+		t.Fatal(err)
+	}
+	x.Publish(keptEvent(key, n+1, 0))
+	testwait.Until(t, 10*time.Second, "the next event", func() bool { return len(r.kept()) >= n+1 })
+	r.mu.Lock()
+	gaps := len(r.gaps)
+	r.mu.Unlock()
+	if got := r.kept(); gaps != 0 || !slices.Equal(got, want(n+1)) {
+		t.Fatalf("kept %v, %d gaps; want %d events in order and no gap", got, gaps, n+1)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -380,7 +382,25 @@ func (s *watchSession) isOld(tenure string) bool {
 			return true
 		}
 	}
-	return false
+	// An earlier tenure of the exporter whose tenure we follow: each
+	// exporter numbers its tenures in order (Origin "." counter), and an
+	// owner renews its tenure at every claim, so a frame of one of its
+	// tenures from before the last few we remember — a publish retried
+	// after an ack timeout reaches core subscribers again — is late, not
+	// a new owner numbering from an earlier point.
+	return earlierTenure(tenure, s.tenure)
+}
+
+// earlierTenure reports whether tenure a was numbered by the same exporter
+// as tenure b, before it.
+func earlierTenure(a, b string) bool {
+	ia, ib := strings.LastIndexByte(a, '.'), strings.LastIndexByte(b, '.')
+	if ia <= 0 || ib <= 0 || a[:ia] != b[:ib] {
+		return false
+	}
+	na, errA := strconv.ParseUint(a[ia+1:], 36, 64)
+	nb, errB := strconv.ParseUint(b[ib+1:], 36, 64)
+	return errA == nil && errB == nil && na < nb
 }
 
 // drain delivers the frames that follow d.
