@@ -384,12 +384,32 @@ func (n *Node) left(t pgcoord.Takeover) {
 // (OnTakeover runs the queued messages) is numbered after these ends.
 func (n *Node) exportEnds(t pgcoord.Takeover) {
 	now := time.Now()
-	for _, tt := range t.Turns {
+	for i, tt := range t.Turns {
+		if i > 0 && i%takeoverChunk == 0 {
+			// Each end takes two places in the exporter's buffer (the
+			// renewal and the event): a takeover of thousands of turns
+			// waits for a chunk to be stored before the next, instead of
+			// overflowing it (its watchers would see gaps).
+			n.flushEnds(takeoverChunkFlush)
+		}
 		n.tkx.Renew(tt.SessionKey)
 		n.tkx.Publish(event.Event{Kind: event.Aborted, RunID: tt.RunID, SessionKey: tt.SessionKey, Channel: tt.Channel,
 			ChatRef: tt.ChatRef, StopReason: event.ReasonInterrupted, Message: tt.Notice, Time: now})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), takeoverFlush)
+	n.flushEnds(takeoverFlush)
+}
+
+// Chunks of a takeover's ends (exportEnds): at most takeoverChunk ends are
+// in the takeover exporter's buffer (4096 places) at once.
+const (
+	takeoverChunk      = 1500
+	takeoverChunkFlush = 30 * time.Second
+)
+
+// flushEnds waits until the takeover exporter stored what it was given,
+// at most d.
+func (n *Node) flushEnds(d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	if err := n.tkx.Flush(ctx); err != nil {
 		n.log.Warn("cluster: the ends of taken-over turns are not all stored yet (their watchers may see a gap)", "error", err)

@@ -473,3 +473,37 @@ func TestFencedReplicaJoinsAgain(t *testing.T) {
 		return false
 	})
 }
+
+// A takeover of more turns than the takeover exporter's buffer holds
+// (4096 places, two per end) reaches every watcher whole: every end, no
+// gap — it is exported in chunks, each stored before the next.
+func TestLargeTakeoverReachesWatchersWhole(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	ctx := testContext(t, 60*time.Second)
+	const turns = 3000 // 6,000 places
+	a := start(t, dbURL, c, "a")
+	b := start(t, dbURL, c, "b")
+	seen := clustertest.Import(t, b)
+	for i := range turns {
+		if err := a.Claim(ctx, gateway.ClaimRequest{RunID: fmt.Sprint("run-", i), SessionKey: fmt.Sprint("ws:big-", i),
+			Channel: "ws", Text: "hi"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kill(a)
+	testwait.Until(t, 40*time.Second, "every taken-over end imported", func() bool {
+		n := 0
+		for _, ev := range seen.Events() {
+			if ev.Kind == event.Aborted && ev.StopReason == event.ReasonInterrupted {
+				n++
+			}
+		}
+		return n == turns
+	})
+	for _, s := range seen.Snapshot() {
+		if strings.HasPrefix(s, "gap ") {
+			t.Fatalf("a watcher saw a gap: %s", s)
+		}
+	}
+}
