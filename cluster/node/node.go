@@ -300,12 +300,17 @@ func (n *Node) closeExporters(ctx context.Context) error {
 
 // Claim reserves the session for the run on every replica (pgcoord.Claim).
 func (n *Node) Claim(ctx context.Context, c gateway.ClaimRequest) error {
-	err := n.coord.Load().Claim(ctx, pgcoord.Claim{RunID: c.RunID, SessionKey: c.SessionKey, Channel: c.Channel,
+	prevMine, err := n.coord.Load().ClaimAfter(ctx, pgcoord.Claim{RunID: c.RunID, SessionKey: c.SessionKey, Channel: c.Channel,
 		ChatRef: c.ChatRef, Text: c.Text, Joined: c.Joined})
 	if err == nil {
 		// Another replica may have numbered the session's events since this
-		// one last did: continue after them.
-		n.exp.Renew(c.SessionKey)
+		// one last did: continue after them. Not when the session's last
+		// turn was this epoch's own and ended by it — the common case, and
+		// a renewal costs a stream lookup on the exporter's one goroutine
+		// (under load, one per claim made every replica's events late).
+		if !prevMine {
+			n.exp.Renew(c.SessionKey)
+		}
 		return nil
 	}
 	if be, ok := errors.AsType[*pgcoord.BusyError](err); ok {

@@ -71,28 +71,38 @@ const claimRetries = 8
 // of replicas, have exactly one winner: the database's unique index
 // decides.
 func (r *Replica) Claim(ctx context.Context, c Claim) error {
+	_, err := r.ClaimAfter(ctx, c)
+	return err
+}
+
+// ClaimAfter is Claim that also says whether the session's previous turn
+// was this epoch's own and ended by it (not taken over): then no other
+// replica has published events of the session since this one did, and
+// its event numbering simply goes on (cluster/node skips renewing it, a
+// stream lookup on the exporter's one goroutine).
+func (r *Replica) ClaimAfter(ctx context.Context, c Claim) (prevMine bool, err error) {
 	if c.RunID == "" || c.SessionKey == "" {
-		return fmt.Errorf("claim: run id and session key are required: %w", store.ErrInvalid)
+		return false, fmt.Errorf("claim: run id and session key are required: %w", store.ErrInvalid)
 	}
 	for range claimRetries {
 		if err := r.live(); err != nil {
-			return fmt.Errorf("claim run %q: %w", c.RunID, err)
+			return false, fmt.Errorf("claim run %q: %w", c.RunID, err)
 		}
 		// The common busy answer costs one read and no write.
 		if err := r.conflict(ctx, c); err != nil {
-			return err
+			return false, err
 		}
-		won, err := r.insertClaim(ctx, c)
+		won, mine, err := r.insertClaim(ctx, c)
 		if err != nil {
-			return fmt.Errorf("claim run %q: %w", c.RunID, err)
+			return false, fmt.Errorf("claim run %q: %w", c.RunID, err)
 		}
 		if won {
-			return nil
+			return mine, nil
 		}
 		// Lost to a turn committed meanwhile: conflict names it, unless it
 		// has already ended (then try again).
 	}
-	return fmt.Errorf("claim run %q: session %q: the claim kept conflicting with turns that ended at once", c.RunID, c.SessionKey)
+	return false, fmt.Errorf("claim run %q: session %q: the claim kept conflicting with turns that ended at once", c.RunID, c.SessionKey)
 }
 
 // Holder returns the run of sessionKey's claimed turn that is running and
@@ -134,9 +144,8 @@ func (r *Replica) conflict(ctx context.Context, c Claim) error {
 
 // insertClaim writes the claim; false (and nothing written) when the run id
 // or the session's running turn conflicted.
-func (r *Replica) insertClaim(ctx context.Context, c Claim) (bool, error) {
-	won := false
-	err := r.inTx(ctx, func(tx pgx.Tx) error {
+func (r *Replica) insertClaim(ctx context.Context, c Claim) (won, prevMine bool, err error) {
+	err = r.inTx(ctx, func(tx pgx.Tx) error {
 		if err := r.holdLease(ctx, tx); err != nil {
 			return err
 		}
@@ -166,13 +175,22 @@ func (r *Replica) insertClaim(ctx context.Context, c Claim) (bool, error) {
 		if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, append([]string{c.RunID}, c.Joined...)); err != nil {
 			return fmt.Errorf("queued messages: %w", err)
 		}
+		// The session's previous turn (turns_by_session): this epoch's,
+		// and ended by it rather than taken over?
+		err = tx.QueryRow(ctx, `SELECT coalesce(owner_replica = $3 AND owner_epoch = $4 AND state <> 'running'
+				AND stop_reason <> 'interrupted', false)
+			FROM turns WHERE session_key = $1 AND run_id <> $2 ORDER BY started_at DESC LIMIT 1`,
+			c.SessionKey, c.RunID, r.id, r.epoch).Scan(&prevMine)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("the session's previous turn: %w", err)
+		}
 		won = true
 		return nil
 	})
 	if errors.Is(err, errLost) {
-		return false, nil
+		return false, false, nil
 	}
-	return won, err
+	return won, prevMine, err
 }
 
 // errLost rolls back a claim that conflicted.

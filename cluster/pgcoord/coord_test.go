@@ -478,3 +478,44 @@ func TestFinishRetriedAfterALostAnswerIsDone(t *testing.T) {
 		t.Errorf("a different ending after the first: %v; want ErrStale", err)
 	}
 }
+
+// ClaimAfter says whether the session's previous turn was this epoch's own
+// and ended by it: then nobody else published events of the session since
+// (cluster/node skips renewing its numbering). Another replica's turn, or a
+// turn of this replica taken over by a survivor, is not.
+func TestClaimAfterTellsWhoseTheLastTurnWas(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	const lease = time.Second
+	var seen takeovers
+	a := join(t, url, "a", lease, func(o *Options) { o.OnTakeover = seen.add })
+	b := join(t, url, "b", lease)
+	claim := func(r *Replica, run string) bool {
+		t.Helper()
+		mine, err := r.ClaimAfter(ctx, Claim{RunID: run, SessionKey: "ws:after", Channel: "ws", Text: "hi"})
+		if err != nil {
+			t.Fatalf("claim %s: %v", run, err)
+		}
+		return mine
+	}
+	if claim(a, "run-1") {
+		t.Error("the session's first turn: previous turn mine, want not (there is none)")
+	}
+	if err := a.Finish(ctx, finished("run-1", "one")); err != nil {
+		t.Fatal(err)
+	}
+	if !claim(a, "run-2") {
+		t.Error("after a's own ended turn: want previous turn mine")
+	}
+	if err := a.Finish(ctx, finished("run-2", "two")); err != nil {
+		t.Fatal(err)
+	}
+	if claim(b, "run-3") {
+		t.Error("b after a's turn: want not mine")
+	}
+	die(b)
+	testwait.Until(t, lease+2*time.Second, "a takes b over", func() bool { n, _, _ := seen.of(b.Epoch()); return n == 1 })
+	if claim(a, "run-4") {
+		t.Error("a after b's turn, taken over: want not mine")
+	}
+}
