@@ -10,15 +10,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/turnguard/turnguard/internal/fakebot"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -260,84 +259,31 @@ func TestCrashMetricsAfterRestart(t *testing.T) {
 
 // --- Telegram -------------------------------------------------------------
 
+// The fake Telegram Bot API is internal/fakebot (the cluster suite's too).
 const (
-	crashBotToken = "424242:crash-test-bot-token-SECRET"
-	crashChat     = int64(4242)
+	crashBotToken = fakebot.Token
+	crashChat     = fakebot.Chat
 )
 
-// fakeBot is a Telegram Bot API server on loopback: it long-polls updates
-// to the gateway, records the messages the gateway sends, and can be told
-// to answer sendMessage with HTTP 500.
-type fakeBot struct {
-	t   *testing.T
-	srv *httptest.Server
-
-	mu        sync.Mutex
-	updates   []map[string]any
-	nextID    int64
-	wake      chan struct{} // closed when an update is queued
-	sent      []string      // texts of the sendMessage calls answered 200
-	failed    []string      // texts of the sendMessage calls answered 500
-	fail      bool
-	pollCalls int
-}
-
-func newFakeBot(t *testing.T) *fakeBot {
-	f := &fakeBot{t: t, nextID: 100, wake: make(chan struct{})}
-	f.srv = httptest.NewServer(f)
-	t.Cleanup(func() {
-		f.srv.CloseClientConnections() // long polls of a killed gateway
-		f.srv.Close()
-	})
-	return f
-}
-
-func (f *fakeBot) setFail(fail bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.fail = fail
-}
-
-// say queues a private message from the test chat.
-func (f *fakeBot) say(text string) int64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.nextID++
-	msg := map[string]any{"message_id": f.nextID, "date": 1, "text": text,
-		"chat": map[string]any{"id": crashChat, "type": "private"},
-		"from": map[string]any{"id": crashChat, "is_bot": false, "first_name": "User"}}
-	if strings.HasPrefix(text, "/") {
-		n := strings.IndexByte(text+" ", ' ')
-		msg["entities"] = []map[string]any{{"type": "bot_command", "offset": 0, "length": n}}
+// messagesOf returns the texts delivered to the test chat and those refused.
+func messagesOf(bot *fakebot.Bot) (sent, failed []string) {
+	for _, m := range bot.Messages() {
+		switch {
+		case m.Method != "sendMessage":
+		case m.OK:
+			sent = append(sent, m.Text)
+		default:
+			failed = append(failed, m.Text)
+		}
 	}
-	f.updates = append(f.updates, map[string]any{"update_id": f.nextID, "message": msg})
-	close(f.wake)
-	f.wake = make(chan struct{})
-	return f.nextID
-}
-
-// messages returns the texts delivered to the test chat and those refused.
-func (f *fakeBot) messages() (sent, failed []string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]string(nil), f.sent...), append([]string(nil), f.failed...)
+	return sent, failed
 }
 
 // waitSent waits until a delivered message contains text, and returns how
 // many do.
-func (f *fakeBot) waitSent(text string, d time.Duration) int {
-	f.t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		sent, _ := f.messages()
-		if n := countContaining(sent, text); n > 0 {
-			return n
-		}
-		time.Sleep(20 * time.Millisecond) // real time: waiting for another process
-	}
-	sent, failed := f.messages()
-	f.t.Fatalf("no message containing %q reached the chat within %v; delivered %q, refused %q", text, d, sent, failed)
-	return 0
+func waitSent(bot *fakebot.Bot, text string, d time.Duration) int {
+	bot.WaitSent(d, "a message containing "+strconv.Quote(text), func(s string) bool { return strings.Contains(s, text) })
+	return bot.Count(text)
 }
 
 func countContaining(texts []string, s string) int {
@@ -350,101 +296,14 @@ func countContaining(texts []string, s string) int {
 	return n
 }
 
-func (f *fakeBot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rest, _ := strings.CutPrefix(r.URL.Path, "/bot")
-	tok, method, _ := strings.Cut(rest, "/")
-	if tok != crashBotToken {
-		botAnswer(w, http.StatusUnauthorized, nil, "Unauthorized")
-		return
-	}
-	// A call without parameters (getMe) comes with an empty multipart body,
-	// which does not parse; its form is simply empty.
-	_ = r.ParseMultipartForm(1 << 20)
-	switch method {
-	case "getMe":
-		botAnswer(w, 200, map[string]any{"id": 4240001, "is_bot": true, "first_name": "Crash", "username": "crash_test_bot"}, "")
-	case "setMyCommands", "deleteWebhook", "setWebhook", "sendChatAction":
-		botAnswer(w, 200, true, "")
-	case "getUpdates":
-		f.serveUpdates(w, r)
-	case "sendMessage", "editMessageText":
-		text := r.FormValue("text")
-		f.mu.Lock()
-		fail := f.fail && method == "sendMessage"
-		if fail {
-			f.failed = append(f.failed, text)
-		} else if method == "sendMessage" {
-			f.sent = append(f.sent, text)
-		}
-		id := len(f.sent) + len(f.failed)
-		f.mu.Unlock()
-		if fail {
-			w.WriteHeader(http.StatusInternalServerError)
-			_, _ = io.WriteString(w, "<html>500 Internal Server Error</html>")
-			return
-		}
-		botAnswer(w, 200, map[string]any{"message_id": id, "date": 1, "text": text,
-			"chat": map[string]any{"id": crashChat, "type": "private"}}, "")
-	default:
-		botAnswer(w, http.StatusNotFound, nil, "Not Found: method "+method)
-	}
-}
-
-func (f *fakeBot) serveUpdates(w http.ResponseWriter, r *http.Request) {
-	offset, _ := strconv.ParseInt(r.FormValue("offset"), 10, 64)
-	wait, _ := strconv.Atoi(r.FormValue("timeout"))
-	timer := time.NewTimer(time.Duration(wait) * time.Second)
-	defer timer.Stop()
-	for {
-		f.mu.Lock()
-		f.pollCalls++
-		var out []map[string]any
-		kept := f.updates[:0]
-		for _, u := range f.updates {
-			if u["update_id"].(int64) >= offset {
-				kept = append(kept, u)
-				out = append(out, u)
-			}
-		}
-		f.updates = kept
-		wake := f.wake
-		f.mu.Unlock()
-		if len(out) > 0 || wait == 0 {
-			if out == nil {
-				out = []map[string]any{}
-			}
-			botAnswer(w, 200, out, "")
-			return
-		}
-		select {
-		case <-wake:
-		case <-timer.C:
-			wait = 0
-		case <-r.Context().Done():
-			return
-		}
-	}
-}
-
-func botAnswer(w http.ResponseWriter, status int, result any, desc string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	if status == 200 {
-		_ = json.NewEncoder(w).Encode(map[string]any{"ok": true, "result": result})
-		return
-	}
-	_ = json.NewEncoder(w).Encode(map[string]any{"ok": false, "error_code": status, "description": desc})
-}
-
-// telegramConfig is crashConfig with the Telegram channel on the fake bot.
-func telegramConfig(dir string, bot *fakeBot) string {
+func telegramConfig(dir string, bot *fakebot.Bot) string {
 	return crashConfig(dir) + fmt.Sprintf(`channels:
   telegram:
     enabled: true
     token: %q
     apiURL: %s
     allowedChatIDs: [%d]
-`, crashBotToken, bot.srv.URL, crashChat)
+`, crashBotToken, bot.URL(), crashChat)
 }
 
 // waitOutbox polls the store file until cond holds for the outbox of runID
@@ -492,20 +351,20 @@ func scrape(t *testing.T, addr string) string {
 // the outbox, exactly once, and a further restart does not send it again.
 func TestCrashTelegramInterruptedNoticeOnce(t *testing.T) {
 	dir := t.TempDir()
-	bot := newFakeBot(t)
+	bot := fakebot.New(t)
 	cfg := telegramConfig(dir, bot)
 	db := filepath.Join(dir, "gateway.db")
 	const notice = "The gateway restarted while working on your request"
 
 	p := startGateway(t, dir, cfg)
-	msgID := bot.say("/steps shell:hang")
+	msgID := bot.Say("/steps shell:hang")
 	run := fmt.Sprintf("tg-%d-%d", crashChat, msgID)
 	waitCurrentStep(t, db, run, "shell")
 	p.signal(syscall.SIGKILL)
 	p.wait(5 * time.Second)
 
 	p2 := startGateway(t, dir, cfg)
-	if n := bot.waitSent(notice, 30*time.Second); n != 1 {
+	if n := waitSent(bot, notice, 30*time.Second); n != 1 {
 		t.Fatalf("the interrupted notice reached the chat %d times", n)
 	}
 	waitOutbox(t, db, "the notice delivered", func(pending []store.OutboxMessage, c store.OutboxCounts) bool {
@@ -524,9 +383,9 @@ func TestCrashTelegramInterruptedNoticeOnce(t *testing.T) {
 	// is sent after anything resent at start-up, so once it arrives the
 	// count is final.
 	startGateway(t, dir, cfg)
-	bot.say("/steps say:Still_here")
-	bot.waitSent("Still here", 30*time.Second)
-	if sent, _ := bot.messages(); countContaining(sent, notice) != 1 {
+	bot.Say("/steps say:Still_here")
+	waitSent(bot, "Still here", 30*time.Second)
+	if sent, _ := messagesOf(bot); countContaining(sent, notice) != 1 {
 		t.Errorf("after another restart the chat got the interrupted notice %d times: %q", countContaining(sent, notice), sent)
 	}
 	for _, l := range []string{p.log(), p2.log()} {
@@ -542,20 +401,20 @@ func TestCrashTelegramInterruptedNoticeOnce(t *testing.T) {
 // healthy again, the reply is delivered — once.
 func TestCrashTelegramFinalDeliveredAfterRestart(t *testing.T) {
 	dir := t.TempDir()
-	bot := newFakeBot(t)
+	bot := fakebot.New(t)
 	cfg := telegramConfig(dir, bot)
 	db := filepath.Join(dir, "gateway.db")
 	const reply = "Here is the final reply"
 
-	bot.setFail(true)
+	bot.SetFail(true)
 	p := startGateway(t, dir, cfg)
-	bot.say("/steps web_search:50ms say:Here_is_the_final_reply")
+	bot.Say("/steps web_search:50ms say:Here_is_the_final_reply")
 	// The channel retries the send a few times, then records the failed
 	// attempt; the message stays pending.
 	waitOutbox(t, db, "a failed attempt recorded", func(pending []store.OutboxMessage, _ store.OutboxCounts) bool {
 		return len(pending) == 1 && pending[0].Attempts >= 1 && strings.Contains(pending[0].Text, reply)
 	})
-	if sent, failed := bot.messages(); countContaining(sent, reply) != 0 || countContaining(failed, reply) == 0 {
+	if sent, failed := messagesOf(bot); countContaining(sent, reply) != 0 || countContaining(failed, reply) == 0 {
 		t.Fatalf("before the restart: delivered %q, refused %q", sent, failed)
 	}
 	m := scrape(t, p.addr)
@@ -568,17 +427,17 @@ func TestCrashTelegramFinalDeliveredAfterRestart(t *testing.T) {
 	p.signal(syscall.SIGKILL)
 	p.wait(5 * time.Second)
 
-	bot.setFail(false)
+	bot.SetFail(false)
 	startGateway(t, dir, cfg)
-	if n := bot.waitSent(reply, 30*time.Second); n != 1 {
+	if n := waitSent(bot, reply, 30*time.Second); n != 1 {
 		t.Fatalf("the final reply reached the chat %d times", n)
 	}
 	waitOutbox(t, db, "the reply delivered", func(pending []store.OutboxMessage, c store.OutboxCounts) bool {
 		return len(pending) == 0 && c.Delivered == 1 && c.Failed == 0
 	})
-	bot.say("/steps say:Ping")
-	bot.waitSent("Ping", 30*time.Second)
-	if sent, _ := bot.messages(); countContaining(sent, reply) != 1 {
+	bot.Say("/steps say:Ping")
+	waitSent(bot, "Ping", 30*time.Second)
+	if sent, _ := messagesOf(bot); countContaining(sent, reply) != 1 {
 		t.Errorf("the final reply was delivered %d times: %q", countContaining(sent, reply), sent)
 	}
 }
@@ -707,22 +566,22 @@ func transcriptOf(msgs []historyMessage) string {
 // a third start sends neither again.
 func TestQueuedSurvivesSIGKILLTelegram(t *testing.T) {
 	dir := t.TempDir()
-	bot := newFakeBot(t)
+	bot := fakebot.New(t)
 	cfg := telegramConfig(dir, bot)
 	db := filepath.Join(dir, "gateway.db")
 	const notice, reply = "The gateway restarted while working on your request", "Queued from Telegram"
 
 	p := startGateway(t, dir, cfg)
-	msgID := bot.say("/steps shell:hang")
+	msgID := bot.Say("/steps shell:hang")
 	waitCurrentStep(t, db, fmt.Sprintf("tg-%d-%d", crashChat, msgID), "shell")
-	bot.say("/steps say:Queued_from_Telegram")
-	bot.waitSent("📥 Queued", 30*time.Second)
+	bot.Say("/steps say:Queued_from_Telegram")
+	waitSent(bot, "📥 Queued", 30*time.Second)
 	p.signal(syscall.SIGKILL) // at once: the answer promised the message is stored
 	p.wait(5 * time.Second)
 
 	p2 := startGateway(t, dir, cfg)
-	bot.waitSent(reply, 30*time.Second)
-	sent, _ := bot.messages()
+	waitSent(bot, reply, 30*time.Second)
+	sent, _ := messagesOf(bot)
 	at := func(s string) int {
 		for i, m := range sent {
 			if strings.Contains(m, s) {
@@ -740,9 +599,9 @@ func TestQueuedSurvivesSIGKILLTelegram(t *testing.T) {
 	}
 
 	startGateway(t, dir, cfg)
-	bot.say("/steps say:Still_here")
-	bot.waitSent("Still here", 30*time.Second)
-	if sent, _ := bot.messages(); countContaining(sent, notice) != 1 || countContaining(sent, reply) != 1 {
+	bot.Say("/steps say:Still_here")
+	waitSent(bot, "Still here", 30*time.Second)
+	if sent, _ := messagesOf(bot); countContaining(sent, notice) != 1 || countContaining(sent, reply) != 1 {
 		t.Errorf("after another restart the chat got %q: the notice or the queued answer again", sent)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/turnguard/turnguard/internal/fakebot"
 )
 
 // TestOperatorAlertOnForceFinalize: with the built binary, a turn whose
@@ -31,7 +33,7 @@ func TestOperatorAlertOnForceFinalize(t *testing.T) {
 		mu.Unlock()
 	}))
 	defer hook.Close()
-	bot := newFakeBot(t)
+	bot := fakebot.New(t)
 
 	dir := t.TempDir()
 	cfg := fmt.Sprintf(`server:
@@ -54,7 +56,7 @@ alerts:
   telegramChatIDs: [%d]
   webhookURL: %s/hook?key=%s
   window: 10m
-`, testToken, crashOpToken, filepath.Join(dir, "gateway.db"), crashBotToken, bot.srv.URL, crashChat, crashChat, hook.URL, hookSecret)
+`, testToken, crashOpToken, filepath.Join(dir, "gateway.db"), crashBotToken, bot.URL(), crashChat, crashChat, hook.URL, hookSecret)
 	p := startGateway(t, dir, cfg)
 	cl := dialGateway(t, p.addr, testToken)
 	chatSend(cl, "main", "run-stuck", "/steps shell:stuck")
@@ -80,7 +82,7 @@ alerts:
 	if alert["kind"] != "force_finalized" || alert["runId"] != "run-stuck" || alert["step"] != "shell" || alert["stopReason"] != "step_timeout" {
 		t.Errorf("webhook alert %v", alert)
 	}
-	bot.waitSent("was force-finalized", 15*time.Second)
+	waitSent(bot, "was force-finalized", 15*time.Second)
 
 	var d struct {
 		Counters struct{ ForceFinalizations, ProgressNotices int }
