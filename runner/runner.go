@@ -25,6 +25,20 @@ type Turn struct {
 	// Inbox, set when the runner is a Steerer, receives the messages the
 	// person sends while this turn runs (busy mode steer).
 	Inbox *Inbox
+	// Approver asks the person a question and waits for the answer
+	// (approvals: a permission request, a tool marked requireApproval).
+	// The engine always sets it; nil (tests, tools) means deny everything,
+	// see Ask.
+	Approver Approver
+}
+
+// Ask asks t's person q through t.Approver, or denies it at once when the
+// turn has no Approver.
+func (t Turn) Ask(ctx context.Context, q Question) (Answer, error) {
+	if t.Approver == nil {
+		return Deny{}.Ask(ctx, q)
+	}
+	return t.Approver.Ask(ctx, q)
 }
 
 // Result is what a runner returns. After its context is cancelled a runner
