@@ -92,21 +92,28 @@ const (
 	ForceFinalized // the runner ignored an abort past the grace period
 	Finished       // the runner returned a final answer (or an error)
 	SessionReset   // not a turn event: the session's conversation starts afresh (/new)
+	// ApprovalRequested: the runner asks the person a question (Approval);
+	// the turn is paused until it is settled.
+	ApprovalRequested
+	// ApprovalResolved: a question was settled (Approval.Outcome says how).
+	ApprovalResolved
 )
 
 var kindNames = [...]string{
-	TurnStarted:    "turn_started",
-	StepStarted:    "step_started",
-	StepCompleted:  "step_completed",
-	Delta:          "delta",
-	Paused:         "paused",
-	Resumed:        "resumed",
-	Progress:       "progress",
-	Recovered:      "recovered",
-	Aborted:        "aborted",
-	ForceFinalized: "force_finalized",
-	Finished:       "finished",
-	SessionReset:   "session_reset",
+	TurnStarted:       "turn_started",
+	StepStarted:       "step_started",
+	StepCompleted:     "step_completed",
+	Delta:             "delta",
+	Paused:            "paused",
+	Resumed:           "resumed",
+	Progress:          "progress",
+	Recovered:         "recovered",
+	Aborted:           "aborted",
+	ForceFinalized:    "force_finalized",
+	Finished:          "finished",
+	SessionReset:      "session_reset",
+	ApprovalRequested: "approval_requested",
+	ApprovalResolved:  "approval_resolved",
 }
 
 func (k Kind) String() string {
@@ -148,6 +155,10 @@ func (k Kind) Terminal() bool { return k == Aborted || k == Finished }
 // A runner's message written for the user (runner.UserError) is set as is.
 //   - SessionReset: SessionKey only (no RunID): earlier history is no longer
 //     part of the conversation.
+//   - ApprovalRequested: Approval (the question, its options, ExpiresAt),
+//     Step (the running step), Message (the question in words).
+//   - ApprovalResolved: Approval (as requested, plus Outcome, OptionID,
+//     OptionKind, By), Message (the settlement in words).
 type Event struct {
 	Kind       Kind
 	RunID      string
@@ -174,10 +185,65 @@ type Event struct {
 	// into this turn besides its own; the store forgets them with the
 	// turn's own queued row, in the same transaction.
 	Joined []string
+	// Approval is the question of ApprovalRequested and ApprovalResolved;
+	// nil for other kinds. It is never changed after it is published.
+	Approval *Approval
 
 	// Locals is the run's storage for subscribers (see Local); nil for an
 	// event of no run. It is a reference, not part of the value: a
 	// subscriber that keeps the event beyond its handler (a queue) should
 	// clear it, and must never read it later.
 	Locals *Locals
+}
+
+// Approval outcomes (Approval.Outcome of ApprovalResolved).
+const (
+	ApprovalSelected  = "selected"  // someone chose OptionID
+	ApprovalTimeout   = "timeout"   // nobody answered in time: denied
+	ApprovalCancelled = "cancelled" // the turn ended while it waited
+	ApprovalExpired   = "expired"   // the gateway restarted while it waited
+)
+
+// ApprovalOption is one answer a person may give.
+type ApprovalOption struct {
+	ID    string `json:"id"`
+	Label string `json:"label"`
+	Kind  string `json:"kind"` // allow_once | allow_always | reject_once | reject_always
+}
+
+// Allows reports whether choosing o lets the action run.
+func (o ApprovalOption) Allows() bool { return o.Kind == "allow_once" || o.Kind == "allow_always" }
+
+// Approval is a question a runner asks the person a turn belongs to
+// (ApprovalRequested), and how it was settled (ApprovalResolved).
+type Approval struct {
+	ID        string           `json:"id"` // unique in the gateway: "ap_" + random
+	Title     string           `json:"title"`
+	Detail    string           `json:"detail,omitempty"`
+	Tool      string           `json:"tool,omitempty"`
+	Options   []ApprovalOption `json:"options"`
+	CreatedAt time.Time        `json:"createdAt"`
+	ExpiresAt time.Time        `json:"expiresAt"` // when it is denied unanswered
+
+	// Set in ApprovalResolved only.
+	Outcome    string    `json:"outcome,omitempty"`    // ApprovalSelected, ApprovalTimeout, ApprovalCancelled, ApprovalExpired
+	OptionID   string    `json:"optionId,omitempty"`   // the chosen option (a timeout: the first reject option)
+	OptionKind string    `json:"optionKind,omitempty"` // its kind
+	By         string    `json:"by,omitempty"`         // who answered, as the channel names them
+	ResolvedAt time.Time `json:"resolvedAt,omitzero"`
+}
+
+// Option returns the option with the given id.
+func (a *Approval) Option(id string) (ApprovalOption, bool) {
+	for _, o := range a.Options {
+		if o.ID == id {
+			return o, true
+		}
+	}
+	return ApprovalOption{}, false
+}
+
+// Allowed reports whether a settled approval lets the action run.
+func (a *Approval) Allowed() bool {
+	return a.Outcome == ApprovalSelected && (a.OptionKind == "allow_once" || a.OptionKind == "allow_always")
 }
