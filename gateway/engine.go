@@ -609,8 +609,8 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	}
 	t.pending.Store(2)
 	e.turns[req.RunID] = t
-	rt := runner.Turn{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, Message: req.Text,
-		History: history, Inbox: t.inbox}
+	rt := runner.Turn{RunID: req.RunID, SessionKey: req.SessionKey, SessionID: s.id, Channel: req.Channel,
+		Message: req.Text, History: history, Inbox: t.inbox}
 	return func() { e.startTurn(rn, t, rt) }, nil
 }
 

@@ -19,9 +19,13 @@ type Message struct {
 type Turn struct {
 	RunID      string
 	SessionKey string
-	Channel    string
-	Message    string    // the user's message
-	History    []Message // earlier messages of the session, oldest first (not including Message)
+	// SessionID names the conversation: the same for every turn of a
+	// session until it is reset (/new), then a new one. A runner that keeps
+	// state per conversation (an agent session) keys it on SessionID.
+	SessionID string
+	Channel   string
+	Message   string    // the user's message
+	History   []Message // earlier messages of the session, oldest first (not including Message)
 	// Inbox, set when the runner is a Steerer, receives the messages the
 	// person sends while this turn runs (busy mode steer).
 	Inbox *Inbox
