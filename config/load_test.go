@@ -397,12 +397,12 @@ func checkFull(t *testing.T, c *Config) {
 	eq(t, "telegram runner", c.RunnerFor("telegram"), "demo")
 	eq(t, "ws settings", c.TurnSettings("ws", 0), timeout.Settings{
 		Timeout: 1800 * time.Second, StepTimeout: 600 * time.Second, MaxTurnTime: time.Hour,
-		ProgressNotifyAfter: 30 * time.Second, ProgressRepeat: time.Minute, AbortGrace: 10 * time.Second,
+		ProgressNotifyAfter: 30 * time.Second, ProgressRepeat: time.Minute, AbortGrace: 10 * time.Second, ApprovalTimeout: 5 * time.Minute,
 		LivenessResetOn: timeout.LivenessStep,
 	})
 	eq(t, "telegram settings", c.TurnSettings("telegram", 0), timeout.Settings{
 		Timeout: 600 * time.Second, StepTimeout: 300 * time.Second, MaxTurnTime: time.Hour,
-		ProgressNotifyAfter: 20 * time.Second, ProgressRepeat: time.Minute, AbortGrace: 10 * time.Second,
+		ProgressNotifyAfter: 20 * time.Second, ProgressRepeat: time.Minute, AbortGrace: 10 * time.Second, ApprovalTimeout: 5 * time.Minute,
 		LivenessResetOn: timeout.LivenessActivity,
 	})
 	cmds := c.Agents.OpenAI.Tools.Commands

@@ -94,6 +94,7 @@ var timeoutBounds = map[string]bound{
 	"progressNotifyAfterSeconds": {max: timeout.MaxProgress.Seconds(), zero: "disabled", maxText: "24h"},
 	"progressRepeatSeconds":      {max: timeout.MaxProgress.Seconds(), above: true, maxText: "24h", why: "to turn progress notices off set progressNotifyAfterSeconds: 0"},
 	"abortGraceSeconds":          {max: timeout.MaxAbortGrace.Seconds(), above: true, maxText: "10m", why: "a stop always allows some grace"},
+	"approvalTimeoutSeconds":     {max: timeout.MaxApproval.Seconds(), above: true, maxText: "24h", why: "an unanswered question is always denied in the end"},
 }
 
 // Bounds of the other numeric keys, by key path (list elements as []).

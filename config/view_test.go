@@ -32,15 +32,15 @@ func TestTurnSettings(t *testing.T) {
 	}{
 		{"ws: channel layer over defaults", "ws", 0, timeout.Settings{
 			Timeout: 600 * time.Second, StepTimeout: 60 * time.Second, MaxTurnTime: def.MaxTurnTime,
-			ProgressNotifyAfter: 5 * time.Second, ProgressRepeat: def.ProgressRepeat, AbortGrace: def.AbortGrace,
+			ProgressNotifyAfter: 5 * time.Second, ProgressRepeat: def.ProgressRepeat, AbortGrace: def.AbortGrace, ApprovalTimeout: def.ApprovalTimeout,
 			LivenessResetOn: timeout.LivenessStep}},
 		{"telegram: its own layer, not ws's", "telegram", 0, timeout.Settings{
 			Timeout: 600 * time.Second, StepTimeout: 30 * time.Second, MaxTurnTime: 900 * time.Second,
-			ProgressNotifyAfter: def.ProgressNotifyAfter, ProgressRepeat: def.ProgressRepeat, AbortGrace: def.AbortGrace,
+			ProgressNotifyAfter: def.ProgressNotifyAfter, ProgressRepeat: def.ProgressRepeat, AbortGrace: def.AbortGrace, ApprovalTimeout: def.ApprovalTimeout,
 			LivenessResetOn: timeout.LivenessStep}},
 		{"unknown channel: agents.defaults only", "cli", 0, timeout.Settings{
 			Timeout: 600 * time.Second, StepTimeout: 60 * time.Second, MaxTurnTime: def.MaxTurnTime,
-			ProgressNotifyAfter: def.ProgressNotifyAfter, ProgressRepeat: def.ProgressRepeat, AbortGrace: def.AbortGrace,
+			ProgressNotifyAfter: def.ProgressNotifyAfter, ProgressRepeat: def.ProgressRepeat, AbortGrace: def.AbortGrace, ApprovalTimeout: def.ApprovalTimeout,
 			LivenessResetOn: timeout.LivenessStep}},
 	}
 	for _, tt := range tests {

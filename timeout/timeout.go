@@ -33,6 +33,7 @@ const (
 	DefaultProgressNotifyAfterSeconds = 30
 	DefaultProgressRepeatSeconds      = 60
 	DefaultAbortGraceSeconds          = 10
+	DefaultApprovalTimeoutSeconds     = 300
 )
 
 // Clamping bounds. A positive duration below Min is raised to Min; each key
@@ -45,6 +46,7 @@ const (
 	MaxStep         = 24 * time.Hour
 	MaxProgress     = 24 * time.Hour
 	MaxAbortGrace   = 10 * time.Minute
+	MaxApproval     = 24 * time.Hour
 	DefaultLiveness = LivenessStep
 )
 
@@ -57,6 +59,7 @@ type Keys struct {
 	ProgressNotifyAfterSeconds *float64     `koanf:"progressNotifyAfterSeconds" json:"progressNotifyAfterSeconds,omitempty"`
 	ProgressRepeatSeconds      *float64     `koanf:"progressRepeatSeconds" json:"progressRepeatSeconds,omitempty"`
 	AbortGraceSeconds          *float64     `koanf:"abortGraceSeconds" json:"abortGraceSeconds,omitempty"`
+	ApprovalTimeoutSeconds     *float64     `koanf:"approvalTimeoutSeconds" json:"approvalTimeoutSeconds,omitempty"`
 	LivenessResetOn            LivenessMode `koanf:"livenessResetOn" json:"livenessResetOn,omitempty"`
 }
 
@@ -70,7 +73,11 @@ type Settings struct {
 	ProgressNotifyAfter time.Duration // 0 = no progress notices
 	ProgressRepeat      time.Duration
 	AbortGrace          time.Duration
-	LivenessResetOn     LivenessMode
+	// ApprovalTimeout is how long a question to the person (an approval)
+	// waits for an answer before it is denied; always positive. The turn's
+	// wall clock and ceiling still run meanwhile.
+	ApprovalTimeout time.Duration
+	LivenessResetOn LivenessMode
 }
 
 // Defaults returns the built-in settings.
@@ -92,6 +99,7 @@ func Defaults() Settings { return Resolve(0) }
 //   - progressNotifyAfterSeconds: 0 disables; above 24 h → 24 h.
 //   - progressRepeatSeconds: 0 → the minimum; above 24 h → 24 h.
 //   - abortGraceSeconds: 0 → the minimum; above 10 min → 10 min.
+//   - approvalTimeoutSeconds: 0 → the minimum; above 24 h → 24 h.
 //   - the request override replaces the wall clock (shorter or longer) and is
 //     then clamped like timeoutSeconds, so never past the ceiling.
 //   - an unknown livenessResetOn value → "step".
@@ -110,6 +118,7 @@ func Resolve(request time.Duration, layers ...Keys) Settings {
 		ProgressNotifyAfter: clamp(pick(func(k Keys) *float64 { return k.ProgressNotifyAfterSeconds }, DefaultProgressNotifyAfterSeconds), true, MaxProgress),
 		ProgressRepeat:      clamp(pick(func(k Keys) *float64 { return k.ProgressRepeatSeconds }, DefaultProgressRepeatSeconds), false, MaxProgress),
 		AbortGrace:          clamp(pick(func(k Keys) *float64 { return k.AbortGraceSeconds }, DefaultAbortGraceSeconds), false, MaxAbortGrace),
+		ApprovalTimeout:     clamp(pick(func(k Keys) *float64 { return k.ApprovalTimeoutSeconds }, DefaultApprovalTimeoutSeconds), false, MaxApproval),
 		LivenessResetOn:     DefaultLiveness,
 	}
 	for _, l := range layers {
@@ -183,6 +192,7 @@ func (k Keys) Check(prefix string) error {
 		{"progressNotifyAfterSeconds", k.ProgressNotifyAfterSeconds},
 		{"progressRepeatSeconds", k.ProgressRepeatSeconds},
 		{"abortGraceSeconds", k.AbortGraceSeconds},
+		{"approvalTimeoutSeconds", k.ApprovalTimeoutSeconds},
 	} {
 		if f.v == nil {
 			continue

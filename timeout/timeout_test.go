@@ -17,6 +17,7 @@ var builtin = Settings{
 	ProgressNotifyAfter: 30 * time.Second,
 	ProgressRepeat:      time.Minute,
 	AbortGrace:          10 * time.Second,
+	ApprovalTimeout:     5 * time.Minute,
 	LivenessResetOn:     LivenessStep,
 }
 
@@ -162,6 +163,10 @@ func TestResolveClamping(t *testing.T) {
 		{"grace above 10 min → 10 min", Keys{AbortGraceSeconds: p(601)}, grace, MaxAbortGrace},
 		{"grace huge → 10 min", Keys{AbortGraceSeconds: p(1e300)}, grace, MaxAbortGrace},
 		{"grace just below 10 min", Keys{AbortGraceSeconds: p(599.5)}, grace, 599500 * time.Millisecond},
+		{"approval unset → 5 min", Keys{}, approval, 5 * time.Minute},
+		{"approval 0 → min", Keys{ApprovalTimeoutSeconds: p(0)}, approval, Min},
+		{"approval above 24 h → 24 h", Keys{ApprovalTimeoutSeconds: p(90000)}, approval, MaxApproval},
+		{"approval 60 s", Keys{ApprovalTimeoutSeconds: p(60)}, approval, time.Minute},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -172,12 +177,13 @@ func TestResolveClamping(t *testing.T) {
 	}
 }
 
-func wall(s Settings) time.Duration    { return s.Timeout }
-func step(s Settings) time.Duration    { return s.StepTimeout }
-func ceiling(s Settings) time.Duration { return s.MaxTurnTime }
-func notify(s Settings) time.Duration  { return s.ProgressNotifyAfter }
-func repeat(s Settings) time.Duration  { return s.ProgressRepeat }
-func grace(s Settings) time.Duration   { return s.AbortGrace }
+func wall(s Settings) time.Duration     { return s.Timeout }
+func step(s Settings) time.Duration     { return s.StepTimeout }
+func ceiling(s Settings) time.Duration  { return s.MaxTurnTime }
+func notify(s Settings) time.Duration   { return s.ProgressNotifyAfter }
+func repeat(s Settings) time.Duration   { return s.ProgressRepeat }
+func grace(s Settings) time.Duration    { return s.AbortGrace }
+func approval(s Settings) time.Duration { return s.ApprovalTimeout }
 
 // TestResolveRequest: the per-request override replaces the wall clock,
 // shorter or longer, and is clamped like timeoutSeconds.
