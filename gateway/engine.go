@@ -193,6 +193,8 @@ type Engine struct {
 	reg   *abort.Registry
 	sched *maintenance.Scheduler
 	bus   *event.Bus
+	// approvals are the open questions of runners to people (approvals.go).
+	approvals *approvals
 
 	baseCtx context.Context
 	cancel  context.CancelFunc
@@ -322,6 +324,7 @@ func New(opts Options) (*Engine, error) {
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
 		admit: opts.Admit, qstore: opts.Queue, cluster: opts.Cluster, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stalled: map[*session]bool{}, alias: map[string]string{}, stuck: map[string]int{}, refusing: map[string]bool{},
 		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
+		approvals:  newApprovals(),
 		bus:        event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
 		outcomes: map[string]*list.Element{}, expiry: list.New(), errs: errlog.NewRing(errorRingSize),
 		idSpace: uuid.New(), resetIDs: map[string]*list.Element{}, resetAge: list.New(),
@@ -610,7 +613,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	t.pending.Store(2)
 	e.turns[req.RunID] = t
 	rt := runner.Turn{RunID: req.RunID, SessionKey: req.SessionKey, SessionID: s.id, Channel: req.Channel,
-		Message: req.Text, History: history, Inbox: t.inbox}
+		Message: req.Text, History: history, Inbox: t.inbox, Approver: &approver{e: e, t: t}}
 	return func() { e.startTurn(rn, t, rt) }, nil
 }
 

@@ -21,6 +21,10 @@ func Render(set *Set, ev event.Event) string {
 		StepTimeout: Duration(ev.StepTimeout), Limit: Duration(ev.Limit),
 	}
 	switch {
+	case ev.Kind == event.ApprovalRequested && ev.Approval != nil:
+		return ApprovalAsked(ev.Approval)
+	case ev.Kind == event.ApprovalResolved && ev.Approval != nil:
+		return ApprovalSettled(ev.Approval)
 	case ev.Kind == event.Progress:
 		return set.Render(Progress, f)
 	case ev.Kind == event.Aborted:
@@ -52,6 +56,7 @@ func ForReason(r event.StopReason) Name {
 // stop reason: callers on a hot path test it before looking anything up.
 func Wordy(ev *event.Event) bool {
 	return ev.Kind == event.Progress || ev.Kind == event.Aborted ||
+		ev.Kind == event.ApprovalRequested || ev.Kind == event.ApprovalResolved ||
 		(ev.Kind == event.Finished && ev.StopReason == event.ReasonError)
 }
 
