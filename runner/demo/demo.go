@@ -25,6 +25,8 @@
 //	                    llm:DUR:hb=EVERY work as for tools (hang/stuck stream nothing)
 //	pause:DUR           Pause("waiting for approval"), wait DUR, Resume();
 //	                    pause:hang waits until cancelled
+//	ask:NAME            ask the person whether tool NAME may run (an
+//	                    approval, Allow / Deny); allowed, NAME runs (0s)
 //	say:TEXT            stream TEXT (every "_" becomes a space; no way to
 //	                    write a literal "_") as reply text at this point
 //
@@ -155,6 +157,7 @@ Script a turn with /steps and tokens that run in order:
   NAME:DUR:hb=EVERY — tool that sends a heartbeat every EVERY (also NAME:hang:hb=EVERY)
   llm:DUR — LLM call that streams text over DUR
   pause:DUR — wait DUR for a human (the no-progress clock stops); pause:hang waits until stopped
+  ask:NAME — ask you whether tool NAME may run (Allow / Deny buttons); allowed, it runs
   say:TEXT — reply TEXT (_ for spaces); without say the reply is "Done."
 At most 100 tokens; durations up to 24h; heartbeats at least 100ms apart.
 
@@ -162,7 +165,8 @@ Examples:
 /steps web_search:300ms llm:2s say:Found_it
 /steps web_search:300ms shell:hang
 /steps say:Building... build:10m:hb=5s say:Built
-/steps pause:30s say:Approved`
+/steps pause:30s say:Approved
+/steps ask:deploy say:Finished`
 
 // ScriptOf reports whether message is a /steps command and returns its
 // script (the text after "/steps"). Leading and trailing whitespace is
@@ -198,7 +202,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	} else {
 		steps = r.scenario(msg)
 	}
-	t := &turnState{r: r, cb: cb, inbox: turn.Inbox}
+	t := &turnState{r: r, cb: cb, inbox: turn.Inbox, turn: turn}
 	err := t.run(ctx, steps)
 	if err == nil && t.inbox != nil {
 		t.note(t.inbox.Close())
@@ -240,6 +244,7 @@ type turnState struct {
 	r     *Runner
 	cb    runner.Callbacks
 	inbox *runner.Inbox // nil: nothing is steered into this turn
+	turn  runner.Turn   // for its Approver
 	text  strings.Builder
 }
 
@@ -262,6 +267,8 @@ func (t *turnState) run(ctx context.Context, steps []Step) error {
 		switch s.Kind {
 		case KindSay:
 			t.say(s.Text)
+		case KindAsk:
+			err = t.ask(ctx, s.Name)
 		case KindPause:
 			t.cb.Pause("waiting for approval")
 			err = t.timed(ctx, s, nil)
@@ -283,6 +290,27 @@ func (t *turnState) run(ctx context.Context, steps []Step) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// ask asks whether tool may run (an approval), then runs it as an instant
+// step and says so, or says it was not allowed.
+func (t *turnState) ask(ctx context.Context, tool string) error {
+	ans, err := t.turn.Ask(ctx, runner.Question{Title: "Run " + tool, Tool: tool})
+	if err != nil {
+		return err
+	}
+	if !ans.Allowed() {
+		if ans.Outcome == runner.TimedOut {
+			t.say(tool + " was not run: no answer in time.")
+		} else {
+			t.say(tool + " was not run: denied.")
+		}
+		return nil
+	}
+	t.cb.StepStarted(KindTool, tool)
+	t.cb.StepCompleted(KindTool, tool)
+	t.say(tool + " ran (allowed).")
 	return nil
 }
 

@@ -753,3 +753,56 @@ func TestScriptOf(t *testing.T) {
 		}
 	}
 }
+
+// answerer is an Approver that gives a fixed answer and records the
+// questions it was asked.
+type answerer struct {
+	ans   runner.Answer
+	asked []runner.Question
+}
+
+func (a *answerer) Ask(ctx context.Context, q runner.Question) (runner.Answer, error) {
+	a.asked = append(a.asked, q)
+	return a.ans, nil
+}
+
+// TestAsk: ask:NAME asks whether NAME may run; the reply says what came of
+// it, and the tool runs as a step only when allowed.
+func TestAsk(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ans   runner.Answer
+		reply string
+		steps int
+	}{
+		{"allowed", runner.Answer{Outcome: runner.Selected, OptionID: "allow", Kind: runner.AllowOnce}, "deploy ran (allowed). Finished", 1},
+		{"denied", runner.Answer{Outcome: runner.Selected, OptionID: "deny", Kind: runner.RejectOnce}, "deploy was not run: denied. Finished", 0},
+		{"timed out", runner.Answer{Outcome: runner.TimedOut, OptionID: "deny", Kind: runner.RejectOnce}, "deploy was not run: no answer in time. Finished", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ap := &answerer{ans: tc.ans}
+			var steps int
+			cb := stepCounter{n: &steps}
+			res, err := New().Run(context.Background(), runner.Turn{Message: "/steps ask:deploy say:Finished", Approver: ap}, cb)
+			if err != nil || res.Text != tc.reply {
+				t.Fatalf("reply %q, %v; want %q", res.Text, err, tc.reply)
+			}
+			if len(ap.asked) != 1 || ap.asked[0].Title != "Run deploy" || ap.asked[0].Tool != "deploy" {
+				t.Fatalf("asked %+v", ap.asked)
+			}
+			if steps != tc.steps {
+				t.Fatalf("%d tool steps, want %d", steps, tc.steps)
+			}
+		})
+	}
+	if _, err := Parse("ask:"); err == nil || !strings.Contains(err.Error(), "ask needs a tool name") {
+		t.Fatalf("ask without a name: %v", err)
+	}
+}
+
+type stepCounter struct {
+	runner.Nop
+	n *int
+}
+
+func (s stepCounter) StepCompleted(kind, name string) { *s.n++ }

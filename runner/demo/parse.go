@@ -17,6 +17,7 @@ const (
 	KindTool  = event.StepTool // "tool": tool Name that runs for Dur
 	KindSay   = "say"          // reply text, streamed at once
 	KindPause = "pause"        // a wait for a human: Pause, wait Dur (or hang), Resume
+	KindAsk   = "ask"          // an approval: asks whether tool Name may run, then runs it (0s) or not
 )
 
 // Limits of the /steps grammar.
@@ -61,6 +62,8 @@ func (s Step) String() string {
 	switch s.Kind {
 	case KindSay:
 		return "say:" + strings.ReplaceAll(s.Text, " ", "_")
+	case KindAsk:
+		return "ask:" + s.Name
 	case KindPause:
 		b.WriteString("pause")
 	case KindLLM:
@@ -128,7 +131,7 @@ func Parse(script string) ([]Step, error) {
 func parseToken(tok string) (Step, string) {
 	name, rest, ok := strings.Cut(tok, ":")
 	if !ok {
-		return Step{}, `no ":" — use NAME:DUR, NAME:hang, NAME:stuck, llm:DUR, pause:DUR or say:TEXT`
+		return Step{}, `no ":" — use NAME:DUR, NAME:hang, NAME:stuck, llm:DUR, pause:DUR, ask:NAME or say:TEXT`
 	}
 	if name == "say" {
 		text := strings.ReplaceAll(rest, "_", " ")
@@ -136,6 +139,12 @@ func parseToken(tok string) (Step, string) {
 			return Step{}, "say needs text, e.g. say:All_done"
 		}
 		return Step{Kind: KindSay, Text: text}, ""
+	}
+	if name == "ask" {
+		if reason := checkName(rest); reason != "" || rest == "" || strings.Contains(rest, ":") {
+			return Step{}, "ask needs a tool name, e.g. ask:deploy"
+		}
+		return Step{Kind: KindAsk, Name: rest}, ""
 	}
 	if reason := checkName(name); reason != "" {
 		return Step{}, reason
