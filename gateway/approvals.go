@@ -157,6 +157,8 @@ func (ap *approver) Ask(ctx context.Context, q runner.Question) (runner.Answer, 
 	reg.mu.Unlock()
 
 	ap.pause()
+	ap.e.log.Info("asking the person", "run", run.ID, "session", run.SessionKey, "approval", a.ID,
+		"tool", a.Tool, "expires", a.ExpiresAt)
 	if run.State() == abort.StateRunning {
 		cur, last := run.CurrentStep()
 		run.Publish(ap.e.publish, event.Event{Kind: event.ApprovalRequested, Approval: a, Step: cur, LastStep: last})
@@ -176,6 +178,8 @@ func (ap *approver) Ask(ctx context.Context, q runner.Question) (runner.Answer, 
 	}
 	timer.Stop()
 	ap.resume()
+	ap.e.log.Info("question settled", "run", run.ID, "session", run.SessionKey, "approval", a.ID,
+		"outcome", res.Outcome, "option", res.OptionID, "by", res.By)
 	if res.Outcome == event.ApprovalCancelled {
 		// The turn is stopping: its ending says so; the store cancels the
 		// question with it.
