@@ -14,7 +14,7 @@ import (
 
 // wireVersion is the first byte of every frame. A decoder refuses other
 // versions, so a rolling upgrade that changes the layout bumps it.
-const wireVersion = 1
+const wireVersion = 2 // 2: events carry their Approval
 
 // maxString bounds one decoded string; a frame is a NATS message, which
 // is at most 1 MiB by default, so anything longer is corrupt.
@@ -96,7 +96,32 @@ func appendFrame(b []byte, f *frame) []byte {
 	for _, j := range ev.Joined {
 		b = appendString(b, j)
 	}
-	return b
+	return appendApproval(b, ev.Approval)
+}
+
+// appendApproval writes 0 for none, else 1 and every field.
+func appendApproval(b []byte, a *event.Approval) []byte {
+	if a == nil {
+		return append(b, 0)
+	}
+	b = append(b, 1)
+	b = appendString(b, a.ID)
+	b = appendString(b, a.Title)
+	b = appendString(b, a.Detail)
+	b = appendString(b, a.Tool)
+	b = binary.AppendUvarint(b, uint64(len(a.Options)))
+	for _, o := range a.Options {
+		b = appendString(b, o.ID)
+		b = appendString(b, o.Label)
+		b = appendString(b, o.Kind)
+	}
+	b = appendTime(b, a.CreatedAt)
+	b = appendTime(b, a.ExpiresAt)
+	b = appendString(b, a.Outcome)
+	b = appendString(b, a.OptionID)
+	b = appendString(b, a.OptionKind)
+	b = appendString(b, a.By)
+	return appendTime(b, a.ResolvedAt)
 }
 
 func appendString(b []byte, s string) []byte {
@@ -286,6 +311,38 @@ func (d *decoder) event(ev *event.Event) {
 			ev.Joined[i] = d.string()
 		}
 	}
+	ev.Approval = d.approval()
+}
+
+func (d *decoder) approval() *event.Approval {
+	switch d.byte() {
+	case 0:
+		return nil
+	case 1:
+	default:
+		d.fail("bad approval tag")
+		return nil
+	}
+	a := &event.Approval{ID: d.string(), Title: d.string(), Detail: d.string(), Tool: d.string()}
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail("option count past the end")
+		return nil
+	}
+	for range n {
+		a.Options = append(a.Options, event.ApprovalOption{ID: d.string(), Label: d.string(), Kind: d.string()})
+	}
+	a.CreatedAt = d.time()
+	a.ExpiresAt = d.time()
+	a.Outcome = d.string()
+	a.OptionID = d.string()
+	a.OptionKind = d.string()
+	a.By = d.string()
+	a.ResolvedAt = d.time()
+	if d.err != nil {
+		return nil
+	}
+	return a
 }
 
 // Subjects: a session's kept frames go to <prefix>.ev.<bucket>.<hash>,

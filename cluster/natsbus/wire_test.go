@@ -22,6 +22,10 @@ func fullEvent() event.Event {
 		StopReason: event.ReasonStepTimeout, Elapsed: 95 * time.Second, Text: "hi", FullText: "partial",
 		Message: "⚠️ No progress", Deadline: at.Add(time.Minute), Ceiling: at.Add(time.Hour),
 		StepTimeout: 30 * time.Second, Limit: -time.Second, ErrorID: "e-1", Joined: []string{"r2", ""},
+		Approval: &event.Approval{ID: "ap_1", Title: "Run `rm -rf build/` ✓", Detail: "in /srv", Tool: "shell",
+			Options:   []event.ApprovalOption{{ID: "y", Label: "Allow", Kind: "allow_once"}, {ID: "n", Label: "Deny", Kind: "reject_once"}},
+			CreatedAt: at.Add(-time.Minute), ExpiresAt: at.Add(4 * time.Minute), Outcome: event.ApprovalSelected,
+			OptionID: "y", OptionKind: "allow_once", By: "@alice", ResolvedAt: at},
 	}
 }
 
@@ -30,7 +34,13 @@ func fullEvent() event.Event {
 func sameEvent(t *testing.T, got, want event.Event) {
 	t.Helper()
 	norm := func(e event.Event) event.Event {
-		for _, p := range []*time.Time{&e.Time, &e.Deadline, &e.Ceiling, &e.Step.StartedAt, &e.LastStep.StartedAt} {
+		ts := []*time.Time{&e.Time, &e.Deadline, &e.Ceiling, &e.Step.StartedAt, &e.LastStep.StartedAt}
+		if e.Approval != nil {
+			a := *e.Approval
+			e.Approval = &a
+			ts = append(ts, &a.CreatedAt, &a.ExpiresAt, &a.ResolvedAt)
+		}
+		for _, p := range ts {
 			if !p.IsZero() {
 				*p = p.UTC()
 			}
@@ -74,12 +84,13 @@ func TestDecodeRejects(t *testing.T) {
 	f := frame{kind: frameEvent, seq: 1, ev: fullEvent()}
 	good := appendFrame(nil, &f)
 	bad := map[string][]byte{
-		"empty":     nil,
-		"version":   append([]byte{2}, good[1:]...),
-		"kind":      append([]byte{wireVersion, 9}, good[2:]...),
-		"trailing":  append(bytes.Clone(good), 0),
-		"event 0":   appendFrame(nil, &frame{kind: frameEvent}),
-		"long text": append([]byte{wireVersion, byte(frameSync), 1, 0xff, 0xff, 0xff, 0x7f}, strings.Repeat("x", 10)...),
+		"empty":       nil,
+		"version":     append([]byte{wireVersion + 1}, good[1:]...),
+		"old version": append([]byte{wireVersion - 1}, good[1:]...),
+		"kind":        append([]byte{wireVersion, 9}, good[2:]...),
+		"trailing":    append(bytes.Clone(good), 0),
+		"event 0":     appendFrame(nil, &frame{kind: frameEvent}),
+		"long text":   append([]byte{wireVersion, byte(frameSync), 1, 0xff, 0xff, 0xff, 0x7f}, strings.Repeat("x", 10)...),
 	}
 	for i := 1; i < len(good); i++ {
 		bad["truncated "+string(rune('a'+i%26))+string(rune('0'+i%10))] = good[:i]
