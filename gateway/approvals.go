@@ -59,6 +59,9 @@ type ResolveRequest struct {
 	// ("@alice", "web chat"); it is shown to the person and kept.
 	By       string
 	Operator bool
+	// Forwarded: another replica passed this answer on (cluster mode); it
+	// is not passed on again.
+	Forwarded bool
 }
 
 // ResolveResult is how the question stands after Resolve.
@@ -230,7 +233,8 @@ func (ap *approver) resume() {
 
 // Resolve answers an open question. The answer must come from the chat the
 // question's turn belongs to (req.SessionKey) or an operator, and name one
-// of its options. A question settled already (answered, timed out, or its
+// of its options. In cluster mode a question of a turn another replica
+// runs is answered there (req.SessionKey routes it, also an operator's). A question settled already (answered, timed out, or its
 // turn ended) is not changed: Resolve returns how it was settled with
 // Already set. Errors: ErrApprovalNotFound, ErrApprovalForbidden,
 // ErrApprovalOption, wrapped with the id.
@@ -242,6 +246,9 @@ func (e *Engine) Resolve(ctx context.Context, req ResolveRequest) (ResolveResult
 		s, ok := reg.settled[req.ApprovalID]
 		reg.mu.Unlock()
 		if !ok {
+			if e.cluster != nil && !req.Forwarded && req.SessionKey != "" {
+				return e.resolveElsewhere(ctx, req)
+			}
 			return ResolveResult{}, fmt.Errorf("answer %q: %w", req.ApprovalID, ErrApprovalNotFound)
 		}
 		if !req.Operator && s.sessionKey != req.SessionKey {
@@ -263,6 +270,21 @@ func (e *Engine) Resolve(ctx context.Context, req ResolveRequest) (ResolveResult
 	}
 	res, mine := reg.settle(p, event.ApprovalSelected, o.ID, o.Kind, by, time.Now())
 	return ResolveResult{Approval: *res, Already: !mine}, nil
+}
+
+// resolveElsewhere passes an answer to a question this replica does not
+// have to the replica that runs the session's turn (cluster mode): the
+// question lives with its turn.
+func (e *Engine) resolveElsewhere(ctx context.Context, req ResolveRequest) (ResolveResult, error) {
+	_, replica, ok, err := e.cluster.Holder(ctx, req.SessionKey)
+	if err != nil {
+		return ResolveResult{}, &UnavailableError{Cause: err}
+	}
+	if !ok || replica == e.cluster.Replica() {
+		return ResolveResult{}, fmt.Errorf("answer %q: %w", req.ApprovalID, ErrApprovalNotFound)
+	}
+	req.Forwarded = true
+	return e.cluster.ForwardResolve(ctx, replica, req)
 }
 
 // PendingApprovals returns the open questions of sessionKey's turns, or of

@@ -28,7 +28,8 @@ import (
 //   - Forward, for a message whose session another replica runs: that
 //     replica's engine handles it with its own busy mode, as if the client
 //     had sent it there;
-//   - Holder and ForwardAbort, for an abort of a run that is not here.
+//   - Holder and ForwardAbort, for an abort of a run that is not here;
+//   - ForwardResolve, for an answer to a question asked on another replica.
 //
 // Export carries every published event to the other replicas' watchers;
 // Import is how a channel (the WebSocket server) follows the sessions whose
@@ -72,6 +73,10 @@ type Cluster interface {
 	// ForwardAbort asks replica's engine to abort (Engine.Abort) and
 	// returns once that replica published the Aborted event, or failed.
 	ForwardAbort(ctx context.Context, replica string, req AbortRequest) (AbortResult, error)
+	// ForwardResolve asks replica's engine to settle a question
+	// (Engine.Resolve, with req.Forwarded set) and returns its answer,
+	// errors as Resolve's (ErrApprovalNotFound …).
+	ForwardResolve(ctx context.Context, replica string, req ResolveRequest) (ResolveResult, error)
 	// Export hands an event this replica published to the other replicas'
 	// Import handlers. It never blocks: an event it cannot carry is
 	// reported to the watchers as a gap, never skipped silently.

@@ -304,3 +304,38 @@ func TestClusterQueuedMessageOfADeadReplicaRunsOnTheSurvivor(t *testing.T) {
 		}
 	})
 }
+
+// A question asked on one replica is answered through another (the person's
+// web chat or Telegram update reached that one): the answer is passed to
+// the replica that runs the turn, which goes on; the other replica's
+// watchers saw the question and how it was settled. Another chat's answer
+// is refused through any replica.
+func TestClusterAnswerIsForwardedToTheQuestionsReplica(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, nil)
+		send(t, rs[0].e, "r1", "/steps ask:deploy say:Finished")
+		synctest.Wait()
+		open := rs[0].e.PendingApprovals("main")
+		if len(open) != 1 || len(rs[1].e.PendingApprovals("")) != 0 {
+			t.Fatalf("open questions: a %+v, b %+v", open, rs[1].e.PendingApprovals(""))
+		}
+		if _, err := rs[1].e.Resolve(context.Background(), gateway.ResolveRequest{ApprovalID: open[0].ID, OptionID: "allow",
+			SessionKey: "other", By: "@mallory"}); !errors.Is(err, gateway.ErrApprovalNotFound) {
+			// Routed by the answering chat's session, which runs nothing.
+			t.Fatalf("another chat's answer through b: %v, want ErrApprovalNotFound", err)
+		}
+		res, err := rs[1].e.Resolve(context.Background(), gateway.ResolveRequest{ApprovalID: open[0].ID, OptionID: "allow",
+			SessionKey: "main", By: "@alice"})
+		if err != nil || res.Approval.By != "@alice" || res.Approval.Outcome != event.ApprovalSelected {
+			t.Fatalf("answer through replica b: %+v, %v", res, err)
+		}
+		synctest.Wait()
+		ev, ok := rs[0].terminal(false, "r1")
+		if !ok || ev.FullText != "deploy ran (allowed). Finished" {
+			t.Fatalf("the turn ended with %+v %v", ev, ok)
+		}
+		if got := rs[1].kinds(true, "r1"); !slices.Contains(got, event.ApprovalRequested) || !slices.Contains(got, event.ApprovalResolved) {
+			t.Fatalf("replica b's watchers saw %v", got)
+		}
+	})
+}

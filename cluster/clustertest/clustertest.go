@@ -30,6 +30,7 @@ import (
 type Handler interface {
 	Send(ctx context.Context, req gateway.SendRequest) (gateway.Ack, error)
 	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
+	Resolve(ctx context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error)
 }
 
 // Pair is two replicas of one fresh cluster.
@@ -87,6 +88,7 @@ var cases = []struct {
 	{"ForwardedErrorsKeepTypeAndWords", forwardedErrorsKeepTypeAndWords},
 	{"ForwardsAreAnsweredConcurrently", forwardsAreAnsweredConcurrently},
 	{"ForwardAbort", forwardAbort},
+	{"ForwardResolve", forwardResolve},
 	{"ForwardToAReplicaThatIsNotThere", forwardToAReplicaThatIsNotThere},
 	{"ExportReachesOnlyTheOthers", exportReachesOnlyTheOthers},
 	{"ConcurrentClaimsHaveOneWinner", concurrentClaimsHaveOneWinner},
@@ -222,6 +224,17 @@ type engine struct {
 	aborts []gateway.AbortRequest
 	send   func(gateway.SendRequest) (gateway.Ack, error)
 	abort  func(gateway.AbortRequest) (gateway.AbortResult, error)
+
+	resolves []gateway.ResolveRequest
+	resolve  func(gateway.ResolveRequest) (gateway.ResolveResult, error)
+}
+
+func (e *engine) Resolve(_ context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error) {
+	e.mu.Lock()
+	e.resolves = append(e.resolves, req)
+	f := e.resolve
+	e.mu.Unlock()
+	return f(req)
 }
 
 func (e *engine) Send(_ context.Context, req gateway.SendRequest) (gateway.Ack, error) {
@@ -368,6 +381,50 @@ func forwardsAreAnsweredConcurrently(s *suite, p Pair) {
 }
 
 func is(target error) func(error) bool { return func(err error) bool { return errors.Is(err, target) } }
+
+// forwardResolve: an answer reaches the other engine's Resolve whole (with
+// Forwarded set), its result comes back whole, and its typed errors stay
+// typed.
+func forwardResolve(s *suite, p Pair) {
+	t := s.t
+	at := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
+	settled := event.Approval{ID: "ap_1", Title: "Run `make deploy` ✓", Detail: "in /srv", Tool: "shell",
+		Options:   []event.ApprovalOption{{ID: "y", Label: "Allow", Kind: "allow_once"}, {ID: "n", Label: "Deny", Kind: "reject_once"}},
+		CreatedAt: at, ExpiresAt: at.Add(5 * time.Minute), Outcome: event.ApprovalSelected, OptionID: "y",
+		OptionKind: "allow_once", By: "@alice", ResolvedAt: at.Add(time.Minute)}
+	e := &engine{resolve: func(req gateway.ResolveRequest) (gateway.ResolveResult, error) {
+		switch {
+		case req.SessionKey != s.key && !req.Operator:
+			return gateway.ResolveResult{}, fmt.Errorf("answer %q: %w", req.ApprovalID, gateway.ErrApprovalForbidden)
+		case req.ApprovalID != "ap_1":
+			return gateway.ResolveResult{}, fmt.Errorf("answer %q: %w", req.ApprovalID, gateway.ErrApprovalNotFound)
+		}
+		return gateway.ResolveResult{Approval: settled}, nil
+	}}
+	p.ServeB(e)
+	req := gateway.ResolveRequest{ApprovalID: "ap_1", OptionID: "y", SessionKey: s.key, By: "@alice"}
+	got, err := p.A.ForwardResolve(s.ctx(), p.B.Replica(), req)
+	if err != nil || got.Already || got.Approval.By != "@alice" || !got.Approval.ResolvedAt.Equal(settled.ResolvedAt) ||
+		len(got.Approval.Options) != 2 || got.Approval.Title != settled.Title {
+		t.Errorf("ForwardResolve: %+v, %v; want %+v", got, err, settled)
+	}
+	for _, tc := range []struct {
+		req  gateway.ResolveRequest
+		want error
+	}{
+		{gateway.ResolveRequest{ApprovalID: "ap_1", OptionID: "y", SessionKey: "another"}, gateway.ErrApprovalForbidden},
+		{gateway.ResolveRequest{ApprovalID: "ap_2", OptionID: "y", SessionKey: s.key}, gateway.ErrApprovalNotFound},
+	} {
+		if _, err := p.A.ForwardResolve(s.ctx(), p.B.Replica(), tc.req); !errors.Is(err, tc.want) {
+			t.Errorf("ForwardResolve %+v: %v; want %v", tc.req, err, tc.want)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.resolves) != 3 || !e.resolves[0].Forwarded || e.resolves[0].By != "@alice" {
+		t.Errorf("B's engine got %+v", e.resolves)
+	}
+}
 
 func forwardAbort(s *suite, p Pair) {
 	t := s.t

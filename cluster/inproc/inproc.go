@@ -26,6 +26,7 @@ import (
 type Handler interface {
 	Send(ctx context.Context, req gateway.SendRequest) (gateway.Ack, error)
 	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
+	Resolve(ctx context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error)
 }
 
 // DefaultQueue is how many events wait for one Import handler before
@@ -201,6 +202,16 @@ func (m *Member) ForwardAbort(ctx context.Context, replica string, req gateway.A
 		return gateway.AbortResult{}, fmt.Errorf("forward the abort of session %q: %w", req.SessionKey, err)
 	}
 	return h.Abort(ctx, req.SessionKey, req.RunID, req.Reason, req.Requester, req.Operator)
+}
+
+// ForwardResolve calls replica's engine's Resolve with req.Forwarded set.
+func (m *Member) ForwardResolve(ctx context.Context, replica string, req gateway.ResolveRequest) (gateway.ResolveResult, error) {
+	h, err := m.target(replica)
+	if err != nil {
+		return gateway.ResolveResult{}, fmt.Errorf("forward the answer to %q: %w", req.ApprovalID, err)
+	}
+	req.Forwarded = true
+	return h.Resolve(ctx, req)
 }
 
 // Export queues ev for every other live member's Import handlers; it

@@ -43,6 +43,9 @@ var sentinels = []struct {
 	{"unavailable", gateway.ErrUnavailable},
 	{"cluster_unavailable", gateway.ErrClusterUnavailable},
 	{"not_turn_owner", gateway.ErrNotTurnOwner},
+	{"approval_not_found", gateway.ErrApprovalNotFound},
+	{"approval_forbidden", gateway.ErrApprovalForbidden},
+	{"approval_option", gateway.ErrApprovalOption},
 	{"canceled", context.Canceled},
 	{"deadline", context.DeadlineExceeded},
 }

@@ -385,6 +385,10 @@ func (echo) Abort(context.Context, string, string, event.StopReason, string, boo
 	return gateway.AbortResult{}, nil
 }
 
+func (echo) Resolve(context.Context, gateway.ResolveRequest) (gateway.ResolveResult, error) {
+	return gateway.ResolveResult{}, gateway.ErrApprovalNotFound
+}
+
 // A leader whose lease key is taken from it (here: deleted) sees fn's ctx
 // end, and leads again once it wins the lease back.
 func TestLeadEndsFnWhenTheLeaseIsLost(t *testing.T) {

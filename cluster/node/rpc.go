@@ -51,11 +51,18 @@ type abortBody struct {
 	Budget time.Duration `json:"budgetNs"`
 }
 
-// answer is a forwarded request's reply: Ack or Result, or Err.
+// resolveBody is a forwarded gateway.ResolveRequest.
+type resolveBody struct {
+	gateway.ResolveRequest
+	Budget time.Duration `json:"budgetNs"`
+}
+
+// answer is a forwarded request's reply: Ack, Result or Resolved, or Err.
 type answer struct {
-	Ack    *gateway.Ack         `json:"ack,omitempty"`
-	Result *gateway.AbortResult `json:"result,omitempty"`
-	Err    *wireError           `json:"err,omitempty"`
+	Ack      *gateway.Ack           `json:"ack,omitempty"`
+	Result   *gateway.AbortResult   `json:"result,omitempty"`
+	Resolved *gateway.ResolveResult `json:"resolved,omitempty"`
+	Err      *wireError             `json:"err,omitempty"`
 }
 
 // Serve makes h the engine that answers the requests other replicas
@@ -64,7 +71,7 @@ func (n *Node) Serve(h Handler) {
 	n.handler.Store(&h)
 	n.serveOnce.Do(func() {
 		n.serving.init()
-		for op, f := range map[string]func(context.Context, Handler, []byte) answer{"send": serveSend, "abort": serveAbort} {
+		for op, f := range map[string]func(context.Context, Handler, []byte) answer{"send": serveSend, "abort": serveAbort, "resolve": serveResolve} {
 			sub, err := n.nc.Subscribe(rpcSubject(n.opts.ReplicaID, op), func(m *nats.Msg) { n.serve(m, f) })
 			if err != nil {
 				n.log.Error("cluster: cannot answer forwarded requests", "op", op, "error", err)
@@ -134,6 +141,38 @@ func serveAbort(ctx context.Context, h Handler, data []byte) answer {
 		return answer{Err: encodeError(err)}
 	}
 	return answer{Result: &res}
+}
+
+func serveResolve(ctx context.Context, h Handler, data []byte) answer {
+	var b resolveBody
+	if err := json.Unmarshal(data, &b); err != nil {
+		return answer{Err: encodeError(fmt.Errorf("a forwarded answer that does not decode: %w", err))}
+	}
+	ctx, cancel := budget(ctx, b.Budget)
+	defer cancel()
+	b.Forwarded = true
+	res, err := h.Resolve(ctx, b.ResolveRequest)
+	if err != nil {
+		return answer{Err: encodeError(err)}
+	}
+	return answer{Resolved: &res}
+}
+
+// ForwardResolve asks replica's engine to settle a question and returns
+// its answer.
+func (n *Node) ForwardResolve(ctx context.Context, replica string, req gateway.ResolveRequest) (gateway.ResolveResult, error) {
+	var a answer
+	b := resolveBody{ResolveRequest: req}
+	if err := n.request(ctx, replica, "resolve", func(d time.Duration) any { b.Budget = d; return b }, &a); err != nil {
+		return gateway.ResolveResult{}, fmt.Errorf("forward the answer to %q: %w", req.ApprovalID, err)
+	}
+	if a.Err != nil {
+		return gateway.ResolveResult{}, a.Err.decode()
+	}
+	if a.Resolved == nil {
+		return gateway.ResolveResult{}, fmt.Errorf("forward the answer to %q to replica %s: an answer with no result", req.ApprovalID, replica)
+	}
+	return *a.Resolved, nil
 }
 
 // Forward hands req to replica's engine (its Send, with req.Forwarded
