@@ -115,6 +115,9 @@ type HTTPGetTool struct {
 	Allow          []string `koanf:"allow"`          // URL prefixes the model may fetch
 	MaxBytes       int      `koanf:"maxBytes"`       // default 1 MiB
 	TimeoutSeconds float64  `koanf:"timeoutSeconds"` // default 20
+	// RequireApproval: each fetch is asked of the person first (a denied
+	// one gives the model a denial as the tool's result).
+	RequireApproval bool `koanf:"requireApproval"`
 }
 
 // CommandTool is a command declared in YAML. The model's arguments reach it
@@ -126,6 +129,9 @@ type CommandTool struct {
 	Parameters     map[string]any `koanf:"parameters"` // JSON schema of the arguments
 	TimeoutSeconds float64        `koanf:"timeoutSeconds"`
 	MaxOutputBytes int            `koanf:"maxOutputBytes"`
+	// RequireApproval: each call is asked of the person first (a denied
+	// one gives the model a denial as the tool's result).
+	RequireApproval bool `koanf:"requireApproval"`
 }
 
 // Exec configures the command-line agent runner.
@@ -135,6 +141,10 @@ type Exec struct {
 	Env     map[string]string `koanf:"env"`
 	Workdir string            `koanf:"workdir"`
 	Format  string            `koanf:"format"` // jsonl | claude-stream-json; default jsonl
+	// Permissions lets a jsonl agent ask the person (permission events):
+	// its stdin then starts with the message as one JSON line and stays
+	// open for the answers. Not with claude-stream-json.
+	Permissions bool `koanf:"permissions"`
 }
 
 // Channels configures each channel.

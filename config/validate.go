@@ -351,6 +351,9 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 		p.add("agents.exec.command", "is required when the exec runner is used")
 	}
 	p.oneOf("agents.exec.format", e.Format, ExecFormatJSONL, ExecFormatClaudeStreamJSON)
+	if e.Permissions && e.Format == ExecFormatClaudeStreamJSON {
+		p.add("agents.exec.permissions", "works with format jsonl only; Claude Code's permission prompts need the ACP runner (claude-code-acp)")
+	}
 
 	tg := c.Channels.Telegram
 	p.oneOf("channels.telegram.mode", tg.Mode, TelegramPolling, TelegramWebhook)

@@ -7,7 +7,11 @@
 // gateway's own without its GATEWAY_* configuration variables (see
 // Environ), then agents.exec.env, then TURNGUARD_RUN_ID,
 // TURNGUARD_SESSION_KEY and TURNGUARD_CHANNEL describing the turn, and the
-// run tag TURNGUARD_RUN (see Process). Every
+// run tag TURNGUARD_RUN (see Process). With agents.exec.permissions (jsonl
+// only) stdin instead starts with the message as one JSON line,
+// {"type":"message","text":"…"}, and stays open until the command exits:
+// the answers to the agent's permission requests follow on it, one JSON line
+// each (see permission.go), and TURNGUARD_PERMISSIONS=1 is set. Every
 // stderr line goes to the log with the run id (never the environment), up to
 // maxLoggedStderr lines per turn.
 //
@@ -19,9 +23,12 @@
 //     {"type":"step_complete","kind":"tool","name":"search"},
 //     {"type":"delta","text":"…"}, {"type":"heartbeat"},
 //     {"type":"pause","reason":"…"}, {"type":"resume"},
-//     {"type":"final","text":"…"}, {"type":"error","message":"…"}.
+//     {"type":"final","text":"…"}, {"type":"error","message":"…"},
+//     {"type":"permission","id":"…","title":"…",…} (agents.exec.permissions).
 //   - "claude-stream-json": the lines of the Claude Code CLI's
-//     --output-format stream-json (see claude.go for the mapping).
+//     --output-format stream-json (see claude.go for the mapping). Claude
+//     Code's permission prompts are not relayed: the ACP runner with
+//     claude-code-acp does that.
 //
 // A line that cannot be understood is logged and counted (Malformed), never
 // fatal; a line longer than maxLine (4 MiB) fails the turn with a
@@ -49,6 +56,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -102,6 +110,7 @@ type Runner struct {
 	env    []string // agents.exec.env as KEY=value, sorted
 	dir    string
 	format string
+	perms  bool // agents.exec.permissions: stdin stays open for permission answers
 	grace  time.Duration
 	log    *slog.Logger
 	inst   string            // gateway instance of the run tags; "" = this process's
@@ -169,6 +178,10 @@ func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger, opts ...Op
 	default:
 		return nil, fmt.Errorf("agents.exec.format: %q is not %q or %q", cfg.Format, FormatJSONL, FormatClaude)
 	}
+	if cfg.Permissions && r.format != FormatJSONL {
+		return nil, errors.New("agents.exec.permissions: works with format jsonl only; Claude Code's permission prompts need the ACP runner (claude-code-acp)")
+	}
+	r.perms = cfg.Permissions
 
 	if cfg.Workdir != "" {
 		dir, err := filepath.Abs(cfg.Workdir)
@@ -268,6 +281,9 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		"TURNGUARD_RUN_ID="+turn.RunID,
 		"TURNGUARD_SESSION_KEY="+turn.SessionKey,
 		"TURNGUARD_CHANNEL="+turn.Channel)
+	if r.perms {
+		cmd.Env = append(cmd.Env, "TURNGUARD_PERMISSIONS=1")
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = pipes[0][0], pipes[1][1], pipes[2][1]
 	p, err := StartTagged(cmd, Tag(r.inst, turn.RunID))
 	// The child has its copies; keep only our ends.
@@ -282,11 +298,32 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	}
 	log.Debug("exec: agent started", "pid", p.Pid(), "command", r.path)
 
+	// Stdin: the message, then the end of input. With permissions on, the
+	// message as one JSON line instead, and stdin stays open for the
+	// answers to permission requests (closed when the agent has exited).
 	var wg sync.WaitGroup
-	wg.Go(func() { // stdin
-		_, _ = io.WriteString(stdinW, turn.Message)
-		stdinW.Close()
+	msgWritten := make(chan struct{})
+	wg.Go(func() {
+		defer close(msgWritten)
+		if !r.perms {
+			_, _ = io.WriteString(stdinW, turn.Message)
+			stdinW.Close()
+			return
+		}
+		line, _ := json.Marshal(struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}{"message", turn.Message})
+		_, _ = stdinW.Write(append(line, '\n'))
 	})
+	st := newState(cb, log, r.format)
+	// Open questions end with the turn: when it is stopped, when the agent
+	// has answered (final or error) and when it has exited.
+	askCtx, endAsks := context.WithCancel(ctx)
+	defer endAsks()
+	if r.perms {
+		st.ask = newAsker(askCtx, turn, log, stdinW, msgWritten)
+	}
 	tail := &stderrTail{}
 	stderrDone := make(chan struct{})
 	stderrLines := 0 // written by the stderr goroutine, read after stderrDone
@@ -300,7 +337,6 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 			tail.add(s)
 		})
 	}()
-	st := newState(cb, log, r.format)
 	stdoutDone := make(chan struct{})
 	go func() {
 		defer close(stdoutDone)
@@ -344,6 +380,7 @@ wait:
 			terminate("aborted")
 		case <-terminal:
 			terminal = nil
+			endAsks()
 			if st.lineTooLong { // set before terminal was closed
 				terminate("output line too long")
 			} else {
@@ -362,6 +399,7 @@ wait:
 	}
 
 	// The command exited and its group was killed: read what is left.
+	endAsks()
 	drain := time.NewTimer(drainWait)
 	for _, done := range []chan struct{}{stdoutDone, stderrDone} {
 		select {
@@ -378,6 +416,9 @@ wait:
 	stderrR.Close()
 	stdinW.Close()
 	wg.Wait()
+	if st.ask != nil {
+		st.ask.wait() // after stdout is read: no request comes any more
+	}
 
 	status := p.State().String()
 	if n := st.malformedCount; n > 0 {

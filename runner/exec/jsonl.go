@@ -33,6 +33,11 @@ type state struct {
 	terminalOnce sync.Once
 
 	claude claudeState
+
+	// ask asks the person permission requests (agents.exec.permissions);
+	// nil when they are off. Set before the stdout goroutine starts.
+	ask           *asker
+	permOffLogged bool // the warning about permissions being off was logged
 }
 
 func newState(cb runner.Callbacks, log *slog.Logger, format string) *state {
@@ -143,6 +148,15 @@ type jsonlEvent struct {
 func (s *state) jsonlLine(b []byte) {
 	var ev jsonlEvent
 	if err := json.Unmarshal(b, &ev); err != nil {
+		// A permission request with a field of the wrong type still gets
+		// its (refusing) answer: the agent may be waiting for it.
+		var head struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(b, &head) == nil && head.Type == "permission" && !s.done(head.Type) {
+			s.permission(b)
+			return
+		}
 		s.malformed("not a JSON event object: "+err.Error(), b)
 		return
 	}
@@ -178,11 +192,34 @@ func (s *state) jsonlLine(b []byte) {
 			ev.Message = "The agent reported an error."
 		}
 		s.setError(ev.Message)
+	case "permission":
+		s.permission(b)
 	case "":
 		s.malformed(`no "type"`, b)
 	default:
 		s.malformed(fmt.Sprintf("unknown type %q", ev.Type), b)
 	}
+}
+
+// permission handles a permission request: asked in the background, or
+// refused at once when it is malformed. With permissions off it is only
+// logged: the agent's stdin is already at its end.
+func (s *state) permission(b []byte) {
+	if s.ask == nil {
+		if !s.permOffLogged {
+			s.permOffLogged = true
+			s.log.Warn("exec: the agent asks for permission but agents.exec.permissions is off; not asked (its stdin is at its end)")
+		}
+		s.ignored("exec: permission request ignored: agents.exec.permissions is off")
+		return
+	}
+	id, q, err := parsePermission(b)
+	if err != nil {
+		s.malformed("permission request: "+err.Error(), b)
+		s.ask.refuse(id, err.Error())
+		return
+	}
+	s.ask.ask(id, q)
 }
 
 // cut shortens s to at most n bytes at a rune boundary.

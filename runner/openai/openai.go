@@ -13,6 +13,11 @@
 //     of one call stay inside one step) and ("tool", name) around each tool
 //     call. Tool calls run one after another, in the order the model gave.
 //     A step that fails or is interrupted is not reported complete.
+//   - Tools marked requireApproval are asked of the person (Turn.Ask:
+//     "Run tool <name>", the arguments as detail) before each call. The wait
+//     is not a step: the tool step starts once the call is allowed. A call
+//     not allowed does not run and has no step; the model gets DeniedResult
+//     or TimedOutResult as its result and the turn goes on.
 //   - Delta for every streamed piece of reply text. When a later LLM call
 //     streams text after earlier text, a blank line ("\n\n") is streamed
 //     first, so Result.Text is always exactly the concatenation of the deltas.
@@ -60,6 +65,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
@@ -305,12 +311,21 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		msgs = append(msgs, am)
 		for _, c := range reply.toolCalls {
 			name := stepName(c.name)
-			cb.StepStarted(event.StepTool, name)
-			out, err := r.callTool(ctx, c.name, c.args)
+			// The wait for approval is not part of the tool's step: the
+			// step brackets the run only, and a denied call has none.
+			denial, err := r.approve(ctx, turn, c.name, c.args)
 			if err != nil { // only cancellation ends the turn
 				return result(err)
 			}
-			cb.StepCompleted(event.StepTool, name)
+			out := denial
+			if denial == "" {
+				cb.StepStarted(event.StepTool, name)
+				out, err = r.callTool(ctx, c.name, c.args)
+				if err != nil {
+					return result(err)
+				}
+				cb.StepCompleted(event.StepTool, name)
+			}
 			msgs = append(msgs, chatMessage{Role: "tool", ToolCallID: c.id, Content: ptr(out)})
 		}
 	}
@@ -318,6 +333,54 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		user:  fmt.Sprintf("The agent stopped after %d model calls without a final answer (agents.openai.maxSteps).", r.maxSteps),
 		cause: ErrMaxSteps,
 	})
+}
+
+// The tool results of calls the person did not allow.
+const (
+	DeniedResult     = "The user denied this tool call."
+	TimedOutResult   = "No answer in time: the tool call was denied."
+	NoApproverResult = "Nobody could be asked for approval: the tool call was denied."
+)
+
+// maxApprovalDetail bounds the arguments shown in an approval question.
+const maxApprovalDetail = 1000
+
+// approve asks the person before a call of a tool marked requireApproval.
+// It returns "" when the call may run (also when it needs no approval, or
+// cannot run anyway: an unknown tool, arguments that are not JSON), else the
+// result the model gets instead; only cancellation of ctx is an error.
+func (r *Runner) approve(ctx context.Context, turn runner.Turn, name, args string) (string, error) {
+	t, ok := r.toolByName[name]
+	if !ok || !t.approve || (strings.TrimSpace(args) != "" && !json.Valid([]byte(args))) {
+		return "", nil
+	}
+	ans, err := turn.Ask(ctx, runner.Question{Title: "Run tool " + name, Detail: cutText(args, maxApprovalDetail), Tool: name})
+	switch {
+	case ctx.Err() != nil:
+		return "", ctx.Err()
+	case err != nil:
+		r.log.Warn("openai: tool call approval could not be asked; denied", "run_id", turn.RunID, "tool", name, "err", err)
+		return NoApproverResult, nil
+	case ans.Allowed():
+		r.log.Info("openai: tool call allowed", "run_id", turn.RunID, "tool", name, "by", ans.By)
+		return "", nil
+	case ans.Outcome == runner.TimedOut:
+		r.log.Info("openai: tool call denied: no answer in time", "run_id", turn.RunID, "tool", name)
+		return TimedOutResult, nil
+	}
+	r.log.Info("openai: tool call denied", "run_id", turn.RunID, "tool", name, "by", ans.By, "option", ans.OptionID)
+	return DeniedResult, nil
+}
+
+// cutText shortens s to at most n bytes at a rune boundary, marking the cut.
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // callTool runs one tool call. A tool's own failure becomes text for the

@@ -23,9 +23,10 @@ import (
 // tool is one function the model may call. run's error is shown to the
 // model as the tool's result ("error: …"); it is never a turn failure.
 type tool struct {
-	name string
-	def  toolDef
-	run  func(ctx context.Context, args json.RawMessage) (string, error)
+	name    string
+	def     toolDef
+	run     func(ctx context.Context, args json.RawMessage) (string, error)
+	approve bool // requireApproval: each call is asked of the person first
 }
 
 // Built-in tool names.
@@ -255,7 +256,8 @@ func (r *Runner) httpGetTool(cfg config.HTTPGetTool) (tool, error) {
 				"required":   []string{"url"},
 			},
 		}},
-		run: run,
+		run:     run,
+		approve: cfg.RequireApproval,
 	}, nil
 }
 
@@ -302,9 +304,10 @@ func commandTool(c config.CommandTool, key string) (tool, error) {
 		return runCommand(ctx, name, path, argv, args, timeout, maxOut)
 	}
 	return tool{
-		name: name,
-		def:  toolDef{Type: "function", Function: toolDefFunc{Name: name, Description: c.Description, Parameters: params}},
-		run:  run,
+		name:    name,
+		def:     toolDef{Type: "function", Function: toolDefFunc{Name: name, Description: c.Description, Parameters: params}},
+		run:     run,
+		approve: c.RequireApproval,
 	}, nil
 }
 
