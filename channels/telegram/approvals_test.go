@@ -390,3 +390,28 @@ func TestApprovalData(t *testing.T) {
 		}
 	}
 }
+
+// TestApprovalGroupOnlySender: in a group, only the member who sent the
+// request may answer its question (as with /stop and Retry); the sender's
+// answer works.
+func TestApprovalGroupOnlySender(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, setup{})
+		h.api.push(groupMsg(alice, "/steps@"+botName+" ask:deploy say:Finished"))
+		synctest.Wait()
+		h.advance(4 * time.Second)
+		qID := h.api.questionMsg(groupChatID)
+		if qID == 0 {
+			t.Fatalf("no question; group shows %q", h.screen(groupChatID))
+		}
+		allow := h.api.buttonData(qID)
+		h.api.press(groupChatID, models.User{ID: bob, FirstName: "Bob"}, qID, allow)
+		h.advance(4 * time.Second)
+		h.api.press(groupChatID, aliceUser, qID, allow)
+		h.advance(8 * time.Second)
+		if got := h.api.toasts(); !slices.Equal(got, []string{textApprovalNotOwner, textApprovalAllowed}) {
+			t.Errorf("toasts %q", got)
+		}
+		h.wantScreen(groupChatID, allowedText, "deploy ran (allowed). Finished")
+	})
+}
