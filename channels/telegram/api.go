@@ -151,9 +151,17 @@ func (a api) send(ctx context.Context, chatID int64, text string, html bool, mar
 	return m.ID, nil
 }
 
+// edit replaces a message's text; an inline keyboard under it is removed
+// (editMessageText without reply_markup).
 func (a api) edit(ctx context.Context, chatID int64, msgID int, text string) error {
 	_, err := a.b.EditMessageText(ctx, &bot.EditMessageTextParams{ChatID: chatID, MessageID: msgID, Text: text,
 		LinkPreviewOptions: &models.LinkPreviewOptions{IsDisabled: bot.True()}})
+	return err
+}
+
+// dropButtons removes the inline keyboard under a message.
+func (a api) dropButtons(ctx context.Context, chatID int64, msgID int) error {
+	_, err := a.b.EditMessageReplyMarkup(ctx, &bot.EditMessageReplyMarkupParams{ChatID: chatID, MessageID: msgID})
 	return err
 }
 

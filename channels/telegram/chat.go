@@ -118,6 +118,12 @@ const (
 	itemReply  itemKind = iota // a direct answer (command, busy, hint, alert): plain text, not in the outbox
 	itemFinal                  // a turn's reply (or partial reply): Markdown rendered as HTML, in the outbox
 	itemNotice                 // a turn's stop/timeout/error notice: plain text, in the outbox
+	// A runner's question (approvals.go): plain text with a button per
+	// option. Not in the outbox: after a restart the question is no
+	// longer open, so sending it then would ask for nothing.
+	itemQuestion
+	itemQuestionEdit // edits a question message into its settlement (approvals.go)
+	itemDropButtons  // removes the buttons under message msgID (a question the gateway no longer knows)
 )
 
 // outItem is one queued outgoing message (split into chunks when sent).
@@ -139,9 +145,15 @@ type outItem struct {
 	// partsSent is how many parts of the text (split when long) reached
 	// the chat already: delivery goes on from the next one.
 	partsSent int
+	// approvalID: the question of an itemQuestion or itemQuestionEdit.
+	approvalID string
+	// msgID: the message of an itemDropButtons.
+	msgID int
 }
 
-func (it *outItem) durable() bool { return it.kind != itemReply }
+// durable reports whether the item is a terminal message (it goes
+// through the outbox).
+func (it *outItem) durable() bool { return it.kind == itemFinal || it.kind == itemNotice }
 func (it *outItem) html() bool    { return it.kind == itemFinal }
 
 func (it *outItem) outboxKind() store.OutboxKind {
@@ -187,6 +199,7 @@ type turnView struct {
 	runID     string
 	active    bool // between TurnStarted and its Finished/Aborted
 	paused    bool // waiting for a person: no typing
+	asking    int  // questions of the turn open in the chat: no typing either
 	typingDue time.Time
 
 	views      []*view    // every view of the turn, in creation order

@@ -60,8 +60,17 @@ func (c *Channel) onEvent(ev event.Event) {
 		t.progress(ev)
 	case event.Recovered:
 		t.closeNotice(true, ev.Time)
+	case event.ApprovalRequested:
+		if ev.Approval != nil {
+			c.askLocked(ch, t, ev)
+		}
+	case event.ApprovalResolved:
+		if ev.Approval != nil {
+			c.settleLocked(ch, ev.Approval, true)
+		}
 	case event.Finished, event.Aborted:
 		t.end(ev)
+		c.endQuestionsLocked(ch, ev.RunID) // their edits go before the ending
 		c.enqueueEnding(ch, ev)
 	}
 	c.kickLocked(ch)

@@ -42,6 +42,7 @@ type fakeAPI struct {
 	webhook    map[string]string
 	getUpdates int
 	offsets    []int64       // the offset of each getUpdates call, in order
+	allowed    string        // allowed_updates of the last getUpdates that gave it
 	notify     chan struct{} // signalled (non-blocking) after every call and when a long poll waits; for real-time tests
 }
 
@@ -63,7 +64,7 @@ type apiCall struct {
 	ParseMode string
 	Action    string
 	Fault     string // the scripted failure answered, if any
-	Markup    string // reply_markup (JSON) of a sendMessage
+	Markup    string // reply_markup (JSON) of a sendMessage or an edit
 	Callback  string // answerCallbackQuery: the query id
 }
 
@@ -286,37 +287,68 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Markup: form["reply_markup"]})
 		writeOK(w, models.Message{ID: id, Date: 1, Chat: models.Chat{ID: chat, Type: models.ChatTypePrivate}, Text: visible})
 	case "editMessageText":
+		// As Telegram: an edit without reply_markup removes the inline
+		// keyboard.
 		id, _ := strconv.Atoi(form["message_id"])
 		visible, err := checkText(form["text"], form["parse_mode"])
 		if err == nil {
-			err = f.edit(chat, id, visible)
+			err = f.edit(chat, id, visible, form["reply_markup"])
 		}
 		if err != nil {
 			f.record(apiCall{Method: method, Chat: chat, MsgID: id, Raw: form["text"], Fault: err.Error()})
 			writeErr(w, 400, err.Error(), 0)
 			return
 		}
-		f.record(apiCall{Method: method, Chat: chat, MsgID: id, Text: visible, Raw: form["text"], ParseMode: form["parse_mode"]})
+		f.record(apiCall{Method: method, Chat: chat, MsgID: id, Text: visible, Raw: form["text"], ParseMode: form["parse_mode"],
+			Markup: form["reply_markup"]})
 		writeOK(w, models.Message{ID: id, Date: 1, Chat: models.Chat{ID: chat, Type: models.ChatTypePrivate}, Text: visible})
+	case "editMessageReplyMarkup":
+		id, _ := strconv.Atoi(form["message_id"])
+		text, err := f.editMarkup(chat, id, form["reply_markup"])
+		if err != nil {
+			f.record(apiCall{Method: method, Chat: chat, MsgID: id, Fault: err.Error()})
+			writeErr(w, 400, err.Error(), 0)
+			return
+		}
+		f.record(apiCall{Method: method, Chat: chat, MsgID: id, Markup: form["reply_markup"]})
+		writeOK(w, models.Message{ID: id, Date: 1, Chat: models.Chat{ID: chat, Type: models.ChatTypePrivate}, Text: text})
 	default:
 		writeErr(w, 404, "Not Found: method "+method, 0)
 	}
 }
 
-func (f *fakeAPI) edit(chat int64, id int, text string) error {
+func (f *fakeAPI) edit(chat int64, id int, text, markup string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, m := range f.msgs[chat] {
 		if m.id == id {
-			if m.text == text {
+			if m.text == text && m.markup == markup {
 				return errors.New("Bad Request: message is not modified: specified new message content and reply markup are exactly the same")
 			}
-			m.text = text
+			m.text, m.markup = text, markup
 			m.edits++
 			return nil
 		}
 	}
 	return errors.New("Bad Request: message to edit not found")
+}
+
+// editMarkup replaces a message's inline keyboard ("" removes it) and
+// returns its text.
+func (f *fakeAPI) editMarkup(chat int64, id int, markup string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.msgs[chat] {
+		if m.id == id {
+			if m.markup == markup {
+				return "", errors.New("Bad Request: message is not modified: specified new message content and reply markup are exactly the same")
+			}
+			m.markup = markup
+			m.edits++
+			return m.text, nil
+		}
+	}
+	return "", errors.New("Bad Request: message to edit not found")
 }
 
 func (f *fakeAPI) record(c apiCall) {
@@ -347,6 +379,9 @@ func (f *fakeAPI) serveUpdates(w http.ResponseWriter, r *http.Request, form map[
 	wait, _ := strconv.Atoi(form["timeout"])
 	f.mu.Lock()
 	f.offsets = append(f.offsets, offset)
+	if a := form["allowed_updates"]; a != "" {
+		f.allowed = a
+	}
 	f.mu.Unlock()
 	deadline := time.NewTimer(time.Duration(wait) * time.Second)
 	defer deadline.Stop()

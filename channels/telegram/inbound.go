@@ -153,7 +153,11 @@ func (c *Channel) reply(ch *chat, text string) {
 // handle acts on one incoming message.
 func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 	if in.cb != nil {
-		c.handleRetry(ctx, ch, in.cb)
+		if strings.HasPrefix(in.cb.Data, approvalPrefix) {
+			c.handleApproval(ctx, ch, in.cb)
+		} else {
+			c.handleRetry(ctx, ch, in.cb)
+		}
 		return
 	}
 	m := in.msg

@@ -139,7 +139,7 @@ func (c *Channel) nextLocked(ch *chat, now time.Time) action {
 				}
 			}
 		}
-		if t := ch.activeTurn(); t != nil && !t.paused {
+		if t := ch.activeTurn(); t != nil && !t.paused && t.asking == 0 {
 			if !now.Before(t.typingDue) {
 				t.typingDue = now.Add(typingEvery)
 				return action{kind: actTyping, turn: t}
@@ -170,6 +170,17 @@ func (c *Channel) nextLocked(ch *chat, now time.Time) action {
 
 // deliver sends a queued item and records the outcome.
 func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
+	switch it.kind {
+	case itemQuestion:
+		c.sendQuestion(ctx, ch, it)
+		return
+	case itemQuestionEdit:
+		c.editQuestion(ctx, ch, it)
+		return
+	case itemDropButtons:
+		c.dropButtons(ctx, ch, it)
+		return
+	}
 	if it.durable() && c.outbox != nil && it.outboxID == 0 {
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		id, err := c.outbox.Enqueue(octx, it.outboxMessage(ch))
@@ -275,6 +286,10 @@ func (k itemKind) String() string {
 		return "final"
 	case itemNotice:
 		return "notice"
+	case itemQuestion:
+		return "question"
+	case itemQuestionEdit, itemDropButtons:
+		return "question edit"
 	}
 	return "reply"
 }
@@ -300,7 +315,7 @@ func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool
 		if i == len(chunks)-1 {
 			m = markup
 		}
-		if err := c.sendChunk(ctx, ch, chunk, html, m); err != nil {
+		if _, err := c.sendChunk(ctx, ch, chunk, html, m); err != nil {
 			return err
 		}
 		if sent != nil && i < len(chunks)-1 {
@@ -314,25 +329,21 @@ func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool
 // waiting for the chat's pacing and the shared limiter, waiting out 429s
 // (at most maxRateLimits of them) and retrying 5xx and network errors
 // (maxAttempts tries, backing off). If Telegram refuses the HTML, it is
-// sent again as plain text.
-func (c *Channel) sendChunk(ctx context.Context, ch *chat, chunk string, html bool, markup models.ReplyMarkup) error {
+// sent again as plain text. It returns the id of the message sent.
+func (c *Channel) sendChunk(ctx context.Context, ch *chat, chunk string, html bool, markup models.ReplyMarkup) (int, error) {
 	body := chunk
 	if html {
 		body = toHTML(chunk)
 	}
+	var id int
 	send := func(ctx context.Context) error {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		defer cancel()
-		_, err := c.api.send(cctx, ch.id, body, html, markup)
+		var err error
+		id, err = c.api.send(cctx, ch.id, body, html, markup)
 		return asDelivery(err)
 	}
-	onRetry := func(r delivery.Retry) {
-		if r.Class == delivery.RateLimit {
-			c.log.Info("telegram: rate limited; waiting", "chat", ch.id, "retryAfter", r.Wait)
-		} else {
-			c.log.Warn("telegram: send failed; retrying", "chat", ch.id, "in", r.Wait, "err", c.red.err(r.Err))
-		}
-	}
+	onRetry := c.onRetry(ch)
 	err := chatPolicy.Do(ctx, chatPace{c, ch}, send, onRetry)
 	if err != nil && html && errors.Is(err, bot.ErrorBadRequest) && ctx.Err() == nil {
 		c.log.Info("telegram: formatted text refused; sending it as plain text", "chat", ch.id, "err", c.red.err(err))
@@ -342,7 +353,18 @@ func (c *Channel) sendChunk(ctx context.Context, ch *chat, chunk string, html bo
 	if err == nil {
 		c.sentMessage(ch)
 	}
-	return err
+	return id, err
+}
+
+// onRetry logs a retried call to a chat (chatPolicy).
+func (c *Channel) onRetry(ch *chat) func(delivery.Retry) {
+	return func(r delivery.Retry) {
+		if r.Class == delivery.RateLimit {
+			c.log.Info("telegram: rate limited; waiting", "chat", ch.id, "retryAfter", r.Wait)
+		} else {
+			c.log.Warn("telegram: send failed; retrying", "chat", ch.id, "in", r.Wait, "err", c.red.err(r.Err))
+		}
+	}
 }
 
 // chatPolicy is how one message to a chat is tried.

@@ -197,6 +197,7 @@ type Channel struct {
 	sentMem      keySet                      // durable endings sent from memory before their row came; guarded by mu
 	claimedEarly keySet                      // durable endings claim queued before their onEvent came; guarded by mu
 	claimMu      sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
+	questions    map[string]*question        // runners' questions shown in chats, by approval id (approvals.go); guarded by mu
 
 	apiURL      string       // the Bot API's base URL, without a trailing slash
 	hc          *http.Client // the Bot API's HTTP client
@@ -257,7 +258,7 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 		eng: eng, cfg: cfg, log: log, outbox: opts.Outbox, red: newRedactor(tg.Token),
 		global: delivery.NewLimiter(globalPerSecond), mode: tg.Mode, secret: tg.WebhookSecret, webhookURL: tg.WebhookURL,
 		chats: map[int64]*chat{}, inflight: map[string]bool{}, rejected: map[int64]bool{},
-		awaiting: map[string]*outItem{}, runs: opts.Runs, durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
+		awaiting: map[string]*outItem{}, questions: map[string]*question{}, runs: opts.Runs, durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
 	}
 	if opts.DurableEndings && opts.Outbox == nil {
 		return nil, errors.New("telegram: durable endings need an outbox")
