@@ -36,10 +36,13 @@ type outFrame struct {
 	cost     int // bytes counted against the budgets while queued
 	seq      bool
 	kind     frameKind
-	toolOnly bool   // only for connections with the tool-events cap
-	runID    string // kindDelta and terminal frames: the run
-	terminal bool   // the run's last chat frame: forget its carried delta text
-	delta    *deltaRef
+	toolOnly bool // only for connections with the tool-events cap
+	// approvalsOnly: only for connections that take OpenClaw's approval
+	// events (approvalClient).
+	approvalsOnly bool
+	runID         string // kindDelta and terminal frames: the run
+	terminal      bool   // the run's last chat frame: forget its carried delta text
+	delta         *deltaRef
 }
 
 // size is what f counts against the send budgets: its bytes, or for a delta
@@ -67,6 +70,11 @@ type conn struct {
 	owner      string // who may abort the runs this connection starts
 	operator   bool
 	toolEvents bool
+	clientID   string // connect's client.id (self-declared: for words, not for rights)
+	// approvalsScope: the client claims a scope that answers approvals;
+	// nativeApprovals: it takes OpenClaw's plugin.approval.* events.
+	approvalsScope  bool
+	nativeApprovals bool
 
 	// Guarded by s.watchMu.
 	all       bool
@@ -188,7 +196,7 @@ func (c *conn) pushAll(frames []outFrame) {
 	c.mu.Lock()
 	slow, shed := false, false
 	for i := range frames {
-		if frames[i].toolOnly && !c.toolEvents {
+		if frames[i].toolOnly && !c.toolEvents || frames[i].approvalsOnly && !c.nativeApprovals {
 			continue
 		}
 		var sh bool

@@ -103,7 +103,8 @@ type runState struct {
 	userText string    // the TurnStarted event's text: the user's message the turn answers (under mu)
 
 	seq    uint64
-	notice event.Step // the step whose progress notice is shown (zero: none)
+	notice event.Step                 // the step whose progress notice is shown (zero: none)
+	asks   map[string]*event.Approval // the run's open questions, by id
 	timer  *time.Timer
 
 	// Streaming (see onDelta): when the newest text came, when the last
@@ -311,7 +312,11 @@ func (rs *runState) apply(ev event.Event) {
 			rs.notice = event.Step{}
 		}
 
+	case event.ApprovalRequested, event.ApprovalResolved:
+		rs.onApproval(ev)
+
 	case event.Aborted:
+		rs.closeApprovals(t)
 		rs.closeSteps(t, true)
 		p := &chatEvent{RunID: rs.id, SessionKey: rs.key, AgentID: rs.agent, State: "aborted",
 			StopReason: string(ev.StopReason), ErrorMessage: ev.Message, EndedAt: ms(t)}
@@ -322,6 +327,7 @@ func (rs *runState) apply(ev event.Event) {
 		rs.lifecycle(t, lifecycleData{Phase: "end", EndedAt: ms(t), StopReason: string(ev.StopReason), Aborted: true})
 
 	case event.Finished:
+		rs.closeApprovals(t)
 		if ev.StopReason == event.ReasonError {
 			rs.closeSteps(t, true)
 			rs.chat(&chatEvent{RunID: rs.id, SessionKey: rs.key, AgentID: rs.agent, State: "error",

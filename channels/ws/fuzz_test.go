@@ -19,6 +19,10 @@ func FuzzFrame(f *testing.F) {
 		`{"type":"req","id":5,"method":"health"}`,
 		`{"type":"req","id":"6","method":"chat.history","params":[1,2]}`,
 		`{"type":"req","id":"7","method":"sessions.describe","params":{"key":"agent:"}}`,
+		`{"type":"req","id":"8","method":"approval.resolve","params":{"id":"ap_0123456789abcdef01","optionId":"allow","sessionKey":"main"}}`,
+		`{"type":"req","id":"9","method":"plugin.approval.resolve","params":{"id":"ap_x","decision":"allow-once"}}`,
+		`{"type":"req","id":"10","method":"approval.resolve","params":{"id":["x"],"optionId":{}}}`,
+		`{"type":"req","id":"11","method":"approval.list","params":{"sessionKey":"agent:main:\u0000"}}`,
 		`{"type":"req","id":`,
 		"{\"type\":\"req\",\"id\":\"\xff\",\"method\":\"\\u2028\"}",
 		`null`,
@@ -38,7 +42,8 @@ func FuzzFrame(f *testing.F) {
 			return
 		}
 		params := []any{&connectParams{}, &chatSendParams{}, &chatAbortParams{}, &historyParams{}, &agentParams{},
-			&agentWaitParams{}, &sessionsListParams{}, &keyParams{}}
+			&agentWaitParams{}, &sessionsListParams{}, &keyParams{}, &approvalResolveParams{}, &pluginResolveParams{},
+			&approvalListParams{}}
 		for _, p := range params {
 			if rerr := decodeParams(req.Method, req.Params, p); rerr != nil {
 				if rerr.Message == "" || rerr.Code != CodeInvalidRequest {

@@ -31,34 +31,38 @@ var methodNames = []string{
 	"health", "status", "chat.send", "chat.abort", "chat.history", "agent", "agent.wait",
 	"sessions.subscribe", "sessions.unsubscribe", "sessions.list", "sessions.describe", "sessions.patch",
 	"sessions.reset", "sessions.create", "agents.list", "commands.list", "models.list", "question.list",
-	"plugin.approval.list",
+	"plugin.approval.list", "plugin.approval.resolve", "approval.list", "approval.resolve",
 }
 
 // eventNames are the events this server sends.
-var eventNames = []string{"connect.challenge", "tick", "chat", "agent", "shutdown"}
+var eventNames = []string{"connect.challenge", "tick", "chat", "agent", "shutdown", "approval",
+	"plugin.approval.requested", "plugin.approval.resolved"}
 
 func init() {
 	methods = map[string]handler{
-		"connect":              func(*conn, request) (any, *rpcError) { return nil, invalid("already connected") },
-		"health":               health,
-		"status":               status,
-		"chat.send":            chatSend,
-		"chat.abort":           chatAbort,
-		"chat.history":         chatHistory,
-		"agent":                agentRun,
-		"agent.wait":           agentWait,
-		"sessions.subscribe":   sessionsSubscribe,
-		"sessions.unsubscribe": sessionsUnsubscribe,
-		"sessions.list":        sessionsList,
-		"sessions.describe":    sessionsDescribe,
-		"sessions.patch":       sessionsPatch,
-		"sessions.reset":       sessionsReset,
-		"sessions.create":      sessionsCreate,
-		"agents.list":          agentsList,
-		"commands.list":        func(*conn, request) (any, *rpcError) { return map[string]any{"commands": []any{}}, nil },
-		"models.list":          modelsList,
-		"question.list":        func(*conn, request) (any, *rpcError) { return map[string]any{"questions": []any{}}, nil },
-		"plugin.approval.list": func(*conn, request) (any, *rpcError) { return []any{}, nil },
+		"connect":                 func(*conn, request) (any, *rpcError) { return nil, invalid("already connected") },
+		"health":                  health,
+		"status":                  status,
+		"chat.send":               chatSend,
+		"chat.abort":              chatAbort,
+		"chat.history":            chatHistory,
+		"agent":                   agentRun,
+		"agent.wait":              agentWait,
+		"sessions.subscribe":      sessionsSubscribe,
+		"sessions.unsubscribe":    sessionsUnsubscribe,
+		"sessions.list":           sessionsList,
+		"sessions.describe":       sessionsDescribe,
+		"sessions.patch":          sessionsPatch,
+		"sessions.reset":          sessionsReset,
+		"sessions.create":         sessionsCreate,
+		"agents.list":             agentsList,
+		"commands.list":           func(*conn, request) (any, *rpcError) { return map[string]any{"commands": []any{}}, nil },
+		"models.list":             modelsList,
+		"question.list":           func(*conn, request) (any, *rpcError) { return map[string]any{"questions": []any{}}, nil },
+		"plugin.approval.list":    pluginApprovalList,
+		"plugin.approval.resolve": pluginApprovalResolve,
+		"approval.list":           approvalList,
+		"approval.resolve":        approvalResolve,
 	}
 }
 

@@ -219,6 +219,9 @@ func (r *reader) handshake(data []byte) {
 
 	c.operator = operator
 	c.toolEvents = slices.Contains(p.Caps, "tool-events")
+	c.clientID = clip(p.Client.ID, 60)
+	c.approvalsScope = approvalScope(p.Scopes)
+	c.nativeApprovals = approvalClient(p)
 	c.owner = ownerOf(verifiedDevice(p, c.nonce), operator)
 	cfg := c.s.cfg.Current().Server
 	tick := time.Duration(cfg.TickIntervalMs) * time.Millisecond

@@ -24,6 +24,10 @@ import (
 type reattachInfo struct {
 	ActiveRun *activeRunView `json:"activeRun,omitempty"`
 	Queue     []queuedView   `json:"queue,omitempty"`
+	// Approvals are the running turn's open questions (docs/approvals.md),
+	// oldest first: a client that (re)opens the session shows them with
+	// their buttons.
+	Approvals []approvalView `json:"approvals,omitempty"`
 }
 
 // activeRunView is the session's running turn.
@@ -105,6 +109,14 @@ func (s *Server) reattach(st gateway.TurnStatus, budget int) (*reattachInfo, int
 			info.ActiveRun.UserText = cutText(info.ActiveRun.UserText, budget/queueShare/2)
 		}
 		used += activeOverhead + jsonLen(info.ActiveRun.ProgressText) + jsonLen(info.ActiveRun.Text) + jsonLen(info.ActiveRun.UserText)
+		if st.SessionKey != "" {
+			// Bounded by the engine (at most a few questions a turn, titles
+			// and details of bounded length).
+			info.Approvals = s.approvalViews(st.SessionKey)
+			for i := range info.Approvals {
+				used += len(mustJSON(&info.Approvals[i]))
+			}
+		}
 	}
 	if n := len(st.Queue); n > 0 {
 		per := max(minQueuedText, budget/queueShare/n)

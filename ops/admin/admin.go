@@ -1,6 +1,6 @@
 // Package admin owns the operator's HTTP surface: the diagnostics API
 // (/api/turns, /api/turns/{runId}/abort, /api/diagnose, /api/stall-history,
-// /api/errors),
+// /api/errors, /api/approvals),
 // the /metrics route, and the admin dashboard at /admin — one embedded
 // static page (no build step, no external assets) that shows the live turns
 // with their stall warnings, recent aborts and the stall history, updates
@@ -57,6 +57,9 @@ type Engine interface {
 	Scheduler() *maintenance.Scheduler
 	Errors() []errlog.Record
 	ErrorDetail(id string) (errlog.Record, bool)
+	PendingApprovals(sessionKey string) []event.Approval
+	ApprovalSession(id string) (sessionKey, runID string, ok bool)
+	Resolve(ctx context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error)
 }
 
 // Store is what the API asks of persistence; *store.SQLite implements it.
@@ -129,6 +132,8 @@ func New(opts Options) (*Handler, error) {
 //	GET  /api/stall-history          stall and abort episodes (token)
 //	GET  /api/errors                 recent turn failures, newest first (token)
 //	GET  /api/errors/{id}            one failure by the error id its user was shown (token)
+//	GET  /api/approvals              open questions of every conversation (token)
+//	POST /api/approvals/{id}         answer one as operator: {"optionId": "…"} (token)
 //	GET  /metrics                    Prometheus metrics (token), if MetricsHandler is set
 //	GET  /admin, /admin/assets/NAME  the dashboard page (no data; no token)
 func (h *Handler) Mount(r chi.Router) {
@@ -140,6 +145,8 @@ func (h *Handler) Mount(r chi.Router) {
 		r.Get("/api/stall-history", h.stallHistory)
 		r.Get("/api/errors", h.errors)
 		r.Get("/api/errors/{id}", h.errorDetail)
+		r.Get("/api/approvals", h.approvals)
+		r.Post("/api/approvals/{id}", h.resolveApproval)
 		r.Get("/api/*", func(w http.ResponseWriter, _ *http.Request) {
 			writeError(w, http.StatusNotFound, "no such API endpoint")
 		})

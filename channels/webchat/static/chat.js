@@ -23,6 +23,13 @@
 // Retry: the notice of a turn that timed out, was interrupted, superseded or
 // failed has a Retry button that sends the same text again as a new turn.
 //
+// Approvals: a turn's question (the `approval` event, docs/approvals.md) is a
+// card in its run with one button per option; a click answers it with
+// approval.resolve and disables the buttons; the card then shows how the
+// question was settled (who chose what, no answer in time, stopped) —
+// also when it was settled elsewhere (another tab, the TUI, an operator).
+// chat.history's turnguard.approvals redraws the open ones after a reload.
+//
 // Identity: connect carries a device block signing the challenge with an
 // Ed25519 key this browser keeps (see "device identity" below), so the turns
 // this page starts stay its own across reconnects and its Stop keeps working.
@@ -62,6 +69,7 @@
     queueTimer: 0,
     commands: new Set(), // idempotency keys of the commands sent (their answers are not runs)
     device: null, // Promise of this browser's device key (null inside: none)
+    approvals: new Map(), // approval id → card view
   };
 
   // ---- helpers -----------------------------------------------------------
@@ -398,6 +406,81 @@
     if (state.activeRun === v.id) setActive("");
   }
 
+  // ---- approvals -------------------------------------------------------------
+
+  // approvalCard draws (or returns) the card of question a in run runId.
+  function approvalCard(runId, a, text) {
+    let c = state.approvals.get(a.id);
+    if (c) return c;
+    const v = run(String(runId));
+    const card = el("div", "approval");
+    card.setAttribute("role", "group");
+    card.dataset.approvalId = a.id;
+    card.dataset.state = "open";
+    const textEl = el("div", "approval-text", text || `🔐 Approval needed: ${a.title || ""}`);
+    const buttons = el("div", "approval-buttons");
+    c = { id: a.id, runId: v.id, card, textEl, buttons, settled: false };
+    for (const o of Array.isArray(a.options) ? a.options : []) {
+      if (!o || !o.id) continue;
+      const b = el("button", `approval-option ${/^allow/.test(o.kind || "") ? "allow" : "reject"}`, String(o.label || o.id));
+      b.type = "button";
+      b.dataset.optionId = o.id;
+      b.addEventListener("click", () => answer(c, o.id, b));
+      buttons.appendChild(b);
+    }
+    const err = el("div", "approval-error");
+    c.errEl = err;
+    card.append(textEl, buttons, err);
+    keepScrolled(() => v.block.appendChild(card));
+    state.approvals.set(a.id, c);
+    return c;
+  }
+
+  // settleCard shows how a question was settled and turns its buttons off.
+  function settleCard(c, a, text) {
+    c.settled = true;
+    c.card.dataset.state = "settled";
+    c.card.dataset.outcome = (a && a.outcome) || "";
+    if (text) c.textEl.textContent = text;
+    c.errEl.textContent = "";
+    for (const b of c.buttons.querySelectorAll("button")) {
+      b.disabled = true;
+      b.classList.toggle("chosen", !!a && a.outcome === "selected" && b.dataset.optionId === a.optionId);
+    }
+  }
+
+  async function answer(c, optionId, button) {
+    if (c.settled || !state.connected) return;
+    for (const b of c.buttons.querySelectorAll("button")) b.disabled = true;
+    button.classList.add("pending");
+    try {
+      const res = await request("approval.resolve", { id: c.id, optionId, sessionKey: state.sessionKey });
+      settleCard(c, res && res.approval, res && res.text);
+    } catch (err) {
+      button.classList.remove("pending");
+      const code = (err.info && err.info.details && err.info.details.code) || "";
+      if (code === "APPROVAL_NOT_FOUND") {
+        settleCard(c, null, `${c.textEl.textContent}\n(no longer open)`);
+        return;
+      }
+      c.errEl.textContent = `Not answered: ${err.message}`;
+      if (code !== "APPROVAL_FORBIDDEN") for (const b of c.buttons.querySelectorAll("button")) b.disabled = false;
+    }
+  }
+
+  function onApproval(p) {
+    if (!p.runId || !mine(p) || !p.approval || !p.approval.id) return;
+    const a = p.approval;
+    if (p.state === "requested") {
+      approvalCard(p.runId, a, p.text);
+      return;
+    }
+    if (p.state === "resolved") {
+      const c = state.approvals.get(a.id) || approvalCard(p.runId, a, p.text);
+      settleCard(c, a, p.text);
+    }
+  }
+
   // ---- queued messages -----------------------------------------------------
 
   // queueLabel is a queued message's words, by what the gateway did with
@@ -668,7 +751,7 @@
     const payload = f.payload || {};
     switch (f.event) {
       case "connect.challenge": hello(ws, payload); break;
-      case "chat": case "agent":
+      case "chat": case "agent": case "approval":
         // While the history loads, this session's run events wait: they are
         // drawn after it (loadHistory), on top of what it shows.
         if (state.loading && mine(payload)) state.loading.held.push([f.event, payload]);
@@ -738,7 +821,9 @@
   }
 
   function runEvent(name, p) {
-    if (name === "chat") onChat(p); else onAgent(p);
+    if (name === "chat") onChat(p);
+    else if (name === "approval") onApproval(p);
+    else onAgent(p);
   }
 
   function onChat(p) {
@@ -862,6 +947,7 @@
 
     ui.messages.replaceChildren();
     state.runs.clear();
+    state.approvals.clear();
     state.queued.clear();
     setActive("");
     let lastUser = "";
@@ -902,6 +988,10 @@
     // Retry resends the running turn's own message (activeRun.userText), not
     // the history's last user message, which may have been steered into it.
     if (active) reattach(active, String(active.userText || lastUser));
+    // The running turn's open questions, with their buttons.
+    for (const a of live.approvals || []) {
+      if (a && a.id && a.runId) approvalCard(a.runId, a, a.text);
+    }
     // Each queued message is marked with the turn it will be answered in
     // (turnRunId: in collect mode the messages collected together share the
     // first's), so that turn's start marks them sent.
@@ -971,6 +1061,7 @@
     setActive("");
     ui.messages.replaceChildren();
     state.runs.clear();
+    state.approvals.clear();
     await refreshSessions();
     await loadHistory();
     ui.input.focus();

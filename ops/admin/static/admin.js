@@ -8,7 +8,12 @@
 // end-to-end test (e2e/admin.mjs): #status[data-state], tr.turn[data-run-id]
 // [data-stalled][data-state], .stall-warning, button.abort[data-run-id]
 // [data-armed], #aborts tr.abort-row[data-run-id][data-stop-reason],
-// #stalls tr.episode[data-run-id][data-outcome].
+// #stalls tr.episode[data-run-id][data-outcome],
+// #approvals tr.approval[data-approval-id], button.answer[data-option-id].
+//
+// Open questions (docs/approvals.md): each runner question nobody has
+// answered yet is a row with one button per option; a click answers it as
+// operator (POST /api/approvals/{id}), and its person sees "… by operator".
 "use strict";
 
 (() => {
@@ -213,11 +218,54 @@
       ` · delivery retries ${c.deliveryRetries}, failures ${c.deliveryFailures} · ${d.build.version}`;
   }
 
+  // Open questions.
+  const answering = new Set(); // approval ids with an answer on its way
+
+  function renderApprovals(data) {
+    $("#approvals tbody").replaceChildren(...data.approvals.map(approvalRow));
+    $("#approval-count").textContent = String(data.count);
+    $("#no-approvals").hidden = data.count > 0;
+  }
+
+  function approvalRow(a) {
+    const actions = el("td", { class: "answers" });
+    for (const o of a.options || []) {
+      const b = el("button", { class: `answer ${/^allow/.test(o.kind) ? "allow" : "reject"}`, type: "button",
+        dataset: { optionId: o.id }, title: `Answer "${o.label}" as operator`, text: o.label });
+      if (answering.has(a.id)) b.disabled = true;
+      b.addEventListener("click", () => onAnswer(a, o, actions));
+      actions.append(b);
+    }
+    return el("tr", { class: "approval", dataset: { approvalId: a.id, runId: a.runId } },
+      el("td", { text: a.sessionKey }),
+      el("td", {}, el("span", { text: a.title }), a.detail ? el("span", { class: "sub", text: a.detail }) : null,
+        a.tool ? el("span", { class: "sub", text: `tool: ${a.tool}` }) : null),
+      el("td", { class: "mono", text: `denied in ${dur(a.expiresInMs)}` }),
+      actions);
+  }
+
+  async function onAnswer(a, o, cell) {
+    answering.add(a.id);
+    for (const b of cell.querySelectorAll("button")) b.disabled = true;
+    try {
+      const res = await api(`/api/approvals/${encodeURIComponent(a.id)}`, { method: "POST", body: JSON.stringify({ optionId: o.id }) });
+      setStatus("connected", res.already ? `already answered: ${res.text}` : res.text);
+    } catch (err) {
+      if (err instanceof AuthError) return showAuth(err.message);
+      setStatus("error", `answer failed: ${err.message}`);
+    } finally {
+      answering.delete(a.id);
+    }
+    refreshAll();
+  }
+
   // Polling.
   async function refreshLive() {
     if (authFailed) return;
     try {
-      renderTurns(await api("/api/turns"));
+      const [turns, approvals] = await Promise.all([api("/api/turns"), api("/api/approvals")]);
+      renderTurns(turns);
+      renderApprovals(approvals);
       setStatus("connected", `updated ${new Date().toLocaleTimeString()}`);
     } catch (err) {
       if (err instanceof AuthError) return showAuth(err.message);

@@ -1,0 +1,139 @@
+// Drives the web chat's approval card in headless Chromium (docs/approvals.md):
+//
+//   1. "/steps ask:deploy say:Finished" shows a card "Run deploy" with the
+//      buttons Allow and Deny; a click on Allow disables the buttons, the
+//      card says who chose what ("✅ Allow by web chat: Run deploy") and the
+//      turn finishes with "deploy ran (allowed). Finished"
+//      (webchat-approval.png).
+//   2. A reload while a question is open draws its card again (from
+//      chat.history's turnguard.approvals); Deny answers it.
+//   3. A question settled elsewhere (approval.resolve from another client,
+//      here a second WebSocket in the page) updates the open card.
+//   4. Stop while a question is open: the card says the request stopped.
+//
+// Usage: node webchat-approval.mjs URL ARTIFACTS_DIR   (URL with #token=…)
+// Env:   E2E_CHROMIUM, E2E_NODE_MODULES (as webchat.mjs)
+// Prints one "ok: …" line per check; on failure "FAIL: …" and exit status 1.
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const [url, artifacts] = process.argv.slice(2);
+if (!url || !artifacts) {
+  console.error("usage: node webchat-approval.mjs URL ARTIFACTS_DIR");
+  process.exit(2);
+}
+const require = createRequire(path.join(process.env.E2E_NODE_MODULES || ".", "_.js"));
+const { chromium } = require("playwright-core");
+
+const ok = (msg) => console.log(`ok: ${msg}`);
+const T = { connect: 20000, turn: 20000 };
+const ASK = "/steps ask:deploy say:Finished";
+
+async function send(page, text) {
+  await page.getByRole("textbox", { name: "Message", exact: true }).fill(text);
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+}
+
+const openCard = (page) => page.waitForSelector('.run:last-child .approval[data-state="open"]', { timeout: T.turn });
+
+async function allow(page) {
+  await send(page, ASK);
+  const card = await openCard(page);
+  const text = await card.$eval(".approval-text", (e) => e.textContent);
+  if (!text.includes("Run deploy")) throw new Error(`card text "${text}"`);
+  const labels = await card.$$eval("button", (bs) => bs.map((b) => b.textContent));
+  if (JSON.stringify(labels) !== '["Allow","Deny"]') throw new Error(`buttons ${JSON.stringify(labels)}`);
+  ok(`the question is a card with Allow and Deny: "${text.split("\n")[0]}"`);
+  await page.getByRole("button", { name: "Allow", exact: true }).click();
+  await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
+  const disabled = await card.$$eval("button", (bs) => bs.every((b) => b.disabled));
+  if (!disabled) throw new Error("buttons still enabled after the click");
+  const settled = await card.$eval(".approval-text", (e) => e.textContent);
+  if (settled !== "✅ Allow by web chat: Run deploy") throw new Error(`settled card "${settled}"`);
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=deploy ran (allowed). Finished", { timeout: T.turn });
+  ok(`Allow: buttons off, the card says "${settled}", the turn finished`);
+  await page.screenshot({ path: path.join(artifacts, "webchat-approval.png") });
+}
+
+async function reloadThenDeny(page) {
+  await send(page, ASK);
+  await openCard(page);
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const card = await openCard(page);
+  ok("after a reload the open question is drawn again");
+  await page.getByRole("button", { name: "Deny", exact: true }).click();
+  await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=deploy was not run: denied. Finished", { timeout: T.turn });
+  ok(`Deny after the reload: "${await card.$eval(".approval-text", (e) => e.textContent)}"`);
+}
+
+// settledElsewhere answers the open question from a second connection (as
+// another tab would) and waits for the card to follow.
+async function settledElsewhere(page, token) {
+  await send(page, ASK);
+  const card = await openCard(page);
+  const id = await card.getAttribute("data-approval-id");
+  const session = "e2e-approval";
+  const answered = await page.evaluate(async ({ id, token, session }) => {
+    const ws = new WebSocket(`ws://${location.host}/`);
+    const next = () => new Promise((res) => { ws.onmessage = (e) => res(JSON.parse(e.data)); });
+    await next(); // connect.challenge
+    const call = async (i, method, params) => {
+      ws.send(JSON.stringify({ type: "req", id: String(i), method, params }));
+      for (;;) { const f = await next(); if (f.type === "res" && f.id === String(i)) return f; }
+    };
+    await call(1, "connect", { minProtocol: 4, maxProtocol: 4, client: { id: "e2e-tab", mode: "webchat" }, auth: { token } });
+    await call(2, "chat.history", { sessionKey: session });
+    const r = await call(3, "approval.resolve", { id, optionId: "allow" });
+    ws.close();
+    return r;
+  }, { id, token, session });
+  if (!answered.ok) throw new Error(`the other client's answer: ${JSON.stringify(answered)}`);
+  await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
+  const text = await card.$eval(".approval-text", (e) => e.textContent);
+  if (!text.startsWith("✅ Allow by")) throw new Error(`card settled elsewhere says "${text}"`);
+  await page.waitForSelector(".run:last-child .msg.assistant:not(.streaming) >> text=deploy ran (allowed). Finished", { timeout: T.turn });
+  ok(`settled by another client, the card follows: "${text}"`);
+}
+
+async function stopWhileAsking(page) {
+  await send(page, ASK);
+  const card = await openCard(page);
+  await page.getByRole("button", { name: "Stop", exact: true }).click();
+  await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
+  const text = await card.$eval(".approval-text", (e) => e.textContent);
+  if (!text.startsWith("⏹️")) throw new Error(`stopped card says "${text}"`);
+  ok(`Stop while asking: "${text}"`);
+}
+
+async function main() {
+  const token = new URLSearchParams(new URL(url).hash.slice(1)).get("token") || "";
+  const browser = await chromium.launch({
+    executablePath: process.env.E2E_CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync"],
+  });
+  const page = await browser.newPage({ viewport: { width: 1100, height: 760 } });
+  const consoleErrors = [];
+  page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
+  page.on("pageerror", (e) => consoleErrors.push(String(e)));
+  try {
+    await page.goto(url.replace("/#", "/?session=e2e-approval#"));
+    await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    await allow(page);
+    await reloadThenDeny(page);
+    await settledElsewhere(page, token);
+    await stopWhileAsking(page);
+    if (consoleErrors.length) throw new Error(`console errors: ${consoleErrors.join(" | ")}`);
+  } catch (err) {
+    try { await page.screenshot({ path: path.join(artifacts, "webchat-approval-failure.png") }); } catch (_) { /* ignore */ }
+    console.log(`FAIL: ${err.message}`);
+    process.exitCode = 1;
+  } finally {
+    await browser.close();
+  }
+}
+
+await main();
