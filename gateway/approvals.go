@@ -52,6 +52,10 @@ const (
 type ResolveRequest struct {
 	ApprovalID string
 	OptionID   string
+	// OptionNumber, used when OptionID is "", picks the question's option
+	// by its 1-based place (a Telegram button knows its place, not the
+	// runner's id, which may be long); 0 picks nothing.
+	OptionNumber int
 	// SessionKey is the session of the chat the answer comes from; it must
 	// be the turn's, unless Operator.
 	SessionKey string
@@ -261,6 +265,9 @@ func (e *Engine) Resolve(ctx context.Context, req ResolveRequest) (ResolveResult
 		return ResolveResult{}, fmt.Errorf("answer %q: %w", req.ApprovalID, ErrApprovalForbidden)
 	}
 	o, ok := p.a.Option(req.OptionID)
+	if req.OptionID == "" && req.OptionNumber >= 1 && req.OptionNumber <= len(p.a.Options) {
+		o, ok = p.a.Options[req.OptionNumber-1], true
+	}
 	if !ok {
 		return ResolveResult{}, fmt.Errorf("answer %q with %q: %w", req.ApprovalID, req.OptionID, ErrApprovalOption)
 	}

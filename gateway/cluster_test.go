@@ -324,7 +324,8 @@ func TestClusterAnswerIsForwardedToTheQuestionsReplica(t *testing.T) {
 			// Routed by the answering chat's session, which runs nothing.
 			t.Fatalf("another chat's answer through b: %v, want ErrApprovalNotFound", err)
 		}
-		res, err := rs[1].e.Resolve(context.Background(), gateway.ResolveRequest{ApprovalID: open[0].ID, OptionID: "allow",
+		// By the button's place (Telegram's callback data), not the option id.
+		res, err := rs[1].e.Resolve(context.Background(), gateway.ResolveRequest{ApprovalID: open[0].ID, OptionNumber: 1,
 			SessionKey: "main", By: "@alice"})
 		if err != nil || res.Approval.By != "@alice" || res.Approval.Outcome != event.ApprovalSelected {
 			t.Fatalf("answer through replica b: %+v, %v", res, err)

@@ -42,10 +42,6 @@ const (
 	textApprovalNotOwner  = "Only the person who sent that request can answer"
 	textApprovalBadOption = "That answer is not one of the options"
 	textApprovalFailed    = "Could not record your answer — please try again"
-	// textApprovalElsewhere: in a cluster, a tap handled by a replica that
-	// does not run the question's turn (cluster.go; not forwarded).
-	textApprovalElsewhere = "This question is not open on this server (it may be waiting on another gateway replica, " +
-		"which cannot take this answer). It is denied if nobody answers in time."
 )
 
 // question is a runner's question shown in a chat. Guarded by Channel.mu.
@@ -326,7 +322,7 @@ func (c *Channel) handleApproval(ctx context.Context, ch *chat, cb *models.Callb
 			}
 		}
 	}
-	optionID := ""
+	optionID, number := "", idx+1 // the engine picks by place when this replica does not have the question
 	if idx < len(opts) {
 		optionID = opts[idx].ID
 	}
@@ -342,14 +338,11 @@ func (c *Channel) handleApproval(ctx context.Context, ch *chat, cb *models.Callb
 			return
 		}
 	}
-	res, err := c.eng.Resolve(ctx, gateway.ResolveRequest{ApprovalID: id, OptionID: optionID, SessionKey: ch.key, By: presser(cb.From)})
+	res, err := c.eng.Resolve(ctx, gateway.ResolveRequest{ApprovalID: id, OptionID: optionID, OptionNumber: number,
+		SessionKey: ch.key, By: presser(cb.From)})
 	switch {
 	case errors.Is(err, gateway.ErrApprovalForbidden):
 		c.answerCallback(ctx, ch, cb, textApprovalNotYours)
-	case errors.Is(err, gateway.ErrApprovalNotFound) && c.cl != nil && !known:
-		// Another replica may run the turn: it edits the message when
-		// the question is settled there.
-		c.answerCallback(ctx, ch, cb, textApprovalElsewhere)
 	case errors.Is(err, gateway.ErrApprovalNotFound):
 		c.answerCallback(ctx, ch, cb, textApprovalClosed)
 		if m != nil {

@@ -313,8 +313,9 @@ func TestApprovalRateLimited(t *testing.T) {
 
 // TestApprovalUnknown: a press on a question the gateway does not know (it
 // restarted: the store has it as expired) is told it is no longer open,
-// and the message loses its buttons. In a cluster, where another replica
-// may have the question, it is told so and the message is left alone.
+// and the message loses its buttons. (In a cluster the engine first passes
+// the answer to the replica that runs the chat's turn:
+// gateway.TestClusterAnswerIsForwardedToTheQuestionsReplica.)
 func TestApprovalUnknown(t *testing.T) {
 	const data = "ap:ap_0123456789abcdef0123:0"
 	seed := func(f *fakeAPI, _ *memTransport) {
@@ -332,28 +333,6 @@ func TestApprovalUnknown(t *testing.T) {
 			t.Errorf("buttons left: %q", k)
 		}
 		h.wantScreen(alice, questionText)
-	})
-	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, setup{prepare: seed, noRun: true})
-		h.ch.cl = &Cluster{ReplicaID: "r1"} // only handleApproval reads it here
-		cb := &models.CallbackQuery{ID: "cbq-1", From: aliceUser, Data: data,
-			Message: models.MaybeInaccessibleMessage{Type: models.MaybeInaccessibleMessageTypeMessage,
-				Message: &models.Message{ID: 1, Chat: models.Chat{ID: alice, Type: models.ChatTypePrivate}}}}
-		h.ch.mu.Lock()
-		ch := h.ch.chatLocked(alice)
-		h.ch.mu.Unlock()
-		h.ch.handleApproval(context.Background(), ch, cb)
-		h.advance(3 * time.Second)
-		if got := h.api.toasts(); !slices.Equal(got, []string{textApprovalElsewhere}) {
-			t.Errorf("toasts %q", got)
-		}
-		if len(textApprovalElsewhere) > 200 {
-			t.Errorf("the toast is %d characters, over Telegram's 200", len(textApprovalElsewhere))
-		}
-		if k := h.api.keys(alice, 1); k == nil {
-			t.Error("the buttons were removed; the replica that has the question edits it")
-		}
-		h.ch.cl = nil
 	})
 }
 
