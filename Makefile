@@ -65,7 +65,8 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'StreamDeltas|HistoryFloodHeap' -benchtime=3x ./channels/ws/
 	$(GO) test -run '^$$' -bench 'BenchmarkHandle' -benchtime=200000x ./store/
 	$(GO) test -run '^$$' -bench 'BenchmarkProcScan' -benchtime=200x ./runner/exec/
-	$(GO) test -run '^$$' -bench 'EventPath' -benchmem -benchtime=200000x ./cmd/gateway/
+	$(GO) test -run '^$$' -bench 'EventPath$$' -benchmem -benchtime=200000x ./cmd/gateway/
+	$(GO) test -run '^$$' -bench 'EventPathTracing' -benchmem -benchtime=100000x ./cmd/gateway/
 
 ## bench-cluster: the scale-out benchmarks (a real PostgreSQL, real nats-server processes); figures in
 ## docs/performance.md ("Running on PostgreSQL", "Cluster …", "Telegram updates across replicas").

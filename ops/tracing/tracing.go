@@ -65,6 +65,9 @@ type Options struct {
 	// Exporter, when set, replaces the OTLP exporter and is called
 	// synchronously as each span ends (tests: tracetest.InMemoryExporter).
 	Exporter sdktrace.SpanExporter
+	// Batch sends Exporter's spans through the batch processor, as the
+	// OTLP exporter's are (benchmarks), instead of synchronously.
+	Batch bool
 	// Log receives the exporter's failures (rate-limited).
 	Log *slog.Logger
 }
@@ -85,9 +88,12 @@ func New(ctx context.Context, opts Options) (*Tracer, error) {
 	}
 	t := opts.Telemetry
 	var sp sdktrace.SpanProcessor
-	if opts.Exporter != nil {
+	switch {
+	case opts.Exporter != nil && opts.Batch:
+		sp = sdktrace.NewBatchSpanProcessor(opts.Exporter)
+	case opts.Exporter != nil:
 		sp = sdktrace.NewSimpleSpanProcessor(opts.Exporter)
-	} else {
+	default:
 		exp, err := newExporter(ctx, t.OTLP)
 		if err != nil {
 			return nil, fmt.Errorf("tracing: OTLP exporter for %s: %w", endpointForLog(t.OTLP.Endpoint), err)
