@@ -456,3 +456,34 @@ func TestLogHandler(t *testing.T) {
 }
 
 var _ sdktrace.SpanExporter = (*tracetest.InMemoryExporter)(nil)
+
+// TestReceiverDownBlocksNothing: with nothing listening at the endpoint,
+// handling a turn's events returns at once and Shutdown gives up within its
+// context's time, for both protocols.
+func TestReceiverDownBlocksNothing(t *testing.T) {
+	for _, protocol := range []string{config.OTLPGRPC, config.OTLPHTTP} {
+		t.Run(protocol, func(t *testing.T) {
+			tel := config.Default().Telemetry
+			tel.OTLP = config.TelemetryOTLP{Endpoint: "127.0.0.1:1", Protocol: protocol, Insecure: true}
+			var logs lockedBuffer
+			tr, err := tracing.New(context.Background(), tracing.Options{Telemetry: tel, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			began := time.Now()
+			locals := &event.Locals{}
+			for _, k := range []event.Kind{event.TurnStarted, event.StepStarted, event.StepCompleted, event.Finished} {
+				tr.Handle(event.Event{Kind: k, RunID: "r", Locals: locals, Time: time.Now(), StopReason: event.ReasonStop})
+			}
+			if d := time.Since(began); d > time.Second {
+				t.Errorf("handling the events took %v", d)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second) // real time: a real exporter's bounded flush
+			defer cancel()
+			_ = tr.Shutdown(ctx) // fails or gives up: the receiver is down
+			if d := time.Since(began); d > 3*time.Second {
+				t.Errorf("shutdown took %v with the receiver down", d)
+			}
+		})
+	}
+}
