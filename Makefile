@@ -43,11 +43,19 @@ bin/nats-server: tools/nats-server/go.mod tools/nats-server/go.sum
 	mkdir -p bin
 	cd tools/nats-server && $(GO) build -o $(CURDIR)/bin/nats-server github.com/nats-io/nats-server/v2
 
-## test: gofmt check, go vet and the race-enabled unit tests (with a real PostgreSQL and real
-## nats-server processes, both required: a missing one fails the tests instead of skipping them).
+## bin/otelcol: the OTLP receiver the tracing end-to-end test exports to (the Collector's own
+## otlpreceiver writing OTLP JSON), built from tools/otelcol — a module of its own, like nats-server.
+bin/otelcol: tools/otelcol/go.mod tools/otelcol/go.sum tools/otelcol/main.go
+	mkdir -p bin
+	cd tools/otelcol && $(GO) build -o $(CURDIR)/bin/otelcol .
+
+## test: gofmt check, go vet and the race-enabled unit tests (with a real PostgreSQL, real
+## nats-server processes and a real OTLP receiver, all required: a missing one fails the tests
+## instead of skipping them).
 test: export TURNGUARD_NATS_SERVER := $(CURDIR)/bin/nats-server
-test: deps deps-postgres fmt-check vet bin/nats-server
-	TURNGUARD_REQUIRE_POSTGRES=1 $(GO) test -race -count=1 $(PKGS)
+test: export TURNGUARD_OTELCOL := $(CURDIR)/bin/otelcol
+test: deps deps-postgres fmt-check vet bin/nats-server bin/otelcol
+	TURNGUARD_REQUIRE_POSTGRES=1 TURNGUARD_REQUIRE_OTELCOL=1 $(GO) test -race -count=1 $(PKGS)
 
 ## bench: the benchmarks recorded in docs/performance.md.
 bench: deps
@@ -57,7 +65,8 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'StreamDeltas|HistoryFloodHeap' -benchtime=3x ./channels/ws/
 	$(GO) test -run '^$$' -bench 'BenchmarkHandle' -benchtime=200000x ./store/
 	$(GO) test -run '^$$' -bench 'BenchmarkProcScan' -benchtime=200x ./runner/exec/
-	$(GO) test -run '^$$' -bench 'EventPath' -benchmem -benchtime=200000x ./cmd/gateway/
+	$(GO) test -run '^$$' -bench 'EventPath$$' -benchmem -benchtime=200000x ./cmd/gateway/
+	$(GO) test -run '^$$' -bench 'EventPathTracing' -benchmem -benchtime=100000x ./cmd/gateway/
 
 ## bench-cluster: the scale-out benchmarks (a real PostgreSQL, real nats-server processes); figures in
 ## docs/performance.md ("Running on PostgreSQL", "Cluster …", "Telegram updates across replicas").

@@ -118,6 +118,12 @@ func defaults() map[string]any {
 
 		"alerts.stepTimeoutBurst": 5,
 		"alerts.window":           10 * time.Minute,
+
+		"telemetry.serviceName":   "turnguard",
+		"telemetry.sampleRatio":   1.0,
+		"telemetry.otlp.endpoint": "",
+		"telemetry.otlp.protocol": OTLPGRPC,
+		"telemetry.otlp.insecure": false,
 	}
 }
 

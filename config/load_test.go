@@ -59,8 +59,9 @@ func TestDefaults(t *testing.T) {
 		Watchdog: Watchdog{Enabled: true, AutoAbort: true},
 		Store: Store{Driver: StoreSQLite, Path: "turnguard.db", QueueSize: 4096, Retention: StoreRetention{
 			HistoryDays: 90, MaxMessagesPerSession: 5000, JournalDays: 30, OutboxDays: 7, IntervalMinutes: 60, BatchRows: 500}},
-		Cluster: Cluster{LeaseSeconds: 3, NATS: ClusterNATS{URLs: []string{}}},
-		Alerts:  Alerts{StepTimeoutBurst: 5, Window: 10 * time.Minute},
+		Cluster:   Cluster{LeaseSeconds: 3, NATS: ClusterNATS{URLs: []string{}}},
+		Alerts:    Alerts{StepTimeoutBurst: 5, Window: 10 * time.Minute},
+		Telemetry: Telemetry{ServiceName: "turnguard", SampleRatio: 1, OTLP: TelemetryOTLP{Protocol: OTLPGRPC}},
 	}
 	got := *c
 	got.msgs = nil

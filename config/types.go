@@ -11,14 +11,15 @@ import (
 // is documented in docs/configuration.md. A Config is immutable once loaded:
 // hot reload swaps in a new one.
 type Config struct {
-	Server   Server            `koanf:"server"`
-	Agents   Agents            `koanf:"agents"`
-	Channels Channels          `koanf:"channels"`
-	Watchdog Watchdog          `koanf:"watchdog"`
-	Messages map[string]string `koanf:"messages"` // template overrides, see messages
-	Store    Store             `koanf:"store"`
-	Cluster  Cluster           `koanf:"cluster"`
-	Alerts   Alerts            `koanf:"alerts"`
+	Server    Server            `koanf:"server"`
+	Agents    Agents            `koanf:"agents"`
+	Channels  Channels          `koanf:"channels"`
+	Watchdog  Watchdog          `koanf:"watchdog"`
+	Messages  map[string]string `koanf:"messages"` // template overrides, see messages
+	Store     Store             `koanf:"store"`
+	Cluster   Cluster           `koanf:"cluster"`
+	Alerts    Alerts            `koanf:"alerts"`
+	Telemetry Telemetry         `koanf:"telemetry"`
 
 	msgs *messages.Set // Messages parsed at load; see MessageSet
 }
@@ -229,3 +230,26 @@ type Alerts struct {
 	StepTimeoutBurst int           `koanf:"stepTimeoutBurst"` // default 5
 	Window           time.Duration `koanf:"window"`           // default 10m
 }
+
+// Telemetry configures tracing (telemetry.*): every turn an OpenTelemetry
+// trace, exported over OTLP when OTLP.Endpoint is set; off otherwise. Read
+// at start-up.
+type Telemetry struct {
+	ServiceName string        `koanf:"serviceName"` // the service.name resource attribute; default turnguard
+	SampleRatio float64       `koanf:"sampleRatio"` // share of turns traced, 0–1; default 1
+	OTLP        TelemetryOTLP `koanf:"otlp"`
+}
+
+// TelemetryOTLP says where traces go (telemetry.otlp.*).
+type TelemetryOTLP struct {
+	Endpoint string            `koanf:"endpoint"` // host:port or http(s):// URL of an OTLP receiver; "" = tracing off
+	Protocol string            `koanf:"protocol"` // grpc | http; default grpc
+	Insecure bool              `koanf:"insecure"` // plaintext, no TLS; default false (an http:// URL is plaintext anyway)
+	Headers  map[string]string `koanf:"headers"`  // sent with every export (e.g. an API key); the values are secrets
+}
+
+// The OTLP protocols (telemetry.otlp.protocol).
+const (
+	OTLPGRPC = "grpc"
+	OTLPHTTP = "http"
+)

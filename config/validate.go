@@ -135,6 +135,7 @@ var bounds = map[string]bound{
 	"store.retention.batchRows":             {min: 1, max: 10_000},
 	"alerts.stepTimeoutBurst":               {min: 1, max: 10000},
 	"cluster.leaseSeconds":                  {min: 1, max: 60, maxText: "1m"},
+	"telemetry.sampleRatio":                 {min: 0, max: 1, zero: "no turn traced"},
 	"alerts.window":                         {above: true, max: (24 * time.Hour).Seconds(), maxText: "24h"},
 }
 
@@ -402,6 +403,7 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 		p.add("alerts.window", "must be a duration > 0 and at most %s, got %s", b.maxText, w)
 	}
 	p.httpURL("alerts.webhookURL", c.Alerts.WebhookURL)
+	p.telemetry(c.Telemetry)
 
 	// Each template on its own, so that every bad one is reported.
 	bad := false
@@ -521,4 +523,38 @@ func (p *problems) cluster(c *Config) {
 	if len(cl.NATS.URLs) == 0 {
 		p.add("cluster.enabled", "needs cluster.nats.urls (the replicas' live events and aborts go through NATS)")
 	}
+}
+
+// telemetry checks telemetry.*. A problem never quotes a header value: it
+// is a secret.
+func (p *problems) telemetry(t Telemetry) {
+	p.numberIn("telemetry.sampleRatio", t.SampleRatio, bounds["telemetry.sampleRatio"])
+	if t.ServiceName == "" || len(t.ServiceName) > 255 {
+		p.add("telemetry.serviceName", "must be 1 to 255 characters")
+	}
+	o := t.OTLP
+	if o.Protocol != OTLPGRPC && o.Protocol != OTLPHTTP {
+		p.add("telemetry.otlp.protocol", "must be grpc or http, got %q", o.Protocol)
+	}
+	if e := o.Endpoint; e != "" {
+		if strings.Contains(e, "://") {
+			u, err := url.Parse(e)
+			if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+				p.add("telemetry.otlp.endpoint", "must be host:port or an http:// or https:// URL with a host, got %q", redactEndpoint(e))
+			}
+		} else if host, port, err := net.SplitHostPort(e); err != nil || host == "" || !validPort(port) {
+			p.add("telemetry.otlp.endpoint", "must be host:port or an http:// or https:// URL with a host, got %q", redactEndpoint(e))
+		}
+	}
+	for k := range o.Headers {
+		if k == "" || strings.ContainsAny(k, " \t\r\n:") {
+			p.add("telemetry.otlp.headers", "has an invalid header name %q", k)
+		}
+	}
+}
+
+// validPort reports whether s is a port number from 1 to 65535.
+func validPort(s string) bool {
+	n, err := strconv.Atoi(s)
+	return err == nil && n >= 1 && n <= 65535
 }

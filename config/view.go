@@ -2,6 +2,7 @@ package config
 
 import (
 	"maps"
+	"net"
 	"net/url"
 	"reflect"
 	"slices"
@@ -92,9 +93,10 @@ const defaultMaxQueued = 5
 // Redacted returns a deep copy of c in which every non-empty secret is
 // replaced by Redaction: server.token, server.operatorToken,
 // agents.openai.apiKey, channels.telegram.token,
-// channels.telegram.webhookSecret and the values of agents.exec.env. In
+// channels.telegram.webhookSecret and the values of agents.exec.env and
+// telemetry.otlp.headers. In
 // URLs (agents.openai.baseURL, channels.telegram.apiURL and webhookURL,
-// alerts.webhookURL) the user info, query string and fragment are
+// alerts.webhookURL, telemetry.otlp.endpoint) the user info, query string and fragment are
 // replaced; in store.url (which holds the database password) too. c is not
 // modified.
 func (c *Config) Redacted() Config {
@@ -137,6 +139,13 @@ func (c *Config) Redacted() Config {
 	tg.AllowedChatIDs = slices.Clone(tg.AllowedChatIDs)
 
 	r.Alerts.WebhookURL = redactURL(c.Alerts.WebhookURL)
+	r.Telemetry.OTLP.Endpoint = redactEndpoint(c.Telemetry.OTLP.Endpoint)
+	if c.Telemetry.OTLP.Headers != nil {
+		r.Telemetry.OTLP.Headers = make(map[string]string, len(c.Telemetry.OTLP.Headers))
+		for k, v := range c.Telemetry.OTLP.Headers {
+			r.Telemetry.OTLP.Headers[k] = redact(v)
+		}
+	}
 	r.Store.URL = redactURL(c.Store.URL)
 	if len(c.Cluster.NATS.URLs) > 0 {
 		r.Cluster.NATS.URLs = make([]string, len(c.Cluster.NATS.URLs))
@@ -155,6 +164,9 @@ func (c *Config) Secrets() []string {
 	out := []string{c.Server.Token, c.Server.OperatorToken, c.Agents.OpenAI.APIKey,
 		c.Channels.Telegram.Token, c.Channels.Telegram.WebhookSecret}
 	for _, v := range c.Agents.Exec.Env {
+		out = append(out, v)
+	}
+	for _, v := range c.Telemetry.OTLP.Headers {
 		out = append(out, v)
 	}
 	for i, raw := range append([]string{c.Store.URL}, c.Cluster.NATS.URLs...) {
@@ -196,6 +208,17 @@ func redact(s string) string {
 
 // redactURL keeps the scheme, host and path of a URL and replaces user
 // info, query and fragment; a URL that does not parse is redacted whole.
+// redactEndpoint is redactURL for a URL, and a host:port as it is (it holds
+// no secret).
+func redactEndpoint(s string) string {
+	if !strings.Contains(s, "://") {
+		if _, _, err := net.SplitHostPort(s); err == nil {
+			return s
+		}
+	}
+	return redactURL(s)
+}
+
 func redactURL(s string) string {
 	if s == "" {
 		return ""

@@ -101,7 +101,7 @@ func TestMessageSet(t *testing.T) {
 // The secrets of testdata/valid/full.yaml.
 var fullSecrets = []string{
 	"example-client-token", "example-operator-token", "sk-example-api-key", "example-exec-secret",
-	"example-telegram-token", "example_webhook_secret", "example-alert-secret",
+	"example-telegram-token", "example_webhook_secret", "example-alert-secret", "example-otlp-secret",
 }
 
 func TestRedactedAndStringHideSecrets(t *testing.T) {

@@ -62,7 +62,7 @@ const ReloadDebounce = 250 * time.Millisecond
 
 // restartOnly are keys a running gateway reads once at startup: the
 // listener, the tokens the WebSocket server and the operator routes were
-// built with, the store, and the Telegram channel. A reload that changes
+// built with, the store, the cluster, telemetry and the Telegram channel. A reload that changes
 // them applies everything else and names them as needing a restart.
 var restartOnly = []struct {
 	key string
@@ -80,6 +80,9 @@ var restartOnly = []struct {
 	{"cluster.replicaID", func(c *Config) any { return c.Cluster.ReplicaID }},
 	{"cluster.leaseSeconds", func(c *Config) any { return c.Cluster.LeaseSeconds }},
 	{"cluster.nats.urls", func(c *Config) any { return strings.Join(c.Cluster.NATS.URLs, " ") }},
+	{"telemetry.serviceName", func(c *Config) any { return c.Telemetry.ServiceName }},
+	{"telemetry.sampleRatio", func(c *Config) any { return c.Telemetry.SampleRatio }},
+	{"telemetry.otlp", func(c *Config) any { return fmt.Sprint(c.Telemetry.OTLP) }},
 	{"channels.telegram.enabled", func(c *Config) any { return c.Channels.Telegram.Enabled }},
 	{"channels.telegram.token", func(c *Config) any { return c.Channels.Telegram.Token }},
 	{"channels.telegram.mode", func(c *Config) any { return c.Channels.Telegram.Mode }},

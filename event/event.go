@@ -132,7 +132,7 @@ func (k Kind) Terminal() bool { return k == Aborted || k == Finished }
 //
 // Field use by kind:
 //   - TurnStarted: Text = the user's message; Deadline, Ceiling, StepTimeout =
-//     the turn's limits (zero Ceiling/StepTimeout: none).
+//     the turn's limits (zero Ceiling/StepTimeout: none); Runner; Queued.
 //   - StepStarted, StepCompleted: Step.
 //   - Delta: Text = the new chunk, FullText = all reply text so far.
 //   - Paused: Text = the reason. Resumed: nothing extra.
@@ -185,6 +185,11 @@ type Event struct {
 	// into this turn besides its own; the store forgets them with the
 	// turn's own queued row, in the same transaction.
 	Joined []string
+	// Runner (TurnStarted): the name of the runner the turn runs on.
+	Runner string
+	// Queued (TurnStarted): how long the turn's message waited in its
+	// session's queue before the turn started (0: it started at once).
+	Queued time.Duration
 	// Approval is the question of ApprovalRequested and ApprovalResolved;
 	// nil for other kinds. It is never changed after it is published.
 	Approval *Approval

@@ -470,6 +470,9 @@ func (e *Engine) pumpLocked(s *session) func() {
 		// A started turn's queued rows are deleted by the store in the
 		// transaction that records its TurnStarted (with Joined): exactly
 		// once across a crash.
+		if t := e.turns[req.RunID]; t != nil {
+			t.queuedAt = first.QueuedAt
+		}
 		if t := e.turns[req.RunID]; t != nil && len(ids) > 1 {
 			t.aliases = ids[1:]
 			t.joined = ids[1:]

@@ -285,6 +285,9 @@ type turn struct {
 	// joined are the run ids of the queued messages collected into this
 	// turn besides its own (set before it starts; TurnStarted.Joined).
 	joined []string
+	// queuedAt is when its message was queued (zero: it started at once);
+	// TurnStarted.Queued is the wait.
+	queuedAt time.Time
 	// done is closed once the outcome is known, the terminal event is out
 	// to every subscriber and the session is free (both flags below, under
 	// Engine.mu): whoever Wait wakes may send the session's next message at
@@ -638,6 +641,10 @@ func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 		started.Ceiling = run.StartedAt().Add(run.Settings.MaxTurnTime)
 	}
 	started.Joined = t.joined // the store forgets these queued rows with the turn's own
+	started.Runner = t.runner
+	if !t.queuedAt.IsZero() {
+		started.Queued = max(0, time.Since(t.queuedAt))
+	}
 	// Nothing else may publish for this run before TurnStarted: Abort and
 	// Shutdown wait for t.started, and the scheduler and the runner only
 	// learn of the run below.

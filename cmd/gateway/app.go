@@ -21,6 +21,7 @@ import (
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/ops/alerts"
+	"github.com/turnguard/turnguard/ops/tracing"
 	execrunner "github.com/turnguard/turnguard/runner/exec"
 	"github.com/turnguard/turnguard/store"
 )
@@ -47,12 +48,16 @@ type app struct {
 	alerter atomic.Pointer[alerts.Alerter]   // store health alerts, once ops is wired
 	tgClaim atomic.Pointer[telegram.Channel] // told when the store put Telegram endings into the outbox
 	unsub   func()
-	stopBG  context.CancelFunc // config watcher
-	bg      sync.WaitGroup
-	runners *runnerSet // built at start and, as needed, on hot reload
-	ops     *ops       // metrics, alerts, /api, /admin (ops.go)
-	tg      *tgChannel // the Telegram bot, when enabled (telegram.go)
-	node    *node.Node // this replica's membership, when cluster.enabled (cluster.go)
+	// tracer makes each turn a trace (telemetry.otlp.endpoint set; nil:
+	// tracing off, nothing subscribed); unsubTrace removes it from the bus.
+	tracer     *tracing.Tracer
+	unsubTrace func()
+	stopBG     context.CancelFunc // config watcher
+	bg         sync.WaitGroup
+	runners    *runnerSet // built at start and, as needed, on hot reload
+	ops        *ops       // metrics, alerts, /api, /admin (ops.go)
+	tg         *tgChannel // the Telegram bot, when enabled (telegram.go)
+	node       *node.Node // this replica's membership, when cluster.enabled (cluster.go)
 	// live is the engine once it runs queued messages (start's restore
 	// done), for the cluster's callbacks, which may come before.
 	live atomic.Pointer[gateway.Engine]
@@ -70,6 +75,19 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 			a.close()
 		}
 	}()
+	if cfg.Telemetry.OTLP.Endpoint != "" {
+		// Tracing: built first, so every log line about a turn carries
+		// its trace id.
+		a.tracer, err = tracing.New(ctx, tracing.Options{Telemetry: cfg.Telemetry, Version: version,
+			Instance: cfg.Cluster.ReplicaID, Log: log.With("component", "tracing")})
+		if err != nil {
+			return a, err
+		}
+		log = slog.New(tracing.LogHandler(log.Handler()))
+		a.log = log
+		log.Info("tracing: each turn is exported as a trace over OTLP", "protocol", cfg.Telemetry.OTLP.Protocol,
+			"sampleRatio", cfg.Telemetry.SampleRatio)
+	}
 
 	// Store: open, end the turns a previous process was cut off in, and
 	// feed the engine's history from it.
@@ -117,6 +135,9 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	}
 	// Subscribed before any turn can start, so the store sees every event.
 	a.unsub = a.eng.Bus().Subscribe("", a.store.Handle)
+	if a.tracer != nil {
+		a.unsubTrace = a.eng.Bus().Subscribe("", a.tracer.Handle)
+	}
 	a.eng.Start(ctx)
 	if a.node != nil {
 		a.node.Serve(a.eng) // messages and aborts other replicas forward here
@@ -299,6 +320,16 @@ func (a *app) close() {
 	a.leaveCluster()
 	if a.unsub != nil {
 		a.unsub()
+	}
+	if a.unsubTrace != nil {
+		a.unsubTrace()
+	}
+	if a.tracer != nil {
+		// The spans of the turns stopped above are exported, or given up
+		// after tracing.ShutdownTimeout.
+		if err := a.tracer.Shutdown(context.Background()); err != nil {
+			a.log.Warn("tracing: spans still queued at exit were not exported", "error", err)
+		}
 	}
 	if a.store != nil {
 		fctx, cancel := context.WithTimeout(context.Background(), storeShutdownWait)

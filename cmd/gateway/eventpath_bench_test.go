@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/turnguard/turnguard/channels/ws"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/abort"
+	"github.com/turnguard/turnguard/ops/tracing"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/store"
 )
@@ -31,7 +34,12 @@ type pathEnv struct {
 	runs []*abort.Run
 }
 
-func newPathEnv(b *testing.B, n int) *pathEnv {
+func newPathEnv(b *testing.B, n int) *pathEnv { return newPathEnvTraced(b, n, false) }
+
+// newPathEnvTraced is newPathEnv, with the tracer subscribed as start does
+// when telemetry.otlp.endpoint is set (spans go through the batch processor
+// to an exporter that discards them) when traced.
+func newPathEnvTraced(b *testing.B, n int, traced bool) *pathEnv {
 	b.Helper()
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -59,6 +67,13 @@ func newPathEnv(b *testing.B, n int) *pathEnv {
 		b.Fatal(err)
 	}
 	a.unsub = a.eng.Bus().Subscribe("", a.store.Handle)
+	if traced {
+		a.tracer, err = tracing.New(ctx, tracing.Options{Telemetry: cfg.Telemetry, Exporter: tracetest.NewNoopExporter(), Batch: true, Log: log})
+		if err != nil {
+			b.Fatal(err)
+		}
+		a.unsubTrace = a.eng.Bus().Subscribe("", a.tracer.Handle)
+	}
 	a.eng.Start(ctx)
 	a.ws = ws.NewServer(a.eng, a.cfg, ws.Options{Version: "bench", Log: log})
 	if err := a.ops.wire(ctx, a, nil); err != nil {
@@ -126,6 +141,29 @@ func BenchmarkEventPath(b *testing.B) {
 			pathLoop(b, n, func(i int) { e.cbs[i].StepStarted("tool", "web_search") })
 		})
 		e.close()
+	}
+}
+
+// BenchmarkEventPathTracing is BenchmarkEventPath's step (StepStarted then
+// StepCompleted: one step span opened and ended) with tracing off — the
+// default, no tracer subscribed — and on, at 1 and 10K live turns
+// (docs/performance.md, "Tracing").
+func BenchmarkEventPathTracing(b *testing.B) {
+	for _, n := range []int{1, 10_000} {
+		for _, traced := range []bool{false, true} {
+			e := newPathEnvTraced(b, n, traced)
+			name := "tracing=off"
+			if traced {
+				name = "tracing=on"
+			}
+			b.Run(name+"/turns="+strconv.Itoa(n), func(b *testing.B) {
+				pathLoop(b, n, func(i int) {
+					e.cbs[i].StepStarted("tool", "web_search")
+					e.cbs[i].StepCompleted("tool", "web_search")
+				})
+			})
+			e.close()
+		}
 	}
 }
 

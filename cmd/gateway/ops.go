@@ -14,6 +14,7 @@ import (
 	"github.com/turnguard/turnguard/ops/admin"
 	"github.com/turnguard/turnguard/ops/alerts"
 	"github.com/turnguard/turnguard/ops/metrics"
+	"github.com/turnguard/turnguard/ops/tracing"
 )
 
 // ops is the operator side of the gateway: Prometheus metrics
@@ -113,6 +114,7 @@ func (o *ops) wire(ctx context.Context, a *app, tg alerts.TelegramSender) error 
 		Engine: a.eng, Config: o.cfg, Store: a.store, Metrics: o.metrics, MetricsHandler: o.metrics.Handler(),
 		Alerts: al, WSClients: a.ws.Clients, OperatorToken: o.cfg.Current().Server.OperatorToken,
 		Version: "turnguard " + version, StartedAt: o.started, Log: o.log.With("component", "admin"),
+		TraceID: traceIDs(a.tracer),
 	})
 	return err
 }
@@ -140,4 +142,13 @@ func (o *ops) close() {
 		<-o.done
 		o.stop = nil
 	}
+}
+
+// traceIDs names a turn's trace id for /api/turns while tracing is on (nil
+// when it is off: no trace id is shown).
+func traceIDs(t *tracing.Tracer) func(runID string) string {
+	if t == nil {
+		return nil
+	}
+	return tracing.TraceIDString
 }

@@ -100,6 +100,9 @@ type Options struct {
 	StartedAt time.Time
 	// Log receives operator actions (aborts) and API errors.
 	Log *slog.Logger
+	// TraceID, when set (tracing is on), names the trace of a turn by its
+	// run id: /api/turns and the dashboard show it.
+	TraceID func(runID string) string
 }
 
 // Handler serves the operator routes. Create it with New and add its

@@ -21,6 +21,7 @@ import (
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/ops/admin"
 	"github.com/turnguard/turnguard/ops/metrics"
+	"github.com/turnguard/turnguard/ops/tracing"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 	"github.com/turnguard/turnguard/store"
@@ -81,8 +82,9 @@ func newEnv(t *testing.T, c *config.Config) *env {
 	return newEnvRunner(t, c, demo.New())
 }
 
-// newEnvRunner is newEnv with rn as the runner of every channel.
-func newEnvRunner(t *testing.T, c *config.Config, rn runner.Runner) *env {
+// newEnvRunner is newEnv with rn as the runner of every channel; adjust
+// changes the handler's options.
+func newEnvRunner(t *testing.T, c *config.Config, rn runner.Runner, adjust ...func(*admin.Options)) *env {
 	t.Helper()
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -101,10 +103,14 @@ func newEnvRunner(t *testing.T, c *config.Config, rn runner.Runner) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	eng.Start(ctx)
 	m.AddSources(metrics.Sources{ActiveTurns: eng.Registry().Len, WSClients: func() int { return 2 }, Store: st, Outbox: st})
-	a, err := admin.New(admin.Options{
+	opts := admin.Options{
 		Engine: eng, Config: src, Store: st, Metrics: m, MetricsHandler: m.Handler(), WSClients: func() int { return 2 },
 		OperatorToken: c.Server.OperatorToken, Version: "turnguard test", StartedAt: time.Now(), Log: log,
-	})
+	}
+	for _, f := range adjust {
+		f(&opts)
+	}
+	a, err := admin.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,4 +434,32 @@ func TestNewRequiresEngineAndConfig(t *testing.T) {
 func drain(r io.Reader) string {
 	b, _ := io.ReadAll(r)
 	return string(b)
+}
+
+// TestTurnsShowTraceID: with tracing on (Options.TraceID), each live turn of
+// /api/turns names its trace; with it off, no traceId is shown.
+func TestTurnsShowTraceID(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			e := newEnvRunner(t, testConfig(t), demo.New(), func(o *admin.Options) {
+				if on {
+					o.TraceID = tracing.TraceIDString
+				}
+			})
+			e.send(t, "r-traced", "agent:main:a", "ws", "", "/steps shell:hang")
+			synctest.Wait()
+			code, body := e.do(t, http.MethodGet, "/api/turns")
+			var resp admin.TurnsResponse
+			if err := json.Unmarshal([]byte(body), &resp); code != http.StatusOK || err != nil || len(resp.Turns) != 1 {
+				t.Fatalf("GET /api/turns: %d %v %s", code, err, body)
+			}
+			want := ""
+			if on {
+				want = tracing.TraceIDString("r-traced")
+			}
+			if got := resp.Turns[0].TraceID; got != want || strings.Contains(body, "traceId") != on {
+				t.Errorf("tracing %v: traceId %q, want %q", on, got, want)
+			}
+		})
+	}
 }

@@ -70,6 +70,9 @@ type TurnView struct {
 	Warning        string    `json:"warning,omitempty"`
 	Deadlines      Deadlines `json:"deadlines"`
 	RunnerReturned bool      `json:"runnerReturned"`
+	// TraceID is the turn's OpenTelemetry trace id (32 hex digits) while
+	// tracing is on; omitted otherwise.
+	TraceID string `json:"traceId,omitempty"`
 }
 
 func turnView(s abort.Snapshot) TurnView {
@@ -118,6 +121,9 @@ func (h *Handler) turns(w http.ResponseWriter, _ *http.Request) {
 	out := TurnsResponse{Now: time.Now().UTC(), Count: len(live), Turns: make([]TurnView, 0, len(live))}
 	for _, s := range live {
 		tv := turnView(s)
+		if h.opts.TraceID != nil {
+			tv.TraceID = h.opts.TraceID(s.RunID)
+		}
 		if tv.Stalled {
 			out.Stalled++
 		}

@@ -146,7 +146,8 @@
     return el("tr", { class: "turn", dataset: { runId: t.runId, stalled: String(t.stalled), state: t.state } },
       el("td", {}, el("span", { text: t.sessionKey }), t.chatRef ? el("span", { class: "sub", text: `chat ${t.chatRef}` }) : null),
       el("td", { text: t.channel }),
-      el("td", { class: "mono", title: t.runId, text: short(t.runId) }),
+      el("td", { class: "mono" }, el("span", { title: t.runId, text: short(t.runId) }),
+        t.traceId ? el("span", { class: "sub trace", title: `trace ${t.traceId}`, dataset: { traceId: t.traceId }, text: `trace ${t.traceId}` }) : null),
       el("td", {}, el("span", { text: dur(t.elapsedMs) }), el("span", { class: "sub", text: `since ${time(t.startedAt)}` })),
       stepCell, deadlines, actions);
   }

@@ -1,0 +1,489 @@
+package tracing_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/internal/faketime"
+	"github.com/turnguard/turnguard/ops/tracing"
+	"github.com/turnguard/turnguard/runner"
+)
+
+// op is one thing a scripted runner does after waiting wait (on the
+// bubble's clock).
+type op struct {
+	wait time.Duration
+	do   func(runner.Callbacks)
+}
+
+// script does ops in order; then it returns end (nil: a final answer), or
+// with hang it waits for its turn to be stopped (ignore: and goes on
+// ignoring it for a minute, as a stuck tool would).
+func script(end error, hang, ignore bool, ops ...op) runner.Runner {
+	return runner.Func(func(ctx context.Context, _ runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+		for _, o := range ops {
+			select {
+			case <-ctx.Done():
+				return runner.Result{}, ctx.Err()
+			case <-time.After(o.wait):
+			}
+			o.do(cb)
+		}
+		if ignore {
+			time.Sleep(time.Minute) // the bubble's clock
+			return runner.Result{}, ctx.Err()
+		}
+		if hang {
+			<-ctx.Done()
+			return runner.Result{}, ctx.Err()
+		}
+		return runner.Result{Text: "done"}, end
+	})
+}
+
+func start(kind, name string) op {
+	return op{time.Second, func(cb runner.Callbacks) { cb.StepStarted(kind, name) }}
+}
+func done(kind, name string) op {
+	return op{time.Second, func(cb runner.Callbacks) { cb.StepCompleted(kind, name) }}
+}
+func pauseFor(d time.Duration) []op {
+	return []op{{0, func(cb runner.Callbacks) { cb.Pause("waiting for approval") }}, {d, func(cb runner.Callbacks) { cb.Resume() }}}
+}
+
+// lockedBuffer is a log destination safe for concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// traced is an engine whose events a Tracer turns into spans kept in memory.
+type traced struct {
+	eng *gateway.Engine
+	exp *tracetest.InMemoryExporter
+	log *lockedBuffer
+}
+
+func newTraced(t *testing.T, rn runner.Runner, adjust func(*config.Config)) *traced {
+	t.Helper()
+	c := config.Default()
+	c.Agents.Defaults.Runner = config.RunnerDemo
+	c.Agents.Defaults.StepTimeoutSeconds = secs(5)
+	c.Agents.Defaults.TimeoutSeconds = secs(60)
+	c.Agents.Defaults.ProgressNotifyAfterSeconds = secs(0)
+	c.Agents.Defaults.AbortGraceSeconds = secs(2)
+	if adjust != nil {
+		adjust(c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	buf := &lockedBuffer{}
+	log := slog.New(tracing.LogHandler(slog.NewJSONHandler(buf, nil)))
+	exp := tracetest.NewInMemoryExporter()
+	tr, err := tracing.New(context.Background(), tracing.Options{Telemetry: c.Telemetry, Exporter: exp, Version: "test", Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := gateway.New(gateway.Options{Config: config.NewSource(c), Log: log,
+		Runners: map[string]runner.Runner{config.RunnerDemo: rn}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	eng.Start(ctx)
+	unsub := eng.Bus().Subscribe("", tr.Handle)
+	t.Cleanup(func() {
+		eng.Shutdown(context.Background())
+		unsub()
+		cancel()
+		if err := tr.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return &traced{eng: eng, exp: exp, log: buf}
+}
+
+func secs(v float64) *float64 { return &v }
+
+func (v *traced) send(t *testing.T, key, id string) {
+	t.Helper()
+	if _, err := v.eng.Send(context.Background(), gateway.SendRequest{SessionKey: key, Channel: "ws", RunID: id, Text: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tree is the exported spans of one trace: the root and its children, oldest first.
+type tree struct {
+	root     tracetest.SpanStub
+	children []tracetest.SpanStub
+}
+
+func spansOf(t *testing.T, exp *tracetest.InMemoryExporter, runID string) tree {
+	t.Helper()
+	var tr tree
+	found := false
+	for _, s := range exp.GetSpans() {
+		if s.SpanContext.TraceID() != tracing.TraceID(runID) {
+			continue
+		}
+		if !s.Parent.IsValid() {
+			tr.root, found = s, true
+		} else {
+			tr.children = append(tr.children, s)
+		}
+	}
+	if !found {
+		t.Fatalf("no root span for run %s among %d spans", runID, len(exp.GetSpans()))
+	}
+	for _, c := range tr.children {
+		if c.Parent.SpanID() != tr.root.SpanContext.SpanID() {
+			t.Errorf("span %s is not a child of the root", c.Name)
+		}
+	}
+	return tr
+}
+
+func attr(s tracetest.SpanStub, key string) attribute.Value {
+	for _, a := range s.Attributes {
+		if string(a.Key) == key {
+			return a.Value
+		}
+	}
+	return attribute.Value{}
+}
+
+func eventNames(s tracetest.SpanStub) []string {
+	var out []string
+	for _, e := range s.Events {
+		out = append(out, e.Name)
+	}
+	return out
+}
+
+// TestTurnTrace drives a real engine through turns that end every way and
+// checks each turn's span tree.
+func TestTurnTrace(t *testing.T) {
+	tests := []struct {
+		name    string
+		rn      runner.Runner
+		adjust  func(*config.Config)
+		act     func(t *testing.T, v *traced) // after the send
+		reason  event.StopReason
+		status  codes.Code
+		steps   []string // child spans: name/kind
+		paused  map[string]int64
+		events  []string // root events, in order
+		elapsed time.Duration
+	}{
+		{
+			name: "finished", reason: event.ReasonStop, status: codes.Unset,
+			rn: script(nil, false, false, append(append([]op{start("llm", ""), done("llm", ""), start("tool", "ask_human")},
+				pauseFor(3*time.Second)...), done("tool", "ask_human"))...),
+			steps:  []string{"llm/llm", "ask_human/tool"},
+			paused: map[string]int64{"ask_human": 3000, "llm": 0},
+			events: []string{"paused", "resumed"},
+		},
+		{
+			name: "step timeout", reason: event.ReasonStepTimeout, status: codes.Error,
+			rn:     script(nil, true, false, start("tool", "web_search")),
+			steps:  []string{"web_search/tool"},
+			events: []string{"aborted"},
+		},
+		{
+			name: "wall clock", reason: event.ReasonTimeout, status: codes.Error,
+			adjust: func(c *config.Config) { c.Agents.Defaults.TimeoutSeconds = secs(3) },
+			rn:     script(nil, true, false),
+			events: []string{"aborted"},
+		},
+		{
+			name: "progress then user stop", reason: event.ReasonUser, status: codes.Unset,
+			adjust: func(c *config.Config) {
+				c.Agents.Defaults.StepTimeoutSeconds = secs(30)
+				c.Agents.Defaults.ProgressNotifyAfterSeconds = secs(5)
+			},
+			rn: script(nil, true, false, start("tool", "build")),
+			act: func(t *testing.T, v *traced) {
+				faketime.Advance(10 * time.Second)
+				if _, err := v.eng.Abort(context.Background(), "s", "run-1", event.ReasonUser, "", true); err != nil {
+					t.Fatal(err)
+				}
+			},
+			steps:  []string{"build/tool"},
+			events: []string{"progress", "aborted"},
+		},
+		{
+			name: "runner error", reason: event.ReasonError, status: codes.Error,
+			rn:    script(errors.New("boom"), false, false, start("tool", "x"), done("tool", "x")),
+			steps: []string{"x/tool"},
+		},
+		{
+			name: "force finalized", reason: event.ReasonStepTimeout, status: codes.Error,
+			rn:     script(nil, false, true, start("tool", "stuck")),
+			steps:  []string{"stuck/tool", "force_finalized/"},
+			events: []string{"aborted"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				v := newTraced(t, tc.rn, tc.adjust)
+				v.send(t, "s", "run-1")
+				if tc.act != nil {
+					tc.act(t, v)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				defer cancel()
+				if _, ok := v.eng.Wait(ctx, "run-1"); !ok {
+					t.Fatal("the turn did not end")
+				}
+				faketime.Advance(time.Minute) // a force-finalization, a stuck runner's return
+				synctest.Wait()
+
+				tr := spansOf(t, v.exp, "run-1")
+				r := tr.root
+				if r.Name != "turn" || r.Status.Code != tc.status {
+					t.Errorf("root %q status %v, want turn %v", r.Name, r.Status, tc.status)
+				}
+				for k, want := range map[string]string{tracing.AttrRunID: "run-1", tracing.AttrSession: "s",
+					tracing.AttrChannel: "ws", tracing.AttrRunner: config.RunnerDemo, tracing.AttrStopReason: string(tc.reason)} {
+					if got := attr(r, k).AsString(); got != want {
+						t.Errorf("root %s = %q, want %q", k, got, want)
+					}
+				}
+				if got := attr(r, tracing.AttrQueuedMs).AsInt64(); got != 0 {
+					t.Errorf("queue wait %d ms, want 0", got)
+				}
+				var steps []string
+				for _, c := range tr.children {
+					steps = append(steps, c.Name+"/"+attr(c, tracing.AttrStepKind).AsString())
+					if want, ok := tc.paused[c.Name]; ok && attr(c, tracing.AttrPausedMs).AsInt64() != want {
+						t.Errorf("step %s paused %d ms, want %d", c.Name, attr(c, tracing.AttrPausedMs).AsInt64(), want)
+					}
+					if c.EndTime.Before(c.StartTime) || c.StartTime.Before(r.StartTime) {
+						t.Errorf("step %s from %v to %v, turn from %v", c.Name, c.StartTime, c.EndTime, r.StartTime)
+					}
+				}
+				if strings.Join(steps, " ") != strings.Join(tc.steps, " ") {
+					t.Errorf("steps %v, want %v", steps, tc.steps)
+				}
+				if got := strings.Join(eventNames(r), " "); got != strings.Join(tc.events, " ") {
+					t.Errorf("root events %q, want %q", got, strings.Join(tc.events, " "))
+				}
+				if tc.reason == event.ReasonError {
+					id := attr(r, tracing.AttrErrorID).AsString()
+					if id == "" {
+						t.Error("no error id on the failed turn")
+					}
+					// The log line of the failure carries the turn's trace id.
+					line := logLine(t, v.log.String(), "turn failed")
+					if line["trace_id"] != tracing.TraceIDString("run-1") || line["errorId"] != id {
+						t.Errorf("log line %v, want trace_id %s", line, tracing.TraceIDString("run-1"))
+					}
+				}
+			})
+		})
+	}
+}
+
+// logLine finds the JSON log line with message msg.
+func logLine(t *testing.T, log, msg string) map[string]any {
+	t.Helper()
+	for _, l := range strings.Split(log, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == msg {
+			return m
+		}
+	}
+	t.Fatalf("no log line %q in:\n%s", msg, log)
+	return nil
+}
+
+// TestQueueWait: a message that waited for its session's running turn
+// starts a turn whose root carries the wait.
+func TestQueueWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newTraced(t, script(nil, false, false, op{8 * time.Second, func(runner.Callbacks) {}}),
+			func(c *config.Config) { c.Agents.Defaults.StepTimeoutSeconds = secs(30) })
+		v.send(t, "s", "first")
+		faketime.Advance(3 * time.Second)
+		v.send(t, "s", "second") // queued behind first for 5s
+		ctx := context.Background()
+		for _, id := range []string{"first", "second"} {
+			if _, ok := v.eng.Wait(ctx, id); !ok {
+				t.Fatalf("%s did not end", id)
+			}
+		}
+		synctest.Wait()
+		if got := attr(spansOf(t, v.exp, "second").root, tracing.AttrQueuedMs).AsInt64(); got != 5000 {
+			t.Errorf("queue wait %d ms, want 5000", got)
+		}
+		if got := attr(spansOf(t, v.exp, "first").root, tracing.AttrQueuedMs).AsInt64(); got != 0 {
+			t.Errorf("first turn's queue wait %d ms, want 0", got)
+		}
+	})
+}
+
+// TestApprovalEvents: approvals asked and settled are events of the root
+// with the approval's id, tool and outcome. (Events fed by hand: the engine
+// publishes them once runners ask.)
+func TestApprovalEvents(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tr, err := tracing.New(context.Background(), tracing.Options{Telemetry: config.Default().Telemetry, Exporter: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	locals := &event.Locals{}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ap := &event.Approval{ID: "ap_1", Tool: "shell"}
+	settled := *ap
+	settled.Outcome, settled.OptionKind, settled.By = event.ApprovalSelected, "allow_once", "alice"
+	for i, ev := range []event.Event{
+		{Kind: event.TurnStarted, Runner: "acp", Queued: 1500 * time.Millisecond},
+		{Kind: event.StepStarted, Step: event.Step{Kind: "tool", Name: "shell", Seq: 1}},
+		{Kind: event.ApprovalRequested, Approval: ap},
+		{Kind: event.Paused, Text: "approval"},
+		{Kind: event.ApprovalResolved, Approval: &settled},
+		{Kind: event.Resumed},
+		{Kind: event.StepCompleted, Step: event.Step{Kind: "tool", Name: "shell", Seq: 1}},
+		{Kind: event.Finished, StopReason: event.ReasonStop},
+		{Kind: event.Finished, StopReason: event.ReasonStop}, // after the end: ignored
+	} {
+		ev.RunID, ev.SessionKey, ev.Channel, ev.Locals = "r", "s", "ws", locals
+		ev.Time = t0.Add(time.Duration(i) * time.Second)
+		tr.Handle(ev)
+	}
+	spans := exp.GetSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2", len(spans))
+	}
+	step, root := spans[0], spans[1]
+	if got := attr(root, tracing.AttrQueuedMs).AsInt64(); got != 1500 {
+		t.Errorf("queue wait %d", got)
+	}
+	if got := attr(step, tracing.AttrPausedMs).AsInt64(); got != 2000 {
+		t.Errorf("step paused %d ms, want 2000", got)
+	}
+	if got := strings.Join(eventNames(root), " "); got != "approval_requested paused approval_resolved resumed" {
+		t.Errorf("events %q", got)
+	}
+	res := root.Events[2]
+	want := []attribute.KeyValue{attribute.String(tracing.AttrApprovalID, "ap_1"), attribute.String(tracing.AttrTool, "shell"),
+		attribute.String(tracing.AttrOutcome, "selected"), attribute.String(tracing.AttrOptionKind, "allow_once"),
+		attribute.String(tracing.AttrBy, "alice")}
+	for i, kv := range want {
+		if i >= len(res.Attributes) || res.Attributes[i] != kv {
+			t.Errorf("approval_resolved attributes %v, want %v", res.Attributes, want)
+			break
+		}
+	}
+	if !root.StartTime.Equal(t0) || !root.EndTime.Equal(t0.Add(7*time.Second)) {
+		t.Errorf("root from %v to %v", root.StartTime, root.EndTime)
+	}
+}
+
+// TestSampling: sampleRatio 0 records nothing, and the trace ids stay the
+// turns' own.
+func TestSampling(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel := config.Default().Telemetry
+	tel.SampleRatio = 0
+	tr, err := tracing.New(context.Background(), tracing.Options{Telemetry: tel, Exporter: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	locals := &event.Locals{}
+	for _, k := range []event.Kind{event.TurnStarted, event.Finished} {
+		tr.Handle(event.Event{Kind: k, RunID: "r", Locals: locals, Time: time.Now(), StopReason: event.ReasonStop})
+	}
+	if n := len(exp.GetSpans()); n != 0 {
+		t.Errorf("%d spans exported at ratio 0", n)
+	}
+}
+
+// TestTraceIDIsStable: a run id always names the same valid trace id, and
+// different run ids different ones.
+func TestTraceIDIsStable(t *testing.T) {
+	a, b := tracing.TraceID("run-1"), tracing.TraceID("run-2")
+	if !a.IsValid() || a != tracing.TraceID("run-1") || a == b || len(a.String()) != 32 {
+		t.Errorf("trace ids %s %s", a, b)
+	}
+}
+
+// TestLogHandler: a record about a run carries its trace id, whether the
+// run id is in the record or added by With; others pass unchanged.
+func TestLogHandler(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(tracing.LogHandler(slog.NewJSONHandler(&buf, nil)))
+	log.Info("a", "run", "r1")
+	log.With("run", "r2").Info("b")
+	log.Info("c", "session", "s")
+	log.WithGroup("g").Info("d", "run", "r3")
+	want := map[string]string{"a": tracing.TraceIDString("r1"), "b": tracing.TraceIDString("r2"), "c": "", "d": ""}
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := m["trace_id"].(string)
+		if got != want[m["msg"].(string)] {
+			t.Errorf("%s: trace_id %q, want %q", m["msg"], got, want[m["msg"].(string)])
+		}
+	}
+}
+
+var _ sdktrace.SpanExporter = (*tracetest.InMemoryExporter)(nil)
+
+// TestReceiverDownBlocksNothing: with nothing listening at the endpoint,
+// handling a turn's events returns at once and Shutdown gives up within its
+// context's time, for both protocols.
+func TestReceiverDownBlocksNothing(t *testing.T) {
+	for _, protocol := range []string{config.OTLPGRPC, config.OTLPHTTP} {
+		t.Run(protocol, func(t *testing.T) {
+			tel := config.Default().Telemetry
+			tel.OTLP = config.TelemetryOTLP{Endpoint: "127.0.0.1:1", Protocol: protocol, Insecure: true}
+			var logs lockedBuffer
+			tr, err := tracing.New(context.Background(), tracing.Options{Telemetry: tel, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			began := time.Now()
+			locals := &event.Locals{}
+			for _, k := range []event.Kind{event.TurnStarted, event.StepStarted, event.StepCompleted, event.Finished} {
+				tr.Handle(event.Event{Kind: k, RunID: "r", Locals: locals, Time: time.Now(), StopReason: event.ReasonStop})
+			}
+			if d := time.Since(began); d > time.Second {
+				t.Errorf("handling the events took %v", d)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second) // real time: a real exporter's bounded flush
+			defer cancel()
+			_ = tr.Shutdown(ctx) // fails or gives up: the receiver is down
+			if d := time.Since(began); d > 3*time.Second {
+				t.Errorf("shutdown took %v with the receiver down", d)
+			}
+		})
+	}
+}
