@@ -39,11 +39,16 @@ const (
 // turnSpans is one run's tracing state, in the run's Locals (event.Local):
 // only the handler of the run's events touches it, one event at a time.
 type turnSpans struct {
-	ctx        context.Context // carries the root span
-	root       trace.Span
-	step       trace.Span // the open step span; nil between steps
-	steps      int
-	pausedAt   time.Time // zero unless paused
+	ctx      context.Context // carries the root span
+	root     trace.Span
+	step     trace.Span // the open step span; nil between steps
+	steps    int
+	pausedAt time.Time // zero unless paused
+	// held: the runner paused (Paused … Resumed); asking: open questions
+	// to the person (ApprovalRequested … ApprovalResolved). The turn is
+	// paused while either holds, as the engine's liveness clock is.
+	held       bool
+	asking     int
 	stepPaused time.Duration
 	turnPaused time.Duration
 	ended      bool // the root has ended (Aborted); ForceFinalized may follow
@@ -95,12 +100,14 @@ func (t *Tracer) Handle(ev event.Event) {
 	case event.StepCompleted:
 		s.endStep(ev.Time, false)
 	case event.Paused:
-		if s.pausedAt.IsZero() {
-			s.pausedAt = ev.Time
-		}
+		s.held = true
+		s.pause(ev.Time)
 		s.root.AddEvent("paused", at, trace.WithAttributes(attribute.String(AttrReason, ev.Text)))
 	case event.Resumed:
-		s.resume(ev.Time)
+		s.held = false
+		if s.asking == 0 {
+			s.resume(ev.Time)
+		}
 		s.root.AddEvent("resumed", at)
 	case event.Progress:
 		s.root.AddEvent("progress", at, trace.WithAttributes(attribute.String(AttrStepName, ev.Step.Label()),
@@ -108,6 +115,15 @@ func (t *Tracer) Handle(ev event.Event) {
 	case event.Recovered:
 		s.root.AddEvent("recovered", at, trace.WithAttributes(attribute.String(AttrStepName, ev.Step.Label())))
 	case event.ApprovalRequested, event.ApprovalResolved:
+		if ev.Kind == event.ApprovalRequested {
+			s.asking++
+			s.pause(ev.Time)
+		} else if s.asking > 0 {
+			s.asking--
+			if s.asking == 0 && !s.held {
+				s.resume(ev.Time)
+			}
+		}
 		attrs := []attribute.KeyValue{}
 		if a := ev.Approval; a != nil {
 			attrs = append(attrs, attribute.String(AttrApprovalID, a.ID), attribute.String(AttrTool, a.Tool))
@@ -165,6 +181,13 @@ func (t *Tracer) start(ev event.Event) {
 }
 
 // resume ends a pause at now, adding it to the step's and the turn's.
+// pause starts counting paused time at now, unless it already is.
+func (s *turnSpans) pause(now time.Time) {
+	if s.pausedAt.IsZero() {
+		s.pausedAt = now
+	}
+}
+
 func (s *turnSpans) resume(now time.Time) {
 	if s.pausedAt.IsZero() {
 		return

@@ -23,6 +23,7 @@ import (
 	"github.com/turnguard/turnguard/internal/faketime"
 	"github.com/turnguard/turnguard/ops/tracing"
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/demo"
 )
 
 // op is one thing a scripted runner does after waiting wait (on the
@@ -46,7 +47,7 @@ func script(end error, hang, ignore bool, ops ...op) runner.Runner {
 			o.do(cb)
 		}
 		if ignore {
-			time.Sleep(time.Minute) // the bubble's clock
+			<-time.After(time.Minute) // the bubble's clock
 			return runner.Result{}, ctx.Err()
 		}
 		if hang {
@@ -347,62 +348,52 @@ func TestQueueWait(t *testing.T) {
 	})
 }
 
-// TestApprovalEvents: approvals asked and settled are events of the root
-// with the approval's id, tool and outcome. (Events fed by hand: the engine
-// publishes them once runners ask.)
+// TestApprovalEvents: a turn that asks the person (the demo runner's
+// ask:deploy, answered 2s later through the engine) has the question and
+// its settlement as root events, and the wait counts as paused time of the
+// root, like the engine's liveness clock.
 func TestApprovalEvents(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tr, err := tracing.New(context.Background(), tracing.Options{Telemetry: config.Default().Telemetry, Exporter: exp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	locals := &event.Locals{}
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	ap := &event.Approval{ID: "ap_1", Tool: "shell"}
-	settled := *ap
-	settled.Outcome, settled.OptionKind, settled.By = event.ApprovalSelected, "allow_once", "alice"
-	for i, ev := range []event.Event{
-		{Kind: event.TurnStarted, Runner: "acp", Queued: 1500 * time.Millisecond},
-		{Kind: event.StepStarted, Step: event.Step{Kind: "tool", Name: "shell", Seq: 1}},
-		{Kind: event.ApprovalRequested, Approval: ap},
-		{Kind: event.Paused, Text: "approval"},
-		{Kind: event.ApprovalResolved, Approval: &settled},
-		{Kind: event.Resumed},
-		{Kind: event.StepCompleted, Step: event.Step{Kind: "tool", Name: "shell", Seq: 1}},
-		{Kind: event.Finished, StopReason: event.ReasonStop},
-		{Kind: event.Finished, StopReason: event.ReasonStop}, // after the end: ignored
-	} {
-		ev.RunID, ev.SessionKey, ev.Channel, ev.Locals = "r", "s", "ws", locals
-		ev.Time = t0.Add(time.Duration(i) * time.Second)
-		tr.Handle(ev)
-	}
-	spans := exp.GetSpans()
-	if len(spans) != 2 {
-		t.Fatalf("%d spans, want 2", len(spans))
-	}
-	step, root := spans[0], spans[1]
-	if got := attr(root, tracing.AttrQueuedMs).AsInt64(); got != 1500 {
-		t.Errorf("queue wait %d", got)
-	}
-	if got := attr(step, tracing.AttrPausedMs).AsInt64(); got != 2000 {
-		t.Errorf("step paused %d ms, want 2000", got)
-	}
-	if got := strings.Join(eventNames(root), " "); got != "approval_requested paused approval_resolved resumed" {
-		t.Errorf("events %q", got)
-	}
-	res := root.Events[2]
-	want := []attribute.KeyValue{attribute.String(tracing.AttrApprovalID, "ap_1"), attribute.String(tracing.AttrTool, "shell"),
-		attribute.String(tracing.AttrOutcome, "selected"), attribute.String(tracing.AttrOptionKind, "allow_once"),
-		attribute.String(tracing.AttrBy, "alice")}
-	for i, kv := range want {
-		if i >= len(res.Attributes) || res.Attributes[i] != kv {
-			t.Errorf("approval_resolved attributes %v, want %v", res.Attributes, want)
-			break
+	synctest.Test(t, func(t *testing.T) {
+		v := newTraced(t, demo.New(), nil)
+		if _, err := v.eng.Send(context.Background(), gateway.SendRequest{SessionKey: "s", Channel: "ws", RunID: "run-1",
+			Text: "/steps ask:deploy say:Finished"}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if !root.StartTime.Equal(t0) || !root.EndTime.Equal(t0.Add(7*time.Second)) {
-		t.Errorf("root from %v to %v", root.StartTime, root.EndTime)
-	}
+		synctest.Wait()
+		open := v.eng.PendingApprovals("s")
+		if len(open) != 1 {
+			t.Fatalf("open questions %+v", open)
+		}
+		faketime.Advance(2 * time.Second)
+		if _, err := v.eng.Resolve(context.Background(), gateway.ResolveRequest{ApprovalID: open[0].ID, OptionID: "allow",
+			SessionKey: "s", By: "alice"}); err != nil {
+			t.Fatal(err)
+		}
+		if out, _ := v.eng.Wait(context.Background(), "run-1"); out.Text != "deploy ran (allowed). Finished" {
+			t.Fatalf("outcome %+v", out)
+		}
+		synctest.Wait()
+		tr := spansOf(t, v.exp, "run-1")
+		if got := strings.Join(eventNames(tr.root), " "); got != "approval_requested approval_resolved" {
+			t.Errorf("root events %q", got)
+		}
+		if got := attr(tr.root, tracing.AttrPausedMs).AsInt64(); got != 2000 {
+			t.Errorf("turn paused %d ms, want 2000", got)
+		}
+		res := tr.root.Events[1]
+		want := []attribute.KeyValue{attribute.String(tracing.AttrApprovalID, open[0].ID), attribute.String(tracing.AttrTool, "deploy"),
+			attribute.String(tracing.AttrOutcome, "selected"), attribute.String(tracing.AttrOptionKind, "allow_once"),
+			attribute.String(tracing.AttrBy, "alice")}
+		for i, kv := range want {
+			if i >= len(res.Attributes) || res.Attributes[i] != kv {
+				t.Errorf("approval_resolved attributes %v, want %v", res.Attributes, want)
+				break
+			}
+		}
+		if len(tr.children) != 1 || tr.children[0].Name != "deploy" {
+			t.Errorf("steps %+v, want the allowed deploy", tr.children)
+		}
+	})
 }
 
 // TestSampling: sampleRatio 0 records nothing, and the trace ids stay the
