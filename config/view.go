@@ -92,7 +92,8 @@ const defaultMaxQueued = 5
 // Redacted returns a deep copy of c in which every non-empty secret is
 // replaced by Redaction: server.token, server.operatorToken,
 // agents.openai.apiKey, channels.telegram.token,
-// channels.telegram.webhookSecret and the values of agents.exec.env. In
+// channels.telegram.webhookSecret and the values of agents.exec.env and
+// agents.acp.env. In
 // URLs (agents.openai.baseURL, channels.telegram.apiURL and webhookURL,
 // alerts.webhookURL) the user info, query string and fragment are
 // replaced; in store.url (which holds the database password) too. c is not
@@ -127,6 +128,14 @@ func (c *Config) Redacted() Config {
 		}
 	}
 
+	r.Agents.ACP.Args = slices.Clone(c.Agents.ACP.Args)
+	if c.Agents.ACP.Env != nil {
+		r.Agents.ACP.Env = make(map[string]string, len(c.Agents.ACP.Env))
+		for k, v := range c.Agents.ACP.Env {
+			r.Agents.ACP.Env[k] = redact(v)
+		}
+	}
+
 	r.Channels.WS.Timeouts = cloneKeys(c.Channels.WS.Timeouts)
 	tg := &r.Channels.Telegram
 	tg.Timeouts = cloneKeys(tg.Timeouts)
@@ -155,6 +164,9 @@ func (c *Config) Secrets() []string {
 	out := []string{c.Server.Token, c.Server.OperatorToken, c.Agents.OpenAI.APIKey,
 		c.Channels.Telegram.Token, c.Channels.Telegram.WebhookSecret}
 	for _, v := range c.Agents.Exec.Env {
+		out = append(out, v)
+	}
+	for _, v := range c.Agents.ACP.Env {
 		out = append(out, v)
 	}
 	for i, raw := range append([]string{c.Store.URL}, c.Cluster.NATS.URLs...) {
