@@ -380,3 +380,26 @@ func TestNew(t *testing.T) {
 		}
 	}
 }
+
+// TestIdle: a conversation unused for idleSeconds loses its ACP session,
+// and the agent process left without a session is stopped; the next
+// message starts both afresh.
+func TestIdle(t *testing.T) {
+	r, logs, _ := newRunner(t, grace, func(c *config.ACP) { c.IdleSeconds = 0.5 })
+	c := &conv{key: "k", id: "c"}
+	mustSay(t, r, c.turn("remember idle"))
+	pid := mustSay(t, r, c.turn("pid"))
+	if got := mustSay(t, r, c.turn("what did I say")); got != "You said: idle" {
+		t.Fatalf("within idleSeconds: %q", got)
+	}
+	time.Sleep(1500 * time.Millisecond) // real time: idleSeconds of a real agent process must pass
+	if got := mustSay(t, r, c.turn("what did I say")); got != "You said nothing yet." {
+		t.Errorf("after idleSeconds: %q, want a new session", got)
+	}
+	if got := mustSay(t, r, c.turn("pid")); got == pid {
+		t.Errorf("after idleSeconds the same process %s answered; want the idle one stopped", pid)
+	}
+	if !strings.Contains(logs.String(), `msg="acp: stopping agent" agent_process=1 reason=idle`) {
+		t.Errorf("log does not say the idle agent was stopped:\n%s", cutLog(logs.String()))
+	}
+}
