@@ -106,13 +106,19 @@ func (r *Runner) start(n uint64) (*agent, error) {
 	}
 	log.Info("acp: agent started", "pid", p.Pid(), "command", r.path)
 	ag := &agent{
-		n: n, p: p, c: newConn(stdinW), log: log, name: r.name,
+		n: n, p: p, log: log, name: r.name,
 		ready: make(chan struct{}), dead: make(chan struct{}), finished: make(chan struct{}),
 		turns:    map[string]*turnState{},
 		garbage:  lineLog{limit: maxLogged},
 		unknown:  lineLog{limit: maxLogged},
 		inflight: make(chan struct{}, maxInflight),
 	}
+	ag.c = newConn(stdinW, func() {
+		if !ag.isDead() {
+			log.Error("acp: writing to the agent failed (it stopped reading its input?); stopping it", "run_ids", ag.runIDs())
+			ag.kill("The agent stopped reading its input, so it was stopped. Send your message again to start it anew.")
+		}
+	})
 	stderrDone := make(chan struct{})
 	go func() {
 		defer close(stderrDone)

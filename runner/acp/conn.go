@@ -67,10 +67,12 @@ type conn struct {
 	mu      sync.Mutex
 	pending map[int64]chan response
 	closed  bool
+
+	broken func() // called when a write fails: the stream may hold half a message
 }
 
-func newConn(w *os.File) *conn {
-	return &conn{w: w, pending: map[int64]chan response{}}
+func newConn(w *os.File, broken func()) *conn {
+	return &conn{w: w, pending: map[int64]chan response{}, broken: broken}
 }
 
 // writeTimeout bounds one write to the agent's stdin: an agent that stops
@@ -89,6 +91,9 @@ func (c *conn) write(m message) error {
 	defer c.wmu.Unlock()
 	_ = c.w.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := c.w.Write(b); err != nil {
+		if c.broken != nil {
+			go c.broken()
+		}
 		return fmt.Errorf("acp: write to the agent: %w", err)
 	}
 	return nil
