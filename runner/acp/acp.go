@@ -435,7 +435,6 @@ func (r *Runner) agentFor(ctx context.Context, log *slog.Logger) (*agent, error)
 			log.Error("acp: agent not started", "err", err)
 			return nil, &runner.UserError{Message: "The agent could not be started. Try again later."}
 		}
-		ag.box = r.box
 		r.cur, r.curUsed = ag, time.Now()
 		go r.initialize(ag)
 	}

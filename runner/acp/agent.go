@@ -40,7 +40,7 @@ type agent struct {
 	mu    sync.Mutex
 	turns map[string]*turnState // running turns by ACP session id
 
-	box      *sandbox // the fs methods' sandbox, set before initialize
+	box      *sandbox // the fs methods' sandbox
 	garbage  lineLog
 	unknown  lineLog
 	inflight chan struct{} // bounds the agent's requests handled at once
@@ -106,7 +106,7 @@ func (r *Runner) start(n uint64) (*agent, error) {
 	}
 	log.Info("acp: agent started", "pid", p.Pid(), "command", r.path)
 	ag := &agent{
-		n: n, p: p, log: log, name: r.name,
+		n: n, p: p, log: log, name: r.name, box: r.box,
 		ready: make(chan struct{}), dead: make(chan struct{}), finished: make(chan struct{}),
 		turns:    map[string]*turnState{},
 		garbage:  lineLog{limit: maxLogged},
