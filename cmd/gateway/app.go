@@ -284,6 +284,7 @@ func (a *app) shutdown(ctx context.Context) {
 	// abortGraceSeconds, and its shutdown notices reach Telegram in close.
 	a.tg.stopReceiving()
 	a.eng.Shutdown(ctx)
+	a.runners.close() // the agent processes runners keep (acp)
 
 	wctx, cancel := context.WithTimeout(ctx, wsShutdownWait)
 	a.ws.Shutdown(wctx)

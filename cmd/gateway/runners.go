@@ -12,12 +12,13 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/acp"
 	"github.com/turnguard/turnguard/runner/demo"
 	execrunner "github.com/turnguard/turnguard/runner/exec"
 	"github.com/turnguard/turnguard/runner/openai"
 )
 
-// runnerSet gives the engine one runner per name (demo, openai, exec) for
+// runnerSet gives the engine one runner per name (demo, openai, exec, acp) for
 // the life of the process and builds what each configuration needs: at
 // start, and on hot reload before the new configuration is swapped in, so a
 // reload never names a runner that does not exist. A runner whose settings
@@ -47,7 +48,7 @@ type builtRunner struct {
 // every configuration's Telegram runner is used).
 func newRunnerSet(log *slog.Logger, telegram bool) *runnerSet {
 	s := &runnerSet{log: log, telegram: telegram, slots: map[string]*runnerSlot{}}
-	for _, name := range []string{config.RunnerDemo, config.RunnerOpenAI, config.RunnerExec} {
+	for _, name := range []string{config.RunnerDemo, config.RunnerOpenAI, config.RunnerExec, config.RunnerACP} {
 		s.slots[name] = &runnerSlot{name: name}
 	}
 	return s
@@ -96,10 +97,36 @@ func (s *runnerSet) prepare(cfg *config.Config) error {
 		fresh[name] = &builtRunner{r: r, spec: spec}
 	}
 	for name, b := range fresh {
-		rebuilt := s.slots[name].built.Swap(b) != nil
-		s.log.Debug("runner built", "runner", name, "rebuilt", rebuilt)
+		old := s.slots[name].built.Swap(b)
+		s.log.Debug("runner built", "runner", name, "rebuilt", old != nil)
+		// A runner that keeps processes (acp) lets them go once the turns
+		// still running on it end.
+		if r, ok := old.runner().(interface{ Retire() }); ok {
+			r.Retire()
+		}
 	}
 	return nil
+}
+
+// runner is b's runner; nil for a nil b.
+func (b *builtRunner) runner() runner.Runner {
+	if b == nil {
+		return nil
+	}
+	return b.r
+}
+
+// close stops the processes of the runners that keep some (acp: its agent
+// process); turns still running on them end. For shutdown, after the
+// engine's.
+func (s *runnerSet) close() {
+	for name, slot := range s.slots {
+		if c, ok := slot.built.Load().runner().(interface{ Close() error }); ok {
+			if err := c.Close(); err != nil {
+				s.log.Warn("runner close", "runner", name, "err", err)
+			}
+		}
+	}
 }
 
 // built reports whether the runner name has been built.
@@ -142,6 +169,11 @@ func runnerSpec(name string, cfg *config.Config) any {
 			Exec  config.Exec
 			Grace time.Duration
 		}{cfg.Agents.Exec, execGrace(cfg)}
+	case config.RunnerACP:
+		return struct {
+			ACP   config.ACP
+			Grace time.Duration
+		}{cfg.Agents.ACP, execGrace(cfg)}
 	}
 	return struct {
 		Name  string
@@ -167,7 +199,7 @@ func execGrace(cfg *config.Config) time.Duration {
 	return max(cfg.TurnSettings(config.ChannelWS, 0).AbortGrace, cfg.TurnSettings(config.ChannelTelegram, 0).AbortGrace)
 }
 
-// buildRunner constructs one runner: openai needs a model and exec a
+// buildRunner constructs one runner: openai needs a model, exec and acp a
 // command, which a demo set-up does not have.
 func buildRunner(name string, cfg *config.Config, log *slog.Logger) (runner.Runner, error) {
 	switch name {
@@ -186,6 +218,13 @@ func buildRunner(name string, cfg *config.Config, log *slog.Logger) (runner.Runn
 			execrunner.WithInstance(execrunner.InstanceID(storeInstance(cfg))))
 		if err != nil {
 			return nil, fmt.Errorf("runner exec: %w", err)
+		}
+		return r, nil
+	case config.RunnerACP:
+		r, err := acp.New(cfg.Agents.ACP, execGrace(cfg), log.With("runner", name),
+			acp.WithInstance(execrunner.InstanceID(storeInstance(cfg))))
+		if err != nil {
+			return nil, fmt.Errorf("runner acp: %w", err)
 		}
 		return r, nil
 	}

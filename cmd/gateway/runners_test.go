@@ -122,3 +122,34 @@ func TestRunnerSlotSteersLikeItsRunner(t *testing.T) {
 		t.Error("the exec runner cannot take a message mid-turn, its slot says it can")
 	}
 }
+
+// TestRunnerSetACP: `runner: acp` builds the acp runner; a change of its
+// settings rebuilds it and retires the old one (which then takes no turn,
+// and says so in words), and close stops it.
+func TestRunnerSetACP(t *testing.T) {
+	s := newRunnerSet(slog.New(slog.DiscardHandler), false)
+	cfg := config.Default()
+	cfg.Agents.Defaults.Runner = config.RunnerACP
+	cfg.Agents.ACP.Command = "sh"
+	cfg.Agents.ACP.Workdir = t.TempDir()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.prepare(cfg); err != nil {
+		t.Fatal(err)
+	}
+	first := s.slots[config.RunnerACP].built.Load()
+	if first == nil {
+		t.Fatal("acp not built")
+	}
+	changed := *cfg
+	changed.Agents.ACP.IdleSeconds = 60
+	if err := s.prepare(&changed); err != nil || s.slots[config.RunnerACP].built.Load() == first {
+		t.Fatalf("a changed idleSeconds did not rebuild acp (err %v)", err)
+	}
+	_, err := first.r.Run(t.Context(), runner.Turn{RunID: "r1", SessionKey: "k", SessionID: "c", Message: "hi"}, nil)
+	if u, ok := runner.AsUserError(err); !ok || !strings.Contains(u.Message, "restarted") {
+		t.Errorf("a turn on the replaced acp runner: %v, want a message saying it is being restarted", err)
+	}
+	s.close()
+}

@@ -1,0 +1,598 @@
+// Package acp owns the runner that drives an Agent Client Protocol (ACP)
+// agent — Gemini CLI, Claude Code through claude-code-acp, Codex through
+// codex-acp, or any other — over JSON-RPC 2.0 on the agent's stdio, one
+// JSON message per line. It owns the agent process (started once, in its
+// own process group, and shared by every conversation), the ACP session of
+// each turnguard conversation, the mapping of the agent's session/update
+// notifications onto runner.Callbacks, the agent's permission requests
+// (asked through Turn.Ask) and the client's fs methods, which it serves in
+// a sandbox: agents.acp.workdir.
+//
+// Process: started on the first turn (and again after it died or was
+// stopped) with the gateway's environment less its GATEWAY_* variables,
+// then agents.acp.env, in agents.acp.workdir; initialize (protocol version
+// 1, fs read and write, no terminals) must be answered within
+// agents.acp.startTimeoutSeconds. Its stderr goes to the log (the first
+// lines, secrets of agents.acp.env redacted), never to the user. On Linux it
+// runs under the shim of runner/exec, so it dies with the gateway.
+//
+// Sessions: one ACP session per conversation (Turn.SessionID): session/new
+// (cwd = workdir, no MCP servers) on the conversation's first turn, reused
+// for the next ones. A conversation gets a new session after /new (a new
+// SessionID), after the agent process died, or after its session went
+// unused for agents.acp.idleSeconds; an agent process with no session left
+// is stopped after that long too.
+//
+// A turn is one session/prompt with the user's message. Its reply is the
+// text of the agent_message_chunk updates. Steps: see turnState. The prompt's
+// stopReason end_turn ends the turn normally; max_tokens,
+// max_turn_requests, refusal and an unasked cancelled end it with a
+// *runner.UserError in plain words (the text so far is kept in the Result).
+//
+// Abort: when ctx is cancelled the runner sends session/cancel and waits for
+// the prompt's answer for half the abort grace; an agent that does not
+// answer by then is stopped (SIGKILL of its group) — at once when no other
+// turn runs on it, else once the last one ends, and no new turn goes to it
+// meanwhile. Run returns the text streamed so far and ctx.Err().
+//
+// Failures never wedge a conversation: the agent crashing mid-turn ends
+// the turn with "The agent stopped unexpectedly …"; an output line over 10
+// MB stops the agent and ends its turns with a message saying so; lines
+// that are not JSON-RPC are logged (the first 50 per process, with the run
+// ids of its turns) and ignored. Each time the next message starts a fresh
+// process and a fresh session.
+package acp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/timeout"
+)
+
+// ProtocolVersion is the ACP version the runner speaks.
+const ProtocolVersion = 1
+
+// Runner runs turns on an ACP agent. It is safe for concurrent use by many
+// turns. Create it with New.
+type Runner struct {
+	path         string
+	args         []string
+	env          []string // agents.acp.env as KEY=value, sorted
+	dir          string
+	name         string // the command's base name: the "llm" step's name until the agent names itself
+	idle         time.Duration
+	startTimeout time.Duration
+	cancelWait   time.Duration
+	log          *slog.Logger
+	inst         string
+	redact       *strings.Replacer
+	box          *sandbox
+
+	mu       sync.Mutex
+	cur      *agent // the agent new turns go to; nil before the first
+	curUsed  time.Time
+	started  uint64
+	tab      *table
+	running  map[*agent]int
+	retiring map[*agent]bool // agents that take no new turn and are stopped when their last one ends
+	timer    *time.Timer
+	retired  bool
+}
+
+var _ runner.Runner = (*Runner)(nil)
+
+// Option configures a Runner.
+type Option func(*Runner)
+
+// WithInstance sets the gateway instance that starts the agent processes'
+// run tags (see runner/exec.Tag).
+func WithInstance(id string) Option { return func(r *Runner) { r.inst = id } }
+
+// New validates cfg and returns a runner; no process starts before the
+// first turn. abortGrace is the turn's abort grace (≤ 0: the default): an
+// aborted turn's agent has half of it to answer session/cancel. log
+// receives the agent's stderr and protocol problems (nil: discard). The
+// command must exist (looked up in PATH when it has no slash; a relative
+// path is relative to workdir) and workdir, if set, must be a directory.
+func New(cfg config.ACP, abortGrace time.Duration, log *slog.Logger, opts ...Option) (*Runner, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if abortGrace <= 0 {
+		abortGrace = timeout.DefaultAbortGraceSeconds * time.Second
+	}
+	r := &Runner{
+		args: slices.Clone(cfg.Args), log: log, cancelWait: abortGrace / 2,
+		idle:         seconds(cfg.IdleSeconds, 1800),
+		startTimeout: seconds(cfg.StartTimeoutSeconds, 60),
+		running:      map[*agent]int{}, retiring: map[*agent]bool{},
+	}
+	r.tab = newTable(r.idle)
+	for _, o := range opts {
+		o(r)
+	}
+	var pairs []string
+	for _, v := range cfg.Env {
+		if len(v) >= 4 {
+			pairs = append(pairs, v, "[redacted]")
+		}
+	}
+	r.redact = strings.NewReplacer(pairs...)
+
+	dir := cfg.Workdir
+	if dir == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return nil, fmt.Errorf("agents.acp.workdir: %w", err)
+		}
+		dir = wd
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("agents.acp.workdir: %w", err)
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("agents.acp.workdir: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("agents.acp.workdir: %q is not a directory", cfg.Workdir)
+	}
+	r.dir = dir
+	if r.box, err = newSandbox(dir); err != nil {
+		return nil, fmt.Errorf("agents.acp.workdir: %w", err)
+	}
+
+	cmd := strings.TrimSpace(cfg.Command)
+	switch {
+	case cmd == "":
+		return nil, errors.New("agents.acp.command: required: the ACP agent to run, e.g. gemini or npx")
+	case strings.ContainsRune(cmd, os.PathSeparator):
+		p := cmd
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(r.dir, p)
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			return nil, fmt.Errorf("agents.acp.command: %w", err)
+		}
+		if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+			return nil, fmt.Errorf("agents.acp.command: %q is not an executable file", cmd)
+		}
+		r.path = p
+	default:
+		p, err := osexec.LookPath(cmd)
+		if err != nil {
+			return nil, fmt.Errorf("agents.acp.command: %w", err)
+		}
+		r.path = p
+	}
+	r.name = filepath.Base(r.path)
+	for k, v := range cfg.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, fmt.Errorf("agents.acp.env: %q is not a valid environment variable", k)
+		}
+		r.env = append(r.env, k+"="+v)
+	}
+	slices.Sort(r.env)
+	return r, nil
+}
+
+func seconds(v, def float64) time.Duration {
+	if v <= 0 {
+		v = def
+	}
+	return time.Duration(v * float64(time.Second))
+}
+
+// Run does one turn. See the package documentation.
+func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return runner.Result{}, err
+	}
+	if cb == nil {
+		cb = runner.Nop{}
+	}
+	log := r.log.With("run_id", turn.RunID)
+	conv := turn.SessionID
+	if conv == "" {
+		conv = "key:" + turn.SessionKey
+	}
+	var (
+		ag    *agent
+		s     *session
+		fresh bool
+	)
+	for attempt := 0; ; attempt++ {
+		a, err := r.agentFor(ctx, log)
+		if err != nil {
+			return runner.Result{}, err
+		}
+		r.mu.Lock()
+		if r.cur == a && !a.isDead() {
+			ag = a
+			s, fresh = r.tab.take(turn.SessionKey, conv, ag, time.Now())
+			r.running[ag]++
+		}
+		r.mu.Unlock()
+		if ag != nil {
+			break
+		}
+		if attempt == 2 {
+			return runner.Result{}, &runner.UserError{Message: "The agent could not be started. Try again later."}
+		}
+	}
+	defer r.release(ag, s)
+
+	if fresh {
+		var res struct {
+			SessionID string `json:"sessionId"`
+		}
+		err := ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &res)
+		if err == nil && res.SessionID == "" {
+			err = errors.New("acp: session/new answered no sessionId")
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return runner.Result{}, ctx.Err()
+			}
+			log.Warn("acp: session/new failed", "err", err, "agent_process", ag.n)
+			var te *timeoutError
+			if errors.As(err, &te) {
+				r.retire(ag, "session/new unanswered")
+			}
+			if ag.isDead() {
+				return runner.Result{}, &runner.UserError{Message: ag.death}
+			}
+			return runner.Result{}, startFailure(err)
+		}
+		r.mu.Lock()
+		s.id = res.SessionID
+		r.mu.Unlock()
+		log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
+	}
+	return r.prompt(ctx, turn, cb, ag, s.id, log)
+}
+
+// prompt runs session/prompt on session id and serves the turn's
+// permission requests until the agent answers, dies or ignores a cancel.
+func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbacks, ag *agent, id string, log *slog.Logger) (runner.Result, error) {
+	ts := newTurnState(turn.RunID, cb)
+	ts.begin(ag.name) // before the prompt is sent: its updates may come at once
+	ag.mu.Lock()
+	ag.turns[id] = ts
+	ag.mu.Unlock()
+	askCtx, cancelAsks := context.WithCancel(ctx)
+	var asks sync.WaitGroup
+	defer func() {
+		ts.end()
+		ag.mu.Lock()
+		if ag.turns[id] == ts {
+			delete(ag.turns, id)
+		}
+		ag.mu.Unlock()
+		cancelAsks()
+		asks.Wait()
+		for {
+			select {
+			case a := <-ts.perms:
+				_ = ag.c.reply(a.id, permissionCancelled(), nil)
+				a.done()
+			default:
+				return
+			}
+		}
+	}()
+
+	params := map[string]any{"sessionId": id, "prompt": []map[string]string{{"type": "text", "text": turn.Message}}}
+	reqID, respC, err := ag.c.request("session/prompt", params)
+	if err != nil {
+		log.Warn("acp: session/prompt not sent", "err", err)
+		if ag.isDead() {
+			return runner.Result{}, &runner.UserError{Message: ag.death}
+		}
+		r.retire(ag, "cannot write to it")
+		return runner.Result{}, &runner.UserError{Message: "The agent could not be reached. Send your message again to start it anew."}
+	}
+	defer ag.c.forget(reqID)
+
+	var (
+		ctxDone  = ctx.Done()
+		giveUp   <-chan time.Time
+		canceled bool
+	)
+	for {
+		select {
+		case resp := <-respC:
+			text, _ := ts.end()
+			return r.finish(ctx, ag, resp, text, log)
+		case <-ag.dead:
+			select {
+			case resp := <-respC: // answered before it died
+				text, _ := ts.end()
+				return r.finish(ctx, ag, resp, text, log)
+			default:
+			}
+			text, _ := ts.end()
+			if canceled {
+				return runner.Result{Text: text}, ctx.Err()
+			}
+			log.Warn("acp: the agent stopped during the turn", "reason", ag.death, "agent_process", ag.n)
+			return runner.Result{Text: text}, &runner.UserError{Message: ag.death}
+		case a := <-ts.perms:
+			asks.Go(func() { r.answer(askCtx, turn, ag, a, log) })
+		case <-ctxDone:
+			ctxDone, canceled = nil, true
+			log.Info("acp: turn aborted; sending session/cancel", "session_id", id, "wait", r.cancelWait)
+			if err := ag.c.notify("session/cancel", map[string]string{"sessionId": id}); err != nil {
+				log.Warn("acp: session/cancel not sent", "err", err)
+			}
+			t := time.NewTimer(r.cancelWait)
+			defer t.Stop()
+			giveUp = t.C
+		case <-giveUp:
+			log.Warn("acp: the agent did not answer session/cancel; stopping it", "after", r.cancelWait, "agent_process", ag.n)
+			r.retire(ag, "ignored session/cancel")
+			text, _ := ts.end()
+			return runner.Result{Text: text}, ctx.Err()
+		}
+	}
+}
+
+// finish turns the prompt's answer into the turn's result.
+func (r *Runner) finish(ctx context.Context, ag *agent, resp response, text string, log *slog.Logger) (runner.Result, error) {
+	res := runner.Result{Text: text}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	if resp.err != nil {
+		var re *rpcError
+		if errors.As(resp.err, &re) {
+			log.Warn("acp: session/prompt failed", "code", re.Code, "message", cut(re.Message, 500))
+			return res, &runner.UserError{Message: "The agent could not answer: " + cut(oneLine(re.Message), 300)}
+		}
+		if ag.isDead() {
+			log.Warn("acp: the agent stopped during the turn", "reason", ag.death, "agent_process", ag.n)
+			return res, &runner.UserError{Message: ag.death}
+		}
+		return res, fmt.Errorf("acp: session/prompt: %w", resp.err)
+	}
+	var out struct {
+		StopReason string `json:"stopReason"`
+	}
+	if err := json.Unmarshal(resp.result, &out); err != nil {
+		log.Warn("acp: session/prompt answer unreadable", "err", err)
+		return res, &runner.UserError{Message: "The agent's answer could not be read."}
+	}
+	if msg := stopMessage(out.StopReason); msg != "" {
+		log.Info("acp: turn ended early", "stop_reason", cut(out.StopReason, 50))
+		return res, &runner.UserError{Message: msg}
+	}
+	return res, nil
+}
+
+// stopMessage words a stopReason other than end_turn for the user ("" for
+// end_turn).
+func stopMessage(reason string) string {
+	switch reason {
+	case "end_turn":
+		return ""
+	case "max_tokens":
+		return "The agent stopped: it reached its output limit (max tokens) before finishing."
+	case "max_turn_requests":
+		return "The agent stopped: it reached its limit of model requests for one turn."
+	case "refusal":
+		return "The agent refused to continue with this request."
+	case "cancelled":
+		return "The agent cancelled the turn."
+	}
+	return fmt.Sprintf("The agent stopped early (%s).", cut(oneLine(reason), 50))
+}
+
+// answer asks the person a permission request of the agent and replies
+// with the chosen option; a stopped turn (ctx done) or a request without
+// options is answered cancelled.
+func (r *Runner) answer(ctx context.Context, turn runner.Turn, ag *agent, a permissionAsk, log *slog.Logger) {
+	defer a.done()
+	if len(a.req.Options) == 0 {
+		_ = ag.c.reply(a.id, permissionCancelled(), nil)
+		return
+	}
+	q := question(a.req)
+	ans, err := turn.Ask(ctx, q)
+	log.Info("acp: permission answered", "tool", q.Tool, "outcome", ans.Outcome, "option", ans.OptionID, "err", err)
+	if err := ag.c.reply(a.id, permissionAnswer(ans, err), nil); err != nil {
+		log.Warn("acp: permission answer not sent", "err", err)
+	}
+}
+
+// agentFor returns the agent new turns go to, starting one when there is
+// none (or it died, or is retiring), once it has answered initialize.
+func (r *Runner) agentFor(ctx context.Context, log *slog.Logger) (*agent, error) {
+	r.mu.Lock()
+	if r.retired {
+		r.mu.Unlock()
+		return nil, &runner.UserError{Message: "The agent is being restarted. Send your message again."}
+	}
+	ag := r.cur
+	if ag == nil || ag.isDead() || r.retiring[ag] {
+		r.started++
+		var err error
+		ag, err = r.start(r.started)
+		if err != nil {
+			r.mu.Unlock()
+			log.Error("acp: agent not started", "err", err)
+			return nil, &runner.UserError{Message: "The agent could not be started. Try again later."}
+		}
+		r.cur, r.curUsed = ag, time.Now()
+		go r.initialize(ag)
+	}
+	r.mu.Unlock()
+	select {
+	case <-ag.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if ag.startErr != nil {
+		return nil, ag.startErr
+	}
+	return ag, nil
+}
+
+// initialize sends initialize, bounded by the start-up timeout, and closes
+// ag.ready; an agent that fails it is stopped.
+func (r *Runner) initialize(ag *agent) {
+	defer close(ag.ready)
+	var res struct {
+		ProtocolVersion int `json:"protocolVersion"`
+		AgentInfo       *struct {
+			Name  string `json:"name"`
+			Title string `json:"title"`
+		} `json:"agentInfo"`
+	}
+	params := map[string]any{
+		"protocolVersion": ProtocolVersion,
+		"clientCapabilities": map[string]any{
+			"fs":       map[string]bool{"readTextFile": true, "writeTextFile": true},
+			"terminal": false,
+		},
+		"clientInfo": map[string]string{"name": "turnguard", "title": "turnguard"},
+	}
+	err := ag.call(context.Background(), r.startTimeout, "initialize", params, &res)
+	if err == nil && res.ProtocolVersion != ProtocolVersion {
+		ag.log.Error("acp: the agent speaks another protocol version", "version", res.ProtocolVersion)
+		ag.startErr = &runner.UserError{Message: fmt.Sprintf("The agent speaks ACP version %d; turnguard speaks version %d.", res.ProtocolVersion, ProtocolVersion)}
+		ag.kill("The agent was stopped.")
+		return
+	}
+	if err != nil {
+		ag.log.Error("acp: initialize failed; stopping the agent", "err", err)
+		ag.startErr = startFailure(err)
+		ag.kill("The agent was stopped.")
+		return
+	}
+	if i := res.AgentInfo; i != nil {
+		if n := strings.TrimSpace(i.Name); n != "" {
+			ag.name = cut(n, 100)
+		}
+	}
+	ag.log.Info("acp: agent initialized", "agent", ag.name)
+}
+
+// retire stops new turns from going to ag and stops it — now if no turn
+// runs on it, else when the last one ends.
+func (r *Runner) retire(ag *agent, why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.retireLocked(ag, why)
+}
+
+func (r *Runner) retireLocked(ag *agent, why string) {
+	if r.running[ag] == 0 {
+		delete(r.retiring, ag)
+		ag.log.Info("acp: stopping agent", "reason", why)
+		ag.kill("The agent was stopped. Send your message again to start it anew.")
+		return
+	}
+	ag.log.Info("acp: agent retiring: stopped when its running turns end", "reason", why, "running", r.running[ag])
+	r.retiring[ag] = true
+}
+
+// release ends a turn's use of s on ag.
+func (r *Runner) release(ag *agent, s *session) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	r.tab.release(s, now)
+	if r.running[ag]--; r.running[ag] <= 0 {
+		delete(r.running, ag)
+		if r.retiring[ag] {
+			r.retireLocked(ag, "its last turn ended")
+		}
+	}
+	if ag == r.cur {
+		r.curUsed = now
+	}
+	r.sweepLocked(now)
+}
+
+// sweep forgets idle sessions and stops an idle agent; it runs on a timer
+// set for the next expiry.
+func (r *Runner) sweep() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sweepLocked(time.Now())
+}
+
+func (r *Runner) sweepLocked(now time.Time) {
+	next := r.tab.expire(now)
+	if ag := r.cur; ag != nil && !ag.isDead() && r.running[ag] == 0 && r.tab.uses(ag) == 0 {
+		if at := r.curUsed.Add(r.idle); !now.Before(at) {
+			ag.stop("idle")
+			r.cur = nil
+		} else if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	if !next.IsZero() {
+		r.timer = time.AfterFunc(next.Sub(now), r.sweep)
+	}
+}
+
+// Retire stops the runner taking turns (a rebuilt runner replaces it): its
+// agent is stopped once the turns running on it end. Later turns fail with
+// a *runner.UserError.
+func (r *Runner) Retire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.retired = true
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	if ag := r.cur; ag != nil && !ag.isDead() {
+		r.retireLocked(ag, "runner replaced")
+	}
+}
+
+// Close stops the agent processes at once (SIGKILL of their groups) and
+// returns once they are reaped and their output is logged; turns on them
+// end with "The agent was stopped." For shutdown and tests.
+func (r *Runner) Close() error {
+	r.mu.Lock()
+	r.retired = true
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	var all []*agent
+	for ag := range r.running {
+		all = append(all, ag)
+	}
+	if r.cur != nil {
+		all = append(all, r.cur)
+	}
+	r.mu.Unlock()
+	for _, ag := range all {
+		ag.kill("The agent was stopped.")
+	}
+	for _, ag := range all {
+		<-ag.finished
+	}
+	return nil
+}

@@ -1,0 +1,189 @@
+// The ACP test agent of runner/acp's tests: a real agent on the official
+// SDK (@agentclientprotocol/sdk, AgentSideConnection over stdio), scripted
+// by the prompt text. It runs its "tools" for real (files through the
+// client's fs methods, permission through session/request_permission).
+//
+//   remember X        keeps X in the session; "what did I say" tells it back
+//   pid               answers with its process id
+//   cwd               answers with the session's cwd
+//   tool echo X       a tool call "Echo X" that completes, then "echoed X"
+//   tool hang         a tool call "Run slow_tool" that never completes;
+//                     honours session/cancel (stopReason cancelled)
+//   hang ignore cancel  never answers, ignores session/cancel
+//   ask permission    asks to run "Delete build/"; runs it when allowed
+//   write file P C    fs/write_text_file P with content C
+//   read file P       fs/read_text_file P
+//   think             a thought and a plan, then "thought done"
+//   stop R            ends the turn with stopReason R after some text
+//   error             answers session/prompt with a JSON-RPC error
+//   crash             some text, then exits with status 3
+//   garbage           prints non-JSON lines, then "after garbage"
+//   huge line         prints an 11 MB line
+//   stderr            writes to stderr, then "stderr written"
+//   anything else     "echo: <text>"
+import * as acp from "@agentclientprotocol/sdk";
+import { Readable, Writable } from "node:stream";
+
+class TestAgent {
+  constructor(conn) {
+    this.conn = conn;
+    this.sessions = new Map();
+    this.n = 0;
+  }
+
+  async initialize() {
+    return {
+      protocolVersion: acp.PROTOCOL_VERSION,
+      agentCapabilities: { loadSession: false },
+      agentInfo: { name: "test-agent", version: "1.0.0" },
+    };
+  }
+
+  async authenticate() {
+    return {};
+  }
+
+  async newSession(params) {
+    const sessionId = `s${++this.n}-${process.pid}`;
+    this.sessions.set(sessionId, { cwd: params.cwd, memory: null, abort: null });
+    return { sessionId };
+  }
+
+  async cancel(params) {
+    this.sessions.get(params.sessionId)?.abort?.abort();
+  }
+
+  async say(sessionId, text) {
+    await this.conn.sessionUpdate({
+      sessionId,
+      update: { sessionUpdate: "agent_message_chunk", content: { type: "text", text } },
+    });
+  }
+
+  async tool(sessionId, toolCallId, title, kind, status) {
+    await this.conn.sessionUpdate({
+      sessionId,
+      update: { sessionUpdate: "tool_call", toolCallId, title, kind, status, rawInput: {} },
+    });
+  }
+
+  async toolDone(sessionId, toolCallId, status, text) {
+    await this.conn.sessionUpdate({
+      sessionId,
+      update: {
+        sessionUpdate: "tool_call_update",
+        toolCallId,
+        status,
+        content: [{ type: "content", content: { type: "text", text } }],
+      },
+    });
+  }
+
+  async prompt(params) {
+    const sid = params.sessionId;
+    const s = this.sessions.get(sid);
+    if (!s) throw acp.RequestError.invalidParams(`no session ${sid}`);
+    s.abort = new AbortController();
+    const cancelled = new Promise((resolve) => s.abort.signal.addEventListener("abort", resolve));
+    const text = params.prompt.filter((b) => b.type === "text").map((b) => b.text).join("").trim();
+    let m;
+    if ((m = text.match(/^remember (.*)$/))) {
+      s.memory = m[1];
+      await this.say(sid, `OK, I will remember ${m[1]}.`);
+    } else if (text === "what did I say") {
+      await this.say(sid, s.memory ? `You said: ${s.memory}` : "You said nothing yet.");
+    } else if (text === "pid") {
+      await this.say(sid, `pid ${process.pid}`);
+    } else if (text === "cwd") {
+      await this.say(sid, `cwd ${s.cwd}`);
+    } else if ((m = text.match(/^tool echo (.*)$/))) {
+      await this.tool(sid, "echo-1", `Echo ${m[1]}`, "other", "in_progress");
+      await this.toolDone(sid, "echo-1", "completed", m[1]);
+      await this.say(sid, `echoed ${m[1]}`);
+    } else if (text === "tool hang") {
+      await this.say(sid, "Starting the slow tool. ");
+      await this.tool(sid, "slow-1", "Run slow_tool", "execute", "in_progress");
+      await cancelled;
+      await this.toolDone(sid, "slow-1", "failed", "cancelled");
+      return { stopReason: "cancelled" };
+    } else if (text === "hang ignore cancel") {
+      await this.say(sid, "Ignoring you. ");
+      await new Promise(() => {});
+    } else if (text === "ask permission") {
+      const call = { toolCallId: "del-1", title: "Delete build/", kind: "delete", rawInput: { path: "build/" } };
+      await this.tool(sid, "del-1", "Delete build/", "delete", "pending");
+      const res = await Promise.race([
+        this.conn.requestPermission({
+          sessionId: sid,
+          toolCall: call,
+          options: [
+            { optionId: "yes", name: "Allow once", kind: "allow_once" },
+            { optionId: "no", name: "Reject", kind: "reject_once" },
+          ],
+        }),
+        cancelled.then(() => ({ outcome: { outcome: "cancelled" } })),
+      ]);
+      if (res.outcome.outcome === "cancelled") {
+        await this.toolDone(sid, "del-1", "failed", "cancelled");
+        return { stopReason: "cancelled" };
+      }
+      if (res.outcome.optionId === "yes") {
+        await this.toolDone(sid, "del-1", "completed", "deleted 3 files");
+        await this.say(sid, "Tool output: deleted 3 files");
+      } else {
+        await this.toolDone(sid, "del-1", "failed", "denied");
+        await this.say(sid, `Permission denied (${res.outcome.optionId}).`);
+      }
+    } else if ((m = text.match(/^write file (\S+) (.*)$/))) {
+      try {
+        await this.conn.writeTextFile({ sessionId: sid, path: m[1], content: m[2] });
+        await this.say(sid, `wrote ${m[1]}`);
+      } catch (e) {
+        await this.say(sid, `refused: ${e.message}`);
+      }
+    } else if ((m = text.match(/^read file (\S+)$/))) {
+      try {
+        const r = await this.conn.readTextFile({ sessionId: sid, path: m[1] });
+        await this.say(sid, `content: ${r.content}`);
+      } catch (e) {
+        await this.say(sid, `refused: ${e.message}`);
+      }
+    } else if (text === "think") {
+      await this.conn.sessionUpdate({
+        sessionId: sid,
+        update: { sessionUpdate: "agent_thought_chunk", content: { type: "text", text: "hmm, thinking" } },
+      });
+      await this.conn.sessionUpdate({
+        sessionId: sid,
+        update: { sessionUpdate: "plan", entries: [{ content: "answer", priority: "high", status: "pending" }] },
+      });
+      await this.say(sid, "thought done");
+    } else if ((m = text.match(/^stop (\S+)$/))) {
+      await this.say(sid, "partial answer");
+      return { stopReason: m[1] };
+    } else if (text === "error") {
+      throw new acp.RequestError(-32000, "quota exhausted for today");
+    } else if (text === "crash") {
+      await this.say(sid, "about to crash");
+      setTimeout(() => process.exit(3), 50);
+      await new Promise(() => {});
+    } else if (text === "garbage") {
+      for (let i = 0; i < 1000; i++) process.stdout.write(`this is not json ${i}\n`);
+      process.stdout.write("{\"not\": \"json-rpc\"}\n");
+      await this.say(sid, "after garbage");
+    } else if (text === "huge line") {
+      process.stdout.write("x".repeat(11 << 20) + "\n");
+      await new Promise(() => {});
+    } else if (text === "stderr") {
+      process.stderr.write("agent diagnostics: all fine\n");
+      await this.say(sid, "stderr written");
+    } else {
+      await this.say(sid, `echo: ${text}`);
+    }
+    s.abort = null;
+    return { stopReason: "end_turn" };
+  }
+}
+
+const stream = acp.ndJsonStream(Writable.toWeb(process.stdout), Readable.toWeb(process.stdin));
+new acp.AgentSideConnection((conn) => new TestAgent(conn), stream);
