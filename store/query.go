@@ -159,8 +159,9 @@ func (s *SQLite) RunningTurns(ctx context.Context) ([]Turn, error) {
 
 // MarkInterrupted ends a running turn that the previous process was cut off
 // in: state aborted, stop reason "interrupted", a journal entry (kind
-// aborted) and, if message is not empty, message appended to the session's
-// history as the turn's assistant message. It is exactly-once: the change
+// aborted), its pending approvals expired and, if message is not empty,
+// message appended to the session's history as the turn's assistant
+// message. It is exactly-once: the change
 // is a single conditional update, so among any number of concurrent callers
 // (in this process or another using the same file) exactly one gets true.
 // It returns false if the turn had already ended, and an error wrapping
@@ -196,6 +197,11 @@ func (s *SQLite) MarkInterrupted(ctx context.Context, runID, message string) (bo
 			return err
 		}
 		won = true
+		// The questions it was waiting on can no longer be answered.
+		if _, err := tx.ExecContext(ctx, `UPDATE approvals SET status = 'expired', resolved_at = ?1
+			WHERE run_id = ?2 AND status = 'pending'`, nanos(now), runID); err != nil {
+			return fmt.Errorf("expire its approvals: %w", err)
+		}
 		step := cur.step()
 		if _, err := tx.ExecContext(ctx, `INSERT INTO journal (run_id, session_key, kind, stop_reason,
 				step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)

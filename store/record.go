@@ -53,7 +53,9 @@ func joinEnding(partial, notice string) string {
 }
 
 // JournalOf is the journal entry of ev recorded at at (ID not set). It keeps
-// the journal compact: no user text, no reply text.
+// the journal compact: no user text, no reply text; an approval's message
+// (the question or its settlement in words) is kept as its detail is,
+// credentials redacted (approval.go).
 func JournalOf(ev *event.Event, at time.Time) JournalEntry {
 	msg := ev.Message
 	elapsed := ev.Elapsed
@@ -68,6 +70,8 @@ func JournalOf(ev *event.Event, at time.Time) JournalEntry {
 		if elapsed == 0 && !ev.Step.StartedAt.IsZero() {
 			elapsed = at.Sub(ev.Step.StartedAt)
 		}
+	case event.ApprovalRequested, event.ApprovalResolved:
+		msg = approvalText(msg) // the question in words may repeat its detail
 	}
 	return JournalEntry{RunID: ev.RunID, SessionKey: ev.SessionKey, Seq: ev.Seq, Kind: ev.Kind, KindName: ev.Kind.String(),
 		StopReason: ev.StopReason, Step: event.Step{Kind: ev.Step.Kind, Name: ev.Step.Name, Seq: ev.Step.Seq},

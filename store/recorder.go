@@ -176,7 +176,7 @@ func (c RecorderControl) StartPruner(interval time.Duration, prune func(ctx cont
 					r.log.Error("store: pruning failed; retrying at the next interval", "err", err)
 				} else if ps != (PruneStats{}) {
 					r.log.Info("store: pruned", "messages", ps.Messages, "turns", ps.Turns, "sessions", ps.Sessions,
-						"journal", ps.Journal, "outbox", ps.Outbox)
+						"journal", ps.Journal, "outbox", ps.Outbox, "approvals", ps.Approvals)
 				}
 			}
 			t.Reset(interval)
@@ -238,6 +238,10 @@ func (c RecorderControl) AnyToOutbox(evs []event.Event) bool {
 //     run: while the store cannot write, new turns are refused (see
 //     Health). SessionReset (/new, which is not a turn and is not refused)
 //     is kept too, until another QueueSize events have spilled.
+//     ApprovalRequested and ApprovalResolved are never shed either: a lost
+//     request leaves no record of the question, a lost resolution records
+//     an answered question as cancelled. A turn waits on one question at
+//     a time, so they too are bounded by the turns that can run.
 //   - StepStarted, StepCompleted, Paused, Resumed, Progress and Recovered
 //     are shed and counted (Dropped): losing them only makes the recorded
 //     current step, the journal and the stall history less detailed.
@@ -261,6 +265,9 @@ func (c RecorderControl) AnyToOutbox(evs []event.Event) bool {
 //     (Options.OutboxChannels) the first ending also writes its terminal
 //     messages to the outbox, in the same transaction (committed durably);
 //     Options.OnOutbox is called after the commit.
+//   - ApprovalRequested records the approval, pending; ApprovalResolved
+//     its outcome (only while pending); Aborted and Finished also cancel
+//     the run's approvals still pending (approval.go).
 //   - Every event except Delta, including the above, is journaled.
 //
 // A batch that fails for the state of the disk or the file (full, I/O
@@ -320,7 +327,8 @@ func (r *EventRecorder) enqueueSlow(ev *event.Event) bool {
 // queue is.
 func neverShed(k event.Kind) bool {
 	switch k {
-	case event.TurnStarted, event.Aborted, event.Finished, event.ForceFinalized, event.SessionReset:
+	case event.TurnStarted, event.Aborted, event.Finished, event.ForceFinalized, event.SessionReset,
+		event.ApprovalRequested, event.ApprovalResolved:
 		return true
 	}
 	return false
@@ -595,6 +603,8 @@ func validEvent(ev *event.Event) error {
 		return fmt.Errorf("%w: no session key", ErrInvalid)
 	case ev.Kind.String() == "unknown":
 		return fmt.Errorf("%w: unknown event kind %d", ErrInvalid, ev.Kind)
+	case ev.Kind == event.ApprovalRequested || ev.Kind == event.ApprovalResolved:
+		return validApproval(ev)
 	}
 	return nil
 }

@@ -39,15 +39,30 @@ func ErrorText(err error) string {
 	} else {
 		s = err.Error()
 	}
+	return cut(RedactSecrets(s), maxErrorText)
+}
+
+// RedactSecrets is s with the credentials that ErrorText removes from
+// error texts replaced: a Telegram bot token, bearer and basic
+// credentials, and key=value pairs whose key names a secret. The store
+// applies it to what it keeps of text that may repeat a tool's input (an
+// approval's title and detail). Like ErrorText, it is a last line of
+// defence.
+func RedactSecrets(s string) string {
 	for _, p := range secretPatterns {
 		s = p.re.ReplaceAllString(s, p.repl)
 	}
-	if len(s) > maxErrorText {
-		cut := maxErrorText
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
+	return s
+}
+
+// cut is s, valid UTF-8, at most n bytes plus an ellipsis.
+func cut(s string, n int) string {
+	if len(s) > n {
+		c := n
+		for c > 0 && !utf8.RuneStart(s[c]) {
+			c--
 		}
-		s = s[:cut] + "…"
+		s = s[:c] + "…"
 	}
 	return strings.ToValidUTF8(s, "�")
 }

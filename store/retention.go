@@ -10,8 +10,8 @@ import (
 // Retention is what Prune deletes. A zero age or count keeps those rows.
 type Retention struct {
 	// History: chat messages and ended turns older than this (config
-	// store.retention.historyDays). Sessions left with no message and no
-	// turn go too.
+	// store.retention.historyDays), and the approvals of those turns.
+	// Sessions left with no message and no turn go too.
 	History time.Duration
 	// MaxMessagesPerSession: beyond the newest this many messages of a
 	// session, older ones are deleted (store.retention.maxMessagesPerSession).
@@ -47,7 +47,7 @@ func (r Retention) Enabled() bool {
 
 // PruneStats counts what one Prune deleted.
 type PruneStats struct {
-	Messages, Turns, Sessions, Journal, Outbox int64
+	Messages, Turns, Sessions, Journal, Outbox, Approvals int64
 }
 
 // notRunning excludes the rows of turns still running.
@@ -60,11 +60,19 @@ const notRunning = `run_id NOT IN (SELECT run_id FROM turns WHERE state = 'runni
 const pruneMessages = `DELETE FROM messages WHERE id IN (SELECT id FROM messages
 	WHERE created_at < ?1 AND ` + notRunning + ` ORDER BY created_at, id LIMIT ?2)`
 
+// pruneApprovals deletes up to ?2 approvals created before ?1 whose turn
+// is pruned in the same pass (ended before ?1) or is gone. It finds them
+// through approvals_created, then each turn by its key.
+const pruneApprovals = `DELETE FROM approvals WHERE id IN (SELECT a.id FROM approvals a
+	WHERE a.created_at < ?1 AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.run_id = a.run_id
+		AND (t.state = 'running' OR t.ended_at >= ?1))
+	ORDER BY a.created_at LIMIT ?2)`
+
 // Prune deletes, by the store's Retention measured back from now, old
-// history, ended turns, journal entries and finished outbox rows, in
-// transactions of at most Retention.BatchRows rows each. It never deletes a
-// running turn, its messages or journal entries, or an outbox row that is
-// neither delivered nor given up. Deleted pages go to SQLite's freelist and
+// history, ended turns and their approvals, journal entries and finished
+// outbox rows, in transactions of at most Retention.BatchRows rows each.
+// It never deletes a running turn, its messages, journal entries or
+// approvals, or an outbox row that is neither delivered nor given up. Deleted pages go to SQLite's freelist and
 // are reused by later writes, so under a steady load the file stops
 // growing; it is never VACUUMed (see docs/operations.md). It returns what
 // it deleted; on an error, what it deleted so far.
@@ -110,6 +118,9 @@ func RunPrune(ctx context.Context, r Retention, now time.Time, b PruneBackend) (
 		{r.Journal > 0, &ps.Journal, "journal", `DELETE FROM journal WHERE id IN (SELECT id FROM journal
 			WHERE at < ?1 AND ` + notRunning + ` ORDER BY at LIMIT ?2)`, []any{before(r.Journal)}},
 		{r.History > 0, &ps.Messages, "messages", pruneMessages, []any{before(r.History)}},
+		// Before the turns: an approval goes with its turn (or, its turn
+		// gone, once it is as old), never one of a turn kept.
+		{r.History > 0, &ps.Approvals, "approvals", pruneApprovals, []any{before(r.History)}},
 		{r.History > 0, &ps.Turns, "turns", `DELETE FROM turns WHERE run_id IN (SELECT run_id FROM turns
 			WHERE state <> 'running' AND ended_at < ?1 LIMIT ?2)`, []any{before(r.History)}},
 		{r.Outbox > 0, &ps.Outbox, "outbox", `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox

@@ -99,6 +99,22 @@ func (s *SQLite) apply(ctx context.Context, tx *sql.Tx, ev *event.Event) error {
 		if err := s.endTurn(ctx, tx, ev, at); err != nil {
 			return err
 		}
+		// Whether or not this ending was the turn's first: no question of
+		// an ended turn waits for an answer.
+		if _, err := stmt(st.cancelApprovals).ExecContext(ctx, ev.RunID, now); err != nil {
+			return fmt.Errorf("cancel pending approvals: %w", err)
+		}
+	case event.ApprovalRequested, event.ApprovalResolved:
+		a := ApprovalOf(ev, at)
+		p := st.requestApproval
+		if ev.Kind == event.ApprovalResolved {
+			p = st.resolveApproval
+		}
+		if _, err := stmt(p).ExecContext(ctx, a.ID, a.RunID, a.SessionKey, a.Channel, a.ChatRef, a.Title, a.Detail,
+			a.Tool, a.OptionsJSON(), a.Status, a.OptionID, a.OptionKind, a.AnsweredBy, nanos(a.CreatedAt),
+			nullNanos(a.ExpiresAt), nullNanos(a.ResolvedAt)); err != nil {
+			return fmt.Errorf("%s %q: %w", ev.Kind, a.ID, err)
+		}
 	}
 
 	j := journalRow(ev, at)
@@ -171,6 +187,7 @@ func journalRow(ev *event.Event, at time.Time) []any {
 // connection and bound to each batch's transaction.
 type stmts struct {
 	upsertSession, startTurn, insertMessage, stepStarted, stepCompleted, endTurn, insertJournal, insertOutbox *sql.Stmt
+	requestApproval, resolveApproval, cancelApprovals                                                         *sql.Stmt
 }
 
 func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -221,6 +238,19 @@ func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
 		{&st.insertOutbox, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
 			VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, kind) DO NOTHING`},
+		// A repeated request of the same approval keeps the first.
+		{&st.requestApproval, `INSERT INTO approvals (` + approvalColumns + `)
+			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+			ON CONFLICT (id) DO NOTHING`},
+		// Settles a pending approval (a second resolution changes no row),
+		// or records one whose request was never written.
+		{&st.resolveApproval, `INSERT INTO approvals (` + approvalColumns + `)
+			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+			ON CONFLICT (id) DO UPDATE SET status = excluded.status, option_id = excluded.option_id,
+				option_kind = excluded.option_kind, answered_by = excluded.answered_by, resolved_at = excluded.resolved_at
+			WHERE approvals.status = 'pending'`},
+		{&st.cancelApprovals, `UPDATE approvals SET status = 'cancelled', resolved_at = ?2
+			WHERE run_id = ?1 AND status = 'pending'`},
 	} {
 		stmt, err := db.PrepareContext(ctx, p.sql)
 		if err != nil {
@@ -234,7 +264,8 @@ func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
 func (st *stmts) close() error {
 	var errs []error
 	for _, p := range []*sql.Stmt{st.upsertSession, st.startTurn, st.insertMessage, st.stepStarted,
-		st.stepCompleted, st.endTurn, st.insertJournal, st.insertOutbox} {
+		st.stepCompleted, st.endTurn, st.insertJournal, st.insertOutbox,
+		st.requestApproval, st.resolveApproval, st.cancelApprovals} {
 		if p != nil {
 			errs = append(errs, p.Close())
 		}

@@ -48,6 +48,11 @@
 //     is told it is queued; RemoveQueued forgets it when its turn starts or
 //     it is dropped; Queued lists them, oldest first, so a restart runs
 //     them after the recovery notices. Retention never deletes them.
+//   - Approvals. The questions runners ask the person (ApprovalRequested)
+//     are recorded pending with the turn events, then with how they were
+//     settled; a turn's end cancels what is still pending, and the
+//     start-up recovery expires what the previous process left pending
+//     (approval.go). Approval and Approvals read them.
 //
 // At start-up the gateway calls RunningTurns: every turn still "running" was
 // cut off by the previous process. For each, MarkInterrupted (exactly once,
@@ -140,13 +145,14 @@ type Outbox interface {
 var _ Store = (*SQLite)(nil)
 
 // Backend is everything the gateway (cmd/gateway) asks of its store: a
-// Store, the queued messages, write health, retention and the user text of
-// a run (Telegram's Retry). SQLite and the PostgreSQL store (store/postgres)
-// implement it, with the same semantics: the conformance suite
-// store/storetest checks both.
+// Store, the queued messages, the approvals, write health, retention and
+// the user text of a run (Telegram's Retry). SQLite and the PostgreSQL
+// store (store/postgres) implement it, with the same semantics: the
+// conformance suite store/storetest checks both.
 type Backend interface {
 	Store
 	Queue
+	ApprovalStore
 	Health() error
 	Prune(ctx context.Context, now time.Time) (PruneStats, error)
 	UserText(ctx context.Context, runID string) (string, error)

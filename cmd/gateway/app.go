@@ -384,12 +384,22 @@ func storeHistory(st store.Reader) gateway.HistoryLoader {
 // WebSocket, whose clients read the history), into the outbox. The notice
 // is enqueued before the turn is marked, so a crash in between loses
 // nothing: the turn stays running and the next start's Enqueue is
-// deduplicated. Failures are logged; they do not stop the gateway from
-// starting.
+// deduplicated. MarkInterrupted expires the questions (approvals) the turn
+// was waiting on; then every approval still pending has no run left to
+// answer it and is expired too. Failures are logged; they do not stop the
+// gateway from starting.
 func recoverInterrupted(ctx context.Context, st interface {
 	store.Reader
 	store.Outbox
+	store.ApprovalStore
 }, cfg *config.Config, log *slog.Logger) {
+	defer func() {
+		if n, err := st.ExpireOrphanApprovals(ctx); err != nil {
+			log.Error("store: cannot expire the approvals left pending by the last stop", "error", err)
+		} else if n > 0 {
+			log.Warn("approvals left pending by the last stop expired", "count", n)
+		}
+	}()
 	turns, err := st.RunningTurns(ctx)
 	if err != nil {
 		log.Error("store: cannot list turns cut off by the last stop", "error", err)

@@ -61,9 +61,26 @@ const (
 		VALUES ($1, $2, $3, $4, $5, $6)`
 	insertOutbox = `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (run_id, kind) DO NOTHING`
+	// A repeated request of the same approval keeps the first.
+	requestApproval = `INSERT INTO approvals (` + approvalColumns + `)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16)
+		ON CONFLICT (id) DO NOTHING`
+	// Settles a pending approval (a second resolution changes no row), or
+	// records one whose request was never written.
+	resolveApproval = `INSERT INTO approvals (` + approvalColumns + `)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16)
+		ON CONFLICT (id) DO UPDATE SET status = excluded.status, option_id = excluded.option_id,
+			option_kind = excluded.option_kind, answered_by = excluded.answered_by, resolved_at = excluded.resolved_at
+		WHERE approvals.status = 'pending'`
 	insertJournal = `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
 			step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
+	// insertJournal that also cancels the run's ($1) pending approvals at
+	// the event's time ($12): a data-modifying WITH runs whether or not
+	// it is referenced.
+	cancelApprovalsJournal = `WITH cancelled AS (UPDATE approvals SET status = 'cancelled', resolved_at = $12
+			WHERE run_id = $1 AND status = 'pending')
+		` + insertJournal
 )
 
 // apply records one valid event inside tx.
@@ -152,9 +169,28 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) (err erro
 		if err := s.endTurn(ctx, tx, ev, at); err != nil {
 			return err
 		}
+	case event.ApprovalRequested, event.ApprovalResolved:
+		a := store.ApprovalOf(ev, at)
+		q := requestApproval
+		if ev.Kind == event.ApprovalResolved {
+			q = resolveApproval
+		}
+		if _, err := tx.Exec(ctx, q, a.ID, a.RunID, a.SessionKey, a.Channel, a.ChatRef, a.Title, a.Detail, a.Tool,
+			a.OptionsJSON(), a.Status, a.OptionID, a.OptionKind, a.AnsweredBy, a.CreatedAt,
+			nullTime(a.ExpiresAt), nullTime(a.ResolvedAt)); err != nil {
+			return fmt.Errorf("%s %q: %w", ev.Kind, a.ID, err)
+		}
 	}
 	j := store.JournalOf(ev, at)
-	if _, err := tx.Exec(ctx, insertJournal, j.RunID, j.SessionKey, int64(j.Seq), j.KindName, string(j.StopReason),
+	q := insertJournal
+	if ev.Kind.Terminal() {
+		// Whether or not this ending was the turn's first (a claimed
+		// turn's is its owner's Finish), no question of an ended turn
+		// waits for an answer: its pending approvals are cancelled, in
+		// the journal's statement (no round trip of their own).
+		q = cancelApprovalsJournal
+	}
+	if _, err := tx.Exec(ctx, q, j.RunID, j.SessionKey, int64(j.Seq), j.KindName, string(j.StopReason),
 		j.Step.Kind, j.Step.Name, int64(j.Step.Seq), j.LastStep, int64(j.Elapsed), j.Message, at); err != nil {
 		return fmt.Errorf("journal %s: %w", ev.Kind, err)
 	}

@@ -1,8 +1,8 @@
 // Package postgres owns turnguard's store on PostgreSQL: the same sessions,
-// chat history, turns, journal, outbox and queued messages as the SQLite
-// store, with the same semantics (the conformance suite store/storetest
-// runs against both), in a database that several gateway replicas can
-// share. It owns its schema (migrations/*.sql, applied on Open in one
+// chat history, turns, journal, outbox, queued messages and approvals as
+// the SQLite store, with the same semantics (the conformance suite
+// store/storetest runs against both), in a database that several gateway
+// replicas can share. It owns its schema (migrations/*.sql, applied on Open in one
 // transaction under an advisory lock, so replicas that start together
 // migrate once) and the SQL of every read and write; the asynchronous
 // event recorder — its queue, writer goroutine, Flush, counters and write

@@ -147,8 +147,8 @@ func (s *Store) RunningTurns(ctx context.Context) ([]store.Turn, error) {
 }
 
 // MarkInterrupted ends a running turn that the previous process was cut off
-// in (stop reason "interrupted", a journal entry, message appended to the
-// history), committed with synchronous_commit on. The change is one
+// in (stop reason "interrupted", a journal entry, its pending approvals
+// expired, message appended to the history), committed with synchronous_commit on. The change is one
 // conditional UPDATE, whose row lock makes it exactly-once: among any
 // number of concurrent callers, in any number of processes, exactly one
 // gets true. False if the turn had already ended, or is claimed by a
@@ -183,6 +183,11 @@ func (s *Store) MarkInterrupted(ctx context.Context, runID, message string) (boo
 			return err
 		}
 		won = true
+		// The questions it was waiting on can no longer be answered.
+		if _, err := tx.Exec(ctx, `UPDATE approvals SET status = 'expired', resolved_at = $1
+			WHERE run_id = $2 AND status = 'pending'`, now, runID); err != nil {
+			return fmt.Errorf("expire its approvals: %w", err)
+		}
 		step := cur.step()
 		lastStep := ""
 		if last != nil {

@@ -1,14 +1,15 @@
 // Package storetest owns the conformance suite of turnguard's stores: what
 // a user or an operator sees of the history, turns, journal, stall history,
-// outbox, queued messages, MarkInterrupted and retention, asserted the same
-// way on every implementation of store.Backend. The SQLite store (package
+// outbox, queued messages, approvals, MarkInterrupted and retention,
+// asserted the same way on every implementation of store.Backend. The SQLite store (package
 // store) and the PostgreSQL store (store/postgres) run it; a new backend
 // passes it before it is wired in. What only one backend has (SQLite's file
 // lock, a full disk, a deleted file, its schema's migrations) is tested
 // beside that backend.
 //
 // It also exports the helpers those tests share: turn builders (NewTurn,
-// Turn.Ev, Step), HandleAll, Flush, MustHistory, MustTurn, Msgs.
+// Turn.Ev, Step, Approval, Resolved), HandleAll, Flush, MustHistory,
+// MustTurn, MustApproval, Msgs.
 package storetest
 
 import (
