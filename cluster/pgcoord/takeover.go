@@ -146,7 +146,8 @@ func (r *Replica) takeOver(ctx context.Context, l lease) (Takeover, error) {
 // it ends l's running turns as interrupted (through turns_by_owner: only
 // that epoch's rows), appends their notices to the history, journals them,
 // enqueues them for outbox channels (one per run: UNIQUE (run_id, kind)),
-// touches their sessions and deletes the lease.
+// expires the questions (approvals) they waited on, touches their sessions
+// and deletes the lease.
 func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, error) {
 	t := Takeover{Replica: l.replica, Epoch: l.epoch}
 	rows, err := tx.Query(ctx, `UPDATE turns SET state = 'aborted', stop_reason = $3, updated_at = now(), ended_at = now()
@@ -216,6 +217,12 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, 
 				ON CONFLICT (run_id, kind) DO NOTHING`, obChannels, obChatRefs, obRunIDs, obNotices); err != nil {
 				return t, fmt.Errorf("outbox: %w", err)
 			}
+		}
+		// The questions (approvals) they waited on: nobody can answer
+		// them any more.
+		if _, err := tx.Exec(ctx, `UPDATE approvals SET status = 'expired', resolved_at = now()
+			WHERE run_id = ANY($1) AND status = 'pending'`, runIDs); err != nil {
+			return t, fmt.Errorf("expire their questions: %w", err)
 		}
 		// Sessions locked in key order: no deadlock with another writer
 		// that locks several.

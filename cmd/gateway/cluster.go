@@ -52,7 +52,6 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 		OnTakeover: func(t pgcoord.Takeover) {
 			a.log.Warn("took over the turns of a replica that stopped renewing its lease", "takeover", t)
 			a.telegramTookOver(t) // their Telegram notices go out at once
-			a.expireTakenApprovals(t)
 			a.restoreTakenQueues(t)
 		},
 		Logger: a.log.With("cluster", "node"),
@@ -96,27 +95,6 @@ func (a *app) restoreTakenQueues(t pgcoord.Takeover) {
 			a.log.Error("cannot restore the messages a dead replica had queued; they stay stored", "err", err)
 		}
 	}()
-}
-
-// expireTakenApprovals expires the questions (approvals) the turns just
-// taken over were waiting on: nobody can answer them any more. It runs
-// after the takeover's commit, not in it (cluster/pgcoord owns that
-// transaction): a survivor that dies in between leaves them pending, with
-// their turns ended, until a gateway starts without cluster mode
-// (recoverInterrupted) — harmless, since nothing waits on them.
-func (a *app) expireTakenApprovals(t pgcoord.Takeover) {
-	if len(t.Turns) == 0 {
-		return
-	}
-	runIDs := make([]string, 0, len(t.Turns))
-	for _, tt := range t.Turns {
-		runIDs = append(runIDs, tt.RunID)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), startupStoreWait)
-	defer cancel()
-	if _, err := a.store.ExpireApprovals(ctx, runIDs); err != nil {
-		a.log.Error("cannot expire the approvals of turns taken over; they stay pending, their turns ended", "err", err)
-	}
 }
 
 // outboxWritten is told that the store or the cluster put Telegram endings
