@@ -74,7 +74,7 @@ test: deps deps-postgres deps-node fmt-check vet bin/nats-server bin/otelcol
 	TURNGUARD_REQUIRE_POSTGRES=1 TURNGUARD_REQUIRE_OTELCOL=1 TURNGUARD_REQUIRE_ACP=1 $(GO) test -race -count=1 $(PKGS)
 
 ## bench: the benchmarks recorded in docs/performance.md.
-bench: deps
+bench: deps deps-node
 	$(GO) test -run '^$$' -bench 'StepCompleted' -benchmem -benchtime=3000000x ./gateway/abort/
 	$(GO) test -run '^$$' -bench 'RegistryMemory' -benchtime=1x ./gateway/abort/
 	$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 30m ./gateway/maintenance/
@@ -83,6 +83,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkProcScan' -benchtime=200x ./runner/exec/
 	$(GO) test -run '^$$' -bench 'EventPath$$' -benchmem -benchtime=200000x ./cmd/gateway/
 	$(GO) test -run '^$$' -bench 'EventPathTracing' -benchmem -benchtime=100000x ./cmd/gateway/
+	$(GO) test -run '^$$' -bench Turn -benchtime 100x ./runner/acp/
 
 ## bench-cluster: the scale-out benchmarks (a real PostgreSQL, real nats-server processes); figures in
 ## docs/performance.md ("Running on PostgreSQL", "Cluster …", "Telegram updates across replicas").

@@ -35,7 +35,7 @@ const NodeEnv = "TURNGUARD_NODE"
 
 // nodeAgent returns the command and arguments of the Node test agent, or
 // skips (fails under RequireEnv) when it is not installed.
-func nodeAgent(t *testing.T) (string, []string) {
+func nodeAgent(t testing.TB) (string, []string) {
 	t.Helper()
 	dir, err := filepath.Abs(filepath.Join("testdata", "agent"))
 	if err != nil {
