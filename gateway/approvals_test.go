@@ -11,6 +11,7 @@ import (
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/timeout"
 )
 
 // askRunner asks one question once the turn starts (inside a tool step
@@ -273,4 +274,43 @@ func TestApprovalDefaultsAndBounds(t *testing.T) {
 			t.Errorf("a question without a title: %v", err)
 		}
 	})
+}
+
+// TestActivityWithoutWords: an agent's thoughts (runner.ActivityReporter)
+// keep a turn alive only under livenessResetOn: activity, and show the
+// person nothing.
+func TestActivityWithoutWords(t *testing.T) {
+	thinker := runner.Func(func(ctx context.Context, _ runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+		cb.StepStarted(event.StepLLM, "agent")
+		for range 5 {
+			select {
+			case <-ctx.Done():
+				return runner.Result{}, ctx.Err()
+			case <-time.After(time.Second):
+			}
+			cb.(runner.ActivityReporter).Activity()
+		}
+		cb.StepCompleted(event.StepLLM, "agent")
+		return runner.Result{Text: "thought it through"}, nil
+	})
+	for _, tc := range []struct {
+		mode   timeout.LivenessMode
+		reason event.StopReason
+	}{{timeout.LivenessActivity, event.ReasonStop}, {timeout.LivenessStep, event.ReasonStepTimeout}} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e, s := approvalEnv(t, thinker, func(c *config.Config) { c.Agents.Defaults.LivenessResetOn = tc.mode })
+				if _, err := e.Send(context.Background(), SendRequest{SessionKey: "c", Channel: "ws", RunID: "r1", Text: "think"}); err != nil {
+					t.Fatal(err)
+				}
+				out, _ := e.Wait(context.Background(), "r1")
+				if out.StopReason != tc.reason {
+					t.Fatalf("outcome %+v, want %s; transcript:\n%s", out, tc.reason, s.transcript())
+				}
+				if n := len(eventsOf(s, event.Delta)); n != 0 {
+					t.Errorf("%d delta events: thoughts reached the person", n)
+				}
+			})
+		})
+	}
 }

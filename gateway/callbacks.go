@@ -63,6 +63,10 @@ func (c *callbacks) Delta(text string) {
 
 func (c *callbacks) Heartbeat() { c.run.Heartbeat() }
 
+// Activity implements runner.ActivityReporter: a sign of life with no
+// words (an agent's thought or plan).
+func (c *callbacks) Activity() { c.run.Activity() }
+
 func (c *callbacks) Pause(reason string) {
 	c.run.Pause()
 	if c.live() {

@@ -73,6 +73,15 @@ type Callbacks interface {
 	Resume()
 }
 
+// ActivityReporter is implemented by Callbacks that take signs of life
+// which are neither reply text nor a step: an agent's thoughts, its plan.
+// Activity counts as activity — it resets the liveness window only under
+// livenessResetOn: activity, like streamed text — and shows the person
+// nothing. The engine's Callbacks implement it; a runner type-asserts.
+type ActivityReporter interface {
+	Activity()
+}
+
 // Runner does the work of one turn. Run blocks until the turn is done or
 // ctx is cancelled; it must not keep using cb after it returns.
 type Runner interface {

@@ -49,8 +49,8 @@ func TestConversationKeepsItsSession(t *testing.T) {
 }
 
 // TestUpdatesMapToCallbacks: what the agent's session/update notifications
-// become for the engine: steps, reply text, and nothing for thoughts and
-// plans.
+// become for the engine: steps, reply text, and activity (no words) for
+// thoughts and plans.
 func TestUpdatesMapToCallbacks(t *testing.T) {
 	r, _, _ := newRunner(t, grace, nil)
 	tests := []struct {
@@ -68,7 +68,7 @@ func TestUpdatesMapToCallbacks(t *testing.T) {
 		text: "echoed 42",
 	}, {
 		msg:    "think",
-		events: []string{"start llm test-agent", `delta "thought done"`, "done llm test-agent"},
+		events: []string{"start llm test-agent", "activity", "activity", `delta "thought done"`, "done llm test-agent"},
 		text:   "thought done",
 	}}
 	c := &conv{key: "k", id: "c"}

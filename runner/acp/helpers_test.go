@@ -116,6 +116,7 @@ func (r *recorder) Delta(text string)               { r.add("delta " + strconv.Q
 func (r *recorder) Heartbeat()                      { r.add("heartbeat") }
 func (r *recorder) Pause(reason string)             { r.add("pause " + reason) }
 func (r *recorder) Resume()                         { r.add("resume") }
+func (r *recorder) Activity()                       { r.add("activity") }
 
 func (r *recorder) events() []string {
 	r.mu.Lock()

@@ -66,9 +66,10 @@ func (t *turnState) begin(agentName string) {
 }
 
 // update maps one session/update to the callbacks (see turnState).
-// Thoughts (agent_thought_chunk), plans and everything else are not reply
-// text and are not steps: they call nothing. A turn's liveness is kept by
-// its steps and its reply text.
+// Thoughts (agent_thought_chunk) and plans are not reply text and are not
+// steps: they are activity (runner.ActivityReporter, when the callbacks
+// take it), which resets the liveness window only under livenessResetOn:
+// activity. Other updates call nothing.
 func (t *turnState) update(raw json.RawMessage) {
 	var u update
 	if json.Unmarshal(raw, &u) != nil {
@@ -116,6 +117,10 @@ func (t *turnState) update(raw json.RawMessage) {
 	case "tool_call_update":
 		if u.Status != nil && finished(*u.Status) {
 			t.complete(u.ToolCallID)
+		}
+	case "agent_thought_chunk", "plan":
+		if a, ok := t.cb.(runner.ActivityReporter); ok {
+			a.Activity()
 		}
 	}
 }
