@@ -57,6 +57,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	stopACPGateway()
 	stopGateway()
 	_ = os.WriteFile(filepath.Join(env.artifacts, "gateway.log"), []byte(gatewayLog()), 0o644)
 	os.RemoveAll(dir)

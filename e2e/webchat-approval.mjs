@@ -11,15 +11,26 @@
 //      here a second WebSocket in the page) updates the open card.
 //   4. Stop while a question is open: the card says the request stopped.
 //
-// Usage: node webchat-approval.mjs URL ARTIFACTS_DIR   (URL with #token=…)
+// MODE acp: the gateway runs the acp runner with runner/acp's test agent
+// (a real ACP agent on the official SDK), whose "ask permission" asks
+// (session/request_permission) to run "Delete build/":
+//
+//   1. the card "Delete build/" with Allow once and Reject; a click on Allow
+//      once finishes the agent's turn with "Tool output: deleted 3 files"
+//      (webchat-approval-acp.png);
+//   2. Reject: the agent says "Permission denied (no).";
+//   3. Stop while asking: the card says the request stopped and the agent
+//      is cancelled (the next question is answered again).
+//
+// Usage: node webchat-approval.mjs URL ARTIFACTS_DIR [MODE]   (URL with #token=…; MODE demo (default) or acp)
 // Env:   E2E_CHROMIUM, E2E_NODE_MODULES (as webchat.mjs)
 // Prints one "ok: …" line per check; on failure "FAIL: …" and exit status 1.
 import { createRequire } from "node:module";
 import path from "node:path";
 
-const [url, artifacts] = process.argv.slice(2);
-if (!url || !artifacts) {
-  console.error("usage: node webchat-approval.mjs URL ARTIFACTS_DIR");
+const [url, artifacts, mode = "demo"] = process.argv.slice(2);
+if (!url || !artifacts || !["demo", "acp"].includes(mode)) {
+  console.error("usage: node webchat-approval.mjs URL ARTIFACTS_DIR [demo|acp]");
   process.exit(2);
 }
 const require = createRequire(path.join(process.env.E2E_NODE_MODULES || ".", "_.js"));
@@ -107,6 +118,44 @@ async function stopWhileAsking(page) {
   ok(`Stop while asking: "${text}"`);
 }
 
+// --- MODE acp: the ACP test agent's permission request -------------------------
+
+const ACP_ASK = "ask permission";
+const ACP_TITLE = "Delete build/";
+
+// acpAnswer asks the agent's question, checks its card and clicks label;
+// the card must settle as settled and the turn end with reply.
+async function acpAnswer(page, label, settled, reply, shot) {
+  await send(page, ACP_ASK);
+  const card = await openCard(page);
+  const text = await card.$eval(".approval-text", (e) => e.textContent);
+  if (!text.startsWith(`🔐 Approval needed: ${ACP_TITLE}`)) throw new Error(`card text "${text}"`);
+  const labels = await card.$$eval("button", (bs) => bs.map((b) => b.textContent));
+  if (JSON.stringify(labels) !== '["Allow once","Reject"]') throw new Error(`buttons ${JSON.stringify(labels)}`);
+  const button = (await card.$$("button"))[labels.indexOf(label)];
+  await button.click();
+  await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
+  const disabled = await card.$$eval("button", (bs) => bs.every((b) => b.disabled));
+  if (!disabled) throw new Error("buttons still enabled after the click");
+  const now = await card.$eval(".approval-text", (e) => e.textContent);
+  if (now !== settled) throw new Error(`settled card "${now}", want "${settled}"`);
+  await page.waitForSelector(`.run:last-child .msg.assistant:not(.streaming) >> text=${reply}`, { timeout: T.turn });
+  ok(`ACP agent: "${text.split("\n")[0]}" with Allow once and Reject; ${label}: the card says "${now}", the agent answered "${reply}"`);
+  if (shot) await page.screenshot({ path: path.join(artifacts, shot) });
+}
+
+async function acpStopWhileAsking(page) {
+  await send(page, ACP_ASK);
+  const card = await openCard(page);
+  await page.getByRole("button", { name: "Stop", exact: true }).click();
+  await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
+  const text = await card.$eval(".approval-text", (e) => e.textContent);
+  if (text !== `⏹️ The request stopped before anyone answered: ${ACP_TITLE}`) throw new Error(`stopped card says "${text}"`);
+  await page.waitForSelector('.run:last-child .notice.warning[data-stop-reason="user"]', { timeout: T.turn });
+  await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+  ok(`ACP agent: Stop while asking: "${text}", the turn stopped`);
+}
+
 async function main() {
   const token = new URLSearchParams(new URL(url).hash.slice(1)).get("token") || "";
   const browser = await chromium.launch({
@@ -120,15 +169,23 @@ async function main() {
   page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
   page.on("pageerror", (e) => consoleErrors.push(String(e)));
   try {
-    await page.goto(url.replace("/#", "/?session=e2e-approval#"));
+    await page.goto(url.replace("/#", `/?session=e2e-approval${mode === "acp" ? "-acp" : ""}#`));
     await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
-    await allow(page);
-    await reloadThenDeny(page);
-    await settledElsewhere(page, token);
-    await stopWhileAsking(page);
+    if (mode === "acp") {
+      await acpAnswer(page, "Allow once", `✅ Allow once by web chat: ${ACP_TITLE}`, "Tool output: deleted 3 files", "webchat-approval-acp.png");
+      await acpAnswer(page, "Reject", `🚫 Reject by web chat: ${ACP_TITLE}`, "Permission denied (no).");
+      await acpStopWhileAsking(page);
+      // The agent was cancelled, not left asking: its next question comes.
+      await acpAnswer(page, "Allow once", `✅ Allow once by web chat: ${ACP_TITLE}`, "Tool output: deleted 3 files");
+    } else {
+      await allow(page);
+      await reloadThenDeny(page);
+      await settledElsewhere(page, token);
+      await stopWhileAsking(page);
+    }
     if (consoleErrors.length) throw new Error(`console errors: ${consoleErrors.join(" | ")}`);
   } catch (err) {
-    try { await page.screenshot({ path: path.join(artifacts, "webchat-approval-failure.png") }); } catch (_) { /* ignore */ }
+    try { await page.screenshot({ path: path.join(artifacts, `webchat-approval${mode === "acp" ? "-acp" : ""}-failure.png`) }); } catch (_) { /* ignore */ }
     console.log(`FAIL: ${err.message}`);
     process.exitCode = 1;
   } finally {

@@ -1,6 +1,9 @@
 // Package fakebot is a fake Telegram Bot API on loopback (httptest) for tests
 // that run built gateway processes: it long-polls updates queued by the test
-// (Say), records every message the gateways send to the chat, answers a
+// (Say, and Press for a tap on an inline button), records every message the
+// gateways send to the chat with its inline keyboard, applies their edits
+// (editMessageText, editMessageReplyMarkup: Shown is the chat as the user
+// sees it now), records the toasts of answerCallbackQuery, answers a
 // second getUpdates that overlaps a running one with 409 Conflict (as
 // Telegram does, so several replicas polling at once are seen), and can be
 // told to fail sendMessage with HTTP 500. One Bot may serve any number of
@@ -32,14 +35,70 @@ const (
 	Chat  = int64(4242)
 )
 
-// Message is a sendMessage or editMessageText call the fake answered.
+// Message is a sendMessage, editMessageText or editMessageReplyMarkup call
+// the fake answered.
 type Message struct {
 	Via    string // the name in the base URL it came through (URLFor); "" for URL
-	Method string // sendMessage or editMessageText
+	Method string // sendMessage, editMessageText or editMessageReplyMarkup
 	ChatID string
-	Text   string
-	OK     bool // false: answered 500 (SetFail)
+	Text   string // editMessageReplyMarkup: the message's text
+	OK     bool   // false: answered 500 (SetFail) or 400 (an edit of an unknown or unchanged message)
 	At     time.Time
+	ID     int    // the message_id sent (answered) or edited; 0 for a send that failed
+	Markup string // the reply_markup parameter as it came (JSON); "" when none
+}
+
+// Button is an inline keyboard button.
+type Button struct {
+	Text string `json:"text"`
+	Data string `json:"callback_data"`
+}
+
+// Shown is a message as the chat shows it now: its text and inline
+// keyboard after every edit.
+type Shown struct {
+	ID      int
+	Text    string
+	Buttons [][]Button // nil: no keyboard
+	Edits   int
+}
+
+// Labels returns the texts of the message's buttons, row by row.
+func (s Shown) Labels() []string {
+	var out []string
+	for _, row := range s.Buttons {
+		for _, b := range row {
+			out = append(out, b.Text)
+		}
+	}
+	return out
+}
+
+// Button returns the callback data of the button labelled text, "" when
+// there is none.
+func (s Shown) Button(text string) string {
+	for _, row := range s.Buttons {
+		for _, b := range row {
+			if b.Text == text {
+				return b.Data
+			}
+		}
+	}
+	return ""
+}
+
+// User is who taps a button (Press).
+type User struct {
+	ID        int64
+	Username  string // without the @
+	FirstName string
+}
+
+// Answer is an answerCallbackQuery call: the toast a tap got.
+type Answer struct {
+	QueryID string
+	Text    string
+	At      time.Time
 }
 
 // Bot is the fake API server.
@@ -53,6 +112,9 @@ type Bot struct {
 	wake      chan struct{} // closed when an update is queued
 	closing   chan struct{} // closed at cleanup: long polls answer at once
 	msgs      []Message
+	shown     []*Shown // the messages sent, as edited since
+	answers   []Answer
+	nextQuery int
 	fail      bool
 	polling   int // getUpdates calls in flight
 	conflicts int // getUpdates answered 409 because another was in flight
@@ -136,10 +198,102 @@ func (b *Bot) Say(text string) int64 {
 		n := strings.IndexByte(text+" ", ' ')
 		msg["entities"] = []map[string]any{{"type": "bot_command", "offset": 0, "length": n}}
 	}
-	b.updates = append(b.updates, map[string]any{"update_id": b.nextID, "message": msg})
+	b.pushLocked(map[string]any{"update_id": b.nextID, "message": msg})
+	return b.nextID
+}
+
+// pushLocked queues an update and wakes the long polls. Called with b.mu
+// held.
+func (b *Bot) pushLocked(u map[string]any) {
+	b.updates = append(b.updates, u)
 	close(b.wake)
 	b.wake = make(chan struct{})
-	return b.nextID
+}
+
+// Press queues a tap by from on the inline button with callback data data
+// under message messageID of the test's chat (a callback_query update, as
+// Telegram sends it) and returns the callback query's id, which the toast
+// (Answers, WaitAnswer) is recorded under.
+func (b *Bot) Press(from User, messageID int, data string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.nextID++
+	b.nextQuery++
+	id := "cbq-" + strconv.Itoa(b.nextQuery)
+	user := map[string]any{"id": from.ID, "is_bot": false, "first_name": from.FirstName}
+	if from.FirstName == "" {
+		user["first_name"] = "User"
+	}
+	if from.Username != "" {
+		user["username"] = from.Username
+	}
+	msg := map[string]any{"message_id": messageID, "date": time.Now().Unix(),
+		"chat": map[string]any{"id": Chat, "type": "private"},
+		"from": map[string]any{"id": 4240001, "is_bot": true, "first_name": "Fake", "username": "fake_test_bot"}}
+	for _, m := range b.shown {
+		if m.ID == messageID {
+			msg["text"] = m.Text
+		}
+	}
+	b.pushLocked(map[string]any{"update_id": b.nextID, "callback_query": map[string]any{
+		"id": id, "from": user, "message": msg, "chat_instance": "fakebot-" + strconv.FormatInt(Chat, 10), "data": data}})
+	return id
+}
+
+// Answers returns the answerCallbackQuery calls, in order.
+func (b *Bot) Answers() []Answer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]Answer(nil), b.answers...)
+}
+
+// WaitAnswer waits until the tap queryID (Press) was answered and returns
+// the answer; it fails the test after within.
+func (b *Bot) WaitAnswer(within time.Duration, queryID string) Answer {
+	b.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		for _, a := range b.Answers() {
+			if a.QueryID == queryID {
+				return a
+			}
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("fakebot: the tap %s was not answered within %v; answers %+v", queryID, within, b.Answers())
+		}
+		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
+	}
+}
+
+// Shown returns the messages sent to the chat as it shows them now (edits
+// applied), in the order they were sent.
+func (b *Bot) Shown() []Shown {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]Shown, len(b.shown))
+	for i, m := range b.shown {
+		out[i] = *m
+	}
+	return out
+}
+
+// WaitShown waits until a message the chat shows satisfies match and
+// returns it; it fails the test after within.
+func (b *Bot) WaitShown(within time.Duration, what string, match func(Shown) bool) Shown {
+	b.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		shown := b.Shown()
+		for _, m := range shown {
+			if match(m) {
+				return m
+			}
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("fakebot: the chat shows no message %s after %v:%s", what, within, b)
+		}
+		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
+	}
 }
 
 // Messages returns the calls that sent or edited a message, in order.
@@ -218,30 +372,44 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch method {
 	case "getMe":
 		answer(w, 200, map[string]any{"id": 4240001, "is_bot": true, "first_name": "Fake", "username": "fake_test_bot"}, "")
-	case "setMyCommands", "deleteWebhook", "setWebhook", "sendChatAction", "deleteMessage", "answerCallbackQuery":
+	case "setMyCommands", "deleteWebhook", "setWebhook", "sendChatAction", "deleteMessage":
 		answer(w, 200, true, "")
+	case "answerCallbackQuery":
+		if r.FormValue("callback_query_id") == "" {
+			answer(w, http.StatusBadRequest, nil, "Bad Request: query is too old and response timeout expired or query ID is invalid")
+			return
+		}
+		b.mu.Lock()
+		b.answers = append(b.answers, Answer{QueryID: r.FormValue("callback_query_id"), Text: r.FormValue("text"), At: time.Now()})
+		b.mu.Unlock()
+		answer(w, 200, true, "")
+	case "editMessageText", "editMessageReplyMarkup":
+		b.serveEdit(w, r, via, method)
 	case "getUpdates":
 		b.serveUpdates(w, r, via)
-	case "sendMessage", "editMessageText":
-		m := Message{Via: via, Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now()}
+	case "sendMessage":
+		m := Message{Via: via, Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now(),
+			Markup: r.FormValue("reply_markup")}
 		b.mu.Lock()
-		if h := b.hold; h != nil && !h.once && h.match(m.Text) {
-			h.once = true
+		if h := b.holdLocked(m.Text); h != nil {
 			if h.accept {
 				m.OK = true
 				b.msgs = append(b.msgs, m)
+				m.ID = len(b.msgs)
+				b.msgs[m.ID-1].ID = m.ID
+				b.shown = append(b.shown, &Shown{ID: m.ID, Text: m.Text, Buttons: keyboard(m.Markup)})
 			}
 			b.mu.Unlock()
-			h.held <- via
-			select {
-			case <-r.Context().Done(): // the caller went away
-			case <-b.closing:
-			}
+			b.wait(r, h, via)
 			return
 		}
-		m.OK = !(b.fail && method == "sendMessage")
+		m.OK = !b.fail
 		b.msgs = append(b.msgs, m)
 		id := len(b.msgs)
+		if m.OK {
+			b.msgs[id-1].ID = id
+			b.shown = append(b.shown, &Shown{ID: id, Text: m.Text, Buttons: keyboard(m.Markup)})
+		}
 		b.mu.Unlock()
 		if !m.OK {
 			w.WriteHeader(http.StatusInternalServerError)
@@ -253,6 +421,100 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		answer(w, http.StatusNotFound, nil, "Not Found: method "+method)
 	}
+}
+
+// holdLocked returns the hold (Hold) a send or edit of text is to wait
+// on, nil when it goes on. Called with b.mu held.
+func (b *Bot) holdLocked(text string) *hold {
+	h := b.hold
+	if h == nil || h.once || !h.match(text) {
+		return nil
+	}
+	h.once = true
+	return h
+}
+
+// wait keeps a held call (Hold) without an answer until its caller goes
+// away or the fake closes.
+func (b *Bot) wait(r *http.Request, h *hold, via string) {
+	h.held <- via
+	select {
+	case <-r.Context().Done(): // the caller went away
+	case <-b.closing:
+	}
+}
+
+// serveEdit edits a message sent before, as Telegram does: editMessageText
+// replaces the text and the inline keyboard (none without reply_markup);
+// editMessageReplyMarkup the keyboard only. An unknown message_id is "message
+// to edit not found", an edit that changes nothing "message is not
+// modified" (400 both).
+func (b *Bot) serveEdit(w http.ResponseWriter, r *http.Request, via, method string) {
+	id, _ := strconv.Atoi(r.FormValue("message_id"))
+	m := Message{Via: via, Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now(),
+		ID: id, Markup: r.FormValue("reply_markup")}
+	b.mu.Lock()
+	var h *hold
+	if method == "editMessageText" {
+		h = b.holdLocked(m.Text)
+	}
+	if h != nil && !h.accept {
+		b.mu.Unlock()
+		b.wait(r, h, via)
+		return
+	}
+	var target *Shown
+	for _, s := range b.shown {
+		if s.ID == id {
+			target = s
+		}
+	}
+	desc := ""
+	switch {
+	case target == nil:
+		desc = "Bad Request: message to edit not found"
+	case method == "editMessageReplyMarkup":
+		m.Text = target.Text
+	}
+	if target != nil {
+		buttons := keyboard(m.Markup)
+		if m.Text == target.Text && mustMarshal(buttons) == mustMarshal(target.Buttons) {
+			desc = "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message"
+		} else {
+			target.Text, target.Buttons = m.Text, buttons
+			target.Edits++
+		}
+	}
+	m.OK = desc == ""
+	b.msgs = append(b.msgs, m)
+	b.mu.Unlock()
+	if h != nil {
+		b.wait(r, h, via)
+		return
+	}
+	if desc != "" {
+		answer(w, http.StatusBadRequest, nil, desc)
+		return
+	}
+	answer(w, 200, map[string]any{"message_id": id, "date": time.Now().Unix(), "edit_date": time.Now().Unix(), "text": m.Text,
+		"chat": map[string]any{"id": Chat, "type": "private"}}, "")
+}
+
+// keyboard reads the inline keyboard of a reply_markup parameter; nil when
+// there is none.
+func keyboard(markup string) [][]Button {
+	var v struct {
+		InlineKeyboard [][]Button `json:"inline_keyboard"`
+	}
+	if markup == "" || json.Unmarshal([]byte(markup), &v) != nil || len(v.InlineKeyboard) == 0 {
+		return nil
+	}
+	return v.InlineKeyboard
+}
+
+func mustMarshal(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
 }
 
 func (b *Bot) serveUpdates(w http.ResponseWriter, r *http.Request, via string) {
@@ -327,7 +589,10 @@ func answer(w http.ResponseWriter, status int, result any, desc string) {
 func (b *Bot) String() string {
 	var s strings.Builder
 	for _, m := range b.Messages() {
-		fmt.Fprintf(&s, "\n  %s via %q ok=%v %q", m.Method, m.Via, m.OK, m.Text)
+		fmt.Fprintf(&s, "\n  %s #%d via %q ok=%v %q", m.Method, m.ID, m.Via, m.OK, m.Text)
+		if m.Markup != "" {
+			fmt.Fprintf(&s, " markup %s", m.Markup)
+		}
 	}
 	return s.String()
 }

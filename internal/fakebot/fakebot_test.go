@@ -87,6 +87,73 @@ func TestBot(t *testing.T) {
 	}
 }
 
+// TestButtons: a message's inline keyboard is kept; Press queues a
+// callback_query under it; answerCallbackQuery is recorded as the tap's
+// toast; editMessageText replaces the text and, without reply_markup, drops
+// the keyboard; editMessageReplyMarkup the keyboard only; an unknown
+// message and an edit that changes nothing are 400 as from Telegram.
+func TestButtons(t *testing.T) {
+	b := New(t)
+	kb := `{"inline_keyboard":[[{"text":"Allow once","callback_data":"ap:x:0"},{"text":"Reject","callback_data":"ap:x:1"}]]}`
+	code, v := call(t, b, "sendMessage", url.Values{"chat_id": {"4242"}, "text": {"Question?"}, "reply_markup": {kb}})
+	if code != 200 {
+		t.Fatalf("sendMessage: %d %v", code, v)
+	}
+	id := int(v["result"].(map[string]any)["message_id"].(float64))
+	s := b.WaitShown(time.Second, "with buttons", func(s Shown) bool { return s.Buttons != nil })
+	if s.ID != id || s.Text != "Question?" || mustJSON(s.Labels()) != `["Allow once","Reject"]` || s.Button("Reject") != "ap:x:1" {
+		t.Fatalf("shown %+v", s)
+	}
+	if m := b.Messages(); len(m) != 1 || m[0].ID != id || m[0].Markup != kb {
+		t.Fatalf("messages %+v", m)
+	}
+
+	q := b.Press(User{ID: Chat, Username: "alice"}, id, s.Button("Allow once"))
+	_, v = call(t, b, "getUpdates", url.Values{"timeout": {"0"}})
+	res, _ := v["result"].([]any)
+	if len(res) != 1 {
+		t.Fatalf("getUpdates after Press: %v", v)
+	}
+	cb, _ := res[0].(map[string]any)["callback_query"].(map[string]any)
+	if cb == nil || cb["id"] != q || cb["data"] != "ap:x:0" || !strings.Contains(mustJSON(cb["from"]), `"username":"alice"`) ||
+		cb["message"].(map[string]any)["message_id"].(float64) != float64(id) {
+		t.Fatalf("callback_query %v", res[0])
+	}
+	if code, _ := call(t, b, "answerCallbackQuery", url.Values{"callback_query_id": {q}, "text": {"Allowed"}}); code != 200 {
+		t.Fatalf("answerCallbackQuery: %d", code)
+	}
+	if a := b.WaitAnswer(time.Second, q); a.Text != "Allowed" {
+		t.Fatalf("answer %+v", a)
+	}
+
+	// editMessageReplyMarkup with another keyboard, then editMessageText
+	// without one.
+	one := `{"inline_keyboard":[[{"text":"Retry","callback_data":"rt:1"}]]}`
+	if code, _ := call(t, b, "editMessageReplyMarkup", url.Values{"chat_id": {"4242"}, "message_id": {jsonNum(int64(id))}, "reply_markup": {one}}); code != 200 {
+		t.Fatalf("editMessageReplyMarkup: %d", code)
+	}
+	if s := b.Shown()[0]; s.Text != "Question?" || mustJSON(s.Labels()) != `["Retry"]` || s.Edits != 1 {
+		t.Fatalf("after editMessageReplyMarkup: %+v", s)
+	}
+	if code, _ := call(t, b, "editMessageText", url.Values{"chat_id": {"4242"}, "message_id": {jsonNum(int64(id))}, "text": {"Answered"}}); code != 200 {
+		t.Fatalf("editMessageText: %d", code)
+	}
+	if s := b.Shown(); len(s) != 1 || s[0].Text != "Answered" || s[0].Buttons != nil || s[0].Edits != 2 {
+		t.Fatalf("after editMessageText: %+v", s)
+	}
+	if code, v := call(t, b, "editMessageText", url.Values{"chat_id": {"4242"}, "message_id": {jsonNum(int64(id))}, "text": {"Answered"}}); code != 400 ||
+		!strings.Contains(mustJSON(v), "message is not modified") {
+		t.Fatalf("an edit that changes nothing: %d %v", code, v)
+	}
+	if code, v := call(t, b, "editMessageText", url.Values{"chat_id": {"4242"}, "message_id": {"999"}, "text": {"x"}}); code != 400 ||
+		!strings.Contains(mustJSON(v), "message to edit not found") {
+		t.Fatalf("an edit of an unknown message: %d %v", code, v)
+	}
+	if sent := b.Sent(); len(sent) != 1 || sent[0] != "Question?" {
+		t.Fatalf("Sent %q: edits are not sends", sent)
+	}
+}
+
 func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
 
 func jsonNum(n int64) string { return mustJSON(n) }
