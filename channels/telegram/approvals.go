@@ -83,23 +83,23 @@ func parseApprovalData(data string) (id string, i int, ok bool) {
 // keyboard is a question's buttons: Allow and Deny side by side, longer
 // lists one option per row.
 func keyboard(a *event.Approval) models.ReplyMarkup {
-	var rows [][]models.InlineKeyboardButton
+	var rows [][]inlineButton
 	for i, o := range a.Options {
 		data := approvalData(a.ID, i)
 		if len(data) > maxCallbackData {
 			return nil // not an id the engine makes
 		}
-		b := models.InlineKeyboardButton{Text: o.Label, CallbackData: data}
+		b := inlineButton{Text: o.Label, CallbackData: data}
 		if len(a.Options) <= 2 && len(rows) == 1 {
 			rows[0] = append(rows[0], b)
 			continue
 		}
-		rows = append(rows, []models.InlineKeyboardButton{b})
+		rows = append(rows, []inlineButton{b})
 	}
 	if len(rows) == 0 {
 		return nil
 	}
-	return &models.InlineKeyboardMarkup{InlineKeyboard: rows}
+	return &inlineKeyboard{InlineKeyboard: rows}
 }
 
 // askLocked queues a question of turn t. Called with c.mu held.

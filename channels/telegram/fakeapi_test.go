@@ -273,6 +273,9 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeOK(w, true)
 	case "sendMessage":
 		visible, err := checkText(form["text"], form["parse_mode"])
+		if err == nil {
+			err = checkMarkup(form["reply_markup"])
+		}
 		if err != nil {
 			f.record(apiCall{Method: method, Chat: chat, Raw: form["text"], ParseMode: form["parse_mode"], Fault: err.Error()})
 			writeErr(w, 400, err.Error(), 0)
@@ -291,6 +294,9 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// keyboard.
 		id, _ := strconv.Atoi(form["message_id"])
 		visible, err := checkText(form["text"], form["parse_mode"])
+		if err == nil {
+			err = checkMarkup(form["reply_markup"])
+		}
 		if err == nil {
 			err = f.edit(chat, id, visible, form["reply_markup"])
 		}
@@ -584,4 +590,30 @@ func (m *memTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp := rec.Result()
 	resp.Request = req
 	return resp, nil
+}
+
+// checkMarkup refuses an inline keyboard as the Bot API would: a button
+// with a copy_text whose text is empty (what the client library's own
+// button type sends) is BUTTON_COPY_TEXT_INVALID.
+func checkMarkup(markup string) error {
+	if markup == "" {
+		return nil
+	}
+	var mk struct {
+		InlineKeyboard [][]map[string]json.RawMessage `json:"inline_keyboard"`
+	}
+	if err := json.Unmarshal([]byte(markup), &mk); err != nil {
+		return fmt.Errorf("Bad Request: can't parse reply keyboard markup JSON object")
+	}
+	for _, row := range mk.InlineKeyboard {
+		for _, b := range row {
+			if ct, ok := b["copy_text"]; ok {
+				var c struct{ Text string }
+				if json.Unmarshal(ct, &c) != nil || c.Text == "" {
+					return fmt.Errorf("Bad Request: BUTTON_COPY_TEXT_INVALID")
+				}
+			}
+		}
+	}
+	return nil
 }

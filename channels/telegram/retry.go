@@ -200,7 +200,7 @@ func (c *Channel) retryMarkup(ctx context.Context, ch *chat, it *outItem) models
 	if !retryable(reason) {
 		return nil
 	}
-	return &models.InlineKeyboardMarkup{InlineKeyboard: [][]models.InlineKeyboardButton{{
+	return &inlineKeyboard{InlineKeyboard: [][]inlineButton{{
 		{Text: retryLabel, CallbackData: retryPrefix + it.runID},
 	}}}
 }

@@ -390,6 +390,10 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "sendMessage":
 		m := Message{Via: via, Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now(),
 			Markup: r.FormValue("reply_markup")}
+		if desc := badMarkup(m.Markup); desc != "" {
+			answer(w, http.StatusBadRequest, nil, desc)
+			return
+		}
 		b.mu.Lock()
 		if h := b.holdLocked(m.Text); h != nil {
 			if h.accept {
@@ -453,6 +457,10 @@ func (b *Bot) serveEdit(w http.ResponseWriter, r *http.Request, via, method stri
 	id, _ := strconv.Atoi(r.FormValue("message_id"))
 	m := Message{Via: via, Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now(),
 		ID: id, Markup: r.FormValue("reply_markup")}
+	if desc := badMarkup(m.Markup); desc != "" {
+		answer(w, http.StatusBadRequest, nil, desc)
+		return
+	}
 	b.mu.Lock()
 	var h *hold
 	if method == "editMessageText" {
@@ -498,6 +506,32 @@ func (b *Bot) serveEdit(w http.ResponseWriter, r *http.Request, via, method stri
 	}
 	answer(w, 200, map[string]any{"message_id": id, "date": time.Now().Unix(), "edit_date": time.Now().Unix(), "text": m.Text,
 		"chat": map[string]any{"id": Chat, "type": "private"}}, "")
+}
+
+// badMarkup is the Bot API's refusal of an inline keyboard, "" for a good
+// one: a button whose copy_text has no text (what the client library's own
+// button type sends) is BUTTON_COPY_TEXT_INVALID.
+func badMarkup(markup string) string {
+	if markup == "" {
+		return ""
+	}
+	var v struct {
+		InlineKeyboard [][]map[string]json.RawMessage `json:"inline_keyboard"`
+	}
+	if json.Unmarshal([]byte(markup), &v) != nil {
+		return "Bad Request: can't parse reply keyboard markup JSON object"
+	}
+	for _, row := range v.InlineKeyboard {
+		for _, b := range row {
+			if ct, ok := b["copy_text"]; ok {
+				var c struct{ Text string }
+				if json.Unmarshal(ct, &c) != nil || c.Text == "" {
+					return "Bad Request: BUTTON_COPY_TEXT_INVALID"
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // keyboard reads the inline keyboard of a reply_markup parameter; nil when
