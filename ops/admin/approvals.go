@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/store"
 )
 
 // Approvals: the questions runners have asked and nobody has answered yet
@@ -83,9 +85,22 @@ func (h *Handler) resolveApproval(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, `send {"optionId": "<one of the question's option ids>"}`)
 		return
 	}
+	// The question's session routes the answer to the replica that asked
+	// it (cluster mode): this replica's engine knows its own questions, the
+	// store every replica's.
+	key, _, ok := h.opts.Engine.ApprovalSession(id)
+	var stored *store.ApprovalRecord
+	if ar, isReader := h.opts.Store.(approvalReader); !ok && isReader {
+		if rec, found, err := ar.Approval(r.Context(), id); err == nil && found {
+			key, stored = rec.SessionKey, &rec
+		}
+	}
 	res, err := h.opts.Engine.Resolve(r.Context(), gateway.ResolveRequest{ApprovalID: id, OptionID: body.OptionID,
-		By: "operator", Operator: true})
+		SessionKey: key, By: "operator", Operator: true})
 	switch {
+	case errors.Is(err, gateway.ErrApprovalNotFound) && stored != nil && !stored.Pending():
+		writeError(w, http.StatusNotFound, "that question is no longer open: "+settledWords(stored))
+		return
 	case errors.Is(err, gateway.ErrApprovalNotFound):
 		writeError(w, http.StatusNotFound, "no open question has that id (it never existed, or was settled long ago or before a restart)")
 		return
@@ -102,6 +117,29 @@ func (h *Handler) resolveApproval(w http.ResponseWriter, r *http.Request) {
 	}
 	a := res.Approval
 	writeJSON(w, http.StatusOK, ResolveResponse{Already: res.Already, Approval: a, Text: messages.ApprovalSettled(&a)})
+}
+
+// approvalReader is the store's record of every question (both stores
+// implement it); optional, for answers to questions of other replicas and
+// for saying how a settled one ended.
+type approvalReader interface {
+	Approval(ctx context.Context, id string) (store.ApprovalRecord, bool, error)
+}
+
+// settledWords says how a stored question ended, for an operator.
+func settledWords(a *store.ApprovalRecord) string {
+	switch a.Status {
+	case event.ApprovalExpired:
+		return "it expired (the gateway restarted while it waited)"
+	case event.ApprovalTimeout:
+		return "nobody answered in time, so it was denied"
+	case event.ApprovalCancelled:
+		return "its request stopped before anyone answered"
+	}
+	if a.AnsweredBy != "" {
+		return "it was answered (" + a.OptionID + ") by " + a.AnsweredBy
+	}
+	return "it was answered (" + a.OptionID + ")"
 }
 
 func quote(s string) string {

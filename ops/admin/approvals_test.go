@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/store/storetest"
 )
 
 // doBody is env.do with a request body.
@@ -97,5 +98,23 @@ func TestApprovalsAPI(t *testing.T) {
 	}
 	if code, body := e.do(t, http.MethodGet, "/api/approvals"); code != 200 || !strings.Contains(body, `"count": 0`) {
 		t.Fatalf("list after: %d %s", code, body)
+	}
+}
+
+// TestApprovalsAPIExpired: an operator's answer to a question the gateway
+// restarted under (the store has it expired) is told how it ended.
+func TestApprovalsAPIExpired(t *testing.T) {
+	e := newEnv(t, testConfig(t))
+	tr := storetest.NewTurn("r-old", "agent:main:a")
+	storetest.HandleAll(e.st, tr.Ev(event.ApprovalRequested, time.Second, func(ev *event.Event) {
+		ev.Approval = storetest.Approval("ap_old")
+	}))
+	storetest.Flush(t, e.st)
+	if n, err := e.st.ExpireOrphanApprovals(context.Background()); err != nil || n != 1 {
+		t.Fatalf("ExpireOrphanApprovals = %d, %v", n, err)
+	}
+	code, body := e.doBody(t, http.MethodPost, "/api/approvals/ap_old", `{"optionId":"allow"}`, opToken)
+	if code != 404 || !strings.Contains(body, "no longer open: it expired (the gateway restarted while it waited)") {
+		t.Fatalf("answer to an expired question: %d %s", code, body)
 	}
 }
