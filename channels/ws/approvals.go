@@ -315,7 +315,14 @@ func (c *conn) resolve(method, id, optionID, key string) (gateway.ResolveResult,
 	var keys []string
 	switch {
 	case req.Operator:
-		keys = []string{""}
+		// Any question; the session, when named, routes the answer to
+		// the replica that asked it (cluster mode).
+		keys = []string{key}
+		if key == "" {
+			if k, _, ok := c.s.eng.ApprovalSession(id); ok {
+				keys = []string{k}
+			}
+		}
 	case key != "":
 		if !c.s.watchesByName(c, key) {
 			return gateway.ResolveResult{}, approvalForbidden()

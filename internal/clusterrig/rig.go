@@ -484,6 +484,23 @@ func (g *Gateway) AdminAbort(runID string) (int, string) {
 	return res.StatusCode, string(b)
 }
 
+// AdminPost POSTs body (JSON) to an operator API path and returns the
+// status and the answer.
+func (g *Gateway) AdminPost(path, body string) (int, string) {
+	g.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, g.HTTP()+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+OperatorToken)
+	req.Header.Set("Content-Type", "application/json")
+	cl := http.Client{Timeout: 15 * time.Second}
+	res, err := cl.Do(req)
+	if err != nil {
+		g.t.Fatalf("clusterrig: %s: POST %s: %v", g.ID, path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
 // OperatorGet GETs an operator API path and decodes the JSON answer into v.
 func (g *Gateway) OperatorGet(path string, v any) error {
 	req, _ := http.NewRequest(http.MethodGet, g.HTTP()+path, nil)
