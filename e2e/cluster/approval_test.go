@@ -3,11 +3,13 @@ package cluster_test
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/turnguard/turnguard/internal/clusterrig"
+	"github.com/turnguard/turnguard/internal/fakebot"
 	"github.com/turnguard/turnguard/internal/testwait"
 	"github.com/turnguard/turnguard/internal/wsclient"
 )
@@ -70,4 +72,33 @@ func TestApprovalAnsweredThroughAnotherReplica(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTelegramApprovalInACluster: a question asked in a Telegram chat whose
+// turn runs on one of three replicas (one of them polling the shared fake
+// Bot API, the updates partitioned by chat): the question arrives with its
+// buttons, a tap is answered with a toast, the question is edited into its
+// answer without buttons, and the agent's reply follows — the outbox and
+// the update stream of a cluster carry approvals as one gateway does.
+func TestTelegramApprovalInACluster(t *testing.T) {
+	c := start(t, clusterrig.Options{Telegram: true, Lease: 3 * time.Second})
+	bot := c.Bot()
+	bot.Say("/steps ask:deploy say:Finished")
+	q := bot.WaitShown(20*time.Second, "the question with its buttons", func(m fakebot.Shown) bool {
+		return strings.HasPrefix(m.Text, "🔐 Approval needed: Run deploy") && len(m.Buttons) > 0
+	})
+	if got := q.Labels(); !slices.Equal(got, []string{"Allow", "Deny"}) {
+		t.Fatalf("buttons %q, want Allow and Deny", got)
+	}
+	alice := fakebot.User{ID: 7, Username: "alice", FirstName: "Alice"}
+	query := bot.Press(alice, q.ID, q.Buttons[0][0].Data)
+	if a := bot.WaitAnswer(15*time.Second, query); a.Text != "Allowed" {
+		t.Errorf("the tap's toast %q, want Allowed", a.Text)
+	}
+	bot.WaitShown(15*time.Second, "the question edited into its answer", func(m fakebot.Shown) bool {
+		return m.ID == q.ID && m.Text == "✅ Allow by @alice: Run deploy" && m.Buttons == nil
+	})
+	bot.WaitSent(15*time.Second, "the agent's reply", func(text string) bool {
+		return strings.Contains(text, "deploy ran (allowed). Finished")
+	})
 }
