@@ -104,6 +104,9 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME) ./channels/telegram/
 	$(GO) test -run '^$$' -fuzz '^FuzzTemplates$$' -fuzztime $(FUZZTIME) ./messages/
 	$(GO) test -run '^$$' -fuzz '^FuzzFrame$$' -fuzztime $(FUZZTIME) ./cluster/natsbus/
+	$(GO) test -run '^$$' -fuzz '^FuzzSandbox$$' -fuzztime $(FUZZTIME) ./runner/acp/
+	$(GO) test -run '^$$' -fuzz '^FuzzAgentLine$$' -fuzztime $(FUZZTIME) ./runner/exec/
+	$(GO) test -run '^$$' -fuzz '^FuzzPermission$$' -fuzztime $(FUZZTIME) ./runner/exec/
 
 ## e2e: the built binary against the real OpenClaw CLI/TUI (tmux) and the web chat in headless
 ## Chromium; installs chromium, tmux, Node 24, openclaw itself (e2e/run.sh). Artifacts: artifacts/e2e/.
