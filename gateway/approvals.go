@@ -14,6 +14,7 @@ import (
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/timeout"
 )
 
 // Approvals: a runner asks the person a question through its turn's
@@ -140,9 +141,13 @@ func (ap *approver) Ask(ctx context.Context, q runner.Question) (runner.Answer, 
 		return runner.Answer{}, err
 	}
 	run := ap.t.run
+	wait := run.Settings.ApprovalTimeout
+	if wait <= 0 { // settings made without timeout.Resolve
+		wait = timeout.DefaultApprovalTimeoutSeconds * time.Second
+	}
 	now := time.Now()
 	a := &event.Approval{ID: newApprovalID(), Title: clip(q.Title, maxApprovalTitle), Detail: clip(q.Detail, maxApprovalDetail),
-		Tool: clip(q.Tool, maxApprovalTitle), CreatedAt: now, ExpiresAt: now.Add(run.Settings.ApprovalTimeout)}
+		Tool: clip(q.Tool, maxApprovalTitle), CreatedAt: now, ExpiresAt: now.Add(wait)}
 	opts := q.Options
 	if len(opts) == 0 {
 		opts = runner.DefaultOptions
@@ -170,7 +175,7 @@ func (ap *approver) Ask(ctx context.Context, q runner.Question) (runner.Answer, 
 		cur, last := run.CurrentStep()
 		run.Publish(ap.e.publish, event.Event{Kind: event.ApprovalRequested, Approval: a, Step: cur, LastStep: last})
 	}
-	timer := time.NewTimer(run.Settings.ApprovalTimeout)
+	timer := time.NewTimer(wait)
 	var res *event.Approval
 	select {
 	case <-p.done:
