@@ -84,6 +84,7 @@ bench: deps deps-node
 	$(GO) test -run '^$$' -bench 'EventPath$$' -benchmem -benchtime=200000x ./cmd/gateway/
 	$(GO) test -run '^$$' -bench 'EventPathTracing' -benchmem -benchtime=100000x ./cmd/gateway/
 	$(GO) test -run '^$$' -bench Turn -benchtime 100x ./runner/acp/
+	$(GO) test -run '^$$' -bench ApprovalRoundTrip -benchmem ./gateway/
 
 ## bench-cluster: the scale-out benchmarks (a real PostgreSQL, real nats-server processes); figures in
 ## docs/performance.md ("Running on PostgreSQL", "Cluster …", "Telegram updates across replicas").
