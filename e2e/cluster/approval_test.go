@@ -34,8 +34,26 @@ func TestApprovalAnsweredThroughAnotherReplica(t *testing.T) {
 			}
 		}},
 		{"operator", 1, func(t *testing.T, g *clusterrig.Gateway, _ *wsclient.Client, _, id string) {
-			// This replica finds the question's conversation in the store,
-			// which the owner's recorder writes a moment after asking.
+			// This replica lists the question, asked elsewhere, from the
+			// store (which the owner's recorder writes a moment after
+			// asking), and finds its conversation there to pass the answer on.
+			testwait.Until(t, 10*time.Second, g.ID+"'s /api/approvals lists the question asked elsewhere", func() bool {
+				var list struct {
+					Approvals []struct {
+						ID        string `json:"id"`
+						Elsewhere bool   `json:"elsewhere"`
+					} `json:"approvals"`
+				}
+				if err := g.OperatorGet("/api/approvals", &list); err != nil {
+					return false
+				}
+				return slices.ContainsFunc(list.Approvals, func(a struct {
+					ID        string `json:"id"`
+					Elsewhere bool   `json:"elsewhere"`
+				}) bool {
+					return a.ID == id && a.Elsewhere
+				})
+			})
 			var code int
 			var body string
 			testwait.Until(t, 10*time.Second, "the operator's answer through "+g.ID, func() bool {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +28,9 @@ type ApprovalView struct {
 	SessionKey  string `json:"sessionKey"`
 	ExpiresInMs int64  `json:"expiresInMs"` // until it is denied unanswered; negative once passed
 	Text        string `json:"text"`        // the question as its person is shown it
+	// Elsewhere: asked on another replica (cluster mode; read from the
+	// store). An answer through this replica reaches it.
+	Elsewhere bool `json:"elsewhere,omitempty"`
 }
 
 // ApprovalsResponse is the body of GET /api/approvals.
@@ -36,17 +40,36 @@ type ApprovalsResponse struct {
 	Approvals []ApprovalView `json:"approvals"` // oldest first
 }
 
-func (h *Handler) approvals(w http.ResponseWriter, _ *http.Request) {
+func (h *Handler) approvals(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	open := h.opts.Engine.PendingApprovals("")
 	out := ApprovalsResponse{Now: now.UTC(), Approvals: make([]ApprovalView, 0, len(open))}
+	local := map[string]bool{}
 	for _, a := range open {
 		key, runID, ok := h.opts.Engine.ApprovalSession(a.ID)
 		if !ok {
 			continue // settled meanwhile
 		}
+		local[a.ID] = true
 		out.Approvals = append(out.Approvals, ApprovalView{Approval: a, RunID: runID, SessionKey: key,
 			ExpiresInMs: ms(a.ExpiresAt.Sub(now)), Text: messages.ApprovalAsked(&a)})
+	}
+	// In a cluster the other replicas' open questions are in the store.
+	if ar, ok := h.opts.Store.(approvalLister); ok && h.opts.Config.Current().Cluster.Enabled {
+		recs, err := ar.Approvals(r.Context(), store.ApprovalQuery{Status: store.ApprovalPending, Limit: store.MaxLimit})
+		if err != nil {
+			h.log.Warn("cannot list the other replicas' open questions", "err", err)
+		}
+		for _, rec := range recs {
+			if local[rec.ID] || (!rec.ExpiresAt.IsZero() && rec.ExpiresAt.Before(now)) {
+				continue
+			}
+			a := event.Approval{ID: rec.ID, Title: rec.Title, Detail: rec.Detail, Tool: rec.Tool, Options: rec.Options,
+				CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt}
+			out.Approvals = append(out.Approvals, ApprovalView{Approval: a, RunID: rec.RunID, SessionKey: rec.SessionKey,
+				ExpiresInMs: ms(a.ExpiresAt.Sub(now)), Text: messages.ApprovalAsked(&a), Elsewhere: true})
+		}
+		slices.SortStableFunc(out.Approvals, func(x, y ApprovalView) int { return x.CreatedAt.Compare(y.CreatedAt) })
 	}
 	out.Count = len(out.Approvals)
 	writeJSON(w, http.StatusOK, out)
@@ -124,6 +147,11 @@ func (h *Handler) resolveApproval(w http.ResponseWriter, r *http.Request) {
 // for saying how a settled one ended.
 type approvalReader interface {
 	Approval(ctx context.Context, id string) (store.ApprovalRecord, bool, error)
+}
+
+// approvalLister lists stored questions (both stores implement it).
+type approvalLister interface {
+	Approvals(ctx context.Context, q store.ApprovalQuery) ([]store.ApprovalRecord, error)
 }
 
 // settledWords says how a stored question ended, for an operator.
