@@ -5,7 +5,9 @@
 // (screenshot), updating without a reload; the operator aborts it with the
 // two-click abort button; the turn leaves the live list and appears under
 // recent aborts with stop reason "user" (screenshot); the user's chat shows
-// the stop notice.
+// the stop notice. Then the user's next turn asks a question; the
+// dashboard lists it; the operator allows it; the user's card says so and
+// the turn finishes.
 //
 // Usage: node admin.mjs BASE_URL ARTIFACTS_DIR
 // Env:   E2E_CHROMIUM (executable), E2E_NODE_MODULES (where playwright-core is),
@@ -99,6 +101,27 @@ async function main() {
     // The user is told.
     await chat.waitForSelector('.run:last-child .notice.warning[data-stop-reason="user"]', { timeout: T.update });
     ok("the user's chat shows the stop notice");
+
+    // A question: the user's turn asks whether deploy may run; the
+    // dashboard lists it under open questions; the operator allows it; the
+    // user's card shows who answered and the turn finishes.
+    await chat.fill("#input", "/steps ask:deploy say:Finished");
+    await chat.click("#send");
+    const card = await chat.waitForSelector('.run:last-child .approval[data-state="open"]', { timeout: T.update });
+    const q = admin.locator("#approvals tr.approval", { hasText: "Run deploy" });
+    await q.waitFor({ timeout: T.update });
+    ok("the open question is listed on the dashboard");
+    const qshot = path.join(artifacts, "admin-approval.png");
+    await admin.screenshot({ path: qshot, fullPage: true });
+    ok(`screenshot ${qshot}`);
+    await q.locator('button.answer[data-option-id="allow"]').click();
+    await q.waitFor({ state: "detached", timeout: T.update });
+    ok("the answered question left the dashboard");
+    await chat.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.update });
+    const settled = await card.$eval(".approval-text", (e) => e.textContent);
+    if (!settled.includes("✅ Allow by operator: Run deploy")) throw new Error(`the user's card says ${JSON.stringify(settled)}`);
+    await chat.waitForSelector(".run:last-child .msg.assistant:not(.streaming) >> text=deploy ran (allowed). Finished", { timeout: T.update });
+    ok(`the user's card: "${settled}", and the turn finished`);
 
     if (consoleErrors.length) throw new Error(`console errors: ${consoleErrors.join("; ")}`);
     ok("no console errors");

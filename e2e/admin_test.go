@@ -58,7 +58,8 @@ store:
 }
 
 // TestAdminDashboard drives /admin in headless Chromium: a stalled demo turn
-// appears with its warning, the abort button ends it, the user is told.
+// appears with its warning, the abort button ends it, the user is told; an
+// open question is listed, the operator answers it, the user sees who did.
 func TestAdminDashboard(t *testing.T) {
 	g := startAdminGateway(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -76,7 +77,7 @@ func TestAdminDashboard(t *testing.T) {
 		t.Fatalf("admin dashboard in Chromium failed: %v (screenshot of the failure: %s)", err,
 			filepath.Join(env.artifacts, "admin-failure.png"))
 	}
-	for _, name := range []string{"admin-stalled.png", "admin-aborted.png"} {
+	for _, name := range []string{"admin-stalled.png", "admin-aborted.png", "admin-approval.png"} {
 		if fi, err := os.Stat(filepath.Join(env.artifacts, name)); err != nil || fi.Size() == 0 {
 			t.Errorf("screenshot %s missing: %v", name, err)
 		}
