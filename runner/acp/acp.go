@@ -50,7 +50,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	osexec "os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -59,6 +58,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
+	execrunner "github.com/turnguard/turnguard/runner/exec"
 	"github.com/turnguard/turnguard/timeout"
 )
 
@@ -124,13 +124,7 @@ func New(cfg config.ACP, abortGrace time.Duration, log *slog.Logger, opts ...Opt
 	for _, o := range opts {
 		o(r)
 	}
-	var pairs []string
-	for _, v := range cfg.Env {
-		if len(v) >= 4 {
-			pairs = append(pairs, v, "[redacted]")
-		}
-	}
-	r.redact = strings.NewReplacer(pairs...)
+	r.redact = execrunner.SecretRedactor(cfg.Env)
 
 	dir := cfg.Workdir
 	if dir == "" {
@@ -155,37 +149,16 @@ func New(cfg config.ACP, abortGrace time.Duration, log *slog.Logger, opts ...Opt
 	}
 
 	cmd := strings.TrimSpace(cfg.Command)
-	switch {
-	case cmd == "":
+	if cmd == "" {
 		return nil, errors.New("agents.acp.command: required: the ACP agent to run, e.g. gemini or npx")
-	case strings.ContainsRune(cmd, os.PathSeparator):
-		p := cmd
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(r.dir, p)
-		}
-		fi, err := os.Stat(p)
-		if err != nil {
-			return nil, fmt.Errorf("agents.acp.command: %w", err)
-		}
-		if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
-			return nil, fmt.Errorf("agents.acp.command: %q is not an executable file", cmd)
-		}
-		r.path = p
-	default:
-		p, err := osexec.LookPath(cmd)
-		if err != nil {
-			return nil, fmt.Errorf("agents.acp.command: %w", err)
-		}
-		r.path = p
+	}
+	if r.path, err = execrunner.ResolveCommand("agents.acp", cmd, r.dir); err != nil {
+		return nil, err
 	}
 	r.name = filepath.Base(r.path)
-	for k, v := range cfg.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return nil, fmt.Errorf("agents.acp.env: %q is not a valid environment variable", k)
-		}
-		r.env = append(r.env, k+"="+v)
+	if r.env, err = execrunner.EnvList("agents.acp", cfg.Env); err != nil {
+		return nil, err
 	}
-	slices.Sort(r.env)
 	return r, nil
 }
 

@@ -159,13 +159,7 @@ func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger, opts ...Op
 		abortGrace = timeout.DefaultAbortGraceSeconds * time.Second
 	}
 	r := &Runner{args: slices.Clone(cfg.Args), grace: abortGrace, log: log}
-	var pairs []string
-	for _, v := range cfg.Env {
-		if len(v) >= 4 { // shorter values are not secrets worth hiding and would mangle every line
-			pairs = append(pairs, v, "[redacted]")
-		}
-	}
-	r.redact = strings.NewReplacer(pairs...)
+	r.redact = SecretRedactor(cfg.Env)
 	for _, o := range opts {
 		o(r)
 	}
@@ -199,41 +193,16 @@ func New(cfg config.Exec, abortGrace time.Duration, log *slog.Logger, opts ...Op
 	}
 
 	cmd := strings.TrimSpace(cfg.Command)
-	switch {
-	case cmd == "":
+	if cmd == "" {
 		return nil, errors.New("agents.exec.command: required: the agent program to run, e.g. claude or ./agent.sh")
-	case strings.ContainsRune(cmd, os.PathSeparator):
-		p := cmd
-		if !filepath.IsAbs(p) && r.dir != "" {
-			p = filepath.Join(r.dir, p)
-		}
-		p, err := filepath.Abs(p)
-		if err != nil {
-			return nil, fmt.Errorf("agents.exec.command: %w", err)
-		}
-		fi, err := os.Stat(p)
-		if err != nil {
-			return nil, fmt.Errorf("agents.exec.command: %w", err)
-		}
-		if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
-			return nil, fmt.Errorf("agents.exec.command: %q is not an executable file", cmd)
-		}
-		r.path = p
-	default:
-		p, err := osexec.LookPath(cmd)
-		if err != nil {
-			return nil, fmt.Errorf("agents.exec.command: %w", err)
-		}
-		r.path = p
 	}
-
-	for k, v := range cfg.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return nil, fmt.Errorf("agents.exec.env: %q is not a valid environment variable", k)
-		}
-		r.env = append(r.env, k+"="+v)
+	var err error
+	if r.path, err = ResolveCommand("agents.exec", cmd, r.dir); err != nil {
+		return nil, err
 	}
-	slices.Sort(r.env)
+	if r.env, err = EnvList("agents.exec", cfg.Env); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
