@@ -82,7 +82,7 @@ func TestUpdatesMapToCallbacks(t *testing.T) {
 			if o.res.Text != tc.text {
 				t.Errorf("text %q, want %q", o.res.Text, tc.text)
 			}
-			if got := rec.events(); !slices.Equal(got, tc.events) {
+			if got := rec.Events(); !slices.Equal(got, tc.events) {
 				t.Errorf("callbacks\n got %q\nwant %q", got, tc.events)
 			}
 		})
@@ -257,7 +257,7 @@ func TestCancel(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			rec := newRecorder()
 			ch := start(ctx, r, c.turn(tc.msg), rec)
-			rec.waitFor(t, tc.firstStep)
+			rec.WaitFor(t, tc.firstStep)
 			cancel()
 			o := await(t, ch)
 			if !errors.Is(o.err, context.Canceled) {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/internal/cbrec"
 	"github.com/turnguard/turnguard/internal/testlog"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/acp"
@@ -90,55 +91,10 @@ func build(t *testing.T, cfg config.ACP, grace time.Duration) (*acp.Runner, *log
 }
 
 // recorder records callbacks as readable strings and lets a test wait for
-// one.
-type recorder struct {
-	mu   sync.Mutex
-	evs  []string
-	cond *sync.Cond
-}
+// one (internal/cbrec).
+type recorder = cbrec.Recorder
 
-func newRecorder() *recorder {
-	r := &recorder{}
-	r.cond = sync.NewCond(&r.mu)
-	return r
-}
-
-func (r *recorder) add(s string) {
-	r.mu.Lock()
-	r.evs = append(r.evs, s)
-	r.mu.Unlock()
-	r.cond.Broadcast()
-}
-
-func (r *recorder) StepStarted(kind, name string)   { r.add("start " + kind + " " + name) }
-func (r *recorder) StepCompleted(kind, name string) { r.add("done " + kind + " " + name) }
-func (r *recorder) Delta(text string)               { r.add("delta " + strconv.Quote(text)) }
-func (r *recorder) Heartbeat()                      { r.add("heartbeat") }
-func (r *recorder) Pause(reason string)             { r.add("pause " + reason) }
-func (r *recorder) Resume()                         { r.add("resume") }
-func (r *recorder) Activity()                       { r.add("activity") }
-
-func (r *recorder) events() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.evs)
-}
-
-// waitFor blocks until ev has been recorded (10s of real time at most).
-func (r *recorder) waitFor(t *testing.T, ev string) {
-	t.Helper()
-	timer := time.AfterFunc(10*time.Second, r.cond.Broadcast)
-	defer timer.Stop()
-	deadline := time.Now().Add(10 * time.Second)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for !slices.Contains(r.evs, ev) {
-		if time.Now().After(deadline) {
-			t.Fatalf("event %q never came; got %q", ev, r.evs)
-		}
-		r.cond.Wait()
-	}
-}
+func newRecorder() *recorder { return cbrec.New() }
 
 type outcome struct {
 	res runner.Result

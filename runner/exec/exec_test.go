@@ -15,12 +15,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/internal/cbrec"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/exec"
 
@@ -29,55 +29,11 @@ import (
 
 const grace = 200 * time.Millisecond
 
-// recorder records callbacks as readable strings and lets a test wait for one.
-type recorder struct {
-	mu   sync.Mutex
-	evs  []string
-	cond *sync.Cond
-}
+// recorder records callbacks as readable strings and lets a test wait for
+// one (internal/cbrec).
+type recorder = cbrec.Recorder
 
-func newRecorder() *recorder {
-	r := &recorder{}
-	r.cond = sync.NewCond(&r.mu)
-	return r
-}
-
-func (r *recorder) add(s string) {
-	r.mu.Lock()
-	r.evs = append(r.evs, s)
-	r.mu.Unlock()
-	r.cond.Broadcast()
-}
-
-func (r *recorder) StepStarted(kind, name string)   { r.add("start " + kind + " " + name) }
-func (r *recorder) StepCompleted(kind, name string) { r.add("done " + kind + " " + name) }
-func (r *recorder) Delta(text string)               { r.add("delta " + strconv.Quote(text)) }
-func (r *recorder) Heartbeat()                      { r.add("heartbeat") }
-func (r *recorder) Pause(reason string)             { r.add("pause " + reason) }
-func (r *recorder) Resume()                         { r.add("resume") }
-
-func (r *recorder) events() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.evs)
-}
-
-// waitFor blocks until ev has been recorded (or fails the test after 10s of
-// real time).
-func (r *recorder) waitFor(t *testing.T, ev string) {
-	t.Helper()
-	timer := time.AfterFunc(10*time.Second, r.cond.Broadcast)
-	defer timer.Stop()
-	deadline := time.Now().Add(10 * time.Second)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for !slices.Contains(r.evs, ev) {
-		if time.Now().After(deadline) {
-			t.Fatalf("event %q never came; got %q", ev, r.evs)
-		}
-		r.cond.Wait()
-	}
-}
+func newRecorder() *recorder { return cbrec.New() }
 
 type logBuffer = testlog.Buffer
 
@@ -168,7 +124,7 @@ func TestJSONLProtocol(t *testing.T) {
 			r, logs := newRunner(t, config.Exec{Command: script(tt.script)})
 			rec := newRecorder()
 			o := await(t, start(t.Context(), r, "ping", rec))
-			if got := rec.events(); !slices.Equal(got, tt.events) {
+			if got := rec.Events(); !slices.Equal(got, tt.events) {
 				t.Errorf("events:\n got %q\nwant %q", got, tt.events)
 			}
 			if o.res.Text != tt.text {
@@ -266,7 +222,7 @@ func TestAbort(t *testing.T) {
 			rec := newRecorder()
 			ctx, cancel := context.WithCancel(t.Context())
 			ch := start(ctx, r, "", rec)
-			rec.waitFor(t, `delta "working"`)
+			rec.WaitFor(t, `delta "working"`)
 			cancel()
 			o := await(t, ch)
 			if !errors.Is(o.err, context.Canceled) {
@@ -303,7 +259,7 @@ func TestGrandchildKilledWithGroup(t *testing.T) {
 			defer cancel()
 			ch := start(ctx, r, "", rec)
 			if tt.abort {
-				rec.waitFor(t, "heartbeat")
+				rec.WaitFor(t, "heartbeat")
 				cancel()
 			}
 			o := await(t, ch)
@@ -410,7 +366,7 @@ func TestClaudeStreamJSON(t *testing.T) {
 			r, logs := newRunner(t, config.Exec{Command: "cat", Args: []string{filepath.Join("testdata", "claude", tt.fixture)}, Format: exec.FormatClaude})
 			rec := newRecorder()
 			o := await(t, start(t.Context(), r, "what is in the repo?", rec))
-			if got := rec.events(); !slices.Equal(got, tt.events) {
+			if got := rec.Events(); !slices.Equal(got, tt.events) {
 				t.Errorf("events:\n got %q\nwant %q", got, tt.events)
 			}
 			if o.res.Text != tt.text {
@@ -472,8 +428,8 @@ func TestCancelledBeforeStart(t *testing.T) {
 	cancel()
 	rec := newRecorder()
 	res, err := r.Run(ctx, runner.Turn{RunID: "r"}, rec)
-	if !errors.Is(err, context.Canceled) || res.Text != "" || len(rec.events()) != 0 {
-		t.Fatalf("Run = %q, %v, events %q", res.Text, err, rec.events())
+	if !errors.Is(err, context.Canceled) || res.Text != "" || len(rec.Events()) != 0 {
+		t.Fatalf("Run = %q, %v, events %q", res.Text, err, rec.Events())
 	}
 }
 

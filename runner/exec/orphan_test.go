@@ -67,7 +67,7 @@ func TestSetsidGrandchildKilledOnAbort(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	ch := start(ctx, r, "", rec)
-	rec.waitFor(t, "heartbeat")
+	rec.WaitFor(t, "heartbeat")
 	pids := readPids(t, pidfile, 2)
 	if g0, _ := syscall.Getpgid(pids[0]); g0 != 0 {
 		if g1, _ := syscall.Getpgid(pids[1]); g1 == g0 {
