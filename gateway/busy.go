@@ -165,7 +165,36 @@ type StopResult struct {
 // are queued next). The queue is dropped before the turn is aborted, so
 // nothing dropped starts after the stop; the QueueStore forgets the
 // dropped messages on its own goroutine (Stop never waits for a disk).
+//
+// In cluster mode a session whose turn runs on another replica is stopped
+// there (Cluster.ForwardStop): its queue lives with its turn.
 func (e *Engine) Stop(ctx context.Context, sessionKey, requester string, operator bool) (StopResult, error) {
+	return e.StopWith(ctx, StopRequest{SessionKey: sessionKey, Requester: requester, Operator: operator})
+}
+
+// StopRequest is a /stop: Stop's arguments, and whether another replica
+// passed it on (cluster mode: it is not passed on again).
+type StopRequest struct {
+	SessionKey string
+	Requester  string
+	Operator   bool
+	Forwarded  bool
+}
+
+// StopWith is Stop with a StopRequest (the cluster's forwarded stops).
+func (e *Engine) StopWith(ctx context.Context, req StopRequest) (StopResult, error) {
+	sessionKey, requester, operator := req.SessionKey, req.Requester, req.Operator
+	if e.cluster != nil && !req.Forwarded {
+		e.mu.Lock()
+		s := e.sessions[sessionKey]
+		here := s != nil && (s.active != nil || len(s.queue) > 0)
+		e.mu.Unlock()
+		if !here {
+			if res, ok, err := e.stopElsewhere(ctx, req); ok {
+				return res, err
+			}
+		}
+	}
 	e.mu.Lock()
 	s := e.sessions[sessionKey]
 	running := false

@@ -29,7 +29,8 @@ import (
 //     replica's engine handles it with its own busy mode, as if the client
 //     had sent it there;
 //   - Holder and ForwardAbort, for an abort of a run that is not here;
-//   - ForwardResolve, for an answer to a question asked on another replica.
+//   - ForwardResolve, for an answer to a question asked on another replica;
+//   - ForwardStop, for a /stop of a session whose turn and queue are elsewhere.
 //
 // Export carries every published event to the other replicas' watchers;
 // Import is how a channel (the WebSocket server) follows the sessions whose
@@ -77,6 +78,10 @@ type Cluster interface {
 	// (Engine.Resolve, with req.Forwarded set) and returns its answer,
 	// errors as Resolve's (ErrApprovalNotFound …).
 	ForwardResolve(ctx context.Context, replica string, req ResolveRequest) (ResolveResult, error)
+	// ForwardStop asks replica's engine to carry out a /stop
+	// (Engine.StopWith, with req.Forwarded set): abort the session's turn
+	// and drop its queue there. Errors as Stop's (ErrNotOwner …).
+	ForwardStop(ctx context.Context, replica string, req StopRequest) (StopResult, error)
 	// Export hands an event this replica published to the other replicas'
 	// Import handlers. It never blocks: an event it cannot carry is
 	// reported to the watchers as a gap, never skipped silently.

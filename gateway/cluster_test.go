@@ -340,3 +340,33 @@ func TestClusterAnswerIsForwardedToTheQuestionsReplica(t *testing.T) {
 		}
 	})
 }
+
+// /stop through a replica that does not run the session's turn stops it
+// where it runs, queue included: the message queued behind the turn (sent
+// through that same replica, so queued on the owner) never runs. Another
+// user's /stop is refused there, changing nothing.
+func TestClusterStopDropsTheOwnersQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, nil) // default busy mode: queue
+		send(t, rs[0].e, "r1", "/steps shell:30s say:one")
+		synctest.Wait()
+		if ack, err := send(t, rs[1].e, "r2", "/steps say:two"); err != nil || ack.Status != gateway.StatusQueued {
+			t.Fatalf("forwarded send: %+v %v", ack, err)
+		}
+		if _, err := rs[1].e.Stop(context.Background(), "main", "intruder", false); !errors.Is(err, gateway.ErrNotOwner) {
+			t.Fatalf("another user's /stop through b: %v, want ErrNotOwner", err)
+		}
+		res, err := rs[1].e.Stop(context.Background(), "main", "u1", false)
+		if err != nil || !res.Aborted || res.Dropped != 1 || !slices.Equal(res.RunIDs, []string{"r1"}) {
+			t.Fatalf("/stop through b: %+v %v; want r1 aborted and r2 dropped", res, err)
+		}
+		faketime.Advance(time.Minute)
+		synctest.Wait()
+		if ev, ok := rs[0].terminal(false, "r1"); !ok || ev.Kind != event.Aborted || ev.StopReason != event.ReasonUser {
+			t.Fatalf("r1 on the owner: %+v %v", ev, ok)
+		}
+		if got := rs[0].kinds(false, "r2"); len(got) != 0 {
+			t.Fatalf("the dropped message ran on the owner: %v", got)
+		}
+	})
+}

@@ -225,6 +225,22 @@ func (e *Engine) abortElsewhere(ctx context.Context, sessionKey, runID string, r
 		Requester: requester, Operator: operator})
 }
 
+// stopElsewhere passes a /stop of a session this replica runs nothing of
+// to the replica that runs its turn, where its queue is too; ok false when
+// no other replica runs it (the stop is then this replica's to do).
+func (e *Engine) stopElsewhere(ctx context.Context, req StopRequest) (StopResult, bool, error) {
+	_, replica, ok, err := e.cluster.Holder(ctx, req.SessionKey)
+	if err != nil {
+		return StopResult{}, true, &UnavailableError{Cause: err}
+	}
+	if !ok || replica == e.cluster.Replica() {
+		return StopResult{}, false, nil
+	}
+	req.Forwarded = true
+	res, err := e.cluster.ForwardStop(ctx, replica, req)
+	return res, true, err
+}
+
 // refresh forgets the cached history of session key when it is idle here
 // (cluster mode): its turns may have run on another replica since, so the
 // next use reloads it from the store. It returns key.

@@ -31,6 +31,7 @@ type Handler interface {
 	Send(ctx context.Context, req gateway.SendRequest) (gateway.Ack, error)
 	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
 	Resolve(ctx context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error)
+	StopWith(ctx context.Context, req gateway.StopRequest) (gateway.StopResult, error)
 }
 
 // Pair is two replicas of one fresh cluster.
@@ -89,6 +90,7 @@ var cases = []struct {
 	{"ForwardsAreAnsweredConcurrently", forwardsAreAnsweredConcurrently},
 	{"ForwardAbort", forwardAbort},
 	{"ForwardResolve", forwardResolve},
+	{"ForwardStop", forwardStop},
 	{"ForwardToAReplicaThatIsNotThere", forwardToAReplicaThatIsNotThere},
 	{"ExportReachesOnlyTheOthers", exportReachesOnlyTheOthers},
 	{"ConcurrentClaimsHaveOneWinner", concurrentClaimsHaveOneWinner},
@@ -227,6 +229,17 @@ type engine struct {
 
 	resolves []gateway.ResolveRequest
 	resolve  func(gateway.ResolveRequest) (gateway.ResolveResult, error)
+
+	stops []gateway.StopRequest
+	stop  func(gateway.StopRequest) (gateway.StopResult, error)
+}
+
+func (e *engine) StopWith(_ context.Context, req gateway.StopRequest) (gateway.StopResult, error) {
+	e.mu.Lock()
+	e.stops = append(e.stops, req)
+	f := e.stop
+	e.mu.Unlock()
+	return f(req)
 }
 
 func (e *engine) Resolve(_ context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error) {
@@ -423,6 +436,34 @@ func forwardResolve(s *suite, p Pair) {
 	defer e.mu.Unlock()
 	if len(e.resolves) != 3 || !e.resolves[0].Forwarded || e.resolves[0].By != "@alice" {
 		t.Errorf("B's engine got %+v", e.resolves)
+	}
+}
+
+// forwardStop: a /stop reaches the other engine's StopWith whole (with
+// Forwarded set), its result (the run aborted, the queued messages
+// dropped) comes back whole, and ErrNotOwner stays typed.
+func forwardStop(s *suite, p Pair) {
+	t := s.t
+	e := &engine{stop: func(req gateway.StopRequest) (gateway.StopResult, error) {
+		if req.Requester != "user-1" && !req.Operator {
+			return gateway.StopResult{}, fmt.Errorf("stop %s: %w", req.SessionKey, gateway.ErrNotOwner)
+		}
+		return gateway.StopResult{AbortResult: gateway.AbortResult{Aborted: true, RunIDs: []string{"run-1"}}, Dropped: 2}, nil
+	}}
+	p.ServeB(e)
+	req := gateway.StopRequest{SessionKey: s.key, Requester: "user-1"}
+	got, err := p.A.ForwardStop(s.ctx(), p.B.Replica(), req)
+	if err != nil || !got.Aborted || got.Dropped != 2 || !reflect.DeepEqual(got.RunIDs, []string{"run-1"}) {
+		t.Errorf("ForwardStop: %+v, %v; want run-1 aborted and 2 dropped", got, err)
+	}
+	other := gateway.StopRequest{SessionKey: s.key, Requester: "user-2"}
+	if _, err := p.A.ForwardStop(s.ctx(), p.B.Replica(), other); !errors.Is(err, gateway.ErrNotOwner) {
+		t.Errorf("ForwardStop by another user: %v; want ErrNotOwner", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.stops) != 2 || !e.stops[0].Forwarded || e.stops[0].Requester != "user-1" {
+		t.Errorf("B's engine got %+v", e.stops)
 	}
 }
 

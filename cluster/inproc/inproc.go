@@ -27,6 +27,7 @@ type Handler interface {
 	Send(ctx context.Context, req gateway.SendRequest) (gateway.Ack, error)
 	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
 	Resolve(ctx context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error)
+	StopWith(ctx context.Context, req gateway.StopRequest) (gateway.StopResult, error)
 }
 
 // DefaultQueue is how many events wait for one Import handler before
@@ -212,6 +213,16 @@ func (m *Member) ForwardResolve(ctx context.Context, replica string, req gateway
 	}
 	req.Forwarded = true
 	return h.Resolve(ctx, req)
+}
+
+// ForwardStop calls replica's engine's StopWith with req.Forwarded set.
+func (m *Member) ForwardStop(ctx context.Context, replica string, req gateway.StopRequest) (gateway.StopResult, error) {
+	h, err := m.target(replica)
+	if err != nil {
+		return gateway.StopResult{}, fmt.Errorf("forward the stop of session %q: %w", req.SessionKey, err)
+	}
+	req.Forwarded = true
+	return h.StopWith(ctx, req)
 }
 
 // Export queues ev for every other live member's Import handlers; it

@@ -62,6 +62,7 @@ type Handler interface {
 	Send(ctx context.Context, req gateway.SendRequest) (gateway.Ack, error)
 	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
 	Resolve(ctx context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error)
+	StopWith(ctx context.Context, req gateway.StopRequest) (gateway.StopResult, error)
 }
 
 // Node is one replica's gateway.Cluster. Its methods are safe for

@@ -389,6 +389,10 @@ func (echo) Resolve(context.Context, gateway.ResolveRequest) (gateway.ResolveRes
 	return gateway.ResolveResult{}, gateway.ErrApprovalNotFound
 }
 
+func (echo) StopWith(context.Context, gateway.StopRequest) (gateway.StopResult, error) {
+	return gateway.StopResult{}, nil
+}
+
 // A leader whose lease key is taken from it (here: deleted) sees fn's ctx
 // end, and leads again once it wins the lease back.
 func TestLeadEndsFnWhenTheLeaseIsLost(t *testing.T) {

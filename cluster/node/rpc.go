@@ -57,11 +57,19 @@ type resolveBody struct {
 	Budget time.Duration `json:"budgetNs"`
 }
 
-// answer is a forwarded request's reply: Ack, Result or Resolved, or Err.
+// stopBody is a forwarded gateway.StopRequest.
+type stopBody struct {
+	gateway.StopRequest
+	Budget time.Duration `json:"budgetNs"`
+}
+
+// answer is a forwarded request's reply: Ack, Result, Resolved or
+// Stopped, or Err.
 type answer struct {
 	Ack      *gateway.Ack           `json:"ack,omitempty"`
 	Result   *gateway.AbortResult   `json:"result,omitempty"`
 	Resolved *gateway.ResolveResult `json:"resolved,omitempty"`
+	Stopped  *gateway.StopResult    `json:"stopped,omitempty"`
 	Err      *wireError             `json:"err,omitempty"`
 }
 
@@ -71,7 +79,7 @@ func (n *Node) Serve(h Handler) {
 	n.handler.Store(&h)
 	n.serveOnce.Do(func() {
 		n.serving.init()
-		for op, f := range map[string]func(context.Context, Handler, []byte) answer{"send": serveSend, "abort": serveAbort, "resolve": serveResolve} {
+		for op, f := range map[string]func(context.Context, Handler, []byte) answer{"send": serveSend, "abort": serveAbort, "resolve": serveResolve, "stop": serveStop} {
 			sub, err := n.nc.Subscribe(rpcSubject(n.opts.ReplicaID, op), func(m *nats.Msg) { n.serve(m, f) })
 			if err != nil {
 				n.log.Error("cluster: cannot answer forwarded requests", "op", op, "error", err)
@@ -156,6 +164,38 @@ func serveResolve(ctx context.Context, h Handler, data []byte) answer {
 		return answer{Err: encodeError(err)}
 	}
 	return answer{Resolved: &res}
+}
+
+func serveStop(ctx context.Context, h Handler, data []byte) answer {
+	var b stopBody
+	if err := json.Unmarshal(data, &b); err != nil {
+		return answer{Err: encodeError(fmt.Errorf("a forwarded stop that does not decode: %w", err))}
+	}
+	ctx, cancel := budget(ctx, b.Budget)
+	defer cancel()
+	b.Forwarded = true
+	res, err := h.StopWith(ctx, b.StopRequest)
+	if err != nil {
+		return answer{Err: encodeError(err)}
+	}
+	return answer{Stopped: &res}
+}
+
+// ForwardStop asks replica's engine to carry out a /stop and returns its
+// answer.
+func (n *Node) ForwardStop(ctx context.Context, replica string, req gateway.StopRequest) (gateway.StopResult, error) {
+	var a answer
+	b := stopBody{StopRequest: req}
+	if err := n.request(ctx, replica, "stop", func(d time.Duration) any { b.Budget = d; return b }, &a); err != nil {
+		return gateway.StopResult{}, fmt.Errorf("forward the stop of session %q: %w", req.SessionKey, err)
+	}
+	if a.Err != nil {
+		return gateway.StopResult{}, a.Err.decode()
+	}
+	if a.Stopped == nil {
+		return gateway.StopResult{}, fmt.Errorf("forward the stop of session %q to replica %s: an answer with no result", req.SessionKey, replica)
+	}
+	return *a.Stopped, nil
 }
 
 // ForwardResolve asks replica's engine to settle a question and returns
