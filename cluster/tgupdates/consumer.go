@@ -156,7 +156,7 @@ func Consume(ctx context.Context, nc *nats.Conn, cfg Config, h Handler, opt Cons
 		return nil, err
 	}
 	for p := range cfg.Partitions {
-		_, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		_, err := createOrUpdateConsumer(ctx, s, jetstream.ConsumerConfig{
 			Durable:        consumerName(p),
 			Description:    "turnguard: one partition of the Telegram updates, pinned to one replica",
 			FilterSubject:  cfg.subject(p),
@@ -190,6 +190,20 @@ func Consume(ctx context.Context, nc *nats.Conn, cfg Config, h Handler, opt Cons
 	}
 	go c.run(ctx)
 	return c, nil
+}
+
+// createOrUpdateConsumer creates the durable consumer, or updates it when
+// it exists with another configuration — as createOrUpdateStream, and for
+// the same reason: replicas starting together all create the partitions'
+// consumers, and concurrent creations of one consumer with one
+// configuration all succeed at once, whereas concurrent CreateOrUpdate
+// calls have left one unanswered until the API's timeout.
+func createOrUpdateConsumer(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c, err := s.CreateConsumer(ctx, cc)
+	if errors.Is(err, jetstream.ErrConsumerExists) {
+		return s.UpdateConsumer(ctx, cc)
+	}
+	return c, err
 }
 
 // createOrUpdateKeyValue creates the bucket, or updates it when it exists
