@@ -191,7 +191,7 @@ func (rs *runState) approvalFrames(a *event.Approval, state, text string) {
 	rs.last = time.Now()
 	rs.seq++ // the run's payload seq counts these too, like its chat and agent events
 	p := approvalPayload{RunID: rs.id, SessionKey: rs.key, AgentID: rs.agent, Seq: rs.seq, State: state, Approval: a, Text: text}
-	rs.frames = append(rs.frames, outFrame{data: eventHead("approval", mustJSON(p)), seq: true})
+	rs.frames = append(rs.frames, outFrame{data: eventHead("approval", mustJSON(p)), seq: true, runID: rs.id})
 	var native []byte
 	if state == "requested" {
 		native = eventHead("plugin.approval.requested", mustJSON(toNative(a, rs.key, rs.id)))

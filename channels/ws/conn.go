@@ -40,7 +40,7 @@ type outFrame struct {
 	// approvalsOnly: only for connections that take OpenClaw's approval
 	// events (approvalClient).
 	approvalsOnly bool
-	runID         string // kindDelta and terminal frames: the run
+	runID         string // a run's frame (its payload seq is the run's): the run; "" for others
 	terminal      bool   // the run's last chat frame: forget its carried delta text
 	delta         *deltaRef
 }
@@ -258,16 +258,24 @@ func (c *conn) pushLocked(f outFrame) (slow, shed bool) {
 			f = f.delta.since(from)
 		}
 		for i := len(c.queue) - 1; i >= 0; i-- {
-			if q := &c.queue[i]; q.kind == kindDelta && q.runID == f.runID {
-				// Only the newest full text matters; the delta text runs from
-				// where the queued one started. Encoded when written.
-				old := q.cost
-				*q = f.delta.since(q.delta.from)
-				q.cost = q.size()
-				c.account(q.cost - old)
-				c.s.stats.droppedDeltas.Add(1)
-				return false, false
+			q := &c.queue[i]
+			if q.runID != f.runID {
+				continue // another run's frame, or none's: the order between runs is free
 			}
+			if q.kind != kindDelta {
+				// A later frame of the run (a tool event, an approval) is
+				// queued after the run's queued delta: merging into that
+				// delta would put this text, and its higher seq, before it.
+				break
+			}
+			// Only the newest full text matters; the delta text runs from
+			// where the queued one started. Encoded when written.
+			old := q.cost
+			*q = f.delta.since(q.delta.from)
+			q.cost = q.size()
+			c.account(q.cost - old)
+			c.s.stats.droppedDeltas.Add(1)
+			return false, false
 		}
 		if len(c.queue) >= c.queueCap || c.overBudget(f.size()) {
 			c.carryLocked(f)

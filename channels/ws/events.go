@@ -414,7 +414,7 @@ func (rs *runState) agentEvent(t time.Time, stream string, toolOnly, resets bool
 	}
 	rs.seq++
 	p := agentEvent{RunID: rs.id, Seq: rs.seq, Stream: stream, Ts: ms(t), SessionKey: rs.key, AgentID: rs.agent, Data: data}
-	rs.frames = append(rs.frames, outFrame{data: encodeAgent(&p), seq: true, toolOnly: toolOnly})
+	rs.frames = append(rs.frames, outFrame{data: encodeAgent(&p), seq: true, toolOnly: toolOnly, runID: rs.id})
 }
 
 // chat appends a terminal chat event.

@@ -2,6 +2,7 @@ package ws
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -78,6 +79,55 @@ func TestSlowConsumerClosedWith1013(t *testing.T) {
 		synctest.Wait()
 		if n := e.srv.Clients(); n != 1 {
 			t.Fatalf("%d clients, want 1", n)
+		}
+	})
+}
+
+// A client that stops reading while a run streams text, runs a tool and
+// streams again gets the run's frames in its order when it reads again:
+// every payload seq higher than the last, and the text streamed after the
+// tool never in a delta before the tool's events (a later delta is merged
+// into a queued one only when no other frame of the run is queued after
+// it).
+func TestSlowClientKeepsTheRunsOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) { c.Server.SendQueue = 64 }})
+		c, _ := e.connect("tui", "")
+		c.request("chat.send", map[string]any{"sessionKey": "main", "message": "/steps llm:1s web_search:100ms llm:1s say:end",
+			"idempotencyKey": "order"})
+		faketime.Advance(5 * time.Second)
+		synctest.Wait()
+
+		var last float64
+		var order []string
+		toolStarted := false
+		for {
+			f := c.read()
+			if f.str("runId") != "order" || (f.Event != "agent" && f.Event != "chat") {
+				continue
+			}
+			seq, _ := f.get("seq").(float64)
+			if seq <= last {
+				t.Fatalf("%s frame with seq %v after %v: %s", f.Event, seq, last, f.Payload)
+			}
+			last = seq
+			switch {
+			case f.Event == "agent" && f.str("stream") == "tool" && f.str("data.phase") == "start":
+				toolStarted = true
+				order = append(order, "tool start")
+			case f.Event == "chat" && f.str("state") == "delta":
+				full := f.str("message.content.0.text")
+				if !toolStarted && strings.Count(full, "Thinking") > 1 {
+					t.Fatalf("a delta before the tool started carries the text streamed after it: %q", full)
+				}
+				order = append(order, "delta")
+			case f.Event == "chat" && f.str("state") == "final":
+				order = append(order, "final")
+				if !slices.Contains(order, "tool start") {
+					t.Fatalf("frames of the run: %v, no tool start", order)
+				}
+				return
+			}
 		}
 	})
 }
