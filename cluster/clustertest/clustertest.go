@@ -235,36 +235,30 @@ type engine struct {
 }
 
 func (e *engine) StopWith(_ context.Context, req gateway.StopRequest) (gateway.StopResult, error) {
-	e.mu.Lock()
-	e.stops = append(e.stops, req)
-	f := e.stop
-	e.mu.Unlock()
-	return f(req)
+	return record(&e.mu, &e.stops, &e.stop, req)
 }
 
 func (e *engine) Resolve(_ context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error) {
-	e.mu.Lock()
-	e.resolves = append(e.resolves, req)
-	f := e.resolve
-	e.mu.Unlock()
-	return f(req)
+	return record(&e.mu, &e.resolves, &e.resolve, req)
 }
 
 func (e *engine) Send(_ context.Context, req gateway.SendRequest) (gateway.Ack, error) {
-	e.mu.Lock()
-	e.sends = append(e.sends, req)
-	f := e.send
-	e.mu.Unlock()
+	return record(&e.mu, &e.sends, &e.send, req)
+}
+
+// record appends req to got and answers it with the current *answer, read
+// under mu (a case may change the answer between requests).
+func record[Req, Res any](mu *sync.Mutex, got *[]Req, answer *func(Req) (Res, error), req Req) (Res, error) {
+	mu.Lock()
+	*got = append(*got, req)
+	f := *answer
+	mu.Unlock()
 	return f(req)
 }
 
 func (e *engine) Abort(_ context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error) {
 	req := gateway.AbortRequest{SessionKey: sessionKey, RunID: runID, Reason: reason, Requester: requester, Operator: operator}
-	e.mu.Lock()
-	e.aborts = append(e.aborts, req)
-	f := e.abort
-	e.mu.Unlock()
-	return f(req)
+	return record(&e.mu, &e.aborts, &e.abort, req)
 }
 
 func (e *engine) answer(send func(gateway.SendRequest) (gateway.Ack, error)) {
