@@ -347,6 +347,8 @@ func (ag *agent) request(m *message) {
 		t := ag.turn(req.SessionID)
 		if t == nil || !t.askPermission(permissionAsk{id: m.ID, req: req, done: done}) {
 			done()
+			ag.refused.logAt(ag.log, slog.LevelInfo, "acp: permission request answered cancelled: no running turn can take it",
+				"session_id", cut(req.SessionID, 100))
 			_ = ag.c.reply(m.ID, permissionCancelled(), nil)
 		}
 	case "fs/read_text_file", "fs/write_text_file":

@@ -44,7 +44,10 @@ type rpcError struct {
 	Data    json.RawMessage `json:"data,omitempty"`
 }
 
-func (e *rpcError) Error() string { return fmt.Sprintf("acp: agent error %d: %s", e.Code, e.Message) }
+// Error cuts the agent's message: it goes to the log.
+func (e *rpcError) Error() string {
+	return fmt.Sprintf("acp: agent error %d: %s", e.Code, cut(e.Message, 500))
+}
 
 // response is what a request of ours got: a result or an error.
 type response struct {
