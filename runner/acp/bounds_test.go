@@ -131,7 +131,7 @@ func TestFIFOReadsHoldNoThreadOrFD(t *testing.T) {
 			t.Errorf("32 reads of a FIFO took %s", d)
 		}
 	}
-	if n := count("/proc/self/task"); n > threads+4 {
+	if n := count("/proc/self/task"); n > threads+8 {
 		t.Errorf("threads: %d before, %d after 128 reads of a FIFO", threads, n)
 	}
 	if n := count("/proc/self/fd"); n > fds+2 {
