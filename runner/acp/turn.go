@@ -57,7 +57,7 @@ type turnState struct {
 const maxOpenTools = 1000
 
 // openCall is an element of turnState.open.
-type openCall struct{ id, name string }
+type openCall struct{ name string }
 
 func newTurnState(runID string, cb runner.Callbacks) *turnState {
 	return &turnState{runID: runID, cb: cb, perms: make(chan permissionAsk, 8), open: list.New(), calls: map[string]*list.Element{}}
@@ -129,7 +129,7 @@ func (t *turnState) update(raw json.RawMessage) {
 			t.llm = false
 			t.cb.StepCompleted(stepLLM, t.agentName)
 		}
-		t.calls[u.ToolCallID] = t.open.PushBack(openCall{id: u.ToolCallID, name: name})
+		t.calls[u.ToolCallID] = t.open.PushBack(openCall{name: name})
 		t.cb.StepStarted(stepTool, name)
 		if u.Status != nil && finished(*u.Status) {
 			t.complete(u.ToolCallID)
