@@ -2,7 +2,8 @@ package ws
 
 import (
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/turnguard/turnguard/internal/jsonstr"
 )
 
 // The run events are the hot path (every turn produces about ten frames),
@@ -53,7 +54,7 @@ func (w *jw) key(k string) {
 
 func (w *jw) str(k, v string) *jw {
 	w.key(k)
-	w.b = appendString(w.b, v)
+	w.b = jsonstr.Append(w.b, v)
 	return w
 }
 
@@ -171,56 +172,4 @@ func encodeAgent(p *agentEvent) []byte {
 		w.raw("data", string(mustJSON(d)))
 	}
 	return w.close().head()
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string, as encoding/json does (invalid
-// UTF-8 becomes U+FFFD; <, > and & are not escaped: frames are not HTML).
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

@@ -107,7 +107,7 @@ func tickFrame() outFrame {
 }
 
 // mustJSON encodes v as encoding/json does but without HTML escapes (<, >
-// and & stay one byte, as in appendString): frames are not HTML, and the
+// and & stay one byte, as in jsonstr.Append): frames are not HTML, and the
 // answer budgets (jsonLen) count these characters as one byte.
 func mustJSON(v any) []byte {
 	var b bytes.Buffer

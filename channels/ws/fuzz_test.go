@@ -3,6 +3,8 @@ package ws
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/turnguard/turnguard/internal/jsonstr"
 )
 
 // FuzzFrame feeds arbitrary inbound frames through the parsing a request
@@ -30,8 +32,8 @@ func FuzzFrame(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if got, want := decodeString(t, appendString(nil, string(data))), decodeString(t, mustJSON(string(data))); got != want {
-			t.Fatalf("appendString(%q) decodes to %q, encoding/json to %q", data, got, want)
+		if got, want := decodeString(t, jsonstr.Append(nil, string(data))), decodeString(t, mustJSON(string(data))); got != want {
+			t.Fatalf("jsonstr.Append(%q) decodes to %q, encoding/json to %q", data, got, want)
 		}
 		req, err := parseFrame(data)
 		if err != nil {

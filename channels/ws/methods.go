@@ -466,7 +466,7 @@ func cutText(s string, budget int) string {
 	return s[:end] + notice
 }
 
-// jsonLen is the length of s encoded as a JSON string (appendString,
+// jsonLen is the length of s encoded as a JSON string (jsonstr.Append,
 // mustJSON: no HTML escapes).
 func jsonLen(s string) int {
 	n := 2

@@ -41,6 +41,14 @@
 // that are not JSON-RPC are logged (the first 50 per process, with the run
 // ids of its turns) and ignored. Each time the next message starts a fresh
 // process and a fresh session.
+//
+// Bounds: what an agent makes the gateway do is bounded whatever it sends —
+// fs requests (see sandbox; at most maxFSInflight at once holding at most
+// maxFSBytes), open tool calls per turn (maxOpenTools, O(1) per update),
+// permission options (checkOptions), and the log lines its input causes
+// (the first maxLogged of each kind per process, the rest counted). A
+// sessionId that session/new answers for a second live conversation fails
+// that turn in words instead of mixing the two.
 package acp
 
 import (
@@ -231,8 +239,16 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 			return runner.Result{}, startFailure(err)
 		}
 		r.mu.Lock()
-		s.id = res.SessionID
+		dup := r.tab.held(ag, res.SessionID)
+		if !dup {
+			s.id = res.SessionID
+		}
 		r.mu.Unlock()
+		if dup {
+			log.Error("acp: session/new answered the sessionId of another live conversation; turn refused",
+				"session_id", cut(res.SessionID, 200), "agent_process", ag.n)
+			return runner.Result{}, &runner.UserError{Message: "The agent answered with another conversation's session, so your message was not sent to it. Try again later."}
+		}
 		log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 	}
 	return r.prompt(ctx, turn, cb, ag, s.id, log)
@@ -242,6 +258,9 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 // permission requests until the agent answers, dies or ignores a cancel.
 func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbacks, ag *agent, id string, log *slog.Logger) (runner.Result, error) {
 	ts := newTurnState(turn.RunID, cb)
+	// ctx ends with the turn (ts.end) or the agent: the fs requests of the
+	// turn's session stop then.
+	ts.ctx, ts.cancel = context.WithCancel(ag.ctx)
 	ts.begin(ag.name) // before the prompt is sent: its updates may come at once
 	ag.mu.Lock()
 	ag.turns[id] = ts
@@ -250,6 +269,9 @@ func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbac
 	var asks sync.WaitGroup
 	defer func() {
 		ts.end()
+		if n := ts.ignored(); n > 0 {
+			log.Warn("acp: tool calls over the limit of open ones not followed", "count", n, "limit", maxOpenTools)
+		}
 		ag.mu.Lock()
 		if ag.turns[id] == ts {
 			delete(ag.turns, id)

@@ -43,7 +43,12 @@ type agent struct {
 	box      *sandbox // the fs methods' sandbox
 	garbage  lineLog
 	unknown  lineLog
+	refused  lineLog       // refused requests (fs, busy, malformed permission requests)
 	inflight chan struct{} // bounds the agent's requests handled at once
+	fsLimit  fsLimit       // bounds the fs requests served at once and their bytes
+
+	ctx    context.Context // done when the agent is dead: its fs requests stop
+	cancel context.CancelFunc
 }
 
 // Bounds of what one agent process may make the gateway do.
@@ -58,6 +63,11 @@ const (
 	// maxInflight bounds the agent's requests (fs, permission) handled at
 	// once; more are answered with an error at once.
 	maxInflight = 32
+	// maxFSInflight bounds the fs requests served at once, and
+	// maxFSBytes the bytes they may hold (a read counts maxRead, a write
+	// its params); more are answered "busy" at once.
+	maxFSInflight = 4
+	maxFSBytes    = 16 << 20
 	// maxLogged is how many garbage, ignored and stderr lines of one
 	// process are logged one by one (the rest are counted).
 	maxLogged = 50
@@ -111,8 +121,11 @@ func (r *Runner) start(n uint64) (*agent, error) {
 		turns:    map[string]*turnState{},
 		garbage:  lineLog{limit: maxLogged},
 		unknown:  lineLog{limit: maxLogged},
+		refused:  lineLog{limit: maxLogged},
 		inflight: make(chan struct{}, maxInflight),
+		fsLimit:  fsLimit{max: maxFSInflight, maxBytes: maxFSBytes},
 	}
+	ag.ctx, ag.cancel = context.WithCancel(context.Background())
 	ag.c = newConn(stdinW, func() {
 		if !ag.isDead() {
 			log.Error("acp: writing to the agent failed (it stopped reading its input?); stopping it", "run_ids", ag.runIDs())
@@ -175,7 +188,8 @@ func (r *Runner) start(n uint64) (*agent, error) {
 		stderrR.Close()
 		stdinW.Close()
 		status := p.State().String()
-		log.Info("acp: agent process ended", "status", status, "garbage_lines", ag.garbage.count())
+		log.Info("acp: agent process ended", "status", status, "garbage_lines", ag.garbage.count(),
+			"refused_requests", ag.refused.count())
 		ag.markDead(fmt.Sprintf("The agent stopped unexpectedly (%s). Send your message again to start it anew.", status))
 	}()
 	return ag, nil
@@ -199,6 +213,7 @@ func (ag *agent) markDead(why string) {
 	ag.deathOnce.Do(func() {
 		ag.death = why
 		close(ag.dead) // before the pending requests fail: their callers read death
+		ag.cancel()
 		ag.c.close()
 	})
 }
@@ -310,6 +325,7 @@ func (ag *agent) request(m *message) {
 	select {
 	case ag.inflight <- struct{}{}:
 	default:
+		ag.refused.logAt(ag.log, slog.LevelInfo, "acp: agent request refused: too many at once", "method", cut(m.Method, 100))
 		_ = ag.c.reply(m.ID, nil, &rpcError{Code: codeServerBusy, Message: "too many requests at once"})
 		return
 	}
@@ -322,17 +338,39 @@ func (ag *agent) request(m *message) {
 			_ = ag.c.reply(m.ID, nil, &rpcError{Code: codeInvalidParams, Message: "invalid params: " + err.Error()})
 			return
 		}
+		if err := checkOptions(req); err != nil {
+			done()
+			ag.refused.logAt(ag.log, slog.LevelWarn, "acp: permission request refused", "err", cut(err.Error(), 300), "run_ids", ag.runIDs())
+			_ = ag.c.reply(m.ID, nil, &rpcError{Code: codeInvalidParams, Message: "invalid params: " + err.Error()})
+			return
+		}
 		t := ag.turn(req.SessionID)
 		if t == nil || !t.askPermission(permissionAsk{id: m.ID, req: req, done: done}) {
 			done()
+			ag.refused.logAt(ag.log, slog.LevelInfo, "acp: permission request answered cancelled: no running turn can take it",
+				"session_id", cut(req.SessionID, 100))
 			_ = ag.c.reply(m.ID, permissionCancelled(), nil)
 		}
 	case "fs/read_text_file", "fs/write_text_file":
+		size := int64(maxRead)
+		if m.Method == "fs/write_text_file" {
+			size = int64(len(m.Params))
+		}
+		if !ag.fsLimit.take(size) {
+			done()
+			ag.refused.logAt(ag.log, slog.LevelInfo, "acp: fs request refused: too many at once", "method", m.Method)
+			_ = ag.c.reply(m.ID, nil, &rpcError{Code: codeServerBusy, Message: "too many file requests at once: send the next one when one is answered"})
+			return
+		}
 		go func() {
 			defer done()
+			defer ag.fsLimit.give(size)
 			res, e := ag.fs(m.Method, m.Params)
+			if ag.isDead() {
+				return
+			}
 			if e != nil {
-				ag.log.Info("acp: fs request refused", "method", m.Method, "err", e.Message, "run_ids", ag.runIDs())
+				ag.refused.logAt(ag.log, slog.LevelInfo, "acp: fs request refused", "method", m.Method, "err", cut(e.Message, 300), "run_ids", ag.runIDs())
 			}
 			_ = ag.c.reply(m.ID, res, e)
 		}()
@@ -342,9 +380,47 @@ func (ag *agent) request(m *message) {
 	}
 }
 
-// fs serves the fs methods in the runner's sandbox (see fs.go).
+// fs serves the fs methods in the runner's sandbox (see fs.go), until the
+// turn of the request's session ends or the agent dies.
 func (ag *agent) fs(method string, params json.RawMessage) (any, *rpcError) {
-	return ag.box.serve(method, params)
+	ctx := ag.ctx
+	var p struct {
+		SessionID string `json:"sessionId"`
+	}
+	if json.Unmarshal(params, &p) == nil {
+		if t := ag.turn(p.SessionID); t != nil && t.ctx != nil {
+			ctx = t.ctx
+		}
+	}
+	return ag.box.serve(ctx, method, params)
+}
+
+// fsLimit bounds the fs requests served at once (max) and the bytes they
+// hold (maxBytes). Safe for concurrent use.
+type fsLimit struct {
+	mu            sync.Mutex
+	max, n        int
+	maxBytes, use int64
+}
+
+// take reserves a slot and size bytes; false when either bound is reached.
+func (l *fsLimit) take(size int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n >= l.max || l.use+size > l.maxBytes {
+		return false
+	}
+	l.n++
+	l.use += size
+	return true
+}
+
+// give returns what take reserved.
+func (l *fsLimit) give(size int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n--
+	l.use -= size
 }
 
 // call sends a request and waits for its answer for at most timeout, until

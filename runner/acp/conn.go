@@ -3,6 +3,7 @@ package acp
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,7 +44,10 @@ type rpcError struct {
 	Data    json.RawMessage `json:"data,omitempty"`
 }
 
-func (e *rpcError) Error() string { return fmt.Sprintf("acp: agent error %d: %s", e.Code, e.Message) }
+// Error cuts the agent's message: it goes to the log.
+func (e *rpcError) Error() string {
+	return fmt.Sprintf("acp: agent error %d: %s", e.Code, cut(e.Message, 500))
+}
 
 // response is what a request of ours got: a result or an error.
 type response struct {
@@ -86,7 +90,11 @@ func (c *conn) write(m message) error {
 	if err != nil {
 		return fmt.Errorf("acp: encode %s: %w", m.Method, err)
 	}
-	b = append(b, '\n')
+	return c.writeLine(append(b, '\n'))
+}
+
+// writeLine sends one encoded message ending in a newline.
+func (c *conn) writeLine(b []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	_ = c.w.SetWriteDeadline(time.Now().Add(writeTimeout))
@@ -140,16 +148,32 @@ func (c *conn) notify(method string, params any) error {
 
 // reply answers a request of the agent with result, or with e when it is
 // not nil.
+// A result is encoded once, into the line itself (a file's text is not
+// copied again by a second encoding of the whole message).
 func (c *conn) reply(id json.RawMessage, result any, e *rpcError) error {
-	m := message{ID: id, Error: e}
-	if e == nil {
+	if e != nil {
+		return c.write(message{ID: id, Error: e})
+	}
+	var line []byte
+	head := func(n int) {
+		// id came from a parsed message, so it is valid JSON.
+		line = make([]byte, 0, len(id)+n+64)
+		line = append(line, `{"jsonrpc":"2.0","id":`...)
+		line = append(line, id...)
+		line = append(line, `,"result":`...)
+	}
+	if t, ok := result.(textResult); ok {
+		head(len(t.content) + len(t.content)/8)
+		line = t.appendTo(line)
+	} else {
 		b, err := json.Marshal(result)
 		if err != nil {
 			return fmt.Errorf("acp: encode a reply: %w", err)
 		}
-		m.Result = b
+		head(len(b))
+		line = append(line, b...)
 	}
-	return c.write(m)
+	return c.writeLine(append(line, "}\n"...))
 }
 
 // deliver routes a response to its pending request; a response to no
@@ -225,10 +249,15 @@ type lineLog struct {
 }
 
 func (l *lineLog) log(log *slog.Logger, msg string, args ...any) {
+	l.logAt(log, slog.LevelWarn, msg, args...)
+}
+
+// logAt is log at level.
+func (l *lineLog) logAt(log *slog.Logger, level slog.Level, msg string, args ...any) {
 	if n := l.n.Add(1); n <= int64(l.limit) {
-		log.Warn(msg, args...)
+		log.Log(context.Background(), level, msg, args...)
 	} else if n == int64(l.limit)+1 {
-		log.Warn("acp: more such lines are counted, not logged", "about", msg, "limit", l.limit)
+		log.Log(context.Background(), level, "acp: more such lines are counted, not logged", "about", msg, "limit", l.limit)
 	}
 }
 

@@ -31,7 +31,13 @@ func TestMain(m *testing.M) {
 //	newhang       answers initialize, never session/new
 //	asks          on a prompt, calls methods the client does not have and
 //	              replies with what it got back
+//	script        runs each prompt as a command (see scriptAgent)
+//	dup           script, but every session/new answers the same sessionId
 func fakeAgent(mode string) {
+	if mode == "script" || mode == "dup" {
+		scriptAgent(mode == "dup")
+		return
+	}
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<20)
 	out := json.NewEncoder(os.Stdout)
@@ -41,17 +47,7 @@ func fakeAgent(mode string) {
 	}
 	var asked []string
 	for in.Scan() {
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params struct {
-				SessionID string `json:"sessionId"`
-			} `json:"params"`
-			Error *struct {
-				Code    int    `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
+		var m fakeMessage
 		if json.Unmarshal(in.Bytes(), &m) != nil {
 			continue
 		}
@@ -80,6 +76,23 @@ func fakeAgent(mode string) {
 			}
 		}
 	}
+}
+
+// fakeMessage is what the fake agents read of the client's messages.
+type fakeMessage struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params struct {
+		SessionID string `json:"sessionId"`
+		Prompt    []struct {
+			Text string `json:"text"`
+		} `json:"prompt"`
+	} `json:"params"`
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
 }
 
 // fakeRunner returns a runner whose agent is this test binary in mode.

@@ -1,6 +1,7 @@
 package acp
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -57,7 +58,7 @@ func FuzzSandbox(f *testing.F) {
 		f.Add(seed.method, seed.params)
 	}
 	f.Fuzz(func(t *testing.T, method, params string) {
-		res, rpcErr := box.serve(method, json.RawMessage(params))
+		res, rpcErr := box.serve(context.Background(), method, json.RawMessage(params))
 		if rpcErr == nil && res != nil {
 			b, _ := json.Marshal(res)
 			if strings.Contains(string(b), secret) {

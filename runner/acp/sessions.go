@@ -89,6 +89,18 @@ func (t *table) expire(now time.Time) (next time.Time) {
 	return next
 }
 
+// held reports whether a session of ag other than a fresh one already has
+// the agent's session id id: an agent that answers session/new with it
+// again would mix two conversations.
+func (t *table) held(ag *agent, id string) bool {
+	for _, s := range t.convs {
+		if s.ag == ag && s.id == id {
+			return true
+		}
+	}
+	return false
+}
+
 // uses counts the sessions (busy or not) held on ag.
 func (t *table) uses(ag *agent) int {
 	n := 0

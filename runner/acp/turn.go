@@ -1,8 +1,10 @@
 package acp
 
 import (
+	"container/list"
+	"context"
 	"encoding/json"
-	"slices"
+	"fmt"
 	"strings"
 	"sync"
 
@@ -27,23 +29,38 @@ const (
 // or failed), a new "llm" step starts. With several tool calls open at once
 // the engine sees the newest as the current step; the completion of an
 // older one only closes it here. When the turn ends the open step is
-// completed.
+// completed. Each update costs O(1) whatever the number of open calls; at
+// most maxOpenTools are open at once, and a tool_call past that is ignored
+// (counted in ignoredTools) until one completes.
 type turnState struct {
 	runID string
 	cb    runner.Callbacks
 	perms chan permissionAsk
 
-	mu      sync.Mutex
-	text    strings.Builder
-	dropped int      // reply bytes over maxText, not kept
-	llm     bool     // an llm step is open
-	open    []string // tool call ids with an open step, oldest first
-	names   map[string]string
-	ended   bool
+	// ctx is done when the turn ends (or its agent dies): the agent's fs
+	// requests of the turn's session stop then. Nil when not set.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu           sync.Mutex
+	text         strings.Builder
+	dropped      int                      // reply bytes over maxText, not kept
+	llm          bool                     // an llm step is open
+	open         *list.List               // names of the tool calls with an open step, oldest first
+	calls        map[string]*list.Element // open tool calls by id, their elements of open
+	agentName    string                   // the llm step's name
+	ignoredTools int                      // tool_calls not followed (over maxOpenTools)
+	ended        bool
 }
 
+// maxOpenTools bounds the tool calls a turn follows at once.
+const maxOpenTools = 1000
+
+// openCall is an element of turnState.open.
+type openCall struct{ name string }
+
 func newTurnState(runID string, cb runner.Callbacks) *turnState {
-	return &turnState{runID: runID, cb: cb, perms: make(chan permissionAsk, 8), names: map[string]string{}}
+	return &turnState{runID: runID, cb: cb, perms: make(chan permissionAsk, 8), open: list.New(), calls: map[string]*list.Element{}}
 }
 
 // session/update payloads, as far as turnguard reads them.
@@ -62,7 +79,7 @@ func (t *turnState) begin(agentName string) {
 	defer t.mu.Unlock()
 	t.llm = true
 	t.cb.StepStarted(stepLLM, agentName)
-	t.names[""] = agentName
+	t.agentName = agentName
 }
 
 // update maps one session/update to the callbacks (see turnState).
@@ -100,16 +117,19 @@ func (t *turnState) update(raw json.RawMessage) {
 			t.cb.Delta(s)
 		}
 	case "tool_call":
-		if u.ToolCallID == "" || slices.Contains(t.open, u.ToolCallID) {
+		if u.ToolCallID == "" || t.calls[u.ToolCallID] != nil {
+			return
+		}
+		if len(t.calls) >= maxOpenTools {
+			t.ignoredTools++
 			return
 		}
 		name := toolName(u.Title, u.Kind)
 		if t.llm {
 			t.llm = false
-			t.cb.StepCompleted(stepLLM, t.names[""])
+			t.cb.StepCompleted(stepLLM, t.agentName)
 		}
-		t.names[u.ToolCallID] = name
-		t.open = append(t.open, u.ToolCallID)
+		t.calls[u.ToolCallID] = t.open.PushBack(openCall{name: name})
 		t.cb.StepStarted(stepTool, name)
 		if u.Status != nil && finished(*u.Status) {
 			t.complete(u.ToolCallID)
@@ -127,24 +147,23 @@ func (t *turnState) update(raw json.RawMessage) {
 
 // complete ends the tool step of call id (mu held).
 func (t *turnState) complete(id string) {
-	i := slices.Index(t.open, id)
-	if i < 0 {
+	e := t.calls[id]
+	if e == nil {
 		return
 	}
-	newest := i == len(t.open)-1
-	t.open = slices.Delete(t.open, i, i+1)
-	name := t.names[id]
-	delete(t.names, id)
+	newest := e == t.open.Back()
+	t.open.Remove(e)
+	delete(t.calls, id)
 	if !newest {
 		return // superseded in the engine by a newer call: nothing to report
 	}
-	t.cb.StepCompleted(stepTool, name)
-	if n := len(t.open); n > 0 {
-		t.cb.StepStarted(stepTool, t.names[t.open[n-1]])
+	t.cb.StepCompleted(stepTool, e.Value.(openCall).name)
+	if b := t.open.Back(); b != nil {
+		t.cb.StepStarted(stepTool, b.Value.(openCall).name)
 		return
 	}
 	t.llm = true
-	t.cb.StepStarted(stepLLM, t.names[""])
+	t.cb.StepStarted(stepLLM, t.agentName)
 }
 
 // end completes the open step and stops all further callbacks; it returns
@@ -154,14 +173,24 @@ func (t *turnState) end() (string, int) {
 	defer t.mu.Unlock()
 	if !t.ended {
 		t.ended = true
+		if t.cancel != nil {
+			t.cancel()
+		}
 		switch {
 		case t.llm:
-			t.cb.StepCompleted(stepLLM, t.names[""])
-		case len(t.open) > 0:
-			t.cb.StepCompleted(stepTool, t.names[t.open[len(t.open)-1]])
+			t.cb.StepCompleted(stepLLM, t.agentName)
+		case t.open.Len() > 0:
+			t.cb.StepCompleted(stepTool, t.open.Back().Value.(openCall).name)
 		}
 	}
 	return t.text.String(), t.dropped
+}
+
+// ignored counts the tool calls not followed (over maxOpenTools).
+func (t *turnState) ignored() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ignoredTools
 }
 
 func finished(status string) bool { return status == "completed" || status == "failed" }
@@ -191,6 +220,36 @@ type permissionRequest struct {
 		Name     string `json:"name"`
 		Kind     string `json:"kind"`
 	} `json:"options"`
+}
+
+// Bounds of a permission request's options (as in runner/exec): a request
+// past them is answered with a JSON-RPC error and nobody is asked.
+const (
+	maxOptions  = 10  // options of one request
+	maxOptionID = 128 // bytes of an option id (it is echoed, so never cut)
+	maxLabel    = 100 // bytes of an option's name shown; longer is cut
+)
+
+// checkOptions reports why req's options cannot be asked: too many, or an
+// id that is empty, too long or not unique (an answer could not say which
+// option the person chose).
+func checkOptions(req permissionRequest) error {
+	if len(req.Options) > maxOptions {
+		return fmt.Errorf("%d options, at most %d", len(req.Options), maxOptions)
+	}
+	seen := make(map[string]bool, len(req.Options))
+	for i, o := range req.Options {
+		switch {
+		case o.OptionID == "":
+			return fmt.Errorf("options[%d].optionId is required", i)
+		case len(o.OptionID) > maxOptionID:
+			return fmt.Errorf("options[%d].optionId is longer than %d bytes", i, maxOptionID)
+		case seen[o.OptionID]:
+			return fmt.Errorf("options[%d].optionId %q is not unique", i, o.OptionID)
+		}
+		seen[o.OptionID] = true
+	}
+	return nil
 }
 
 // permissionAsk is a permission request handed to the turn that must answer
@@ -243,7 +302,7 @@ func question(req permissionRequest) runner.Question {
 		if label == "" {
 			label = o.OptionID
 		}
-		q.Options = append(q.Options, runner.Option{ID: o.OptionID, Label: cut(label, 100), Kind: k})
+		q.Options = append(q.Options, runner.Option{ID: o.OptionID, Label: cut(label, maxLabel), Kind: k})
 	}
 	return q
 }
