@@ -2,6 +2,7 @@ package busauth
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +99,25 @@ func TestAuthorization(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("the authorization lacks %s:\n%s", want, got)
 		}
+	}
+}
+
+// docs/scaling.md shows the authorization Authorization renders for r1…r3
+// (with its placeholder passwords): the documented set-up is the one the
+// tests run.
+func TestScalingDocShowsTheAuthorization(t *testing.T) {
+	b, err := os.ReadFile("../../docs/scaling.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Authorization([]User{ReplicaUser("r1", "CHANGE-ME-r1"), ReplicaUser("r2", "CHANGE-ME-r2"), ReplicaUser("r3", "CHANGE-ME-r3")})
+	var indented strings.Builder
+	for _, line := range strings.SplitAfter(want, "\n") {
+		if line != "" {
+			indented.WriteString("   " + line)
+		}
+	}
+	if !strings.Contains(string(b), indented.String()) {
+		t.Errorf("docs/scaling.md does not show the authorization of r1…r3:\n%s", indented.String())
 	}
 }
