@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/turnguard/turnguard/cluster/lease"
 	"github.com/turnguard/turnguard/cluster/busauth"
+	"github.com/turnguard/turnguard/cluster/lease"
 	"github.com/turnguard/turnguard/cluster/tgupdates"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
