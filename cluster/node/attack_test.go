@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -255,4 +256,29 @@ func TestBusForgedRequestsAreRefused(t *testing.T) {
 		}
 	}
 	testwait.Until(t, 5*time.Second, "the signed abort reaches the engine", func() bool { return len(rec.Calls()) == 1 })
+}
+
+// A replica configured with another cluster secret is refused like any
+// forger, and its caller gets gateway.ErrClusterUnavailable (words for
+// the user), not an engine answer.
+func TestBusReplicaWithAnotherSecretIsRefused(t *testing.T) {
+	c := natstest.StartAuth(t, 1, []busauth.User{replicaUser("a"), replicaUser("b")})
+	dbURL := pgtest.New(t)
+	a := start(t, dbURL, c, "a")
+	rec := &recorder{}
+	a.Serve(rec)
+	b := start(t, dbURL, c, "b", func(o *Options) {
+		k, err := busauth.New([]byte("another-deployments-secret-0123456789ab"), "b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Auth = k
+	})
+	_, err := b.ForwardAbort(testContext(t, 10*time.Second), "a", gateway.AbortRequest{SessionKey: "ws:x", Operator: true})
+	if !errors.Is(err, gateway.ErrClusterUnavailable) {
+		t.Fatalf("ForwardAbort: %v, want ErrClusterUnavailable", err)
+	}
+	if got := rec.Calls(); len(got) != 0 {
+		t.Fatalf("the engine was asked %q", got)
+	}
 }

@@ -139,7 +139,10 @@ func (n *Node) refuse(m *nats.Msg, err error) {
 	if m.Reply == "" {
 		return
 	}
-	data, _ := json.Marshal(answer{Err: encodeError(fmt.Errorf("refused: %w", err))})
+	// Unavailable to the caller: a genuine replica refused here (its clock
+	// off by more than busauth.Window, another secret) tells its user the
+	// cluster cannot take the request now, not a Go error.
+	data, _ := json.Marshal(answer{Err: encodeError(fmt.Errorf("refused: %w: %w", err, gateway.ErrClusterUnavailable))})
 	_ = m.Respond(data)
 }
 
