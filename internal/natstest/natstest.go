@@ -2,7 +2,10 @@
 // cluster of one or three nodes on loopback, each node a child process with
 // its own free ports and store directory, that a test can kill, stop and
 // restart. Nothing is mocked: the binary is the nats-server the project pins
-// in tools/nats-server.
+// in tools/nats-server. Start runs the servers open; StartAuth runs them
+// with an authorization block (users and their subject permissions, as
+// cluster/busauth renders it for docs/scaling.md), so tests run the
+// cluster as it is deployed and attack it as an outsider would.
 //
 // The binary is $TURNGUARD_NATS_SERVER when set (make test builds
 // bin/nats-server and sets it); otherwise it is built once per test binary
