@@ -74,8 +74,9 @@ type Key struct {
 	replica string
 	now     func() time.Time
 
-	mu     sync.Mutex
-	nonces map[string]time.Time // nonce → when it may be forgotten
+	mu      sync.Mutex
+	nonces  map[string]time.Time // nonce → when it may be forgotten
+	pruneAt time.Time            // the next sweep of expired nonces
 }
 
 // New is the Key of replica under secret (at least MinSecretBytes).
@@ -153,12 +154,15 @@ func (k *Key) remember(nonce string, now time.Time) error {
 	if until, ok := k.nonces[nonce]; ok && now.Before(until) {
 		return ErrReplayed
 	}
-	if len(k.nonces) >= maxNonces {
+	if len(k.nonces) >= maxNonces || now.After(k.pruneAt) {
+		// Expired nonces go every Window (and when full), so the map holds
+		// about the last three windows' worth.
 		for n, until := range k.nonces {
 			if !now.Before(until) {
 				delete(k.nonces, n)
 			}
 		}
+		k.pruneAt = now.Add(Window)
 		if len(k.nonces) >= maxNonces {
 			return fmt.Errorf("%w: more than %d fresh messages in %v", ErrReplayed, maxNonces, 2*Window)
 		}

@@ -121,3 +121,29 @@ func TestScalingDocShowsTheAuthorization(t *testing.T) {
 		t.Errorf("docs/scaling.md does not show the authorization of r1…r3:\n%s", indented.String())
 	}
 }
+
+// The nonces remembered are those of the last few windows: older ones are
+// swept, so the memory is bounded by the traffic of about a minute and a
+// half, not by the process's life.
+func TestNoncesAreForgotten(t *testing.T) {
+	clock := time.Now()
+	now := func() time.Time { return clock }
+	signer, verifier := newKey(t, secret, "b"), newKey(t, secret, "a")
+	signer.now, verifier.now = now, now
+	verify := func() {
+		t.Helper()
+		m := &nats.Msg{Subject: "tgrpc.61.send", Data: []byte("x")}
+		signer.Sign(m)
+		if _, err := verifier.Verify(m.Subject, m.Header, m.Data, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 100 {
+		verify()
+	}
+	clock = clock.Add(3 * Window)
+	verify()
+	if n := len(verifier.nonces); n != 1 {
+		t.Fatalf("%d nonces remembered three windows later, want 1", n)
+	}
+}
