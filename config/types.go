@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net/url"
 	"time"
 
 	"github.com/turnguard/turnguard/messages"
@@ -213,15 +214,60 @@ const (
 // (docs/scaling.md). Off by default: one process, nothing else to run. Read
 // at start-up.
 type Cluster struct {
-	Enabled      bool        `koanf:"enabled"`      // default false; true requires store.driver postgres and nats.urls
-	ReplicaID    string      `koanf:"replicaID"`    // this replica's name; default hostname-pid
-	LeaseSeconds float64     `koanf:"leaseSeconds"` // how long a silent replica keeps its turns; default 3, 1–60
-	NATS         ClusterNATS `koanf:"nats"`
+	Enabled      bool    `koanf:"enabled"`      // default false; true requires store.driver postgres and nats.urls
+	ReplicaID    string  `koanf:"replicaID"`    // this replica's name; default hostname-pid
+	LeaseSeconds float64 `koanf:"leaseSeconds"` // how long a silent replica keeps its turns; default 3, 1–60
+	// Secret is shared by every replica: the requests one replica forwards
+	// to another and the Telegram updates it stores are signed with it
+	// (HMAC-SHA256), and a replica believes none without a valid
+	// signature. At least 32 bytes; a secret. Required with Enabled,
+	// unless SecretFile is set.
+	Secret string `koanf:"secret"`
+	// SecretFile holds Secret instead (surrounding white space ignored);
+	// read at start-up.
+	SecretFile string      `koanf:"secretFile"`
+	NATS       ClusterNATS `koanf:"nats"`
 }
 
-// ClusterNATS says where the NATS servers are (cluster.nats.*).
+// ClusterNATS says where the NATS servers are and how this replica
+// authenticates to them (cluster.nats.*). With cluster.enabled, one kind
+// of credentials is required — CredsFile, NKeySeedFile, User and
+// Password, or those of a URL — unless InsecureTrustedNetwork.
 type ClusterNATS struct {
-	URLs []string `koanf:"urls"` // e.g. [nats://127.0.0.1:4222]; credentials in a URL are a secret
+	URLs         []string `koanf:"urls"`         // e.g. [nats://127.0.0.1:4222]; credentials in a URL are a secret
+	CredsFile    string   `koanf:"credsFile"`    // a NATS .creds file (user JWT and nkey seed)
+	NKeySeedFile string   `koanf:"nkeySeedFile"` // a file holding this replica's nkey seed
+	User         string   `koanf:"user"`         // with Password
+	Password     string   `koanf:"password"`     // a secret
+	TLS          NATSTLS  `koanf:"tls"`
+	// InsecureTrustedNetwork lets a cluster run without NATS credentials:
+	// every process that can reach NATS can then act as a replica (answer
+	// approvals as an operator, read every chat, stop any run). Only on a
+	// private network where each of them is trusted; the gateway says so
+	// at start-up. Default false.
+	InsecureTrustedNetwork bool `koanf:"insecureTrustedNetwork"`
+}
+
+// NATSTLS is the TLS of the connection to NATS (cluster.nats.tls.*);
+// a tls:// URL or a server that requires TLS uses it.
+type NATSTLS struct {
+	CAFile   string `koanf:"caFile"`   // the CA that signed the servers' certificates; default the system's
+	CertFile string `koanf:"certFile"` // a client certificate, with KeyFile
+	KeyFile  string `koanf:"keyFile"`
+}
+
+// HasCredentials reports whether n names credentials for NATS: a creds
+// file, an nkey seed file, a user, or a URL with a user or token.
+func (n ClusterNATS) HasCredentials() bool {
+	if n.CredsFile != "" || n.NKeySeedFile != "" || n.User != "" {
+		return true
+	}
+	for _, raw := range n.URLs {
+		if u, err := url.Parse(raw); err == nil && u.User != nil && u.User.Username() != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // StoreRetention is what the store prunes, and how often (store.retention.*).

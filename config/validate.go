@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"os"
 	"reflect"
 	"regexp"
 	"slices"
@@ -525,6 +526,22 @@ func (p *problems) cluster(c *Config) {
 			p.add(fmt.Sprintf("cluster.nats.urls[%d]", i), "must be a nats://, tls://, ws:// or wss:// URL with a host, got %q", redactURL(u))
 		}
 	}
+	n := cl.NATS
+	if kinds := nonEmpty(n.CredsFile, n.NKeySeedFile, n.User); kinds > 1 {
+		p.add("cluster.nats.credsFile", "takes one kind of credentials: credsFile, nkeySeedFile, or user and password")
+	}
+	if (n.User == "") != (n.Password == "") {
+		p.add("cluster.nats.password", "goes with cluster.nats.user: set both or neither")
+	}
+	if (n.TLS.CertFile == "") != (n.TLS.KeyFile == "") {
+		p.add("cluster.nats.tls.keyFile", "goes with cluster.nats.tls.certFile: set both or neither")
+	}
+	if cl.Secret != "" && cl.SecretFile != "" {
+		p.add("cluster.secretFile", "is set together with cluster.secret: set one")
+	}
+	if cl.Secret != "" && len(strings.TrimSpace(cl.Secret)) < MinClusterSecretBytes {
+		p.add("cluster.secret", "must be at least %d bytes (e.g. openssl rand -hex 32)", MinClusterSecretBytes)
+	}
 	if !cl.Enabled {
 		return
 	}
@@ -534,6 +551,48 @@ func (p *problems) cluster(c *Config) {
 	if len(cl.NATS.URLs) == 0 {
 		p.add("cluster.enabled", "needs cluster.nats.urls (the replicas' live events and aborts go through NATS)")
 	}
+	if !n.HasCredentials() && !n.InsecureTrustedNetwork {
+		p.add("cluster.nats", "has no credentials, and cluster.enabled needs them (credsFile, nkeySeedFile, or user and password): "+
+			"without them anyone who can reach NATS can act as a replica. On a private network where every process that can reach NATS is trusted, "+
+			"set cluster.nats.insecureTrustedNetwork: true instead")
+	}
+	if cl.Secret == "" && cl.SecretFile == "" {
+		p.add("cluster.secret", "is required with cluster.enabled (or cluster.secretFile): at least %d bytes, the same on every replica, "+
+			"which sign what they send each other with it", MinClusterSecretBytes)
+	}
+}
+
+// MinClusterSecretBytes is the shortest cluster.secret accepted.
+const MinClusterSecretBytes = 32
+
+// nonEmpty counts the non-empty strings of ss.
+func nonEmpty(ss ...string) int {
+	n := 0
+	for _, s := range ss {
+		if s != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// ClusterSecret is cluster.secret, or the contents of cluster.secretFile
+// without surrounding white space; an error names the file, never the
+// secret, and refuses one shorter than MinClusterSecretBytes.
+func (cl Cluster) ClusterSecret() ([]byte, error) {
+	s := cl.Secret
+	if cl.SecretFile != "" {
+		b, err := os.ReadFile(cl.SecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("cluster.secretFile: %w", err)
+		}
+		s = string(b)
+	}
+	s = strings.TrimSpace(s)
+	if len(s) < MinClusterSecretBytes {
+		return nil, fmt.Errorf("the cluster secret (cluster.secret or cluster.secretFile) has %d bytes, fewer than %d", len(s), MinClusterSecretBytes)
+	}
+	return []byte(s), nil
 }
 
 // telemetry checks telemetry.*. A problem never quotes a header value: it

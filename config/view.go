@@ -155,6 +155,8 @@ func (c *Config) Redacted() Config {
 		}
 	}
 	r.Store.URL = redactURL(c.Store.URL)
+	r.Cluster.Secret = redact(c.Cluster.Secret)
+	r.Cluster.NATS.Password = redact(c.Cluster.NATS.Password)
 	if len(c.Cluster.NATS.URLs) > 0 {
 		r.Cluster.NATS.URLs = make([]string, len(c.Cluster.NATS.URLs))
 		for i, u := range c.Cluster.NATS.URLs {
@@ -170,7 +172,7 @@ func (c *Config) Redacted() Config {
 // redacting them from free text such as a runner's error.
 func (c *Config) Secrets() []string {
 	out := []string{c.Server.Token, c.Server.OperatorToken, c.Agents.OpenAI.APIKey,
-		c.Channels.Telegram.Token, c.Channels.Telegram.WebhookSecret}
+		c.Channels.Telegram.Token, c.Channels.Telegram.WebhookSecret, c.Cluster.Secret, c.Cluster.NATS.Password}
 	for _, v := range c.Agents.Exec.Env {
 		out = append(out, v)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/turnguard/turnguard/cluster/busauth"
 	"github.com/turnguard/turnguard/cluster/lease"
 	"github.com/turnguard/turnguard/cluster/tgupdates"
 	"github.com/turnguard/turnguard/config"
@@ -133,6 +134,11 @@ func (r *clusterRig) start(id string) *replica {
 	src := config.NewSource(c)
 	log := slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", id)
 	rp := &replica{id: id, demo: demo.New(), tr: &memTransport{h: r.api}, nc: r.nats.Connect(t, 0), runDone: make(chan error, 1)}
+	// The update stream signed and verified as a gateway's is (cmd/gateway).
+	key, err := busauth.New([]byte("telegram-cluster-tests-secret-0123456789"), id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": rp.demo}, Log: log})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +148,7 @@ func (r *clusterRig) start(id string) *replica {
 	rp.ch, err = New(eng, src, Options{Log: log, HTTPClient: &http.Client{Transport: rp.tr}, PollTimeout: 2 * time.Second,
 		Cluster: &Cluster{
 			Conn: rp.nc, ReplicaID: id, Leader: leaseLeader{nc: rp.nc, id: id}, PollerTTL: clusterPollerTTL,
-			Updates:  tgupdates.Config{Partitions: 4},
+			Updates:  tgupdates.Config{Partitions: 4, Sign: key.Sign, Verify: key.VerifyStored},
 			Consumer: tgupdates.ConsumerOptions{MemberTTL: 2 * time.Second, PinnedTTL: 2 * time.Second, AckWait: 3 * time.Second, RetryDelay: 200 * time.Millisecond},
 		}})
 	if err != nil {

@@ -44,7 +44,7 @@
 // # Forwarding
 //
 // Forward and ForwardAbort are NATS requests on the target replica's own
-// subjects (tgrpc.<hex of the replica id>.send and .abort — not under the
+// subjects (tgrpc.<hex of the replica id>.send, .abort, .resolve and .stop — not under the
 // events' prefix, whose all-sessions watchers subscribe tg.*.*.*), with
 // JSON bodies, answered by the target's engine through Serve (each
 // request on a goroutine of its own, at most maxServing at once, under
@@ -55,4 +55,17 @@
 // same Go type with the same words; a replica that does not answer (gone,
 // not serving, NATS down, the caller's deadline — default
 // DefaultForwardTimeout) is an error wrapping gateway.ErrClusterUnavailable.
+//
+// # Trust
+//
+// The bus is a trust boundary (issue 19). The node connects with its own
+// NATS credentials (Options.NATS) and an inbox prefix of its own
+// (busauth.InboxPrefix), so with busauth.ReplicaUser's permissions no
+// other client reads its requests or their answers. Every request it
+// forwards is signed with Options.Auth (busauth: HMAC-SHA256 under the
+// cluster secret, fresh within busauth.Window, nonce checked), and Serve
+// hands the engine only requests with a valid signature: the body's
+// Operator, Owner, Requester and By are a replica's word, never a
+// client's. Refused requests are answered as refused, counted (Refused)
+// and logged at most once every refusedLogEvery.
 package node

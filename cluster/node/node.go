@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/turnguard/turnguard/cluster/busauth"
 	"github.com/turnguard/turnguard/cluster/natsbus"
 	"github.com/turnguard/turnguard/cluster/pgcoord"
 	"github.com/turnguard/turnguard/event"
@@ -23,11 +24,19 @@ import (
 // the ends it exported before it calls Options.OnTakeover.
 const takeoverFlush = 2 * time.Second
 
-// Options configure a replica. DatabaseURL, NATSURLs, ReplicaID, Lease and
-// Notice are required.
+// Options configure a replica. DatabaseURL, NATSURLs, ReplicaID, Lease,
+// Notice and Auth are required.
 type Options struct {
-	DatabaseURL    string // store.url (postgres://…); never shown in errors or logs
-	NATSURLs       []string
+	DatabaseURL string // store.url (postgres://…); never shown in errors or logs
+	NATSURLs    []string
+	// NATS is how this replica authenticates to NATS (cluster.nats.*): its
+	// credentials and TLS files. None: the URLs' own, if any.
+	NATS NATSAuth
+	// Auth signs the requests this replica forwards and verifies those it
+	// serves (cluster.secret): a request without a valid signature of a
+	// replica is refused, whatever its body says. Its replica id must be
+	// ReplicaID.
+	Auth           *busauth.Key
 	ReplicaID      string
 	Lease          time.Duration // cluster.leaseSeconds
 	OutboxChannels []string
@@ -56,6 +65,42 @@ type Options struct {
 	StreamReplicas int
 }
 
+// NATSAuth is how a replica authenticates to NATS. At most one of
+// CredsFile (a .creds file: JWT and nkey seed), NKeySeedFile (a file
+// holding an nkey seed) and User/Password; CAFile, CertFile and KeyFile
+// configure TLS (the servers' CA; a client certificate).
+type NATSAuth struct {
+	CredsFile, NKeySeedFile string
+	User, Password          string // the password is a secret
+	CAFile                  string
+	CertFile, KeyFile       string
+}
+
+// options are the nats.Options of a; an error names a file, never a
+// secret.
+func (a NATSAuth) options() ([]nats.Option, error) {
+	var o []nats.Option
+	switch {
+	case a.CredsFile != "":
+		o = append(o, nats.UserCredentials(a.CredsFile))
+	case a.NKeySeedFile != "":
+		opt, err := nats.NkeyOptionFromSeed(a.NKeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("read the NATS nkey seed file %s: %w", a.NKeySeedFile, err)
+		}
+		o = append(o, opt)
+	case a.User != "":
+		o = append(o, nats.UserInfo(a.User, a.Password))
+	}
+	if a.CAFile != "" {
+		o = append(o, nats.RootCAs(a.CAFile))
+	}
+	if a.CertFile != "" || a.KeyFile != "" {
+		o = append(o, nats.ClientCert(a.CertFile, a.KeyFile))
+	}
+	return o, nil
+}
+
 // Handler is the local engine as forwarded requests reach it:
 // *gateway.Engine satisfies it.
 type Handler interface {
@@ -82,9 +127,11 @@ type Node struct {
 	stopBG context.CancelFunc
 	bgCtx  context.Context
 
-	handler   atomic.Pointer[Handler]
-	serveOnce sync.Once
-	serving   serving
+	handler       atomic.Pointer[Handler]
+	serveOnce     sync.Once
+	serving       serving
+	refused       atomic.Uint64 // requests refused for want of a valid signature
+	refusedLogged atomic.Int64  // Unix ns of the last log line about them
 
 	mu       sync.Mutex
 	watchers map[*imported]struct{}
@@ -107,6 +154,12 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		return nil, errors.New("cluster node: no NATS URLs")
 	case opts.Notice == nil:
 		return nil, errors.New("cluster node: no Notice for interrupted turns")
+	case opts.Auth == nil || opts.Auth.Replica() != opts.ReplicaID:
+		return nil, errors.New("cluster node: no signing key of this replica (cluster.secret)")
+	}
+	auth, err := opts.NATS.options()
+	if err != nil {
+		return nil, fmt.Errorf("cluster node %s: %w", opts.ReplicaID, err)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -123,15 +176,17 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	n := &Node{opts: opts, log: opts.Logger.With("replica", opts.ReplicaID),
 		cfg: natsbus.Config{Replicas: opts.StreamReplicas}, watchers: map[*imported]struct{}{},
 		rejoin: make(chan struct{}, 1), quit: make(chan struct{})}
-	var err error
-	n.nc, err = nats.Connect(strings.Join(opts.NATSURLs, ","),
+	n.nc, err = nats.Connect(strings.Join(opts.NATSURLs, ","), append(auth,
 		nats.Name("turnguard "+opts.ReplicaID),
+		// Replies come to this replica's own inbox subjects, which only it
+		// may read (busauth.ReplicaUser).
+		nats.CustomInboxPrefix(busauth.InboxPrefix(opts.ReplicaID)),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			n.log.Warn("cluster: NATS disconnected", "error", err)
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { n.log.Info("cluster: NATS reconnected") }))
+		nats.ReconnectHandler(func(c *nats.Conn) { n.log.Info("cluster: NATS reconnected") }))...)
 	if err != nil {
 		// The URLs may carry credentials: the error names none of them.
 		return nil, fmt.Errorf("cluster node %s: connect to NATS (%d servers): %w", opts.ReplicaID, len(opts.NATSURLs), err)
@@ -242,6 +297,10 @@ func (n *Node) rejoinLoop() {
 // Conn is the replica's NATS connection (the Telegram update stream uses
 // it too). It stays the node's: Close closes it.
 func (n *Node) Conn() *nats.Conn { return n.nc }
+
+// Key is the replica's signing key (Options.Auth): the Telegram update
+// stream signs and verifies with it too.
+func (n *Node) Key() *busauth.Key { return n.opts.Auth }
 
 // Coordinator is the replica's membership in the database, for outbox
 // claims by the out-of-band channels.

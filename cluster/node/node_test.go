@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/turnguard/turnguard/cluster/busauth"
 	"github.com/turnguard/turnguard/cluster/clustertest"
 	"github.com/turnguard/turnguard/cluster/pgcoord"
 	"github.com/turnguard/turnguard/event"
@@ -39,12 +40,33 @@ func testContext(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
+// testSecret is the tests' cluster secret.
+var testSecret = []byte("node-tests-cluster-secret-of-32-bytes-at-least")
+
+// key is replica id's signing key under testSecret.
+func key(t testing.TB, id string) *busauth.Key {
+	t.Helper()
+	k, err := busauth.New(testSecret, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// replicaUser is replica id's NATS user on a natstest.StartAuth cluster.
+func replicaUser(id string) busauth.User { return busauth.ReplicaUser(id, "pw-of-"+id) }
+
 // start makes replica id on the database url and the NATS cluster c; it
-// closes at the test's end.
+// closes at the test's end. On a cluster that authenticates, it connects
+// as replicaUser(id).
 func start(t testing.TB, dbURL string, c *natstest.Cluster, id string, edit ...func(*Options)) *Node {
 	t.Helper()
-	o := Options{DatabaseURL: dbURL, NATSURLs: c.URLs(), ReplicaID: id,
+	o := Options{DatabaseURL: dbURL, NATSURLs: c.URLs(), ReplicaID: id, Auth: key(t, id),
 		Lease: 3 * time.Second, Notice: notice, Logger: quiet, OutboxChannels: []string{"telegram"}}
+	if c.Admin().Name != "" {
+		u := replicaUser(id)
+		o.NATS = NATSAuth{User: u.Name, Password: u.Password}
+	}
 	for _, e := range edit {
 		e(&o)
 	}
@@ -74,8 +96,15 @@ func kill(n *Node) {
 
 // conformance runs the suite with both replicas on the NATS cluster of
 // size nodes.
+//
+// The replicas connect as their own users, with busauth.ReplicaUser's
+// rights and no more: what a replica does fits them.
 func conformance(t *testing.T, nodes int) {
-	c := natstest.Start(t, nodes)
+	var users []busauth.User
+	for i := 1; i <= 64; i++ {
+		users = append(users, replicaUser(fmt.Sprintf("a%d.example.org", i)), replicaUser(fmt.Sprintf("b%d", i)))
+	}
+	c := natstest.StartAuth(t, nodes, users)
 	var pairs atomic.Int64
 	clustertest.Run(t, func(t *testing.T) clustertest.Pair {
 		dbURL := pgtest.New(t)
@@ -142,7 +171,7 @@ func TestStartErrorHidesThePassword(t *testing.T) {
 	const wrong = "not-the-password-7f3a"
 	u.User = url.UserPassword(u.User.Username(), wrong)
 	_, err = Start(testContext(t, 30*time.Second), Options{DatabaseURL: u.String(), NATSURLs: c.URLs(), ReplicaID: "a",
-		Lease: time.Second, Notice: notice, Logger: quiet})
+		Auth: key(t, "a"), Lease: time.Second, Notice: notice, Logger: quiet})
 	if err == nil {
 		t.Fatal("Start with a wrong password succeeded")
 	}

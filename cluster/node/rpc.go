@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/turnguard/turnguard/cluster/busauth"
 	"github.com/turnguard/turnguard/gateway"
 )
 
@@ -27,10 +27,14 @@ const maxServing = 1024
 // found no responder is sent again (10 ms, doubling: about 310 ms in all).
 const noResponderPatience = 160 * time.Millisecond
 
-// rpcSubject is replica's subject for op ("send", "abort"). The id is hex
-// encoded: a host name's dots would otherwise be subject tokens.
+// refusedLogEvery is the least time between two log lines about refused
+// (unsigned or forged) requests; the count in between is in the next.
+const refusedLogEvery = 10 * time.Second
+
+// rpcSubject is replica's subject for op ("send", "abort", "resolve",
+// "stop"): busauth.RPCPrefix, which only replica may subscribe to.
 func rpcSubject(replica, op string) string {
-	return "tgrpc." + hex.EncodeToString([]byte(replica)) + "." + op
+	return busauth.RPCPrefix(replica) + "." + op
 }
 
 // sendBody is a forwarded gateway.SendRequest.
@@ -95,7 +99,16 @@ func (n *Node) Serve(h Handler) {
 
 // serve answers m with f on a goroutine of its own (at most maxServing at
 // once), under the caller's budget.
+//
+// A request without a valid, fresh signature of a replica (Options.Auth)
+// is not handled: its body — the operator flag, the owner, the requester —
+// is nobody's word. It is answered as refused, counted (Refused) and
+// logged at most once every refusedLogEvery.
 func (n *Node) serve(m *nats.Msg, f func(context.Context, Handler, []byte) answer) {
+	if _, err := n.opts.Auth.Verify(m.Subject, m.Header, m.Data, true); err != nil {
+		n.refuse(m, err)
+		return
+	}
 	ctx, done, ok := n.serving.begin()
 	if !ok {
 		return
@@ -113,6 +126,29 @@ func (n *Node) serve(m *nats.Msg, f func(context.Context, Handler, []byte) answe
 		}
 	}()
 }
+
+// refuse answers m as refused, counts it, and logs it unless it logged
+// one within refusedLogEvery.
+func (n *Node) refuse(m *nats.Msg, err error) {
+	total := n.refused.Add(1)
+	now := time.Now().UnixNano()
+	if last := n.refusedLogged.Load(); now-last >= int64(refusedLogEvery) && n.refusedLogged.CompareAndSwap(last, now) {
+		n.log.Warn("cluster: refused a forwarded request not signed by a replica (someone else can reach NATS)",
+			"subject", m.Subject, "error", err, "refused_total", total)
+	}
+	if m.Reply == "" {
+		return
+	}
+	// Unavailable to the caller: a genuine replica refused here (its clock
+	// off by more than busauth.Window, another secret) tells its user the
+	// cluster cannot take the request now, not a Go error.
+	data, _ := json.Marshal(answer{Err: encodeError(fmt.Errorf("refused: %w: %w", err, gateway.ErrClusterUnavailable))})
+	_ = m.Respond(data)
+}
+
+// Refused is how many forwarded requests this replica refused for want of
+// a valid signature.
+func (n *Node) Refused() uint64 { return n.refused.Load() }
 
 // budget is ctx bounded by the caller's budget (none: the default).
 func budget(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
@@ -264,7 +300,12 @@ func (n *Node) request(ctx context.Context, replica, op string, body func(time.D
 		return fmt.Errorf("encode the request: %w", err)
 	}
 	subject := rpcSubject(replica, op)
-	m, err := n.nc.RequestWithContext(ctx, subject, data)
+	send := func() (*nats.Msg, error) {
+		req := &nats.Msg{Subject: subject, Data: data}
+		n.opts.Auth.Sign(req) // a new nonce each time: the receiver refuses a replay
+		return n.nc.RequestMsgWithContext(ctx, req)
+	}
+	m, err := send()
 	// A replica that has just started serving may not be known yet on
 	// every NATS node (interest crosses the cluster's routes
 	// asynchronously): ask again for a moment before calling it gone.
@@ -272,7 +313,7 @@ func (n *Node) request(ctx context.Context, replica, op string, body func(time.D
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
-			m, err = n.nc.RequestWithContext(ctx, subject, data)
+			m, err = send()
 		}
 		if ctx.Err() != nil {
 			break

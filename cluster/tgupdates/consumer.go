@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -126,7 +127,14 @@ type Consumer struct {
 	mu    sync.Mutex
 	owned []int
 	done  chan struct{}
+
+	refused         atomic.Uint64 // updates Config.Verify refused
+	refusedReported atomic.Int64  // Unix ns of the last report of one
 }
+
+// Refused is how many updates this replica refused for want of a valid
+// signature (Config.Verify).
+func (c *Consumer) Refused() uint64 { return c.refused.Load() }
 
 // Consume ensures the stream, one durable consumer per partition and the
 // membership bucket (<Stream>_members), and starts this replica's
@@ -394,6 +402,18 @@ func (c *Consumer) handle(ctx context.Context, p int, msg jetstream.Msg) {
 		c.report(fmt.Errorf("tgupdates: partition %d, stream sequence %d: %w", p, meta.Sequence.Stream, errBadHeaders))
 		_ = msg.Term()
 		return
+	}
+	if c.cfg.Verify != nil {
+		if err := c.cfg.Verify(msg.Subject(), msg.Headers(), msg.Data(), boundHeaders...); err != nil {
+			total := c.refused.Add(1)
+			now := time.Now().UnixNano()
+			if last := c.refusedReported.Load(); now-last >= int64(RefusedReportEvery) && c.refusedReported.CompareAndSwap(last, now) {
+				c.report(fmt.Errorf("tgupdates: partition %d: refused update %d (chat %d), not written by a replica (%d refused so far): %w",
+					p, u.ID, u.ChatID, total, err))
+			}
+			_ = msg.Term()
+			return
+		}
 	}
 	hctx := context.WithoutCancel(ctx) // the update in hand is finished (see Handler)
 	beat := make(chan struct{})

@@ -70,7 +70,25 @@ type Config struct {
 	// fails (the stream discards new messages, never old ones), so the
 	// poller stops advancing. Default 1,000,000.
 	MaxMsgs int64
+	// Sign, if set, signs each update PublishUpdate stores, binding the
+	// headers it is given (the update and chat ids); Verify, if set,
+	// checks it on consume: an update it refuses is never handled — it is
+	// terminated, counted (Consumer.Refused) and reported to OnError at
+	// most once every RefusedReportEvery. A cluster sets both (its
+	// replicas' shared key): then only a replica — the poller or a webhook
+	// handler — can put an update in front of the consumers, whoever else
+	// can publish to the subjects.
+	Sign   func(m *nats.Msg, bound ...string)
+	Verify func(subject string, h nats.Header, data []byte, bound ...string) error
 }
+
+// RefusedReportEvery is the least time between two reports of refused
+// (unsigned or forged) updates.
+const RefusedReportEvery = 10 * time.Second
+
+// boundHeaders are the headers an update's signature covers besides its
+// subject and body.
+var boundHeaders = []string{HeaderUpdateID, HeaderChatID}
 
 func (c Config) withDefaults() Config {
 	if c.Stream == "" {
@@ -199,6 +217,9 @@ func (l *Log) PublishUpdate(ctx context.Context, updateID, chatID int64, raw []b
 	m := &nats.Msg{Subject: l.cfg.subject(l.cfg.Partition(chatID)), Data: raw, Header: nats.Header{}}
 	m.Header.Set(HeaderUpdateID, id)
 	m.Header.Set(HeaderChatID, strconv.FormatInt(chatID, 10))
+	if l.cfg.Sign != nil {
+		l.cfg.Sign(m, boundHeaders...)
+	}
 	ack, err := l.js.PublishMsg(ctx, m, jetstream.WithMsgID(id), jetstream.WithExpectStream(l.cfg.Stream))
 	if err == nil && ack.Stream != l.cfg.Stream {
 		err = fmt.Errorf("acknowledged by stream %q", ack.Stream)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/turnguard/turnguard/cluster/busauth"
 	"github.com/turnguard/turnguard/cluster/node"
 	"github.com/turnguard/turnguard/cluster/pgcoord"
 	"github.com/turnguard/turnguard/config"
@@ -40,10 +41,29 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 		return nil
 	}
 	msgs := cfg.MessageSet()
+	id := replicaID(cfg)
+	secret, err := cfg.Cluster.ClusterSecret()
+	if err != nil {
+		return fmt.Errorf("cluster (cluster.enabled): %w", err)
+	}
+	key, err := busauth.New(secret, id)
+	if err != nil {
+		return fmt.Errorf("cluster (cluster.enabled): %w", err)
+	}
+	nc := cfg.Cluster.NATS
+	if !nc.HasCredentials() {
+		// Validation let it through: insecureTrustedNetwork said so.
+		a.log.Warn("cluster: NATS without credentials (cluster.nats.insecureTrustedNetwork: true): every process that can reach NATS " +
+			"can connect, read every chat's events and publish where the replicas do; only the cluster secret stands between it and " +
+			"acting as a replica. Run NATS with credentials unless this network is private and every process on it trusted")
+	}
 	n, err := node.Start(ctx, node.Options{
-		DatabaseURL:    cfg.Store.URL,
-		NATSURLs:       cfg.Cluster.NATS.URLs,
-		ReplicaID:      replicaID(cfg),
+		DatabaseURL: cfg.Store.URL,
+		NATSURLs:    nc.URLs,
+		NATS: node.NATSAuth{CredsFile: nc.CredsFile, NKeySeedFile: nc.NKeySeedFile, User: nc.User, Password: nc.Password,
+			CAFile: nc.TLS.CAFile, CertFile: nc.TLS.CertFile, KeyFile: nc.TLS.KeyFile},
+		Auth:           key,
+		ReplicaID:      id,
 		Lease:          time.Duration(cfg.Cluster.LeaseSeconds * float64(time.Second)),
 		OutboxChannels: outboxChannels(cfg),
 		OnOutbox:       a.outboxWritten,

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/turnguard/turnguard/channels/telegram"
+	"github.com/turnguard/turnguard/cluster/busauth"
 	"github.com/turnguard/turnguard/cluster/pgcoord"
 	"github.com/turnguard/turnguard/cluster/tgupdates"
 	"github.com/turnguard/turnguard/config"
@@ -39,6 +40,9 @@ type tgCluster interface {
 	// replica to the update consumers. It changes when a fenced replica
 	// joins again (a new epoch).
 	Coordinator() *pgcoord.Replica
+	// Key signs the updates this replica stores and verifies those it
+	// consumes (cluster.secret).
+	Key() *busauth.Key
 }
 
 // coordClaims claims outbox rows through the replica's current
@@ -122,7 +126,7 @@ func telegramCluster(cfg *config.Config, cl tgCluster) *telegram.Cluster {
 		Leader:    cl,
 		PollerTTL: ttl,
 		Claims:    coordClaims{cl},
-		Updates:   tgupdates.Config{Replicas: replicas},
+		Updates:   tgupdates.Config{Replicas: replicas, Sign: cl.Key().Sign, Verify: cl.Key().VerifyStored},
 		Consumer:  tgupdates.ConsumerOptions{MemberTTL: max(ttl, 2*time.Second), PinnedTTL: max(ttl, 2*time.Second)},
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/turnguard/turnguard/cluster/busauth"
 	"github.com/turnguard/turnguard/cluster/node"
 	"github.com/turnguard/turnguard/cluster/pgcoord"
 	"github.com/turnguard/turnguard/config"
@@ -23,7 +24,10 @@ var _ tgCluster = (*node.Node)(nil)
 // fakeNode is the part of cluster/node's Node the Telegram channel uses.
 type fakeNode struct {
 	coord *atomic.Pointer[pgcoord.Replica]
+	key   *busauth.Key
 }
+
+func (n fakeNode) Key() *busauth.Key { return n.key }
 
 func (fakeNode) Conn() *nats.Conn { return nil }
 func (fakeNode) Lead(context.Context, string, time.Duration, func(context.Context)) error {
@@ -50,7 +54,11 @@ func TestTelegramClusterOptions(t *testing.T) {
 		t.Cleanup(func() { _ = coord.Leave(context.Background()) })
 		return coord
 	}
-	n := fakeNode{coord: new(atomic.Pointer[pgcoord.Replica])}
+	key, err := busauth.New([]byte("gateway-test-cluster-secret-0123456789"), "host-a.example-42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := fakeNode{coord: new(atomic.Pointer[pgcoord.Replica]), key: key}
 	n.coord.Store(join())
 	for _, tc := range []struct {
 		urls     []string
@@ -69,6 +77,9 @@ func TestTelegramClusterOptions(t *testing.T) {
 		}
 		if cl.PollerTTL != tc.ttl || cl.Updates.Replicas != tc.replicas {
 			t.Errorf("%d URLs, leaseSeconds %v: poller TTL %v, stream copies %d; want %v, %d", len(tc.urls), tc.lease, cl.PollerTTL, cl.Updates.Replicas, tc.ttl, tc.replicas)
+		}
+		if cl.Updates.Sign == nil || cl.Updates.Verify == nil {
+			t.Error("the update stream is neither signed nor verified: anyone who can publish there forges updates")
 		}
 		if cl.Consumer.MemberTTL < 2*time.Second || cl.Consumer.PinnedTTL < 2*time.Second {
 			t.Errorf("consumer TTLs %v / %v below the consumer's 2 s floor", cl.Consumer.MemberTTL, cl.Consumer.PinnedTTL)

@@ -3,7 +3,9 @@
 // processes in a JetStream cluster (internal/natstest), one PostgreSQL
 // (internal/pgtest, a fresh database per rig), N built gateway processes,
 // each with its own YAML configuration (cluster.enabled, replicaID r1…rN, the
-// lease, a runner chosen per test), and optionally one fake Telegram Bot API
+// lease, a runner chosen per test; NATS authenticated as docs/scaling.md
+// sets it up: each replica its own NATS user with busauth.ReplicaUser's
+// permissions, and the cluster secret), and optionally one fake Telegram Bot API
 // (internal/fakebot) shared by every replica.
 //
 // The gateway binary is $TURNGUARD_GATEWAY_BIN when set (make cluster-e2e
@@ -39,6 +41,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/turnguard/turnguard/cluster/busauth"
 	"github.com/turnguard/turnguard/internal/fakebot"
 	"github.com/turnguard/turnguard/internal/natstest"
 	"github.com/turnguard/turnguard/internal/pgtest"
@@ -100,14 +103,20 @@ func Start(t tb.TB, o Options) *Cluster {
 	}
 	bin := Binary(t)
 	c := &Cluster{t: t, opts: o}
-	c.nats = natstest.Start(t, 3)
+	// NATS as docs/scaling.md runs it: each replica its own user, with
+	// only its own subjects (busauth.ReplicaUser).
+	users := make([]busauth.User, o.Replicas)
+	for i := range users {
+		users[i] = busauth.ReplicaUser(replicaName(i), natsPassword(i))
+	}
+	c.nats = natstest.StartAuth(t, 3, users)
 	c.db = pgtest.New(t)
 	if o.Telegram {
 		c.bot = fakebot.New(t)
 	}
 	ports := natstest.FreePorts(t, o.Replicas)
 	for i := range o.Replicas {
-		g := &Gateway{t: t, c: c, i: i, ID: "r" + strconv.Itoa(i+1), bin: bin, dir: t.TempDir(),
+		g := &Gateway{t: t, c: c, i: i, ID: replicaName(i), bin: bin, dir: t.TempDir(),
 			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i]))}
 		g.writeConfig()
 		c.gws = append(c.gws, g)
@@ -120,6 +129,15 @@ func Start(t tb.TB, o Options) *Cluster {
 	}
 	return c
 }
+
+// replicaName is replica i's cluster.replicaID (0-based): r1, r2, …
+func replicaName(i int) string { return "r" + strconv.Itoa(i+1) }
+
+// natsPassword is replica i's NATS password.
+func natsPassword(i int) string { return "clusterrig-nats-" + replicaName(i) }
+
+// Secret is the rig's cluster.secret.
+const Secret = "clusterrig-cluster-secret-0123456789abcdef"
 
 // Gateway returns replica i (0-based).
 func (c *Cluster) Gateway(i int) *Gateway { return c.gws[i] }
@@ -219,6 +237,9 @@ func (g *Gateway) baseConfig() map[string]any {
 	Set(cfg, "cluster.replicaID", g.ID)
 	Set(cfg, "cluster.leaseSeconds", c.opts.Lease.Seconds())
 	Set(cfg, "cluster.nats.urls", c.nats.URLs())
+	Set(cfg, "cluster.nats.user", g.ID)
+	Set(cfg, "cluster.nats.password", natsPassword(g.i))
+	Set(cfg, "cluster.secret", Secret)
 	if c.bot != nil {
 		Set(cfg, "channels.telegram.enabled", true)
 		Set(cfg, "channels.telegram.token", fakebot.Token)

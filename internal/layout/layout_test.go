@@ -57,6 +57,7 @@ func TestImportsRunOneWay(t *testing.T) {
 		{"ops/...", []string{"channels", "cmd"}, "the operator side does not reach into channels"},
 		{"cluster/natsbus/...", []string{"gateway", "channels", "ops", "cmd", "runner", "store", "config", "messages"}, "the cluster transport carries events between replicas: it imports only the vocabulary"},
 		{"cluster/lease/...", []string{""}, "a leader lease is a mechanism: it imports nothing of turnguard's"},
+		{"cluster/busauth/...", []string{""}, "the bus's signatures and permissions are a mechanism: they import nothing of turnguard's"},
 		{"cluster/tgupdates/...", []string{""}, "Telegram updates cross replicas as bytes: the channel decodes them; it imports nothing of turnguard's"},
 		{"cluster/node/...", []string{"channels", "ops", "cmd"}, "the cluster's production seam implements the engine's interface below the channels and the operator side"},
 		{"cluster/inproc/...", []string{"channels", "ops", "cmd", "store", "cluster"}, "the in-process cluster is the seam's test double: the gateway's types and the vocabulary only"},
@@ -82,7 +83,7 @@ func TestImportsRunOneWay(t *testing.T) {
 // the store's types and the cluster mechanisms.
 func TestClusterSeamImportsFew(t *testing.T) {
 	for pattern, allowed := range map[string][]string{
-		"cluster/node":        {"gateway", "event", "store", "cluster/pgcoord", "cluster/natsbus", "cluster/lease"},
+		"cluster/node":        {"gateway", "event", "store", "cluster/pgcoord", "cluster/natsbus", "cluster/lease", "cluster/busauth"},
 		"cluster/inproc":      {"gateway", "event"},
 		"cluster/clustertest": {"gateway", "event", "internal/faketime", "internal/testwait"},
 	} {

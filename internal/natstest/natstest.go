@@ -2,7 +2,10 @@
 // cluster of one or three nodes on loopback, each node a child process with
 // its own free ports and store directory, that a test can kill, stop and
 // restart. Nothing is mocked: the binary is the nats-server the project pins
-// in tools/nats-server.
+// in tools/nats-server. Start runs the servers open; StartAuth runs them
+// with an authorization block (users and their subject permissions, as
+// cluster/busauth renders it for docs/scaling.md), so tests run the
+// cluster as it is deployed and attack it as an outsider would.
 //
 // The binary is $TURNGUARD_NATS_SERVER when set (make test builds
 // bin/nats-server and sets it); otherwise it is built once per test binary
@@ -31,6 +34,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/turnguard/turnguard/cluster/busauth"
 	"github.com/turnguard/turnguard/internal/tb"
 	"github.com/turnguard/turnguard/internal/testlog"
 	"github.com/turnguard/turnguard/internal/testproc"
@@ -51,6 +55,10 @@ type Cluster struct {
 	t    tb.TB
 	bin  string
 	name string
+	conf string // the authorization's configuration file; "" without
+	// admin is natstest's own user (every right) when the servers
+	// authenticate: its probes and Connect use it.
+	admin busauth.User
 
 	mu    sync.Mutex
 	nodes []*node
@@ -72,10 +80,38 @@ type node struct {
 // ReadyTimeout.
 func Start(t tb.TB, n int) *Cluster {
 	t.Helper()
+	return start(t, n, nil)
+}
+
+// StartAuth is Start with servers that admit only users (rendered by
+// busauth.Authorization, with their permissions) and natstest's own
+// user, which has every right: Connect uses it unless the caller's
+// options name another (nats.UserInfo), and Admin returns it.
+func StartAuth(t tb.TB, n int, users []busauth.User) *Cluster {
+	t.Helper()
+	if users == nil {
+		users = []busauth.User{}
+	}
+	return start(t, n, users)
+}
+
+// Admin is natstest's own user under StartAuth (every right); the zero
+// User under Start.
+func (c *Cluster) Admin() busauth.User { return c.admin }
+
+func start(t tb.TB, n int, users []busauth.User) *Cluster {
+	t.Helper()
 	if n != 1 && n != 3 {
 		t.Fatalf("natstest.Start: %d nodes; want 1 or 3", n)
 	}
 	c := &Cluster{t: t, bin: Binary(t), name: "tg" + strconv.Itoa(os.Getpid())}
+	if users != nil {
+		c.admin = busauth.User{Name: "natstest", Password: "natstest-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+		c.conf = filepath.Join(t.TempDir(), "auth.conf")
+		if err := os.WriteFile(c.conf, []byte(busauth.Authorization(append([]busauth.User{c.admin}, users...))), 0o600); err != nil {
+			t.Fatalf("natstest: write the authorization: %v", err)
+		}
+	}
 	ports := FreePorts(t, 2*n)
 	for i := range n {
 		c.nodes = append(c.nodes, &node{
@@ -120,13 +156,22 @@ func (c *Cluster) Connect(t tb.TB, i int, opts ...nats.Option) *nats.Conn {
 		}
 	}
 	opts = append([]nats.Option{nats.DontRandomize(), nats.MaxReconnects(-1),
-		nats.ReconnectWait(50 * time.Millisecond), nats.ReconnectJitter(0, 0), nats.Timeout(time.Second)}, opts...)
+		nats.ReconnectWait(50 * time.Millisecond), nats.ReconnectJitter(0, 0), nats.Timeout(time.Second), c.adminAuth()}, opts...)
 	nc, err := nats.Connect(strings.Join(urls, ","), opts...)
 	if err != nil {
 		t.Fatalf("natstest: connect to node %d: %v", i, err)
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// adminAuth is the option that connects as natstest's own user (none
+// without authorization).
+func (c *Cluster) adminAuth() nats.Option {
+	if c.conf == "" {
+		return func(*nats.Options) error { return nil }
+	}
+	return nats.UserInfo(c.admin.Name, c.admin.Password)
 }
 
 // Size is the number of nodes.
@@ -174,7 +219,7 @@ func (c *Cluster) waitPlacement() {
 	c.t.Helper()
 	const name = "NATSTEST_PLACEMENT_PROBE"
 	err := poll(func(ctx context.Context) error {
-		return withJetStream(ctx, c.URL(0), func(ctx context.Context, js jetstream.JetStream) error {
+		return c.withJetStream(ctx, c.URL(0), func(ctx context.Context, js jetstream.JetStream) error {
 			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"natstest.placement.probe"},
 				Storage: jetstream.MemoryStorage, Replicas: len(c.nodes)}); err != nil {
 				return err
@@ -216,6 +261,9 @@ func (c *Cluster) start(i int) {
 		"--port", strconv.Itoa(nd.clientPort),
 		"--jetstream",
 		"--store_dir", nd.dir,
+	}
+	if c.conf != "" {
+		args = append(args, "--config", c.conf)
 	}
 	if len(c.nodes) > 1 {
 		var routes []string
@@ -263,7 +311,7 @@ func (c *Cluster) signal(i int, sig syscall.Signal) {
 func (c *Cluster) waitNode(i int) {
 	c.t.Helper()
 	err := poll(func(ctx context.Context) error {
-		return withJetStream(ctx, c.URL(i), func(ctx context.Context, js jetstream.JetStream) error {
+		return c.withJetStream(ctx, c.URL(i), func(ctx context.Context, js jetstream.JetStream) error {
 			_, err := js.AccountInfo(ctx)
 			return err
 		})
@@ -293,8 +341,8 @@ func poll(try func(ctx context.Context) error) error {
 
 // withJetStream connects to url (no reconnects) and calls fn with a
 // JetStream handle and a context of at most two seconds.
-func withJetStream(ctx context.Context, url string, fn func(ctx context.Context, js jetstream.JetStream) error) error {
-	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.NoReconnect())
+func (c *Cluster) withJetStream(ctx context.Context, url string, fn func(ctx context.Context, js jetstream.JetStream) error) error {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.NoReconnect(), c.adminAuth())
 	if err != nil {
 		return err
 	}
