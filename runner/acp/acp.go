@@ -11,10 +11,12 @@
 // Process: started on the first turn (and again after it died or was
 // stopped) with the gateway's environment less its GATEWAY_* variables,
 // then agents.acp.env, in agents.acp.workdir; initialize (protocol version
-// 1, fs read and write, no terminals) must be answered within
-// agents.acp.startTimeoutSeconds. Its stderr goes to the log (the first
-// lines, secrets of agents.acp.env redacted), never to the user. On Linux it
-// runs under the shim of runner/exec, so it dies with the gateway.
+// 1, clientInfo turnguard and the gateway's version, fs read and write, no
+// terminals) must be answered within agents.acp.startTimeoutSeconds; an
+// agent that refuses it never started, and the user is told so. Its stderr
+// goes to the log (the first lines, secrets of agents.acp.env redacted),
+// never to the user. On Linux it runs under the shim of runner/exec, so it
+// dies with the gateway.
 //
 // Sessions: one ACP session per conversation (Turn.SessionID): session/new
 // (cwd = workdir, no MCP servers) on the conversation's first turn, reused
@@ -73,6 +75,7 @@ type Runner struct {
 	env          []string // agents.acp.env as KEY=value, sorted
 	dir          string
 	name         string // the command's base name: the "llm" step's name until the agent names itself
+	version      string // the gateway's version: initialize's clientInfo.version
 	idle         time.Duration
 	startTimeout time.Duration
 	cancelWait   time.Duration
@@ -101,6 +104,16 @@ type Option func(*Runner)
 // run tags (see runner/exec.Tag).
 func WithInstance(id string) Option { return func(r *Runner) { r.inst = id } }
 
+// WithVersion sets the gateway's version, which initialize sends to the
+// agent as clientInfo.version (ACP requires one; default "unknown").
+func WithVersion(v string) Option {
+	return func(r *Runner) {
+		if v != "" {
+			r.version = v
+		}
+	}
+}
+
 // New validates cfg and returns a runner; no process starts before the
 // first turn. abortGrace is the turn's abort grace (≤ 0: the default): an
 // aborted turn's agent has half of it to answer session/cancel. log
@@ -118,6 +131,7 @@ func New(cfg config.ACP, abortGrace time.Duration, log *slog.Logger, opts ...Opt
 		args: slices.Clone(cfg.Args), log: log, cancelWait: abortGrace / 2,
 		idle:         seconds(cfg.IdleSeconds, 1800),
 		startTimeout: seconds(cfg.StartTimeoutSeconds, 60),
+		version:      "unknown",
 		running:      map[*agent]int{}, retiring: map[*agent]bool{},
 	}
 	r.tab = newTable(r.idle)
@@ -228,7 +242,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 			if ag.isDead() {
 				return runner.Result{}, &runner.UserError{Message: ag.death}
 			}
-			return runner.Result{}, startFailure(err)
+			return runner.Result{}, startFailure("session/new", err)
 		}
 		r.mu.Lock()
 		s.id = res.SessionID
@@ -440,7 +454,7 @@ func (r *Runner) initialize(ag *agent) {
 			"fs":       map[string]bool{"readTextFile": true, "writeTextFile": true},
 			"terminal": false,
 		},
-		"clientInfo": map[string]string{"name": "turnguard", "title": "turnguard"},
+		"clientInfo": map[string]string{"name": "turnguard", "title": "turnguard", "version": r.version},
 	}
 	err := ag.call(context.Background(), r.startTimeout, "initialize", params, &res)
 	if err == nil && res.ProtocolVersion != ProtocolVersion {
@@ -451,7 +465,7 @@ func (r *Runner) initialize(ag *agent) {
 	}
 	if err != nil {
 		ag.log.Error("acp: initialize failed; stopping the agent", "err", err)
-		ag.startErr = startFailure(err)
+		ag.startErr = startFailure("initialize", err)
 		ag.kill("The agent was stopped.")
 		return
 	}

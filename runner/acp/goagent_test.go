@@ -1,0 +1,118 @@
+package acp_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/runner"
+)
+
+// The Go test agent (testdata/goagent) is built on another ACP
+// implementation than the Node agent: the Go SDK, a module of its own that
+// the first test needing it builds once (`go build`, which fetches the SDK
+// through the module proxy when it is not in the module cache).
+var goAgentBuild struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+	out  []byte
+}
+
+// goAgent returns the path of the built Go test agent, or skips (fails
+// under RequireEnv) when it cannot be built.
+func goAgent(t *testing.T) string {
+	t.Helper()
+	b := &goAgentBuild
+	b.once.Do(func() {
+		gobin, err := exec.LookPath("go")
+		if err != nil {
+			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		if b.dir, b.err = os.MkdirTemp("", "acp-goagent-"); b.err != nil {
+			return
+		}
+		b.path = filepath.Join(b.dir, "goagent")
+		cmd := exec.Command(gobin, "build", "-o", b.path, ".")
+		cmd.Dir = filepath.Join("testdata", "goagent")
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+		b.out, b.err = cmd.CombinedOutput()
+	})
+	if b.err != nil {
+		if os.Getenv(RequireEnv) == "1" {
+			t.Fatalf("the Go test agent is required (%s=1) but did not build: %v\n%s", RequireEnv, b.err, b.out)
+		}
+		t.Skipf("the Go test agent did not build: %v\n%s", b.err, b.out)
+	}
+	return b.path
+}
+
+func removeGoAgent() {
+	if goAgentBuild.dir != "" {
+		_ = os.RemoveAll(goAgentBuild.dir)
+	}
+}
+
+// goRunner returns a runner of the Go test agent (env: its environment).
+func goRunner(t *testing.T, env map[string]string) (*logBuffer, runner.Runner) {
+	t.Helper()
+	cfg := config.ACP{Command: goAgent(t), Workdir: t.TempDir(), Env: env, IdleSeconds: 60, StartTimeoutSeconds: 20}
+	r, logs, _ := build(t, cfg, grace)
+	return logs, r
+}
+
+// answerWith answers every question with the option of kind, recording
+// the questions.
+func answerWith(kind runner.OptionKind) *approver {
+	return &approver{answer: func(q runner.Question) (runner.Answer, error) {
+		for _, o := range q.Options {
+			if o.Kind == kind {
+				return runner.Answer{Outcome: runner.Selected, OptionID: o.ID, Kind: o.Kind, By: "tester"}, nil
+			}
+		}
+		return runner.Answer{Outcome: runner.TimedOut}, nil
+	}}
+}
+
+// TestGoSDKAgent: an agent on the Go SDK that, like OpenCode, refuses an
+// initialize whose clientInfo is not a valid ACP Implementation (name and
+// version required) runs turns — a tool call asking permission included —
+// and every message the runner sent it is valid ACP v1.
+func TestGoSDKAgent(t *testing.T) {
+	valid := acpSchema(t)
+	_, r, _, wire := recorded(t, goAgent(t), nil, nil)
+	c := &conv{key: "k", id: "c"}
+	if got := mustSay(t, r, c.turn("hello")); got != "echo: hello" {
+		t.Errorf("reply %q", got)
+	}
+	turn := c.turn("run ls -la")
+	turn.Approver = answerWith(runner.AllowOnce)
+	if got := mustSay(t, r, turn); got != "ran ls -la" {
+		t.Errorf("reply %q", got)
+	}
+	seen := checkWire(t, valid, wire)
+	if seen["initialize"] != 1 || seen["session/request_permission result"] != 1 {
+		t.Errorf("messages sent: %v", seen)
+	}
+}
+
+// TestAgentRefusesInitialize: an agent that refuses initialize never
+// started, and the person reads that — not that a session was refused.
+func TestAgentRefusesInitialize(t *testing.T) {
+	logs, r := goRunner(t, map[string]string{"GOAGENT_REFUSE_INIT": "1"})
+	_, err := say(t, r, (&conv{key: "k", id: "c"}).turn("hello"))
+	want := messages.AgentStartFailed("Invalid params")
+	if got := userError(t, err); got != want {
+		t.Errorf("user sees %q, want %q", got, want)
+	}
+	if !strings.Contains(logs.String(), "acp: initialize failed") {
+		t.Errorf("log lacks the failed initialize:\n%s", cutLog(logs.String()))
+	}
+}
