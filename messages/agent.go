@@ -2,6 +2,10 @@ package messages
 
 // The texts of the agent runner (runner/acp) that a user reads.
 
+// AgentNoReply is the reply of an agent turn that ended normally without
+// any text — after the person denied a tool, say, an agent may just stop.
+const AgentNoReply = "The agent finished without a reply."
+
 // AgentStartFailed is what a user reads when the agent process refused
 // initialize, the very first request: it never started. why is the agent's
 // own one-line error message ("Invalid params").

@@ -26,7 +26,8 @@
 // is stopped after that long too.
 //
 // A turn is one session/prompt with the user's message. Its reply is the
-// text of the agent_message_chunk updates. Steps: see turnState. The prompt's
+// text of the agent_message_chunk updates (messages.AgentNoReply when a
+// turn that ended normally had none). Steps: see turnState. The prompt's
 // stopReason end_turn ends the turn normally; max_tokens,
 // max_turn_requests, refusal and an unasked cancelled end it with a
 // *runner.UserError in plain words (the text so far is kept in the Result).
@@ -59,6 +60,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 	execrunner "github.com/turnguard/turnguard/runner/exec"
 	"github.com/turnguard/turnguard/timeout"
@@ -365,6 +367,12 @@ func (r *Runner) finish(ctx context.Context, ag *agent, resp response, text stri
 	if msg := stopMessage(out.StopReason); msg != "" {
 		log.Info("acp: turn ended early", "stop_reason", cut(out.StopReason, 50))
 		return res, &runner.UserError{Message: msg}
+	}
+	if strings.TrimSpace(text) == "" {
+		// An agent may just stop, say after the person denied its tool: the
+		// person reads a sentence, not an empty reply.
+		log.Info("acp: turn ended without any text")
+		res.Text = messages.AgentNoReply
 	}
 	return res, nil
 }

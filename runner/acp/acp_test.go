@@ -73,19 +73,7 @@ func TestUpdatesMapToCallbacks(t *testing.T) {
 	}}
 	c := &conv{key: "k", id: "c"}
 	for _, tc := range tests {
-		t.Run(tc.msg, func(t *testing.T) {
-			rec := newRecorder()
-			o := await(t, start(context.Background(), r, c.turn(tc.msg), rec))
-			if o.err != nil {
-				t.Fatal(o.err)
-			}
-			if o.res.Text != tc.text {
-				t.Errorf("text %q, want %q", o.res.Text, tc.text)
-			}
-			if got := rec.Events(); !slices.Equal(got, tc.events) {
-				t.Errorf("callbacks\n got %q\nwant %q", got, tc.events)
-			}
-		})
+		t.Run(tc.msg, func(t *testing.T) { expectTurn(t, r, c.turn(tc.msg), tc.text, tc.events) })
 	}
 }
 

@@ -116,3 +116,29 @@ func TestAgentRefusesInitialize(t *testing.T) {
 		t.Errorf("log lacks the failed initialize:\n%s", cutLog(logs.String()))
 	}
 }
+
+// TestToolStepRetitled: a tool call that starts as "bash" and is named by a
+// later tool_call_update shows the person the real command; a denied call
+// that ends the turn without text leaves a sentence, not an empty reply.
+func TestToolStepRetitled(t *testing.T) {
+	_, r := goRunner(t, nil)
+	c := &conv{key: "k", id: "c"}
+	mustSay(t, r, c.turn("hello")) // start-up out of the way
+	tests := []struct {
+		answer runner.OptionKind
+		events []string
+		text   string
+	}{
+		{runner.AllowOnce, []string{"start llm go-agent", "done llm go-agent", "start tool bash", "start tool Run ls -la",
+			"done tool Run ls -la", "start llm go-agent", `delta "ran ls -la"`, "done llm go-agent"}, "ran ls -la"},
+		{runner.RejectOnce, []string{"start llm go-agent", "done llm go-agent", "start tool bash", "start tool Run ls -la",
+			"done tool Run ls -la", "start llm go-agent", "done llm go-agent"}, messages.AgentNoReply},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.answer), func(t *testing.T) {
+			turn := c.turn("run ls -la")
+			turn.Approver = answerWith(tc.answer)
+			expectTurn(t, r, turn, tc.text, tc.events)
+		})
+	}
+}

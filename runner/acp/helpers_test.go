@@ -153,6 +153,23 @@ func mustSay(t *testing.T, r runner.Runner, turn runner.Turn) string {
 	return text
 }
 
+// expectTurn runs turn to its end and checks its reply text and the
+// callbacks it made (as the recorder writes them).
+func expectTurn(t *testing.T, r runner.Runner, turn runner.Turn, text string, events []string) {
+	t.Helper()
+	rec := newRecorder()
+	o := await(t, start(context.Background(), r, turn, rec))
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if o.res.Text != text {
+		t.Errorf("text %q, want %q", o.res.Text, text)
+	}
+	if got := rec.Events(); !slices.Equal(got, events) {
+		t.Errorf("callbacks\n got %q\nwant %q", got, events)
+	}
+}
+
 // userError returns err's message for the user, failing the test when err
 // carries none.
 func userError(t *testing.T, err error) string {
