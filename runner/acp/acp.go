@@ -32,6 +32,12 @@
 // max_turn_requests, refusal and an unasked cancelled end it with a
 // *runner.UserError in plain words (the text so far is kept in the Result).
 //
+// Permissions: the agent's session/request_permission is the person's
+// question (Turn.Ask). Its "always" options are the conversation's, never
+// the shared process's (see grants): the agent gets the "once" option of
+// the same sense, and the runner answers the conversation's later requests
+// for the same tool call itself.
+//
 // Abort: when ctx is cancelled the runner sends session/cancel and waits for
 // the prompt's answer for half the abort grace; an agent that does not
 // answer by then is stopped (SIGKILL of its group) — at once when no other
@@ -251,12 +257,13 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		r.mu.Unlock()
 		log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 	}
-	return r.prompt(ctx, turn, cb, ag, s.id, log)
+	return r.prompt(ctx, turn, cb, ag, s, log)
 }
 
 // prompt runs session/prompt on session id and serves the turn's
 // permission requests until the agent answers, dies or ignores a cancel.
-func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbacks, ag *agent, id string, log *slog.Logger) (runner.Result, error) {
+func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbacks, ag *agent, s *session, log *slog.Logger) (runner.Result, error) {
+	id := s.id
 	ts := newTurnState(turn.RunID, cb)
 	ts.begin(ag.name) // before the prompt is sent: its updates may come at once
 	ag.mu.Lock()
@@ -320,7 +327,7 @@ func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbac
 			log.Warn("acp: the agent stopped during the turn", "reason", ag.death, "agent_process", ag.n)
 			return runner.Result{Text: text}, &runner.UserError{Message: ag.death}
 		case a := <-ts.perms:
-			asks.Go(func() { r.answer(askCtx, turn, ag, a, log) })
+			asks.Go(func() { r.answer(askCtx, turn, ag, s, a, log) })
 		case <-ctxDone:
 			ctxDone, canceled = nil, true
 			log.Info("acp: turn aborted; sending session/cancel", "session_id", id, "wait", r.cancelWait)
@@ -397,16 +404,35 @@ func stopMessage(reason string) string {
 
 // answer asks the person a permission request of the agent and replies
 // with the chosen option; a stopped turn (ctx done) or a request without
-// options is answered cancelled.
-func (r *Runner) answer(ctx context.Context, turn runner.Turn, ag *agent, a permissionAsk, log *slog.Logger) {
+// options is answered cancelled. "Always" answers are the conversation's,
+// never the shared agent process's (see grants): a request the
+// conversation answered "always" before is answered at once, and the
+// agent only ever gets a "once" option.
+func (r *Runner) answer(ctx context.Context, turn runner.Turn, ag *agent, s *session, a permissionAsk, log *slog.Logger) {
 	defer a.done()
 	if len(a.req.Options) == 0 {
 		_ = ag.c.reply(a.id, permissionCancelled(), nil)
 		return
 	}
 	q := question(a.req)
+	if opt, ok := s.grants.recall(q); ok {
+		log.Info("acp: permission answered by the conversation's earlier \"always\" answer", "tool", q.Tool, "option", opt)
+		if err := ag.c.reply(a.id, permissionAnswer(runner.Answer{OptionID: opt}, nil), nil); err != nil {
+			log.Warn("acp: permission answer not sent", "err", err)
+		}
+		return
+	}
+	q.Options = scopedOptions(q.Options)
+	if len(q.Options) == 0 {
+		log.Warn("acp: permission request offers only \"always\" options, which would hold for every conversation; answered cancelled", "tool", q.Tool)
+		_ = ag.c.reply(a.id, permissionCancelled(), nil)
+		return
+	}
 	ans, err := turn.Ask(ctx, q)
 	log.Info("acp: permission answered", "tool", q.Tool, "outcome", ans.Outcome, "option", ans.OptionID, "err", err)
+	if err == nil {
+		ans.OptionID = s.grants.settle(q, ans.OptionID)
+	}
 	if err := ag.c.reply(a.id, permissionAnswer(ans, err), nil); err != nil {
 		log.Warn("acp: permission answer not sent", "err", err)
 	}

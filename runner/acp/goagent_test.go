@@ -117,6 +117,42 @@ func TestAgentRefusesInitialize(t *testing.T) {
 	}
 }
 
+// TestAlwaysAllowIsPerConversation: one agent process serves every
+// conversation and keeps an "always" grant per process, so chat A's
+// "Always allow" must not reach it: chat A is not asked again for the same
+// call, chat B still is, and the agent only ever got "once" answers.
+func TestAlwaysAllowIsPerConversation(t *testing.T) {
+	_, r := goRunner(t, nil)
+	a := &conv{key: "alice", id: "chat-a"}
+	b := &conv{key: "bob", id: "chat-b"}
+	run := func(c *conv, ap *approver, msg string) string {
+		t.Helper()
+		turn := c.turn(msg)
+		turn.Approver = ap
+		return mustSay(t, r, turn)
+	}
+	always := answerWith(runner.AllowAlways)
+	if got := run(a, always, "run ls"); got != "ran ls" {
+		t.Fatalf("chat A: %q", got)
+	}
+	if got := run(a, always, "run ls"); got != "ran ls" {
+		t.Errorf("chat A again: %q", got)
+	}
+	if n := len(always.questions()); n != 1 {
+		t.Errorf("chat A was asked %d times, want once: its \"always\" holds in chat A", n)
+	}
+	if got := run(a, always, "run pwd"); got != "ran pwd" || len(always.questions()) != 2 {
+		t.Errorf("chat A, another command: %q after %d questions, want it asked", got, len(always.questions()))
+	}
+	other := answerWith(runner.RejectOnce)
+	if got := run(b, other, "run ls"); got != messages.AgentNoReply {
+		t.Errorf("chat B: %q, want the denied turn's %q", got, messages.AgentNoReply)
+	}
+	if qs := other.questions(); len(qs) != 1 || qs[0].Title != "Run ls" {
+		t.Errorf("chat B was asked %+v, want one question about Run ls", qs)
+	}
+}
+
 // TestToolStepRetitled: a tool call that starts as "bash" and is named by a
 // later tool_call_update shows the person the real command; a denied call
 // that ends the turn without text leaves a sentence, not an empty reply.
