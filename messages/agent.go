@@ -18,3 +18,8 @@ func AgentStartFailed(why string) string {
 func AgentSessionRefused(why string) string {
 	return "The agent refused to start a session: " + why
 }
+
+// AgentStarting is the reason the liveness clock is paused while the agent
+// process starts and opens the conversation's session (bounded by
+// agents.acp.startTimeoutSeconds instead).
+const AgentStarting = "starting the agent"

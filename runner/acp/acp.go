@@ -16,7 +16,10 @@
 // agent that refuses it never started, and the user is told so. Its stderr
 // goes to the log (the first lines, secrets of agents.acp.env redacted),
 // never to the user. On Linux it runs under the shim of runner/exec, so it
-// dies with the gateway.
+// dies with the gateway. A turn that waits for start-up — the process,
+// initialize, its session/new — pauses the liveness clock meanwhile
+// (Callbacks.Pause, resumed when the prompt is sent): start-up is bounded
+// by startTimeoutSeconds alone, never by stepTimeoutSeconds.
 //
 // Sessions: one ACP session per conversation (Turn.SessionID): session/new
 // (cwd = workdir, no MCP servers) on the conversation's first turn, reused
@@ -204,13 +207,31 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	if conv == "" {
 		conv = "key:" + turn.SessionKey
 	}
+	// Start-up — the process, initialize, session/new — is bounded by
+	// startTimeoutSeconds, not by the liveness window: the liveness clock
+	// is paused while the turn waits for it and resumes when the prompt is
+	// sent, so a slow start is never blamed on the turn.
+	paused := false
+	starting := func() {
+		if !paused {
+			paused = true
+			cb.Pause(messages.AgentStarting)
+		}
+	}
+	started := func() {
+		if paused {
+			paused = false
+			cb.Resume()
+		}
+	}
+	defer started()
 	var (
 		ag    *agent
 		s     *session
 		fresh bool
 	)
 	for attempt := 0; ; attempt++ {
-		a, err := r.agentFor(ctx, log)
+		a, err := r.agentFor(ctx, log, starting)
 		if err != nil {
 			return runner.Result{}, err
 		}
@@ -231,6 +252,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	defer r.release(ag, s)
 
 	if fresh {
+		starting()
 		var res struct {
 			SessionID string `json:"sessionId"`
 		}
@@ -257,6 +279,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		r.mu.Unlock()
 		log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 	}
+	started()
 	return r.prompt(ctx, turn, cb, ag, s, log)
 }
 
@@ -439,8 +462,9 @@ func (r *Runner) answer(ctx context.Context, turn runner.Turn, ag *agent, s *ses
 }
 
 // agentFor returns the agent new turns go to, starting one when there is
-// none (or it died, or is retiring), once it has answered initialize.
-func (r *Runner) agentFor(ctx context.Context, log *slog.Logger) (*agent, error) {
+// none (or it died, or is retiring), once it has answered initialize;
+// waiting is called first when it has not answered yet.
+func (r *Runner) agentFor(ctx context.Context, log *slog.Logger, waiting func()) (*agent, error) {
 	r.mu.Lock()
 	if r.retired {
 		r.mu.Unlock()
@@ -462,8 +486,13 @@ func (r *Runner) agentFor(ctx context.Context, log *slog.Logger) (*agent, error)
 	r.mu.Unlock()
 	select {
 	case <-ag.ready:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	default:
+		waiting()
+		select {
+		case <-ag.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	if ag.startErr != nil {
 		return nil, ag.startErr

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -58,8 +59,8 @@ func TestUpdatesMapToCallbacks(t *testing.T) {
 		events []string
 		text   string
 	}{{
-		msg:    "hello",
-		events: []string{"start llm test-agent", `delta "echo: hello"`, "done llm test-agent"},
+		msg:    "hello", // the conversation's first turn: the liveness clock is paused for the start-up
+		events: []string{"pause " + messages.AgentStarting, "resume", "start llm test-agent", `delta "echo: hello"`, "done llm test-agent"},
 		text:   "echo: hello",
 	}, {
 		msg: "tool echo 42",

@@ -1,15 +1,20 @@
 package acp_test
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
@@ -176,5 +181,54 @@ func TestToolStepRetitled(t *testing.T) {
 			turn.Approver = answerWith(tc.answer)
 			expectTurn(t, r, turn, tc.text, tc.events)
 		})
+	}
+}
+
+// TestSlowStartIsNotAStepTimeout: the agent's start-up — initialize and
+// session/new, 0.7 s each here — is bounded by startTimeoutSeconds, not by
+// the 1 s liveness window: through the engine, the turn succeeds. The
+// runner pauses the liveness clock for it and resumes it when the prompt
+// is sent. Real processes do not run in a synctest bubble: this waits,
+// bounded, for the engine's outcome.
+func TestSlowStartIsNotAStepTimeout(t *testing.T) {
+	path := goAgent(t)
+	c := config.Default()
+	c.Agents.Defaults.Runner = config.RunnerACP
+	step, notify := 1.0, 0.0
+	c.Agents.Defaults.StepTimeoutSeconds = &step
+	c.Agents.Defaults.ProgressNotifyAfterSeconds = &notify
+	c.Agents.ACP = config.ACP{Command: path, Workdir: t.TempDir(), IdleSeconds: 60, StartTimeoutSeconds: 20,
+		Env: map[string]string{"GOAGENT_SLOW_START": "700ms"}}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r, _, _ := build(t, c.Agents.ACP, grace)
+	e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{config.RunnerACP: r}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	e.Start(ctx)
+	defer e.Shutdown(context.Background())
+	_, err = e.Send(ctx, gateway.SendRequest{SessionKey: "s", Channel: "ws", RunID: "r1", Text: "hi"})
+	out, ok := e.Wait(ctx, "r1")
+	if err != nil || !ok {
+		t.Fatalf("send: %v; outcome within 20s: %v", err, ok)
+	}
+	if out.StopReason != event.ReasonStop || out.Text != "echo: hi" {
+		t.Fatalf("outcome %+v, want the reply: a slow start is no step timeout", out)
+	}
+
+	// What the runner reports: the pause spans the start-up only.
+	rec := newRecorder()
+	r2, _, _ := build(t, c.Agents.ACP, grace)
+	o := await(t, start(context.Background(), r2, (&conv{key: "k", id: "c"}).turn("hi"), rec))
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	want := []string{"pause " + messages.AgentStarting, "resume", "start llm go-agent", `delta "echo: hi"`, "done llm go-agent"}
+	if got := rec.Events(); !slices.Equal(got, want) {
+		t.Errorf("callbacks\n got %q\nwant %q", got, want)
 	}
 }
