@@ -78,11 +78,11 @@ func newRunner(t *testing.T, grace time.Duration, adjust func(*config.ACP)) (*ac
 	return build(t, cfg, grace)
 }
 
-func build(t *testing.T, cfg config.ACP, grace time.Duration) (*acp.Runner, *logBuffer, string) {
+func build(t *testing.T, cfg config.ACP, grace time.Duration, opts ...acp.Option) (*acp.Runner, *logBuffer, string) {
 	t.Helper()
 	logs := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r, err := acp.New(cfg, grace, log)
+	r, err := acp.New(cfg, grace, log, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/acp"
 )
 
 // teeEnv, in the environment of this test binary, makes it a recording
@@ -90,8 +91,12 @@ func teeAgent(path string, argv []string) int {
 	return 0
 }
 
+// testVersion is the gateway version of the recorded runners.
+const testVersion = "1.2.3-test"
+
 // recorded returns a runner whose agent command (command, args) is run
-// through the recording stand-in, and the file it records to.
+// through the recording stand-in, and the file it records to. The runner
+// has version testVersion.
 func recorded(t *testing.T, command string, args []string, adjust func(*config.ACP)) (*logBuffer, runner.Runner, string, string) {
 	t.Helper()
 	exe, err := os.Executable()
@@ -104,7 +109,7 @@ func recorded(t *testing.T, command string, args []string, adjust func(*config.A
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	r, logs, dir := build(t, cfg, grace)
+	r, logs, dir := build(t, cfg, grace, acp.WithVersion(testVersion))
 	return logs, r, dir, wire
 }
 
@@ -214,6 +219,15 @@ func checkWire(t *testing.T, valid func(string, json.RawMessage) error, path str
 		}
 		if m.JSONRPC != "2.0" {
 			t.Errorf("jsonrpc %q: %s", m.JSONRPC, raw)
+		}
+		if m.Method == "initialize" {
+			var p struct {
+				ClientInfo struct{ Name, Version string } `json:"clientInfo"`
+			}
+			_ = json.Unmarshal(m.Params, &p) // unreadable params fail the schema check
+			if p.ClientInfo.Name != "turnguard" || p.ClientInfo.Version != testVersion {
+				t.Errorf("initialize's clientInfo %+v, want turnguard %s (acp.WithVersion)", p.ClientInfo, testVersion)
+			}
 		}
 		var kind, def string
 		var body json.RawMessage
