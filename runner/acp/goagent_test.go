@@ -186,7 +186,7 @@ func TestToolStepRetitled(t *testing.T) {
 
 // TestSlowStartIsNotAStepTimeout: the agent's start-up — initialize and
 // session/new, 0.7 s each here — is bounded by startTimeoutSeconds, not by
-// the 1 s liveness window: through the engine, the turn succeeds. The
+// the 0.6 s liveness window: through the engine, the turn succeeds. The
 // runner pauses the liveness clock for it and resumes it when the prompt
 // is sent. Real processes do not run in a synctest bubble: this waits,
 // bounded, for the engine's outcome.
@@ -194,7 +194,7 @@ func TestSlowStartIsNotAStepTimeout(t *testing.T) {
 	path := goAgent(t)
 	c := config.Default()
 	c.Agents.Defaults.Runner = config.RunnerACP
-	step, notify := 1.0, 0.0
+	step, notify := 0.6, 0.0
 	c.Agents.Defaults.StepTimeoutSeconds = &step
 	c.Agents.Defaults.ProgressNotifyAfterSeconds = &notify
 	c.Agents.ACP = config.ACP{Command: path, Workdir: t.TempDir(), IdleSeconds: 60, StartTimeoutSeconds: 20,
