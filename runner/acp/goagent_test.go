@@ -47,7 +47,7 @@ func goAgent(t *testing.T) string {
 		b.path = filepath.Join(b.dir, "goagent")
 		cmd := exec.Command(gobin, "build", "-o", b.path, ".")
 		cmd.Dir = filepath.Join("testdata", "goagent")
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod -buildvcs=false")
 		b.out, b.err = cmd.CombinedOutput()
 	})
 	if b.err != nil {
