@@ -13,6 +13,7 @@ all: test
 
 deps:
 	$(GO) mod download
+	cd runner/acp/testdata/goagent && $(GO) mod download # runner/acp's Go SDK test agent, a module of its own
 
 build: deps
 	mkdir -p bin

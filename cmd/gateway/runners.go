@@ -222,7 +222,7 @@ func buildRunner(name string, cfg *config.Config, log *slog.Logger) (runner.Runn
 		return r, nil
 	case config.RunnerACP:
 		r, err := acp.New(cfg.Agents.ACP, execGrace(cfg), log.With("runner", name),
-			acp.WithInstance(execrunner.InstanceID(storeInstance(cfg))))
+			acp.WithInstance(execrunner.InstanceID(storeInstance(cfg))), acp.WithVersion(version))
 		if err != nil {
 			return nil, fmt.Errorf("runner acp: %w", err)
 		}

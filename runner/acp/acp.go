@@ -11,10 +11,15 @@
 // Process: started on the first turn (and again after it died or was
 // stopped) with the gateway's environment less its GATEWAY_* variables,
 // then agents.acp.env, in agents.acp.workdir; initialize (protocol version
-// 1, fs read and write, no terminals) must be answered within
-// agents.acp.startTimeoutSeconds. Its stderr goes to the log (the first
-// lines, secrets of agents.acp.env redacted), never to the user. On Linux it
-// runs under the shim of runner/exec, so it dies with the gateway.
+// 1, clientInfo turnguard and the gateway's version, fs read and write, no
+// terminals) must be answered within agents.acp.startTimeoutSeconds; an
+// agent that refuses it never started, and the user is told so. Its stderr
+// goes to the log (the first lines, secrets of agents.acp.env redacted),
+// never to the user. On Linux it runs under the shim of runner/exec, so it
+// dies with the gateway. A turn that waits for start-up — the process,
+// initialize, its session/new — pauses the liveness clock meanwhile
+// (Callbacks.Pause, resumed when the prompt is sent): start-up is bounded
+// by startTimeoutSeconds alone, never by stepTimeoutSeconds.
 //
 // Sessions: one ACP session per conversation (Turn.SessionID): session/new
 // (cwd = workdir, no MCP servers) on the conversation's first turn, reused
@@ -24,10 +29,17 @@
 // is stopped after that long too.
 //
 // A turn is one session/prompt with the user's message. Its reply is the
-// text of the agent_message_chunk updates. Steps: see turnState. The prompt's
+// text of the agent_message_chunk updates (messages.AgentNoReply when a
+// turn that ended normally had none). Steps: see turnState. The prompt's
 // stopReason end_turn ends the turn normally; max_tokens,
 // max_turn_requests, refusal and an unasked cancelled end it with a
 // *runner.UserError in plain words (the text so far is kept in the Result).
+//
+// Permissions: the agent's session/request_permission is the person's
+// question (Turn.Ask). Its "always" options are the conversation's, never
+// the shared process's (see grants): the agent gets the "once" option of
+// the same sense, and the runner answers the conversation's later requests
+// for the same tool call itself.
 //
 // Abort: when ctx is cancelled the runner sends session/cancel and waits for
 // the prompt's answer for half the abort grace; an agent that does not
@@ -65,6 +77,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 	execrunner "github.com/turnguard/turnguard/runner/exec"
 	"github.com/turnguard/turnguard/timeout"
@@ -81,6 +94,7 @@ type Runner struct {
 	env          []string // agents.acp.env as KEY=value, sorted
 	dir          string
 	name         string // the command's base name: the "llm" step's name until the agent names itself
+	version      string // the gateway's version: initialize's clientInfo.version
 	idle         time.Duration
 	startTimeout time.Duration
 	cancelWait   time.Duration
@@ -109,6 +123,16 @@ type Option func(*Runner)
 // run tags (see runner/exec.Tag).
 func WithInstance(id string) Option { return func(r *Runner) { r.inst = id } }
 
+// WithVersion sets the gateway's version, which initialize sends to the
+// agent as clientInfo.version (ACP requires one; default "unknown").
+func WithVersion(v string) Option {
+	return func(r *Runner) {
+		if v != "" {
+			r.version = v
+		}
+	}
+}
+
 // New validates cfg and returns a runner; no process starts before the
 // first turn. abortGrace is the turn's abort grace (≤ 0: the default): an
 // aborted turn's agent has half of it to answer session/cancel. log
@@ -126,6 +150,7 @@ func New(cfg config.ACP, abortGrace time.Duration, log *slog.Logger, opts ...Opt
 		args: slices.Clone(cfg.Args), log: log, cancelWait: abortGrace / 2,
 		idle:         seconds(cfg.IdleSeconds, 1800),
 		startTimeout: seconds(cfg.StartTimeoutSeconds, 60),
+		version:      "unknown",
 		running:      map[*agent]int{}, retiring: map[*agent]bool{},
 	}
 	r.tab = newTable(r.idle)
@@ -190,13 +215,31 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	if conv == "" {
 		conv = "key:" + turn.SessionKey
 	}
+	// Start-up — the process, initialize, session/new — is bounded by
+	// startTimeoutSeconds, not by the liveness window: the liveness clock
+	// is paused while the turn waits for it and resumes when the prompt is
+	// sent, so a slow start is never blamed on the turn.
+	paused := false
+	starting := func() {
+		if !paused {
+			paused = true
+			cb.Pause(messages.AgentStarting)
+		}
+	}
+	started := func() {
+		if paused {
+			paused = false
+			cb.Resume()
+		}
+	}
+	defer started()
 	var (
 		ag    *agent
 		s     *session
 		fresh bool
 	)
 	for attempt := 0; ; attempt++ {
-		a, err := r.agentFor(ctx, log)
+		a, err := r.agentFor(ctx, log, starting)
 		if err != nil {
 			return runner.Result{}, err
 		}
@@ -217,6 +260,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	defer r.release(ag, s)
 
 	if fresh {
+		starting()
 		var res struct {
 			SessionID string `json:"sessionId"`
 		}
@@ -236,7 +280,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 			if ag.isDead() {
 				return runner.Result{}, &runner.UserError{Message: ag.death}
 			}
-			return runner.Result{}, startFailure(err)
+			return runner.Result{}, startFailure("session/new", err)
 		}
 		r.mu.Lock()
 		dup := r.tab.held(ag, res.SessionID)
@@ -251,12 +295,14 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		}
 		log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 	}
-	return r.prompt(ctx, turn, cb, ag, s.id, log)
+	started()
+	return r.prompt(ctx, turn, cb, ag, s, log)
 }
 
 // prompt runs session/prompt on session id and serves the turn's
 // permission requests until the agent answers, dies or ignores a cancel.
-func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbacks, ag *agent, id string, log *slog.Logger) (runner.Result, error) {
+func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbacks, ag *agent, s *session, log *slog.Logger) (runner.Result, error) {
+	id := s.id
 	ts := newTurnState(turn.RunID, cb)
 	// ctx ends with the turn (ts.end) or the agent: the fs requests of the
 	// turn's session stop then.
@@ -326,7 +372,7 @@ func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbac
 			log.Warn("acp: the agent stopped during the turn", "reason", ag.death, "agent_process", ag.n)
 			return runner.Result{Text: text}, &runner.UserError{Message: ag.death}
 		case a := <-ts.perms:
-			asks.Go(func() { r.answer(askCtx, turn, ag, a, log) })
+			asks.Go(func() { r.answer(askCtx, turn, ag, s, a, log) })
 		case <-ctxDone:
 			ctxDone, canceled = nil, true
 			log.Info("acp: turn aborted; sending session/cancel", "session_id", id, "wait", r.cancelWait)
@@ -374,6 +420,12 @@ func (r *Runner) finish(ctx context.Context, ag *agent, resp response, text stri
 		log.Info("acp: turn ended early", "stop_reason", cut(out.StopReason, 50))
 		return res, &runner.UserError{Message: msg}
 	}
+	if strings.TrimSpace(text) == "" {
+		// An agent may just stop, say after the person denied its tool: the
+		// person reads a sentence, not an empty reply.
+		log.Info("acp: turn ended without any text")
+		res.Text = messages.AgentNoReply
+	}
 	return res, nil
 }
 
@@ -397,24 +449,44 @@ func stopMessage(reason string) string {
 
 // answer asks the person a permission request of the agent and replies
 // with the chosen option; a stopped turn (ctx done) or a request without
-// options is answered cancelled.
-func (r *Runner) answer(ctx context.Context, turn runner.Turn, ag *agent, a permissionAsk, log *slog.Logger) {
+// options is answered cancelled. "Always" answers are the conversation's,
+// never the shared agent process's (see grants): a request the
+// conversation answered "always" before is answered at once, and the
+// agent only ever gets a "once" option.
+func (r *Runner) answer(ctx context.Context, turn runner.Turn, ag *agent, s *session, a permissionAsk, log *slog.Logger) {
 	defer a.done()
 	if len(a.req.Options) == 0 {
 		_ = ag.c.reply(a.id, permissionCancelled(), nil)
 		return
 	}
 	q := question(a.req)
+	if opt, ok := s.grants.recall(q); ok {
+		log.Info("acp: permission answered by the conversation's earlier \"always\" answer", "tool", q.Tool, "option", opt)
+		if err := ag.c.reply(a.id, permissionAnswer(runner.Answer{OptionID: opt}, nil), nil); err != nil {
+			log.Warn("acp: permission answer not sent", "err", err)
+		}
+		return
+	}
+	q.Options = scopedOptions(q.Options)
+	if len(q.Options) == 0 {
+		log.Warn("acp: permission request offers only \"always\" options, which would hold for every conversation; answered cancelled", "tool", q.Tool)
+		_ = ag.c.reply(a.id, permissionCancelled(), nil)
+		return
+	}
 	ans, err := turn.Ask(ctx, q)
 	log.Info("acp: permission answered", "tool", q.Tool, "outcome", ans.Outcome, "option", ans.OptionID, "err", err)
+	if err == nil {
+		ans.OptionID = s.grants.settle(q, ans.OptionID)
+	}
 	if err := ag.c.reply(a.id, permissionAnswer(ans, err), nil); err != nil {
 		log.Warn("acp: permission answer not sent", "err", err)
 	}
 }
 
 // agentFor returns the agent new turns go to, starting one when there is
-// none (or it died, or is retiring), once it has answered initialize.
-func (r *Runner) agentFor(ctx context.Context, log *slog.Logger) (*agent, error) {
+// none (or it died, or is retiring), once it has answered initialize;
+// waiting is called first when it has not answered yet.
+func (r *Runner) agentFor(ctx context.Context, log *slog.Logger, waiting func()) (*agent, error) {
 	r.mu.Lock()
 	if r.retired {
 		r.mu.Unlock()
@@ -436,8 +508,13 @@ func (r *Runner) agentFor(ctx context.Context, log *slog.Logger) (*agent, error)
 	r.mu.Unlock()
 	select {
 	case <-ag.ready:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	default:
+		waiting()
+		select {
+		case <-ag.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	if ag.startErr != nil {
 		return nil, ag.startErr
@@ -462,7 +539,7 @@ func (r *Runner) initialize(ag *agent) {
 			"fs":       map[string]bool{"readTextFile": true, "writeTextFile": true},
 			"terminal": false,
 		},
-		"clientInfo": map[string]string{"name": "turnguard", "title": "turnguard"},
+		"clientInfo": map[string]string{"name": "turnguard", "title": "turnguard", "version": r.version},
 	}
 	err := ag.call(context.Background(), r.startTimeout, "initialize", params, &res)
 	if err == nil && res.ProtocolVersion != ProtocolVersion {
@@ -473,7 +550,7 @@ func (r *Runner) initialize(ag *agent) {
 	}
 	if err != nil {
 		ag.log.Error("acp: initialize failed; stopping the agent", "err", err)
-		ag.startErr = startFailure(err)
+		ag.startErr = startFailure("initialize", err)
 		ag.kill("The agent was stopped.")
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -58,8 +59,8 @@ func TestUpdatesMapToCallbacks(t *testing.T) {
 		events []string
 		text   string
 	}{{
-		msg:    "hello",
-		events: []string{"start llm test-agent", `delta "echo: hello"`, "done llm test-agent"},
+		msg:    "hello", // the conversation's first turn: the liveness clock is paused for the start-up
+		events: []string{"pause " + messages.AgentStarting, "resume", "start llm test-agent", `delta "echo: hello"`, "done llm test-agent"},
 		text:   "echo: hello",
 	}, {
 		msg: "tool echo 42",
@@ -73,19 +74,7 @@ func TestUpdatesMapToCallbacks(t *testing.T) {
 	}}
 	c := &conv{key: "k", id: "c"}
 	for _, tc := range tests {
-		t.Run(tc.msg, func(t *testing.T) {
-			rec := newRecorder()
-			o := await(t, start(context.Background(), r, c.turn(tc.msg), rec))
-			if o.err != nil {
-				t.Fatal(o.err)
-			}
-			if o.res.Text != tc.text {
-				t.Errorf("text %q, want %q", o.res.Text, tc.text)
-			}
-			if got := rec.Events(); !slices.Equal(got, tc.events) {
-				t.Errorf("callbacks\n got %q\nwant %q", got, tc.events)
-			}
-		})
+		t.Run(tc.msg, func(t *testing.T) { expectTurn(t, r, c.turn(tc.msg), tc.text, tc.events) })
 	}
 }
 

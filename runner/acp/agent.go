@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 	execrunner "github.com/turnguard/turnguard/runner/exec"
 )
@@ -381,7 +382,9 @@ func (ag *agent) request(m *message) {
 }
 
 // fs serves the fs methods in the runner's sandbox (see fs.go), until the
-// turn of the request's session ends or the agent dies.
+// turn of the request's session ends or the agent dies. A result is always a
+// JSON object: fs/write_text_file's is {}, never null (ACP's
+// WriteTextFileResponse is an object).
 func (ag *agent) fs(method string, params json.RawMessage) (any, *rpcError) {
 	ctx := ag.ctx
 	var p struct {
@@ -392,7 +395,11 @@ func (ag *agent) fs(method string, params json.RawMessage) (any, *rpcError) {
 			ctx = t.ctx
 		}
 	}
-	return ag.box.serve(ctx, method, params)
+	res, e := ag.box.serve(ctx, method, params)
+	if e == nil && res == nil {
+		res = struct{}{}
+	}
+	return res, e
 }
 
 // fsLimit bounds the fs requests served at once (max) and the bytes they
@@ -462,16 +469,20 @@ func (e *timeoutError) Error() string {
 	return fmt.Sprintf("acp: the agent did not answer %s within %s", e.method, e.after)
 }
 
-// userMessage words a start-up failure for the user: never the agent's
-// stderr, and no Go error chain.
-func startFailure(err error) *runner.UserError {
+// startFailure words a start-up failure for the user: never the agent's
+// stderr, and no Go error chain. method is the request that failed:
+// initialize (the agent never started) or session/new (it started but
+// refused the conversation's session).
+func startFailure(method string, err error) *runner.UserError {
 	var te *timeoutError
 	var re *rpcError
 	switch {
 	case errors.As(err, &te):
 		return &runner.UserError{Message: fmt.Sprintf("The agent did not answer within %s while starting, so it was stopped. Try again later.", te.after)}
+	case errors.As(err, &re) && method == "initialize":
+		return &runner.UserError{Message: messages.AgentStartFailed(cut(oneLine(re.Message), 300))}
 	case errors.As(err, &re):
-		return &runner.UserError{Message: "The agent refused to start a session: " + cut(oneLine(re.Message), 300)}
+		return &runner.UserError{Message: messages.AgentSessionRefused(cut(oneLine(re.Message), 300))}
 	}
 	return &runner.UserError{Message: "The agent could not be started. Try again later."}
 }

@@ -21,7 +21,12 @@ func TestMain(m *testing.M) {
 		fakeAgent(mode)
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	if path := os.Getenv(teeEnv); path != "" {
+		os.Exit(teeAgent(path, os.Args[1:]))
+	}
+	code := m.Run()
+	removeGoAgent()
+	os.Exit(code)
 }
 
 // fakeAgent speaks just enough ACP, byte by byte, to misbehave in one way:

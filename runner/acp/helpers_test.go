@@ -78,11 +78,11 @@ func newRunner(t *testing.T, grace time.Duration, adjust func(*config.ACP)) (*ac
 	return build(t, cfg, grace)
 }
 
-func build(t *testing.T, cfg config.ACP, grace time.Duration) (*acp.Runner, *logBuffer, string) {
+func build(t *testing.T, cfg config.ACP, grace time.Duration, opts ...acp.Option) (*acp.Runner, *logBuffer, string) {
 	t.Helper()
 	logs := &logBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r, err := acp.New(cfg, grace, log)
+	r, err := acp.New(cfg, grace, log, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -151,6 +151,23 @@ func mustSay(t *testing.T, r runner.Runner, turn runner.Turn) string {
 		t.Fatalf("turn %q: %v", turn.Message, err)
 	}
 	return text
+}
+
+// expectTurn runs turn to its end and checks its reply text and the
+// callbacks it made (as the recorder writes them).
+func expectTurn(t *testing.T, r runner.Runner, turn runner.Turn, text string, events []string) {
+	t.Helper()
+	rec := newRecorder()
+	o := await(t, start(context.Background(), r, turn, rec))
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if o.res.Text != text {
+		t.Errorf("text %q, want %q", o.res.Text, text)
+	}
+	if got := rec.Events(); !slices.Equal(got, events) {
+		t.Errorf("callbacks\n got %q\nwant %q", got, events)
+	}
 }
 
 // userError returns err's message for the user, failing the test when err

@@ -10,6 +10,7 @@ type session struct {
 	ag       *agent
 	lastUsed time.Time
 	busy     int // turns running on it
+	grants   grants
 }
 
 // table is the runner's bookkeeping of ACP sessions: which agent session

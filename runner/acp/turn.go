@@ -24,7 +24,8 @@ const (
 //
 // Steps: the turn starts in an "llm" step named after the agent (so a
 // silent agent is covered by the step timeout). A tool_call completes it
-// and starts a "tool" step named by the call's title (else its kind); when
+// and starts a "tool" step named by the call's title (else its kind),
+// renamed when a tool_call_update brings a new title (see retitle); when
 // the last open tool call completes (tool_call_update with status completed
 // or failed), a new "llm" step starts. With several tool calls open at once
 // the engine sees the newest as the current step; the completion of an
@@ -135,6 +136,7 @@ func (t *turnState) update(raw json.RawMessage) {
 			t.complete(u.ToolCallID)
 		}
 	case "tool_call_update":
+		t.retitle(u.ToolCallID, u.Title)
 		if u.Status != nil && finished(*u.Status) {
 			t.complete(u.ToolCallID)
 		}
@@ -142,6 +144,26 @@ func (t *turnState) update(raw json.RawMessage) {
 		if a, ok := t.cb.(runner.ActivityReporter); ok {
 			a.Activity()
 		}
+	}
+}
+
+// retitle renames the step of open call id when title names it anew (an
+// agent may open a call as "bash" and name the real command later): the
+// engine's current step — the newest call's — is restarted under the new
+// name, which supersedes it without completing it, so the rename is no
+// progress for the liveness window (mu held).
+func (t *turnState) retitle(id string, title *string) {
+	e := t.calls[id]
+	if e == nil || title == nil || strings.TrimSpace(*title) == "" {
+		return
+	}
+	name := toolName(title, nil)
+	if name == e.Value.(openCall).name {
+		return
+	}
+	e.Value = openCall{name: name}
+	if e == t.open.Back() {
+		t.cb.StepStarted(stepTool, name)
 	}
 }
 

@@ -1,0 +1,25 @@
+package messages
+
+// The texts of the agent runner (runner/acp) that a user reads.
+
+// AgentNoReply is the reply of an agent turn that ended normally without
+// any text — after the person denied a tool, say, an agent may just stop.
+const AgentNoReply = "The agent finished without a reply."
+
+// AgentStartFailed is what a user reads when the agent process refused
+// initialize, the very first request: it never started. why is the agent's
+// own one-line error message ("Invalid params").
+func AgentStartFailed(why string) string {
+	return "The agent failed to start (it refused initialize: " + why + "). Tell the operator."
+}
+
+// AgentSessionRefused is what a user reads when a started agent refused to
+// open a session for the conversation (session/new). why is as above.
+func AgentSessionRefused(why string) string {
+	return "The agent refused to start a session: " + why
+}
+
+// AgentStarting is the reason the liveness clock is paused while the agent
+// process starts and opens the conversation's session (bounded by
+// agents.acp.startTimeoutSeconds instead).
+const AgentStarting = "starting the agent"

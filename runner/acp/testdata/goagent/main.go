@@ -1,0 +1,184 @@
+// Command goagent is a test agent of runner/acp's tests built on another
+// ACP implementation than the TypeScript SDK: the Go SDK
+// (github.com/coder/acp-go-sdk). It behaves like OpenCode where the tests
+// need it to:
+//
+//   - initialize with a clientInfo that is not a valid ACP Implementation
+//     (name and version are required) is refused with -32602 Invalid params;
+//   - an "always" permission grant is kept per process, for every session
+//     (the agent cannot tell conversations apart);
+//   - a tool call starts titled "bash" and is renamed to the real command
+//     by a later tool_call_update;
+//   - a denied tool ends the turn without any text.
+//
+// Prompts:
+//
+//	run CMD   a "bash" tool call retitled "Run CMD", asking permission
+//	          (allow once, always allow, reject) unless "always" was
+//	          granted before in this process; "ran CMD" when allowed,
+//	          no text at all when rejected
+//	pid       answers with its process id
+//	anything else  "echo: <text>"
+//
+// GOAGENT_SLOW_START, a Go duration, delays the answers to initialize and
+// to session/new by that much each; GOAGENT_REFUSE_INIT refuses every
+// initialize.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+)
+
+type agent struct {
+	conn *acp.AgentSideConnection
+	slow time.Duration
+
+	mu     sync.Mutex
+	n      int
+	always map[string]bool // "always" grants by tool, for the whole process
+}
+
+func (a *agent) Initialize(ctx context.Context, p acp.InitializeRequest) (acp.InitializeResponse, error) {
+	if os.Getenv("GOAGENT_REFUSE_INIT") != "" || p.ClientInfo == nil || p.ClientInfo.Name == "" || p.ClientInfo.Version == "" {
+		return acp.InitializeResponse{}, acp.NewInvalidParams(map[string]string{"clientInfo": "name and version: expected string"})
+	}
+	time.Sleep(a.slow)
+	return acp.InitializeResponse{
+		ProtocolVersion: acp.ProtocolVersionNumber,
+		AgentInfo:       &acp.Implementation{Name: "go-agent", Version: "1.0.0"},
+	}, nil
+}
+
+func (a *agent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.NewSessionResponse, error) {
+	time.Sleep(a.slow)
+	a.mu.Lock()
+	a.n++
+	id := fmt.Sprintf("go-%d-%d", os.Getpid(), a.n)
+	a.mu.Unlock()
+	return acp.NewSessionResponse{SessionId: acp.SessionId(id)}, nil
+}
+
+func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResponse, error) {
+	var text strings.Builder
+	for _, b := range p.Prompt {
+		if b.Text != nil {
+			text.WriteString(b.Text.Text)
+		}
+	}
+	msg := strings.TrimSpace(text.String())
+	end := acp.PromptResponse{StopReason: acp.StopReasonEndTurn}
+	switch {
+	case strings.HasPrefix(msg, "run "):
+		return end, a.run(ctx, p.SessionId, strings.TrimPrefix(msg, "run "))
+	case msg == "pid":
+		return end, a.say(ctx, p.SessionId, fmt.Sprintf("pid %d", os.Getpid()))
+	}
+	return end, a.say(ctx, p.SessionId, "echo: "+msg)
+}
+
+func (a *agent) say(ctx context.Context, sid acp.SessionId, text string) error {
+	return a.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.UpdateAgentMessageText(text)})
+}
+
+func (a *agent) update(ctx context.Context, sid acp.SessionId, u acp.SessionUpdate) error {
+	return a.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: u})
+}
+
+// run is one "bash" tool call of command cmd.
+func (a *agent) run(ctx context.Context, sid acp.SessionId, cmd string) error {
+	id := acp.ToolCallId("bash-" + strings.ReplaceAll(cmd, " ", "-"))
+	title := "Run " + cmd
+	if err := a.update(ctx, sid, acp.StartToolCall(id, "bash", acp.WithStartKind(acp.ToolKindExecute),
+		acp.WithStartStatus(acp.ToolCallStatusPending))); err != nil {
+		return err
+	}
+	if err := a.update(ctx, sid, acp.UpdateToolCall(id, acp.WithUpdateTitle(title),
+		acp.WithUpdateStatus(acp.ToolCallStatusInProgress))); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	granted := a.always["bash"]
+	a.mu.Unlock()
+	if !granted {
+		res, err := a.conn.RequestPermission(ctx, acp.RequestPermissionRequest{
+			SessionId: sid,
+			ToolCall: acp.ToolCallUpdate{ToolCallId: id, Title: acp.Ptr(title), Kind: acp.Ptr(acp.ToolKindExecute),
+				RawInput: map[string]any{"command": cmd}},
+			Options: []acp.PermissionOption{
+				{OptionId: "once", Name: "Allow once", Kind: acp.PermissionOptionKindAllowOnce},
+				{OptionId: "always", Name: "Always allow", Kind: acp.PermissionOptionKindAllowAlways},
+				{OptionId: "reject", Name: "Reject", Kind: acp.PermissionOptionKindRejectOnce},
+			},
+		})
+		if err != nil {
+			return err
+		}
+		chosen := ""
+		if res.Outcome.Selected != nil {
+			chosen = string(res.Outcome.Selected.OptionId)
+		}
+		switch chosen {
+		case "always":
+			a.mu.Lock()
+			if a.always == nil {
+				a.always = map[string]bool{}
+			}
+			a.always["bash"] = true
+			a.mu.Unlock()
+		case "once":
+		default: // rejected or cancelled: the turn ends without a word
+			return a.update(ctx, sid, acp.UpdateToolCall(id, acp.WithUpdateStatus(acp.ToolCallStatusFailed)))
+		}
+	}
+	if err := a.update(ctx, sid, acp.UpdateToolCall(id, acp.WithUpdateStatus(acp.ToolCallStatusCompleted))); err != nil {
+		return err
+	}
+	return a.say(ctx, sid, "ran "+cmd)
+}
+
+func (a *agent) Cancel(context.Context, acp.CancelNotification) error { return nil }
+
+func (a *agent) Authenticate(context.Context, acp.AuthenticateRequest) (acp.AuthenticateResponse, error) {
+	return acp.AuthenticateResponse{}, nil
+}
+
+func (a *agent) CloseSession(context.Context, acp.CloseSessionRequest) (acp.CloseSessionResponse, error) {
+	return acp.CloseSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionClose)
+}
+
+func (a *agent) ListSessions(context.Context, acp.ListSessionsRequest) (acp.ListSessionsResponse, error) {
+	return acp.ListSessionsResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionList)
+}
+
+func (a *agent) ResumeSession(context.Context, acp.ResumeSessionRequest) (acp.ResumeSessionResponse, error) {
+	return acp.ResumeSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionResume)
+}
+
+func (a *agent) SetSessionConfigOption(context.Context, acp.SetSessionConfigOptionRequest) (acp.SetSessionConfigOptionResponse, error) {
+	return acp.SetSessionConfigOptionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionSetConfigOption)
+}
+
+func (a *agent) SetSessionMode(context.Context, acp.SetSessionModeRequest) (acp.SetSessionModeResponse, error) {
+	return acp.SetSessionModeResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionSetMode)
+}
+
+func main() {
+	a := &agent{}
+	if s := os.Getenv("GOAGENT_SLOW_START"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "goagent: GOAGENT_SLOW_START:", err)
+			os.Exit(2)
+		}
+		a.slow = d
+	}
+	a.conn = acp.NewAgentSideConnection(a, os.Stdout, os.Stdin)
+	<-a.conn.Done()
+}
