@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"unicode/utf16"
 
@@ -188,7 +187,7 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 	}
 	owner := ""
 	if !private && m.From != nil {
-		owner = "telegram-user:" + strconv.FormatInt(m.From.ID, 10)
+		owner = senderRef(m.From.ID) // kept with the turn: its Retry button is bound to it
 	}
 	runID := in.runID
 	if runID == "" {
