@@ -187,6 +187,11 @@ type Event struct {
 	Joined []string
 	// Runner (TurnStarted): the name of the runner the turn runs on.
 	Runner string
+	// Sender (TurnStarted): who sent the turn's message, as its channel
+	// names them (the turn's owner, e.g. "telegram-user:42"); "" when the
+	// channel did not say. The store keeps it with the turn, so a Retry
+	// button offered after a restart is still bound to its sender.
+	Sender string
 	// Queued (TurnStarted): how long the turn's message waited in its
 	// session's queue before the turn started (0: it started at once).
 	Queued time.Duration

@@ -46,6 +46,10 @@ var (
 	ErrShutdown     = errors.New("gateway is shutting down")
 	ErrRunnerStuck  = errors.New("runner refuses new turns: too many of its runs ignore cancellation")
 	ErrUnavailable  = errors.New("gateway cannot start new turns right now")
+
+	// ErrReservedRunID: the run id lies in another channel's namespace
+	// (config.RunIDReserved).
+	ErrReservedRunID = errors.New("run id is reserved for another channel")
 )
 
 // RunnerStuckError is returned by Send when the channel's runner has
@@ -440,6 +444,11 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	if req.RunID == "" {
 		req.RunID = uuid.NewString()
 	}
+	if config.RunIDReserved(req.Channel, req.RunID) {
+		// Before the idempotency lookup: another channel's run is neither
+		// taken nor reported.
+		return Ack{}, fmt.Errorf("send %q from channel %q: %w", req.RunID, req.Channel, ErrReservedRunID)
+	}
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
 	if ack, ok, err := e.repeatLocked(req); ok {
@@ -642,6 +651,7 @@ func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 	}
 	started.Joined = t.joined // the store forgets these queued rows with the turn's own
 	started.Runner = t.runner
+	started.Sender = t.owner
 	if !t.queuedAt.IsZero() {
 		started.Queued = max(0, time.Since(t.queuedAt))
 	}

@@ -79,7 +79,7 @@ func (s *SQLite) Sessions(ctx context.Context, limit int) ([]Session, error) {
 
 const turnColumns = `run_id, session_key, channel, chat_ref, state, stop_reason, started_at, updated_at,
 	ended_at, step_kind, step_name, step_seq, last_step_kind, last_step_name, last_step_seq,
-	deadline_at, ceiling_at, step_timeout_ns`
+	deadline_at, ceiling_at, step_timeout_ns, sender`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -90,7 +90,7 @@ func scanTurn(sc scanner) (Turn, error) {
 	var cur, last nullStep
 	err := sc.Scan(&t.RunID, &t.SessionKey, &t.Channel, &t.ChatRef, &t.State, &t.StopReason, &started, &updated,
 		&ended, &cur.kind, &cur.name, &cur.seq, &last.kind, &last.name, &last.seq,
-		&deadline, &ceiling, &stepTimeout)
+		&deadline, &ceiling, &stepTimeout, &t.Sender)
 	if err != nil {
 		return Turn{}, err
 	}

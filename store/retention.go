@@ -47,7 +47,7 @@ func (r Retention) Enabled() bool {
 
 // PruneStats counts what one Prune deleted.
 type PruneStats struct {
-	Messages, Turns, Sessions, Journal, Outbox, Approvals int64
+	Messages, Turns, Sessions, Journal, Outbox, Approvals, RetryTokens int64
 }
 
 // notRunning excludes the rows of turns still running.
@@ -67,6 +67,13 @@ const pruneApprovals = `DELETE FROM approvals WHERE id IN (SELECT a.id FROM appr
 	WHERE a.created_at < ?1 AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.run_id = a.run_id
 		AND (t.state = 'running' OR t.ended_at >= ?1))
 	ORDER BY a.created_at LIMIT ?2)`
+
+// pruneRetryTokens deletes up to ?2 Retry buttons' tokens created before
+// ?1 whose turn is pruned in the same pass or is gone, as pruneApprovals.
+const pruneRetryTokens = `DELETE FROM retry_tokens WHERE token_hash IN (SELECT r.token_hash FROM retry_tokens r
+	WHERE r.created_at < ?1 AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.run_id = r.run_id
+		AND (t.state = 'running' OR t.ended_at >= ?1))
+	ORDER BY r.created_at LIMIT ?2)`
 
 // Prune deletes, by the store's Retention measured back from now, old
 // history, ended turns and their approvals, journal entries and finished
@@ -121,6 +128,7 @@ func RunPrune(ctx context.Context, r Retention, now time.Time, b PruneBackend) (
 		// Before the turns: an approval goes with its turn (or, its turn
 		// gone, once it is as old), never one of a turn kept.
 		{r.History > 0, &ps.Approvals, "approvals", pruneApprovals, []any{before(r.History)}},
+		{r.History > 0, &ps.RetryTokens, "retry tokens", pruneRetryTokens, []any{before(r.History)}},
 		{r.History > 0, &ps.Turns, "turns", `DELETE FROM turns WHERE run_id IN (SELECT run_id FROM turns
 			WHERE state <> 'running' AND ended_at < ?1 LIMIT ?2)`, []any{before(r.History)}},
 		{r.Outbox > 0, &ps.Outbox, "outbox", `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox

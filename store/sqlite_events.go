@@ -70,7 +70,7 @@ func (s *SQLite) apply(ctx context.Context, tx *sql.Tx, ev *event.Event) error {
 			return fmt.Errorf("upsert session: %w", err)
 		}
 		res, err := stmt(st.startTurn).ExecContext(ctx, ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, now,
-			nullNanos(ev.Deadline), nullNanos(ev.Ceiling), nullDuration(ev.StepTimeout))
+			nullNanos(ev.Deadline), nullNanos(ev.Ceiling), nullDuration(ev.StepTimeout), ev.Sender)
 		if err != nil {
 			return fmt.Errorf("start turn: %w", err)
 		}
@@ -200,10 +200,10 @@ func (st *stmts) prepare(ctx context.Context, db *sql.DB) error {
 		// A TurnStarted for a run id whose turn has ended starts it afresh
 		// (the id was reused); for a running turn it is a duplicate.
 		{&st.startTurn, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at,
-				deadline_at, ceiling_at, step_timeout_ns)
-			VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?5, ?6, ?7, ?8)
+				deadline_at, ceiling_at, step_timeout_ns, sender)
+			VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?5, ?6, ?7, ?8, ?9)
 			ON CONFLICT (run_id) DO UPDATE SET session_key = excluded.session_key, channel = excluded.channel,
-				chat_ref = excluded.chat_ref, state = 'running', stop_reason = '', started_at = excluded.started_at,
+				chat_ref = excluded.chat_ref, sender = excluded.sender, state = 'running', stop_reason = '', started_at = excluded.started_at,
 				deadline_at = excluded.deadline_at, ceiling_at = excluded.ceiling_at, step_timeout_ns = excluded.step_timeout_ns,
 				updated_at = excluded.updated_at, ended_at = NULL, step_kind = NULL, step_name = NULL,
 				step_seq = NULL, last_step_kind = NULL, last_step_name = NULL, last_step_seq = NULL

@@ -153,6 +153,7 @@ type Backend interface {
 	Store
 	Queue
 	ApprovalStore
+	RetryTokens
 	Health() error
 	Prune(ctx context.Context, now time.Time) (PruneStats, error)
 	UserText(ctx context.Context, runID string) (string, error)
@@ -208,10 +209,13 @@ const (
 
 // Turn is one run as recorded.
 type Turn struct {
-	RunID      string           `json:"runId"`
-	SessionKey string           `json:"sessionKey"`
-	Channel    string           `json:"channel"`
-	ChatRef    string           `json:"chatRef,omitempty"`
+	RunID      string `json:"runId"`
+	SessionKey string `json:"sessionKey"`
+	Channel    string `json:"channel"`
+	ChatRef    string `json:"chatRef,omitempty"`
+	// Sender is who sent the turn's message, as its channel names them
+	// (event.Event.Sender of its TurnStarted); "" when unknown.
+	Sender     string           `json:"sender,omitempty"`
 	State      TurnState        `json:"state"`
 	StopReason event.StopReason `json:"stopReason,omitempty"`
 	StartedAt  time.Time        `json:"startedAt"`

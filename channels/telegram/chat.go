@@ -42,6 +42,7 @@ type inMsg struct {
 	cb     *models.CallbackQuery // a button was tapped (msg is the message it is under)
 	retry  bool                  // msg is a person's earlier message sent again by Retry
 	runID  string                // the run id of a Retry (each tap its own); "" derives it from msg
+	token  string                // a Retry: the secret of the button's token the run holds
 	done   chan error            // if not nil (capacity 1): told once the message was handled (nil) or dropped (ErrClosed)
 }
 
@@ -149,6 +150,8 @@ type outItem struct {
 	approvalID string
 	// msgID: the message of an itemDropButtons.
 	msgID int
+	// retryData: a notice's Retry button (its callback data), once issued.
+	retryData string
 }
 
 // durable reports whether the item is a terminal message (it goes

@@ -132,15 +132,20 @@ func commandEntity(text string) []models.MessageEntity {
 func (f *fakeAPI) say(chatID int64, text string) { f.push(userText(chatID, text)) }
 
 // tap is user from tapping the inline button with data under message msgID
-// of chat chatID; it returns the callback query's id.
+// of chat chatID (a supergroup when chatID < 0); it returns the callback
+// query's id.
 func (f *fakeAPI) tap(chatID, from int64, msgID int, data string) string {
 	f.mu.Lock()
 	id := fmt.Sprintf("cbq-%d", f.nextUpdate+1)
 	f.mu.Unlock()
+	typ := models.ChatTypePrivate
+	if chatID < 0 {
+		typ = models.ChatTypeSupergroup
+	}
 	f.push(models.Update{CallbackQuery: &models.CallbackQuery{
 		ID: id, From: models.User{ID: from, FirstName: "User"}, Data: data, ChatInstance: "ci",
 		Message: models.MaybeInaccessibleMessage{Type: models.MaybeInaccessibleMessageTypeMessage, Message: &models.Message{
-			ID: msgID, Date: 1, Chat: models.Chat{ID: chatID, Type: models.ChatTypePrivate},
+			ID: msgID, Date: 1, Chat: models.Chat{ID: chatID, Type: typ},
 			From: &models.User{ID: f.botID, IsBot: true, FirstName: "Turnguard Test"},
 		}},
 	}})

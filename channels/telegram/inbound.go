@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"unicode/utf16"
 
@@ -188,11 +187,11 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 	}
 	owner := ""
 	if !private && m.From != nil {
-		owner = "telegram-user:" + strconv.FormatInt(m.From.ID, 10)
+		owner = senderRef(m.From.ID) // kept with the turn: its Retry button is bound to it
 	}
 	runID := in.runID
 	if runID == "" {
-		runID = fmt.Sprintf("tg-%d-%d", ch.id, m.ID) // a redelivered update is the same run
+		runID = fmt.Sprintf("%s%d-%d", config.TelegramRunIDPrefix, ch.id, m.ID) // a redelivered update is the same run
 	}
 	if m.From != nil {
 		c.mu.Lock()
@@ -209,10 +208,14 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		c.mu.Lock()
 		c.recent.forget(runID) // it did not start: a later tap may try again
 		c.mu.Unlock()
+		c.releaseRetry(ch, heldToken{in.token, runID})
 	case (ans.Command == conv.Stop || ans.Command == conv.New) && ans.Err == nil:
 		c.mu.Lock()
-		c.recent.dropQueued(ch.id) // the queue is gone: its retries are no longer running
+		held := c.recent.dropQueued(ch.id) // the queue is gone: its retries are no longer running
 		c.mu.Unlock()
+		for _, h := range held {
+			c.releaseRetry(ch, h)
+		}
 	}
 	var unavail *gateway.UnavailableError
 	switch {

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/go-telegram/bot/models"
-
-	"github.com/turnguard/turnguard/config"
 )
 
 // TestGroupRetryOnlyBySender: in a group, Bob taps the Retry button under
@@ -16,15 +14,8 @@ import (
 // request stays hers (her /stop is not refused as someone else's).
 func TestGroupRetryOnlyBySender(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, setup{adjust: func(c *config.Config) { c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(100) }})
-		h.api.push(groupMsg(alice, "/steps@"+botName+" fetch:1s shell:hang"))
-		synctest.Wait()
-		h.advance(4 * time.Minute)
-		noticeID := h.api.lastMsgID(groupChatID)
-		data := h.api.button(groupChatID, noticeID)
-		if data == "" {
-			t.Fatalf("no Retry button; screen:\n%s", quoteAll(h.screen(groupChatID)))
-		}
+		h := newHarness(t, setup{adjust: retryConfig})
+		noticeID, data := aliceGroupTimeout(h)
 		h.api.push(models.Update{CallbackQuery: &models.CallbackQuery{
 			ID: "cbq-bob", From: models.User{ID: bob, FirstName: "Bob"}, Data: data, ChatInstance: "ci",
 			Message: models.MaybeInaccessibleMessage{Type: models.MaybeInaccessibleMessageTypeMessage, Message: &models.Message{

@@ -135,10 +135,12 @@ type Options struct {
 	// store.Options.OnOutbox) and at start-up, so a crash at any instant
 	// after the turn ended loses none. Requires Outbox.
 	DurableEndings bool
-	// Runs finds a turn's stop reason and its user's message when the
-	// channel no longer remembers them (a Retry button under a notice sent
-	// before a restart). *store.SQLite implements it. Without it, such a
-	// Retry answers that the request is too old.
+	// Runs finds a turn's stop reason, sender and its user's message when
+	// the channel no longer remembers them (a Retry button under a notice
+	// sent before a restart), and keeps the Retry buttons' tokens (shared
+	// by the replicas of a cluster). store.Backend implements it. Without
+	// it, tokens are kept in memory (the last maxRecentRuns) and such a
+	// Retry answers that the button has expired.
 	Runs Runs
 	// Sync, with DurableEndings, waits until the endings published so far
 	// are in the outbox (store.Flush). Close calls it, so the shutdown
@@ -189,6 +191,7 @@ type Channel struct {
 	secretLogged atomic.Int64 // unix seconds of the last bad-secret log line
 
 	runs         Runs                        // Options.Runs
+	tokens       store.RetryTokens           // Retry buttons' tokens: Options.Runs, or kept in memory without it
 	recent       recentRuns                  // recent runs' texts and endings, for Retry; guarded by mu
 	durable      bool                        // Options.DurableEndings
 	sync         func(context.Context) error // Options.Sync
@@ -259,6 +262,10 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 		global: delivery.NewLimiter(globalPerSecond), mode: tg.Mode, secret: tg.WebhookSecret, webhookURL: tg.WebhookURL,
 		chats: map[int64]*chat{}, inflight: map[string]bool{}, rejected: map[int64]bool{},
 		awaiting: map[string]*outItem{}, questions: map[string]*question{}, runs: opts.Runs, durable: opts.DurableEndings && opts.Outbox != nil, sync: opts.Sync, claimWake: make(chan struct{}, 1),
+	}
+	c.tokens = newMemTokens()
+	if opts.Runs != nil {
+		c.tokens = opts.Runs
 	}
 	if opts.DurableEndings && opts.Outbox == nil {
 		return nil, errors.New("telegram: durable endings need an outbox")

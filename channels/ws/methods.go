@@ -262,6 +262,8 @@ func (c *conn) sendError(method, key, runID, text string, err error) *rpcError {
 			Details: map[string]any{"code": "TOO_LONG", "limit": limit}}
 	case errors.Is(err, gateway.ErrWrongSession):
 		return invalid("invalid %s params: idempotencyKey %q was used for another session", method, clip(runID, 80))
+	case errors.Is(err, gateway.ErrReservedRunID):
+		return invalid("invalid %s params: idempotencyKey %q begins with %q, which is reserved for Telegram's messages", method, clip(runID, 80), config.TelegramRunIDPrefix)
 	case errors.Is(err, gateway.ErrShutdown):
 		return &rpcError{Code: CodeUnavailable, Message: "gateway is shutting down", Retryable: true, RetryAfterMs: 2000}
 	case errors.As(err, &stuck):

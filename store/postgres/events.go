@@ -116,23 +116,23 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) (err erro
 		// restarted here: its claim wrote the row and the user's message,
 		// and its end (Finish or a takeover) may already be committed.
 		tag, err := tx.Exec(ctx, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at,
-				deadline_at, ceiling_at, step_timeout_ns)
-			VALUES ($1, $2, $3, $4, 'running', $5, $5, $6, $7, $8)
+				deadline_at, ceiling_at, step_timeout_ns, sender)
+			VALUES ($1, $2, $3, $4, 'running', $5, $5, $6, $7, $8, $9)
 			ON CONFLICT (run_id) DO UPDATE SET session_key = excluded.session_key, channel = excluded.channel,
-				chat_ref = excluded.chat_ref, state = 'running', stop_reason = '', started_at = excluded.started_at,
+				chat_ref = excluded.chat_ref, sender = excluded.sender, state = 'running', stop_reason = '', started_at = excluded.started_at,
 				deadline_at = excluded.deadline_at, ceiling_at = excluded.ceiling_at, step_timeout_ns = excluded.step_timeout_ns,
 				updated_at = excluded.updated_at, ended_at = NULL, step_kind = NULL, step_name = NULL,
 				step_seq = NULL, last_step_kind = NULL, last_step_name = NULL, last_step_seq = NULL
 			WHERE turns.state <> 'running' AND turns.owner_epoch IS NULL`,
-			ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, at, nullTime(ev.Deadline), nullTime(ev.Ceiling), nullDuration(ev.StepTimeout))
+			ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef, at, nullTime(ev.Deadline), nullTime(ev.Ceiling), nullDuration(ev.StepTimeout), ev.Sender)
 		if err != nil {
 			return fmt.Errorf("start turn: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
-			// A claimed turn learns its limits from its TurnStarted.
-			if _, err := tx.Exec(ctx, `UPDATE turns SET deadline_at = $2, ceiling_at = $3, step_timeout_ns = $4
+			// A claimed turn learns its limits and its sender from its TurnStarted.
+			if _, err := tx.Exec(ctx, `UPDATE turns SET deadline_at = $2, ceiling_at = $3, step_timeout_ns = $4, sender = $5
 				WHERE run_id = $1 AND state = 'running' AND owner_epoch IS NOT NULL`,
-				ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling), nullDuration(ev.StepTimeout)); err != nil {
+				ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling), nullDuration(ev.StepTimeout), ev.Sender); err != nil {
 				return fmt.Errorf("start claimed turn: %w", err)
 			}
 		}

@@ -68,7 +68,7 @@ func (s *Store) Sessions(ctx context.Context, limit int) ([]store.Session, error
 
 const turnColumns = `run_id, session_key, channel, chat_ref, state, stop_reason, started_at, updated_at,
 	ended_at, step_kind, step_name, step_seq, last_step_kind, last_step_name, last_step_seq,
-	deadline_at, ceiling_at, step_timeout_ns`
+	deadline_at, ceiling_at, step_timeout_ns, sender`
 
 func scanTurn(row pgx.Row) (store.Turn, error) {
 	var t store.Turn
@@ -77,7 +77,7 @@ func scanTurn(row pgx.Row) (store.Turn, error) {
 	var cur, last nullStep
 	err := row.Scan(&t.RunID, &t.SessionKey, &t.Channel, &t.ChatRef, &t.State, &t.StopReason, &t.StartedAt, &t.UpdatedAt,
 		&ended, &cur.kind, &cur.name, &cur.seq, &last.kind, &last.name, &last.seq,
-		&deadline, &ceiling, &stepTimeout)
+		&deadline, &ceiling, &stepTimeout, &t.Sender)
 	if err != nil {
 		return store.Turn{}, err
 	}
