@@ -523,16 +523,24 @@ func TestBusySessionQueues(t *testing.T) {
 	})
 }
 
-// One message more than busy.maxQueued is refused with words and a code a
-// client can branch on.
+// One message more than busy.maxQueued, or one past busy.maxQueuedBytes, is
+// refused with words and a code a client can branch on.
 func TestBusyQueueFull(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		one := 1
-		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) { c.Agents.Defaults.Busy.MaxQueued = &one }})
+		one, budget := 1, 10
+		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) {
+			c.Agents.Defaults.Busy.MaxQueued = &one
+			c.Agents.Defaults.Busy.MaxQueuedBytes = &budget
+		}})
 		c, _ := e.connect("tui", "")
 		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "a"})
+		r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "eleven byte", "idempotencyKey": "big"})
+		if r.OK || r.Error.Code != "UNAVAILABLE" || r.Error.Message != (&gateway.QueueFullError{Limit: 1, Bytes: 10}).UserText() ||
+			fmt.Sprint(r.Error.Details) != "map[bytes:10 code:QUEUE_FULL limit:1]" {
+			t.Fatalf("over the byte budget answered %s", r.raw)
+		}
 		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "queued", "idempotencyKey": "b"})
-		r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "too many", "idempotencyKey": "c"})
+		r = c.call("chat.send", map[string]any{"sessionKey": "main", "message": "too many", "idempotencyKey": "c"})
 		if r.OK || r.Error.Code != "UNAVAILABLE" || r.Error.Message != (&gateway.QueueFullError{Limit: 1}).UserText() ||
 			fmt.Sprint(r.Error.Details) != "map[code:QUEUE_FULL limit:1]" {
 			t.Fatalf("queue full answered %s", r.raw)
