@@ -507,12 +507,19 @@ func TestBusySessionQueues(t *testing.T) {
 		c.wait = time.Hour
 		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps work:20s say:First", "idempotencyKey": "a"})
 		r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:Second", "idempotencyKey": "b"})
-		want := `{"runId":"b","status":"queued","busy":"queue","ahead":0,"text":"📥 Queued — I'll get to it after the current request (1 ahead)."}`
+		want := `{"runId":"b","status":"queued","busy":"queue","ahead":0,"text":"📥 Queued — I'll get to it right after the current request."}`
 		if !r.OK || string(r.Payload) != want {
 			t.Fatalf("busy chat.send answered %s, want %s", r.raw, want)
 		}
 		if r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:Second", "idempotencyKey": "b"}); r.str("status") != "queued" {
 			t.Fatalf("a repeated idempotencyKey of a queued message answered %s", r.raw)
+		}
+		// The words name the same number as ahead (they said "(2 ahead)"
+		// for ahead 1: the running request was counted too).
+		r = c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:Third", "idempotencyKey": "c"})
+		want = `{"runId":"c","status":"queued","busy":"queue","ahead":1,"text":"📥 Queued — I'll get to it after the current request and 1 queued before it."}`
+		if !r.OK || string(r.Payload) != want {
+			t.Fatalf("second queued chat.send answered %s, want %s", r.raw, want)
 		}
 		if got := c.chat("a", "final").str("message.content.0.text"); got != "First" {
 			t.Fatalf("first reply %q", got)
