@@ -30,6 +30,16 @@ func TestBusyFor(t *testing.T) {
 	if mode, max := Default().BusyFor(ChannelWS); mode != BusyQueue || max != 5 {
 		t.Errorf("default BusyFor = %s, %d; want queue, 5", mode, max)
 	}
+	c.Agents.Defaults.Busy.MaxQueuedBytes = n(4096)
+	c.Channels.Telegram.Busy.MaxQueuedBytes = n(100)
+	for channel, want := range map[string]int{ChannelTelegram: 100, ChannelWS: 4096} {
+		if got := c.QueuedBytesFor(channel); got != want {
+			t.Errorf("QueuedBytesFor(%s) = %d, want %d", channel, got, want)
+		}
+	}
+	if got := Default().QueuedBytesFor(ChannelWS); got != 1<<20 {
+		t.Errorf("default QueuedBytesFor = %d, want 1 MiB", got)
+	}
 }
 
 // TestBusyValidation: an unknown mode and an out-of-range maxQueued are
@@ -46,6 +56,11 @@ func TestBusyValidation(t *testing.T) {
 		{"agents.defaults.busy.maxQueued", "from 0 (nothing waits) to 100, got 101",
 			func(c *Config) { c.Agents.Defaults.Busy.MaxQueued = n(101) }},
 		{"channels.ws.busy.maxQueued", "got -1", func(c *Config) { c.Channels.WS.Busy.MaxQueued = n(-1) }},
+		{"agents.defaults.busy.maxQueuedBytes", "from 1 to 67108864 (64 MiB), got 0",
+			func(c *Config) { c.Agents.Defaults.Busy.MaxQueuedBytes = n(0) }},
+		{"channels.telegram.busy.maxQueuedBytes", "from 1 to 67108864 (64 MiB), got 67108865",
+			func(c *Config) { c.Channels.Telegram.Busy.MaxQueuedBytes = n(64<<20 + 1) }},
+		{"agents.defaults.busy.maxQueuedBytes", "must be set", func(c *Config) { c.Agents.Defaults.Busy.MaxQueuedBytes = nil }},
 	} {
 		c := Default()
 		tc.set(c)

@@ -87,6 +87,7 @@ func defaults() map[string]any {
 		"agents.defaults.maxReplyChars":              100000,
 		"agents.defaults.busy.mode":                  BusyQueue,
 		"agents.defaults.busy.maxQueued":             defaultMaxQueued,
+		"agents.defaults.busy.maxQueuedBytes":        defaultMaxQueuedBytes,
 		"agents.openai.maxSteps":                     8,
 		"agents.openai.llmIdleTimeoutSeconds":        120.0,
 		"agents.openai.tools.httpGet.maxBytes":       1 << 20,

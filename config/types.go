@@ -77,6 +77,11 @@ type AgentDefaults struct {
 type Busy struct {
 	Mode      string `koanf:"mode"`      // queue | collect | steer | interrupt | reject; default queue ("" in a channel: inherit)
 	MaxQueued *int   `koanf:"maxQueued"` // messages waiting per session; default 5, 0–MaxQueuedLimit (unset in a channel: inherit)
+	// MaxQueuedBytes bounds the bytes of text waiting per session: queued
+	// messages and messages steered into the running turn that its runner
+	// has not taken yet. Default 1 MiB, 1–MaxQueuedBytesLimit (unset in a
+	// channel: inherit).
+	MaxQueuedBytes *int `koanf:"maxQueuedBytes"`
 }
 
 // Busy modes (agents.defaults.busy.mode, channels.*.busy.mode).
@@ -90,6 +95,9 @@ const (
 
 // MaxQueuedLimit is the upper bound of busy.maxQueued.
 const MaxQueuedLimit = 100
+
+// MaxQueuedBytesLimit is the upper bound of busy.maxQueuedBytes (64 MiB).
+const MaxQueuedBytesLimit = 64 << 20
 
 // MaxReplyCharsLimit is the upper bound of agents.defaults.maxReplyChars.
 const MaxReplyCharsLimit = 10_000_000

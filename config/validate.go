@@ -130,6 +130,9 @@ var bounds = map[string]bound{
 	"agents.defaults.busy.maxQueued":        {max: MaxQueuedLimit, zero: "nothing waits"},
 	"channels.ws.busy.maxQueued":            {max: MaxQueuedLimit, zero: "nothing waits"},
 	"channels.telegram.busy.maxQueued":      {max: MaxQueuedLimit, zero: "nothing waits"},
+	"agents.defaults.busy.maxQueuedBytes":   {min: 1, max: MaxQueuedBytesLimit, maxText: "64 MiB"},
+	"channels.ws.busy.maxQueuedBytes":       {min: 1, max: MaxQueuedBytesLimit, maxText: "64 MiB"},
+	"channels.telegram.busy.maxQueuedBytes": {min: 1, max: MaxQueuedBytesLimit, maxText: "64 MiB"},
 	"channels.telegram.maxInputChars":       {min: 1, max: 1000000},
 	"store.queueSize":                       {min: 1, max: 1 << 20},
 	"store.retention.historyDays":           {max: 3650, zero: "kept forever"},
@@ -466,6 +469,11 @@ func (p *problems) busy(prefix string, b Busy, inherit bool) {
 		p.wholeIn(prefix+".maxQueued", prefix+".maxQueued", *b.MaxQueued)
 	} else if !inherit {
 		p.add(prefix+".maxQueued", "must be set (a whole number from 0 to %d)", MaxQueuedLimit)
+	}
+	if b.MaxQueuedBytes != nil {
+		p.wholeIn(prefix+".maxQueuedBytes", prefix+".maxQueuedBytes", *b.MaxQueuedBytes)
+	} else if !inherit {
+		p.add(prefix+".maxQueuedBytes", "must be set (a whole number from 1 to %d)", MaxQueuedBytesLimit)
 	}
 }
 

@@ -69,14 +69,7 @@ func (c *Config) RunnerFor(channel string) string {
 // agents.defaults.busy's, else the built-in queue and 5.
 func (c *Config) BusyFor(channel string) (mode string, maxQueued int) {
 	mode, maxQueued = BusyQueue, defaultMaxQueued
-	layers := []Busy{c.Agents.Defaults.Busy}
-	switch channel {
-	case ChannelWS:
-		layers = append(layers, c.Channels.WS.Busy)
-	case ChannelTelegram:
-		layers = append(layers, c.Channels.Telegram.Busy)
-	}
-	for _, b := range layers {
+	for _, b := range c.busyLayers(channel) {
 		if b.Mode != "" {
 			mode = b.Mode
 		}
@@ -89,6 +82,35 @@ func (c *Config) BusyFor(channel string) (mode string, maxQueued int) {
 
 // defaultMaxQueued is busy.maxQueued's built-in value.
 const defaultMaxQueued = 5
+
+// QueuedBytesFor returns the per-session byte budget of waiting text
+// (busy.maxQueuedBytes) of a turn on channel: channels.<channel>.busy's
+// when set, else agents.defaults.busy's, else the built-in 1 MiB.
+func (c *Config) QueuedBytesFor(channel string) int {
+	n := defaultMaxQueuedBytes
+	for _, b := range c.busyLayers(channel) {
+		if b.MaxQueuedBytes != nil {
+			n = *b.MaxQueuedBytes
+		}
+	}
+	return n
+}
+
+// busyLayers are the busy keys that apply on channel, the later overriding
+// the earlier key by key: agents.defaults.busy, then the channel's.
+func (c *Config) busyLayers(channel string) []Busy {
+	layers := []Busy{c.Agents.Defaults.Busy}
+	switch channel {
+	case ChannelWS:
+		layers = append(layers, c.Channels.WS.Busy)
+	case ChannelTelegram:
+		layers = append(layers, c.Channels.Telegram.Busy)
+	}
+	return layers
+}
+
+// defaultMaxQueuedBytes is busy.maxQueuedBytes's built-in value (1 MiB).
+const defaultMaxQueuedBytes = 1 << 20
 
 // Redacted returns a deep copy of c in which every non-empty secret is
 // replaced by Redaction: server.token, server.operatorToken,
@@ -259,6 +281,10 @@ func cloneBusy(b Busy) Busy {
 	if b.MaxQueued != nil {
 		n := *b.MaxQueued
 		b.MaxQueued = &n
+	}
+	if b.MaxQueuedBytes != nil {
+		n := *b.MaxQueuedBytes
+		b.MaxQueuedBytes = &n
 	}
 	return b
 }

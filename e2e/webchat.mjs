@@ -59,7 +59,7 @@ function connectsOf(page) {
 }
 
 // queueChecks: messages sent while a turn runs are queued (the gateway's
-// default busy mode): the bubble keeps its text and says "Queued (1 ahead)",
+// default busy mode): the bubble keeps its text and says "Queued — next",
 // survives a reload (chat.history's turnguard.queue), turns into the running
 // turn when its run starts and gets its answer; typed /stop drops the queue
 // and says how many were dropped.
@@ -73,7 +73,7 @@ async function queueChecks(page, artifacts) {
   const queued = page.locator('.msg.user[data-status="queued"]', { hasText: "/steps say:Queued_answer" });
   await queued.waitFor({ timeout: T.turn });
   const label = await queued.locator(".msg-status").textContent();
-  if (label !== "Queued (1 ahead)") throw new Error(`queued label "${label}", want "Queued (1 ahead)"`);
+  if (label !== "Queued — next") throw new Error(`queued label "${label}", want "Queued — next"`);
   if (!(await page.isEnabled("#stop"))) throw new Error("Stop went off when a message was queued behind the running turn");
   ok(`a message sent while busy: kept, "${label}", Stop still on`);
   await page.screenshot({ path: path.join(artifacts, "webchat-queued.png") });
@@ -82,7 +82,7 @@ async function queueChecks(page, artifacts) {
   const again = page.locator('.msg.user[data-status="queued"]', { hasText: "/steps say:Queued_answer" });
   await again.waitFor({ timeout: T.turn }); // the running turn outlasts the reload: it must still wait
   const againLabel = await again.locator(".msg-status").textContent();
-  if (againLabel !== "Queued (1 ahead)") throw new Error(`queued label after a reload "${againLabel}", want "Queued (1 ahead)"`);
+  if (againLabel !== "Queued — next") throw new Error(`queued label after a reload "${againLabel}", want "Queued — next"`);
   ok(`reloaded: the queued message is shown as queued (turnguard.queue): "${againLabel}"`);
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Queued answer", { timeout: T.turn });
   const still = await page.$$eval('.msg.user[data-status="queued"]', (ms) => ms.length);

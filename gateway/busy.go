@@ -11,6 +11,7 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 
@@ -28,6 +29,8 @@ const (
 	BusyCollect BusyMode = "collect"
 	// BusySteer: the message is handed to the running turn when its runner
 	// can take it (runner.Steerer); otherwise it is queued (Ack.FellBack).
+	// Until the runner takes it, it counts against busy.maxQueued and
+	// busy.maxQueuedBytes like a queued message.
 	BusySteer BusyMode = "steer"
 	// BusyInterrupt: the running turn stops with reason superseded and the
 	// message runs next.
@@ -57,26 +60,33 @@ const (
 )
 
 // QueueFullError is returned by Send when the session already has
-// busy.maxQueued messages waiting.
+// busy.maxQueued messages waiting (Limit), or when the message would bring
+// the text waiting past busy.maxQueuedBytes (Bytes, the budget; 0 when it
+// was the count). Waiting are the queued messages and those steered into
+// the running turn that its runner has not taken yet, in every busy mode.
 type QueueFullError struct {
 	SessionKey string
 	Limit      int
+	Bytes      int
 }
 
 func (e *QueueFullError) Error() string {
+	if e.Bytes > 0 {
+		return fmt.Sprintf("session %s: the text waiting would pass %d bytes (busy.maxQueuedBytes)", e.SessionKey, e.Bytes)
+	}
 	return fmt.Sprintf("session %s: %d messages already queued (busy.maxQueued)", e.SessionKey, e.Limit)
 }
 func (e *QueueFullError) Unwrap() error { return ErrBusy }
 
 // UserText is what a channel shows a person whose message was refused.
 func (e *QueueFullError) UserText() string {
-	switch e.Limit {
-	case 0: // busy.maxQueued 0: nothing may wait
+	switch {
+	case e.Bytes > 0:
+		return messages.QueueBytesFull(e.Bytes)
+	case e.Limit == 0: // busy.maxQueued 0: nothing may wait
 		return (&BusyError{}).UserText()
-	case 1:
-		return "📥 A message is already waiting — wait for an answer, or send /stop to stop the request and drop it."
 	}
-	return fmt.Sprintf("📥 %d messages are already waiting — wait for an answer, or send /stop to stop the request and drop them.", e.Limit)
+	return messages.QueueFull(e.Limit)
 }
 
 // QueuedMessage is a message waiting for its session's running turn to end.
@@ -289,13 +299,40 @@ func (q *queued) ids() []string {
 	return ids
 }
 
-// queuedCount counts the messages waiting in s's queue.
-func (s *session) queuedCount() int {
-	n := 0
+// waitingLocked counts the messages waiting in s and the bytes of their
+// text: those in its queue and those steered into its running turn that
+// the runner has not taken yet (they are queued again when it ends).
+// Called with e.mu held.
+func (e *Engine) waitingLocked(s *session) (n, bytes int) {
 	for _, q := range s.queue {
-		n += len(q.msgs)
+		for _, m := range q.msgs {
+			n++
+			bytes += len(m.Text)
+		}
 	}
-	return n
+	if s.active != nil {
+		if t := e.turns[s.active.ID]; t != nil && t.inbox != nil {
+			pn, pb := t.inbox.Pending()
+			n, bytes = n+pn, bytes+pb
+		}
+	}
+	return n, bytes
+}
+
+// roomLocked returns *QueueFullError when req may not wait in s: maxQueued
+// messages already wait, or its text would bring those waiting past the
+// channel's busy.maxQueuedBytes. Steered messages not yet taken count, so
+// queueing them again when their turn ends never passes either bound.
+// Called with e.mu held.
+func (e *Engine) roomLocked(s *session, req SendRequest, maxQueued int) error {
+	n, bytes := e.waitingLocked(s)
+	if n >= maxQueued {
+		return &QueueFullError{SessionKey: req.SessionKey, Limit: maxQueued}
+	}
+	if budget := e.cfg.Current().QueuedBytesFor(req.Channel); bytes+len(req.Text) > budget {
+		return &QueueFullError{SessionKey: req.SessionKey, Limit: maxQueued, Bytes: budget}
+	}
+	return nil
 }
 
 // queuedAckLocked answers a message waiting in q. Called with e.mu held.
@@ -311,6 +348,10 @@ func (e *Engine) queuedAckLocked(q *queued) Ack {
 // messages waiting, in busy mode mode (not reject). Called with e.mu held;
 // it releases it.
 func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode BusyMode, maxQueued int) (Ack, error) {
+	if err := e.roomLocked(s, req, maxQueued); err != nil {
+		e.mu.Unlock()
+		return Ack{}, err
+	}
 	fellBack := false
 	if mode == BusySteer {
 		if s.active != nil && len(s.queue) == 0 && s.active.State() == abort.StateRunning {
@@ -331,10 +372,6 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 			}
 		}
 		fellBack = true
-	}
-	if n := s.queuedCount(); n >= maxQueued {
-		e.mu.Unlock()
-		return Ack{}, &QueueFullError{SessionKey: req.SessionKey, Limit: maxQueued}
 	}
 	qm := QueuedMessage{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
 		Owner: req.Owner, Text: req.Text, QueuedAt: time.Now(), Timeout: req.Timeout}
@@ -567,7 +604,8 @@ func (e *Engine) takeSteeredLocked(t *turn) []QueuedMessage {
 }
 
 // requeueLocked puts msgs (steered messages never taken) at the head of
-// s's queue, joined into one turn under their own run ids (a retry is
+// s's queue (they counted as waiting since they were steered, so the queue
+// does not pass busy.maxQueued or busy.maxQueuedBytes by them), joined into one turn under their own run ids (a retry is
 // answered queued, no longer by the turn they were steered into). It
 // returns the function to call once e.mu is released: it stores them in
 // the QueueStore (so a shutdown or a crash does not lose them; the turn

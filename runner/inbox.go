@@ -26,6 +26,17 @@ func (b *Inbox) Put(text string) bool {
 	return true
 }
 
+// Pending returns how many messages were added and not taken yet, and
+// the bytes of their text.
+func (b *Inbox) Pending() (n, bytes int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range b.msgs {
+		bytes += len(m)
+	}
+	return len(b.msgs), bytes
+}
+
 // Take returns and forgets the messages added since the last Take.
 func (b *Inbox) Take() []string {
 	b.mu.Lock()

@@ -43,7 +43,9 @@ func TooLongText(n, limit int) string {
 // turn started (its events are the answer), the message was a repeat, or it
 // interrupted the running turn (that turn's superseded notice, published
 // before Send returns, says so); otherwise what happened to it while the
-// session was busy. The count in "(N ahead)" includes the running request.
+// session was busy. The number it names is ack.Ahead, the queued turns
+// before it (the running request not counted) — the same number as the
+// WebSocket answer's ahead.
 func AckText(ack gateway.Ack) string {
 	switch ack.Status {
 	case gateway.StatusSteered:
@@ -52,16 +54,19 @@ func AckText(ack gateway.Ack) string {
 	default:
 		return ""
 	}
-	ahead := fmt.Sprintf("(%d ahead)", ack.Ahead+1)
+	when := "right after the current request"
+	if ack.Ahead > 0 {
+		when = fmt.Sprintf("after the current request and %d queued before it", ack.Ahead)
+	}
 	switch {
 	case ack.FellBack:
-		return "📥 The assistant can't take messages mid-request, so I queued it — I'll get to it after the current request " + ahead + "."
+		return "📥 The assistant can't take messages mid-request, so I queued it — I'll get to it " + when + "."
 	case ack.Busy == gateway.BusyInterrupt:
 		return ""
 	case ack.Busy == gateway.BusyCollect:
 		return "📥 Noted — I'll answer this together with your other new messages after the current request."
 	}
-	return "📥 Queued — I'll get to it after the current request " + ahead + "."
+	return "📥 Queued — I'll get to it " + when + "."
 }
 
 // StopText is the answer to /stop: "" when a turn was stopped and nothing

@@ -24,14 +24,14 @@ func TestAckText(t *testing.T) {
 		{"repeat in flight", gateway.Ack{Status: gateway.StatusInFlight}, ""},
 		{"repeat ended", gateway.Ack{Status: gateway.StatusOK}, ""},
 		{"queued next", gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusyQueue},
-			"📥 Queued — I'll get to it after the current request (1 ahead)."},
-		{"queued third", gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusyQueue, Ahead: 2},
-			"📥 Queued — I'll get to it after the current request (3 ahead)."},
+			"📥 Queued — I'll get to it right after the current request."},
+		{"queued third: the number is ahead's", gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusyQueue, Ahead: 2},
+			"📥 Queued — I'll get to it after the current request and 2 queued before it."},
 		{"collect", gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusyCollect},
 			"📥 Noted — I'll answer this together with your other new messages after the current request."},
 		{"steered", gateway.Ack{Status: gateway.StatusSteered, Busy: gateway.BusySteer}, conv.TextSteered},
 		{"steer fell back", gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusySteer, FellBack: true},
-			"📥 The assistant can't take messages mid-request, so I queued it — I'll get to it after the current request (1 ahead)."},
+			"📥 The assistant can't take messages mid-request, so I queued it — I'll get to it right after the current request."},
 		{"interrupt: the superseded notice answers", gateway.Ack{Status: gateway.StatusQueued, Busy: gateway.BusyInterrupt}, ""},
 	} {
 		if got := conv.AckText(tc.ack); got != tc.want {

@@ -9,7 +9,7 @@
 // Stop button (chat.abort) and a session selector (sessions.list,
 // chat.history). A message the gateway refuses (a busy session, an error)
 // is marked "not sent" and its text goes back in the textbox; one it queues
-// behind the running turn shows "Queued (N ahead)" and becomes the running
+// behind the running turn shows "Queued — next" (or "Queued (N before it)") and becomes the running
 // turn when its run starts; one handed to the running turn says so. On load,
 // on a session switch and after a reconnect the page re-attaches to the
 // session's running turn (chat.history's turnguard.activeRun: its steps, the

@@ -507,12 +507,19 @@ func TestBusySessionQueues(t *testing.T) {
 		c.wait = time.Hour
 		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps work:20s say:First", "idempotencyKey": "a"})
 		r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:Second", "idempotencyKey": "b"})
-		want := `{"runId":"b","status":"queued","busy":"queue","ahead":0,"text":"📥 Queued — I'll get to it after the current request (1 ahead)."}`
+		want := `{"runId":"b","status":"queued","busy":"queue","ahead":0,"text":"📥 Queued — I'll get to it right after the current request."}`
 		if !r.OK || string(r.Payload) != want {
 			t.Fatalf("busy chat.send answered %s, want %s", r.raw, want)
 		}
 		if r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:Second", "idempotencyKey": "b"}); r.str("status") != "queued" {
 			t.Fatalf("a repeated idempotencyKey of a queued message answered %s", r.raw)
+		}
+		// The words name the same number as ahead (they said "(2 ahead)"
+		// for ahead 1: the running request was counted too).
+		r = c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps say:Third", "idempotencyKey": "c"})
+		want = `{"runId":"c","status":"queued","busy":"queue","ahead":1,"text":"📥 Queued — I'll get to it after the current request and 1 queued before it."}`
+		if !r.OK || string(r.Payload) != want {
+			t.Fatalf("second queued chat.send answered %s, want %s", r.raw, want)
 		}
 		if got := c.chat("a", "final").str("message.content.0.text"); got != "First" {
 			t.Fatalf("first reply %q", got)
@@ -523,16 +530,24 @@ func TestBusySessionQueues(t *testing.T) {
 	})
 }
 
-// One message more than busy.maxQueued is refused with words and a code a
-// client can branch on.
+// One message more than busy.maxQueued, or one past busy.maxQueuedBytes, is
+// refused with words and a code a client can branch on.
 func TestBusyQueueFull(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		one := 1
-		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) { c.Agents.Defaults.Busy.MaxQueued = &one }})
+		one, budget := 1, 10
+		e := newPipeEnv(t, envOpts{adjust: func(c *config.Config) {
+			c.Agents.Defaults.Busy.MaxQueued = &one
+			c.Agents.Defaults.Busy.MaxQueuedBytes = &budget
+		}})
 		c, _ := e.connect("tui", "")
 		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "a"})
+		r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "eleven byte", "idempotencyKey": "big"})
+		if r.OK || r.Error.Code != "UNAVAILABLE" || r.Error.Message != (&gateway.QueueFullError{Limit: 1, Bytes: 10}).UserText() ||
+			fmt.Sprint(r.Error.Details) != "map[bytes:10 code:QUEUE_FULL limit:1]" {
+			t.Fatalf("over the byte budget answered %s", r.raw)
+		}
 		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "queued", "idempotencyKey": "b"})
-		r := c.call("chat.send", map[string]any{"sessionKey": "main", "message": "too many", "idempotencyKey": "c"})
+		r = c.call("chat.send", map[string]any{"sessionKey": "main", "message": "too many", "idempotencyKey": "c"})
 		if r.OK || r.Error.Code != "UNAVAILABLE" || r.Error.Message != (&gateway.QueueFullError{Limit: 1}).UserText() ||
 			fmt.Sprint(r.Error.Details) != "map[code:QUEUE_FULL limit:1]" {
 			t.Fatalf("queue full answered %s", r.raw)

@@ -249,8 +249,11 @@ func (c *conn) sendError(method, key, runID, text string, err error) *rpcError {
 	var unavail *gateway.UnavailableError
 	switch {
 	case errors.As(err, &full):
-		return &rpcError{Code: CodeUnavailable, Message: full.UserText(),
-			Details: map[string]any{"code": "QUEUE_FULL", "limit": full.Limit}}
+		details := map[string]any{"code": "QUEUE_FULL", "limit": full.Limit}
+		if full.Bytes > 0 {
+			details["bytes"] = full.Bytes
+		}
+		return &rpcError{Code: CodeUnavailable, Message: full.UserText(), Details: details}
 	case errors.As(err, &busy):
 		return &rpcError{Code: CodeUnavailable, Message: busy.UserText(),
 			Details: map[string]any{"code": "SESSION_BUSY", "runId": busy.RunID, "stopping": busy.Stopping}}

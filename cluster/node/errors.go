@@ -21,6 +21,7 @@ type wireError struct {
 	Stopping   bool             `json:"stopping,omitempty"`
 	Running    bool             `json:"running,omitempty"`
 	Limit      int              `json:"limit,omitempty"`
+	Bytes      int              `json:"bytes,omitempty"`
 	Stuck      int              `json:"stuck,omitempty"`
 	StopReason event.StopReason `json:"stopReason,omitempty"`
 	Outcome    *gateway.Outcome `json:"outcome,omitempty"`
@@ -59,7 +60,7 @@ func encodeError(err error) *wireError {
 	if e, ok := errors.AsType[*gateway.BusyError](err); ok {
 		w.Kind, w.SessionKey, w.RunID, w.Stopping = "busy_error", e.SessionKey, e.RunID, e.Stopping
 	} else if e, ok := errors.AsType[*gateway.QueueFullError](err); ok {
-		w.Kind, w.SessionKey, w.Limit = "queue_full_error", e.SessionKey, e.Limit
+		w.Kind, w.SessionKey, w.Limit, w.Bytes = "queue_full_error", e.SessionKey, e.Limit, e.Bytes
 	} else if e, ok := errors.AsType[*gateway.RunnerStuckError](err); ok {
 		w.Kind, w.Runner, w.Stuck, w.Limit = "runner_stuck_error", e.Runner, e.Stuck, e.Limit
 	} else if e, ok := errors.AsType[*gateway.UnavailableError](err); ok {
@@ -92,7 +93,7 @@ func (w *wireError) decode() error {
 	case "busy_error":
 		typed = &gateway.BusyError{SessionKey: w.SessionKey, RunID: w.RunID, Stopping: w.Stopping}
 	case "queue_full_error":
-		typed = &gateway.QueueFullError{SessionKey: w.SessionKey, Limit: w.Limit}
+		typed = &gateway.QueueFullError{SessionKey: w.SessionKey, Limit: w.Limit, Bytes: w.Bytes}
 	case "runner_stuck_error":
 		typed = &gateway.RunnerStuckError{Runner: w.Runner, Stuck: w.Stuck, Limit: w.Limit}
 	case "unavailable_error":

@@ -15,6 +15,9 @@
 // or error. At start the gateway logs "listening" with the address it bound
 // (addr) and the web chat URL (url).
 //
+// On Linux the process makes itself non-dumpable first (hideFromAgents), so
+// that agents running as its user cannot read its /proc/<pid>/environ.
+//
 // Shutdown: the first SIGTERM/SIGINT stops accepting connections, aborts
 // every running turn with stop reason "shutdown" (its user gets the
 // configured shutdown message), waits up to abortGraceSeconds for the
@@ -52,10 +55,15 @@ const (
 )
 
 func main() {
+	hideErr = hideFromAgents() // first, before any agent can start
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv, sig, os.Exit))
 }
+
+// hideErr is why main could not make the process non-dumpable (see
+// hideFromAgents); run logs it. nil when it could, and under tests.
+var hideErr error
 
 // run is the whole program behind main, with its inputs injected: it returns
 // the exit status. sig delivers shutdown signals; exit is called by a second
@@ -113,6 +121,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string, si
 	if err != nil {
 		fmt.Fprintf(stderr, "gateway: %v\n", err)
 		return exitUsage
+	}
+	if hideErr != nil {
+		log.Warn("agents running as the gateway's user may read its environment and memory", "error", hideErr)
 	}
 	cfg, err := config.Load(*cfgPath)
 	if err != nil {

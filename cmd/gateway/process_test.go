@@ -71,6 +71,13 @@ type gatewayProc struct {
 // It returns once the gateway logged the address it listens on.
 func startGateway(t *testing.T, dir, cfg string, env ...string) *gatewayProc {
 	t.Helper()
+	return startGatewayCmd(t, dir, cfg, nil, env...)
+}
+
+// startGatewayCmd is startGateway with prepare adjusting the command before
+// it starts (nil: nothing to adjust).
+func startGatewayCmd(t *testing.T, dir, cfg string, prepare func(*exec.Cmd), env ...string) *gatewayProc {
+	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
@@ -86,6 +93,9 @@ func startGateway(t *testing.T, dir, cfg string, env ...string) *gatewayProc {
 	p.cmd = exec.Command(gatewayBin, args...)
 	p.cmd.Dir = dir
 	p.cmd.Env = append(cleanEnv(), append([]string{"GATEWAY_LOG_FORMAT=json"}, env...)...)
+	if prepare != nil {
+		prepare(p.cmd)
+	}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -463,3 +463,21 @@ func TestTurnsShowTraceID(t *testing.T) {
 		})
 	}
 }
+
+// TestDashboardTakesNoTokenFromTheQuery: the served admin.js reads the
+// operator token from the URL fragment only — a ?token= query reaches the
+// server's and proxies' logs and Referer headers, so the page ignores it.
+func TestDashboardTakesNoTokenFromTheQuery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, testConfig(t))
+		rec := httptest.NewRecorder()
+		e.h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/assets/admin.js", nil))
+		js := rec.Body.String()
+		if rec.Code != http.StatusOK || !strings.Contains(js, `new URLSearchParams(location.hash.slice(1)).get("token")`) {
+			t.Fatalf("GET admin.js: %d, no token read from the fragment", rec.Code)
+		}
+		if strings.Contains(js, "location.search") {
+			t.Errorf("admin.js reads the query string (location.search): a ?token= would be used")
+		}
+	})
+}

@@ -104,3 +104,25 @@ func TestStderrSecretsRedactedInLog(t *testing.T) {
 		t.Fatalf("log:\n%s", log)
 	}
 }
+
+// TestLoggedAgentValuesCut: values the agent chose (an unknown type, an
+// error message, an event type after the answer) are cut in the log: no
+// record carries the agent's 100,000 bytes.
+func TestLoggedAgentValuesCut(t *testing.T) {
+	r, logs := newRunner(t, config.Exec{Command: script("huge_fields.sh")})
+	o := await(t, start(t.Context(), r, "", runner.Nop{}))
+	if _, ok := runner.AsUserError(o.err); !ok {
+		t.Fatalf("err = %v, want the agent's error", o.err)
+	}
+	log := logs.String()
+	for _, msg := range []string{`msg="exec: malformed output line"`, `msg="exec: agent reported an error"`, `msg="exec: event after the final answer ignored"`} {
+		if !strings.Contains(log, msg) {
+			t.Errorf("log lacks %s", msg)
+		}
+	}
+	for rec := range strings.Lines(log) {
+		if len(rec) > 1000 {
+			t.Errorf("a log record of %d bytes: %.300s…", len(rec), rec)
+		}
+	}
+}

@@ -34,8 +34,8 @@
 // fatal; a line longer than maxLine (4 MiB) fails the turn with a
 // *runner.UserError and stops the command at once. Per turn at most maxText
 // bytes of streamed text are kept and streamed, and only the first lines of
-// stderr and of malformed output are logged one by one (then one summary
-// record with the count). The turn's answer is the final event's text (or, if it has none, the
+// stderr, of malformed output and of permission requests are logged one by
+// one (then one summary record with the count). The turn's answer is the final event's text (or, if it has none, the
 // streamed deltas); an error event fails the turn with its message for the
 // user (*runner.UserError). A command that exits without a final or error
 // event fails the turn with an *ExitError naming the exit status; its last
@@ -97,6 +97,9 @@ const (
 	// one; the rest are counted in one summary record when the turn ends.
 	maxLoggedStderr = 100
 	maxLoggedLines  = 20
+	// maxLoggedField bounds the bytes of one agent-written value (a type, an
+	// id, an error message) in a log record; longer is cut.
+	maxLoggedField = 200
 	// drainWait bounds how long output is still read after the command
 	// exited (a process that escaped the group may hold the pipes open).
 	drainWait = 2 * time.Second
@@ -117,6 +120,7 @@ type Runner struct {
 	redact *strings.Replacer // agents.exec.env values (secrets) → [redacted], for stderr in the log
 
 	malformed atomic.Uint64
+	refused   atomic.Uint64 // permission requests refused without asking anyone
 }
 
 var _ runner.Runner = (*Runner)(nil)
@@ -212,6 +216,11 @@ func (r *Runner) Format() string { return r.format }
 // Malformed returns how many stdout lines, over all turns, could not be
 // understood.
 func (r *Runner) Malformed() uint64 { return r.malformed.Load() }
+
+// Refused returns how many permission requests, over all turns, were
+// refused without asking anyone (malformed, too many open, a repeated id,
+// nobody to ask).
+func (r *Runner) Refused() uint64 { return r.refused.Load() }
 
 // Run does one turn. See the package documentation.
 func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
@@ -387,6 +396,7 @@ wait:
 	wg.Wait()
 	if st.ask != nil {
 		st.ask.wait() // after stdout is read: no request comes any more
+		r.refused.Add(uint64(st.ask.summarise()))
 	}
 
 	status := p.State().String()
@@ -409,7 +419,7 @@ wait:
 		log.Info("exec: agent stopped", "status", status)
 		return res, ctx.Err()
 	case st.errMsg != nil:
-		log.Info("exec: agent reported an error", "status", status, "message", *st.errMsg)
+		log.Info("exec: agent reported an error", "status", status, "message", cut(*st.errMsg, maxLoggedField))
 		return res, &runner.UserError{Message: *st.errMsg}
 	case st.final != nil:
 		if !p.State().Success() {

@@ -63,10 +63,15 @@ type outcome struct {
 
 // start runs a turn in the background.
 func start(ctx context.Context, r *exec.Runner, msg string, cb runner.Callbacks) <-chan outcome {
+	return startTurn(ctx, r, runner.Turn{RunID: "run-1", SessionKey: "sess-1", Channel: "ws", Message: msg}, cb)
+}
+
+// startTurn runs turn in the background.
+func startTurn(ctx context.Context, r *exec.Runner, turn runner.Turn, cb runner.Callbacks) <-chan outcome {
 	ch := make(chan outcome, 1)
 	go func() {
 		t0 := time.Now()
-		res, err := r.Run(ctx, runner.Turn{RunID: "run-1", SessionKey: "sess-1", Channel: "ws", Message: msg}, cb)
+		res, err := r.Run(ctx, turn, cb)
 		ch <- outcome{res, err, time.Since(t0)}
 	}()
 	return ch

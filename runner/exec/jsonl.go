@@ -74,9 +74,15 @@ func (s *state) done(typ string) bool {
 }
 
 // ignored logs, at debug level, a line that is ignored: the first
-// maxLoggedLines of a turn (Run summarises the rest).
+// maxLoggedLines of a turn (Run summarises the rest), each string value cut
+// to maxLoggedField bytes (the agent wrote it).
 func (s *state) ignored(msg string, args ...any) {
 	if s.ignoredCount++; s.ignoredCount <= maxLoggedLines {
+		for i, a := range args {
+			if v, ok := a.(string); ok {
+				args[i] = cut(v, maxLoggedField)
+			}
+		}
 		s.log.Debug(msg, args...)
 	}
 }
@@ -85,7 +91,7 @@ func (s *state) ignored(msg string, args ...any) {
 // maxLoggedLines of a turn (Run summarises the rest).
 func (s *state) malformed(why string, line []byte) {
 	if s.malformedCount++; s.malformedCount <= maxLoggedLines {
-		s.log.Warn("exec: malformed output line", "why", why, "line", cut(string(line), 200))
+		s.log.Warn("exec: malformed output line", "why", cut(why, maxLoggedField), "line", cut(string(line), maxLoggedField))
 	}
 }
 

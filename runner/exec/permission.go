@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/turnguard/turnguard/runner"
 )
@@ -28,9 +29,12 @@ import (
 // outcome is "selected" (the person chose optionId; allowed follows the
 // option's kind), "timeout" (nobody answered in time: denied) or "refused"
 // (the request was not asked: it was malformed, too many were open or
-// nobody can be asked; reason says why; denied). Every request that reaches the runner while the turn
-// runs gets exactly one response; one still open when the turn ends (abort,
-// final answer, the agent's exit) gets none. Questions are independent:
+// nobody can be asked; reason says why; denied). Every request that reaches
+// the runner while the turn runs gets exactly one response, with one
+// exception: an agent that does not read its answers (maxQueuedAnswers of
+// them wait to be written) gets no refusals beyond them — those are dropped
+// and counted, never queued without bound. A request still open when the
+// turn ends (abort, final answer, the agent's exit) gets none. Questions are independent:
 // several may be open at once, each answered as the person answers it.
 
 // Bounds of a permission request.
@@ -43,6 +47,11 @@ const (
 	maxLabel         = 64   // bytes of an option label; longer is cut
 	maxToolName      = 64   // bytes of the tool name; longer is cut
 	maxRequestID     = 256  // bytes of the request id as JSON
+	maxQueuedAnswers = 64   // answers waiting to be written to stdin; past it refusals are dropped
+	// maxLoggedPermissions bounds a turn's log records about permission
+	// requests (asked, answered, refused …); the rest are counted in one
+	// summary record when the turn ends.
+	maxLoggedPermissions = 50
 )
 
 // Outcome of a request turnguard did not ask (the answer's "outcome").
@@ -148,26 +157,51 @@ func parsePermission(b []byte) (json.RawMessage, runner.Question, error) {
 
 // asker asks one turn's permission questions and writes the answers to
 // the agent's stdin.
+//
+// Its cost is bounded whatever the agent writes: at most maxOpenQuestions
+// questions are open (one goroutine each), one goroutine writes every
+// answer, and at most maxQueuedAnswers answers wait for it. A refusal costs
+// no goroutine: when maxQueuedAnswers answers are already waiting (the
+// agent does not read its stdin), the refusal is dropped and counted
+// (unanswered), so the agent's stdout is still read. Log records are
+// bounded too: the first maxLoggedPermissions of a turn are written, and
+// summarise logs one record with the counts.
 type asker struct {
-	ctx   context.Context // done when the turn is stopped, the agent answered or exited
-	turn  runner.Turn
-	log   *slog.Logger
-	ready <-chan struct{} // closed once the message line was written to stdin
+	ctx     context.Context // done when the turn is stopped, the agent answered or exited
+	turn    runner.Turn
+	log     *slog.Logger
+	w       io.Writer       // the agent's stdin; written by write only
+	ready   <-chan struct{} // closed once the message line was written to stdin
+	answers chan []byte     // answer lines waiting for write
 
-	mu   sync.Mutex // serialises writes to w; guards open
-	w    io.Writer  // the agent's stdin
+	mu   sync.Mutex // guards open
 	open map[string]bool
 	wg   sync.WaitGroup
+
+	records    atomic.Int64 // log records asked for (written while ≤ maxLoggedPermissions)
+	refused    atomic.Int64 // requests refused without asking anyone
+	unanswered atomic.Int64 // refusals dropped: maxQueuedAnswers answers were waiting
 }
 
 func newAsker(ctx context.Context, turn runner.Turn, log *slog.Logger, w io.Writer, ready <-chan struct{}) *asker {
-	return &asker{ctx: ctx, turn: turn, log: log, w: w, ready: ready, open: map[string]bool{}}
+	a := &asker{ctx: ctx, turn: turn, log: log, w: w, ready: ready,
+		answers: make(chan []byte, maxQueuedAnswers), open: map[string]bool{}}
+	a.wg.Go(a.write)
+	return a
+}
+
+// logf writes one log record about a permission request while the turn's
+// budget (maxLoggedPermissions) lasts; summarise counts the rest.
+func (a *asker) logf(level slog.Level, msg string, args ...any) {
+	if a.records.Add(1) <= maxLoggedPermissions {
+		a.log.Log(context.Background(), level, msg, args...)
+	}
 }
 
 // ask asks q in the background and answers request id on stdin.
 func (a *asker) ask(id json.RawMessage, q runner.Question) {
 	if a.ctx.Err() != nil { // the agent has exited or answered: too late to ask
-		a.log.Info("exec: permission request after the turn ended ignored", "id", string(id))
+		a.logf(slog.LevelInfo, "exec: permission request after the turn ended ignored", "id", string(id))
 		return
 	}
 	a.mu.Lock()
@@ -183,7 +217,7 @@ func (a *asker) ask(id json.RawMessage, q runner.Question) {
 	}
 	a.open[string(id)] = true
 	a.mu.Unlock()
-	a.log.Info("exec: agent asks for permission", "id", string(id), "title", q.Title, "tool", q.Tool)
+	a.logf(slog.LevelInfo, "exec: agent asks for permission", "id", string(id), "title", q.Title, "tool", q.Tool)
 	a.wg.Go(func() {
 		defer func() {
 			a.mu.Lock()
@@ -193,43 +227,85 @@ func (a *asker) ask(id json.RawMessage, q runner.Question) {
 		ans, err := a.turn.Ask(a.ctx, q)
 		switch {
 		case a.ctx.Err() != nil: // the turn ended or was stopped: nothing to answer
-			a.log.Info("exec: permission request withdrawn: the turn ended", "id", string(id))
+			a.logf(slog.LevelInfo, "exec: permission request withdrawn: the turn ended", "id", string(id))
 			return
 		case err != nil:
-			a.log.Warn("exec: permission request could not be asked; denied", "id", string(id), "err", err)
+			a.refused.Add(1)
+			a.logf(slog.LevelWarn, "exec: permission request could not be asked; denied", "id", string(id), "err", err)
 			a.respond(permissionResponse{ID: id, Outcome: outcomeRefused, Reason: "nobody can be asked"})
 			return
 		}
-		a.log.Info("exec: permission answered", "id", string(id), "outcome", ans.Outcome,
+		a.logf(slog.LevelInfo, "exec: permission answered", "id", string(id), "outcome", ans.Outcome,
 			"option", ans.OptionID, "allowed", ans.Allowed(), "by", ans.By)
 		a.respond(permissionResponse{ID: id, Outcome: string(ans.Outcome), OptionID: ans.OptionID, Allowed: ans.Allowed()})
 	})
 }
 
-// refuse denies request id without asking anyone.
+// refuse denies request id without asking anyone. It never blocks and
+// starts no goroutine: with maxQueuedAnswers answers already waiting the
+// refusal is dropped (counted in unanswered).
 func (a *asker) refuse(id json.RawMessage, reason string) {
-	a.log.Warn("exec: permission request refused", "id", string(id), "reason", reason)
-	a.wg.Go(func() { a.respond(permissionResponse{ID: id, Outcome: outcomeRefused, Reason: reason}) })
+	a.refused.Add(1)
+	a.logf(slog.LevelWarn, "exec: permission request refused", "id", string(id), "reason", reason)
+	select {
+	case a.answers <- answerLine(permissionResponse{ID: id, Outcome: outcomeRefused, Reason: reason}):
+	default:
+		a.unanswered.Add(1)
+	}
 }
 
-// respond writes one answer line, after the message line.
+// respond queues the answer to a question that was asked, waiting for room
+// (there are at most maxOpenQuestions of them) until the turn ends.
 func (a *asker) respond(r permissionResponse) {
+	select {
+	case a.answers <- answerLine(r):
+	case <-a.ctx.Done():
+	}
+}
+
+// answerLine is r as one line for the agent's stdin.
+func answerLine(r permissionResponse) []byte {
 	r.Type = "permission_response"
 	if r.ID == nil {
 		r.ID = json.RawMessage("null")
 	}
 	line, _ := json.Marshal(r)
+	return append(line, '\n')
+}
+
+// write writes the queued answers to stdin, after the message line, until
+// the turn ends (answers still queued then are not written).
+func (a *asker) write() {
 	select {
 	case <-a.ready:
 	case <-a.ctx.Done():
 		return
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if _, err := a.w.Write(append(line, '\n')); err != nil {
-		a.log.Debug("exec: permission answer not delivered", "id", string(r.ID), "err", err)
+	for {
+		select {
+		case line := <-a.answers:
+			if _, err := a.w.Write(line); err != nil {
+				a.logf(slog.LevelDebug, "exec: permission answer not delivered", "err", err)
+			}
+		case <-a.ctx.Done():
+			return
+		}
 	}
 }
 
-// wait waits for the questions in flight; a.ctx must be done.
+// wait waits for the questions in flight and the writer; a.ctx must be
+// done and stdin closed (a write blocked on a full pipe returns then).
 func (a *asker) wait() { a.wg.Wait() }
+
+// summarise logs one record with the turn's refusals and the permission
+// records the budget left out, and returns how many were refused.
+func (a *asker) summarise() int64 {
+	n := a.refused.Load()
+	if n > 0 {
+		a.log.Warn("exec: permission requests refused", "count", n, "unanswered", a.unanswered.Load())
+	}
+	if over := a.records.Load() - maxLoggedPermissions; over > 0 {
+		a.log.Warn("exec: permission log records not logged (per-turn limit)", "count", over, "logged", maxLoggedPermissions)
+	}
+	return n
+}

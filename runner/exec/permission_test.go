@@ -10,9 +10,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/turnguard/turnguard/config"
@@ -395,3 +398,70 @@ func TestPermissionsNeedJSONL(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestPermissionFloodBounded: an agent that writes 20,000 refused requests
+// (a repeated id) without reading its answers costs the gateway no
+// goroutine per request and a bounded log: the refusals are counted, the
+// first are logged, one record sums them up. Measured while the agent
+// still reads nothing (it waits for the FIFO the last question opens).
+// Before, each refusal was a goroutine blocked on the full stdin pipe, and
+// the stdout reader itself stalled behind them: the turn never ended.
+func TestPermissionFloodBounded(t *testing.T) {
+	const n = 20000
+	dir := t.TempDir()
+	fifo, out := filepath.Join(dir, "fifo"), filepath.Join(dir, "stdin")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, logs := newRunner(t, config.Exec{
+		Command: script("permission_flood.sh"), Permissions: true,
+		Env: map[string]string{"N": strconv.Itoa(n), "FIFO": fifo, "OUT": out},
+	})
+	before := runtime.NumGoroutine()
+	a := &approver{fn: func(ctx context.Context, q runner.Question) (runner.Answer, error) {
+		if q.Title == "Q" { // open until the turn ends: its repeats are refused
+			<-ctx.Done()
+			return runner.Answer{}, ctx.Err()
+		}
+		if grew := runtime.NumGoroutine() - before; grew > maxOpenGoroutines {
+			t.Errorf("%d goroutines more while %d requests were refused, want at most %d", grew, n, maxOpenGoroutines)
+		}
+		f, err := os.OpenFile(fifo, os.O_WRONLY, 0) // lets the agent read its answers
+		if err != nil {
+			return runner.Answer{}, err
+		}
+		f.Close()
+		return choose("allow")(ctx, q)
+	}}
+	o := await(t, startTurn(t.Context(), r, runner.Turn{RunID: "run-1", Message: "go", Approver: a}, newRecorder()))
+	if o.err != nil || o.res.Text != "done" {
+		t.Fatalf("Run = %q, %v\n%s", o.res.Text, o.err, logs)
+	}
+	if got := r.Refused(); got != n {
+		t.Errorf("Refused() = %d, want %d", got, n)
+	}
+	answers := readLinesOf(t, out)
+	last := answers[len(answers)-1]
+	if want := `{"type":"permission_response","id":"last","outcome":"selected","optionId":"allow","allowed":true}`; last != want {
+		t.Errorf("the agent's last answer %q, want %q", last, want)
+	}
+	if want := `{"type":"permission_response","id":"q","outcome":"refused","allowed":false,"reason":"a request with this id is still open"}`; answers[0] != want {
+		t.Errorf("the agent's first answer %q, want %q", answers[0], want)
+	}
+	log := logs.String()
+	if got := strings.Count(log, `msg="exec: permission request refused"`); got > 50 {
+		t.Errorf("%d refusals logged one by one, want at most 50", got)
+	}
+	if !strings.Contains(log, `msg="exec: permission requests refused" run_id=run-1 count=20000 unanswered=`) {
+		t.Errorf("log lacks the summary:\n%s", cut(log, 4000))
+	}
+	if lines := strings.Count(log, "\n"); lines > 100 {
+		t.Errorf("%d log records for one turn", lines)
+	}
+}
+
+// maxOpenGoroutines bounds the goroutines one turn's permission requests
+// may add: the open questions, the answer writer and the test's own.
+const maxOpenGoroutines = 30
+
+func cut(s string, n int) string { return s[:min(len(s), n)] }

@@ -10,7 +10,7 @@
 // terminal final | aborted (warning with the stop reason) | error.
 //
 // Busy sessions: a message sent while the session's turn runs is answered
-// "queued" (it keeps its bubble, marked "Queued (N ahead)", and becomes the
+// "queued" (it keeps its bubble, marked "Queued — next", and becomes the
 // running turn when its run starts — same runId), "steered" (handed to the
 // running turn) or refused ("not sent", its text back in the textbox).
 //
@@ -485,14 +485,15 @@
 
   // queueLabel is a queued message's words, by what the gateway did with
   // it (busy: queue, collect, steer — queued because the turn cannot take
-  // it —, interrupt) and how many requests are before it (the running one
-  // included).
+  // it —, interrupt) and how many queued turns are before it (ahead, as the
+  // gateway counts them: the running one not included).
   function queueLabel(busy, ahead) {
+    const where = ahead > 0 ? `Queued (${ahead} before it)` : "Queued — next";
     switch (busy) {
       case "collect": return "Queued — answered together with your other new messages";
       case "interrupt": return "Next — the current request is being replaced";
-      case "steer": return `Queued (${ahead + 1} ahead) — the assistant can't take it mid-request`;
-      default: return `Queued (${ahead + 1} ahead)`;
+      case "steer": return `${where} — the assistant can't take it mid-request`;
+      default: return where;
     }
   }
 

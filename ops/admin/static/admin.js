@@ -1,8 +1,10 @@
 // turnguard admin dashboard: polls the operator API and renders the live
 // turns (with stall warnings and an abort button), the recent aborts and
 // the stall history. The operator token comes from the URL fragment
-// (#token=…), the query (?token=…), the tab's session storage or the form;
-// it is sent only as "Authorization: Bearer …" to this origin.
+// (#token=…), the tab's session storage or the form — never from the query
+// (?token=…), which travels to the server and into logs, proxies and
+// Referer headers; it is sent only as "Authorization: Bearer …" to this
+// origin.
 //
 // Element ids, classes and data attributes are a contract with the
 // end-to-end test (e2e/admin.mjs): #status[data-state], tr.turn[data-run-id]
@@ -39,9 +41,7 @@
   let authFailed = false;
 
   function readToken() {
-    const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
-    const fromQuery = new URLSearchParams(location.search).get("token");
-    const t = fromHash || fromQuery;
+    const t = new URLSearchParams(location.hash.slice(1)).get("token");
     if (t) {
       sessionStorage.setItem(TOKEN_KEY, t);
       history.replaceState(null, "", location.pathname); // keep the token out of the address bar and history
