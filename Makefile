@@ -122,14 +122,17 @@ e2e:
 cluster-e2e: deps deps-postgres bin/nats-server
 	bash e2e/cluster/run.sh
 
-## load: the loopback WebSocket load test: 10,000 concurrent clients, each running 3-step demo
-## turns, bounded in turns and time (-max); prints turns/s, run-end → final latency and lost
-## terminal events (must be 0). Figures in docs/performance.md ("WebSocket load").
+## load: the loopback WebSocket load test against the built gateway (bin/gateway, a child process
+## whose store is a real SQLite file in a temporary directory): 10,000 concurrent clients, each
+## running 3-step demo turns, bounded in turns and time (-max); prints turns/s, CPU per turn of the
+## gateway and of the load generator (/proc/PID/stat), run-end → final latency, the store's
+## counters and lost terminal events (must be 0). Figures in docs/performance.md ("WebSocket load").
 LOADFLAGS ?= -clients 10000 -turns 10 -rate 2500 -max 120s
 load: deps
 	mkdir -p bin
+	$(GO) build -o bin/gateway ./cmd/gateway
 	$(GO) build -o bin/loadtest ./cmd/loadtest
-	./bin/loadtest $(LOADFLAGS)
+	./bin/loadtest -gateway bin/gateway $(LOADFLAGS)
 
 ## load-cluster: `cmd/loadtest -replicas 3`, the cluster measured (docs/performance.md, "The cluster:
 ## three replicas"): turns/s on a cluster of one vs three, run end → final on the owner and on another

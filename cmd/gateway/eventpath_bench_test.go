@@ -34,12 +34,21 @@ type pathEnv struct {
 	runs []*abort.Run
 }
 
-func newPathEnv(b *testing.B, n int) *pathEnv { return newPathEnvTraced(b, n, false) }
+func newPathEnv(b *testing.B, n int) *pathEnv { return newPathEnvTraced(b, n, tracingOff) }
+
+// traceMode is how BenchmarkEventPathTracing's gateway traces.
+type traceMode string
+
+const (
+	tracingOff       traceMode = "off"       // no tracer built or subscribed (the default)
+	tracingUnsampled traceMode = "unsampled" // subscribed, telemetry.sampleRatio 0: the sampler drops every turn
+	tracingSampled   traceMode = "sampled"   // subscribed, telemetry.sampleRatio 1: every turn recorded
+)
 
 // newPathEnvTraced is newPathEnv, with the tracer subscribed as start does
 // when telemetry.otlp.endpoint is set (spans go through the batch processor
-// to an exporter that discards them) when traced.
-func newPathEnvTraced(b *testing.B, n int, traced bool) *pathEnv {
+// to an exporter that discards them) unless mode is tracingOff.
+func newPathEnvTraced(b *testing.B, n int, mode traceMode) *pathEnv {
 	b.Helper()
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -67,8 +76,13 @@ func newPathEnvTraced(b *testing.B, n int, traced bool) *pathEnv {
 		b.Fatal(err)
 	}
 	a.unsub = a.eng.Bus().Subscribe("", a.store.Handle)
-	if traced {
-		a.tracer, err = tracing.New(ctx, tracing.Options{Telemetry: cfg.Telemetry, Exporter: tracetest.NewNoopExporter(), Batch: true, Log: log})
+	if mode != tracingOff {
+		tel := cfg.Telemetry
+		tel.SampleRatio = 1
+		if mode == tracingUnsampled {
+			tel.SampleRatio = 0
+		}
+		a.tracer, err = tracing.New(ctx, tracing.Options{Telemetry: tel, Exporter: tracetest.NewNoopExporter(), Batch: true, Log: log})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -146,17 +160,14 @@ func BenchmarkEventPath(b *testing.B) {
 
 // BenchmarkEventPathTracing is BenchmarkEventPath's step (StepStarted then
 // StepCompleted: one step span opened and ended) with tracing off — the
-// default, no tracer subscribed — and on, at 1 and 10K live turns
+// default, no tracer subscribed — on with turns the sampler drops, and on
+// with every turn sampled, at 1 and 10K live turns, in one run
 // (docs/performance.md, "Tracing").
 func BenchmarkEventPathTracing(b *testing.B) {
 	for _, n := range []int{1, 10_000} {
-		for _, traced := range []bool{false, true} {
-			e := newPathEnvTraced(b, n, traced)
-			name := "tracing=off"
-			if traced {
-				name = "tracing=on"
-			}
-			b.Run(name+"/turns="+strconv.Itoa(n), func(b *testing.B) {
+		for _, mode := range []traceMode{tracingOff, tracingUnsampled, tracingSampled} {
+			e := newPathEnvTraced(b, n, mode)
+			b.Run("tracing="+string(mode)+"/turns="+strconv.Itoa(n), func(b *testing.B) {
 				pathLoop(b, n, func(i int) {
 					e.cbs[i].StepStarted("tool", "web_search")
 					e.cbs[i].StepCompleted("tool", "web_search")

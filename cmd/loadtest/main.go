@@ -4,18 +4,21 @@
 // latency from a run's end (the engine's terminal event) to the client's
 // receipt of its `final`, and terminal events that never arrived.
 //
-// The gateway runs in a child process (this binary with -serve): one process
-// cannot hold both ends of 10,000 sockets under the machine's 20,000 open
-// files limit. Both processes read the same wall clock; the child reports the
-// exact end time of every run when it stops, and the parent joins them with
-// the receipt times.
+// The gateway is the built binary (-gateway, bin/gateway: make load builds
+// it) in a child process with its store on a real SQLite file in a temporary
+// directory: the product's own figure, store included. (A child process
+// also because one process cannot hold both ends of 10,000 sockets under
+// the machine's 20,000 open files limit.) Both processes read the same wall
+// clock; once the gateway has stopped, the exact end time of every run is
+// read from its SQLite file (turns.ended_at) and joined with the receipt
+// times. CPU is read from /proc/PID/stat (utime+stime) of the gateway and
+// of this process separately, over the turns.
 //
 // It is bounded: a fixed number of turns per client, at most -max overall,
 // loopback only.
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -23,18 +26,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -42,12 +40,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/turnguard/turnguard/channels/ws"
-	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/event"
-	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/runner"
-	"github.com/turnguard/turnguard/runner/demo"
+	"github.com/turnguard/turnguard/internal/clusterrig"
 )
 
 type options struct {
@@ -57,10 +50,8 @@ type options struct {
 	script   string
 	max      time.Duration
 	dialPar  int
-	serve    bool
-	addr     string
 	turnWait time.Duration
-	profile  string
+	gateway  string // the gateway binary
 
 	replicas    int // > 0: the cluster mode (cluster.go)
 	lease       time.Duration
@@ -73,8 +64,6 @@ type options struct {
 	kills       string
 
 	out io.Writer // the report; os.Stdout
-	// child starts the gateway process with args; nil runs this executable.
-	child func(args ...string) *exec.Cmd
 }
 
 func main() {
@@ -86,9 +75,7 @@ func main() {
 	flag.DurationVar(&o.max, "max", 120*time.Second, "upper bound on the whole run")
 	flag.IntVar(&o.dialPar, "dial-parallel", 200, "connections opened at once while connecting")
 	flag.DurationVar(&o.turnWait, "turn-wait", 30*time.Second, "how long a client waits for a turn's terminal event before counting it lost")
-	flag.StringVar(&o.profile, "gateway-cpuprofile", "", "write a CPU profile of the gateway process to this file")
-	flag.BoolVar(&o.serve, "serve", false, "internal: run the gateway (the parent starts this)")
-	flag.StringVar(&o.addr, "addr", "", "internal: address for -serve (default 127.0.0.1:0)")
+	flag.StringVar(&o.gateway, "gateway", envOr(clusterrig.EnvGatewayBin, "bin/gateway"), "the gateway binary, run as a child process on a real SQLite file (default $"+clusterrig.EnvGatewayBin+" or bin/gateway)")
 	flag.IntVar(&o.replicas, "replicas", 0, "cluster mode: start a whole cluster (3 nats-server, PostgreSQL, this many built gateways; make load-cluster) and measure it (0: one process)")
 	flag.DurationVar(&o.lease, "lease", 3*time.Second, "cluster mode: cluster.leaseSeconds")
 	flag.StringVar(&o.phases, "phases", "scaling,final,busy,takeover", "cluster mode: which measurements, in this order")
@@ -101,10 +88,8 @@ func main() {
 	flag.Parse()
 	o.out = os.Stdout
 	var err error
-	if o.replicas > 0 && !o.serve {
+	if o.replicas > 0 {
 		err = clusterMain(o)
-	} else if o.serve {
-		err = serve(o)
 	} else {
 		err = drive(o)
 	}
@@ -114,86 +99,13 @@ func main() {
 	}
 }
 
-// serve runs the gateway (engine, demo runner, WebSocket server) on a
-// loopback port, prints "LISTEN <addr>", and stops when stdin closes. It
-// then prints "END <runId> <unix ns>" for every run's terminal event and
-// "CPU <seconds>".
-func serve(o options) error {
-	c := config.Default()
-	c.Store.Path = ":memory:"
-	c.Server.MaxConnsPerIP = o.clients + 16
-	c.Server.RequestsPerSecond = 1000
-	c.Server.RequestBurst = 1000
-	if err := c.Validate(); err != nil {
-		return err
+// envOr is the environment variable k, or def when it is unset or empty.
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
 	}
-	src := config.NewSource(c)
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": demo.New()}, Log: log})
-	if err != nil {
-		return err
-	}
-	var (
-		endMu sync.Mutex
-		ends  = make([]runEnd, 0, o.clients*o.turns)
-	)
-	eng.Bus().Subscribe("", func(ev event.Event) {
-		if ev.Kind.Terminal() {
-			endMu.Lock()
-			ends = append(ends, runEnd{ev.RunID, ev.Time.UnixNano()})
-			endMu.Unlock()
-		}
-	})
-	ctx := context.Background()
-	eng.Start(ctx)
-	srv := ws.NewServer(eng, src, ws.Options{Version: "turnguard loadtest", Log: log})
-	addr := o.addr
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	go hs.Serve(ln)
-	if o.profile != "" {
-		f, err := os.Create(o.profile)
-		if err != nil {
-			return err
-		}
-		pprof.StartCPUProfile(f)
-		defer f.Close()
-	}
-	fmt.Printf("LISTEN %s\n", ln.Addr())
-
-	io.Copy(io.Discard, os.Stdin) // the parent closes stdin when it is done
-	if o.profile != "" {
-		pprof.StopCPUProfile()
-	}
-	hs.Close()
-	eng.Shutdown(ctx)
-	srv.Shutdown(ctx)
-	w := bufio.NewWriter(os.Stdout)
-	endMu.Lock()
-	for _, e := range ends {
-		fmt.Fprintf(w, "END %s %d\n", e.run, e.ns)
-	}
-	endMu.Unlock()
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	fmt.Fprintf(w, "CPU %.2f\n", tvSec(ru.Utime)+tvSec(ru.Stime))
-	st := srv.Stats()
-	fmt.Fprintf(w, "STATS frames=%d writes=%d droppedDeltas=%d slowClosed=%d\n", st.Frames, st.Writes, st.DroppedDeltas, st.SlowClosed)
-	return w.Flush()
+	return def
 }
-
-type runEnd struct {
-	run string
-	ns  int64
-}
-
-func tvSec(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
 
 // result is what one client saw.
 type result struct {
@@ -216,38 +128,16 @@ func drive(o options) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	if o.child == nil {
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		o.child = func(args ...string) *exec.Cmd { return exec.Command(exe, args...) }
-	}
-	child := o.child("-serve", "-clients", strconv.Itoa(o.clients), "-turns", strconv.Itoa(o.turns),
-		"-gateway-cpuprofile", o.profile)
-	child.Stderr = os.Stderr
-	stdin, err := child.StdinPipe()
+	gw, err := startGateway(ctx, o.gateway, o.clients)
 	if err != nil {
 		return err
 	}
-	stdout, err := child.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := child.Start(); err != nil {
-		return fmt.Errorf("starting the gateway: %w", err)
-	}
-	defer child.Process.Kill()
-	out := bufio.NewScanner(stdout)
-	out.Buffer(make([]byte, 1<<20), 1<<20)
-	if !out.Scan() || !strings.HasPrefix(out.Text(), "LISTEN ") {
-		return fmt.Errorf("the gateway did not start: %q", out.Text())
-	}
-	addr := strings.TrimPrefix(out.Text(), "LISTEN ")
-	url := "ws://" + addr + "/"
+	defer gw.cleanup()
+	defer gw.kill()
+	addr, url := gw.addr, gw.url()
 
-	fmt.Fprintf(o.out, "loadtest: %d clients × %d turns of %q, offered %s, gateway on %s (GOMAXPROCS %d)\n",
-		o.clients, o.turns, o.script, rateText(o.rate), addr, runtime.GOMAXPROCS(0))
+	fmt.Fprintf(o.out, "loadtest: %d clients × %d turns of %q, offered %s, gateway %s (pid %d) on %s, store %s (GOMAXPROCS %d)\n",
+		o.clients, o.turns, o.script, rateText(o.rate), o.gateway, gw.pid(), addr, gw.db, runtime.GOMAXPROCS(0))
 
 	// Connect everyone first.
 	t0 := time.Now()
@@ -276,8 +166,9 @@ func drive(o options) error {
 	}
 	fmt.Fprintf(o.out, "connected %d clients in %.1fs\n", o.clients, time.Since(t0).Seconds())
 
-	// Run the turns.
+	// Run the turns, reading both processes' CPU around them.
 	results := make([]result, o.clients)
+	gwCPU0, selfCPU0 := procCPU(gw.pid()), procCPU(os.Getpid())
 	start := time.Now().Add(100 * time.Millisecond)
 	for i, c := range conns {
 		wg.Add(1)
@@ -287,26 +178,32 @@ func drive(o options) error {
 		}()
 	}
 	wg.Wait()
+	cpu := turnCPU{gateway: procCPU(gw.pid()) - gwCPU0, client: procCPU(os.Getpid()) - selfCPU0}
 	closeAll(conns)
 
-	// Collect the run end times from the gateway.
-	stdin.Close()
-	ends := map[string]int64{}
-	var serverCPU float64
-	for out.Scan() {
-		f := strings.Fields(out.Text())
-		switch {
-		case len(f) == 3 && f[0] == "END":
-			ns, _ := strconv.ParseInt(f[2], 10, 64)
-			ends[f[1]] = ns
-		case len(f) == 2 && f[0] == "CPU":
-			serverCPU, _ = strconv.ParseFloat(f[1], 64)
-		case len(f) > 0 && f[0] == "STATS":
-			fmt.Fprintln(o.out, "gateway:", strings.Join(f[1:], " "))
-		}
+	// The store's counters, then a clean stop (the writer flushes), then
+	// the run end times from the SQLite file.
+	sc, err := gw.storeCounters()
+	if err != nil {
+		return err
 	}
-	child.Wait()
-	return report(o, results, ends, serverCPU)
+	if cpu.gatewayLife, err = gw.stop(); err != nil {
+		return err
+	}
+	ends, err := gw.ends()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(o.out, "store (SQLite file): %d turns recorded with their end; events at the last turn's end: written %d, queued %d, shed %d (steps, pauses, progress: store.queueSize full), failed %d\n",
+		len(ends), sc.written, sc.queued, sc.dropped, sc.failed)
+	return report(o, results, ends, cpu)
+}
+
+// turnCPU is the CPU time (utime+stime, /proc/PID/stat) the gateway and
+// this process (the load generator) used while the turns ran, and the
+// gateway's over its whole life (start-up, connections, shutdown too).
+type turnCPU struct {
+	gateway, client, gatewayLife time.Duration
 }
 
 // clusterMain runs the cluster mode with o's flags.
@@ -481,7 +378,7 @@ func awaitTerminal(ctx context.Context, c *websocket.Conn, run string, wait time
 	}
 }
 
-func report(o options, results []result, ends map[string]int64, serverCPU float64) error {
+func report(o options, results []result, ends map[string]int64, cpu turnCPU) error {
 	var (
 		sent, lost, errs, got int
 		first, last           int64
@@ -530,9 +427,15 @@ func report(o options, results []result, ends map[string]int64, serverCPU float6
 	fmt.Fprintf(o.out, "latency, run end → final at the client: p50 %v  p90 %v  p99 %v  max %v  (%d samples)\n",
 		q(0.50).Round(time.Microsecond), q(0.90).Round(time.Microsecond), q(0.99).Round(time.Microsecond),
 		q(1).Round(time.Microsecond), len(lat))
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	fmt.Fprintf(o.out, "CPU: gateway process %.1fs, client process %.1fs\n", serverCPU, tvSec(ru.Utime)+tvSec(ru.Stime))
+	perTurn := func(d time.Duration) string {
+		if got == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f ms/turn", float64(d)/float64(time.Millisecond)/float64(got))
+	}
+	fmt.Fprintf(o.out, "CPU while the turns ran (/proc/PID/stat utime+stime): gateway %.2fs = %s; load generator %.2fs = %s; total %s\n",
+		cpu.gateway.Seconds(), perTurn(cpu.gateway), cpu.client.Seconds(), perTurn(cpu.client), perTurn(cpu.gateway+cpu.client))
+	fmt.Fprintf(o.out, "CPU of the gateway over its whole life (start, connections, turns, shutdown): %.2fs\n", cpu.gatewayLife.Seconds())
 	if unmatched > 0 {
 		fmt.Fprintf(o.out, "warning: %d received runs have no end time from the gateway\n", unmatched)
 	}

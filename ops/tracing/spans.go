@@ -168,15 +168,24 @@ func (t *Tracer) Handle(ev event.Event) {
 	}
 }
 
-// start opens the root span of a turn at its TurnStarted.
+// start opens the root span of a turn at its TurnStarted. Whether the turn
+// is traced is decided here, once: a root the sampler dropped does not
+// record, its children would not either, so nothing is kept for the turn
+// (its slot stays empty) and its later events cost Handle one slot lookup
+// each, no span and no allocation. The attributes are built only for a
+// root that records (the sampler, a trace id ratio, does not read them).
 func (t *Tracer) start(ev event.Event) {
 	ctx := context.WithValue(context.Background(), runIDKey{}, ev.RunID)
-	ctx, root := t.tracer.Start(ctx, "turn", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ev.Time),
-		trace.WithAttributes(
-			attribute.String(AttrRunID, ev.RunID), attribute.String(AttrSession, ev.SessionKey),
-			attribute.String(AttrChannel, ev.Channel), attribute.String(AttrRunner, ev.Runner),
-			attribute.Int64(AttrQueuedMs, ms(ev.Queued)),
-		))
+	ctx, root := t.tracer.Start(ctx, "turn", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ev.Time))
+	if !root.IsRecording() {
+		slot.Set(ev, nil)
+		return
+	}
+	root.SetAttributes(
+		attribute.String(AttrRunID, ev.RunID), attribute.String(AttrSession, ev.SessionKey),
+		attribute.String(AttrChannel, ev.Channel), attribute.String(AttrRunner, ev.Runner),
+		attribute.Int64(AttrQueuedMs, ms(ev.Queued)),
+	)
 	slot.Set(ev, &turnSpans{ctx: ctx, root: root})
 }
 

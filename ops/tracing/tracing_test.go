@@ -415,6 +415,53 @@ func TestSampling(t *testing.T) {
 	}
 }
 
+// TestUnsampledStepAllocatesNothing: a turn the sampler drops keeps no
+// state and starts no span, so each of its per-step events (a step started
+// and completed, a pause, a progress notice) costs the tracer no allocation;
+// the same step of a sampled turn allocates (the harness measures).
+func TestUnsampledStepAllocatesNothing(t *testing.T) {
+	now := time.Now()
+	step := event.Step{Kind: event.StepTool, Name: "web_search", Seq: 1, StartedAt: now}
+	for _, tc := range []struct {
+		name    string
+		ratio   float64
+		wantNil bool // zero allocations per step
+	}{
+		{"unsampled", 0, true},
+		{"sampled", 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tel := config.Default().Telemetry
+			tel.SampleRatio = tc.ratio
+			tr, err := tracing.New(context.Background(), tracing.Options{Telemetry: tel, Exporter: tracetest.NewNoopExporter()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tr.Shutdown(context.Background()) })
+			locals := &event.Locals{}
+			ev := func(k event.Kind) event.Event {
+				return event.Event{Kind: k, RunID: "run-" + tc.name, SessionKey: "agent:main:s", Channel: "ws",
+					Locals: locals, Time: now, Step: step, Elapsed: time.Second, Text: "waiting"}
+			}
+			tr.Handle(ev(event.TurnStarted))
+			perStep := []event.Event{ev(event.StepStarted), ev(event.Progress), ev(event.Paused), ev(event.Resumed),
+				ev(event.Recovered), ev(event.StepCompleted)}
+			allocs := testing.AllocsPerRun(1000, func() {
+				for _, e := range perStep {
+					tr.Handle(e)
+				}
+			})
+			tr.Handle(ev(event.Finished))
+			if tc.wantNil && allocs != 0 {
+				t.Errorf("%v allocations per step of an unsampled turn, want 0", allocs)
+			}
+			if !tc.wantNil && allocs == 0 {
+				t.Error("a sampled turn's step allocated nothing: the measurement measures nothing")
+			}
+		})
+	}
+}
+
 // TestTraceIDIsStable: a run id always names the same valid trace id, and
 // different run ids different ones.
 func TestTraceIDIsStable(t *testing.T) {
