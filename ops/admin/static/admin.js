@@ -87,6 +87,16 @@
     refreshAll();
   });
 
+  // A token added to the address of the open dashboard ("#token=…") is
+  // taken at once, without a reload.
+  window.addEventListener("hashchange", () => {
+    if (!new URLSearchParams(location.hash.slice(1)).get("token")) return;
+    token = readToken();
+    $("#auth").hidden = true;
+    authFailed = false;
+    refreshAll();
+  });
+
   // Formatting.
   function dur(ms) {
     if (ms == null) return "—";
