@@ -383,7 +383,7 @@ func TestWebChat(t *testing.T) {
 		t.Fatalf("web chat in Chromium failed: %v (screenshot of the failure: %s)", err,
 			filepath.Join(env.artifacts, "webchat-failure.png"))
 	}
-	for _, name := range []string{"webchat-step-timeout.png", "webchat-reattached.png", "webchat-queued.png", "webchat-390.png"} {
+	for _, name := range []string{"webchat-welcome.png", "webchat-welcome-390.png", "webchat-step-timeout.png", "webchat-reattached.png", "webchat-queued.png", "webchat-390.png"} {
 		shot := filepath.Join(env.artifacts, name)
 		if fi, err := os.Stat(shot); err != nil || fi.Size() == 0 {
 			t.Fatalf("screenshot %s missing: %v", shot, err)
