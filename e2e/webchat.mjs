@@ -11,7 +11,12 @@
 // screen by role and accessible name: a Markdown reply with an HTML tag in it
 // (rendered, the tag as text), a queued message that runs after a step
 // timeout, a message refused as busy (kept), the stop
-// reason in words, no horizontal scroll (screenshot webchat-390.png).
+// reason in words, no horizontal scroll (screenshot webchat-390.png). Also:
+// the welcome of an empty conversation (webchat-welcome.png, and at 390 px
+// webchat-welcome-390.png), the "+ New session" button, a second tab that
+// shows the message that started a turn it did not send (with a Retry named
+// by it), the stop notice below a typed /stop, /new clearing the screen, and
+// "#token=…" added to an open page.
 //
 // Usage: node webchat.mjs URL ARTIFACTS_DIR
 // Env:   E2E_CHROMIUM (executable), E2E_NODE_MODULES (where playwright-core is)
