@@ -82,7 +82,7 @@ async function main() {
     ok(`screenshot ${shot}`);
 
     // Abort: the first click arms the button, the second aborts.
-    const button = row.locator("button.abort");
+    const button = admin.getByRole("button", { name: `Abort of the turn in ${session}`, exact: true });
     const runId = await button.getAttribute("data-run-id");
     await button.click();
     await admin.waitForSelector(`button.abort[data-run-id="${runId}"][data-armed="true"]`, { timeout: 2000 });
@@ -114,7 +114,8 @@ async function main() {
     const qshot = path.join(artifacts, "admin-approval.png");
     await admin.screenshot({ path: qshot, fullPage: true });
     ok(`screenshot ${qshot}`);
-    await q.locator('button.answer[data-option-id="allow"]').click();
+    // By role and name: the button names the question and its session.
+    await admin.getByRole("button", { name: `Allow deploy in ${session}`, exact: true }).click();
     await q.waitFor({ state: "detached", timeout: T.update });
     ok("the answered question left the dashboard");
     await chat.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.update });
