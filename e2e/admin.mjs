@@ -49,7 +49,7 @@ async function main() {
     // The user: a fresh web chat session, a turn that hangs in shell.
     await chat.goto(`${base}/#token=${encodeURIComponent(gatewayToken)}`);
     await chat.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
-    await chat.selectOption("#session", "__new__");
+    await chat.getByRole("button", { name: "+ New session", exact: true }).click();
     await chat.waitForFunction(() => document.querySelector("#session").value.startsWith("agent:main:web-"));
     const session = await chat.$eval("#session", (s) => s.value);
     await chat.fill("#input", "/steps web_search:200ms shell:hang");
@@ -82,7 +82,7 @@ async function main() {
     ok(`screenshot ${shot}`);
 
     // Abort: the first click arms the button, the second aborts.
-    const button = row.locator("button.abort");
+    const button = admin.getByRole("button", { name: `Abort of the turn in ${session}`, exact: true });
     const runId = await button.getAttribute("data-run-id");
     await button.click();
     await admin.waitForSelector(`button.abort[data-run-id="${runId}"][data-armed="true"]`, { timeout: 2000 });
@@ -114,7 +114,8 @@ async function main() {
     const qshot = path.join(artifacts, "admin-approval.png");
     await admin.screenshot({ path: qshot, fullPage: true });
     ok(`screenshot ${qshot}`);
-    await q.locator('button.answer[data-option-id="allow"]').click();
+    // By role and name: the button names the question and its session.
+    await admin.getByRole("button", { name: `Allow deploy in ${session}`, exact: true }).click();
     await q.waitFor({ state: "detached", timeout: T.update });
     ok("the answered question left the dashboard");
     await chat.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.update });
@@ -122,6 +123,32 @@ async function main() {
     if (!settled.includes("✅ Allow by operator: Run deploy")) throw new Error(`the user's card says ${JSON.stringify(settled)}`);
     await chat.waitForSelector(".run:last-child .msg.assistant:not(.streaming) >> text=deploy ran (allowed). Finished", { timeout: T.update });
     ok(`the user's card: "${settled}", and the turn finished`);
+
+    // An operator on a phone, opening the dashboard without a token: it
+    // asks for one; "#token=…" added to the open page connects it without a
+    // reload; at 390 px the tables (recent aborts, stall history) scroll
+    // inside their sections and the page is never wider than the screen.
+    const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+    phone.on("console", (m) => { if (m.type() === "error" && !/401|403/.test(m.text())) consoleErrors.push(`admin 390 px: ${m.text()}`); });
+    phone.on("pageerror", (e) => consoleErrors.push(`admin 390 px: ${e}`));
+    await phone.goto(`${base}/admin`);
+    await phone.waitForSelector('#status[data-state="auth"]', { timeout: T.connect });
+    await phone.getByRole("textbox", { name: "Operator token", exact: true }).waitFor({ timeout: T.connect });
+    await phone.evaluate((t) => { location.hash = `token=${encodeURIComponent(t)}`; }, operatorToken);
+    await phone.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    if ((await phone.evaluate(() => location.href)).includes("token")) throw new Error("the operator token stayed in the address bar");
+    ok("dashboard without a token asked for one; #token=… added to the open page connected it without a reload");
+    await phone.waitForSelector(`#aborts tr.abort-row[data-run-id="${runId}"]`, { timeout: T.update });
+    await phone.waitForSelector(`#stalls tr.episode[data-run-id="${runId}"]`, { timeout: T.update });
+    const widths = await phone.evaluate(() => ({
+      page: document.documentElement.scrollWidth,
+      tables: [...document.querySelectorAll("table")].map((t) => t.scrollWidth),
+    }));
+    const phoneShot = path.join(artifacts, "admin-390.png");
+    await phone.screenshot({ path: phoneShot, fullPage: true });
+    if (widths.page > 390) throw new Error(`the dashboard is ${widths.page} px wide at 390 px (tables ${widths.tables.join(", ")})`);
+    ok(`390 px: page scrollWidth ${widths.page} ≤ 390 (tables ${widths.tables.join(", ")} px scroll inside their sections); screenshot ${phoneShot}`);
+    await phone.close();
 
     if (consoleErrors.length) throw new Error(`console errors: ${consoleErrors.join("; ")}`);
     ok("no console errors");

@@ -367,7 +367,10 @@ func TestTUI(t *testing.T) {
 // signs each challenge with its browser's device key), a browser without
 // WebCrypto Ed25519, and a 390 px phone screen driven by accessible names
 // (Markdown replies rendered safely, a refused message kept, stop reasons in
-// words, no horizontal scroll: webchat-390.png).
+// words, no horizontal scroll: webchat-390.png); the welcome of an empty
+// conversation (webchat-welcome.png, webchat-welcome-390.png), a second tab
+// showing the message that started a turn, /new clearing the screen and a
+// "#token=…" added to an open page.
 func TestWebChat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -383,7 +386,7 @@ func TestWebChat(t *testing.T) {
 		t.Fatalf("web chat in Chromium failed: %v (screenshot of the failure: %s)", err,
 			filepath.Join(env.artifacts, "webchat-failure.png"))
 	}
-	for _, name := range []string{"webchat-step-timeout.png", "webchat-reattached.png", "webchat-queued.png", "webchat-390.png"} {
+	for _, name := range []string{"webchat-welcome.png", "webchat-welcome-390.png", "webchat-step-timeout.png", "webchat-reattached.png", "webchat-queued.png", "webchat-390.png"} {
 		shot := filepath.Join(env.artifacts, name)
 		if fi, err := os.Stat(shot); err != nil || fi.Size() == 0 {
 			t.Fatalf("screenshot %s missing: %v", shot, err)

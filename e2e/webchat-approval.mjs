@@ -55,7 +55,8 @@ async function allow(page) {
   const labels = await card.$$eval("button", (bs) => bs.map((b) => b.textContent));
   if (JSON.stringify(labels) !== '["Allow","Deny"]') throw new Error(`buttons ${JSON.stringify(labels)}`);
   ok(`the question is a card with Allow and Deny: "${text.split("\n")[0]}"`);
-  await page.getByRole("button", { name: "Allow", exact: true }).click();
+  // Named by what it answers: several cards may be open at once.
+  await page.getByRole("button", { name: "Allow deploy", exact: true }).click();
   await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
   const disabled = await card.$$eval("button", (bs) => bs.every((b) => b.disabled));
   if (!disabled) throw new Error("buttons still enabled after the click");
@@ -73,7 +74,7 @@ async function reloadThenDeny(page) {
   await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
   const card = await openCard(page);
   ok("after a reload the open question is drawn again");
-  await page.getByRole("button", { name: "Deny", exact: true }).click();
+  await page.getByRole("button", { name: "Deny deploy", exact: true }).click();
   await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=deploy was not run: denied. Finished", { timeout: T.turn });
   ok(`Deny after the reload: "${await card.$eval(".approval-text", (e) => e.textContent)}"`);

@@ -11,7 +11,12 @@
 // screen by role and accessible name: a Markdown reply with an HTML tag in it
 // (rendered, the tag as text), a queued message that runs after a step
 // timeout, a message refused as busy (kept), the stop
-// reason in words, no horizontal scroll (screenshot webchat-390.png).
+// reason in words, no horizontal scroll (screenshot webchat-390.png). Also:
+// the welcome of an empty conversation (webchat-welcome.png, and at 390 px
+// webchat-welcome-390.png), the "+ New session" button, a second tab that
+// shows the message that started a turn it did not send (with a Retry named
+// by it), the stop notice below a typed /stop, /new clearing the screen, and
+// "#token=…" added to an open page.
 //
 // Usage: node webchat.mjs URL ARTIFACTS_DIR
 // Env:   E2E_CHROMIUM (executable), E2E_NODE_MODULES (where playwright-core is)
@@ -35,15 +40,91 @@ async function send(page, text) {
   await page.click("#send");
 }
 
-// newSession picks "+ New session" and waits for its empty conversation.
+// newSession clicks the "+ New session" button and waits for its empty
+// conversation, which shows the welcome.
 async function newSession(page) {
   const was = await page.$eval("#session", (s) => s.value);
-  await page.selectOption("#session", "__new__");
+  await page.getByRole("button", { name: "+ New session", exact: true }).click();
   await page.waitForFunction((a) => {
     const v = document.querySelector("#session").value;
     return v !== a && v.startsWith("agent:main:web-");
   }, was);
   await page.waitForFunction(() => document.querySelectorAll("#messages .msg").length === 0);
+  await page.getByRole("heading", { name: "Welcome to turnguard" }).waitFor({ timeout: T.turn });
+}
+
+// welcomeChecks: an empty conversation is not a blank page: a welcome
+// (by role and name) says what to type — /help and the demo's examples,
+// each a button that fills the textbox — and the first message replaces it.
+// Screenshot name: the welcome as shown.
+async function welcomeChecks(page, shot) {
+  const welcome = page.getByRole("region", { name: "Welcome to turnguard" });
+  await welcome.waitFor({ timeout: T.turn });
+  for (const ex of ["/help", "/steps ask:deploy say:Finished"]) {
+    if ((await welcome.getByRole("button", { name: ex, exact: true }).count()) !== 1) throw new Error(`the welcome has no button ${ex}`);
+  }
+  await page.screenshot({ path: shot });
+  await welcome.getByRole("button", { name: "/help", exact: true }).click();
+  const box = page.getByRole("textbox", { name: "Message", exact: true });
+  if ((await box.inputValue()) !== "/help") throw new Error(`the /help example put "${await box.inputValue()}" in the textbox`);
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  await page.waitForSelector(".msg.assistant:not(.streaming)", { timeout: T.turn });
+  if (await welcome.count()) throw new Error("the welcome stayed after the first message");
+  ok(`welcome in an empty conversation: heading, /help and /steps ask:deploy say:Finished as buttons; /help sent from it, welcome gone; screenshot ${shot}`);
+}
+
+// secondTabChecks: a second tab watching the same conversation shows the
+// user's message that started a turn it did not send (not only its steps
+// and reply), and the notice of that turn offers Retry for that message,
+// named by it.
+async function secondTabChecks(page) {
+  await newSession(page);
+  const key = await page.$eval("#session", (s) => s.value);
+  const other = await page.context().newPage();
+  try {
+    const u = new URL(url);
+    u.searchParams.set("session", key);
+    await other.goto(u.toString());
+    await other.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    const hung = "/steps web_search:300ms shell:hang";
+    await send(page, hung);
+    const bubble = other.locator(".msg.user", { hasText: hung });
+    await bubble.waitFor({ timeout: T.turn });
+    const order = await other.evaluate((t) => {
+      const b = [...document.querySelectorAll(".msg.user")].find((m) => m.textContent === t);
+      const step = document.querySelector(".run .step");
+      return !!(b && step && (b.compareDocumentPosition(step) & Node.DOCUMENT_POSITION_FOLLOWING));
+    }, hung);
+    if (!order) throw new Error("the other tab's user bubble is not above the turn's steps");
+    ok(`another tab watching the conversation shows the message that started the turn: "${hung}", above its steps`);
+    await other.waitForSelector('.notice.warning[data-stop-reason="step_timeout"]', { timeout: T.turn });
+    const retry = other.getByRole("button", { name: `Retry \u201c${hung}\u201d`, exact: true });
+    if ((await retry.count()) !== 1) throw new Error("the other tab's timeout notice has no Retry named by the message");
+    ok(`the other tab's notice offers Retry for it, named "Retry \u201c${hung}\u201d"`);
+  } finally {
+    await other.close();
+  }
+}
+
+// tokenHashChecks: a page opened without a token asks for one; adding
+// "#token=…" to its address connects it at once, without a reload.
+async function tokenHashChecks(browser) {
+  const tok = new URLSearchParams(new URL(url).hash.slice(1)).get("token");
+  const bare = new URL(url);
+  bare.hash = "";
+  const page = await browser.newPage({ viewport: { width: 1100, height: 760 } });
+  try {
+    await page.goto(bare.toString());
+    await page.waitForSelector('#status[data-state="auth"]', { timeout: T.connect });
+    await page.getByRole("textbox", { name: "Gateway token", exact: true }).waitFor({ timeout: T.connect });
+    await page.evaluate((t) => { location.hash = `token=${encodeURIComponent(t)}`; }, tok);
+    await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+    if ((await page.evaluate(() => location.href)).includes("token=")) throw new Error("the token stayed in the address bar");
+    if (!(await page.$("#token-form[hidden]"))) throw new Error("the token form stayed open");
+    ok("#token=… added to an open page that asked for a token: connected without a reload, token out of the address bar");
+  } finally {
+    await page.close();
+  }
 }
 
 // connectsOf collects the params of every connect the page sends.
@@ -98,9 +179,17 @@ async function queueChecks(page, artifacts) {
   await page.locator('.msg.user[data-status="dropped"]', { hasText: "Never_runs" }).waitFor({ timeout: T.turn });
   await page.waitForSelector(".msg.assistant >> text=1 queued message was dropped", { timeout: T.turn });
   await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+  // The stop's confirmation is at the bottom, below the typed /stop — not
+  // up in the stopped turn's block.
+  const below = await page.evaluate(() => {
+    const stops = [...document.querySelectorAll(".msg.user")].filter((m) => m.textContent === "/stop");
+    const note = [...document.querySelectorAll('.notice.warning[data-stop-reason="user"]')].pop();
+    return !!(stops.length && note && (stops[stops.length - 1].compareDocumentPosition(note) & Node.DOCUMENT_POSITION_FOLLOWING));
+  });
+  if (!below) throw new Error("the stop confirmation is above the typed /stop");
   await page.waitForTimeout(1000); // real time: a dropped message must not start (it would within this second)
   if (await page.$("text=Never runs")) throw new Error("a dropped message ran");
-  ok("typed /stop with a message queued: the turn stopped, the queued message marked dropped, \"1 queued message was dropped\"");
+  ok("typed /stop with a message queued: the turn stopped, the queued message marked dropped, \"1 queued message was dropped\", the stop notice below the /stop");
 
   // The Stop button with a queue: the same as typed /stop — the queued
   // message is dropped, not run after the stop.
@@ -157,6 +246,11 @@ async function phoneChecks(browser, artifacts, consoleErrors) {
     }
     ok("controls found by role and accessible name: textbox Message, buttons Send and Stop, combobox Session");
     await newSession(page);
+    const welcomeShot = path.join(artifacts, "webchat-welcome-390.png");
+    await page.screenshot({ path: welcomeShot });
+    const ww = await page.evaluate(() => document.documentElement.scrollWidth);
+    if (ww > 390) throw new Error(`the welcome scrolls sideways at 390 px: scrollWidth ${ww}`);
+    ok(`390 px: the welcome fits (scrollWidth ${ww}); screenshot ${welcomeShot}`);
     const say = async (text) => { await box.fill(text); await sendBtn.click(); };
 
     // A Markdown reply with an HTML tag in it: formatted, the tag as text.
@@ -231,7 +325,7 @@ async function phoneChecks(browser, artifacts, consoleErrors) {
     if (width > 390) throw new Error(`horizontal scroll at 390 px: scrollWidth ${width}`);
     const msgs = await page.evaluate(() => { const m = document.querySelector("#messages"); return { scroll: m.scrollWidth, client: m.clientWidth }; });
     if (msgs.scroll > msgs.client) throw new Error(`#messages scrolls sideways at 390 px: scrollWidth ${msgs.scroll} > clientWidth ${msgs.client}`);
-    for (const loc of [box, sendBtn, stopBtn, session]) {
+    for (const loc of [box, sendBtn, stopBtn, session, page.getByRole("button", { name: "+ New session", exact: true })]) {
       const b = await loc.boundingBox();
       if (!b || b.x < 0 || b.x + b.width > 390 || b.width < 24 || b.height < 24) throw new Error(`control off screen or tiny: ${JSON.stringify(b)}`);
     }
@@ -278,9 +372,10 @@ async function main() {
     if ((await page.evaluate(() => location.href)).includes("token=")) throw new Error("the token stayed in the address bar");
     ok("token removed from the address bar");
 
-    // A fresh session, so earlier runs do not interfere.
-    await page.selectOption("#session", "__new__");
-    await page.waitForFunction(() => document.querySelector("#session").value.startsWith("agent:main:web-"));
+    // A fresh session, so earlier runs do not interfere: its welcome.
+    await newSession(page);
+    await welcomeChecks(page, path.join(artifacts, "webchat-welcome.png"));
+    await newSession(page);
     const sessionA = await page.$eval("#session", (s) => s.value);
     ok(`new session ${sessionA}`);
 
@@ -326,6 +421,9 @@ async function main() {
     const retry = await page.$('.run:last-child .notice.warning[data-stop-reason="step_timeout"] button.retry');
     if (!retry || (await retry.textContent()) !== "Retry") throw new Error("no Retry button on the step timeout's notice");
     const retries = await page.getByRole("button", { name: "Retry" }).count();
+    if ((await page.getByRole("button", { name: `Retry \u201c${hung}\u201d`, exact: true }).count()) < 1) {
+      throw new Error(`no Retry button named by its message: ${JSON.stringify(await page.$$eval("button.retry", (bs) => bs.map((b) => b.getAttribute("aria-label"))))}`);
+    }
     await retry.click();
     await page.waitForFunction(([t, n]) => [...document.querySelectorAll(".msg.user")].filter((m) => m.firstChild && m.firstChild.textContent === t).length > n, [hung, sentBefore], { timeout: T.turn });
     if (!(await retry.isDisabled())) throw new Error("Retry stayed enabled after one tap");
@@ -475,6 +573,21 @@ async function main() {
 
     // 6b. Busy sessions: queued messages.
     await queueChecks(page, artifacts);
+
+    // 6c. /new: the earlier messages leave the screen; the /new and its
+    //     answer stay; the selector's entry says the conversation is new.
+    const label = () => page.$eval("#session", (s) => s.selectedOptions[0].textContent);
+    const labelBefore = await label();
+    await send(page, "/new");
+    await page.waitForSelector(".msg.assistant >> text=New conversation", { timeout: T.turn });
+    const left = await page.$$eval("#messages .msg", (ms) => ms.map((m) => m.textContent));
+    if (left.length !== 2 || left[0] !== "/new") throw new Error(`after /new the screen shows ${JSON.stringify(left)}`);
+    await page.waitForFunction((b) => document.querySelector("#session").selectedOptions[0].textContent !== b, labelBefore, { timeout: T.turn });
+    ok(`/new cleared the earlier messages (left: ${JSON.stringify(left)}); the selector went from "${labelBefore}" to "${await label()}"`);
+
+    // 6d. Another tab watching the conversation; a token added to an open page.
+    await secondTabChecks(page);
+    await tokenHashChecks(browser);
 
     // 7. The page as a product, on a 390 px phone screen: controls found by
     //    role and accessible name, Markdown replies rendered safely, a

@@ -619,3 +619,35 @@ func TestNoDeviceConnectionsShareRunOwnership(t *testing.T) {
 		})
 	}
 }
+
+// TestTurnStartCarriesTheUserMessage: a second page watching the session
+// (sessions.subscribe, as the web chat does) learns the message that started
+// a turn it did not send from the turn's lifecycle start (userText), so it
+// can draw the user's bubble above the steps and offer Retry; a message
+// longer than an eighth of server.maxAnswerBytes is cut and says so.
+func TestTurnStartCarriesTheUserMessage(t *testing.T) {
+	long := "/steps say:" + strings.Repeat("x", 3000)
+	for _, tc := range []struct {
+		name, text, want string
+		cut              bool
+	}{
+		{"short", "/steps say:hello_there", "/steps say:hello_there", false},
+		{"long", long, long[:100], true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newTCPEnv(t, envOpts{adjust: func(c *config.Config) { c.Server.MaxAnswerBytes = 16 << 10 }})
+			sender, _ := e.connect("webchat", "")
+			watcher, _ := e.connect("webchat", "")
+			watcher.call("sessions.subscribe", map[string]any{})
+			sender.call("chat.send", map[string]any{"sessionKey": "main", "message": tc.text, "idempotencyKey": "u1"})
+			start := watcher.until("u1's start", func(f frame) bool {
+				return f.Event == "agent" && f.str("runId") == "u1" && f.str("data.phase") == "start"
+			})
+			got := start.str("data.userText")
+			if !strings.HasPrefix(got, tc.want) || strings.Contains(got, "[cut:") != tc.cut || len(got) > 2<<10 {
+				t.Fatalf("lifecycle start userText %q (%d bytes), want %q (cut: %v)", clip(got, 120), len(got), tc.want, tc.cut)
+			}
+			watcher.chat("u1", "final")
+		})
+	}
+}

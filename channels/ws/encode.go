@@ -142,7 +142,8 @@ func encodeAgent(p *agentEvent) []byte {
 	case lifecycleData:
 		w.obj("data").str("phase", d.Phase).intOmit("startedAt", d.StartedAt).intOmit("endedAt", d.EndedAt).
 			strOmit("stopReason", d.StopReason).boolOmit("aborted", d.Aborted).strOmit("error", d.Error).
-			strOmit("toolCallId", d.ToolCallID).strOmit("name", d.Name).intOmit("elapsedMs", d.ElapsedMs).close()
+			strOmit("toolCallId", d.ToolCallID).strOmit("name", d.Name).intOmit("elapsedMs", d.ElapsedMs).
+			strOmit("userText", d.UserText).close()
 	case toolData:
 		w.obj("data").str("phase", d.Phase).str("toolCallId", d.ToolCallID).str("name", d.Name)
 		if d.Args != nil {

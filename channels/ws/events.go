@@ -46,6 +46,11 @@ type lifecycleData struct {
 	ToolCallID string `json:"toolCallId,omitempty"` // running: the step that is running
 	Name       string `json:"name,omitempty"`
 	ElapsedMs  int64  `json:"elapsedMs,omitempty"`
+	// UserText (start only; turnguard's extension): the user's message the
+	// turn answers, so a client watching the session that did not send it
+	// (another tab, a page on another replica) can draw it; cut to an
+	// eighth of server.maxAnswerBytes, as in chat.history's activeRun.
+	UserText string `json:"userText,omitempty"`
 }
 
 type toolData struct {
@@ -254,7 +259,11 @@ func (rs *runState) apply(ev event.Event) {
 	switch ev.Kind {
 	case event.TurnStarted:
 		rs.userText = ev.Text
-		rs.lifecycle(t, lifecycleData{Phase: "start", StartedAt: ms(t)})
+		d := lifecycleData{Phase: "start", StartedAt: ms(t)}
+		if rs.watched {
+			d.UserText = rs.s.startText(ev.Text)
+		}
+		rs.lifecycle(t, d)
 
 	case event.StepStarted:
 		if !rs.tool.IsZero() {

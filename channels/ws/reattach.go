@@ -213,6 +213,15 @@ func (s *Server) userTextOf(runID string) string {
 	return rs.userText
 }
 
+// startText is text as a turn's lifecycle start carries it: cut, like
+// activeRun.userText, to an eighth of server.maxAnswerBytes.
+func (s *Server) startText(text string) string {
+	if b := s.answerBudget() / queueShare / 2; jsonLen(text) > b {
+		return cutText(text, b)
+	}
+	return text
+}
+
 func stepOf(runID string, st event.Step) *stepView {
 	v := &stepView{Name: st.Label(), Kind: st.Kind, StartedAt: ms(st.StartedAt)}
 	if isTool(st) {

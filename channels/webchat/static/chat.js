@@ -30,6 +30,13 @@
 // also when it was settled elsewhere (another tab, the TUI, an operator).
 // chat.history's turnguard.approvals redraws the open ones after a reload.
 //
+// Others' turns: a turn started elsewhere (another tab, the TUI, a page on
+// another replica) is drawn from its events; its lifecycle start carries
+// the user's message (data.userText), drawn as that turn's bubble.
+//
+// Welcome: an empty conversation shows what can be typed (/help, demo
+// examples as buttons that fill the textbox); the first message replaces it.
+//
 // Identity: connect carries a device block signing the challenge with an
 // Ed25519 key this browser keeps (see "device identity" below), so the turns
 // this page starts stay its own across reconnects and its Stop keeps working.
@@ -38,7 +45,6 @@
 (() => {
   const PROTOCOL = 4;
   const CLIENT_VERSION = "turnguard-web/1";
-  const NEW_SESSION = "__new__";
   // ANY_RUN as the active run: a turn runs that this page has not seen start
   // (its message was queued behind it); Stop then stops the session's turn.
   const ANY_RUN = "*";
@@ -47,7 +53,7 @@
   const $ = (id) => document.getElementById(id);
   const ui = {
     messages: $("messages"), input: $("input"), send: $("send"), stop: $("stop"),
-    session: $("session"), status: $("status"), tokenForm: $("token-form"),
+    session: $("session"), newSession: $("new-session"), status: $("status"), tokenForm: $("token-form"),
     token: $("token"), tokenReason: $("token-reason"), composer: $("composer"),
   };
 
@@ -132,6 +138,12 @@
     return message.content.filter((c) => c && c.type === "text").map((c) => c.text || "").join("");
   }
 
+  // short is text cut to one line of at most 40 characters, for names.
+  function short(text) {
+    const t = String(text || "").replace(/\s+/g, " ").trim();
+    return t.length > 40 ? `${t.slice(0, 39)}\u2026` : t;
+  }
+
   function el(tag, cls, text) {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -146,6 +158,8 @@
 
   function append(node, parent) {
     const stick = nearBottom();
+    const w = ui.messages.querySelector(".welcome");
+    if (w && w !== node) w.remove();
     (parent || ui.messages).appendChild(node);
     if (stick) ui.messages.scrollTop = ui.messages.scrollHeight;
     return node;
@@ -177,6 +191,37 @@
 
   function userMessage(text, parent) {
     return append(el("div", "msg user", text), parent);
+  }
+
+  // EXAMPLES are what the welcome offers to try: each fills the textbox.
+  const EXAMPLES = [
+    ["/help", "what you can type here"],
+    ["/steps ask:deploy say:Finished", "a request that asks before it deploys (Allow or Deny)"],
+    ["/steps web_search:300ms shell:hang", "a step that hangs: watch the \u201cstill working\u201d note, or Stop it"],
+  ];
+
+  // showWelcome shows, in an empty conversation, what the page is and what
+  // to type; the first message drawn (append) removes it.
+  function showWelcome() {
+    if (ui.messages.querySelector(".msg, .notice, .run, .welcome")) return;
+    const w = el("section", "welcome");
+    w.setAttribute("aria-labelledby", "welcome-title");
+    const h = el("h2", "", "Welcome to turnguard");
+    h.id = "welcome-title";
+    w.appendChild(h);
+    w.appendChild(el("p", "", "Type a message below to talk to the assistant. Its steps show as they run; Stop ends a request at any time. Try one of these:"));
+    const list = el("ul", "examples");
+    for (const [text, what] of EXAMPLES) {
+      const li = el("li");
+      const b = el("button", "example", text);
+      b.type = "button";
+      b.title = "Put this in the message box";
+      b.addEventListener("click", () => { ui.input.value = text; ui.input.focus(); });
+      li.append(b, el("span", "example-what", ` \u2014 ${what}`));
+      list.appendChild(li);
+    }
+    w.appendChild(list);
+    ui.messages.appendChild(w);
   }
 
   // setBubbleStatus marks a user message (data-status: not-sent, queued,
@@ -228,6 +273,8 @@
       const b = el("button", "retry", "Retry");
       b.type = "button";
       b.title = "Send the same message again";
+      // Several notices may offer Retry: the name says which message.
+      b.setAttribute("aria-label", `Retry \u201c${short(retryText)}\u201d`);
       b.addEventListener("click", () => {
         if (!state.connected) return;
         b.disabled = true;
@@ -350,6 +397,17 @@
     return v;
   }
 
+  // endOf returns where the end of run v is drawn: its block while nothing
+  // follows it, else a new block of the run at the bottom of the
+  // conversation — a stop confirmed after later messages (the typed /stop,
+  // a queued message) is shown where the user is looking, not above them.
+  function endOf(v) {
+    if (!v.block.nextElementSibling) return v.block;
+    const tail = el("div", "run run-end");
+    tail.dataset.runId = v.id;
+    return append(tail);
+  }
+
   function replyText(v, text, streaming) {
     if (!v.reply) {
       if (!text && streaming) return;
@@ -406,6 +464,18 @@
     if (state.activeRun === v.id) setActive("");
   }
 
+  // othersMessage draws the message that started run v when this page did
+  // not send it (another tab, the TUI, a page on another replica): the
+  // bubble above the run's block, and the text Retry sends again.
+  function othersMessage(v, text) {
+    if (typeof text !== "string" || !text || v.userText || state.queued.has(v.id)) return;
+    v.userText = text;
+    const bubble = el("div", "msg user", text);
+    ui.messages.insertBefore(bubble, v.block);
+    const w = ui.messages.querySelector(".welcome");
+    if (w) w.remove();
+  }
+
   // ---- approvals -------------------------------------------------------------
 
   // approvalCard draws (or returns) the card of question a in run runId.
@@ -425,6 +495,9 @@
       const b = el("button", `approval-option ${/^allow/.test(o.kind || "") ? "allow" : "reject"}`, String(o.label || o.id));
       b.type = "button";
       b.dataset.optionId = o.id;
+      // Several cards may be open: the name says what it answers ("Allow deploy").
+      const what = short(a.tool || a.title || "");
+      if (what) b.setAttribute("aria-label", `${b.textContent} ${what}`);
       b.addEventListener("click", () => answer(c, o.id, b));
       buttons.appendChild(b);
     }
@@ -860,13 +933,13 @@
         const partial = textOf(p.message);
         if (partial) replyText(v, partial, false);
         finishRun(v, true);
-        notice("warning", p.errorMessage || "Stopped.", p.stopReason || "aborted", v.block, v.userText);
+        notice("warning", p.errorMessage || "Stopped.", p.stopReason || "aborted", endOf(v), v.userText);
         refreshSessionsSoon();
         break;
       }
       case "error": {
         finishRun(v);
-        notice("error", p.errorMessage || "Something went wrong.", p.stopReason || "error", v.block, v.userText);
+        notice("error", p.errorMessage || "Something went wrong.", p.stopReason || "error", endOf(v), v.userText);
         refreshSessionsSoon();
         break;
       }
@@ -878,6 +951,7 @@
     if (!p.runId || !mine(p)) return;
     const v = run(p.runId);
     if (p.stream === "lifecycle" && (p.data || {}).phase === "start") {
+      othersMessage(v, p.data.userText);
       started(p.runId);
       v.started = true;
     }
@@ -1005,6 +1079,7 @@
       v.userText = v.userText ? `${v.userText}\n\n${text}` : text;
       markQueued(bubble, turn, String(q.busy || "queue"), Number(q.ahead) || 0);
     }
+    showWelcome();
     ui.messages.scrollTop = ui.messages.scrollHeight;
     for (const [name, p] of loading.held) runEvent(name, p);
   }
@@ -1039,16 +1114,17 @@
       if (r && r.key && !keys.includes(canonical(r.key))) keys.push(canonical(r.key));
     }
     if (!keys.includes(state.sessionKey)) keys.unshift(state.sessionKey);
+    // Each session with how many messages its conversation has, so a /new
+    // shows as a conversation that starts again.
+    const counts = new Map(rows.filter((r) => r && r.key).map((r) => [canonical(r.key), Number(r.messages) || 0]));
     ui.session.replaceChildren();
     for (const k of keys) {
-      const o = el("option", "", shortKey(k));
+      const n = counts.get(k) || 0;
+      const o = el("option", "", n ? `${shortKey(k)} \u00b7 ${n === 1 ? "1 message" : `${n} messages`}` : `${shortKey(k)} \u00b7 new`);
       o.value = k;
       o.selected = k === state.sessionKey;
       ui.session.appendChild(o);
     }
-    const n = el("option", "", "+ New session");
-    n.value = NEW_SESSION;
-    ui.session.appendChild(n);
   }
 
   function refreshSessionsSoon() {
@@ -1093,12 +1169,24 @@
       // /stop and /new discard the session's queue (the answer's words say
       // how many): the queued messages here are dropped.
       if (res && res.ok !== false && /^\s*\/(stop|new)/i.test(text)) dropQueue();
-      if (/^\s*\/new/i.test(text)) refreshSessionsSoon();
+      if (/^\s*\/new/i.test(text)) {
+        if (bubble && res && res.ok !== false) clearBefore(bubble);
+        refreshSessionsSoon();
+      }
     } catch (err) {
       if (bubble) notSent(bubble, text);
       notice("error", fromButton ? `Stop failed: ${err.message}` : err.message);
       updateButtons();
     }
+  }
+
+  // clearBefore removes what is drawn above node (a /new: the earlier
+  // conversation is forgotten, so it leaves the screen; the /new and its
+  // answer stay) and forgets the runs and cards it removed.
+  function clearBefore(node) {
+    while (ui.messages.firstChild && ui.messages.firstChild !== node) ui.messages.firstChild.remove();
+    for (const [id, v] of [...state.runs]) if (!v.block.isConnected) state.runs.delete(id);
+    for (const [id, c] of [...state.approvals]) if (!c.card.isConnected) state.approvals.delete(id);
   }
 
   // notSent marks a message the gateway refused (busy, an error, a dropped
@@ -1186,10 +1274,8 @@
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
   });
   ui.stop.addEventListener("click", stop);
-  ui.session.addEventListener("change", () => {
-    const v = ui.session.value;
-    switchSession(v === NEW_SESSION ? `web-${uuid().slice(0, 8)}` : v);
-  });
+  ui.session.addEventListener("change", () => switchSession(ui.session.value));
+  ui.newSession.addEventListener("click", () => switchSession(`web-${uuid().slice(0, 8)}`));
   ui.tokenForm.addEventListener("submit", (e) => {
     e.preventDefault();
     state.token = ui.token.value.trim();
@@ -1200,11 +1286,29 @@
     connect();
   });
 
+  // A token added to the address of an open page ("#token=…") is taken at
+  // once: the page connects again with it, no reload needed.
+  window.addEventListener("hashchange", () => {
+    if (!new URLSearchParams(location.hash.replace(/^#/, "")).get("token")) return;
+    state.token = takeToken();
+    state.stopReconnect = false;
+    ui.tokenForm.hidden = true;
+    const old = state.ws;
+    state.ws = null;
+    state.connected = false;
+    for (const p of state.pending.values()) p.reject(new Error("connection closed"));
+    state.pending.clear();
+    updateButtons();
+    if (old) old.close();
+    connect();
+  });
+
   // The Markdown renderer, for the end-to-end tests (a reply from the demo
   // runner is one line, so lists and fences are checked through this).
   Object.defineProperty(window, "turnguard", { value: Object.freeze({ renderMarkdown }) });
 
   rememberSession(state.sessionKey);
   state.device = loadDevice();
+  showWelcome();
   connect();
 })();

@@ -87,6 +87,16 @@
     refreshAll();
   });
 
+  // A token added to the address of the open dashboard ("#token=…") is
+  // taken at once, without a reload.
+  window.addEventListener("hashchange", () => {
+    if (!new URLSearchParams(location.hash.slice(1)).get("token")) return;
+    token = readToken();
+    $("#auth").hidden = true;
+    authFailed = false;
+    refreshAll();
+  });
+
   // Formatting.
   function dur(ms) {
     if (ms == null) return "—";
@@ -137,7 +147,9 @@
     const actions = el("td", {});
     if (t.state === "running") {
       const b = el("button", { class: "abort", type: "button", dataset: { runId: t.runId, armed: armed.has(t.runId) ? "true" : "false" },
-        title: "Abort this turn (its user is told it was stopped)", text: armed.has(t.runId) ? "Click to confirm" : "Abort" });
+        title: "Abort this turn (its user is told it was stopped)", text: armed.has(t.runId) ? "Click to confirm" : "Abort",
+        // Several rows have the same button: the name says whose turn.
+        "aria-label": `${armed.has(t.runId) ? "Confirm abort" : "Abort"} of the turn in ${t.sessionKey}` });
       b.addEventListener("click", () => onAbort(b, t));
       actions.append(b);
     } else {
@@ -232,7 +244,9 @@
     const actions = el("td", { class: "answers" });
     for (const o of a.options || []) {
       const b = el("button", { class: `answer ${/^allow/.test(o.kind) ? "allow" : "reject"}`, type: "button",
-        dataset: { optionId: o.id }, title: `Answer "${o.label}" as operator`, text: o.label });
+        dataset: { optionId: o.id }, title: `Answer "${o.label}" as operator`, text: o.label,
+        // Several questions may be open: the name says which ("Allow deploy in agent:main:web-…").
+        "aria-label": `${o.label} ${a.tool || a.title} in ${a.sessionKey}` });
       if (answering.has(a.id)) b.disabled = true;
       b.addEventListener("click", () => onAnswer(a, o, actions));
       actions.append(b);
