@@ -153,6 +153,7 @@ type Backend interface {
 	Store
 	Queue
 	ApprovalStore
+	AgentSessions
 	Health() error
 	Prune(ctx context.Context, now time.Time) (PruneStats, error)
 	UserText(ctx context.Context, runID string) (string, error)
