@@ -23,3 +23,10 @@ func AgentSessionRefused(why string) string {
 // process starts and opens the conversation's session (bounded by
 // agents.acp.startTimeoutSeconds instead).
 const AgentStarting = "starting the agent"
+
+// AgentContextLost is what a user reads, at the start of the agent's
+// reply, when the conversation had an agent session that the agent could
+// not restore — after a gateway restart, an agent crash or a long pause,
+// with an agent that cannot load sessions — so the conversation goes on in
+// a new one. Said once: the new session is the conversation's from then on.
+const AgentContextLost = "ℹ️ The agent no longer has the earlier part of this conversation (it was restarted or paused for long), so it starts afresh: repeat anything it needs to know."
