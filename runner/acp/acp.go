@@ -288,7 +288,11 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	if fresh {
 		starting()
 		var err error
-		if lost, err = r.open(ctx, log, turn.SessionKey, conv, ag, s, gone); err != nil {
+		// The engine's SessionID is its process's: after a gateway restart
+		// the same conversation has another one, and its history (empty
+		// after /new) says that it goes on.
+		continues := len(turn.History) > 0
+		if lost, err = r.open(ctx, log, turn.SessionKey, conv, continues, ag, s, gone); err != nil {
 			return runner.Result{}, err
 		}
 	}
@@ -307,31 +311,38 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 
 // open gives the fresh session s of conversation conv (of session key key)
 // its agent session. The one the store recorded for the key, when it is
-// this conversation's, is restored — session/resume when the agent
+// this conversation's — recorded for conv, or for another SessionID while
+// the conversation continues (its history is not empty: the engine's
+// SessionIDs change with a gateway restart) — is restored — session/resume when the agent
 // advertises sessionCapabilities.resume, else session/load when it
 // advertises loadSession (the history that session/load replays as
 // session/update notifications reaches no turn: none runs on the session
 // yet, so it is dropped). Otherwise, or when restoring fails, session/new
 // opens a new one, which the store records; lost then reports that the
 // conversation had a session the agent could not restore. The session of
-// the key's previous conversation (after /new: gone, or the one the store
-// recorded for another conversation) is closed with session/close when the
+// the key's previous conversation (after /new — a new SessionID with no
+// history —: gone, or the one the store recorded for another
+// conversation) is closed with session/close when the
 // agent advertises sessionCapabilities.close.
-func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, ag *agent, s *session, gone *session) (lost bool, err error) {
+func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, continues bool, ag *agent, s *session, gone *session) (lost bool, err error) {
 	prevConv, prevID := r.recorded(ctx, log, key)
-	if gone != nil && gone.ag == ag && gone.id != "" {
+	ours := prevID != "" && (prevConv == conv || continues)
+	if gone != nil && gone.ag == ag && gone.id != "" && !continues {
 		r.closeSession(ctx, ag, gone.id, log)
 	}
-	if prevID != "" && prevConv != conv && (gone == nil || gone.id != prevID) {
+	if prevID != "" && !ours && (gone == nil || gone.id != prevID) {
 		r.closeSession(ctx, ag, prevID, log)
 	}
-	if prevID != "" && prevConv == conv {
+	if ours {
 		if method := ag.caps.restore(); method == "" {
 			log.Info("acp: the agent cannot load or resume sessions; the conversation gets a new one", "session_id", cut(prevID, 200))
 		} else {
 			err := ag.call(ctx, r.startTimeout, method, map[string]any{"sessionId": prevID, "cwd": r.dir, "mcpServers": []any{}}, nil)
 			if err == nil && r.claim(ag, s, prevID) {
 				log.Info("acp: session restored", "method", method, "session_id", s.id, "conversation", conv, "agent_process", ag.n)
+				if prevConv != conv {
+					r.record(ctx, log, key, conv, s.id)
+				}
 				return false, nil
 			}
 			if err == nil {

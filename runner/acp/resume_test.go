@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/acp"
 	"github.com/turnguard/turnguard/store"
 )
@@ -139,7 +140,13 @@ func crash(g *sessionsRig, c *conv) {
 	}
 }
 
-func gatewayRestart(g *sessionsRig, _ *conv) { g.restart() }
+// gatewayRestart restarts the gateway: the engine gives the conversation
+// another SessionID (its ids are its process's) and its history.
+func gatewayRestart(g *sessionsRig, c *conv) {
+	g.restart()
+	c.id += "-after-restart"
+	c.history = []runner.Message{{Role: "user", Text: "remember the blue door"}}
+}
 
 // TestNewClosesTheOldSession: /new gives the conversation a new agent
 // session and closes the old one (session/close, advertised) — in the same
@@ -160,11 +167,11 @@ func TestNewClosesTheOldSession(t *testing.T) {
 	}
 	mustSay(t, g.r, c.turn("remember the red door"))
 
-	g.restart()
+	gatewayRestart(g, c)
 	if got := mustSay(t, g.r, c.turn("what did I say")); got != "You said: the red door" {
 		t.Errorf("after the restart: %q, want the conversation after /new", got)
 	}
-	c.id = "conv-a3" // /new after the restart
+	c.id, c.history = "conv-a3", nil // /new after the restart
 	if got := mustSay(t, g.r, c.turn("what did I say")); got != "You said nothing yet." {
 		t.Errorf("after the second /new: %q", got)
 	}
