@@ -1,12 +1,14 @@
 package acp_test
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/messages"
@@ -29,11 +31,11 @@ type sessionsRig struct {
 	logs     *logBuffer
 }
 
-func newSessionsRig(t *testing.T, caps string) *sessionsRig {
+func newSessionsRig(t *testing.T, caps string, idleSeconds float64) *sessionsRig {
 	t.Helper()
 	node, args := nodeAgent(t)
 	g := &sessionsRig{t: t, dbPath: filepath.Join(t.TempDir(), "turnguard.db"), agentDir: t.TempDir()}
-	g.cfg = config.ACP{Command: node, Args: args, Workdir: t.TempDir(), IdleSeconds: 60, StartTimeoutSeconds: 20,
+	g.cfg = config.ACP{Command: node, Args: args, Workdir: t.TempDir(), IdleSeconds: idleSeconds, StartTimeoutSeconds: 20,
 		Env: map[string]string{"ACP_TEST_SESSIONS": g.agentDir, "ACP_TEST_CAPS": caps}}
 	g.open()
 	return g
@@ -84,7 +86,8 @@ func (g *sessionsRig) methods() []string {
 }
 
 // TestSessionOutlivesTheAgent: a conversation keeps its agent's context
-// when the agent process crashed or the gateway restarted, through
+// when the agent process crashed or was stopped idle, or the gateway
+// restarted, through
 // session/resume or session/load, whichever the agent advertises; the
 // history session/load replays is not part of the reply. An agent that
 // can do neither starts afresh, and the person is told so once.
@@ -92,6 +95,7 @@ func TestSessionOutlivesTheAgent(t *testing.T) {
 	const lost = messages.AgentContextLost + "\n\n"
 	tests := []struct {
 		name, caps string
+		idle       float64 // idleSeconds (0: 60)
 		restart    func(g *sessionsRig, c *conv)
 		want       string // the reply to "what did I say" after the restart
 		calls      []string
@@ -100,12 +104,14 @@ func TestSessionOutlivesTheAgent(t *testing.T) {
 		{name: "agent crash, resume", caps: "load,resume", restart: crash, want: "You said: the blue door", calls: []string{"session/resume"}},
 		{name: "gateway restart, load", caps: "load", restart: gatewayRestart, want: "You said: the blue door", calls: []string{"session/load"}},
 		{name: "gateway restart, resume", caps: "resume", restart: gatewayRestart, want: "You said: the blue door", calls: []string{"session/resume"}},
+		{name: "idle stop, load", caps: "load", idle: 0.5, restart: idleStop, want: "You said: the blue door", calls: []string{"session/load"}},
 		{name: "agent crash, neither", caps: "", restart: crash, want: lost + "You said nothing yet."},
+		{name: "idle stop, neither", caps: "", idle: 0.5, restart: idleStop, want: lost + "You said nothing yet."},
 		{name: "gateway restart, neither", caps: "close", restart: gatewayRestart, want: lost + "You said nothing yet."},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			g := newSessionsRig(t, tc.caps)
+			g := newSessionsRig(t, tc.caps, cmp.Or(tc.idle, 60))
 			c := &conv{key: "alice", id: "conv-a1"}
 			mustSay(t, g.r, c.turn("remember the blue door"))
 			pid := mustSay(t, g.r, c.turn("pid"))
@@ -140,6 +146,15 @@ func crash(g *sessionsRig, c *conv) {
 	}
 }
 
+// idleStop lets idleSeconds pass: the session expires and the agent left
+// without one is stopped.
+func idleStop(g *sessionsRig, _ *conv) {
+	time.Sleep(1500 * time.Millisecond) // real time, as in TestIdle: idleSeconds of a real agent process must pass
+	if !strings.Contains(g.logs.String(), "reason=idle") {
+		g.t.Fatalf("the idle agent was not stopped:\n%s", cutLog(g.logs.String()))
+	}
+}
+
 // gatewayRestart restarts the gateway: the engine gives the conversation
 // another SessionID (its ids are its process's) and its history.
 func gatewayRestart(g *sessionsRig, c *conv) {
@@ -153,7 +168,7 @@ func gatewayRestart(g *sessionsRig, c *conv) {
 // gateway process and after a restart, when the old session is known only
 // from the store — and the new conversation is what a restart restores.
 func TestNewClosesTheOldSession(t *testing.T) {
-	g := newSessionsRig(t, "load,close")
+	g := newSessionsRig(t, "load,close", 60)
 	c := &conv{key: "alice", id: "conv-a1"}
 	mustSay(t, g.r, c.turn("remember the blue door"))
 
