@@ -310,20 +310,20 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 }
 
 // open gives the fresh session s of conversation conv (of session key key)
-// its agent session. The one the store recorded for the key, when it is
-// this conversation's — recorded for conv, or for another SessionID while
-// the conversation continues (its history is not empty: the engine's
-// SessionIDs change with a gateway restart) — is restored — session/resume when the agent
-// advertises sessionCapabilities.resume, else session/load when it
-// advertises loadSession (the history that session/load replays as
-// session/update notifications reaches no turn: none runs on the session
-// yet, so it is dropped). Otherwise, or when restoring fails, session/new
+// its agent session. The one the store recorded for the key is restored
+// when it is this conversation's — recorded for conv, or for another
+// SessionID while the conversation continues (its history is not empty:
+// the engine's SessionIDs change with a gateway restart): session/resume
+// when the agent advertises sessionCapabilities.resume, else session/load
+// when it advertises loadSession (the history that session/load replays as
+// session/update notifications reaches no turn — none runs on the session
+// yet — so it is dropped). Otherwise, or when restoring fails, session/new
 // opens a new one, which the store records; lost then reports that the
 // conversation had a session the agent could not restore. The session of
-// the key's previous conversation (after /new — a new SessionID with no
-// history —: gone, or the one the store recorded for another
-// conversation) is closed with session/close when the
-// agent advertises sessionCapabilities.close.
+// the key's previous conversation (after /new, a new SessionID with no
+// history: gone, or the one the store recorded for another conversation)
+// is closed with session/close when the agent advertises
+// sessionCapabilities.close.
 func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, continues bool, ag *agent, s *session, gone *session) (lost bool, err error) {
 	prevConv, prevID := r.recorded(ctx, log, key)
 	ours := prevID != "" && (prevConv == conv || continues)
