@@ -90,7 +90,8 @@ func (g *sessionsRig) methods() []string {
 // restarted, through
 // session/resume or session/load, whichever the agent advertises; the
 // history session/load replays is not part of the reply. An agent that
-// can do neither starts afresh, and the person is told so once.
+// can do neither, or fails to, starts afresh, and the person is told so
+// once.
 func TestSessionOutlivesTheAgent(t *testing.T) {
 	const lost = messages.AgentContextLost + "\n\n"
 	tests := []struct {
@@ -106,6 +107,7 @@ func TestSessionOutlivesTheAgent(t *testing.T) {
 		{name: "gateway restart, resume", caps: "resume", restart: gatewayRestart, want: "You said: the blue door", calls: []string{"session/resume"}},
 		{name: "idle stop, load", caps: "load", idle: 0.5, restart: idleStop, want: "You said: the blue door", calls: []string{"session/load"}},
 		{name: "agent crash, neither", caps: "", restart: crash, want: lost + "You said nothing yet."},
+		{name: "agent crash, load fails", caps: "load", restart: crashForgetting, want: lost + "You said nothing yet.", calls: []string{"session/load"}},
 		{name: "idle stop, neither", caps: "", idle: 0.5, restart: idleStop, want: lost + "You said nothing yet."},
 		{name: "gateway restart, neither", caps: "close", restart: gatewayRestart, want: lost + "You said nothing yet."},
 	}
@@ -143,6 +145,22 @@ func crash(g *sessionsRig, c *conv) {
 	g.t.Helper()
 	if _, err := say(g.t, g.r, c.turn("crash")); err == nil {
 		g.t.Fatal("the crash turn succeeded")
+	}
+}
+
+// crashForgetting crashes the agent, which loses its sessions' files: it
+// refuses session/load.
+func crashForgetting(g *sessionsRig, c *conv) {
+	g.t.Helper()
+	crash(g, c)
+	files, err := filepath.Glob(filepath.Join(g.agentDir, "*.json"))
+	if err != nil || len(files) == 0 {
+		g.t.Fatalf("no session files to forget (%v)", err)
+	}
+	for _, f := range files {
+		if err := os.Remove(f); err != nil {
+			g.t.Fatal(err)
+		}
 	}
 }
 
