@@ -1,5 +1,7 @@
 package messages
 
+import "fmt"
+
 // The texts of the agent runner (runner/acp) that a user reads.
 
 // AgentNoReply is the reply of an agent turn that ended normally without
@@ -23,3 +25,18 @@ func AgentSessionRefused(why string) string {
 // process starts and opens the conversation's session (bounded by
 // agents.acp.startTimeoutSeconds instead).
 const AgentStarting = "starting the agent"
+
+// AgentContextLost is what a user reads, at the start of the agent's
+// reply, when the conversation had an agent session that the agent could
+// not restore — after a gateway restart, an agent crash or a long pause,
+// with an agent that cannot load sessions — so the conversation goes on in
+// a new one. Said once: the new session is the conversation's from then on.
+const AgentContextLost = "ℹ️ The agent no longer has the earlier part of this conversation (it was restarted or paused for long), so it starts afresh: repeat anything it needs to know."
+
+// AgentPlanStep names the turn's step after the entry in progress of the
+// agent's plan — its n-th of total entries — wherever the step is named:
+// the "⏳ Still working" notice ("⏳ Still working — 📋 2/5: Run tests has
+// been running for 2m0s…"), the web chat, the trace.
+func AgentPlanStep(n, total int, content string) string {
+	return fmt.Sprintf("📋 %d/%d: %s", n, total, content)
+}

@@ -154,6 +154,7 @@ type Backend interface {
 	Queue
 	ApprovalStore
 	RetryTokens
+	AgentSessions
 	Health() error
 	Prune(ctx context.Context, now time.Time) (PruneStats, error)
 	UserText(ctx context.Context, runID string) (string, error)

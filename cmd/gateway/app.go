@@ -118,6 +118,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	killLeftoverAgents(cfg, log)
 
 	a.runners = newRunnerSet(log, cfg.Channels.Telegram.Enabled)
+	a.runners.sessions = a.store // an ACP conversation resumes its agent session after a restart
 	if err := a.runners.prepare(cfg); err != nil {
 		return a, err
 	}

@@ -69,30 +69,9 @@ func acpTestAgent(t *testing.T) (node, script string) {
 // output. The same question again, answered with Reject: the agent says
 // permission was denied.
 func TestTelegramApprovalACP(t *testing.T) {
-	node, script := acpTestAgent(t)
 	dir := t.TempDir()
 	bot := fakebot.New(t)
-	cfg := fmt.Sprintf(`server:
-  listen: 127.0.0.1:0
-  token: %s
-agents:
-  defaults:
-    runner: acp
-    abortGraceSeconds: 5
-  acp:
-    command: %q
-    args: [%q]
-    workdir: %q
-    startTimeoutSeconds: 30
-store:
-  path: %s
-channels:
-  telegram:
-    enabled: true
-    token: %q
-    apiURL: %s
-    allowedChatIDs: [%d]
-`, testToken, node, script, dir, filepath.Join(dir, "gateway.db"), fakebot.Token, bot.URL(), fakebot.Chat)
+	cfg := acpChatConfig(t, dir, bot, "", "")
 	p := startGateway(t, dir, cfg)
 	alice := fakebot.User{ID: fakebot.Chat, Username: "alice", FirstName: "Alice"}
 	const within = 30 * time.Second // the agent's first start (Node, the SDK) included

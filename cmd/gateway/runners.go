@@ -25,8 +25,9 @@ import (
 // changed is rebuilt; turns already running keep the runner they started on.
 type runnerSet struct {
 	log      *slog.Logger
-	telegram bool       // the process started with Telegram: it runs until a restart
-	mu       sync.Mutex // serializes prepare
+	sessions acp.SessionStore // where the acp runner keeps the conversations' agent sessions (nil: nowhere)
+	telegram bool             // the process started with Telegram: it runs until a restart
+	mu       sync.Mutex       // serializes prepare
 	slots    map[string]*runnerSlot
 }
 
@@ -90,7 +91,7 @@ func (s *runnerSet) prepare(cfg *config.Config) error {
 		if b := slot.built.Load(); b != nil && reflect.DeepEqual(b.spec, spec) {
 			continue
 		}
-		r, err := buildRunner(name, cfg, s.log)
+		r, err := buildRunner(name, cfg, s.log, s.sessions)
 		if err != nil {
 			return err
 		}
@@ -200,8 +201,9 @@ func execGrace(cfg *config.Config) time.Duration {
 }
 
 // buildRunner constructs one runner: openai needs a model, exec and acp a
-// command, which a demo set-up does not have.
-func buildRunner(name string, cfg *config.Config, log *slog.Logger) (runner.Runner, error) {
+// command, which a demo set-up does not have. sessions is where acp keeps
+// the conversations' agent sessions (nil: nowhere).
+func buildRunner(name string, cfg *config.Config, log *slog.Logger, sessions acp.SessionStore) (runner.Runner, error) {
 	switch name {
 	case config.RunnerDemo:
 		// A stuck step outlasts the abort grace (the turn is force-finalized)
@@ -221,8 +223,11 @@ func buildRunner(name string, cfg *config.Config, log *slog.Logger) (runner.Runn
 		}
 		return r, nil
 	case config.RunnerACP:
-		r, err := acp.New(cfg.Agents.ACP, execGrace(cfg), log.With("runner", name),
-			acp.WithInstance(execrunner.InstanceID(storeInstance(cfg))), acp.WithVersion(version))
+		opts := []acp.Option{acp.WithInstance(execrunner.InstanceID(storeInstance(cfg))), acp.WithVersion(version)}
+		if sessions != nil {
+			opts = append(opts, acp.WithSessions(sessions))
+		}
+		r, err := acp.New(cfg.Agents.ACP, execGrace(cfg), log.With("runner", name), opts...)
 		if err != nil {
 			return nil, fmt.Errorf("runner acp: %w", err)
 		}

@@ -12,7 +12,8 @@
 // stopped) with the gateway's environment less its GATEWAY_* variables,
 // then agents.acp.env, in agents.acp.workdir; initialize (protocol version
 // 1, clientInfo turnguard and the gateway's version, fs read and write, no
-// terminals) must be answered within agents.acp.startTimeoutSeconds; an
+// terminals; the answer's agentCapabilities say which of session/load,
+// session/resume and session/close the runner uses) must be answered within agents.acp.startTimeoutSeconds; an
 // agent that refuses it never started, and the user is told so. Its stderr
 // goes to the log (the first lines, secrets of agents.acp.env redacted),
 // never to the user. On Linux it runs under the shim of runner/exec, so it
@@ -23,10 +24,17 @@
 //
 // Sessions: one ACP session per conversation (Turn.SessionID): session/new
 // (cwd = workdir, no MCP servers) on the conversation's first turn, reused
-// for the next ones. A conversation gets a new session after /new (a new
-// SessionID), after the agent process died, or after its session went
-// unused for agents.acp.idleSeconds; an agent process with no session left
-// is stopped after that long too.
+// for the next ones while the agent process runs and the session was used
+// within agents.acp.idleSeconds; an agent process with no session left is
+// stopped after that long. With a SessionStore (WithSessions; the gateway
+// passes its store) the session id is recorded per session key, and after
+// a gateway restart, an agent crash or an idle stop the conversation's
+// session is restored — session/resume or session/load, whichever the
+// agent advertises at initialize (the history session/load replays is
+// dropped, never shown) — else the conversation gets a new session and
+// the reply starts with messages.AgentContextLost, once. /new (a new
+// SessionID) gives the conversation a new session, and the old one is
+// closed with session/close where the agent advertises it.
 //
 // A turn is one session/prompt with the user's message. Its reply is the
 // text of the agent_message_chunk updates (messages.AgentNoReply when a
@@ -102,6 +110,7 @@ type Runner struct {
 	inst         string
 	redact       *strings.Replacer
 	box          *sandbox
+	sessions     SessionStore // nil: sessions do not outlive the agent process
 
 	mu       sync.Mutex
 	cur      *agent // the agent new turns go to; nil before the first
@@ -132,6 +141,21 @@ func WithVersion(v string) Option {
 		}
 	}
 }
+
+// SessionStore keeps, per session key, the agent session of its current
+// conversation across gateway restarts (store.AgentSessions implements it):
+// AgentSession returns the conversation and agent session id recorded
+// ("", "" when none); SetAgentSession replaces them.
+type SessionStore interface {
+	AgentSession(ctx context.Context, sessionKey string) (conversation, agentSessionID string, err error)
+	SetAgentSession(ctx context.Context, sessionKey, conversation, agentSessionID string) error
+}
+
+// WithSessions keeps the conversations' agent sessions in st, so that a
+// conversation resumes its agent session after a gateway restart, an agent
+// crash or an idle stop (see the package documentation). Without it a
+// conversation's session lives as long as its agent process.
+func WithSessions(st SessionStore) Option { return func(r *Runner) { r.sessions = st } }
 
 // New validates cfg and returns a runner; no process starts before the
 // first turn. abortGrace is the turn's abort grace (≤ 0: the default): an
@@ -237,6 +261,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		ag    *agent
 		s     *session
 		fresh bool
+		gone  *session
 	)
 	for attempt := 0; ; attempt++ {
 		a, err := r.agentFor(ctx, log, starting)
@@ -246,7 +271,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		r.mu.Lock()
 		if r.cur == a && !a.isDead() {
 			ag = a
-			s, fresh = r.tab.take(turn.SessionKey, conv, ag, time.Now())
+			s, fresh, gone = r.tab.take(turn.SessionKey, conv, ag, time.Now())
 			r.running[ag]++
 		}
 		r.mu.Unlock()
@@ -259,44 +284,178 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	}
 	defer r.release(ag, s)
 
+	lost := false
 	if fresh {
 		starting()
-		var res struct {
-			SessionID string `json:"sessionId"`
+		var err error
+		// The engine's SessionID is its process's: after a gateway restart
+		// the same conversation has another one, and its history (empty
+		// after /new) says that it goes on.
+		continues := len(turn.History) > 0
+		if lost, err = r.open(ctx, log, turn.SessionKey, conv, continues, ag, s, gone); err != nil {
+			return runner.Result{}, err
 		}
-		err := ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &res)
-		if err == nil && res.SessionID == "" {
-			err = errors.New("acp: session/new answered no sessionId")
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return runner.Result{}, ctx.Err()
-			}
-			log.Warn("acp: session/new failed", "err", err, "agent_process", ag.n)
-			var te *timeoutError
-			if errors.As(err, &te) {
-				r.retire(ag, "session/new unanswered")
-			}
-			if ag.isDead() {
-				return runner.Result{}, &runner.UserError{Message: ag.death}
-			}
-			return runner.Result{}, startFailure("session/new", err)
-		}
-		r.mu.Lock()
-		dup := r.tab.held(ag, res.SessionID)
-		if !dup {
-			s.id = res.SessionID
-		}
-		r.mu.Unlock()
-		if dup {
-			log.Error("acp: session/new answered the sessionId of another live conversation; turn refused",
-				"session_id", cut(res.SessionID, 200), "agent_process", ag.n)
-			return runner.Result{}, &runner.UserError{Message: "The agent answered with another conversation's session, so your message was not sent to it. Try again later."}
-		}
-		log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 	}
 	started()
-	return r.prompt(ctx, turn, cb, ag, s, log)
+	if !lost {
+		return r.prompt(ctx, turn, cb, ag, s, log)
+	}
+	// The person is told, once, before the reply: the new session is the
+	// conversation's from now on.
+	notice := messages.AgentContextLost + "\n\n"
+	cb.Delta(notice)
+	res, err := r.prompt(ctx, turn, cb, ag, s, log)
+	res.Text = notice + res.Text
+	return res, err
+}
+
+// open gives the fresh session s of conversation conv (of session key key)
+// its agent session. The one the store recorded for the key is restored
+// when it is this conversation's — recorded for conv, or for another
+// SessionID while the conversation continues (its history is not empty:
+// the engine's SessionIDs change with a gateway restart): session/resume
+// when the agent advertises sessionCapabilities.resume, else session/load
+// when it advertises loadSession (the history that session/load replays as
+// session/update notifications reaches no turn — none runs on the session
+// yet — so it is dropped). Otherwise, or when restoring fails, session/new
+// opens a new one, which the store records; lost then reports that the
+// conversation had a session the agent could not restore. The session of
+// the key's previous conversation (after /new, a new SessionID with no
+// history: gone, or the one the store recorded for another conversation)
+// is closed with session/close when the agent advertises
+// sessionCapabilities.close.
+func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, continues bool, ag *agent, s *session, gone *session) (lost bool, err error) {
+	prevConv, prevID := r.recorded(ctx, log, key)
+	ours := prevID != "" && (prevConv == conv || continues)
+	if gone != nil && gone.ag == ag && gone.id != "" && !continues {
+		r.closeSession(ctx, ag, gone.id, log)
+	}
+	if prevID != "" && !ours && (gone == nil || gone.id != prevID) {
+		r.closeSession(ctx, ag, prevID, log)
+	}
+	if ours {
+		if method := ag.caps.restore(); method == "" {
+			log.Info("acp: the agent cannot load or resume sessions; the conversation gets a new one", "session_id", cut(prevID, 200))
+		} else {
+			err := ag.call(ctx, r.startTimeout, method, map[string]any{"sessionId": prevID, "cwd": r.dir, "mcpServers": []any{}}, nil)
+			if err == nil && r.claim(ag, s, prevID) {
+				log.Info("acp: session restored", "method", method, "session_id", s.id, "conversation", conv, "agent_process", ag.n)
+				if prevConv != conv {
+					r.record(ctx, log, key, conv, s.id)
+				}
+				return false, nil
+			}
+			if err == nil {
+				err = errors.New("acp: the session is another live conversation's")
+			}
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			if ag.isDead() {
+				return false, &runner.UserError{Message: ag.death}
+			}
+			var te *timeoutError
+			if errors.As(err, &te) {
+				r.retire(ag, method+" unanswered")
+				return false, startFailure(method, err)
+			}
+			log.Warn("acp: the agent could not restore the conversation's session; it gets a new one",
+				"method", method, "session_id", cut(prevID, 200), "err", err)
+		}
+		lost = true
+	}
+
+	var res struct {
+		SessionID string `json:"sessionId"`
+	}
+	err = ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &res)
+	if err == nil && res.SessionID == "" {
+		err = errors.New("acp: session/new answered no sessionId")
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		log.Warn("acp: session/new failed", "err", err, "agent_process", ag.n)
+		var te *timeoutError
+		if errors.As(err, &te) {
+			r.retire(ag, "session/new unanswered")
+		}
+		if ag.isDead() {
+			return false, &runner.UserError{Message: ag.death}
+		}
+		return false, startFailure("session/new", err)
+	}
+	if !r.claim(ag, s, res.SessionID) {
+		log.Error("acp: session/new answered the sessionId of another live conversation; turn refused",
+			"session_id", cut(res.SessionID, 200), "agent_process", ag.n)
+		return false, &runner.UserError{Message: "The agent answered with another conversation's session, so your message was not sent to it. Try again later."}
+	}
+	log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
+	r.record(ctx, log, key, conv, s.id)
+	return lost, nil
+}
+
+// claim gives s the agent's session id, unless another live conversation
+// on ag already has it (an agent that answers with it again would mix the
+// two).
+func (r *Runner) claim(ag *agent, s *session, id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.tab.held(ag, id) {
+		return false
+	}
+	s.id = id
+	return true
+}
+
+// recorded returns the conversation and agent session id the store
+// recorded for session key key ("", "" without a store, or when reading
+// fails: the conversation then gets a new session).
+func (r *Runner) recorded(ctx context.Context, log *slog.Logger, key string) (conv, id string) {
+	if r.sessions == nil {
+		return "", ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.startTimeout)
+	defer cancel()
+	conv, id, err := r.sessions.AgentSession(ctx, key)
+	if err != nil {
+		log.Warn("acp: the conversation's agent session could not be read; it gets a new one", "err", err)
+		return "", ""
+	}
+	return conv, id
+}
+
+// record stores id as the agent session of conversation conv of key; a
+// failure is logged (the conversation keeps its session while the agent
+// runs, and gets a new one after a restart).
+func (r *Runner) record(ctx context.Context, log *slog.Logger, key, conv, id string) {
+	if r.sessions == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.startTimeout)
+	defer cancel()
+	if err := r.sessions.SetAgentSession(ctx, key, conv, id); err != nil {
+		log.Warn("acp: the conversation's agent session was not recorded", "err", err)
+	}
+}
+
+// closeSession sends session/close for id, when the agent advertises it
+// and no live conversation on ag has the session; the answer is awaited
+// (bounded by the start-up timeout) so that the old session's work stops
+// before the new one starts, and a failure is only logged.
+func (r *Runner) closeSession(ctx context.Context, ag *agent, id string, log *slog.Logger) {
+	if !ag.caps.close {
+		return
+	}
+	r.mu.Lock()
+	held := r.tab.held(ag, id)
+	r.mu.Unlock()
+	if held {
+		return
+	}
+	err := ag.call(ctx, r.startTimeout, "session/close", map[string]string{"sessionId": id}, nil)
+	log.Info("acp: old session closed (a new conversation replaced it)", "session_id", cut(id, 200), "err", err)
 }
 
 // prompt runs session/prompt on session id and serves the turn's
@@ -532,6 +691,7 @@ func (r *Runner) initialize(ag *agent) {
 			Name  string `json:"name"`
 			Title string `json:"title"`
 		} `json:"agentInfo"`
+		AgentCapabilities json.RawMessage `json:"agentCapabilities"`
 	}
 	params := map[string]any{
 		"protocolVersion": ProtocolVersion,
@@ -559,7 +719,9 @@ func (r *Runner) initialize(ag *agent) {
 			ag.name = cut(n, 100)
 		}
 	}
-	ag.log.Info("acp: agent initialized", "agent", ag.name)
+	ag.caps = parseCaps(res.AgentCapabilities)
+	ag.log.Info("acp: agent initialized", "agent", ag.name, "load_session", ag.caps.load,
+		"resume_session", ag.caps.resume, "close_session", ag.caps.close)
 }
 
 // retire stops new turns from going to ag and stops it — now if no turn

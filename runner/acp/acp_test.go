@@ -51,7 +51,7 @@ func TestConversationKeepsItsSession(t *testing.T) {
 
 // TestUpdatesMapToCallbacks: what the agent's session/update notifications
 // become for the engine: steps, reply text, and activity (no words) for
-// thoughts and plans.
+// thoughts and plans; a plan's entry in progress names the llm step.
 func TestUpdatesMapToCallbacks(t *testing.T) {
 	r, _, _ := newRunner(t, grace, nil)
 	tests := []struct {
@@ -71,6 +71,13 @@ func TestUpdatesMapToCallbacks(t *testing.T) {
 		msg:    "think",
 		events: []string{"start llm test-agent", "activity", "activity", `delta "thought done"`, "done llm test-agent"},
 		text:   "thought done",
+	}, {
+		// A plan names the llm step after its entry in progress: the step
+		// the "⏳ Still working" notice names.
+		msg: "plan",
+		events: []string{"start llm test-agent", "start llm 📋 2/5: Run tests", "activity", `delta "planned"`,
+			"done llm 📋 2/5: Run tests"},
+		text: "planned",
 	}}
 	c := &conv{key: "k", id: "c"}
 	for _, tc := range tests {

@@ -32,6 +32,7 @@ type agent struct {
 
 	ready    chan struct{} // closed when initialize is answered (or start-up failed)
 	startErr error         // set before ready is closed
+	caps     agentCaps     // set before ready is closed
 
 	dead      chan struct{} // closed when the connection is over: the process exited or was stopped
 	finished  chan struct{} // closed when the process was reaped and its output read and logged
@@ -50,6 +51,45 @@ type agent struct {
 
 	ctx    context.Context // done when the agent is dead: its fs requests stop
 	cancel context.CancelFunc
+}
+
+// agentCaps is what initialize's agentCapabilities advertise, as far as the
+// runner uses it: session/load (loadSession), session/resume and
+// session/close (sessionCapabilities.resume and .close, present and not
+// null).
+type agentCaps struct{ load, resume, close bool }
+
+// parseCaps reads agentCapabilities leniently: a malformed field counts as
+// not advertised, as ACP's schema says (x-deserialize-default-on-error).
+func parseCaps(raw json.RawMessage) agentCaps {
+	var c agentCaps
+	var top map[string]json.RawMessage
+	if json.Unmarshal(raw, &top) != nil {
+		return c
+	}
+	_ = json.Unmarshal(top["loadSession"], &c.load)
+	var sc map[string]json.RawMessage
+	if json.Unmarshal(top["sessionCapabilities"], &sc) == nil {
+		present := func(v json.RawMessage) bool {
+			var m map[string]any
+			return json.Unmarshal(v, &m) == nil && m != nil
+		}
+		c.resume, c.close = present(sc["resume"]), present(sc["close"])
+	}
+	return c
+}
+
+// restore is the method that restores a session the agent served before:
+// session/resume (no history replayed) when advertised, else session/load;
+// "" when neither is.
+func (c agentCaps) restore() string {
+	switch {
+	case c.resume:
+		return "session/resume"
+	case c.load:
+		return "session/load"
+	}
+	return ""
 }
 
 // Bounds of what one agent process may make the gateway do.

@@ -2,6 +2,7 @@ package acp_test
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,8 @@ import (
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/acp"
+	"github.com/turnguard/turnguard/store"
 )
 
 // The Go test agent (testdata/goagent) is built on another ACP
@@ -230,5 +233,48 @@ func TestSlowStartIsNotAStepTimeout(t *testing.T) {
 	want := []string{"pause " + messages.AgentStarting, "resume", "start llm go-agent", `delta "echo: hi"`, "done llm go-agent"}
 	if got := rec.Events(); !slices.Equal(got, want) {
 		t.Errorf("callbacks\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestGoSDKAgentResumes: an agent on the Go SDK that offers session/resume
+// and session/close (not session/load) keeps a conversation across a
+// gateway restart — runner and store replaced, the engine's new SessionID
+// with the conversation's history — through session/resume, and /new
+// closes the session; every message the runner sent it is valid ACP v1.
+func TestGoSDKAgentResumes(t *testing.T) {
+	valid := acpSchema(t)
+	db, sessions := filepath.Join(t.TempDir(), "t.db"), t.TempDir()
+	gateway := func() (*acp.Runner, *store.SQLite, string) {
+		st, err := store.Open(context.Background(), db, store.Options{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		_, r, _, wire := recorded(t, goAgent(t), nil, func(c *config.ACP) { c.Env["GOAGENT_SESSIONS"] = sessions },
+			acp.WithSessions(st))
+		return r.(*acp.Runner), st, wire
+	}
+	r, st, _ := gateway()
+	c := &conv{key: "k", id: "c1"}
+	mustSay(t, r, c.turn("remember the green door"))
+	pid := mustSay(t, r, c.turn("pid"))
+	_ = r.Close() // the gateway stops
+	_ = st.Close()
+
+	r, _, wire := gateway()
+	c.id, c.history = "c1-after-restart", []runner.Message{{Role: "user", Text: "remember the green door"}}
+	if got := mustSay(t, r, c.turn("what did I say")); got != "You said: the green door" {
+		t.Errorf("after the restart: %q", got)
+	}
+	if got := mustSay(t, r, c.turn("pid")); got == pid {
+		t.Fatalf("the same agent process %s answered: nothing restarted", pid)
+	}
+	c.id, c.history = "c2", nil // /new
+	if got := mustSay(t, r, c.turn("what did I say")); got != "You said nothing yet." {
+		t.Errorf("after /new: %q", got)
+	}
+	seen := checkWire(t, valid, wire)
+	if seen["session/resume"] != 1 || seen["session/close"] != 1 || seen["session/new"] != 1 {
+		t.Errorf("messages sent after the restart: %v, want one session/resume, session/close and session/new", seen)
 	}
 }

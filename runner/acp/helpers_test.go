@@ -129,11 +129,12 @@ func await(t *testing.T, ch <-chan outcome) outcome {
 type conv struct {
 	key, id string
 	n       int
+	history []runner.Message // the engine's history of the conversation, when set
 }
 
 func (c *conv) turn(msg string) runner.Turn {
 	c.n++
-	return runner.Turn{RunID: c.id + "-run" + strconv.Itoa(c.n), SessionKey: c.key, SessionID: c.id, Channel: "ws", Message: msg}
+	return runner.Turn{RunID: c.id + "-run" + strconv.Itoa(c.n), SessionKey: c.key, SessionID: c.id, Channel: "ws", Message: msg, History: c.history}
 }
 
 // say runs one turn to its end and returns the reply and error.

@@ -41,21 +41,24 @@ func (t *table) usable(s *session, ag *agent, now time.Time) bool {
 // take returns the session of conversation conv (of session key key) for a
 // turn on agent ag at now, marked busy: the existing one when usable, else
 // a new one without an id (fresh), which the caller opens with session/new
-// and fills in (or drops with release on failure).
-func (t *table) take(key, conv string, ag *agent, now time.Time) (s *session, fresh bool) {
+// and fills in (or drops with release on failure). gone is the session of
+// the key's previous conversation (after /new) that take dropped, if any:
+// the caller closes it.
+func (t *table) take(key, conv string, ag *agent, now time.Time) (s *session, fresh bool, gone *session) {
 	if old, ok := t.keys[key]; ok && old != conv {
 		if s := t.convs[old]; s != nil && s.busy == 0 {
 			delete(t.convs, old)
+			gone = s
 		}
 	}
 	t.keys[key] = conv
 	if s := t.convs[conv]; s != nil && t.usable(s, ag, now) {
 		s.busy++
-		return s, false
+		return s, false, gone
 	}
 	s = &session{conv: conv, key: key, ag: ag, lastUsed: now, busy: 1}
 	t.convs[conv] = s
-	return s, true
+	return s, true, gone
 }
 
 // release ends a turn on s at now; a session that failed to open (no id)

@@ -50,7 +50,7 @@ func TestTableRules(t *testing.T) {
 				now := time.Now()
 				for i, st := range tc.steps {
 					now = now.Add(st.after)
-					s, fresh := tab.take(st.key, st.conv, ags[st.ag], now)
+					s, fresh, _ := tab.take(st.key, st.conv, ags[st.ag], now)
 					if fresh != st.fresh {
 						t.Fatalf("step %d (%s): fresh %v, want %v", i, st.conv, fresh, st.fresh)
 					}
@@ -69,20 +69,20 @@ func TestTableRules(t *testing.T) {
 
 // TestTableExpire: expire forgets the sessions unused for idle, keeps a
 // busy one, and says when the next one expires; /new drops the old
-// conversation at once.
+// conversation at once and returns it (to be closed).
 func TestTableExpire(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const idle = time.Hour
 		tab := newTable(idle)
 		ag := newTestAgent()
 		t0 := time.Now()
-		a, _ := tab.take("a", "ca", ag, t0)
+		a, _, _ := tab.take("a", "ca", ag, t0)
 		a.id = "1"
 		tab.release(a, t0)
-		b, _ := tab.take("b", "cb", ag, t0.Add(10*time.Minute))
+		b, _, _ := tab.take("b", "cb", ag, t0.Add(10*time.Minute))
 		b.id = "2"
 		tab.release(b, t0.Add(10*time.Minute))
-		busy, _ := tab.take("c", "cc", ag, t0)
+		busy, _, _ := tab.take("c", "cc", ag, t0)
 		busy.id = "3"
 
 		if next := tab.expire(t0.Add(idle - time.Minute)); !next.Equal(t0.Add(idle)) || tab.uses(ag) != 3 {
@@ -94,10 +94,14 @@ func TestTableExpire(t *testing.T) {
 		if _, ok := tab.convs["cc"]; !ok {
 			t.Fatal("a busy session expired")
 		}
-		// /new for b: the old conversation goes at once.
-		s, fresh := tab.take("b", "cb2", ag, t0.Add(idle))
+		// /new for b: the old conversation goes at once, and take hands
+		// it over to be closed.
+		s, fresh, gone := tab.take("b", "cb2", ag, t0.Add(idle))
 		if !fresh || tab.convs["cb"] != nil {
 			t.Fatalf("after /new: fresh %v, old session kept %v", fresh, tab.convs["cb"] != nil)
+		}
+		if gone == nil || gone.id != "2" {
+			t.Errorf("after /new: dropped session %+v, want b's (id 2) to close", gone)
 		}
 		tab.release(s, t0.Add(idle)) // never opened: forgotten
 		if tab.convs["cb2"] != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -49,7 +50,8 @@ type turnState struct {
 	llm          bool                     // an llm step is open
 	open         *list.List               // names of the tool calls with an open step, oldest first
 	calls        map[string]*list.Element // open tool calls by id, their elements of open
-	agentName    string                   // the llm step's name
+	agentName    string                   // the agent's name
+	planStep     string                   // the agent's plan entry in progress, as the person reads it; "" for none
 	ignoredTools int                      // tool_calls not followed (over maxOpenTools)
 	ended        bool
 }
@@ -72,6 +74,13 @@ type update struct {
 	Title         *string         `json:"title"`
 	Kind          *string         `json:"kind"`
 	Status        *string         `json:"status"`
+	Entries       []planEntry     `json:"entries"` // a plan's
+}
+
+// planEntry is one entry of a plan update.
+type planEntry struct {
+	Content string `json:"content"`
+	Status  string `json:"status"`
 }
 
 // begin opens the turn's first llm step.
@@ -79,13 +88,22 @@ func (t *turnState) begin(agentName string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.llm = true
-	t.cb.StepStarted(stepLLM, agentName)
 	t.agentName = agentName
+	t.cb.StepStarted(stepLLM, t.llmName())
+}
+
+// llmName is the name of the turn's llm step: the plan entry in progress
+// when the agent has a plan, else the agent's name (mu held).
+func (t *turnState) llmName() string {
+	if t.planStep != "" {
+		return t.planStep
+	}
+	return t.agentName
 }
 
 // update maps one session/update to the callbacks (see turnState).
 // Thoughts (agent_thought_chunk) and plans are not reply text and are not
-// steps: they are activity (runner.ActivityReporter, when the callbacks
+// steps (a plan names the llm steps: see plan): they are activity (runner.ActivityReporter, when the callbacks
 // take it), which resets the liveness window only under livenessResetOn:
 // activity. Other updates call nothing.
 func (t *turnState) update(raw json.RawMessage) {
@@ -128,7 +146,7 @@ func (t *turnState) update(raw json.RawMessage) {
 		name := toolName(u.Title, u.Kind)
 		if t.llm {
 			t.llm = false
-			t.cb.StepCompleted(stepLLM, t.agentName)
+			t.cb.StepCompleted(stepLLM, t.llmName())
 		}
 		t.calls[u.ToolCallID] = t.open.PushBack(openCall{name: name})
 		t.cb.StepStarted(stepTool, name)
@@ -140,10 +158,40 @@ func (t *turnState) update(raw json.RawMessage) {
 		if u.Status != nil && finished(*u.Status) {
 			t.complete(u.ToolCallID)
 		}
-	case "agent_thought_chunk", "plan":
+	case "plan":
+		t.plan(u.Entries)
 		if a, ok := t.cb.(runner.ActivityReporter); ok {
 			a.Activity()
 		}
+	case "agent_thought_chunk":
+		if a, ok := t.cb.(runner.ActivityReporter); ok {
+			a.Activity()
+		}
+	}
+}
+
+// plan takes the agent's plan (the whole list, each update replaces it):
+// its entry in progress, counted among all entries
+// (messages.AgentPlanStep: "📋 2/5: Run tests"), names the turn's llm
+// steps from now on — the step the "⏳ Still working" notice, the web chat
+// and the trace name. When the llm step is the current one it is restarted
+// under the new name, which supersedes it without completing it (see
+// retitle); while a tool runs, the tool keeps naming the step. A plan with
+// no entry in progress names the steps after the agent again (mu held).
+func (t *turnState) plan(entries []planEntry) {
+	step := ""
+	for i, e := range entries {
+		if e.Status == "in_progress" {
+			step = messages.AgentPlanStep(i+1, len(entries), cut(oneLine(e.Content), 200))
+			break
+		}
+	}
+	if step == t.planStep {
+		return
+	}
+	t.planStep = step
+	if t.llm {
+		t.cb.StepStarted(stepLLM, t.llmName())
 	}
 }
 
@@ -185,7 +233,7 @@ func (t *turnState) complete(id string) {
 		return
 	}
 	t.llm = true
-	t.cb.StepStarted(stepLLM, t.agentName)
+	t.cb.StepStarted(stepLLM, t.llmName())
 }
 
 // end completes the open step and stops all further callbacks; it returns
@@ -200,7 +248,7 @@ func (t *turnState) end() (string, int) {
 		}
 		switch {
 		case t.llm:
-			t.cb.StepCompleted(stepLLM, t.agentName)
+			t.cb.StepCompleted(stepLLM, t.llmName())
 		case t.open.Len() > 0:
 			t.cb.StepCompleted(stepTool, t.open.Back().Value.(openCall).name)
 		}

@@ -37,3 +37,61 @@ func TestOpenToolCallsAreCapped(t *testing.T) {
 		t.Errorf("last events %q, want %q", got, want)
 	}
 }
+
+// TestPlanNamesTheLLMStep: the plan's entry in progress, counted among all
+// entries, names the llm step — at once when the llm step is current, from
+// the next llm step while a tool runs — and a plan with none in progress
+// gives the step the agent's name back; the same step again renames
+// nothing.
+func TestPlanNamesTheLLMStep(t *testing.T) {
+	plan := func(statuses ...string) string {
+		var es []map[string]string
+		for i, st := range statuses {
+			es = append(es, map[string]string{"content": fmt.Sprintf("Task %d", i+1), "priority": "low", "status": st})
+		}
+		b, _ := json.Marshal(map[string]any{"sessionUpdate": "plan", "entries": es})
+		return string(b)
+	}
+	tests := []struct {
+		name    string
+		updates []string
+		want    []string // the callbacks after begin
+	}{{
+		name:    "while the llm step runs",
+		updates: []string{plan("completed", "in_progress", "pending")},
+		want:    []string{"start llm 📋 2/3: Task 2"},
+	}, {
+		name:    "the same entry again",
+		updates: []string{plan("in_progress", "pending"), plan("in_progress", "pending")},
+		want:    []string{"start llm 📋 1/2: Task 1"},
+	}, {
+		name: "while a tool runs",
+		updates: []string{`{"sessionUpdate":"tool_call","toolCallId":"1","title":"Run make","status":"in_progress"}`,
+			plan("completed", "in_progress"),
+			`{"sessionUpdate":"tool_call_update","toolCallId":"1","status":"completed"}`},
+		want: []string{"done llm agent", "start tool Run make", "done tool Run make", "start llm 📋 2/2: Task 2"},
+	}, {
+		name:    "no entry in progress",
+		updates: []string{plan("in_progress", "pending"), plan("completed", "completed")},
+		want:    []string{"start llm 📋 1/2: Task 1", "start llm agent"},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := cbrec.New()
+			ts := newTurnState("r", rec)
+			ts.begin("agent")
+			for _, u := range tc.updates {
+				ts.update(json.RawMessage(u))
+			}
+			var got []string // after begin's "start llm agent"; activity aside
+			for _, e := range rec.Events()[1:] {
+				if e != "activity" {
+					got = append(got, e)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("callbacks %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/acp"
+	"github.com/turnguard/turnguard/store"
 )
 
 // teeEnv, in the environment of this test binary, makes it a recording
@@ -97,7 +99,7 @@ const testVersion = "1.2.3-test"
 // recorded returns a runner whose agent command (command, args) is run
 // through the recording stand-in, and the file it records to. The runner
 // has version testVersion.
-func recorded(t *testing.T, command string, args []string, adjust func(*config.ACP)) (*logBuffer, runner.Runner, string, string) {
+func recorded(t *testing.T, command string, args []string, adjust func(*config.ACP), opts ...acp.Option) (*logBuffer, runner.Runner, string, string) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -109,7 +111,7 @@ func recorded(t *testing.T, command string, args []string, adjust func(*config.A
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	r, logs, dir := build(t, cfg, grace, acp.WithVersion(testVersion))
+	r, logs, dir := build(t, cfg, grace, append([]acp.Option{acp.WithVersion(testVersion)}, opts...)...)
 	return logs, r, dir, wire
 }
 
@@ -165,6 +167,9 @@ var (
 		"initialize":     "InitializeRequest",
 		"session/new":    "NewSessionRequest",
 		"session/prompt": "PromptRequest",
+		"session/load":   "LoadSessionRequest",
+		"session/resume": "ResumeSessionRequest",
+		"session/close":  "CloseSessionRequest",
 	}
 	clientNotifications = map[string]string{"session/cancel": "CancelNotification"}
 	clientResults       = map[string]string{
@@ -296,5 +301,45 @@ func TestWireMatchesSchema(t *testing.T) {
 		if seen[want] == 0 {
 			t.Errorf("the runner sent no %s here (saw %v): the test does not cover it", want, seen)
 		}
+	}
+}
+
+// TestWireRestoreMatchesSchema: session/load, session/resume and
+// session/close, as the runner sends them to restore a conversation's
+// session after the agent crashed and to close it after /new, are valid
+// ACP v1.
+func TestWireRestoreMatchesSchema(t *testing.T) {
+	node, args := nodeAgent(t)
+	valid := acpSchema(t)
+	for _, caps := range []string{"load,close", "resume"} {
+		t.Run(caps, func(t *testing.T) {
+			st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = st.Close() })
+			sessions := t.TempDir()
+			_, r, _, wire := recorded(t, node, args, func(c *config.ACP) {
+				c.Env["ACP_TEST_SESSIONS"], c.Env["ACP_TEST_CAPS"] = sessions, caps
+			}, acp.WithSessions(st))
+			c := &conv{key: "k", id: "c"}
+			mustSay(t, r, c.turn("remember it"))
+			if _, err := say(t, r, c.turn("crash")); err == nil {
+				t.Fatal("the crash turn succeeded")
+			}
+			mustSay(t, r, c.turn("what did I say"))
+			c.id = "c2" // /new
+			mustSay(t, r, c.turn("hello"))
+			seen := checkWire(t, valid, wire)
+			want := []string{"session/resume"}
+			if caps == "load,close" {
+				want = []string{"session/load", "session/close"}
+			}
+			for _, m := range want {
+				if seen[m] == 0 {
+					t.Errorf("the runner sent no %s here (saw %v)", m, seen)
+				}
+			}
+		})
 	}
 }

@@ -1,6 +1,6 @@
 // Package storetest owns the conformance suite of turnguard's stores: what
 // a user or an operator sees of the history, turns, journal, stall history,
-// outbox, queued messages, approvals, MarkInterrupted and retention,
+// outbox, queued messages, approvals, agent sessions, MarkInterrupted and retention,
 // asserted the same way on every implementation of store.Backend. The SQLite store (package
 // store) and the PostgreSQL store (store/postgres) run it; a new backend
 // passes it before it is wired in. What only one backend has (SQLite's file
@@ -133,6 +133,8 @@ var cases = []testCase{
 	{"StallHistoryPairsEpisodes", testStallHistoryPairsEpisodes},
 	{"StallHistoryOfAnInterruptedTurn", testStallHistoryOfAnInterruptedTurn},
 	{"StallHistoryAndJournalFilters", testStallHistoryAndJournalFilters},
+	{"AgentSessionsRecordReplaceForget", testAgentSessionsRecordReplaceForget},
+	{"SetAgentSessionRejectsBadInput", testSetAgentSessionRejectsBadInput},
 }
 
 // T0 is when the test turns start. Times are whole microseconds: every

@@ -20,9 +20,35 @@
 //   garbage           prints non-JSON lines, then "after garbage"
 //   huge line         prints an 11 MB line
 //   stderr            writes to stderr, then "stderr written"
+//   plan              a plan of 5 entries (the 1st completed, the 2nd "Run
+//                     tests" in progress), then "planned"
+//   plan hang         the same plan, then waits for session/cancel
 //   anything else     "echo: <text>"
+//
+// Sessions outlive the process when ACP_TEST_SESSIONS names a directory:
+// each session is a file there (its cwd, memory and history), written
+// after every turn. ACP_TEST_CAPS lists what initialize advertises,
+// comma-separated: "load" (loadSession: session/load replays the history
+// as session/update notifications, then answers), "resume"
+// (sessionCapabilities.resume) and "close" (sessionCapabilities.close).
+// Every session/load, session/resume and session/close is appended to
+// ACP_TEST_SESSIONS/calls.log as "<method> <sessionId>".
 import * as acp from "@agentclientprotocol/sdk";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { Readable, Writable } from "node:stream";
+
+const dir = process.env.ACP_TEST_SESSIONS || "";
+const caps = new Set((process.env.ACP_TEST_CAPS || "").split(",").filter(Boolean));
+
+function sessionFile(id) {
+  if (!dir || !/^[A-Za-z0-9-]+$/.test(id)) return "";
+  return path.join(dir, `${id}.json`);
+}
+
+function logCall(method, id) {
+  if (dir) fs.appendFileSync(path.join(dir, "calls.log"), `${method} ${id}\n`);
+}
 
 class TestAgent {
   constructor(conn) {
@@ -34,7 +60,13 @@ class TestAgent {
   async initialize() {
     return {
       protocolVersion: acp.PROTOCOL_VERSION,
-      agentCapabilities: { loadSession: false },
+      agentCapabilities: {
+        loadSession: caps.has("load"),
+        sessionCapabilities: {
+          ...(caps.has("resume") ? { resume: {} } : {}),
+          ...(caps.has("close") ? { close: {} } : {}),
+        },
+      },
       agentInfo: { name: "test-agent", version: "1.0.0" },
     };
   }
@@ -45,8 +77,50 @@ class TestAgent {
 
   async newSession(params) {
     const sessionId = `s${++this.n}-${process.pid}`;
-    this.sessions.set(sessionId, { cwd: params.cwd, memory: null, abort: null });
+    this.sessions.set(sessionId, { cwd: params.cwd, memory: null, abort: null, history: [] });
     return { sessionId };
+  }
+
+  // restore reads session id from its file into this process, or throws.
+  restore(id, method) {
+    logCall(method, id);
+    const f = sessionFile(id);
+    if (!this.sessions.has(id)) {
+      if (!f || !fs.existsSync(f)) throw acp.RequestError.resourceNotFound(id);
+      const saved = JSON.parse(fs.readFileSync(f, "utf8"));
+      this.sessions.set(id, { cwd: saved.cwd, memory: saved.memory, abort: null, history: saved.history });
+    }
+    return this.sessions.get(id);
+  }
+
+  save(id) {
+    const f = sessionFile(id);
+    const s = this.sessions.get(id);
+    if (f && s) fs.writeFileSync(f, JSON.stringify({ cwd: s.cwd, memory: s.memory, history: s.history }));
+  }
+
+  async loadSession(params) {
+    const s = this.restore(params.sessionId, "session/load");
+    for (const h of s.history) {
+      const kind = h.role === "user" ? "user_message_chunk" : "agent_message_chunk";
+      await this.conn.sessionUpdate({
+        sessionId: params.sessionId,
+        update: { sessionUpdate: kind, content: { type: "text", text: h.text } },
+      });
+    }
+    return {};
+  }
+
+  async resumeSession(params) {
+    this.restore(params.sessionId, "session/resume");
+    return {};
+  }
+
+  async closeSession(params) {
+    logCall("session/close", params.sessionId);
+    this.sessions.get(params.sessionId)?.abort?.abort();
+    this.sessions.delete(params.sessionId);
+    return {};
   }
 
   async cancel(params) {
@@ -54,6 +128,7 @@ class TestAgent {
   }
 
   async say(sessionId, text) {
+    this.sessions.get(sessionId)?.history.push({ role: "agent", text });
     await this.conn.sessionUpdate({
       sessionId,
       update: { sessionUpdate: "agent_message_chunk", content: { type: "text", text } },
@@ -86,6 +161,15 @@ class TestAgent {
     s.abort = new AbortController();
     const cancelled = new Promise((resolve) => s.abort.signal.addEventListener("abort", resolve));
     const text = params.prompt.filter((b) => b.type === "text").map((b) => b.text).join("").trim();
+    s.history.push({ role: "user", text });
+    try {
+      return await this.turn(sid, s, text, cancelled);
+    } finally {
+      this.save(sid);
+    }
+  }
+
+  async turn(sid, s, text, cancelled) {
     let m;
     if ((m = text.match(/^remember (.*)$/))) {
       s.memory = m[1];
@@ -158,6 +242,18 @@ class TestAgent {
         update: { sessionUpdate: "plan", entries: [{ content: "answer", priority: "high", status: "pending" }] },
       });
       await this.say(sid, "thought done");
+    } else if (text === "plan" || text === "plan hang") {
+      const entries = ["Read the code", "Run tests", "Fix the bug", "Run tests again", "Commit"].map((content, i) => ({
+        content,
+        priority: "medium",
+        status: i === 0 ? "completed" : i === 1 ? "in_progress" : "pending",
+      }));
+      await this.conn.sessionUpdate({ sessionId: sid, update: { sessionUpdate: "plan", entries } });
+      if (text === "plan hang") {
+        await cancelled;
+        return { stopReason: "cancelled" };
+      }
+      await this.say(sid, "planned");
     } else if ((m = text.match(/^stop (\S+)$/))) {
       await this.say(sid, "partial answer");
       return { stopReason: m[1] };

@@ -18,7 +18,12 @@
 //	          granted before in this process; "ran CMD" when allowed,
 //	          no text at all when rejected
 //	pid       answers with its process id
+//	remember X  keeps X in the session; "what did I say" tells it back
 //	anything else  "echo: <text>"
+//
+// GOAGENT_SESSIONS, a directory, makes sessions outlive the process: each
+// is a file there, and initialize advertises session/resume and
+// session/close (not session/load), which are served from those files.
 //
 // GOAGENT_SLOW_START, a Go duration, delays the answers to initialize and
 // to session/new by that much each; GOAGENT_REFUSE_INIT refuses every
@@ -29,6 +34,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -40,9 +46,39 @@ type agent struct {
 	conn *acp.AgentSideConnection
 	slow time.Duration
 
+	dir string // GOAGENT_SESSIONS: "" keeps sessions in memory only
+
 	mu     sync.Mutex
 	n      int
-	always map[string]bool // "always" grants by tool, for the whole process
+	always map[string]bool          // "always" grants by tool, for the whole process
+	memory map[acp.SessionId]string // what "remember" kept, by session
+}
+
+// remembered is what session sid keeps, read from its file when the
+// session is not in memory; ok is false for an unknown session.
+func (a *agent) remembered(sid acp.SessionId) (text string, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if text, ok = a.memory[sid]; ok || a.dir == "" {
+		return text, ok
+	}
+	b, err := os.ReadFile(filepath.Join(a.dir, filepath.Base(string(sid))))
+	if err != nil {
+		return "", false
+	}
+	a.memory[sid] = string(b)
+	return string(b), true
+}
+
+// keep sets what session sid keeps, in its file too.
+func (a *agent) keep(sid acp.SessionId, text string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.memory[sid] = text
+	if a.dir == "" {
+		return nil
+	}
+	return os.WriteFile(filepath.Join(a.dir, filepath.Base(string(sid))), []byte(text), 0o600)
 }
 
 func (a *agent) Initialize(ctx context.Context, p acp.InitializeRequest) (acp.InitializeResponse, error) {
@@ -50,19 +86,27 @@ func (a *agent) Initialize(ctx context.Context, p acp.InitializeRequest) (acp.In
 		return acp.InitializeResponse{}, acp.NewInvalidParams(map[string]string{"clientInfo": "name and version: expected string"})
 	}
 	time.Sleep(a.slow)
-	return acp.InitializeResponse{
+	res := acp.InitializeResponse{
 		ProtocolVersion: acp.ProtocolVersionNumber,
 		AgentInfo:       &acp.Implementation{Name: "go-agent", Version: "1.0.0"},
-	}, nil
+	}
+	if a.dir != "" {
+		res.AgentCapabilities.SessionCapabilities.Resume = &acp.SessionResumeCapabilities{}
+		res.AgentCapabilities.SessionCapabilities.Close = &acp.SessionCloseCapabilities{}
+	}
+	return res, nil
 }
 
 func (a *agent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.NewSessionResponse, error) {
 	time.Sleep(a.slow)
 	a.mu.Lock()
 	a.n++
-	id := fmt.Sprintf("go-%d-%d", os.Getpid(), a.n)
+	id := acp.SessionId(fmt.Sprintf("go-%d-%d", os.Getpid(), a.n))
 	a.mu.Unlock()
-	return acp.NewSessionResponse{SessionId: acp.SessionId(id)}, nil
+	if err := a.keep(id, ""); err != nil {
+		return acp.NewSessionResponse{}, err
+	}
+	return acp.NewSessionResponse{SessionId: id}, nil
 }
 
 func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResponse, error) {
@@ -79,6 +123,16 @@ func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 		return end, a.run(ctx, p.SessionId, strings.TrimPrefix(msg, "run "))
 	case msg == "pid":
 		return end, a.say(ctx, p.SessionId, fmt.Sprintf("pid %d", os.Getpid()))
+	case strings.HasPrefix(msg, "remember "):
+		if err := a.keep(p.SessionId, strings.TrimPrefix(msg, "remember ")); err != nil {
+			return end, err
+		}
+		return end, a.say(ctx, p.SessionId, "OK, I will remember "+strings.TrimPrefix(msg, "remember ")+".")
+	case msg == "what did I say":
+		if text, _ := a.remembered(p.SessionId); text != "" {
+			return end, a.say(ctx, p.SessionId, "You said: "+text)
+		}
+		return end, a.say(ctx, p.SessionId, "You said nothing yet.")
 	}
 	return end, a.say(ctx, p.SessionId, "echo: "+msg)
 }
@@ -149,16 +203,28 @@ func (a *agent) Authenticate(context.Context, acp.AuthenticateRequest) (acp.Auth
 	return acp.AuthenticateResponse{}, nil
 }
 
-func (a *agent) CloseSession(context.Context, acp.CloseSessionRequest) (acp.CloseSessionResponse, error) {
-	return acp.CloseSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionClose)
+func (a *agent) CloseSession(_ context.Context, p acp.CloseSessionRequest) (acp.CloseSessionResponse, error) {
+	if a.dir == "" {
+		return acp.CloseSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionClose)
+	}
+	a.mu.Lock()
+	delete(a.memory, p.SessionId)
+	a.mu.Unlock()
+	return acp.CloseSessionResponse{}, os.Remove(filepath.Join(a.dir, filepath.Base(string(p.SessionId))))
 }
 
 func (a *agent) ListSessions(context.Context, acp.ListSessionsRequest) (acp.ListSessionsResponse, error) {
 	return acp.ListSessionsResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionList)
 }
 
-func (a *agent) ResumeSession(context.Context, acp.ResumeSessionRequest) (acp.ResumeSessionResponse, error) {
-	return acp.ResumeSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionResume)
+func (a *agent) ResumeSession(_ context.Context, p acp.ResumeSessionRequest) (acp.ResumeSessionResponse, error) {
+	if a.dir == "" {
+		return acp.ResumeSessionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionResume)
+	}
+	if _, ok := a.remembered(p.SessionId); !ok {
+		return acp.ResumeSessionResponse{}, acp.NewInvalidParams(map[string]string{"sessionId": "unknown session"})
+	}
+	return acp.ResumeSessionResponse{}, nil
 }
 
 func (a *agent) SetSessionConfigOption(context.Context, acp.SetSessionConfigOptionRequest) (acp.SetSessionConfigOptionResponse, error) {
@@ -170,7 +236,7 @@ func (a *agent) SetSessionMode(context.Context, acp.SetSessionModeRequest) (acp.
 }
 
 func main() {
-	a := &agent{}
+	a := &agent{dir: os.Getenv("GOAGENT_SESSIONS"), memory: map[acp.SessionId]string{}}
 	if s := os.Getenv("GOAGENT_SLOW_START"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil {
