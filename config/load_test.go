@@ -192,7 +192,7 @@ func TestEnvironment(t *testing.T) {
 		}},
 		{"message templates by name", []string{"GATEWAY_MESSAGES__STEPTIMEOUT=stuck for {{.StepTimeout}}"}, func(t *testing.T, c *Config) {
 			eq(t, "messages", c.Messages, map[string]string{"stepTimeout": "stuck for {{.StepTimeout}}"})
-			eq(t, "rendered", c.MessageSet().Render(messages.StepTimeout, messages.Fields{StepTimeout: messages.Duration(time.Minute)}), "stuck for 1m0s")
+			eq(t, "rendered", c.MessageSet().Render(messages.StepTimeout, messages.Fields{StepTimeout: messages.Duration(time.Minute)}), "stuck for 1 min")
 		}},
 		{"exec env entries keep their case", []string{"GATEWAY_AGENTS__EXEC__ENV__Api_Key=s"}, func(t *testing.T, c *Config) {
 			eq(t, "env", c.Agents.Exec.Env, map[string]string{"Api_Key": "s"})
@@ -354,13 +354,13 @@ func TestValid(t *testing.T) {
 				StepTimeout: messages.Duration(5 * time.Minute), LastStep: "web_search", CurrentStep: "shell", Error: "boom"}
 			set := c.MessageSet()
 			for name, want := range map[messages.Name]string{
-				messages.Timeout:     "Time limit 1m0s reached after 1m30s.",
-				messages.StepTimeout: "Stuck for 5m0s (last: web_search, running: shell).",
-				messages.MaxTurnTime: "Ceiling 1m0s reached.",
-				messages.Progress:    "Still working on shell (1m30s).",
+				messages.Timeout:     "Time limit 1 min reached after 1 min 30 s.",
+				messages.StepTimeout: "Stuck for 5 min (last: web_search, running: shell).",
+				messages.MaxTurnTime: "Ceiling 1 min reached.",
+				messages.Progress:    "Still working on shell (1 min 30 s).",
 				messages.Interrupted: "Restarted; last action web_search.",
-				messages.Shutdown:    "Shutting down after 1m30s.",
-				messages.User:        "Stopped after 1m30s.",
+				messages.Shutdown:    "Shutting down after 1 min 30 s.",
+				messages.User:        "Stopped after 1 min 30 s.",
 				messages.Error:       "Failed: boom",
 			} {
 				eq(t, string(name), set.Render(name, f), want)
@@ -421,7 +421,7 @@ func checkFull(t *testing.T, c *Config) {
 	eq(t, "alerts.window", c.Alerts.Window, 10*time.Minute)
 	eq(t, "stepTimeout message", c.MessageSet().Render(messages.StepTimeout, messages.Fields{
 		StepTimeout: messages.Duration(5 * time.Minute), LastStep: "web_search"}),
-		"⚠️ Nothing happened for 5m0s (last: web_search). Please retry.")
+		"⚠️ Nothing happened for 5 min (last: web_search). Please retry.")
 }
 
 // TestUnknownKeyNamesFileAndKey is the exact message of the documentation.

@@ -87,7 +87,7 @@ func TestMessageSet(t *testing.T) {
 	f := messages.Fields{Elapsed: messages.Duration(2 * time.Second), CurrentStep: "shell"}
 	// A Config built in code (not loaded) still gets its overrides…
 	c := &Config{Messages: map[string]string{"user": "halted {{.Elapsed}}"}}
-	eq(t, "override", c.MessageSet().Render(messages.User, f), "halted 2s")
+	eq(t, "override", c.MessageSet().Render(messages.User, f), "halted 2 s")
 	// …and the defaults when they do not parse.
 	c.Messages["user"] = "{{"
 	eq(t, "fallback", c.MessageSet().Render(messages.User, f), messages.MustDefault().Render(messages.User, f))

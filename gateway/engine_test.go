@@ -166,7 +166,7 @@ func TestSilentStepTimesOutWithToolNameAndFreesSession(t *testing.T) {
 		v := newEnv(t, stepTimeout(2))
 		v.send(t, "r1", "/steps web_search:300ms shell:hang")
 		out, _ := v.e.Wait(context.Background(), "r1")
-		want := "⚠️ No progress for 2s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
+		want := "⚠️ No progress for 2 s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
 		if out.Status != StatusAborted || out.StopReason != event.ReasonStepTimeout || out.Message != want {
 			t.Fatalf("outcome %+v", out)
 		}
@@ -253,7 +253,7 @@ func TestAbortAuthorization(t *testing.T) {
 			t.Fatalf("owner abort: %+v %v", res, err)
 		}
 		out, _ := v.e.Wait(ctx, "r1")
-		if out.StopReason != event.ReasonUser || out.Message != "⏹️ Stopped while shell was running after 1.5s." {
+		if out.StopReason != event.ReasonUser || out.Message != "⏹️ Stopped while shell was running after 1.5 s." {
 			t.Fatalf("outcome %+v", out)
 		}
 		res, err = v.e.Abort(ctx, "main", "", event.ReasonUser, "conn1", false)
@@ -274,8 +274,8 @@ func TestProgressNoticeAndRecovered(t *testing.T) {
 		synctest.Wait()
 		want := `0s turn_started
 0s step_started shell
-30s progress  "⏳ Still working — shell has been running for 30s…"
-1m30s progress  "⏳ Still working — shell has been running for 1m30s…"
+30s progress  "⏳ Still working — shell has been running for 30 s…"
+1m30s progress  "⏳ Still working — shell has been running for 1 min 30 s…"
 1m40s step_completed shell
 1m40s recovered shell
 1m40s finished stop "ok"`

@@ -54,7 +54,7 @@ func TestApprovalAllowOverWebSocketFinishesTheTurn(t *testing.T) {
 		t.Fatalf("resolve %s", res.raw)
 	}
 	done := c.until("approval resolved", isApproval("resolved"))
-	if done.str("approval.id") != id || done.str("approval.optionId") != "allow" || !strings.Contains(done.str("text"), "Allow by web chat") {
+	if done.str("approval.id") != id || done.str("approval.optionId") != "allow" || !strings.Contains(done.str("text"), "Allowed in the web chat") {
 		t.Fatalf("resolved %s", done.raw)
 	}
 	final := c.chat("r1", "final")
@@ -177,7 +177,7 @@ func TestApprovalOtherSessionRefusedOperatorAllowed(t *testing.T) {
 	if got := a.chat("r1", "final").str("message.content.0.text"); got != "deploy was not run: denied. Finished" {
 		t.Fatalf("final %q", got)
 	}
-	if !strings.Contains(a.until("resolved", isApproval("resolved")).str("text"), "by operator") {
+	if !strings.Contains(a.until("resolved", isApproval("resolved")).str("text"), "Denied by the operator") {
 		t.Fatal("the chat is not told who answered")
 	}
 }

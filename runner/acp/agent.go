@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 	execrunner "github.com/turnguard/turnguard/runner/exec"
 )
@@ -393,7 +394,7 @@ func startFailure(err error) *runner.UserError {
 	var re *rpcError
 	switch {
 	case errors.As(err, &te):
-		return &runner.UserError{Message: fmt.Sprintf("The agent did not answer within %s while starting, so it was stopped. Try again later.", te.after)}
+		return &runner.UserError{Message: fmt.Sprintf("The agent did not answer within %s while starting, so it was stopped. Try again later.", messages.Duration(te.after))}
 	case errors.As(err, &re):
 		return &runner.UserError{Message: "The agent refused to start a session: " + cut(oneLine(re.Message), 300)}
 	}
