@@ -58,7 +58,8 @@
     if (opts.method === "POST") headers["Content-Type"] = "application/json";
     const res = await fetch(path, { ...opts, headers, cache: "no-store", credentials: "omit" });
     const body = await res.json().catch(() => ({}));
-    if (res.status === 401 || res.status === 403) throw new AuthError(body.error || `HTTP ${res.status}`);
+    // A refusal carries words for a person in `message` (the `error` is for API clients).
+    if (res.status === 401 || res.status === 403) throw new AuthError(body.message || "This page needs the operator token.");
     if (!res.ok) throw new Error(body.error || `HTTP ${res.status}`);
     return body;
   }
