@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -550,5 +551,43 @@ func TestEveryNumberHasABound(t *testing.T) {
 		if !seen[key] {
 			t.Errorf("bound for %s, which is not a number key", key)
 		}
+	}
+}
+
+// TestCheckGolden: what `gateway -check` prints for each file under
+// testdata/check (issue 22): problems one a line naming the key, the
+// accepted form and, where safe, the value; "did you mean" for nested keys;
+// YAML errors at the right line; clamps as warnings before "config OK".
+// Each FILE.yaml has its FILE.golden; regenerate with -update after
+// checking the change.
+func TestCheckGolden(t *testing.T) {
+	files, _ := filepath.Glob("testdata/check/*.yaml")
+	if len(files) < 12 {
+		t.Fatalf("only %d fixtures under testdata/check", len(files))
+	}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			report, ok := CheckReport(path)
+			got := fmt.Sprintf("ok=%v\n%s", ok, report)
+			matchGolden(t, strings.TrimSuffix(path, ".yaml")+".golden", got)
+		})
+	}
+}
+
+// matchGolden compares got with the golden file (rewriting it first with
+// -update).
+func matchGolden(t *testing.T, golden, got string) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Errorf("differs from %s (run with -update if intended):\n%s\nwant:\n%s", golden, got, want)
 	}
 }

@@ -88,24 +88,27 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string, si
 	if *check {
 		// The check runs aside so that a signal ends it at once, even while
 		// it waits on its file (a FIFO, a hung network mount).
-		checked := make(chan error, 1)
-		go func() { checked <- config.Check(*cfgPath) }()
-		var err error
+		type result struct {
+			report string
+			ok     bool
+		}
+		checked := make(chan result, 1)
+		go func() {
+			report, ok := config.CheckReport(*cfgPath)
+			checked <- result{report, ok}
+		}()
+		var res result
 		select {
-		case err = <-checked:
+		case res = <-checked:
 		case s := <-sig:
 			fmt.Fprintf(stderr, "gateway: -check interrupted by signal %s; the configuration was not checked\n", s)
 			return exitError
 		}
-		if err != nil {
-			fmt.Fprintf(stderr, "%v\n", err)
+		if !res.ok {
+			fmt.Fprint(stderr, res.report)
 			return exitError
 		}
-		what := *cfgPath
-		if what == "" {
-			what = "built-in defaults and environment"
-		}
-		fmt.Fprintf(stdout, "config OK: %s\n", what)
+		fmt.Fprint(stdout, res.report)
 		return exitOK
 	}
 
@@ -118,6 +121,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string, si
 	if err != nil {
 		log.Error("cannot start: invalid configuration", "error", err)
 		return exitError
+	}
+	for _, w := range cfg.Warnings() {
+		log.Warn("config: a value is not used as written", "key", w.Key, "warning", w.Text)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())

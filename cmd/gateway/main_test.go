@@ -44,6 +44,12 @@ func TestCommandLine(t *testing.T) {
 			wantCode: exitError, wantStderr: "server.token is required when server.listen (0.0.0.0:0) is not a loopback address"},
 		{name: "check off loopback with token", args: []string{"-check", "-config", "testdata/offloopback_token.yaml"},
 			wantCode: exitOK, wantStdout: "config OK", notStderr: "a-secret-token-value"},
+		{name: "check warns of a clamp", args: []string{"-check", "-config", "../../config/testdata/check/above_ceiling.yaml"},
+			wantCode: exitOK, wantStdout: "warning: agents.defaults.timeoutSeconds: 7200 (2 h) is above the hard maximum of 3600 (1 h, " +
+				"the built-in maxTurnTimeSeconds), so turns stop at 1 h; raise maxTurnTimeSeconds or lower timeoutSeconds\n" +
+				"config OK with 1 warning: ../../config/testdata/check/above_ceiling.yaml"},
+		{name: "check lists several problems one a line", args: []string{"-check", "-config", "../../config/testdata/check/several.yaml"},
+			wantCode: exitError, wantStderr: "4 problems:\n  server.sendQueue: must be a whole number, got a string\n"},
 		{name: "refuses to start off loopback without token", args: []string{"-config", "testdata/offloopback.yaml"},
 			wantCode: exitError, wantStderr: "server.token is required when server.listen (0.0.0.0:0) is not a loopback address"},
 		{name: "version", args: []string{"-version"}, wantCode: exitOK, wantStdout: "turnguard gateway " + version},
