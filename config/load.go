@@ -169,8 +169,14 @@ func load(name string, src koanf.Provider, environ []string) (*Config, error) {
 	if err := k.Load(confmap.Provider(defaults(), "."), nil); err != nil {
 		return nil, fmt.Errorf("config defaults: %w", err)
 	}
+	var fileKeys []string
 	if src != nil {
-		if err := k.Load(src, yamlParser{}); err != nil {
+		kf := koanf.New(".")
+		if err := kf.Load(src, yamlParser{}); err != nil {
+			return nil, fmt.Errorf("config %s: %w", name, err)
+		}
+		fileKeys = kf.Keys()
+		if err := k.Merge(kf); err != nil {
 			return nil, fmt.Errorf("config %s: %w", name, err)
 		}
 	}
@@ -197,6 +203,7 @@ func load(name string, src koanf.Provider, environ []string) (*Config, error) {
 		return nil, &Error{File: name, Problems: probs}
 	}
 	c.msgs = set
+	c.src = newSources(name, fileKeys, env.seen)
 	return c, nil
 }
 

@@ -203,7 +203,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	}
 	addr := a.ln.Addr().String()
 	log.Info("listening", "addr", addr, "url", "http://"+addr+"/", "runner", cfg.RunnerFor(config.ChannelWS),
-		"store", storeWhere(cfg), "config", cfgOrDefaults(cfgPath))
+		"store", storeWhere(cfg), "config", cfg.Sources())
 
 	return a, nil
 }
@@ -227,13 +227,6 @@ func (a *app) watchConfig(ctx context.Context, path string) {
 		}
 	}()
 	<-watching
-}
-
-func cfgOrDefaults(p string) string {
-	if p == "" {
-		return "(built-in defaults)"
-	}
-	return p
 }
 
 // readiness backs /readyz: ready from listening until shutdown starts, and

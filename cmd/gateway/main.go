@@ -8,6 +8,9 @@
 //	gateway [-config FILE]          run (without -config: built-in defaults and GATEWAY_ variables)
 //	gateway -check [-config FILE]   load and validate the configuration, report every problem, exit
 //	                                (SIGINT/SIGTERM end it at once, exit status 1)
+//	gateway -print-config [-config FILE]
+//	                                print the effective configuration, one key a line, secrets
+//	                                redacted, with each value's source (default, file, env GATEWAY_…)
 //	gateway -version                print the version
 //
 // Logs go to stderr through log/slog: text by default, JSON when
@@ -66,8 +69,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string, si
 	cfgPath := fs.String("config", "", "YAML configuration `file` (optional; GATEWAY_ environment variables override it)")
 	check := fs.Bool("check", false, "load and validate the configuration, report every problem, and exit")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	printConfig := fs.Bool("print-config", false, "print the effective configuration (secrets redacted, each value's source: default, file or env) and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: gateway [-config FILE] [-check] [-version]\n\n")
+		fmt.Fprintf(stderr, "usage: gateway [-config FILE] [-check | -print-config] [-version]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -109,6 +113,16 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string, si
 			return exitError
 		}
 		fmt.Fprint(stdout, res.report)
+		return exitOK
+	}
+
+	if *printConfig {
+		cfg, err := config.Load(*cfgPath)
+		if err != nil {
+			fmt.Fprintf(stderr, "%v\n", err)
+			return exitError
+		}
+		fmt.Fprint(stdout, cfg.PrintConfig())
 		return exitOK
 	}
 

@@ -50,6 +50,8 @@ func TestCommandLine(t *testing.T) {
 				"config OK with 1 warning: ../../config/testdata/check/above_ceiling.yaml"},
 		{name: "check lists several problems one a line", args: []string{"-check", "-config", "../../config/testdata/check/several.yaml"},
 			wantCode: exitError, wantStderr: "4 problems:\n  server.sendQueue: must be a whole number, got a string\n"},
+		{name: "print config", args: []string{"-print-config", "-config", "testdata/valid.yaml"},
+			wantCode: exitOK, wantStdout: "server.token: \"[redacted]\"  # file\n", notStderr: "check-token-value"},
 		{name: "refuses to start off loopback without token", args: []string{"-config", "testdata/offloopback.yaml"},
 			wantCode: exitError, wantStderr: "server.token is required when server.listen (0.0.0.0:0) is not a loopback address"},
 		{name: "version", args: []string{"-version"}, wantCode: exitOK, wantStdout: "turnguard gateway " + version},
