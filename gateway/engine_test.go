@@ -185,6 +185,31 @@ func TestSilentStepTimesOutWithToolNameAndFreesSession(t *testing.T) {
 	})
 }
 
+// TestStepTimeoutPartialReplyHasNoStopReason: a turn stopped for a step
+// timeout after part of its reply keeps the partial reply in the history
+// without a stop reason and the notice with it, so a client counting
+// notices by stop reason finds one (issue 22: it found two).
+func TestStepTimeoutPartialReplyHasNoStopReason(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newEnv(t, stepTimeout(2))
+		v.send(t, "r1", "/steps say:Half_done shell:hang")
+		out, _ := v.e.Wait(context.Background(), "r1")
+		if out.StopReason != event.ReasonStepTimeout {
+			t.Fatalf("outcome %+v", out)
+		}
+		_, h := v.e.History(context.Background(), "main", 0)
+		var notices []string
+		for _, m := range h {
+			if m.StopReason != "" {
+				notices = append(notices, m.Text)
+			}
+		}
+		if len(h) != 3 || h[1].Text != "Half done" || h[1].StopReason != "" || len(notices) != 1 || notices[0] != out.Message {
+			t.Fatalf("history %+v; want the user's message, the partial reply without a stop reason, the notice with it", h)
+		}
+	})
+}
+
 func TestStuckRunnerForceFinalizedThenSessionFree(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		v := newEnv(t, func(c *config.Config) { stepTimeout(2)(c); rejectWhenBusy(c) })
