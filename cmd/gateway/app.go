@@ -118,6 +118,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	killLeftoverAgents(cfg, log)
 
 	a.runners = newRunnerSet(log, cfg.Channels.Telegram.Enabled)
+	a.runners.probing = true
 	if err := a.runners.prepare(cfg); err != nil {
 		return a, err
 	}

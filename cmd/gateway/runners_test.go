@@ -2,8 +2,10 @@ package main
 
 import (
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/turnguard/turnguard/config"
@@ -152,4 +154,50 @@ func TestRunnerSetACP(t *testing.T) {
 		t.Errorf("a turn on the replaced acp runner: %v, want a message saying it is being restarted", err)
 	}
 	s.close()
+}
+
+// TestRunnerProbeAtStart: an openai runner whose provider does not answer
+// (a closed loopback port) is built and the set does not wait for it; the
+// probe, aside, logs a warning naming the runner and the endpoint and keeps
+// the problem for /api/diagnose (issue 22: the first user found out).
+func TestRunnerProbeAtStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String() + "/v1"
+	ln.Close()
+	var logs strings.Builder
+	var mu sync.Mutex
+	s := newRunnerSet(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil)), false)
+	s.probing = true
+	cfg := *config.Default()
+	cfg.Agents.Defaults.Runner = config.RunnerOpenAI
+	cfg.Agents.OpenAI.Model = "llama3.2"
+	cfg.Agents.OpenAI.BaseURL = base
+	if err := s.prepare(&cfg); err != nil {
+		t.Fatalf("prepare = %v: an unreachable provider must not stop the start", err)
+	}
+	s.probes.Wait()
+	h := s.healthOf()
+	want := "the model provider at " + base + " does not answer: connect: connection refused"
+	if len(h) != 1 || h[0].Runner != config.RunnerOpenAI || h[0].OK || h[0].Problem != want {
+		t.Fatalf("health %+v, want openai failing with %q", h, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if l := logs.String(); !strings.Contains(l, "level=WARN msg=\"runner cannot work: turns on it will fail until this is fixed\" runner=openai") {
+		t.Errorf("no start-up warning:\n%s", l)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *strings.Builder
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -93,6 +93,9 @@ type Options struct {
 	Alerts interface{ Stats() alerts.Stats }
 	// WSClients is the number of open WebSocket connections (optional).
 	WSClients func() int
+	// Runners reports the runners' last probes for /api/diagnose
+	// (optional).
+	Runners func() []RunnerHealth
 	// OperatorToken guards the API; "" serves loopback clients only.
 	OperatorToken string
 	// Version is the gateway's version, shown by /api/diagnose.
