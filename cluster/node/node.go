@@ -129,7 +129,11 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			n.log.Warn("cluster: NATS disconnected", "error", err)
+			// nil: this replica closed the connection (a clean shutdown) —
+			// nothing went wrong, nothing to warn of.
+			if err != nil {
+				n.log.Warn("cluster: NATS disconnected", "error", err)
+			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { n.log.Info("cluster: NATS reconnected") }))
 	if err != nil {

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/turnguard/turnguard/cluster/pgcoord"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
 )
@@ -200,4 +203,20 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestTakeoverLogFields: a takeover is logged as fields — the replica and
+// epoch taken over, the turn count and run ids (at most maxLoggedRuns) —
+// not a Go struct dump (issue 22: takeover="{Replica:r1 Epoch:3 … Turns:[…]}").
+func TestTakeoverLogFields(t *testing.T) {
+	tk := pgcoord.Takeover{Replica: "r1", Epoch: 3, Overdue: 1500 * time.Millisecond}
+	for i := range 12 {
+		tk.Turns = append(tk.Turns, pgcoord.TakenTurn{RunID: fmt.Sprintf("run-%d", i), Notice: "⚠️ Your request was interrupted"})
+	}
+	var b strings.Builder
+	slog.New(slog.NewTextHandler(&b, nil)).Warn("took over", takeoverAttrs(tk)...)
+	want := `from_replica=r1 from_epoch=3 overdue_ms=1500 turns=12 runs=run-0,run-1,run-2,run-3,run-4,run-5,run-6,run-7,run-8,run-9` + "\n"
+	if got := b.String(); !strings.HasSuffix(got, want) || strings.Contains(got, "{") || strings.Contains(got, "interrupted") {
+		t.Errorf("log line %q, want it to end %q", got, want)
+	}
 }

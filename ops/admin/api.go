@@ -19,6 +19,7 @@ import (
 	"github.com/turnguard/turnguard/gateway/maintenance"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/ops/alerts"
+	"github.com/turnguard/turnguard/ops/metrics"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -283,12 +284,12 @@ type BuildInfo struct {
 
 func buildInfo(version string) BuildInfo {
 	b := BuildInfo{Version: version, GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
+	if r := metrics.BuildRevision(); r != "unknown" {
+		b.Revision = r
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				b.Revision = s.Value
-			case "vcs.modified":
+			if s.Key == "vcs.modified" {
 				b.Modified = s.Value == "true"
 			}
 		}
