@@ -132,3 +132,14 @@ func TestLogger(t *testing.T) {
 		})
 	}
 }
+
+// TestExampleConfigChecks: the example configuration the README points a
+// newcomer to passes `gateway -check` with no problem and no warning, so CI
+// catches a key renamed under it.
+func TestExampleConfigChecks(t *testing.T) {
+	const example = "../../examples/turnguard.yaml"
+	code, stdout, stderr := runCLI(t, nil, "-check", "-config", example)
+	if code != exitOK || stdout != "config OK: "+example+"\n" {
+		t.Fatalf("-check %s: exit %d\nstdout: %s\nstderr: %s", example, code, stdout, stderr)
+	}
+}
