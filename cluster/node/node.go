@@ -375,7 +375,9 @@ func (n *Node) Export(ev event.Event) {
 // engine never ran those turns, so its bus does not carry their ends).
 func (n *Node) tookOver(t pgcoord.Takeover) {
 	n.exportEnds(t)
-	n.log.Info("cluster: took a dead replica's turns over", "dead", t.Replica, "epoch", t.Epoch,
+	// from_epoch, not epoch: this replica's lines carry its own epoch as
+	// "epoch" (pgcoord's logger), and the two disagreed side by side.
+	n.log.Info("cluster: took a dead replica's turns over", "from_replica", t.Replica, "from_epoch", t.Epoch,
 		"turns", len(t.Turns), "overdue", t.Overdue)
 	if n.opts.OnTakeover != nil {
 		n.opts.OnTakeover(t)
