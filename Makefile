@@ -6,6 +6,10 @@ export PATH := $(PATH):/usr/local/go/bin
 PKGS := ./...
 FUZZTIME ?= 20s
 BENCHTIME ?= 1s
+# The revision turnguard_build_info and /api/diagnose report; Go's own VCS stamp is missing when
+# GOFLAGS has -buildvcs=false or the build is outside a checkout.
+REVISION := $(shell git rev-parse HEAD 2>/dev/null)
+GATEWAY_LDFLAGS := -ldflags "-X github.com/turnguard/turnguard/ops/metrics.Revision=$(REVISION)"
 
 .PHONY: all deps deps-postgres deps-node build run test vet fmt-check bench bench-cluster fuzz e2e cluster-e2e load load-cluster clean
 
@@ -17,7 +21,7 @@ deps:
 
 build: deps
 	mkdir -p bin
-	$(GO) build -o bin/gateway ./cmd/gateway
+	$(GO) build $(GATEWAY_LDFLAGS) -o bin/gateway ./cmd/gateway
 
 ## run: the gateway on its embedded defaults (web chat on http://127.0.0.1:18789, demo runner, SQLite store).
 run: build
@@ -147,7 +151,7 @@ load-cluster: export TURNGUARD_REQUIRE_POSTGRES := 1
 load-cluster: export TURNGUARD_CLUSTER_ARTIFACTS := $(CURDIR)/artifacts/load-cluster
 load-cluster: deps deps-postgres bin/nats-server
 	mkdir -p bin artifacts/load-cluster
-	$(GO) build -o bin/gateway ./cmd/gateway
+	$(GO) build $(GATEWAY_LDFLAGS) -o bin/gateway ./cmd/gateway
 	$(GO) build -o bin/loadtest ./cmd/loadtest
 	./bin/loadtest $(LOADCLUSTERFLAGS)
 

@@ -16,6 +16,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -179,8 +180,14 @@ func load(name string, src koanf.Provider, environ []string) (*Config, error) {
 	if err := k.Load(confmap.Provider(defaults(), "."), nil); err != nil {
 		return nil, fmt.Errorf("config defaults: %w", err)
 	}
+	var fileKeys []string
 	if src != nil {
-		if err := k.Load(src, yamlParser{}); err != nil {
+		kf := koanf.New(".")
+		if err := kf.Load(src, yamlParser{}); err != nil {
+			return nil, fmt.Errorf("config %s: %w", name, err)
+		}
+		fileKeys = kf.Keys()
+		if err := k.Merge(kf); err != nil {
 			return nil, fmt.Errorf("config %s: %w", name, err)
 		}
 	}
@@ -207,6 +214,7 @@ func load(name string, src koanf.Provider, environ []string) (*Config, error) {
 		return nil, &Error{File: name, Problems: probs}
 	}
 	c.msgs = set
+	c.src = newSources(name, fileKeys, env.seen)
 	return c, nil
 }
 
@@ -277,7 +285,7 @@ func collectDecodeProblems(err error, probs *[]Problem) {
 		var ute *mapstructure.UnconvertibleTypeError
 		switch {
 		case errors.As(de.Unwrap(), &ute):
-			msg = fmt.Sprintf("must be %s, got %s", describeType(ute.Expected.Type()), describeValue(ute.Value))
+			msg = typeProblem(name, ute.Expected.Type(), ute.Value)
 		case strings.HasPrefix(msg, "expected a map"):
 			msg = "must be a mapping of keys to values"
 		case strings.HasPrefix(msg, "source data must be an array or slice"):
@@ -317,6 +325,40 @@ func describeType(t reflect.Type) string {
 		return "a mapping"
 	}
 	return t.String()
+}
+
+// quotable matches a value a problem may quote: short, and a number or a
+// duration as a person writes one ("10m", "1h30m", "5 s"). Anything else —
+// a word, a token pasted under the wrong key — is described by its type
+// only, so a problem never echoes a secret.
+var quotable = regexp.MustCompile(`^[0-9][0-9.]*\s*[a-zµ]{0,3}([0-9][0-9.]*\s*[a-zµ]{0,3})*$`)
+
+// typeProblem words a value of the wrong type for key: what the key takes,
+// with an example for a number of seconds or milliseconds, and the value
+// when it is quotable — with the number to write for a duration given as
+// text ("stepTimeoutSeconds: 10m" → "write 600").
+func typeProblem(key string, want reflect.Type, v any) string {
+	what := describeType(want)
+	number := want.Kind() >= reflect.Int && want.Kind() <= reflect.Float64
+	switch {
+	case number && strings.HasSuffix(key, "Seconds"):
+		what += " of seconds, e.g. 600"
+	case number && strings.HasSuffix(key, "Ms"):
+		what += " of milliseconds, e.g. 30000"
+	}
+	got := describeValue(v)
+	if str, ok := v.(string); ok && len(str) <= 20 && quotable.MatchString(strings.TrimSpace(str)) {
+		got = fmt.Sprintf("the text %q", str)
+		if d, err := time.ParseDuration(strings.ReplaceAll(str, " ", "")); err == nil && number && d > 0 {
+			switch {
+			case strings.HasSuffix(key, "Seconds"):
+				got += fmt.Sprintf(" (write %s)", strconv.FormatFloat(d.Seconds(), 'f', -1, 64))
+			case strings.HasSuffix(key, "Ms"):
+				got += fmt.Sprintf(" (write %d)", d.Milliseconds())
+			}
+		}
+	}
+	return fmt.Sprintf("must be %s, got %s", what, got)
 }
 
 func describeValue(v any) string {
@@ -390,10 +432,31 @@ func (yamlParser) Unmarshal(b []byte) (map[string]any, error) {
 	if err != nil {
 		msg := yamlQuoted.ReplaceAllString(err.Error(), "`…`")
 		msg = strings.ReplaceAll(strings.ReplaceAll(msg, ":\n  ", ": "), "\n  ", "; ")
-		return nil, errors.New(msg)
+		return nil, errors.New(fixYAMLLine(msg))
 	}
 	pruneNil(m)
 	return m, nil
+}
+
+// yamlParserLine matches a YAML parser error (not a scanner error: those
+// name their line right): "yaml: line 2: did not find expected key".
+var yamlParserLine = regexp.MustCompile(`^yaml: line (\d+): (did not find expected (key|node content|',' or '[\]}]'|'-' indicator|<document start>))`)
+
+// fixYAMLLine corrects the line of a YAML parser error: go.yaml.in/yaml/v3
+// gives a parser error's mark counted from 0 (a scanner error's from 1), so
+// "line 2" meant the file's line 3, where the mapping or list it could not
+// finish starts: "yaml: did not find expected key in the mapping or list
+// that starts on line 3".
+func fixYAMLLine(msg string) string {
+	m := yamlParserLine.FindStringSubmatchIndex(msg)
+	if m == nil {
+		return msg
+	}
+	n, err := strconv.Atoi(msg[m[2]:m[3]])
+	if err != nil {
+		return msg
+	}
+	return "yaml: " + msg[m[4]:m[5]] + " in the mapping or list that starts on line " + strconv.Itoa(n+1) + msg[m[5]:]
 }
 
 func (yamlParser) Marshal(m map[string]any) ([]byte, error) { return yaml.Parser().Marshal(m) }

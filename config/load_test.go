@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -192,7 +193,7 @@ func TestEnvironment(t *testing.T) {
 		}},
 		{"message templates by name", []string{"GATEWAY_MESSAGES__STEPTIMEOUT=stuck for {{.StepTimeout}}"}, func(t *testing.T, c *Config) {
 			eq(t, "messages", c.Messages, map[string]string{"stepTimeout": "stuck for {{.StepTimeout}}"})
-			eq(t, "rendered", c.MessageSet().Render(messages.StepTimeout, messages.Fields{StepTimeout: messages.Duration(time.Minute)}), "stuck for 1m0s")
+			eq(t, "rendered", c.MessageSet().Render(messages.StepTimeout, messages.Fields{StepTimeout: messages.Duration(time.Minute)}), "stuck for 1 min")
 		}},
 		{"exec env entries keep their case", []string{"GATEWAY_AGENTS__EXEC__ENV__Api_Key=s"}, func(t *testing.T, c *Config) {
 			eq(t, "env", c.Agents.Exec.Env, map[string]string{"Api_Key": "s"})
@@ -300,6 +301,7 @@ func TestValid(t *testing.T) {
 		"empty.yaml": func(t *testing.T, c *Config) {
 			d := Default()
 			d.msgs, c.msgs = nil, nil
+			c.src = sources{} // the file is named as a source
 			if !reflect.DeepEqual(c, d) {
 				t.Errorf("a comments-only file differs from the defaults:\n%s", c)
 			}
@@ -354,13 +356,13 @@ func TestValid(t *testing.T) {
 				StepTimeout: messages.Duration(5 * time.Minute), LastStep: "web_search", CurrentStep: "shell", Error: "boom"}
 			set := c.MessageSet()
 			for name, want := range map[messages.Name]string{
-				messages.Timeout:     "Time limit 1m0s reached after 1m30s.",
-				messages.StepTimeout: "Stuck for 5m0s (last: web_search, running: shell).",
-				messages.MaxTurnTime: "Ceiling 1m0s reached.",
-				messages.Progress:    "Still working on shell (1m30s).",
+				messages.Timeout:     "Time limit 1 min reached after 1 min 30 s.",
+				messages.StepTimeout: "Stuck for 5 min (last: web_search, running: shell).",
+				messages.MaxTurnTime: "Ceiling 1 min reached.",
+				messages.Progress:    "Still working on shell (1 min 30 s).",
 				messages.Interrupted: "Restarted; last action web_search.",
-				messages.Shutdown:    "Shutting down after 1m30s.",
-				messages.User:        "Stopped after 1m30s.",
+				messages.Shutdown:    "Shutting down after 1 min 30 s.",
+				messages.User:        "Stopped after 1 min 30 s.",
 				messages.Error:       "Failed: boom",
 			} {
 				eq(t, string(name), set.Render(name, f), want)
@@ -421,7 +423,7 @@ func checkFull(t *testing.T, c *Config) {
 	eq(t, "alerts.window", c.Alerts.Window, 10*time.Minute)
 	eq(t, "stepTimeout message", c.MessageSet().Render(messages.StepTimeout, messages.Fields{
 		StepTimeout: messages.Duration(5 * time.Minute), LastStep: "web_search"}),
-		"⚠️ Nothing happened for 5m0s (last: web_search). Please retry.")
+		"⚠️ Nothing happened for 5 min (last: web_search). Please retry.")
 }
 
 // TestUnknownKeyNamesFileAndKey is the exact message of the documentation.
@@ -550,5 +552,43 @@ func TestEveryNumberHasABound(t *testing.T) {
 		if !seen[key] {
 			t.Errorf("bound for %s, which is not a number key", key)
 		}
+	}
+}
+
+// TestCheckGolden: what `gateway -check` prints for each file under
+// testdata/check (issue 22): problems one a line naming the key, the
+// accepted form and, where safe, the value; "did you mean" for nested keys;
+// YAML errors at the right line; clamps as warnings before "config OK".
+// Each FILE.yaml has its FILE.golden; regenerate with -update after
+// checking the change.
+func TestCheckGolden(t *testing.T) {
+	files, _ := filepath.Glob("testdata/check/*.yaml")
+	if len(files) < 12 {
+		t.Fatalf("only %d fixtures under testdata/check", len(files))
+	}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			report, ok := CheckReport(path)
+			got := fmt.Sprintf("ok=%v\n%s", ok, report)
+			matchGolden(t, strings.TrimSuffix(path, ".yaml")+".golden", got)
+		})
+	}
+}
+
+// matchGolden compares got with the golden file (rewriting it first with
+// -update).
+func matchGolden(t *testing.T, golden, got string) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Errorf("differs from %s (run with -update if intended):\n%s\nwant:\n%s", golden, got, want)
 	}
 }

@@ -157,8 +157,14 @@ func (n *node) suggest(unknown string) string {
 	return best
 }
 
-// editDistance is the Levenshtein distance of a and b (bytes).
+// editDistance is the optimal-string-alignment distance of a and b (bytes):
+// Levenshtein's insertions, deletions and substitutions, and a swap of two
+// neighbouring letters counted as one edit, so "tokne" is one typo away
+// from "token".
 func editDistance(a, b string) int {
+	// Three rows (two back, one back, this one): memory is O(len(b)), a
+	// schema key, however long the unknown key a file holds.
+	prev2 := make([]int, len(b)+1)
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)
 	for j := range prev {
@@ -172,8 +178,11 @@ func editDistance(a, b string) int {
 				cost = 0
 			}
 			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
 		}
-		prev, cur = cur, prev
+		prev2, prev, cur = prev, cur, prev2
 	}
 	return prev[len(b)]
 }

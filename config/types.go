@@ -23,6 +23,7 @@ type Config struct {
 	Telemetry Telemetry         `koanf:"telemetry"`
 
 	msgs *messages.Set // Messages parsed at load; see MessageSet
+	src  sources       // where each value came from; see Sources
 }
 
 // Server configures the HTTP/WebSocket listener.

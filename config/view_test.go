@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -87,7 +86,7 @@ func TestMessageSet(t *testing.T) {
 	f := messages.Fields{Elapsed: messages.Duration(2 * time.Second), CurrentStep: "shell"}
 	// A Config built in code (not loaded) still gets its overrides…
 	c := &Config{Messages: map[string]string{"user": "halted {{.Elapsed}}"}}
-	eq(t, "override", c.MessageSet().Render(messages.User, f), "halted 2s")
+	eq(t, "override", c.MessageSet().Render(messages.User, f), "halted 2 s")
 	// …and the defaults when they do not parse.
 	c.Messages["user"] = "{{"
 	eq(t, "fallback", c.MessageSet().Render(messages.User, f), messages.MustDefault().Render(messages.User, f))
@@ -170,19 +169,7 @@ func TestRedactedAndStringHideSecrets(t *testing.T) {
 func TestStringGolden(t *testing.T) {
 	c := mustLoad(t, "testdata/valid/full.yaml")
 	got := c.String()
-	const golden = "testdata/full.golden"
-	if *update {
-		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != string(want) {
-		t.Errorf("String() differs from %s (run with -update if intended):\n%s", golden, got)
-	}
+	matchGolden(t, "testdata/full.golden", got)
 	// What String prints has the keys of the configuration file: it decodes
 	// with no unknown key and no type error.
 	k := koanf.New(".")

@@ -225,11 +225,19 @@ func (r *reloader) reload() {
 		}
 	}
 	r.src.cur.Store(next)
+	changed := strings.Join(Changed(old, next), ", ")
+	if changed == "" {
+		changed = "(no value)"
+	}
 	if pending := r.src.RestartPending(next); len(pending) > 0 {
 		r.log.Warn("config applied except "+strings.Join(pending, ", ")+
-			": needs a restart to take effect; new turns use the other changes", "file", r.path, "needs_restart", strings.Join(pending, ","))
+			": needs a restart to take effect; new turns use the other changes", "file", r.path, "needs_restart", strings.Join(pending, ","),
+			"changed", changed)
 	} else {
-		r.log.Info("config reloaded; new turns use it", "file", r.path)
+		r.log.Info("config reloaded; new turns use it", "file", r.path, "changed", changed)
+	}
+	for _, w := range next.Warnings() {
+		r.log.Warn("config: a value is not used as written", "key", w.Key, "warning", w.Text)
 	}
 	if r.hooks.Changed != nil {
 		r.hooks.Changed(old, next)

@@ -289,8 +289,9 @@ func TestReloadRestartKeys(t *testing.T) {
 	}{
 		// server.operatorToken defaults to server.token, so it changes too.
 		{name: "token changed", content: cfg("zzsecret-token-0002", "20", "127.0.0.1:1"), wantLimit: 20,
-			wantLog: []string{"config applied except server.token, server.operatorToken: needs a restart", "needs_restart=server.token,server.operatorToken"},
-			notLog:  []string{"config reloaded", "zzsecret"}},
+			wantLog: []string{"config applied except server.token, server.operatorToken: needs a restart", "needs_restart=server.token,server.operatorToken",
+				`changed="server.historyLimit, server.operatorToken (secret), server.token (secret)"`},
+			notLog: []string{"config reloaded", "zzsecret"}},
 		{name: "token and listen changed", content: cfg("zzsecret-token-0002", "30", "127.0.0.1:2"), wantLimit: 30,
 			wantLog: []string{"config applied except server.listen, server.token, server.operatorToken: needs a restart"},
 			notLog:  []string{"config reloaded", "zzsecret"}},
@@ -298,7 +299,7 @@ func TestReloadRestartKeys(t *testing.T) {
 			wantLog: []string{"config reloaded; new turns use it"},
 			notLog:  []string{"needs a restart", "needs_restart"}},
 		{name: "restart key unchanged, another key changed", content: cfg("zzsecret-token-0001", "50", "127.0.0.1:1"), wantLimit: 50,
-			wantLog: []string{"config reloaded; new turns use it"},
+			wantLog: []string{"config reloaded; new turns use it", "changed=server.historyLimit\n"},
 			notLog:  []string{"needs a restart"}},
 		{name: "refused by Prepare", content: cfg("zzsecret-token-0001", "60", "127.0.0.1:1"), wantLimit: 50, prepareFail: true,
 			wantLog: []string{"config reload refused; keeping the current configuration", "runner exec: cannot be built"},

@@ -120,7 +120,7 @@ async function main() {
     ok("the answered question left the dashboard");
     await chat.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.update });
     const settled = await card.$eval(".approval-text", (e) => e.textContent);
-    if (!settled.includes("✅ Allow by operator: Run deploy")) throw new Error(`the user's card says ${JSON.stringify(settled)}`);
+    if (!settled.includes("✅ Allowed by the operator: Run deploy")) throw new Error(`the user's card says ${JSON.stringify(settled)}`);
     await chat.waitForSelector(".run:last-child .msg.assistant:not(.streaming) >> text=deploy ran (allowed). Finished", { timeout: T.update });
     ok(`the user's card: "${settled}", and the turn finished`);
 

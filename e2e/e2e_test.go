@@ -245,7 +245,7 @@ func TestCLIAgentCommand(t *testing.T) {
 	}
 	stdout, stderr, code = openclaw(t, gwEnv, "agent", "--agent", "main", "--session-key", "agent:main:e2e-agent-cmd",
 		"-m", "/steps web_search:200ms shell:hang")
-	if code != 1 || !strings.Contains(stdout+stderr, "⚠️ No progress for 2s") {
+	if code != 1 || !strings.Contains(stdout+stderr, "⚠️ No progress for 2 s") {
 		t.Fatalf("openclaw agent with a step timeout: exit %d, want 1 and the step timeout message\n%s%s", code, stdout, stderr)
 	}
 }

@@ -2,7 +2,7 @@
 //
 //   1. "/steps ask:deploy say:Finished" shows a card "Run deploy" with the
 //      buttons Allow and Deny; a click on Allow disables the buttons, the
-//      card says who chose what ("✅ Allow by web chat: Run deploy") and the
+//      card says who chose what ("✅ Allowed in the web chat: Run deploy") and the
 //      turn finishes with "deploy ran (allowed). Finished"
 //      (webchat-approval.png).
 //   2. A reload while a question is open draws its card again (from
@@ -61,7 +61,7 @@ async function allow(page) {
   const disabled = await card.$$eval("button", (bs) => bs.every((b) => b.disabled));
   if (!disabled) throw new Error("buttons still enabled after the click");
   const settled = await card.$eval(".approval-text", (e) => e.textContent);
-  if (settled !== "✅ Allow by web chat: Run deploy") throw new Error(`settled card "${settled}"`);
+  if (settled !== "✅ Allowed in the web chat: Run deploy") throw new Error(`settled card "${settled}"`);
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=deploy ran (allowed). Finished", { timeout: T.turn });
   ok(`Allow: buttons off, the card says "${settled}", the turn finished`);
   await page.screenshot({ path: path.join(artifacts, "webchat-approval.png") });
@@ -104,7 +104,7 @@ async function settledElsewhere(page, token) {
   if (!answered.ok) throw new Error(`the other client's answer: ${JSON.stringify(answered)}`);
   await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
   const text = await card.$eval(".approval-text", (e) => e.textContent);
-  if (!text.startsWith("✅ Allow by")) throw new Error(`card settled elsewhere says "${text}"`);
+  if (!text.startsWith("✅ Allowed")) throw new Error(`card settled elsewhere says "${text}"`);
   await page.waitForSelector(".run:last-child .msg.assistant:not(.streaming) >> text=deploy ran (allowed). Finished", { timeout: T.turn });
   ok(`settled by another client, the card follows: "${text}"`);
 }

@@ -404,7 +404,7 @@ async function main() {
     ok(`progress note on the shell line: "${await note.jsonValue()}"`);
     const warn = await page.waitForSelector('.run:last-child .notice.warning[data-stop-reason="step_timeout"]', { timeout: T.turn });
     const warnText = await warn.textContent();
-    if (!warnText.includes("No progress for 2s")) throw new Error(`warning text: ${warnText}`);
+    if (!warnText.includes("No progress for 2 s")) throw new Error(`warning text: ${warnText}`);
     ok(`step timeout warning: "${warnText}"`);
     const shot = path.join(artifacts, "webchat-step-timeout.png");
     await page.screenshot({ path: shot });

@@ -88,9 +88,9 @@ func TestApprovalAnswered(t *testing.T) {
 	for _, tc := range []struct {
 		option, want, settled string
 	}{
-		{"yes", "ran it: allowed (yes) by @alice", "✅ Allow once by @alice: Run `make deploy`"},
-		{"always", "ran it: allowed (always) by @alice", "✅ Always allow by @alice: Run `make deploy`"},
-		{"no", "did not run it: selected no", "🚫 Deny by @alice: Run `make deploy`"},
+		{"yes", "ran it: allowed (yes) by @alice", "✅ Allowed by @alice: Run `make deploy`"},
+		{"always", "ran it: allowed (always) by @alice", "✅ Always allowed by @alice: Run `make deploy`"},
+		{"no", "did not run it: selected no", "🚫 Denied by @alice: Run `make deploy`"},
 	} {
 		t.Run(tc.option, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -103,7 +103,7 @@ func TestApprovalAnswered(t *testing.T) {
 				if len(asked) != 1 {
 					t.Fatalf("ApprovalRequested events: %d", len(asked))
 				}
-				wantAsk := "🔐 Approval needed: Run `make deploy`\nin /srv/app\nAnswer within 1m0s, or it will be denied."
+				wantAsk := "🔐 Approval needed: Run `make deploy`\nin /srv/app\nAnswer within 1 min, or it will be denied."
 				if asked[0].Message != wantAsk || asked[0].Step.Label() != "shell" {
 					t.Fatalf("question shown as %q during step %q, want %q during shell", asked[0].Message, asked[0].Step.Label(), wantAsk)
 				}
@@ -155,7 +155,7 @@ func TestApprovalUnansweredIsDenied(t *testing.T) {
 			t.Errorf("denied after %v, want 60s", took)
 		}
 		settled := eventsOf(s, event.ApprovalResolved)
-		want := "⌛ No answer within 1m0s, so it was denied: Run `make deploy`"
+		want := "⌛ No answer within 1 min, so it was denied: Run `make deploy`"
 		if len(settled) != 1 || settled[0].Message != want || settled[0].Approval.Outcome != event.ApprovalTimeout {
 			t.Fatalf("settled %+v, want %q", settled, want)
 		}
@@ -206,7 +206,7 @@ func TestApprovalStopWhileWaiting(t *testing.T) {
 			t.Fatal(err)
 		}
 		out, _ := e.Wait(context.Background(), "r1")
-		if out.StopReason != event.ReasonUser || !strings.HasPrefix(out.Message, "⏹️ Stopped while shell was running after 5s") {
+		if out.StopReason != event.ReasonUser || !strings.HasPrefix(out.Message, "⏹️ Stopped while shell was running after 5 s") {
 			t.Fatalf("outcome %+v; transcript:\n%s", out, s.transcript())
 		}
 		if len(e.PendingApprovals("")) != 0 {

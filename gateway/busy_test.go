@@ -231,9 +231,9 @@ func TestBusyQueueRunsAfterTimeout(t *testing.T) {
 		adjust func(*config.Config)
 		words  string
 	}{
-		{event.ReasonTimeout, func(c *config.Config) { c.Agents.Defaults.TimeoutSeconds = secs(2) }, "time limit of 2s"},
-		{event.ReasonStepTimeout, func(c *config.Config) { c.Agents.Defaults.StepTimeoutSeconds = secs(2) }, "No progress for 2s"},
-		{event.ReasonMaxTurnTime, func(c *config.Config) { c.Agents.Defaults.MaxTurnTimeSeconds = secs(2) }, "maximum time of 2s"},
+		{event.ReasonTimeout, func(c *config.Config) { c.Agents.Defaults.TimeoutSeconds = secs(2) }, "time limit of 2 s"},
+		{event.ReasonStepTimeout, func(c *config.Config) { c.Agents.Defaults.StepTimeoutSeconds = secs(2) }, "No progress for 2 s"},
+		{event.ReasonMaxTurnTime, func(c *config.Config) { c.Agents.Defaults.MaxTurnTimeSeconds = secs(2) }, "maximum time of 2 s"},
 	} {
 		t.Run(string(tc.reason), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

@@ -1020,7 +1020,9 @@ func (e *Engine) recordOutcome(ev event.Event) (*turn, *session) {
 	case ev.Kind == event.Aborted:
 		out.Status = StatusAborted
 		if ev.FullText != "" {
-			msgs = append(msgs, Message{Role: "assistant", Text: ev.FullText, StopReason: ev.StopReason, Time: ev.Time})
+			// The partial reply carries no stop reason: the notice after it
+			// does, so a client counting notices by stop reason finds one.
+			msgs = append(msgs, Message{Role: "assistant", Text: ev.FullText, Time: ev.Time})
 		}
 		msgs = append(msgs, Message{Role: "assistant", Text: ev.Message, StopReason: ev.StopReason, Time: ev.Time})
 	case ev.StopReason == event.ReasonError:

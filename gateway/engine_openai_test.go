@@ -66,7 +66,7 @@ func TestSlowToolOfRealRunnerHitsStepTimeout(t *testing.T) {
 	if out.StopReason != event.ReasonStepTimeout || !strings.Contains(out.Message, "slow_lookup never finished") {
 		t.Fatalf("outcome %+v, want a step timeout naming slow_lookup", out)
 	}
-	if !strings.Contains(out.Message, "last completed: fake-model") {
-		t.Errorf("message %q does not name the completed LLM step", out.Message)
+	if !strings.Contains(out.Message, "last completed: the model") {
+		t.Errorf("message %q does not name the completed LLM step as the model", out.Message)
 	}
 }

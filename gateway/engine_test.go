@@ -166,7 +166,7 @@ func TestSilentStepTimesOutWithToolNameAndFreesSession(t *testing.T) {
 		v := newEnv(t, stepTimeout(2))
 		v.send(t, "r1", "/steps web_search:300ms shell:hang")
 		out, _ := v.e.Wait(context.Background(), "r1")
-		want := "⚠️ No progress for 2s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
+		want := "⚠️ No progress for 2 s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
 		if out.Status != StatusAborted || out.StopReason != event.ReasonStepTimeout || out.Message != want {
 			t.Fatalf("outcome %+v", out)
 		}
@@ -181,6 +181,31 @@ func TestSilentStepTimesOutWithToolNameAndFreesSession(t *testing.T) {
 		_, h := v.e.History(context.Background(), "main", 0)
 		if last := h[len(h)-1]; last.Role != "assistant" || last.Text != want {
 			t.Fatalf("history %+v", h)
+		}
+	})
+}
+
+// TestStepTimeoutPartialReplyHasNoStopReason: a turn stopped for a step
+// timeout after part of its reply keeps the partial reply in the history
+// without a stop reason and the notice with it, so a client counting
+// notices by stop reason finds one (issue 22: it found two).
+func TestStepTimeoutPartialReplyHasNoStopReason(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newEnv(t, stepTimeout(2))
+		v.send(t, "r1", "/steps say:Half_done shell:hang")
+		out, _ := v.e.Wait(context.Background(), "r1")
+		if out.StopReason != event.ReasonStepTimeout {
+			t.Fatalf("outcome %+v", out)
+		}
+		_, h := v.e.History(context.Background(), "main", 0)
+		var notices []string
+		for _, m := range h {
+			if m.StopReason != "" {
+				notices = append(notices, m.Text)
+			}
+		}
+		if len(h) != 3 || h[1].Text != "Half done" || h[1].StopReason != "" || len(notices) != 1 || notices[0] != out.Message {
+			t.Fatalf("history %+v; want the user's message, the partial reply without a stop reason, the notice with it", h)
 		}
 	})
 }
@@ -253,7 +278,7 @@ func TestAbortAuthorization(t *testing.T) {
 			t.Fatalf("owner abort: %+v %v", res, err)
 		}
 		out, _ := v.e.Wait(ctx, "r1")
-		if out.StopReason != event.ReasonUser || out.Message != "⏹️ Stopped while shell was running after 1.5s." {
+		if out.StopReason != event.ReasonUser || out.Message != "⏹️ Stopped while shell was running after 1.5 s." {
 			t.Fatalf("outcome %+v", out)
 		}
 		res, err = v.e.Abort(ctx, "main", "", event.ReasonUser, "conn1", false)
@@ -274,8 +299,8 @@ func TestProgressNoticeAndRecovered(t *testing.T) {
 		synctest.Wait()
 		want := `0s turn_started
 0s step_started shell
-30s progress  "⏳ Still working — shell has been running for 30s…"
-1m30s progress  "⏳ Still working — shell has been running for 1m30s…"
+30s progress  "⏳ Still working — shell has been running for 30 s…"
+1m30s progress  "⏳ Still working — shell has been running for 1 min 30 s…"
 1m40s step_completed shell
 1m40s recovered shell
 1m40s finished stop "ok"`

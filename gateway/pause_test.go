@@ -76,8 +76,8 @@ func pauseEnv(t *testing.T, rn runner.Runner) (*Engine, *sink) {
 // later (a heartbeat, a completion) never move it earlier than what the
 // user was promised.
 func TestStepTimeoutAfterPauseCountsFromResume(t *testing.T) {
-	const stuckAsk = "⚠️ No progress for 2s — ask_human never finished. The task may be stuck. Retry or ask for a simpler approach."
-	const stuckAfterAsk = "⚠️ No progress for 2s — last action was ask_human. The task may be stuck. Retry or ask for a simpler approach."
+	const stuckAsk = "⚠️ No progress for 2 s — ask_human never finished. The task may be stuck. Retry or ask for a simpler approach."
+	const stuckAfterAsk = "⚠️ No progress for 2 s — last action was ask_human. The task may be stuck. Retry or ask for a simpler approach."
 	for _, tc := range []struct {
 		name string
 		ops  []scriptOp

@@ -50,9 +50,9 @@ messages:
 		}
 		out, _ := v.e.Wait(context.Background(), "r1")
 		synctest.Wait()
-		const stopped = "halted shell after 12s, last web_search"
+		const stopped = "halted shell after 12 s, last web_search"
 		for _, want := range []string{
-			`progress  "still on shell (10s of 30m0s, idle limit 5m0s)"`,
+			`progress  "still on shell (10 s of 30 min, idle limit 5 min)"`,
 			`aborted user "` + stopped + `"`,
 		} {
 			if !strings.Contains(v.sink.transcript(), want) {

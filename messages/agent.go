@@ -36,7 +36,11 @@ const AgentContextLost = "ℹ️ The agent no longer has the earlier part of thi
 // AgentPlanStep names the turn's step after the entry in progress of the
 // agent's plan — its n-th of total entries — wherever the step is named:
 // the "⏳ Still working" notice ("⏳ Still working — 📋 2/5: Run tests has
-// been running for 2m0s…"), the web chat, the trace.
+// been running for 2 min…"), the web chat, the trace. StepLabel keeps such
+// a name for a model step.
 func AgentPlanStep(n, total int, content string) string {
-	return fmt.Sprintf("📋 %d/%d: %s", n, total, content)
+	return fmt.Sprintf("%s%d/%d: %s", planMark, n, total, content)
 }
+
+// planMark starts every step name AgentPlanStep makes.
+const planMark = "📋 "

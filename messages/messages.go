@@ -8,6 +8,7 @@ package messages
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"text/template"
 	"time"
@@ -32,25 +33,26 @@ const (
 
 // Defaults are the built-in texts.
 var Defaults = map[Name]string{
-	Timeout:     `⚠️ This request hit its time limit of {{.Limit}} after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Try again, or ask for something smaller.`,
+	Timeout:     `⚠️ This request was stopped at its time limit of {{.Limit}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Try again, or ask for something smaller.`,
 	StepTimeout: `⚠️ No progress for {{.StepTimeout}}{{if .CurrentStep}} — {{.CurrentStep}} never finished{{if .LastStep}} (last completed: {{.LastStep}}){{end}}{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. The task may be stuck. Retry or ask for a simpler approach.`,
 	MaxTurnTime: `⚠️ This request reached the maximum time of {{.Limit}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. It was stopped; please split it into smaller requests.`,
 	Progress:    `⏳ Still working — {{.CurrentStep}} has been running for {{.Elapsed}}…`,
-	Interrupted: `⚠️ The gateway restarted while working on your request{{with or .CurrentStep .LastStep}} — last action was {{.}}{{end}}. Please send it again.`,
+	Interrupted: `⚠️ Your request was interrupted by a server problem{{with or .CurrentStep .LastStep}} — last action was {{.}}{{end}}. Please send it again.`,
 	Shutdown:    `⚠️ The gateway is shutting down, so your request was stopped after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again in a minute.`,
 	User:        `⏹️ Stopped{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} after {{.Elapsed}}.`,
 	Superseded:  `⏭️ I stopped this request{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} because your newer message replaced it — working on that one now.`,
-	Error:       `❌ Something went wrong on my side{{if .CurrentStep}} during {{.CurrentStep}}{{end}} (error id {{.ErrorID}}) — try again, or tell the operator this id.`,
+	Error:       `❌ Something went wrong on my side{{if .Model}} while waiting for the model{{else if .CurrentStep}} during {{.CurrentStep}}{{end}} (error id {{.ErrorID}}) — try again, or tell the operator this id.`,
 }
 
-// Fields are what a template can use. Durations render in human form
-// (1m30s, not 90000).
+// Fields are what a template can use. Durations render as a person writes
+// them (1 min 30 s, not 90000 or 1m30s).
 type Fields struct {
 	Elapsed     Duration // how long the turn (or, for Progress, the step) has run
 	LastStep    string   // the last completed step's name, or ""
 	CurrentStep string   // the running step's name, or ""
 	StepTimeout Duration // the liveness window
 	Limit       Duration // the limit that was hit (wall clock or ceiling)
+	Model       bool     // the running step is a call to the model (CurrentStep is then "the model")
 	ErrorID     string   // for Error: the id under which the failure's details are logged and kept for operators
 	// Error is the error id too (kept for templates written before ErrorID).
 	// A template never sees the runner's error: it may hold stderr lines,
@@ -58,30 +60,60 @@ type Fields struct {
 	Error string
 }
 
-// Duration renders as a rounded, human Go duration: 1m30s, 2s, 450ms (see
-// FormatDuration). Every duration a template shows is a Duration.
+// Duration renders as a person writes a duration: "5 min", "1 h 30 min",
+// "45 s", "about 12 min" (see FormatDuration). Every duration a user text
+// shows is a Duration (messages.Duration(d) in a fmt verb, or a template
+// field), so there is one way durations read.
 type Duration time.Duration
 
 // String is FormatDuration.
 func (d Duration) String() string { return FormatDuration(time.Duration(d)) }
 
-// FormatDuration is how every user-facing text shows a duration: rounded to
-// a unit a person reads — whole seconds from a minute up (1m30s, 5m0s),
-// tenths of a second from one second (2s, 1.5s), whole milliseconds below
-// (120ms) — and never below a millisecond: anything shorter, and anything
-// negative, is 0s (not 49.209µs).
+// FormatDuration is how every user-facing text shows a duration — as a
+// person writes it, never Go's 5m0s:
+//
+//   - below a second, whole milliseconds: "120 ms"; below half a
+//     millisecond, and anything negative, "0 s" (not 49.209µs);
+//   - below ten seconds, tenths: "1.4 s", "2 s";
+//   - below a minute, whole seconds: "45 s";
+//   - below ten minutes, minutes and seconds: "5 min", "4 min 59 s";
+//   - below an hour, whole minutes: "12 min";
+//   - from an hour, hours and minutes: "1 h", "1 h 30 min".
+//
+// A duration rounded by more than a second to its unit (ten minutes and
+// up) reads "about …": "about 12 min" for 12 min 20 s.
 func FormatDuration(t time.Duration) string {
 	switch {
-	case t >= time.Minute:
-		t = t.Round(time.Second)
-	case t >= time.Second:
-		t = t.Round(100 * time.Millisecond)
-	case t > 0:
-		t = t.Round(time.Millisecond)
-	default:
-		t = 0
+	case t < 500*time.Microsecond:
+		return "0 s"
+	case t < time.Second-500*time.Microsecond:
+		return strconv.FormatInt(int64(t.Round(time.Millisecond)/time.Millisecond), 10) + " ms"
+	case t < 10*time.Second-50*time.Millisecond:
+		return strconv.FormatFloat(float64(t.Round(100*time.Millisecond))/float64(time.Second), 'f', -1, 64) + " s"
+	case t < time.Minute-500*time.Millisecond:
+		return strconv.FormatInt(int64(t.Round(time.Second)/time.Second), 10) + " s"
+	case t < 10*time.Minute-500*time.Millisecond:
+		s := int64(t.Round(time.Second) / time.Second)
+		return joinUnits(s/60, "min", s%60, "s")
 	}
-	return t.String()
+	about := ""
+	if r := t.Round(time.Minute); (r - t).Abs() >= time.Second {
+		about = "about "
+	}
+	m := int64(t.Round(time.Minute) / time.Minute)
+	if m < 60 {
+		return about + strconv.FormatInt(m, 10) + " min"
+	}
+	return about + joinUnits(m/60, "h", m%60, "min")
+}
+
+// joinUnits writes "a unitA b unitB", leaving out a zero b.
+func joinUnits(a int64, unitA string, b int64, unitB string) string {
+	s := strconv.FormatInt(a, 10) + " " + unitA
+	if b != 0 {
+		s += " " + strconv.FormatInt(b, 10) + " " + unitB
+	}
+	return s
 }
 
 // Set is a parsed, validated set of templates. It is immutable and safe for

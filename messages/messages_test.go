@@ -119,7 +119,7 @@ func TestRenderIsBounded(t *testing.T) {
 	if len(got) > MaxOutputBytes {
 		t.Fatalf("Render gave %d bytes, more than %d", len(got), MaxOutputBytes)
 	}
-	if got != "The request stopped (progress) after 2s." {
+	if got != "The request stopped (progress) after 2 s." {
 		t.Errorf("Render = %q, want the plain fallback sentence", got)
 	}
 }
@@ -130,19 +130,31 @@ func TestFormatDuration(t *testing.T) {
 		d    time.Duration
 		want string
 	}{
-		{0, "0s"},
-		{49209 * time.Nanosecond, "0s"}, // issue 9: was "49.209µs"
-		{499 * time.Microsecond, "0s"},
-		{500 * time.Microsecond, "1ms"},
-		{-3 * time.Second, "0s"},
-		{120*time.Millisecond + 400*time.Microsecond, "120ms"},
-		{999 * time.Millisecond, "999ms"},
-		{time.Second + 449*time.Millisecond, "1.4s"},
-		{2*time.Second + 30*time.Millisecond, "2s"},
-		{59*time.Second + 960*time.Millisecond, "1m0s"},
-		{90*time.Second + 400*time.Millisecond, "1m30s"},
-		{5 * time.Minute, "5m0s"},
-		{time.Hour + 499*time.Millisecond, "1h0m0s"},
+		{0, "0 s"},
+		{49209 * time.Nanosecond, "0 s"}, // issue 9: was "49.209µs"
+		{499 * time.Microsecond, "0 s"},
+		{500 * time.Microsecond, "1 ms"},
+		{-3 * time.Second, "0 s"},
+		{120*time.Millisecond + 400*time.Microsecond, "120 ms"},
+		{999 * time.Millisecond, "999 ms"},
+		{999*time.Millisecond + 600*time.Microsecond, "1 s"},
+		{time.Second + 449*time.Millisecond, "1.4 s"},
+		{2*time.Second + 30*time.Millisecond, "2 s"},
+		{3900 * time.Millisecond, "3.9 s"},
+		{9960 * time.Millisecond, "10 s"},
+		{15 * time.Second, "15 s"},
+		{45*time.Second + 400*time.Millisecond, "45 s"},
+		{59*time.Second + 960*time.Millisecond, "1 min"},
+		{90*time.Second + 400*time.Millisecond, "1 min 30 s"},
+		{4*time.Minute + 59*time.Second, "4 min 59 s"}, // issue 22: was "4m59s"
+		{5 * time.Minute, "5 min"},                     // issue 22: was "5m0s"
+		{10 * time.Minute, "10 min"},
+		{12*time.Minute + 20*time.Second, "about 12 min"},
+		{30*time.Minute + 400*time.Millisecond, "30 min"},
+		{time.Hour + 499*time.Millisecond, "1 h"}, // issue 22: was "1h0m0s"
+		{90 * time.Minute, "1 h 30 min"},
+		{2*time.Hour + 5*time.Minute + 10*time.Second, "about 2 h 5 min"},
+		{25 * time.Hour, "25 h"},
 	}
 	for _, tt := range tests {
 		if got := FormatDuration(tt.d); got != tt.want {
@@ -154,7 +166,7 @@ func TestFormatDuration(t *testing.T) {
 	}
 	// Through a template, as a user sees it.
 	s := MustDefault()
-	if got := s.Render(User, Fields{Elapsed: Duration(49209 * time.Nanosecond)}); got != "⏹️ Stopped after 0s." {
+	if got := s.Render(User, Fields{Elapsed: Duration(49209 * time.Nanosecond)}); got != "⏹️ Stopped after 0 s." {
 		t.Errorf("user message = %q", got)
 	}
 }

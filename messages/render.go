@@ -1,6 +1,10 @@
 package messages
 
-import "github.com/turnguard/turnguard/event"
+import (
+	"strings"
+
+	"github.com/turnguard/turnguard/event"
+)
 
 // Render returns the words a person reads for ev, rendered with set (nil:
 // the built-in texts) from the facts the event carries, or "" for an event
@@ -17,8 +21,8 @@ func Render(set *Set, ev event.Event) string {
 		set = defaultSet
 	}
 	f := Fields{
-		Elapsed: Duration(ev.Elapsed), CurrentStep: ev.Step.Label(), LastStep: ev.LastStep.Label(),
-		StepTimeout: Duration(ev.StepTimeout), Limit: Duration(ev.Limit),
+		Elapsed: Duration(ev.Elapsed), CurrentStep: StepLabel(ev.Step), LastStep: StepLabel(ev.LastStep),
+		StepTimeout: Duration(ev.StepTimeout), Limit: Duration(ev.Limit), Model: ev.Step.Kind == event.StepLLM,
 	}
 	switch {
 	case ev.Kind == event.ApprovalRequested && ev.Approval != nil:
@@ -61,3 +65,14 @@ func Wordy(ev *event.Event) bool {
 }
 
 var defaultSet = MustDefault()
+
+// StepLabel is the name of a step in a user text: a call to the model is
+// "the model" (its name, "llama3.2", is not something the person did or
+// asked for) unless the agent's plan named it (AgentPlanStep), any other
+// step its Label (the tool name).
+func StepLabel(s event.Step) string {
+	if s.Kind == event.StepLLM && !strings.HasPrefix(s.Name, planMark) {
+		return "the model"
+	}
+	return s.Label()
+}

@@ -88,6 +88,16 @@ type Runner interface {
 	Run(ctx context.Context, turn Turn, cb Callbacks) (Result, error)
 }
 
+// Prober is implemented by a runner that can tell, without running a turn,
+// whether it can work at all — the openai runner: whether its model
+// provider answers. The gateway probes at start-up and after a rebuild,
+// aside (a slow or failed probe never delays start), logs a failure and
+// shows it in /api/diagnose. Probe returns within ctx; its error is words
+// for operators naming what failed, never a secret.
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
 // Func adapts a function to Runner.
 type Func func(ctx context.Context, turn Turn, cb Callbacks) (Result, error)
 

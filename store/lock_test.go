@@ -37,3 +37,33 @@ func TestSecondOpenOfTheSameStoreRefused(t *testing.T) {
 	open(t, ":memory:", store.Options{})
 	open(t, ":memory:", store.Options{})
 }
+
+// TestCleanCloseRemovesTheLockFile: the lock file exists while a store is
+// open and is gone after a clean Close (issue 22: turnguard.db.lock stayed
+// after a clean shutdown); the store opens again after it.
+func TestCleanCloseRemovesTheLockFile(t *testing.T) {
+	path := dbPath(t)
+	s, err := store.Open(context.Background(), path, store.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path + ".lock"); err != nil {
+		t.Fatalf("no lock file while open: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path + ".lock"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the lock file is still there after a clean Close (stat: %v)", err)
+	}
+	again, err := store.Open(context.Background(), path, store.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Open(context.Background(), path, store.Options{Logger: quiet}); !errors.As(err, new(*store.InUseError)) {
+		t.Errorf("a second Open after reopening = %v, want *InUseError", err)
+	}
+	if err := again.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

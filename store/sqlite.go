@@ -169,7 +169,7 @@ func Open(ctx context.Context, path string, opts Options) (*SQLite, error) {
 	h, err := openDBs(ctx, path, s.memory, opts.BusyTimeout)
 	if err != nil {
 		if s.lock != nil {
-			s.lock.Close()
+			_ = unlockFile(s.lock)
 		}
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
@@ -308,7 +308,12 @@ func (s *SQLite) Close() error {
 		s.dbMu.Lock()
 		defer s.dbMu.Unlock()
 		if s.lock != nil {
-			defer s.lock.Close() // last: the file is closed before another process may open it
+			// Last: the database is closed before another process may open it.
+			defer func() {
+				if err := unlockFile(s.lock); err != nil && s.closeErr == nil {
+					s.closeErr = fmt.Errorf("close store %s: %w", s.path, err)
+				}
+			}()
 		}
 		if s.w == nil {
 			return // a reopen failed: nothing is open

@@ -176,16 +176,16 @@ func clampDuration(d time.Duration, zeroDisables bool, max time.Duration) time.D
 	return d
 }
 
-// Check reports the first problem with the keys of one configuration layer,
-// for config validation: a negative or non-finite value, or an unknown
-// livenessResetOn. prefix names the layer in the error (e.g.
-// "agents.defaults"). Resolve would clamp such values; Check lets the loader
-// refuse them instead, naming the key.
-func (k Keys) Check(prefix string) error {
-	for _, f := range []struct {
-		name string
-		v    *float64
-	}{
+// Named is one seconds key of a layer: its YAML name and its value (nil
+// when unset).
+type Named struct {
+	Name string
+	V    *float64
+}
+
+// Named lists the layer's seconds keys in the documented order.
+func (k Keys) Named() []Named {
+	return []Named{
 		{"timeoutSeconds", k.TimeoutSeconds},
 		{"stepTimeoutSeconds", k.StepTimeoutSeconds},
 		{"maxTurnTimeSeconds", k.MaxTurnTimeSeconds},
@@ -193,12 +193,21 @@ func (k Keys) Check(prefix string) error {
 		{"progressRepeatSeconds", k.ProgressRepeatSeconds},
 		{"abortGraceSeconds", k.AbortGraceSeconds},
 		{"approvalTimeoutSeconds", k.ApprovalTimeoutSeconds},
-	} {
-		if f.v == nil {
+	}
+}
+
+// Check reports the first problem with the keys of one configuration layer,
+// for config validation: a negative or non-finite value, or an unknown
+// livenessResetOn. prefix names the layer in the error (e.g.
+// "agents.defaults"). Resolve would clamp such values; Check lets the loader
+// refuse them instead, naming the key.
+func (k Keys) Check(prefix string) error {
+	for _, f := range k.Named() {
+		if f.V == nil {
 			continue
 		}
-		if v := *f.v; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-			return fmt.Errorf("%s.%s: must be a number ≥ 0, got %v", prefix, f.name, v)
+		if v := *f.V; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return fmt.Errorf("%s.%s: must be a number ≥ 0, got %v", prefix, f.Name, v)
 		}
 	}
 	switch k.LivenessResetOn {

@@ -107,17 +107,17 @@ func TestStatusText(t *testing.T) {
 	}{
 		{"idle", gateway.TurnStatus{}, conv.TextIdle},
 		{"working", gateway.TurnStatus{Running: true, Turn: working, Limits: limits},
-			"⏳ Working — step 2: shell, running for 30s.\nThe request has run for 1m15s.\nTime left:\n" +
-				"• 1m30s before the no-progress limit (2m0s)\n• 8m45s before the time limit (10m0s)\nSend /stop to stop it."},
+			"⏳ Working — step 2: shell, running for 30 s.\nThe request has run for 1 min 15 s.\nTime left:\n" +
+				"• 1 min 30 s before the no-progress limit (2 min)\n• 8 min 45 s before the time limit (10 min)\nSend /stop to stop it."},
 		{"working with a queue", gateway.TurnStatus{Running: true, Turn: working, Limits: limits, Queue: q("second", "a  third\nmessage")},
-			"⏳ Working — step 2: shell, running for 30s.\nThe request has run for 1m15s.\nTime left:\n" +
-				"• 1m30s before the no-progress limit (2m0s)\n• 8m45s before the time limit (10m0s)\n" +
+			"⏳ Working — step 2: shell, running for 30 s.\nThe request has run for 1 min 15 s.\nTime left:\n" +
+				"• 1 min 30 s before the no-progress limit (2 min)\n• 8 min 45 s before the time limit (10 min)\n" +
 				"📥 2 messages waiting:\n1. second\n2. a third message\nSend /stop to stop it."},
 		{"a long queue", gateway.TurnStatus{Queue: q("a", "b", "c", "d", strings.Repeat("x", 100))},
 			"💤 Nothing is running.\n📥 5 messages waiting:\n1. a\n2. b\n3. c\n… and 2 more"},
 		{"stopping", gateway.TurnStatus{Running: true, Limits: limits,
 			Turn: abort.Snapshot{State: "aborted", StopReason: "superseded", Elapsed: 3 * time.Second}},
-			"⏹️ Stopping (replaced by a newer message) — waiting for the work to end; the request has run for 3s."},
+			"⏹️ Stopping (replaced by a newer message) — waiting for the work to end; the request has run for 3 s."},
 	} {
 		if got := conv.StatusText(tc.st); got != tc.want {
 			t.Errorf("%s: StatusText =\n%s\nwant\n%s", tc.name, got, tc.want)

@@ -285,14 +285,7 @@ func presser(u models.User) string {
 func alreadyText(a *event.Approval) string {
 	switch a.Outcome {
 	case event.ApprovalSelected:
-		label := a.OptionID
-		if o, ok := a.Option(a.OptionID); ok {
-			label = o.Label
-		}
-		if a.By != "" {
-			label += " by " + a.By
-		}
-		return textApprovalAlready + label
+		return textApprovalAlready + messages.ApprovalDecision(a)
 	case event.ApprovalTimeout:
 		return textApprovalAlready + "no answer in time, so it was denied"
 	}

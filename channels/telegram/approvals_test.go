@@ -19,8 +19,8 @@ import (
 
 const (
 	askScript    = "/steps ask:deploy say:Finished"
-	questionText = "🔐 Approval needed: Run deploy\nAnswer within 5m0s, or it will be denied."
-	allowedText  = "✅ Allow by @alice: Run deploy"
+	questionText = "🔐 Approval needed: Run deploy\nAnswer within 5 min, or it will be denied."
+	allowedText  = "✅ Allowed by @alice: Run deploy"
 )
 
 var aliceUser = models.User{ID: alice, FirstName: "Alice", Username: "alice"}
@@ -138,7 +138,7 @@ func TestApprovalButtons(t *testing.T) {
 				h.say(alice, "/steps fetch:1s ask:deploy say:Finished")
 				h.advance(3 * time.Second)
 				qID := h.api.questionMsg(alice)
-				h.wantScreen(alice, "✅ fetch · 1s", questionText)
+				h.wantScreen(alice, "✅ fetch · 1 s", questionText)
 				id := h.eng.PendingApprovals(SessionKey(alice))[0].ID
 				allow := "ap:" + id + ":0"
 				if got := h.api.keys(alice, qID); fmt.Sprint(got) != fmt.Sprint([][]string{{"Allow=" + allow, "Deny=ap:" + id + ":1"}}) {
@@ -154,7 +154,7 @@ func TestApprovalButtons(t *testing.T) {
 
 				h.api.press(alice, aliceUser, qID, allow)
 				h.advance(5 * time.Second)
-				h.wantScreen(alice, "✅ fetch · 1s\n✅ deploy · 0s", allowedText, "deploy ran (allowed). Finished")
+				h.wantScreen(alice, "✅ fetch · 1 s\n✅ deploy · 0 s", allowedText, "deploy ran (allowed). Finished")
 				if k := h.api.keys(alice, qID); k != nil {
 					t.Errorf("the answered question still has buttons %q", k)
 				}
@@ -166,7 +166,7 @@ func TestApprovalButtons(t *testing.T) {
 				if n := len(h.api.callsTo("editMessageText", alice)); n != edits {
 					t.Errorf("a second press made %d more edits", n-edits)
 				}
-				want := []string{textApprovalNotYours, textApprovalAllowed, "Already answered: Allow by @alice"}
+				want := []string{textApprovalNotYours, textApprovalAllowed, "Already answered: Allowed by @alice"}
 				if got := h.api.toasts(); !slices.Equal(got, want) {
 					t.Errorf("presses answered %q, want %q", got, want)
 				}
@@ -182,7 +182,7 @@ func TestApprovalDeny(t *testing.T) {
 		qID, _, deny := askDeploy(t, h)
 		h.api.press(alice, models.User{ID: alice, FirstName: "Alice"}, qID, deny)
 		h.advance(5 * time.Second)
-		h.wantScreen(alice, "🚫 Deny by Alice: Run deploy", "deploy was not run: denied. Finished")
+		h.wantScreen(alice, "🚫 Denied by Alice: Run deploy", "deploy was not run: denied. Finished")
 		if got := h.api.toasts(); !slices.Equal(got, []string{textApprovalDenied}) {
 			t.Errorf("toasts %q", got)
 		}
@@ -202,7 +202,7 @@ func TestApprovalTimeout(t *testing.T) {
 		qID := h.api.questionMsg(alice)
 		asked := h.api.callsTo("sendMessage", alice)[0].At
 		h.advance(time.Minute)
-		h.wantScreen(alice, "⌛ No answer within 1m0s, so it was denied: Run deploy", "deploy was not run: no answer in time. Finished")
+		h.wantScreen(alice, "⌛ No answer within 1 min, so it was denied: Run deploy", "deploy was not run: no answer in time. Finished")
 		if k := h.api.keys(alice, qID); k != nil {
 			t.Errorf("the timed-out question still has buttons %q", k)
 		}
@@ -276,7 +276,7 @@ func TestApprovalAnsweredElsewhere(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.advance(5 * time.Second)
-		h.wantScreen(alice, "✅ Allow by an operator: Run deploy", "deploy ran (allowed). Finished")
+		h.wantScreen(alice, "✅ Allowed by an operator: Run deploy", "deploy ran (allowed). Finished")
 		if k := h.api.keys(alice, qID); k != nil {
 			t.Errorf("buttons left: %q", k)
 		}

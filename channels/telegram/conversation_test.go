@@ -52,34 +52,34 @@ func TestConversations(t *testing.T) {
 		{
 			name:   "status of a running step",
 			script: []step{say("/steps web_search:300ms shell:hang"), wait(10 * time.Second), say("/status")},
-			want: []string{"⏳ Working — step 2: shell, running for 9.7s.\n" +
-				"The request has run for 10s.\n" +
+			want: []string{"⏳ Working — step 2: shell, running for 9.7 s.\n" +
+				"The request has run for 10 s.\n" +
 				"Time left:\n" +
-				"• 4m50s before the no-progress limit (5m0s)\n" +
-				"• 29m50s before the time limit (30m0s)\n" +
-				"• 59m50s before the hard maximum (1h0m0s)\n" +
+				"• 4 min 50 s before the no-progress limit (5 min)\n" +
+				"• about 30 min before the time limit (30 min)\n" +
+				"• about 1 h before the hard maximum (1 h)\n" +
 				"Send /stop to stop it."},
 		},
 		{
 			name:   "status while paused",
 			script: []step{say("/steps pause:hang"), wait(4 * time.Second), say("/status")},
 			want: []string{"⏳ Working — no step has started yet.\n" +
-				"The request has run for 4s.\n" +
+				"The request has run for 4 s.\n" +
 				"⏸️ Paused — waiting for a person; the no-progress clock is stopped.\n" +
 				"Time left:\n" +
-				"• 29m56s before the time limit (30m0s)\n" +
-				"• 59m56s before the hard maximum (1h0m0s)\n" +
+				"• about 30 min before the time limit (30 min)\n" +
+				"• about 1 h before the hard maximum (1 h)\n" +
 				"Send /stop to stop it."},
 		},
 		{
 			name:   "stop a running turn",
 			script: []step{say("/steps web_search:300ms shell:hang"), wait(5 * time.Second), say("/stop")},
-			want:   []string{"⏹️ Stopped while shell was running after 5s."},
+			want:   []string{"⏹️ Stopped while shell was running after 5 s."},
 		},
 		{
 			name:   "stop keeps the partial reply",
 			script: []step{say("/steps say:Half_done shell:hang"), wait(2 * time.Second), say("/stop"), wait(time.Second)},
-			want:   []string{"Half done", "⏹️ Stopped while shell was running after 2s."},
+			want:   []string{"Half done", "⏹️ Stopped while shell was running after 2 s."},
 		},
 		{
 			name:   "stop with nothing running",
@@ -95,7 +95,7 @@ func TestConversations(t *testing.T) {
 		{
 			name:   "new conversation stops the running turn",
 			script: []step{say("/steps shell:hang"), wait(3 * time.Second), say("/new"), wait(time.Second)},
-			want:   []string{"⏹️ Stopped while shell was running after 3s.", textNew},
+			want:   []string{"⏹️ Stopped while shell was running after 3 s.", textNew},
 		},
 		{
 			name:   "new conversation when idle",
@@ -108,7 +108,7 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.StepTimeoutSeconds = secs(5)
 			},
 			script: []step{say("/steps web_search:300ms shell:hang"), wait(10 * time.Second)},
-			want: []string{"⚠️ No progress for 5s — shell never finished (last completed: web_search). The task may be stuck. " +
+			want: []string{"⚠️ No progress for 5 s — shell never finished (last completed: web_search). The task may be stuck. " +
 				"Retry or ask for a simpler approach."},
 		},
 		{
@@ -125,7 +125,7 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(10)
 			},
 			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
-			want: []string{"⚠️ This request hit its time limit of 10s after 10s while build was running. " +
+			want: []string{"⚠️ This request was stopped at its time limit of 10 s while build was running. " +
 				"Try again, or ask for something smaller."},
 		},
 		{
@@ -135,7 +135,7 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(100)
 			},
 			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
-			want: []string{"⚠️ This request reached the maximum time of 8s while build was running. " +
+			want: []string{"⚠️ This request reached the maximum time of 8 s while build was running. " +
 				"It was stopped; please split it into smaller requests."},
 		},
 		{
@@ -151,7 +151,7 @@ func TestConversations(t *testing.T) {
 				say("/steps say:Back"), wait(time.Second),
 			},
 			want: []string{
-				"⚠️ No progress for 5s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
+				"⚠️ No progress for 5 s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
 				stoppingText,
 				"Back",
 			},
@@ -163,14 +163,14 @@ func TestConversations(t *testing.T) {
 			},
 			script: []step{say("/steps shell:stuck"), wait(6 * time.Second), say("/status")},
 			want: []string{
-				"⚠️ No progress for 5s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
-				"⏹️ Stopping (no progress) — waiting for the work to end; the request has run for 6s.",
+				"⚠️ No progress for 5 s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
+				"⏹️ Stopping (no progress) — waiting for the work to end; the request has run for 6 s.",
 			},
 		},
 		{
 			name:   "stop twice",
 			script: []step{say("/steps shell:stuck"), wait(time.Second), say("/stop"), wait(time.Second), say("/stop"), wait(time.Second)},
-			want:   []string{"⏹️ Stopped while shell was running after 1s.", textStillStopping},
+			want:   []string{"⏹️ Stopped while shell was running after 1 s.", textStillStopping},
 		},
 		{
 			name:   "bad script is explained",
@@ -216,7 +216,7 @@ func TestHelp(t *testing.T) {
 				h.say(alice, cmd)
 				got := h.last(alice)
 				for _, want := range []string{"/stop — stop the request", "/status", "/new", "/help",
-					"A request is stopped after 30m0s, or after 2m0s without progress.", "/steps web_search:300ms shell:hang"} {
+					"A request is stopped after 30 min, or after 2 min without progress.", "/steps web_search:300ms shell:hang"} {
 					if !strings.Contains(got, want) {
 						t.Errorf("help lacks %q:\n%s", want, got)
 					}
@@ -234,7 +234,7 @@ func TestShutdownNotice(t *testing.T) {
 		h.say(alice, "/steps web_search:1s shell:hang")
 		h.advance(5 * time.Second)
 		h.stop()
-		h.wantScreen(alice, "⚠️ The gateway is shutting down, so your request was stopped after 5s while shell was running. "+
+		h.wantScreen(alice, "⚠️ The gateway is shutting down, so your request was stopped after 5 s while shell was running. "+
 			"Please send it again in a minute.")
 		if got := h.outbox.states(); strings.Join(got, ",") != "notice:delivered" {
 			t.Errorf("outbox = %v, want the notice delivered", got)
@@ -250,8 +250,8 @@ func TestConfiguredTexts(t *testing.T) {
 		script []step
 		want   []string
 	}{
-		{"step timeout", []step{say("/steps shell:hang"), wait(10 * time.Second)}, []string{"🛑 Nothing happened for 5s (shell hung)."}},
-		{"wall clock", []step{say("/steps build:1m:hb=1s"), wait(25 * time.Second)}, []string{"🛑 Out of time after 20s."}},
+		{"step timeout", []step{say("/steps shell:hang"), wait(10 * time.Second)}, []string{"🛑 Nothing happened for 5 s (shell hung)."}},
+		{"wall clock", []step{say("/steps build:1m:hb=1s"), wait(25 * time.Second)}, []string{"🛑 Out of time after 20 s."}},
 		{"stop", []step{say("/steps shell:hang"), wait(time.Second), say("/stop"), wait(time.Second)}, []string{"🛑 You stopped it."}},
 	}
 	for _, tc := range cases {

@@ -44,8 +44,8 @@ func TestDurableEndings(t *testing.T) {
 
 		h.say(alice, "/steps say:Half shell:hang")
 		h.advance(2 * time.Minute)
-		h.wantScreen(alice, "Hello", "⏹️ shell stopped after 1m40s.", "Half",
-			"⚠️ No progress for 1m40s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.")
+		h.wantScreen(alice, "Hello", "⏹️ shell stopped after 1 min 40 s.", "Half",
+			"⚠️ No progress for 1 min 40 s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.")
 		if c := outboxCounts(t, st.st); c.Pending != 0 || c.Failed != 0 {
 			t.Errorf("outbox %+v, want everything delivered", c)
 		}

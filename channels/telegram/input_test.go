@@ -92,7 +92,7 @@ func TestGroupStopOwner(t *testing.T) {
 		h.api.push(groupMsg(alice, "/stop@"+botName))
 		synctest.Wait()
 		h.advance(5 * time.Second)
-		h.wantScreen(groupChatID, textNotOwner, "⏹️ Stopped while shell was running after 6s.")
+		h.wantScreen(groupChatID, textNotOwner, "⏹️ Stopped while shell was running after 6 s.")
 	})
 }
 
@@ -284,7 +284,7 @@ func TestTokenNotLogged(t *testing.T) {
 func TestOutboxAtStartup(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ob := newFakeOutbox()
-		interrupted := "⚠️ The gateway restarted while working on your request — last action was shell. Please send it again."
+		interrupted := "⚠️ Your request was interrupted by a server problem — last action was shell. Please send it again."
 		for _, m := range []store.OutboxMessage{
 			{Channel: "telegram", ChatRef: "1001", RunID: "r1", Kind: store.OutboxNotice, Text: interrupted},
 			{Channel: "telegram", ChatRef: "1002", RunID: "r2", Kind: store.OutboxFinal, Text: "old"},

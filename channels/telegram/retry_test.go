@@ -88,7 +88,7 @@ func TestRetryButtonResendsOriginal(t *testing.T) {
 				h.say(alice, original)
 				h.advance(2 * time.Minute)
 				notice := h.last(alice)
-				if !strings.HasPrefix(notice, "⚠️ No progress for 1m40s") {
+				if !strings.HasPrefix(notice, "⚠️ No progress for 1 min 40 s") {
 					t.Fatalf("last message = %q, want the step timeout notice", notice)
 				}
 				noticeID := h.api.lastMsgID(alice)
@@ -162,7 +162,7 @@ func TestRetryAfterRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		// What cmd/gateway's recovery does at the next start.
-		const notice = "⚠️ The gateway restarted while working on your request. Please send it again."
+		const notice = "⚠️ Your request was interrupted by a server problem. Please send it again."
 		if _, err := st.st.Enqueue(ctx, store.OutboxMessage{Channel: "telegram", ChatRef: "1001", RunID: run,
 			Kind: store.OutboxNotice, Text: notice}); err != nil {
 			t.Fatal(err)

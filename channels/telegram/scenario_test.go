@@ -221,18 +221,18 @@ func TestScenarioBinary(t *testing.T) {
 	mark("next: Step timeout.")
 	// Step timeout.
 	api.say(3, "/steps web_search:100ms shell:hang")
-	waitLast(p, 3, "step timeout", is("⚠️ No progress for 2s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."))
+	waitLast(p, 3, "step timeout", is("⚠️ No progress for 2 s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."))
 
 	mark("next: Wall clock.")
 	// Wall clock.
 	api.say(4, "/steps build:1m:hb=500ms")
-	waitLast(p, 4, "wall-clock timeout", is("⚠️ This request hit its time limit of 6s after 6s while build was running. Try again, or ask for something smaller."))
+	waitLast(p, 4, "wall-clock timeout", is("⚠️ This request was stopped at its time limit of 6 s while build was running. Try again, or ask for something smaller."))
 
 	mark("next: A stuck runner")
 	// A stuck runner: stopped by the liveness limit, the session is free
 	// again after the abort grace.
 	api.say(5, "/steps shell:stuck")
-	waitLast(p, 5, "step timeout", prefix("⚠️ No progress for 2s — shell never finished."))
+	waitLast(p, 5, "step timeout", prefix("⚠️ No progress for 2 s — shell never finished."))
 	time.Sleep(1500 * time.Millisecond) // real time: the 1 s abort grace of the stuck runner
 	api.say(5, "/steps say:Free_again")
 	waitLast(p, 5, "reply after the grace", is("Free again"))
@@ -271,7 +271,7 @@ func TestScenarioBinary(t *testing.T) {
 	api.say(7, "/steps say:Back")
 	waitLast(p, 7, "reply after the restart", is("Back"))
 	api.say(8, "/steps build:1m:hb=500ms")
-	waitLast(p, 8, "ceiling", is("⚠️ This request reached the maximum time of 3s while build was running. It was stopped; please split it into smaller requests."))
+	waitLast(p, 8, "ceiling", is("⚠️ This request reached the maximum time of 3 s while build was running. It was stopped; please split it into smaller requests."))
 
 	mark("next: Crash: the turn")
 	// Crash: the turn is cut off without a shutdown; at the next start the
@@ -283,7 +283,7 @@ func TestScenarioBinary(t *testing.T) {
 	checkNoToken(t, p)
 	mark("killed")
 	p = startGateway(t, bin, cfg1)
-	waitLast(p, 9, "interrupted notice", prefix("⚠️ The gateway restarted while working on your request"))
+	waitLast(p, 9, "interrupted notice", prefix("⚠️ Your request was interrupted by a server problem"))
 	mark("interrupted notice")
 	if err := p.stop(t, syscall.SIGTERM); err != nil {
 		t.Errorf("gateway exit: %v", err)

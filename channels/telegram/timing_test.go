@@ -65,13 +65,13 @@ func TestNoticeEditedInPlace(t *testing.T) {
 			script: "/steps shell:3m tidy:2s say:Done",
 			run:    4 * time.Minute,
 			want: []string{
-				"30s sendMessage #1 ⏳ Still working — shell has been running for 30s…",
-				"1m30s editMessageText #1 ⏳ Still working — shell has been running for 1m30s…",
-				"2m30s editMessageText #1 ⏳ Still working — shell has been running for 2m30s…",
-				"3m0s editMessageText #1 ✅ shell finished after 3m0s.",
+				"30s sendMessage #1 ⏳ Still working — shell has been running for 30 s…",
+				"1m30s editMessageText #1 ⏳ Still working — shell has been running for 1 min 30 s…",
+				"2m30s editMessageText #1 ⏳ Still working — shell has been running for 2 min 30 s…",
+				"3m0s editMessageText #1 ✅ shell finished after 3 min.",
 				"3m2s sendMessage #2 Done",
 			},
-			screen: []string{"✅ shell finished after 3m0s.", "Done"},
+			screen: []string{"✅ shell finished after 3 min.", "Done"},
 		},
 		{
 			name: "turn stopped by the liveness limit",
@@ -81,14 +81,14 @@ func TestNoticeEditedInPlace(t *testing.T) {
 			script: "/steps shell:hang",
 			run:    2 * time.Minute,
 			want: []string{
-				"30s sendMessage #1 ⏳ Still working — shell has been running for 30s…",
-				"1m30s editMessageText #1 ⏳ Still working — shell has been running for 1m30s…",
+				"30s sendMessage #1 ⏳ Still working — shell has been running for 30 s…",
+				"1m30s editMessageText #1 ⏳ Still working — shell has been running for 1 min 30 s…",
 				// The live view closes before the notice: the chat reads in order.
-				"1m40s editMessageText #1 ⏹️ shell stopped after 1m40s.",
-				"1m41s sendMessage #2 ⚠️ No progress for 1m40s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
+				"1m40s editMessageText #1 ⏹️ shell stopped after 1 min 40 s.",
+				"1m41s sendMessage #2 ⚠️ No progress for 1 min 40 s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
 			},
-			screen: []string{"⏹️ shell stopped after 1m40s.",
-				"⚠️ No progress for 1m40s — shell never finished. The task may be stuck. Retry or ask for a simpler approach."},
+			screen: []string{"⏹️ shell stopped after 1 min 40 s.",
+				"⚠️ No progress for 1 min 40 s — shell never finished. The task may be stuck. Retry or ask for a simpler approach."},
 		},
 		{
 			name: "a second slow step gets its own notice",
@@ -98,13 +98,13 @@ func TestNoticeEditedInPlace(t *testing.T) {
 			script: "/steps fetch:15s shell:12s tidy:1s say:ok",
 			run:    time.Minute,
 			want: []string{
-				"10s sendMessage #1 ⏳ Still working — fetch has been running for 10s…",
-				"15s editMessageText #1 ✅ fetch finished after 15s.",
-				"25s sendMessage #2 ⏳ Still working — shell has been running for 10s…",
-				"27s editMessageText #2 ✅ shell finished after 12s.",
+				"10s sendMessage #1 ⏳ Still working — fetch has been running for 10 s…",
+				"15s editMessageText #1 ✅ fetch finished after 15 s.",
+				"25s sendMessage #2 ⏳ Still working — shell has been running for 10 s…",
+				"27s editMessageText #2 ✅ shell finished after 12 s.",
 				"28s sendMessage #3 ok",
 			},
-			screen: []string{"✅ fetch finished after 15s.", "✅ shell finished after 12s.", "ok"},
+			screen: []string{"✅ fetch finished after 15 s.", "✅ shell finished after 12 s.", "ok"},
 		},
 	}
 	for _, tc := range cases {
@@ -140,7 +140,7 @@ func TestTypingCadence(t *testing.T) {
 				t.Errorf("chat action %q, want typing", c.Action)
 			}
 		}
-		h.wantScreen(alice, "✅ work finished after 37s.", "Done")
+		h.wantScreen(alice, "✅ work finished after 37 s.", "Done")
 	})
 }
 
@@ -168,10 +168,10 @@ func TestStepLines(t *testing.T) {
 		// and the reply coincide, so only the end state is fixed.
 		wantLines(t, "first messages and edits", got[:3], []string{
 			"0s sendMessage #1 🔧 web_search…",
-			"1s editMessageText #1 ✅ web_search · 300ms\n✅ fetch_page · 200ms",
-			"2s editMessageText #1 ✅ web_search · 300ms\n✅ fetch_page · 200ms\n🔧 shell…",
+			"1s editMessageText #1 ✅ web_search · 300 ms\n✅ fetch_page · 200 ms",
+			"2s editMessageText #1 ✅ web_search · 300 ms\n✅ fetch_page · 200 ms\n🔧 shell…",
 		})
-		h.wantScreen(alice, "✅ web_search · 300ms\n✅ fetch_page · 200ms\n✅ shell · 3s", "Thinking about the next step. Done")
+		h.wantScreen(alice, "✅ web_search · 300 ms\n✅ fetch_page · 200 ms\n✅ shell · 3 s", "Thinking about the next step. Done")
 		var prev time.Duration = -time.Hour
 		for _, c := range h.api.allCalls() {
 			if c.Method == "sendMessage" || c.Method == "editMessageText" {
@@ -192,7 +192,7 @@ func TestStepLinesStopped(t *testing.T) {
 		h.advance(5 * time.Second)
 		h.say(alice, "/stop")
 		h.advance(5 * time.Second)
-		h.wantScreen(alice, "✅ web_search · 300ms\n⏹️ shell", "⏹️ Stopped while shell was running after 5s.")
+		h.wantScreen(alice, "✅ web_search · 300 ms\n⏹️ shell", "⏹️ Stopped while shell was running after 5 s.")
 	})
 }
 
@@ -377,7 +377,7 @@ func TestOrderPerChat(t *testing.T) {
 		h.advance(10 * time.Second)
 		help := helpText(h.src.Current())
 		for _, id := range chats {
-			h.wantScreen(id, textIdle, conv.AckText(gateway.Ack{Status: gateway.StatusQueued}), "⏹️ Stopped after 0s.",
+			h.wantScreen(id, textIdle, conv.AckText(gateway.Ack{Status: gateway.StatusQueued}), "⏹️ Stopped after 0 s.",
 				"🗑️ 1 queued message was dropped.", help)
 		}
 	})

@@ -80,7 +80,7 @@ func TestRealHTTP(t *testing.T) {
 	api.say(alice, "/steps web_search:1s say:Hello_<over>_&_HTTP")
 	// The step line shows the step's real duration, rounded to 0.1 s: 1s,
 	// or a little more on a loaded machine (real HTTP, real clock).
-	stepLine := regexp.MustCompile(`^✅ web_search · 1(\.[0-9])?s$`)
+	stepLine := regexp.MustCompile(`^✅ web_search · 1(\.[0-9])? s$`)
 	waitUntil(t, api, 20*time.Second, "the reply and the step line", func() bool {
 		sc := api.screen(alice)
 		return len(sc) == 2 && stepLine.MatchString(sc[0]) && sc[1] == "Hello <over> & HTTP"

@@ -224,14 +224,20 @@ func approvalScope(scopes []string) bool {
 	return len(scopes) == 0 || slices.Contains(scopes, "operator.admin") || slices.Contains(scopes, "operator.approvals")
 }
 
-// answerer is who answers from c, as the person is shown it.
-func (c *conn) answerer() string {
-	switch {
-	case c.approvalOperator():
-		return "operator"
-	case c.clientID == "openclaw-tui":
+// answerer is who answers question id from c, as the person is shown it:
+// "operator" for an operator answering a question of a conversation it has
+// not opened, else the client ("web chat", "TUI") — the holder of the one
+// shared token answering in its own chat is not shown as "the operator".
+func (c *conn) answerer(id string) string {
+	if c.approvalOperator() {
+		if _, key, _ := c.s.pendingApproval(id); key == "" || !c.s.watchesByName(c, key) {
+			return "operator"
+		}
+	}
+	switch c.clientID {
+	case "openclaw-tui":
 		return "TUI"
-	case c.clientID == "turnguard-web":
+	case "turnguard-web":
 		return "web chat"
 	}
 	return "WebSocket client"
@@ -309,7 +315,7 @@ func (c *conn) resolve(method, id, optionID, key string) (gateway.ResolveResult,
 		// an answer lets a tool run, so it is checked here too.
 		return gateway.ResolveResult{}, approvalForbidden()
 	}
-	req := gateway.ResolveRequest{ApprovalID: id, OptionID: optionID, By: c.answerer(), Operator: c.approvalOperator()}
+	req := gateway.ResolveRequest{ApprovalID: id, OptionID: optionID, By: c.answerer(id), Operator: c.approvalOperator()}
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
 	var keys []string

@@ -54,7 +54,7 @@ func TestApprovalAllowOverWebSocketFinishesTheTurn(t *testing.T) {
 		t.Fatalf("resolve %s", res.raw)
 	}
 	done := c.until("approval resolved", isApproval("resolved"))
-	if done.str("approval.id") != id || done.str("approval.optionId") != "allow" || !strings.Contains(done.str("text"), "Allow by web chat") {
+	if done.str("approval.id") != id || done.str("approval.optionId") != "allow" || !strings.Contains(done.str("text"), "Allowed in the web chat") {
 		t.Fatalf("resolved %s", done.raw)
 	}
 	final := c.chat("r1", "final")
@@ -177,8 +177,43 @@ func TestApprovalOtherSessionRefusedOperatorAllowed(t *testing.T) {
 	if got := a.chat("r1", "final").str("message.content.0.text"); got != "deploy was not run: denied. Finished" {
 		t.Fatalf("final %q", got)
 	}
-	if !strings.Contains(a.until("resolved", isApproval("resolved")).str("text"), "by operator") {
+	if !strings.Contains(a.until("resolved", isApproval("resolved")).str("text"), "Denied by the operator") {
 		t.Fatal("the chat is not told who answered")
+	}
+}
+
+// TestSharedTokenHolderIsTheOperator: with server.operatorToken not set
+// (config makes it server.token), a client presenting server.token with an
+// approvals scope is the operator, as on /api and /admin with the same
+// token: it lists every session's questions and answers one of a
+// conversation it has not opened (issue 22: the OpenClaw CLI's
+// plugin.approval.resolve got FORBIDDEN while plugin.approval.list worked);
+// the web chat answering its own question is still shown as the web chat.
+func TestSharedTokenHolderIsTheOperator(t *testing.T) {
+	e := newTCPEnv(t, envOpts{opts: Options{Token: "T", OperatorToken: "T"}})
+	a, _ := e.connect("webchat", "T")
+	id := ask(t, a, "agent:main:a", "r1").str("approval.id")
+
+	cli := e.connectRaw("")
+	cli.read()
+	params := connectFixture(t, "cli", "T")
+	params["scopes"] = []any{"operator.read", "operator.approvals"}
+	if hello := cli.call("connect", params); !hello.OK || hello.get("auth.operator") != true {
+		t.Fatalf("connect with the shared token: %s", hello.raw)
+	}
+	r := cli.call("plugin.approval.resolve", map[string]any{"id": id, "decision": "allow-once"})
+	if !r.OK {
+		t.Fatalf("plugin.approval.resolve with the shared token: %s", r.raw)
+	}
+	if !strings.Contains(a.until("resolved", isApproval("resolved")).str("text"), "✅ Allowed by the operator: Run deploy") {
+		t.Fatal("the chat is not told the operator answered")
+	}
+
+	// The web chat answers its own next question: shown as the web chat.
+	id2 := ask(t, a, "agent:main:a", "r2").str("approval.id")
+	if r := a.call("approval.resolve", map[string]any{"id": id2, "optionId": "allow"}); !r.OK ||
+		r.str("text") != "✅ Allowed in the web chat: Run deploy" {
+		t.Fatalf("the web chat's own answer: %s", r.raw)
 	}
 }
 

@@ -29,7 +29,7 @@ func TestEncodersMatchEncodingJSON(t *testing.T) {
 		{RunID: "r", Seq: 4, Stream: "tool", Ts: 7, SessionKey: "k", Data: toolData{Phase: "result", ToolCallID: "r:1", Name: "shell",
 			Result: &toolResult{Content: []contentBlock{{Type: "text", Text: "out"}, {Type: "text", Text: "more"}}}, IsError: true, Meta: &toolMeta{DurationMs: 12}}},
 		{RunID: "r", Seq: 5, Stream: "item", Ts: 7, SessionKey: "k", Data: itemData{ItemID: "i", ToolCallID: "r:1", Phase: "update", Kind: "tool",
-			Title: "⏳ Still working — shell has been running for 30s…", Status: "running", Name: "shell", ProgressText: "p"}},
+			Title: "⏳ Still working — shell has been running for 30 s…", Status: "running", Name: "shell", ProgressText: "p"}},
 	}
 	for _, p := range agents {
 		compare(t, encodeAgent(&p), p)

@@ -168,7 +168,9 @@ func TestTokensAndOperator(t *testing.T) {
 		{name: "shared token", token: "T", present: "T", ok: true},
 		{name: "operator token", token: "T", opToken: "OP", present: "OP", ok: true, operator: true},
 		{name: "operator token without shared token", opToken: "OP", present: "OP", ok: true, operator: true},
-		{name: "operator token equal to the shared token grants nothing", token: "T", opToken: "T", present: "T", ok: true},
+		// config's default (server.operatorToken unset): the holder of
+		// server.token is the operator, as on /api and /admin (issue 22).
+		{name: "operator token equal to the shared token: its holder is the operator", token: "T", opToken: "T", present: "T", ok: true, operator: true},
 		{name: "wrong token", token: "T", opToken: "OP", present: "OPX"},
 		{name: "prefix of token", token: "TT", present: "T"},
 	}

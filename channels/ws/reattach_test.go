@@ -62,7 +62,7 @@ func TestHistoryReattachesToTheRunningTurn(t *testing.T) {
 			RunID: "w1", StartedAt: got.StartedAt, ElapsedMs: 40000,
 			CurrentStep: &stepView{ToolCallID: "w1:2", Name: "shell", Kind: "tool", StartedAt: got.StartedAt + 1000, ElapsedMs: 39000},
 			LastStep:    &stepView{ToolCallID: "w1:1", Name: "web_search", Kind: "tool", StartedAt: got.StartedAt},
-			Stalled:     true, ProgressText: "⏳ Still working — shell has been running for 39s…",
+			Stalled:     true, ProgressText: "⏳ Still working — shell has been running for 39 s…",
 		}
 		if a, b := mustJSON(got), mustJSON(want); string(a) != string(b) {
 			t.Fatalf("activeRun\n got %s\nwant %s", a, b)

@@ -57,10 +57,13 @@ type Options struct {
 	// "" means no authentication is required (the HTTP server only allows
 	// that on loopback).
 	Token string
-	// OperatorToken, when set and different from Token, is a second accepted
-	// token: a connection that authenticates with it is an operator and may
-	// abort any run. Equal to Token (config's default) it grants nothing
-	// extra, or every client would be an operator.
+	// OperatorToken is the token of operators: a connection that
+	// authenticates with it is an operator — it may abort any run and, with
+	// an approvals scope, answer any question. Different from Token it is a
+	// second accepted token; equal to Token (config's default when
+	// server.operatorToken is not set) the holder of server.token is the
+	// operator, as on /api and /admin, where the same token grants the
+	// same powers. "" means no operator over WebSocket.
 	OperatorToken string
 	// Version is reported in hello-ok server.version and status
 	// (e.g. "turnguard 0.1.0").
@@ -222,9 +225,6 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 	}
 	if opts.Version == "" {
 		opts.Version = "turnguard dev"
-	}
-	if opts.OperatorToken == opts.Token {
-		opts.OperatorToken = ""
 	}
 	if opts.Keepalive <= 0 {
 		opts.Keepalive = keepaliveInterval

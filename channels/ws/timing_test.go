@@ -124,11 +124,11 @@ func TestLongStepKeepaliveAndProgressNotice(t *testing.T) {
 		want := `0s lifecycle:start
 0s tool:start shell
 20s lifecycle:running
-30s item:update "⏳ Still working — shell has been running for 30s…" running
+30s item:update "⏳ Still working — shell has been running for 30 s…" running
 30s lifecycle:running
 50s lifecycle:running
 1m10s lifecycle:running
-1m20s item:update "⏳ Still working — shell has been running for 1m20s…" running
+1m20s item:update "⏳ Still working — shell has been running for 1 min 20 s…" running
 1m20s lifecycle:running
 1m35s tool:result shell
 1m35s item:end "shell" completed
@@ -176,7 +176,7 @@ func TestStepTimeoutShownAsAbortedAndStored(t *testing.T) {
 		start := time.Now()
 		c.request("chat.send", map[string]any{"sessionKey": "main", "message": "/steps web_search:300ms shell:hang", "idempotencyKey": "stuck"})
 		times := readRun(c, "stuck")
-		notice := "⚠️ No progress for 2s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
+		notice := "⚠️ No progress for 2 s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
 		want := `0s lifecycle:start
 0s tool:start web_search
 300ms tool:result web_search
@@ -203,7 +203,7 @@ func TestChatSendTimeoutMs(t *testing.T) {
 		c.call("chat.send", map[string]any{"sessionKey": "main", "message": "/steps shell:hang", "idempotencyKey": "t", "timeoutMs": 3000})
 		f := c.chat("t", "aborted")
 		if time.Since(start) != 3*time.Second || f.str("stopReason") != "timeout" ||
-			!strings.HasPrefix(f.str("errorMessage"), "⚠️ This request hit its time limit of 3s") {
+			!strings.HasPrefix(f.str("errorMessage"), "⚠️ This request was stopped at its time limit of 3 s") {
 			t.Fatalf("after %v: %s", time.Since(start), f.raw)
 		}
 	})

@@ -184,7 +184,11 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			n.log.Warn("cluster: NATS disconnected", "error", err)
+			// nil: this replica closed the connection (a clean shutdown) —
+			// nothing went wrong, nothing to warn of.
+			if err != nil {
+				n.log.Warn("cluster: NATS disconnected", "error", err)
+			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { n.log.Info("cluster: NATS reconnected") }))...)
 	if err != nil {
@@ -430,7 +434,9 @@ func (n *Node) Export(ev event.Event) {
 // engine never ran those turns, so its bus does not carry their ends).
 func (n *Node) tookOver(t pgcoord.Takeover) {
 	n.exportEnds(t)
-	n.log.Info("cluster: took a dead replica's turns over", "dead", t.Replica, "epoch", t.Epoch,
+	// from_epoch, not epoch: this replica's lines carry its own epoch as
+	// "epoch" (pgcoord's logger), and the two disagreed side by side.
+	n.log.Info("cluster: took a dead replica's turns over", "from_replica", t.Replica, "from_epoch", t.Epoch,
 		"turns", len(t.Turns), "overdue", t.Overdue)
 	if n.opts.OnTakeover != nil {
 		n.opts.OnTakeover(t)

@@ -119,6 +119,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 
 	a.runners = newRunnerSet(log, cfg.Channels.Telegram.Enabled)
 	a.runners.sessions = a.store // an ACP conversation resumes its agent session after a restart
+	a.runners.probing = true
 	if err := a.runners.prepare(cfg); err != nil {
 		return a, err
 	}
@@ -204,7 +205,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	}
 	addr := a.ln.Addr().String()
 	log.Info("listening", "addr", addr, "url", "http://"+addr+"/", "runner", cfg.RunnerFor(config.ChannelWS),
-		"store", storeWhere(cfg), "config", cfgOrDefaults(cfgPath))
+		"store", storeWhere(cfg), "config", cfg.Sources())
 
 	return a, nil
 }
@@ -228,13 +229,6 @@ func (a *app) watchConfig(ctx context.Context, path string) {
 		}
 	}()
 	<-watching
-}
-
-func cfgOrDefaults(p string) string {
-	if p == "" {
-		return "(built-in defaults)"
-	}
-	return p
 }
 
 // readiness backs /readyz: ready from listening until shutdown starts, and

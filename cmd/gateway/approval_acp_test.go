@@ -64,7 +64,7 @@ func acpTestAgent(t *testing.T) (node, script string) {
 // to run "Delete build/" (session/request_permission, options Allow once /
 // Reject). The chat gets "🔐 Approval needed: Delete build/ …" with the two
 // options as inline buttons; @alice taps Allow once: the tap's toast says
-// Allowed, the question is edited into "✅ Allow once by @alice: Delete
+// Allowed, the question is edited into "✅ Allowed by @alice: Delete
 // build/" without buttons, and the agent's turn finishes with its tool's
 // output. The same question again, answered with Reject: the agent says
 // permission was denied.
@@ -79,8 +79,8 @@ func TestTelegramApprovalACP(t *testing.T) {
 	cases := []struct {
 		press, toast, settled, reply string
 	}{
-		{"Allow once", "Allowed", "✅ Allow once by @alice: Delete build/", "Tool output: deleted 3 files"},
-		{"Reject", "Denied", "🚫 Reject by @alice: Delete build/", "Permission denied (no)."},
+		{"Allow once", "Allowed", "✅ Allowed by @alice: Delete build/", "Tool output: deleted 3 files"},
+		{"Reject", "Denied", "🚫 Denied by @alice: Delete build/", "Permission denied (no)."},
 	}
 	for i, tc := range cases {
 		t.Run(tc.press, func(t *testing.T) {

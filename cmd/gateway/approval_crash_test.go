@@ -51,7 +51,7 @@ func TestCrashWhileAskingExpiresTheQuestion(t *testing.T) {
 	p = startGateway(t, dir, cfg)
 	cl = dialGateway(t, p.addr, testToken)
 	got := interruptedNotices(history(t, cl, session))
-	if len(got) != 1 || !strings.HasPrefix(got[0], "⚠️ The gateway restarted while working on your request") {
+	if len(got) != 1 || !strings.HasPrefix(got[0], "⚠️ Your request was interrupted by a server problem") {
 		t.Fatalf("interrupted notices after the restart: %q, want one", got)
 	}
 	a := approvalIn(t, db, id, func(store.ApprovalRecord) bool { return true })

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/turnguard/turnguard/cluster/busauth"
@@ -70,7 +71,7 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 		Notice:         func(t store.Turn) string { return interruptedNotice(msgs, t) },
 		OnFenced:       a.fenced,
 		OnTakeover: func(t pgcoord.Takeover) {
-			a.log.Warn("took over the turns of a replica that stopped renewing its lease", "takeover", t)
+			a.log.Warn("took over the turns of a replica that stopped renewing its lease", takeoverAttrs(t)...)
 			a.telegramTookOver(t) // their Telegram notices go out at once
 			a.restoreTakenQueues(t)
 		},
@@ -143,4 +144,19 @@ func (a *app) leaveCluster() {
 func interruptedNotice(msgs *messages.Set, t store.Turn) string {
 	return messages.Render(msgs, event.Event{Kind: event.Aborted, StopReason: event.ReasonInterrupted,
 		Elapsed: t.UpdatedAt.Sub(t.StartedAt), Step: t.CurrentStep, LastStep: t.LastStep, StepTimeout: t.StepTimeout})
+}
+
+// maxLoggedRuns bounds the run ids a takeover's log line lists.
+const maxLoggedRuns = 10
+
+// takeoverAttrs are the log fields of a takeover: the replica and epoch it
+// took over, how late, how many turns and (the first maxLoggedRuns of)
+// their run ids — not the struct, whose %v dump carried every notice.
+func takeoverAttrs(t pgcoord.Takeover) []any {
+	runs := make([]string, 0, min(len(t.Turns), maxLoggedRuns))
+	for _, tt := range t.Turns[:min(len(t.Turns), maxLoggedRuns)] {
+		runs = append(runs, tt.RunID)
+	}
+	return []any{"from_replica", t.Replica, "from_epoch", t.Epoch, "overdue_ms", t.Overdue.Milliseconds(),
+		"turns", len(t.Turns), "runs", strings.Join(runs, ",")}
 }

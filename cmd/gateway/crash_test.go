@@ -160,7 +160,7 @@ func TestCrashInterruptedNoticeOnce(t *testing.T) {
 	const run, session = "run-crash-once", "main"
 	// The interrupted message (messages.interrupted), naming the step that
 	// was running when the process died.
-	const wantStart, wantEnd = "⚠️ The gateway restarted while working on your request — last action was shell.", "Please send it again."
+	const wantStart, wantEnd = "⚠️ Your request was interrupted by a server problem — last action was shell.", "Please send it again."
 
 	p, _ := startHanging(t, dir, cfg, session, run)
 	p.signal(syscall.SIGKILL)
@@ -354,7 +354,7 @@ func TestCrashTelegramInterruptedNoticeOnce(t *testing.T) {
 	bot := fakebot.New(t)
 	cfg := telegramConfig(dir, bot)
 	db := filepath.Join(dir, "gateway.db")
-	const notice = "The gateway restarted while working on your request"
+	const notice = "Your request was interrupted by a server problem"
 
 	p := startGateway(t, dir, cfg)
 	msgID := bot.Say("/steps shell:hang")
@@ -569,7 +569,7 @@ func TestQueuedSurvivesSIGKILLTelegram(t *testing.T) {
 	bot := fakebot.New(t)
 	cfg := telegramConfig(dir, bot)
 	db := filepath.Join(dir, "gateway.db")
-	const notice, reply = "The gateway restarted while working on your request", "Queued from Telegram"
+	const notice, reply = "Your request was interrupted by a server problem", "Queued from Telegram"
 
 	p := startGateway(t, dir, cfg)
 	msgID := bot.Say("/steps shell:hang")

@@ -8,6 +8,9 @@
 //	gateway [-config FILE]          run (without -config: built-in defaults and GATEWAY_ variables)
 //	gateway -check [-config FILE]   load and validate the configuration, report every problem, exit
 //	                                (SIGINT/SIGTERM end it at once, exit status 1)
+//	gateway -print-config [-config FILE]
+//	                                print the effective configuration, one key a line, secrets
+//	                                redacted, with each value's source (default, file, env GATEWAY_…)
 //	gateway -version                print the version
 //
 // Logs go to stderr through log/slog: text by default, JSON when
@@ -74,8 +77,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string, si
 	cfgPath := fs.String("config", "", "YAML configuration `file` (optional; GATEWAY_ environment variables override it)")
 	check := fs.Bool("check", false, "load and validate the configuration, report every problem, and exit")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	printConfig := fs.Bool("print-config", false, "print the effective configuration (secrets redacted, each value's source: default, file or env) and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: gateway [-config FILE] [-check] [-version]\n\n")
+		fmt.Fprintf(stderr, "usage: gateway [-config FILE] [-check | -print-config] [-version]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -96,24 +100,37 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string, si
 	if *check {
 		// The check runs aside so that a signal ends it at once, even while
 		// it waits on its file (a FIFO, a hung network mount).
-		checked := make(chan error, 1)
-		go func() { checked <- config.Check(*cfgPath) }()
-		var err error
+		type result struct {
+			report string
+			ok     bool
+		}
+		checked := make(chan result, 1)
+		go func() {
+			report, ok := config.CheckReport(*cfgPath)
+			checked <- result{report, ok}
+		}()
+		var res result
 		select {
-		case err = <-checked:
+		case res = <-checked:
 		case s := <-sig:
 			fmt.Fprintf(stderr, "gateway: -check interrupted by signal %s; the configuration was not checked\n", s)
 			return exitError
 		}
+		if !res.ok {
+			fmt.Fprint(stderr, res.report)
+			return exitError
+		}
+		fmt.Fprint(stdout, res.report)
+		return exitOK
+	}
+
+	if *printConfig {
+		cfg, err := config.Load(*cfgPath)
 		if err != nil {
 			fmt.Fprintf(stderr, "%v\n", err)
 			return exitError
 		}
-		what := *cfgPath
-		if what == "" {
-			what = "built-in defaults and environment"
-		}
-		fmt.Fprintf(stdout, "config OK: %s\n", what)
+		fmt.Fprint(stdout, cfg.PrintConfig())
 		return exitOK
 	}
 
@@ -129,6 +146,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string, si
 	if err != nil {
 		log.Error("cannot start: invalid configuration", "error", err)
 		return exitError
+	}
+	for _, w := range cfg.Warnings() {
+		log.Warn("config: a value is not used as written", "key", w.Key, "warning", w.Text)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -4,8 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/internal/testwait"
 )
 
 func env(m map[string]string) func(string) string {
@@ -44,6 +50,14 @@ func TestCommandLine(t *testing.T) {
 			wantCode: exitError, wantStderr: "server.token is required when server.listen (0.0.0.0:0) is not a loopback address"},
 		{name: "check off loopback with token", args: []string{"-check", "-config", "testdata/offloopback_token.yaml"},
 			wantCode: exitOK, wantStdout: "config OK", notStderr: "a-secret-token-value"},
+		{name: "check warns of a clamp", args: []string{"-check", "-config", "../../config/testdata/check/above_ceiling.yaml"},
+			wantCode: exitOK, wantStdout: "warning: agents.defaults.timeoutSeconds: 7200 (2 h) is above the hard maximum of 3600 (1 h, " +
+				"the built-in maxTurnTimeSeconds), so turns stop at 1 h; raise maxTurnTimeSeconds or lower timeoutSeconds\n" +
+				"config OK with 1 warning: ../../config/testdata/check/above_ceiling.yaml"},
+		{name: "check lists several problems one a line", args: []string{"-check", "-config", "../../config/testdata/check/several.yaml"},
+			wantCode: exitError, wantStderr: "4 problems:\n  server.sendQueue: must be a whole number, got a string\n"},
+		{name: "print config", args: []string{"-print-config", "-config", "testdata/valid.yaml"},
+			wantCode: exitOK, wantStdout: "server.token: \"[redacted]\"  # file\n", notStderr: "check-token-value"},
 		{name: "refuses to start off loopback without token", args: []string{"-config", "testdata/offloopback.yaml"},
 			wantCode: exitError, wantStderr: "server.token is required when server.listen (0.0.0.0:0) is not a loopback address"},
 		{name: "version", args: []string{"-version"}, wantCode: exitOK, wantStdout: "turnguard gateway " + version},
@@ -122,5 +136,54 @@ func TestLogger(t *testing.T) {
 				t.Errorf("text record %q", last)
 			}
 		})
+	}
+}
+
+// TestExampleConfigChecks: the example configuration the README points a
+// newcomer to passes `gateway -check` with no problem and no warning, so CI
+// catches a key renamed under it.
+func TestExampleConfigChecks(t *testing.T) {
+	const example = "../../examples/turnguard.yaml"
+	code, stdout, stderr := runCLI(t, nil, "-check", "-config", example)
+	if code != exitOK || stdout != "config OK: "+example+"\n" {
+		t.Fatalf("-check %s: exit %d\nstdout: %s\nstderr: %s", example, code, stdout, stderr)
+	}
+}
+
+// TestStartupNamesSourcesAndClamps: the start-up log names the file and the
+// GATEWAY_ variables in force (was config="(built-in defaults)") and warns
+// of a value not used as written (issue 22: a timeoutSeconds above the
+// ceiling was clamped silently).
+func TestStartupNamesSourcesAndClamps(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gateway.yaml")
+	cfg := "server:\n  listen: 127.0.0.1:0\nagents:\n  defaults:\n    timeoutSeconds: 7200\nstore:\n  path: " +
+		filepath.Join(dir, "gateway.db") + "\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GATEWAY_AGENTS__DEFAULTS__STEPTIMEOUTSECONDS", "60")
+	var mu sync.Mutex
+	var out, errOut strings.Builder
+	sig := make(chan os.Signal, 1)
+	done := make(chan int, 1)
+	go func() {
+		done <- run([]string{"-config", path}, lockedWriter{&mu, &out}, lockedWriter{&mu, &errOut}, env(nil), sig,
+			func(c int) { t.Errorf("exit(%d)", c) })
+	}()
+	logged := func() string { mu.Lock(); defer mu.Unlock(); return errOut.String() }
+	testwait.Until(t, 20*time.Second, "the listening line", func() bool { return strings.Contains(logged(), "msg=listening") })
+	sig <- syscall.SIGTERM
+	if code := <-done; code != exitOK {
+		t.Errorf("exit %d", code)
+	}
+	l := logged()
+	for _, want := range []string{
+		`config="` + path + ` + GATEWAY_AGENTS__DEFAULTS__STEPTIMEOUTSECONDS"`,
+		`level=WARN msg="config: a value is not used as written" key=agents.defaults.timeoutSeconds warning="agents.defaults.timeoutSeconds: 7200 (2 h) is above the hard maximum`,
+	} {
+		if !strings.Contains(l, want) {
+			t.Errorf("start-up log lacks %q:\n%s", want, l)
+		}
 	}
 }

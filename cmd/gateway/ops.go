@@ -112,7 +112,7 @@ func (o *ops) wire(ctx context.Context, a *app, tg alerts.TelegramSender) error 
 
 	o.admin, err = admin.New(admin.Options{
 		Engine: a.eng, Config: o.cfg, Store: a.store, Metrics: o.metrics, MetricsHandler: o.metrics.Handler(),
-		Alerts: al, WSClients: a.ws.Clients, OperatorToken: o.cfg.Current().Server.OperatorToken,
+		Alerts: al, WSClients: a.ws.Clients, Runners: a.runners.healthOf, OperatorToken: o.cfg.Current().Server.OperatorToken,
 		Version: "turnguard " + version, StartedAt: o.started, Log: o.log.With("component", "admin"),
 		TraceID: traceIDs(a.tracer),
 	})

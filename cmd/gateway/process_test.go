@@ -568,7 +568,7 @@ func TestInterruptedTurnAfterCrash(t *testing.T) {
 	if !res.OK {
 		t.Fatalf("chat.history: %+v", res.Error)
 	}
-	want := "The gateway restarted while working on your request — last action was shell"
+	want := "Your request was interrupted by a server problem — last action was shell"
 	if !strings.Contains(string(res.Payload), want) {
 		t.Fatalf("history %s\nlacks %q", res.Payload, want)
 	}
@@ -607,7 +607,7 @@ func TestHotReload(t *testing.T) {
 	p.waitLog("config reloaded", 10*time.Second)
 	chatSend(cl, "main", "run-reloaded", "/steps shell:hang")
 	ab := aborted(t, cl.waitEvent("chat", 10*time.Second, chatState("run-reloaded", "aborted")))
-	if ab.StopReason != "step_timeout" || !strings.Contains(ab.ErrorMessage, "No progress for 500ms") {
+	if ab.StopReason != "step_timeout" || !strings.Contains(ab.ErrorMessage, "No progress for 500 ms") {
 		t.Errorf("after the reload: stopReason %q, message %q; want the 0.5s step timeout", ab.StopReason, ab.ErrorMessage)
 	}
 	if strings.Contains(p.log(), "needs a restart") {

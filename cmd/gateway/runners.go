@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/ops/admin"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/acp"
 	"github.com/turnguard/turnguard/runner/demo"
@@ -29,7 +32,17 @@ type runnerSet struct {
 	telegram bool             // the process started with Telegram: it runs until a restart
 	mu       sync.Mutex       // serializes prepare
 	slots    map[string]*runnerSlot
+
+	// probing: probe each runner built that can be (set by the app; off in
+	// tests of the set, which must not reach a real provider).
+	probing  bool
+	healthMu sync.Mutex
+	health   map[string]admin.RunnerHealth // the last probe of each runner that can be probed
+	probes   sync.WaitGroup                // probes under way
 }
+
+// probeTimeout bounds one runner probe (runner.Prober).
+const probeTimeout = 5 * time.Second
 
 // runnerSlot is the engine's runner for one name: it delegates each Run to
 // the runner built last.
@@ -98,6 +111,7 @@ func (s *runnerSet) prepare(cfg *config.Config) error {
 		fresh[name] = &builtRunner{r: r, spec: spec}
 	}
 	for name, b := range fresh {
+		s.probe(name, b.r)
 		old := s.slots[name].built.Swap(b)
 		s.log.Debug("runner built", "runner", name, "rebuilt", old != nil)
 		// A runner that keeps processes (acp) lets them go once the turns
@@ -107,6 +121,46 @@ func (s *runnerSet) prepare(cfg *config.Config) error {
 		}
 	}
 	return nil
+}
+
+// probe checks r aside when it can be probed (runner.Prober: the openai
+// runner asks its provider), within probeTimeout: start-up and reloads do
+// not wait for it. A failure is logged as a warning and, like a success,
+// kept for /api/diagnose.
+func (s *runnerSet) probe(name string, r runner.Runner) {
+	p, ok := r.(runner.Prober)
+	if !ok || !s.probing {
+		return
+	}
+	s.probes.Add(1)
+	go func() {
+		defer s.probes.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		defer cancel()
+		err := p.Probe(ctx)
+		h := admin.RunnerHealth{Runner: name, OK: err == nil, CheckedAt: time.Now().UTC()}
+		if err != nil {
+			h.Problem = err.Error()
+			s.log.Warn("runner cannot work: turns on it will fail until this is fixed", "runner", name, "problem", h.Problem)
+		}
+		s.healthMu.Lock()
+		defer s.healthMu.Unlock()
+		if s.health == nil {
+			s.health = map[string]admin.RunnerHealth{}
+		}
+		s.health[name] = h
+	}()
+}
+
+// healthOf lists the last probe of each probed runner, by name.
+func (s *runnerSet) healthOf() []admin.RunnerHealth {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	out := make([]admin.RunnerHealth, 0, len(s.health))
+	for _, name := range slices.Sorted(maps.Keys(s.health)) {
+		out = append(out, s.health[name])
+	}
+	return out
 }
 
 // runner is b's runner; nil for a nil b.

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/turnguard/turnguard/cluster/pgcoord"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/runner"
 )
@@ -152,4 +157,66 @@ func TestRunnerSetACP(t *testing.T) {
 		t.Errorf("a turn on the replaced acp runner: %v, want a message saying it is being restarted", err)
 	}
 	s.close()
+}
+
+// TestRunnerProbeAtStart: an openai runner whose provider does not answer
+// (a closed loopback port) is built and the set does not wait for it; the
+// probe, aside, logs a warning naming the runner and the endpoint and keeps
+// the problem for /api/diagnose (issue 22: the first user found out).
+func TestRunnerProbeAtStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String() + "/v1"
+	ln.Close()
+	var logs strings.Builder
+	var mu sync.Mutex
+	s := newRunnerSet(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil)), false)
+	s.probing = true
+	cfg := *config.Default()
+	cfg.Agents.Defaults.Runner = config.RunnerOpenAI
+	cfg.Agents.OpenAI.Model = "llama3.2"
+	cfg.Agents.OpenAI.BaseURL = base
+	if err := s.prepare(&cfg); err != nil {
+		t.Fatalf("prepare = %v: an unreachable provider must not stop the start", err)
+	}
+	s.probes.Wait()
+	h := s.healthOf()
+	want := "the model provider at " + base + " does not answer: connect: connection refused"
+	if len(h) != 1 || h[0].Runner != config.RunnerOpenAI || h[0].OK || h[0].Problem != want {
+		t.Fatalf("health %+v, want openai failing with %q", h, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if l := logs.String(); !strings.Contains(l, "level=WARN msg=\"runner cannot work: turns on it will fail until this is fixed\" runner=openai") {
+		t.Errorf("no start-up warning:\n%s", l)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *strings.Builder
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// TestTakeoverLogFields: a takeover is logged as fields — the replica and
+// epoch taken over, the turn count and run ids (at most maxLoggedRuns) —
+// not a Go struct dump (issue 22: takeover="{Replica:r1 Epoch:3 … Turns:[…]}").
+func TestTakeoverLogFields(t *testing.T) {
+	tk := pgcoord.Takeover{Replica: "r1", Epoch: 3, Overdue: 1500 * time.Millisecond}
+	for i := range 12 {
+		tk.Turns = append(tk.Turns, pgcoord.TakenTurn{RunID: fmt.Sprintf("run-%d", i), Notice: "⚠️ Your request was interrupted"})
+	}
+	var b strings.Builder
+	slog.New(slog.NewTextHandler(&b, nil)).Warn("took over", takeoverAttrs(tk)...)
+	want := `from_replica=r1 from_epoch=3 overdue_ms=1500 turns=12 runs=run-0,run-1,run-2,run-3,run-4,run-5,run-6,run-7,run-8,run-9` + "\n"
+	if got := b.String(); !strings.HasSuffix(got, want) || strings.Contains(got, "{") || strings.Contains(got, "interrupted") {
+		t.Errorf("log line %q, want it to end %q", got, want)
+	}
 }

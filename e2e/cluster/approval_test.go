@@ -114,7 +114,7 @@ func TestTelegramApprovalInACluster(t *testing.T) {
 		t.Errorf("the tap's toast %q, want Allowed", a.Text)
 	}
 	bot.WaitShown(15*time.Second, "the question edited into its answer", func(m fakebot.Shown) bool {
-		return m.ID == q.ID && m.Text == "✅ Allow by @alice: Run deploy" && m.Buttons == nil
+		return m.ID == q.ID && m.Text == "✅ Allowed by @alice: Run deploy" && m.Buttons == nil
 	})
 	bot.WaitSent(15*time.Second, "the agent's reply", func(text string) bool {
 		return strings.Contains(text, "deploy ran (allowed). Finished")

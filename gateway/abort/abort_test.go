@@ -128,7 +128,7 @@ func TestStepsAndAbortMessage(t *testing.T) {
 		if !ok {
 			t.Fatal("abort lost")
 		}
-		want := "⚠️ No progress for 5m0s — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
+		want := "⚠️ No progress for 5 min — shell never finished (last completed: web_search). The task may be stuck. Retry or ask for a simpler approach."
 		if ev.Message != "" {
 			t.Fatalf("the registry rendered %q: it carries facts, the engine renders", ev.Message)
 		}

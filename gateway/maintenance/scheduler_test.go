@@ -104,7 +104,7 @@ func TestSilentStepAbortedAtExactlyTheStepDeadline(t *testing.T) {
 		h.rec.mu.Lock()
 		msg := messages.Render(nil, h.rec.events[0])
 		h.rec.mu.Unlock()
-		if !strings.Contains(msg, "No progress for 5s") || !strings.Contains(msg, "shell never finished") {
+		if !strings.Contains(msg, "No progress for 5 s") || !strings.Contains(msg, "shell never finished") {
 			t.Fatalf("user message %q", msg)
 		}
 	})
@@ -218,7 +218,7 @@ func TestProgressNoticeRepeatsAndStopsWithTheStep(t *testing.T) {
 		h.rec.mu.Lock()
 		msg := messages.Render(nil, h.rec.events[0])
 		h.rec.mu.Unlock()
-		if msg != "⏳ Still working — shell has been running for 30s…" {
+		if msg != "⏳ Still working — shell has been running for 30 s…" {
 			t.Fatalf("progress message %q", msg)
 		}
 		r.StepCompleted("tool", "shell")

@@ -45,6 +45,7 @@ import (
 	"github.com/turnguard/turnguard/gateway/errlog"
 	"github.com/turnguard/turnguard/gateway/maintenance"
 	"github.com/turnguard/turnguard/gateway/server"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/ops/alerts"
 	"github.com/turnguard/turnguard/store"
 )
@@ -92,6 +93,9 @@ type Options struct {
 	Alerts interface{ Stats() alerts.Stats }
 	// WSClients is the number of open WebSocket connections (optional).
 	WSClients func() int
+	// Runners reports the runners' last probes for /api/diagnose
+	// (optional).
+	Runners func() []RunnerHealth
 	// OperatorToken guards the API; "" serves loopback clients only.
 	OperatorToken string
 	// Version is the gateway's version, shown by /api/diagnose.
@@ -170,15 +174,16 @@ func (h *Handler) authorize(next http.Handler) http.Handler {
 		token := h.opts.OperatorToken
 		if token == "" {
 			if !loopbackClient(r) {
-				writeError(w, http.StatusForbidden,
-					"forbidden: no operator token is configured (server.operatorToken), so the operator API answers only loopback clients")
+				writeJSON(w, http.StatusForbidden, apiError{Message: messages.AdminLoopbackOnly,
+					Error: "forbidden: no operator token is configured (server.operatorToken), so the operator API answers only loopback clients"})
 				return
 			}
 		} else {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok || !server.TokenEqual(strings.TrimSpace(got), token) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="turnguard"`)
-				writeError(w, http.StatusUnauthorized, "unauthorized: send Authorization: Bearer <server.operatorToken>")
+				writeJSON(w, http.StatusUnauthorized, apiError{Message: messages.AdminTokenNeeded,
+					Error: "unauthorized: send Authorization: Bearer <server.operatorToken>"})
 				return
 			}
 		}
@@ -239,8 +244,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // apiError is the body of every error answer.
+// apiError is the body of a refused API request: Error for an API client
+// (precise, naming headers and keys), Message, when set, for a person (the
+// /admin page shows it instead of Error).
 type apiError struct {
-	Error string `json:"error"`
+	Error   string `json:"error"`
+	Message string `json:"message,omitempty"`
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

@@ -19,6 +19,7 @@ import (
 	"github.com/turnguard/turnguard/gateway/maintenance"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/ops/alerts"
+	"github.com/turnguard/turnguard/ops/metrics"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -283,12 +284,12 @@ type BuildInfo struct {
 
 func buildInfo(version string) BuildInfo {
 	b := BuildInfo{Version: version, GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
+	if r := metrics.BuildRevision(); r != "unknown" {
+		b.Revision = r
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				b.Revision = s.Value
-			case "vcs.modified":
+			if s.Key == "vcs.modified" {
 				b.Modified = s.Value == "true"
 			}
 		}
@@ -332,6 +333,14 @@ type StoreView struct {
 	QueueDepth int    `json:"queueDepth"`
 }
 
+// RunnerHealth is the last probe of a runner (runner.Prober).
+type RunnerHealth struct {
+	Runner    string    `json:"runner"`
+	OK        bool      `json:"ok"`
+	Problem   string    `json:"problem,omitempty"` // why it cannot work, for operators
+	CheckedAt time.Time `json:"checkedAt"`
+}
+
 // Diagnosis is the body of GET /api/diagnose.
 type Diagnosis struct {
 	Build     BuildInfo           `json:"build"`
@@ -346,6 +355,10 @@ type Diagnosis struct {
 	Store     *StoreView          `json:"store"`     // null without a store
 	WSClients int                 `json:"wsClients"` //
 	Alerts    *alerts.Stats       `json:"alerts"`    // null when alerts are not running
+	// Runners is the last probe of each runner that can be probed (the
+	// openai runner: does its provider answer?); a failed one is also in
+	// Problems.
+	Runners []RunnerHealth `json:"runners,omitempty"`
 	// Problems lists the parts that could not be read; the rest is still
 	// reported.
 	Problems []string `json:"problems,omitempty"`
@@ -392,6 +405,14 @@ func (h *Handler) diagnose(w http.ResponseWriter, r *http.Request) {
 	if h.opts.Alerts != nil {
 		s := h.opts.Alerts.Stats()
 		d.Alerts = &s
+	}
+	if h.opts.Runners != nil {
+		d.Runners = h.opts.Runners()
+		for _, r := range d.Runners {
+			if !r.OK {
+				d.Problems = append(d.Problems, "runner "+r.Runner+": "+r.Problem)
+			}
+		}
 	}
 	writeJSON(w, http.StatusOK, d)
 }

@@ -85,7 +85,7 @@ func TestApprovalsAPI(t *testing.T) {
 
 	code, body = e.doBody(t, http.MethodPost, "/api/approvals/"+q.ID, `{"optionId":"allow"}`, opToken)
 	if code != 200 || !strings.Contains(body, `"already": false`) || !strings.Contains(body, `"by": "operator"`) ||
-		!strings.Contains(body, "✅ Allow by operator: Run deploy") {
+		!strings.Contains(body, "✅ Allowed by the operator: Run deploy") {
 		t.Fatalf("answer: %d %s", code, body)
 	}
 	out, ok := e.eng.Wait(context.Background(), "r-1")

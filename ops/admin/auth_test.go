@@ -1,11 +1,14 @@
 package admin_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"testing/synctest"
+
+	"github.com/turnguard/turnguard/messages"
 )
 
 // TestAuthorization: the operator routes need the bearer operator token
@@ -89,6 +92,21 @@ func TestAuthorization(t *testing.T) {
 				}
 				if tt.wantInErr != "" && !strings.Contains(body, tt.wantInErr) && !strings.Contains(rec.Header().Get("WWW-Authenticate"), tt.wantInErr) {
 					t.Errorf("answer %q lacks %q", body, tt.wantInErr)
+				}
+				// What the /admin page shows a person: plain words, never the
+				// header an API client is told to send (issue 22).
+				if rec.Code == 401 || rec.Code == 403 && tt.noToken {
+					var refused struct{ Error, Message string }
+					if err := json.Unmarshal([]byte(body), &refused); err != nil || refused.Error == "" {
+						t.Errorf("refusal %q: no error for an API client (%v)", body, err)
+					}
+					want := messages.AdminTokenNeeded
+					if rec.Code == 403 {
+						want = messages.AdminLoopbackOnly
+					}
+					if refused.Message != want || strings.Contains(refused.Message, "Bearer") || strings.Contains(refused.Message, "Authorization") {
+						t.Errorf("refusal message for a person %q, want %q", refused.Message, want)
+					}
 				}
 				if rec.Code == 401 && rec.Header().Get("WWW-Authenticate") == "" {
 					t.Errorf("401 without WWW-Authenticate")

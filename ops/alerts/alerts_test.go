@@ -290,7 +290,7 @@ func TestAlertContent(t *testing.T) {
 			t.Fatalf("got %d deliveries, want 4: %v", len(got), got)
 		}
 		tgAlert, hookAlert, tgRecovered, hookRecovered := got[0].alert, got[1].alert, got[2].alert, got[3].alert
-		for _, want := range []string{"run-7", "agent:main:run-7", "force-finalized", "step_timeout", "5s", "shell was running", "10m0s"} {
+		for _, want := range []string{"run-7", "agent:main:run-7", "force-finalized", "step_timeout", "5 s", "shell was running", "10 min"} {
 			if !strings.Contains(tgAlert.Text, want) {
 				t.Errorf("Telegram alert %q lacks %q", tgAlert.Text, want)
 			}
@@ -522,7 +522,7 @@ func TestStoreUnwritableAlert(t *testing.T) {
 		if al := got[1].alert; !strings.Contains(al.Text, "disk is full") || !strings.Contains(al.Text, "New turns are refused") {
 			t.Errorf("alert text %q", al.Text)
 		}
-		if rec := got[3].alert; rec.Episode != got[1].alert.Episode || !strings.Contains(rec.Text, "1m30s") {
+		if rec := got[3].alert; rec.Episode != got[1].alert.Episode || !strings.Contains(rec.Text, "1 min 30 s") {
 			t.Errorf("recovered %+v does not close episode %s after 1m30s", rec, got[1].alert.Episode)
 		}
 	})

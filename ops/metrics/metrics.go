@@ -121,7 +121,7 @@ func New(version string) *Metrics {
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
 		Help:        "Always 1; the labels describe the running binary.",
-		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version(), "revision": revision()},
+		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version(), "revision": BuildRevision()},
 	})
 	build.Set(1)
 
@@ -134,8 +134,20 @@ func New(version string) *Metrics {
 	return m
 }
 
-// revision is the VCS revision the binary was built from, or "unknown".
-func revision() string {
+// Revision is the VCS revision the binary was built from, when the build
+// sets it: the Makefile passes -ldflags "-X
+// github.com/turnguard/turnguard/ops/metrics.Revision=$(git rev-parse HEAD)",
+// which works where Go's own stamping does not (GOFLAGS=-buildvcs=false, a
+// build outside a checkout).
+var Revision string
+
+// BuildRevision is the revision the binary was built from: Revision when
+// set, else the vcs.revision Go stamped (go build in a checkout), else
+// "unknown". It backs turnguard_build_info and /api/diagnose.
+func BuildRevision() string {
+	if Revision != "" {
+		return Revision
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			if s.Key == "vcs.revision" && s.Value != "" {

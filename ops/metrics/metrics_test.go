@@ -294,20 +294,27 @@ func TestOutboxQueryFailure(t *testing.T) {
 	}
 }
 
-// TestBuildInfo: the binary's version is a label of turnguard_build_info.
+// TestBuildInfo: the binary's version is a label of turnguard_build_info,
+// and so is the revision the build set (issue 22: revision="unknown" when
+// Go's VCS stamp is off).
 func TestBuildInfo(t *testing.T) {
+	defer func(r string) { metrics.Revision = r }(metrics.Revision)
+	metrics.Revision = "0123456789abcdef"
 	fams := scrape(t, metrics.New("1.2.3").Handler())
 	f := fams["turnguard_build_info"]
 	if f == nil || len(f.GetMetric()) != 1 {
 		t.Fatalf("turnguard_build_info missing")
 	}
-	var version string
+	var version, revision string
 	for _, l := range f.GetMetric()[0].GetLabel() {
-		if l.GetName() == "version" {
+		switch l.GetName() {
+		case "version":
 			version = l.GetValue()
+		case "revision":
+			revision = l.GetValue()
 		}
 	}
-	if version != "1.2.3" || f.GetMetric()[0].GetGauge().GetValue() != 1 {
+	if version != "1.2.3" || revision != "0123456789abcdef" || f.GetMetric()[0].GetGauge().GetValue() != 1 {
 		t.Errorf("build_info %v", f.GetMetric()[0])
 	}
 	if fams["go_goroutines"] == nil || fams["process_start_time_seconds"] == nil {

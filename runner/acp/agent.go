@@ -518,7 +518,7 @@ func startFailure(method string, err error) *runner.UserError {
 	var re *rpcError
 	switch {
 	case errors.As(err, &te):
-		return &runner.UserError{Message: fmt.Sprintf("The agent did not answer within %s while starting, so it was stopped. Try again later.", te.after)}
+		return &runner.UserError{Message: fmt.Sprintf("The agent did not answer within %s while starting, so it was stopped. Try again later.", messages.Duration(te.after))}
 	case errors.As(err, &re) && method == "initialize":
 		return &runner.UserError{Message: messages.AgentStartFailed(cut(oneLine(re.Message), 300))}
 	case errors.As(err, &re):

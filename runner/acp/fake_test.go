@@ -125,11 +125,11 @@ func TestFakeAgents(t *testing.T) {
 		reply   string
 		log     string
 	}{
-		{mode: "silent", userErr: "The agent did not answer within 300ms while starting, so it was stopped. Try again later.",
+		{mode: "silent", userErr: "The agent did not answer within 300 ms while starting, so it was stopped. Try again later.",
 			log: "acp: initialize failed; stopping the agent"},
 		{mode: "version2", userErr: "The agent speaks ACP version 2; turnguard speaks version 1.",
 			log: "another protocol version"},
-		{mode: "newhang", userErr: "The agent did not answer within 300ms while starting, so it was stopped. Try again later.",
+		{mode: "newhang", userErr: "The agent did not answer within 300 ms while starting, so it was stopped. Try again later.",
 			log: "acp: session/new failed"},
 		{mode: "asks", reply: "t1: -32601 method not found: terminal/create; t2: -32601 method not found: fs/delete_file; "},
 	}

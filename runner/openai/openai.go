@@ -58,8 +58,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -112,6 +114,55 @@ type Runner struct {
 }
 
 var _ runner.Runner = (*Runner)(nil)
+var _ runner.Prober = (*Runner)(nil)
+
+// Probe asks the provider for its models (GET …/models, the API key sent as
+// for a turn) and reports whether it can work: nil for any answer but a
+// refused key (an endpoint without /models still answered), an error naming
+// the endpoint (without its query) when nothing answers within ctx or the
+// key is refused (HTTP 401 or 403).
+func (r *Runner) Probe(ctx context.Context) error {
+	models := strings.TrimSuffix(r.endpoint, "/chat/completions")
+	if u, err := url.Parse(r.endpoint); err == nil {
+		u.Path = strings.TrimSuffix(u.Path, "/chat/completions") + "/models"
+		models = u.String()
+	}
+	where := strings.TrimSuffix(r.endpointSafe, "/chat/completions")
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, models, nil)
+	if err != nil {
+		return fmt.Errorf("the model provider at %s: %w", where, err)
+	}
+	if r.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+r.apiKey)
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("the model provider at %s does not answer: %s", where, probeCause(err))
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return fmt.Errorf("the model provider at %s refuses the API key (HTTP %d); check agents.openai.apiKey", where, resp.StatusCode)
+	}
+	return nil
+}
+
+// probeCause words why a probe got no answer, without the URL Go's error
+// repeats (its query may hold a secret).
+func probeCause(err error) string {
+	var op *net.OpError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "no answer in time"
+	case errors.As(err, &op) && op.Err != nil:
+		return op.Err.Error()
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		return ue.Err.Error()
+	}
+	return err.Error()
+}
 
 // Option configures a Runner.
 type Option func(*Runner)

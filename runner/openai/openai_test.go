@@ -210,7 +210,7 @@ func TestIdleTimeout(t *testing.T) {
 		name:     "silent twice fails the turn",
 		handlers: []http.HandlerFunc{stallAfter()},
 		cause:    ErrIdleTimeout,
-		userMsg:  "The model provider stopped responding (nothing for 30s, twice).",
+		userMsg:  "The model provider stopped responding (nothing for 30 s, twice).",
 		gaps:     []time.Duration{idle},
 	}, {
 		name:     "silent after reply text is not retried",

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/turnguard/turnguard/messages"
 )
 
 // Wire types of the Chat Completions API (the subset used here).
@@ -143,24 +145,24 @@ func (r *Runner) complete(ctx context.Context, runID string, msgs []chatMessage,
 			if !ie.gotData {
 				streak = r.idleStreak.Add(1)
 			}
-			secs := r.idle.Seconds()
+			idle := messages.Duration(r.idle)
 			switch {
 			case ie.emitted:
 				r.log.Warn("openai: model stream idle after reply text; not retrying", "run_id", runID, "idle", r.idle)
 				return llmReply{}, &failure{
-					user:  fmt.Sprintf("The model provider stopped sending the reply (nothing for %gs); the reply is incomplete.", secs),
+					user:  fmt.Sprintf("The model provider stopped sending the reply (nothing for %s); the reply is incomplete.", idle),
 					cause: ErrIdleTimeout,
 				}
 			case streak >= BreakerThreshold:
 				r.log.Warn("openai: model stream idle; circuit breaker open, not retrying", "run_id", runID, "idle", r.idle, "streak", streak)
 				return llmReply{}, &failure{
-					user:  fmt.Sprintf("The model provider is not responding (%d silent attempts in a row, nothing for %gs each); not retrying until it answers again.", streak, secs),
+					user:  fmt.Sprintf("The model provider is not responding (%d silent attempts in a row, nothing for %s each); not retrying until it answers again.", streak, idle),
 					cause: ErrBreakerOpen,
 				}
 			case idleRetried:
 				r.log.Warn("openai: model stream idle again; giving up", "run_id", runID, "idle", r.idle)
 				return llmReply{}, &failure{
-					user:  fmt.Sprintf("The model provider stopped responding (nothing for %gs, twice).", secs),
+					user:  fmt.Sprintf("The model provider stopped responding (nothing for %s, twice).", idle),
 					cause: ErrIdleTimeout,
 				}
 			}

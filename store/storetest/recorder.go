@@ -114,10 +114,10 @@ func testTurnEndingsInHistory(t *testing.T, h *H) {
 			kind: event.Aborted,
 			end: func(e *event.Event) {
 				e.StopReason, e.Elapsed, e.Step, e.LastStep = event.ReasonTimeout, 10*time.Minute, cur, last
-				e.FullText, e.Message = "I found three fl", "⚠️ This request hit its time limit of 10m0s."
+				e.FullText, e.Message = "I found three fl", "⚠️ This request was stopped at its time limit of 10m0s."
 			},
 			wantState: store.TurnAborted,
-			wantMsg: []Msg{{store.RoleAssistant, "I found three fl\n\n⚠️ This request hit its time limit of 10m0s.",
+			wantMsg: []Msg{{store.RoleAssistant, "I found three fl\n\n⚠️ This request was stopped at its time limit of 10m0s.",
 				event.ReasonTimeout}},
 			wantCur: event.Step{Kind: event.StepTool, Name: "web_search", Seq: 2},
 		},
@@ -386,7 +386,7 @@ func testRunningTurnsAndMarkInterrupted(t *testing.T, h *H) {
 		t.Errorf("running turn %+v lacks the channel and chat to notify", running[0])
 	}
 
-	const notice = "⚠️ The gateway restarted while working on your request. Please send it again."
+	const notice = "⚠️ Your request was interrupted by a server problem. Please send it again."
 	ok, err := s.MarkInterrupted(context.Background(), "run-a", notice)
 	if err != nil || !ok {
 		t.Fatalf("MarkInterrupted(run-a) = %v, %v; want true", ok, err)

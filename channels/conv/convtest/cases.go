@@ -109,7 +109,7 @@ var cases = []tcase{
 	}},
 	{name: "delivery/timeout", adjust: func(c *config.Config) { c.Agents.Defaults.TimeoutSeconds = seconds(30) }, run: func(p *person) {
 		p.send(hang)
-		p.see("⚠️ This request hit its time limit of 30s after 30s")
+		p.see("⚠️ This request was stopped at its time limit of 30 s")
 		p.send("/steps say:Afterwards")
 		p.see("Afterwards")
 	}},
@@ -119,7 +119,7 @@ var cases = []tcase{
 		p.send(hang)
 		p.send("/steps say:Second_answer")
 		p.seeExactly(queuedAck(0))
-		p.see("hit its time limit of 30s", "Second answer")
+		p.see("was stopped at its time limit of 30 s", "Second answer")
 		p.see("Second answer")
 	}},
 
@@ -129,7 +129,7 @@ var cases = []tcase{
 		p.send(hang)
 		p.send("/steps say:Second_answer")
 		p.seeExactly(queuedAck(0))
-		p.see("No progress for 20s", "Second answer")
+		p.see("No progress for 20 s", "Second answer")
 		p.see("Second answer")
 	}},
 	{name: "delivery/max-turn-time-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
@@ -138,7 +138,7 @@ var cases = []tcase{
 		p.send("/steps shell:hang:hb=5s")
 		p.send("/steps say:Second_answer")
 		p.seeExactly(queuedAck(0))
-		p.see("reached the maximum time of 40s", "Second answer")
+		p.see("reached the maximum time of 40 s", "Second answer")
 		p.see("Second answer")
 	}},
 	{name: "delivery/stuck-runner-then-queued", adjust: both(busy(config.BusyQueue, 5), func(c *config.Config) {
@@ -148,7 +148,7 @@ var cases = []tcase{
 		p.send("/steps shell:stuck")
 		p.send("/steps say:Second_answer")
 		p.seeExactly(queuedAck(0))
-		p.see("No progress for 10s", "Second answer")
+		p.see("No progress for 10 s", "Second answer")
 		p.see("Second answer") // once the stuck turn is force-finalized
 	}},
 

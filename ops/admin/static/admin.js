@@ -58,7 +58,8 @@
     if (opts.method === "POST") headers["Content-Type"] = "application/json";
     const res = await fetch(path, { ...opts, headers, cache: "no-store", credentials: "omit" });
     const body = await res.json().catch(() => ({}));
-    if (res.status === 401 || res.status === 403) throw new AuthError(body.error || `HTTP ${res.status}`);
+    // A refusal carries words for a person in `message` (the `error` is for API clients).
+    if (res.status === 401 || res.status === 403) throw new AuthError(body.message || "This page needs the operator token.");
     if (!res.ok) throw new Error(body.error || `HTTP ${res.status}`);
     return body;
   }
@@ -98,15 +99,25 @@
   });
 
   // Formatting.
+  // dur writes a duration as the server's messages.FormatDuration does — as a
+  // person writes it ("3.9 s", "45 s", "4 min 59 s", "about 12 min", "1 h 30 min"),
+  // never Go's "1m05s"; negative (a deadline passed) with a minus sign. From a
+  // second up (TestAdminPageDurationsMatchTheServer checks the two agree).
   function dur(ms) {
     if (ms == null) return "—";
     const neg = ms < 0;
-    let s = Math.abs(ms) / 1000;
+    const s = Math.abs(ms) / 1000;
     let out;
-    if (s < 10) out = s.toFixed(1) + "s";
-    else if (s < 60) out = Math.floor(s) + "s";
-    else if (s < 3600) out = Math.floor(s / 60) + "m" + String(Math.floor(s % 60)).padStart(2, "0") + "s";
-    else out = Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
+    if (s < 9.95) out = Math.round(s * 10) / 10 + " s";
+    else if (s < 59.5) out = Math.round(s) + " s";
+    else if (s < 599.5) {
+      const t = Math.round(s);
+      out = Math.floor(t / 60) + " min" + (t % 60 ? " " + (t % 60) + " s" : "");
+    } else {
+      const m = Math.round(s / 60);
+      out = (Math.abs(m * 60 - s) >= 1 ? "about " : "") +
+        (m < 60 ? m + " min" : Math.floor(m / 60) + " h" + (m % 60 ? " " + (m % 60) + " min" : ""));
+    }
     return neg ? "−" + out : out;
   }
   const time = (iso) => (iso ? new Date(iso).toLocaleString() : "—");
