@@ -307,6 +307,9 @@ type turn struct {
 	// claimed: the cluster holds this turn's claim (cluster mode), so its
 	// ending is recorded through Cluster.Finish before it is published.
 	claimed atomic.Bool
+	// clock stops and restarts the run's liveness clock for the runner's
+	// pauses and the open questions (lifecycle.go).
+	clock *livenessClock
 }
 
 type cached struct {
@@ -609,7 +612,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	s.updated = run.StartedAt()
 	e.touchLocked(s, time.Now())
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
-		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet()}
+		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet(), clock: &livenessClock{run: run}}
 	if st, ok := rn.(runner.Steerer); ok && st.Steers() {
 		t.inbox = &runner.Inbox{}
 	}
@@ -671,7 +674,7 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 				err = errors.New("runner panicked")
 			}
 		}()
-		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, maxReply: tr.maxReply})
+		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, clock: tr.clock, maxReply: tr.maxReply})
 	}()
 	run.MarkReturned()
 	// Steered messages the runner never took run next, before the queue.

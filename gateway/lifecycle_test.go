@@ -1,0 +1,88 @@
+package gateway
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/runner"
+)
+
+// pauseAskRunner runs one tool step in which it asks deployQuestion in the
+// background (as runner/exec does: the agent goes on reading its process
+// while the person decides) and pauses and resumes for its own reason, in
+// the order ops give; then it waits for the answer, completes the step and
+// returns. Each op waits its time first (the bubble's clock).
+func pauseAskRunner(ops ...scriptOp) runner.Runner {
+	return runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+		cb.StepStarted(event.StepTool, "shell")
+		answered := make(chan error, 1)
+		ask := func(runner.Callbacks) {
+			go func() {
+				_, err := turn.Ask(ctx, deployQuestion)
+				answered <- err
+			}()
+		}
+		for _, op := range ops {
+			select {
+			case <-ctx.Done():
+				return runner.Result{}, ctx.Err()
+			case <-time.After(op.wait):
+			}
+			if op.do == nil {
+				ask(cb)
+			} else {
+				op.do(cb)
+			}
+		}
+		if err := <-answered; err != nil {
+			return runner.Result{}, err
+		}
+		cb.StepCompleted(event.StepTool, "shell")
+		return runner.Result{Text: "deployed"}, nil
+	})
+}
+
+// TestLivenessClockRunsOnlyWhenNeitherPausedNorAsking (issue 20, defect 1):
+// the runner's own pause and an open question are two reasons to stop the
+// 2s liveness window; ending one must not restart it while the other holds.
+// The person answers at 30s and the runner resumes (or has resumed) by
+// then: the turn finishes, with no step timeout in between.
+func TestLivenessClockRunsOnlyWhenNeitherPausedNorAsking(t *testing.T) {
+	ask := func(wait time.Duration) scriptOp { return scriptOp{wait: wait} } // do nil: ask in the background
+	for _, tc := range []struct {
+		name string
+		ops  []scriptOp
+	}{{
+		// Asks first; pauses and resumes for its own reason at 1s while
+		// the question is open (main: the clock restarted, aborted at 3s).
+		name: "question open across the runner's pause",
+		ops:  []scriptOp{ask(0), {time.Second, pause}, {0, resume}},
+	}, {
+		// Pauses first, then asks; the answer at 30s must not restart the
+		// clock (main: aborted at 32s): the runner stays paused until 35s.
+		name: "runner paused across the question",
+		ops:  []scriptOp{{0, pause}, ask(500 * time.Millisecond), {34500 * time.Millisecond, resume}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e, s := approvalEnv(t, pauseAskRunner(tc.ops...), nil)
+				if _, err := e.Send(context.Background(), SendRequest{SessionKey: "chat1", Channel: "telegram", RunID: "r1", Text: "deploy"}); err != nil {
+					t.Fatal(err)
+				}
+				elapse(time.Second + time.Millisecond)
+				q := waitQuestion(t, e, "chat1")
+				elapse(29 * time.Second)
+				if _, err := e.Resolve(context.Background(), ResolveRequest{ApprovalID: q.ID, OptionID: "yes", SessionKey: "chat1", By: "@alice"}); err != nil {
+					t.Fatalf("Resolve after 30s: %v; transcript:\n%s", err, s.transcript())
+				}
+				out, ok := e.Wait(context.Background(), "r1")
+				if !ok || out.StopReason != event.ReasonStop || out.Text != "deployed" {
+					t.Fatalf("outcome %+v, want the runner's reply; transcript:\n%s", out, s.transcript())
+				}
+			})
+		})
+	}
+}
