@@ -13,7 +13,7 @@ type callbacks struct {
 	e        *Engine
 	run      *abort.Run
 	clock    *livenessClock // the run's liveness clock, shared with its questions
-	maxReply int // agents.defaults.maxReplyChars when the turn started
+	maxReply int            // agents.defaults.maxReplyChars when the turn started
 }
 
 func (c *callbacks) live() bool { return c.run.State() == abort.StateRunning }

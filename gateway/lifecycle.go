@@ -40,34 +40,30 @@ type livenessClock struct {
 func (c *livenessClock) stoppedLocked() bool { return c.runnerPaused || c.questions > 0 }
 
 // pause adds reason; the clock stops if it ran.
-func (c *livenessClock) pause(reason pauseReason) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	was := c.stoppedLocked()
-	switch reason {
-	case pauseRunner:
-		c.runnerPaused = true
-	case pauseQuestion:
-		c.questions++
-	}
-	if !was {
-		c.run.Pause()
-	}
-}
+func (c *livenessClock) pause(reason pauseReason) { c.change(reason, true) }
 
 // resume removes reason (one question for pauseQuestion); the clock runs
 // again when no reason is left.
-func (c *livenessClock) resume(reason pauseReason) {
+func (c *livenessClock) resume(reason pauseReason) { c.change(reason, false) }
+
+// change adds (on) or removes reason and stops or restarts the run's clock
+// on an edge.
+func (c *livenessClock) change(reason pauseReason, on bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	was := c.stoppedLocked()
-	switch reason {
-	case pauseRunner:
-		c.runnerPaused = false
-	case pauseQuestion:
+	switch {
+	case reason == pauseRunner:
+		c.runnerPaused = on
+	case on:
+		c.questions++
+	default:
 		c.questions = max(0, c.questions-1)
 	}
-	if was && !c.stoppedLocked() {
+	switch now := c.stoppedLocked(); {
+	case now && !was:
+		c.run.Pause()
+	case was && !now:
 		c.run.Resume()
 	}
 }
