@@ -2,10 +2,12 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/runner"
 )
@@ -84,5 +86,70 @@ func TestLivenessClockRunsOnlyWhenNeitherPausedNorAsking(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// streamingRunner streams deltas and steps in a loop until its turn is
+// stopped, signalling started after its first delta.
+func streamingRunner(started chan<- string) runner.Runner {
+	return runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+		first := true
+		for ctx.Err() == nil {
+			cb.StepStarted(event.StepTool, "shell")
+			cb.Delta("x")
+			if first {
+				first = false
+				started <- turn.RunID
+			}
+			cb.StepCompleted(event.StepTool, "shell")
+		}
+		return runner.Result{}, ctx.Err()
+	})
+}
+
+// afterTerminal returns the first event of runID published after its
+// terminal event (ForceFinalized aside), in the order subscribers saw them.
+func afterTerminal(s *sink, runID string) (event.Event, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ended := false
+	for _, ev := range s.events {
+		switch {
+		case ev.RunID != runID || ev.Kind == event.ForceFinalized:
+		case ended:
+			return ev, true
+		case ev.Kind.Terminal():
+			ended = true
+		}
+	}
+	return event.Event{}, false
+}
+
+// TestNoEventAfterTheTerminalEvent (issue 20, defect 2): a runner streams
+// deltas and steps in a loop while /stop aborts its turn. A delta or step
+// that passed its liveness check before the abort must not reach
+// subscribers after Aborted: the terminal event is the run's last. On main
+// one of the first few dozen rounds shows a late event.
+func TestNoEventAfterTheTerminalEvent(t *testing.T) {
+	const rounds = 100
+	started := make(chan string, 1)
+	e, s := startEngine(t, testConfig(t, func(c *config.Config) { c.Agents.Defaults.Runner = config.RunnerDemo }),
+		map[string]runner.Runner{config.RunnerDemo: streamingRunner(started)})
+	for i := range rounds {
+		id := fmt.Sprintf("r%d", i)
+		key := fmt.Sprintf("chat%d", i)
+		if _, err := e.Send(context.Background(), SendRequest{SessionKey: key, Channel: "ws", RunID: id, Text: "go"}); err != nil {
+			t.Fatal(err)
+		}
+		<-started
+		if res, err := e.Abort(context.Background(), key, "", event.ReasonUser, "", true); err != nil || !res.Aborted {
+			t.Fatalf("round %d: abort %+v, %v", i, res, err)
+		}
+		if _, ok := e.Wait(context.Background(), id); !ok {
+			t.Fatalf("round %d: no outcome", i)
+		}
+		if ev, late := afterTerminal(s, id); late {
+			t.Fatalf("round %d: %s (seq %d) published after the turn's terminal event", i, ev.Kind, ev.Seq)
+		}
 	}
 }
