@@ -307,6 +307,10 @@ type turn struct {
 	// claimed: the cluster holds this turn's claim (cluster mode), so its
 	// ending is recorded through Cluster.Finish before it is published.
 	claimed atomic.Bool
+	// sessionID is the id of the conversation the turn belongs to (its
+	// session's when it started): after a Reset (/new) its ending is no
+	// longer written to the session's history.
+	sessionID string
 	// clock stops and restarts the run's liveness clock for the runner's
 	// pauses and the open questions (lifecycle.go).
 	clock *livenessClock
@@ -612,7 +616,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	s.updated = run.StartedAt()
 	e.touchLocked(s, time.Now())
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
-		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet(), clock: &livenessClock{run: run}}
+		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet(), clock: &livenessClock{run: run}, sessionID: s.id}
 	if st, ok := rn.(runner.Steerer); ok && st.Steers() {
 		t.inbox = &runner.Inbox{}
 	}
@@ -1026,17 +1030,22 @@ func (e *Engine) recordOutcome(ev event.Event) (*turn, *session) {
 	ttl := time.Duration(cfg.Server.IdempotencyTTLSeconds * float64(time.Second))
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	t, live := e.turns[ev.RunID]
 	s, ok := e.sessions[ev.SessionKey]
 	if ok {
-		for _, m := range msgs {
-			s.history = appendBounded(s.history, m, cfg.Server.HistoryLimit)
+		// A turn of the conversation before a /new ends in that one: its
+		// reply is not written to the fresh history (nor read by the next
+		// turn's runner).
+		if !live || t.sessionID == s.id {
+			for _, m := range msgs {
+				s.history = appendBounded(s.history, m, cfg.Server.HistoryLimit)
+			}
+			s.updated = ev.Time
 		}
-		s.updated = ev.Time
 		s.ending++
 	}
-	t, ok := e.turns[ev.RunID]
 	var aliases []string
-	if ok {
+	if live {
 		out.StartedAt = t.run.StartedAt()
 		t.out = out
 		aliases = t.aliases

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -151,5 +152,49 @@ func TestNoEventAfterTheTerminalEvent(t *testing.T) {
 		if ev, late := afterTerminal(s, id); late {
 			t.Fatalf("round %d: %s (seq %d) published after the turn's terminal event", i, ev.Kind, ev.Seq)
 		}
+	}
+}
+
+// TestResetDuringATurnKeepsItsReplyOut (issue 20, defect 4): /new while a
+// turn runs starts a fresh conversation; the old turn's reply, when it
+// comes, belongs to the old one: it is not in the new history, and the next
+// turn's runner does not receive it.
+func TestResetDuringATurnKeepsItsReplyOut(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var heard [][]runner.Message // the history each turn's runner received
+	rn := runner.Func(func(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+		mu.Lock()
+		heard = append(heard, turn.History)
+		mu.Unlock()
+		if turn.Message == "old question" {
+			<-release
+		}
+		return runner.Result{Text: "reply to " + turn.Message}, nil
+	})
+	e, _ := startEngine(t, testConfig(t, func(c *config.Config) { c.Agents.Defaults.Runner = config.RunnerDemo }),
+		map[string]runner.Runner{config.RunnerDemo: rn})
+	ctx := context.Background()
+	if _, err := e.Send(ctx, SendRequest{SessionKey: "chat1", Channel: "ws", RunID: "r1", Text: "old question"}); err != nil {
+		t.Fatal(err)
+	}
+	e.Reset("chat1")
+	close(release)
+	if out, ok := e.Wait(ctx, "r1"); !ok || out.Text != "reply to old question" {
+		t.Fatalf("old turn's outcome %+v", out)
+	}
+	if _, h := e.History(ctx, "chat1", 0); len(h) != 0 {
+		t.Fatalf("history after /new holds the old turn's ending: %+v", h)
+	}
+	if _, err := e.Send(ctx, SendRequest{SessionKey: "chat1", Channel: "ws", RunID: "r2", Text: "new question"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := e.Wait(ctx, "r2"); !ok {
+		t.Fatal("no outcome for r2")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(heard) != 2 || len(heard[1]) != 0 {
+		t.Fatalf("the new conversation's first turn received history %+v, want none", heard[len(heard)-1])
 	}
 }
