@@ -370,3 +370,35 @@ func TestClusterStopDropsTheOwnersQueue(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterLostTurnIsNotAnsweredAsCompleted (issue 20, defect 6): a
+// replica loses its lease while its turn runs (a survivor takes the turn
+// over as interrupted) and its runner then finishes: the ending is refused,
+// and the replica must not answer from it — neither a re-send of the same
+// run id nor Wait may say "ok" for a reply that exists nowhere.
+func TestClusterLostTurnIsNotAnsweredAsCompleted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, nil)
+		if _, err := send(t, rs[0].e, "r1", "/steps shell:5s say:late"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		rs[0].member.Kill() // paused past its lease: taken over; Fenced not yet told
+		waited := make(chan bool, 1)
+		go func() {
+			out, ok := rs[0].e.Wait(context.Background(), "r1")
+			waited <- ok && out.Status == gateway.StatusOK
+		}()
+		faketime.Advance(6 * time.Second) // its runner finishes locally; the ending is refused
+		synctest.Wait()
+		if <-waited {
+			t.Fatal("Wait on the replica that lost the turn answered ok")
+		}
+		if ack, err := send(t, rs[0].e, "r1", "/steps shell:5s say:late"); err == nil && ack.Status == gateway.StatusOK {
+			t.Fatalf("a re-send through the replica that lost the turn answered %+v", ack)
+		}
+		if ack, err := send(t, rs[1].e, "r1", "/steps shell:5s say:late"); err != nil || ack.Status != gateway.StatusAborted {
+			t.Fatalf("a re-send through the survivor answered %+v %v, want aborted (interrupted)", ack, err)
+		}
+	})
+}

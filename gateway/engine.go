@@ -296,6 +296,9 @@ type turn struct {
 	ended bool // the terminal event is published
 	freed bool // the run is released: the session is free
 	out   Outcome
+	// lost: the cluster refused the turn's ending (the replica lost its
+	// lease): out is not its outcome, and Wait does not answer it.
+	lost bool
 	// life: 0 while the runner runs; 1 once it returned; 2 when the run
 	// was force-finalized first (then it counts in Engine.stuck until the
 	// runner returns).
@@ -958,7 +961,7 @@ func (e *Engine) publish(ev event.Event) {
 		return
 	}
 	refused := e.cluster != nil && !e.finishClaimed(ev)
-	t, s := e.recordOutcome(ev)
+	t, s := e.recordOutcome(ev, !refused)
 	e.settle(t)
 	if !refused {
 		e.bus.Publish(ev)
@@ -1007,8 +1010,12 @@ func (e *Engine) ended(t *turn, s *session) {
 // recordOutcome records a terminal event in the history and the outcome
 // cache and returns the live turn it ends (nil if none) and the session,
 // whose ending count it raised (nil if the session is not in memory): the
-// caller calls ended once the event is published.
-func (e *Engine) recordOutcome(ev event.Event) (*turn, *session) {
+// caller calls ended once the event is published. owned false: the cluster
+// refused the ending (this replica lost the turn: a survivor records it as
+// interrupted), so nothing of it is recorded here — no history message, no
+// cached outcome a repeated run id or Wait would answer from; the turn is
+// only brought to its end (issue 20, defect 6).
+func (e *Engine) recordOutcome(ev event.Event, owned bool) (*turn, *session) {
 	cfg := e.cfg.Current()
 	out := Outcome{RunID: ev.RunID, SessionKey: ev.SessionKey, StopReason: ev.StopReason, Text: ev.FullText,
 		Message: ev.Message, EndedAt: ev.Time}
@@ -1036,13 +1043,19 @@ func (e *Engine) recordOutcome(ev event.Event) (*turn, *session) {
 		// A turn of the conversation before a /new ends in that one: its
 		// reply is not written to the fresh history (nor read by the next
 		// turn's runner).
-		if !live || t.sessionID == s.id {
+		if owned && (!live || t.sessionID == s.id) {
 			for _, m := range msgs {
 				s.history = appendBounded(s.history, m, cfg.Server.HistoryLimit)
 			}
 			s.updated = ev.Time
 		}
 		s.ending++
+	}
+	if !owned {
+		if live {
+			t.lost = true
+		}
+		return t, s
 	}
 	var aliases []string
 	if live {
@@ -1129,8 +1142,9 @@ func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason eve
 }
 
 // Wait blocks until run runID has an outcome or ctx is done. ok is false for
-// an unknown run (or one whose outcome has expired) and when ctx ends first.
-// When Wait returns an outcome, the run's terminal event has been published
+// an unknown run (or one whose outcome has expired), for a run whose ending
+// the cluster refused (this replica lost it; the survivor's outcome is the
+// one that stands) and when ctx ends first. When Wait returns an outcome, the run's terminal event has been published
 // and its session is free (unless a runner ignoring cancellation keeps it
 // until force-finalization): the next message is accepted.
 func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
@@ -1169,6 +1183,9 @@ func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
 	case <-t.done:
 		e.mu.Lock()
 		defer e.mu.Unlock()
+		if t.lost {
+			return Outcome{}, false // the survivor that took it over has its outcome
+		}
 		return t.out, true
 	case <-ctx.Done():
 		return Outcome{}, false
