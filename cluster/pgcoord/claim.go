@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -94,6 +95,14 @@ func (r *Replica) ClaimAfter(ctx context.Context, c Claim) (prevMine bool, err e
 		}
 		won, mine, err := r.insertClaim(ctx, c)
 		if err != nil {
+			// The commit's answer may be lost after the commit (ctx
+			// cancelled mid-COMMIT, a dropped connection): read back, never
+			// guess. A claim that committed is this replica's to run; left
+			// unanswered, the turn would stay running under a live epoch
+			// with nothing running it, and the session busy for good.
+			if r.claimCommitted(ctx, c) {
+				return false, nil
+			}
 			return false, fmt.Errorf("claim run %q: %w", c.RunID, err)
 		}
 		if won {
@@ -190,7 +199,37 @@ func (r *Replica) insertClaim(ctx context.Context, c Claim) (won, prevMine bool,
 	if errors.Is(err, errLost) {
 		return false, false, nil
 	}
+	if err == nil && testHookClaimCommitted != nil {
+		err = testHookClaimCommitted()
+	}
 	return won, prevMine, err
+}
+
+// readBackTimeout bounds the read that decides an ambiguous claim.
+const readBackTimeout = 5 * time.Second
+
+// testHookClaimCommitted, set by tests, runs after a claim committed; its
+// error is returned as if the commit's answer had been lost.
+var testHookClaimCommitted func() error
+
+// claimCommitted reports whether c's turn is in the database, running under
+// this replica's epoch: the claim whose answer was an error committed. It
+// reads on ctx's values but not its cancellation (a request cancelled
+// mid-COMMIT is the case it decides), bounded by readBackTimeout. false
+// when the read fails too: the claim stays unanswered.
+func (r *Replica) claimCommitted(ctx context.Context, c Claim) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readBackTimeout)
+	defer cancel()
+	var mine bool
+	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM turns
+		WHERE run_id = $1 AND session_key = $2 AND state = 'running' AND owner_epoch = $3)`,
+		c.RunID, c.SessionKey, r.epoch).Scan(&mine)
+	if err != nil {
+		r.log.Error("a claim's answer was lost and reading it back failed; its session may stay busy until this replica's lease is taken over",
+			"run", c.RunID, "session", c.SessionKey, "err", err)
+		return false
+	}
+	return mine
 }
 
 // errLost rolls back a claim that conflicted.
