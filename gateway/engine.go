@@ -242,6 +242,7 @@ type session struct {
 	history []Message
 	loaded  bool          // the stored history is in history (or there is no loader)
 	loading chan struct{} // closed when the in-flight load ends; nil when none is
+	loadErr error         // why the last load failed (nil once one succeeded)
 	updated time.Time
 	used    time.Time     // last use, for eviction
 	lru     *list.Element // in Engine.lru
@@ -1202,17 +1203,45 @@ func (e *Engine) Active(sessionKey string) (*abort.Run, bool) {
 	return nil, false
 }
 
+// HistoryUnavailableError is History's answer when the session's stored
+// history could not be loaded (the store does not answer) or ctx ended
+// while it loaded: the history is unknown, not empty (issue 20, defect 7).
+type HistoryUnavailableError struct {
+	SessionKey string
+	Cause      error
+}
+
+func (e *HistoryUnavailableError) Error() string {
+	return fmt.Sprintf("history of session %s: %v", e.SessionKey, e.Cause)
+}
+func (e *HistoryUnavailableError) Unwrap() error { return e.Cause }
+
+// UserText is what a client shows; it never names the cause.
+func (e *HistoryUnavailableError) UserText() string { return messages.HistoryUnavailable }
+
 // History returns up to limit most recent messages of the session, oldest
-// first, and the session's id.
-func (e *Engine) History(ctx context.Context, sessionKey string, limit int) (sessionID string, msgs []Message) {
-	s, _ := e.session(ctx, e.refresh(sessionKey)) // on a failed load: what the session has so far
+// first, and the session's id. When the stored history cannot be loaded
+// (or ctx ends first) it returns the session's id and a
+// *HistoryUnavailableError: a history missing its stored part is never
+// answered as if it were the whole.
+func (e *Engine) History(ctx context.Context, sessionKey string, limit int) (sessionID string, msgs []Message, err error) {
+	s, err := e.session(ctx, e.refresh(sessionKey))
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if err == nil && !s.loaded {
+		err = s.loadErr
+		if err == nil {
+			err = errors.New("the stored history is not loaded")
+		}
+	}
+	if err != nil {
+		return s.id, nil, &HistoryUnavailableError{SessionKey: sessionKey, Cause: err}
+	}
 	h := s.history
 	if limit > 0 && len(h) > limit {
 		h = h[len(h)-limit:]
 	}
-	return s.id, append([]Message(nil), h...)
+	return s.id, append([]Message(nil), h...), nil
 }
 
 // SessionInfo describes a session.
@@ -1405,6 +1434,7 @@ func (e *Engine) loadHistory(s *session, done chan struct{}) {
 	defer e.mu.Unlock()
 	defer close(done)
 	s.loading = nil
+	s.loadErr = err
 	if err != nil {
 		e.log.Warn("loading history failed; the next message retries", "session", s.key, "err", err)
 		return

@@ -183,7 +183,7 @@ func TestResetDuringATurnKeepsItsReplyOut(t *testing.T) {
 	if out, ok := e.Wait(ctx, "r1"); !ok || out.Text != "reply to old question" {
 		t.Fatalf("old turn's outcome %+v", out)
 	}
-	if _, h := e.History(ctx, "chat1", 0); len(h) != 0 {
+	if _, h, _ := e.History(ctx, "chat1", 0); len(h) != 0 {
 		t.Fatalf("history after /new holds the old turn's ending: %+v", h)
 	}
 	if _, err := e.Send(ctx, SendRequest{SessionKey: "chat1", Channel: "ws", RunID: "r2", Text: "new question"}); err != nil {
