@@ -402,3 +402,47 @@ func TestClusterLostTurnIsNotAnsweredAsCompleted(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterFencedReplicaDropsItsQueue (issue 20, defects 3 and 8): replica
+// a runs r1 with r2 queued (stored); a loses its lease, b takes r1 over
+// and runs r2 from the store. Everything a held under its lease is dropped:
+// a neither starts r2 nor tells its user that r2 "could not be started"
+// (it ran, on b) — whether a is told of the fence before its runner ends
+// or its runner ends first (a SIGSTOPped replica resumed).
+func TestClusterFencedReplicaDropsItsQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		told bool // Fenced is called (else: r1's runner ends first, its ending refused)
+	}{{"told of the fence", true}, {"runner ends before the fence is known", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				q := &memQueue{}
+				rs := startClusterWith(t, 2, nil, q) // busy mode queue
+				send(t, rs[0].e, "r1", "/steps shell:5s")
+				synctest.Wait()
+				if ack, err := send(t, rs[0].e, "r2", "/steps say:queued"); err != nil || ack.Status != gateway.StatusQueued {
+					t.Fatalf("second message: %+v %v", ack, err)
+				}
+				rs[0].member.Kill() // its turn r1 is taken over; r2 waits in its memory and the store
+				if err := rs[1].e.RestoreQueuedOf(context.Background(), []string{"main"}); err != nil {
+					t.Fatal(err)
+				}
+				out, ok := rs[1].e.Wait(context.Background(), "r2")
+				if !ok || out.Status != gateway.StatusOK {
+					t.Fatalf("r2 on the survivor: %+v %v", out, ok)
+				}
+				if tc.told {
+					rs[0].e.Fenced()
+				}
+				faketime.Advance(time.Minute)
+				synctest.Wait()
+				if k := rs[0].kinds(false, "r2"); len(k) != 0 {
+					t.Fatalf("the fenced replica published %v for r2, which ran on the survivor", k)
+				}
+				if ev, ok := rs[0].terminal(false, "r1"); ok {
+					t.Fatalf("the fenced replica published r1's ending: %+v", ev)
+				}
+			})
+		})
+	}
+}

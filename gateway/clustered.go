@@ -144,6 +144,19 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 		e.launch(rn, t, rt)
 		return
 	}
+	e.mu.Lock()
+	fenced := e.fences != t.fences
+	e.mu.Unlock()
+	var exists *RunExistsError
+	if fenced || errors.Is(err, ErrLeaseLost) || errors.As(err, &exists) {
+		// Held under a lease this replica lost, or run elsewhere already:
+		// its message runs (or ran) on the replica that took the session
+		// over, not here, and no one is told it failed.
+		e.log.Info("a queued message is left to the replica that took its session over",
+			"run", t.run.ID, "session", t.run.SessionKey, "err", err)
+		e.forgetUnstarted(t)
+		return
+	}
 	text := "This message could not be started: the gateway's cluster cannot take it right now. Please send it again in a moment."
 	var held *HeldError
 	if errors.As(err, &held) {
@@ -152,6 +165,21 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	e.log.Warn("a queued message could not be claimed in the cluster; it ends with an error the user sees", "run", t.run.ID,
 		"session", t.run.SessionKey, "err", err)
 	e.launch(refusedRunner{text: text}, t, rt)
+}
+
+// forgetUnstarted ends turn t, registered but never started (no event of it
+// was published), without publishing anything: the session is freed and
+// Wait answers that it does not know the run here. Nothing may abort it
+// any more (its state leaves running first).
+func (e *Engine) forgetUnstarted(t *turn) {
+	t.run.Finish(event.ReasonError) // an Abort now changes nothing and publishes nothing
+	t.run.MarkReturned()
+	t.life.Store(1) // never ran: not a stuck run when released
+	e.mu.Lock()
+	t.lost, t.ended = true, true
+	e.mu.Unlock()
+	close(t.started) // Abort and Shutdown waiting for it find it over
+	e.reg.Release(t.run)
 }
 
 // refusedRunner ends a turn at once with a message for the user.
@@ -261,13 +289,37 @@ func (e *Engine) refresh(key string) string {
 // is stopped (stop reason interrupted) and, since Cluster.Finish refuses
 // their endings, nothing of them is published — the survivor that takes
 // the lease over ends them and tells their users. It does not wait.
+//
+// Everything else held under the lost lease is dropped with them (issue 20,
+// defects 3 and 8): the messages queued here, and those steered into a
+// running turn and not taken yet, leave this replica's memory — not the
+// QueueStore, from which the survivor that takes the session over runs
+// them — and a queued turn whose claim was in flight is forgotten without
+// a word if its claim fails (claimQueued). Nothing of them starts here or
+// tells a user they failed: they run, once, elsewhere.
 func (e *Engine) Fenced() {
 	e.mu.Lock()
+	e.fences++
 	live := make([]*turn, 0, len(e.turns))
 	for _, t := range e.turns {
 		live = append(live, t)
+		e.takeSteeredLocked(t)
+	}
+	dropped := 0
+	for _, s := range e.sessions {
+		for _, q := range slices.Clone(s.queue) {
+			for _, m := range slices.Clone(q.msgs) {
+				e.unqueueLocked(s, q, m.RunID)
+				dropped++
+			}
+		}
+		delete(e.stalled, s)
 	}
 	e.mu.Unlock()
+	if dropped > 0 {
+		e.log.Warn("this replica lost its lease: the messages queued here are left to the replica that takes their sessions over",
+			"messages", dropped)
+	}
 	for _, t := range live {
 		go func() {
 			<-t.started

@@ -225,6 +225,9 @@ type Engine struct {
 	outcomes map[string]*list.Element
 	expiry   *list.List // of *cached, oldest first
 	closing  bool
+	// fences counts Fenced calls (cluster mode): the leases this replica
+	// lost, and everything held under them.
+	fences   uint64
 	stuck    map[string]int  // by runner: force-finalized runs still running
 	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
 	// stuckLimit is server.maxStuckRuns as last applied (New,
@@ -298,8 +301,12 @@ type turn struct {
 	freed bool // the run is released: the session is free
 	out   Outcome
 	// lost: the cluster refused the turn's ending (the replica lost its
-	// lease): out is not its outcome, and Wait does not answer it.
+	// lease), or it never started (forgetUnstarted): out is not its
+	// outcome, and Wait does not answer it.
 	lost bool
+	// fences is Engine.fences when the turn was registered: a queued turn
+	// whose claim fails after a fence is dropped without a word.
+	fences uint64
 	// life: 0 while the runner runs; 1 once it returned; 2 when the run
 	// was force-finalized first (then it counts in Engine.stuck until the
 	// runner returns).
@@ -620,7 +627,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	s.updated = run.StartedAt()
 	e.touchLocked(s, time.Now())
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
-		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet(), clock: &livenessClock{run: run}, sessionID: s.id}
+		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet(), clock: &livenessClock{run: run}, sessionID: s.id, fences: e.fences}
 	if st, ok := rn.(runner.Steerer); ok && st.Steers() {
 		t.inbox = &runner.Inbox{}
 	}
