@@ -263,18 +263,26 @@ func (q *memQueue) Queued(context.Context) ([]gateway.QueuedMessage, error) {
 	return slices.Clone(q.msgs), nil
 }
 
+// queuedBehind starts two replicas sharing a QueueStore (busy mode queue),
+// runs r1 (text first) on replica a and sends r2 (text second) through
+// replica via, which must answer it queued (on a).
+func queuedBehind(t *testing.T, first string, via int, second string) []*replica {
+	t.Helper()
+	rs := startClusterWith(t, 2, nil, &memQueue{})
+	send(t, rs[0].e, "r1", first)
+	synctest.Wait()
+	if ack, err := send(t, rs[via].e, "r2", second); err != nil || ack.Status != gateway.StatusQueued {
+		t.Fatalf("r2 sent through replica %d: %+v %v", via, ack, err)
+	}
+	return rs
+}
+
 // A message queued on a replica that then dies is not lost with its
 // memory: the survivor that took the dead replica's turn over runs it
 // (RestoreQueuedOf), once.
 func TestClusterQueuedMessageOfADeadReplicaRunsOnTheSurvivor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := &memQueue{}
-		rs := startClusterWith(t, 2, nil, q) // busy mode queue
-		send(t, rs[0].e, "r1", "/steps shell:30s")
-		synctest.Wait()
-		if ack, err := send(t, rs[1].e, "r2", "/steps say:still_here"); err != nil || ack.Status != gateway.StatusQueued {
-			t.Fatalf("forwarded send: %+v %v", ack, err)
-		}
+		rs := queuedBehind(t, "/steps shell:30s", 1, "/steps say:still_here") // sent through b: forwarded to a
 		rs[0].member.Kill() // its turn r1 is taken over; r2 waited in its memory
 		rs[0].e.Fenced()
 		synctest.Wait()
@@ -416,13 +424,7 @@ func TestClusterFencedReplicaDropsItsQueue(t *testing.T) {
 	}{{"told of the fence", true}, {"runner ends before the fence is known", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				q := &memQueue{}
-				rs := startClusterWith(t, 2, nil, q) // busy mode queue
-				send(t, rs[0].e, "r1", "/steps shell:5s")
-				synctest.Wait()
-				if ack, err := send(t, rs[0].e, "r2", "/steps say:queued"); err != nil || ack.Status != gateway.StatusQueued {
-					t.Fatalf("second message: %+v %v", ack, err)
-				}
+				rs := queuedBehind(t, "/steps shell:5s", 0, "/steps say:queued")
 				rs[0].member.Kill() // its turn r1 is taken over; r2 waits in its memory and the store
 				if err := rs[1].e.RestoreQueuedOf(context.Background(), []string{"main"}); err != nil {
 					t.Fatal(err)
