@@ -283,7 +283,7 @@ func queuedBehind(t *testing.T, first string, via int, second string) []*replica
 func TestClusterQueuedMessageOfADeadReplicaRunsOnTheSurvivor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rs := queuedBehind(t, "/steps shell:30s", 1, "/steps say:still_here") // sent through b: forwarded to a
-		rs[0].member.Kill() // its turn r1 is taken over; r2 waited in its memory
+		rs[0].member.Kill()                                                   // its turn r1 is taken over; r2 waited in its memory
 		rs[0].e.Fenced()
 		synctest.Wait()
 		if err := rs[1].e.RestoreQueuedOf(context.Background(), []string{"main"}); err != nil {

@@ -233,8 +233,11 @@ type Engine struct {
 	// stuckLimit is server.maxStuckRuns as last applied (New,
 	// ConfigChanged): Send's refusals and the StuckRuns notices use the same.
 	stuckLimit int
-	notifyMu   sync.Mutex    // orders StuckRuns calls; taken under mu, released after the call
-	drained    chan struct{} // closed when turns becomes empty; nil until asked for
+	// illegalMoves counts turn state moves out of the lifecycle's order
+	// (Engine.move): 0 unless there is a bug.
+	illegalMoves atomic.Int64
+	notifyMu     sync.Mutex    // orders StuckRuns calls; taken under mu, released after the call
+	drained      chan struct{} // closed when turns becomes empty; nil until asked for
 }
 
 type session struct {
@@ -304,6 +307,8 @@ type turn struct {
 	// lease), or it never started (forgetUnstarted): out is not its
 	// outcome, and Wait does not answer it.
 	lost bool
+	// state is the turn's turnState (lifecycle.go), moved by Engine.move.
+	state atomic.Uint32
 	// fences is Engine.fences when the turn was registered: a queued turn
 	// whose claim fails after a fence is dropped without a word.
 	fences uint64
@@ -666,6 +671,7 @@ func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 	// Nothing else may publish for this run before TurnStarted: Abort and
 	// Shutdown wait for t.started, and the scheduler and the runner only
 	// learn of the run below.
+	e.move(t, turnRunning)
 	run.Publish(e.publish, started)
 	close(t.started)
 	e.sched.Track(run)
@@ -883,6 +889,7 @@ func (e *Engine) released(run *abort.Run) {
 		// swap done and subtracts under e.mu) always comes after.
 		notify = e.stuckChangedLocked(t.runner, +1)
 		forced = true
+		e.move(t, turnForced)
 	}
 	start := func() {}
 	defer func() { start() }() // after e.mu is unlocked, before notify
@@ -915,6 +922,7 @@ func (e *Engine) doneLocked(t *turn) {
 	if !t.ended || !t.freed {
 		return
 	}
+	e.move(t, turnDone)
 	close(t.done)
 	if e.turns[t.run.ID] == t {
 		delete(e.turns, t.run.ID)
@@ -1046,6 +1054,9 @@ func (e *Engine) recordOutcome(ev event.Event, owned bool) (*turn, *session) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	t, live := e.turns[ev.RunID]
+	if live && turnState(t.state.Load()) != turnForced { // forced: already free, its ending was on its way
+		e.move(t, turnEnding)
+	}
 	s, ok := e.sessions[ev.SessionKey]
 	if ok {
 		// A turn of the conversation before a /new ends in that one: its

@@ -3,10 +3,13 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"pgregory.net/rapid"
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
@@ -197,4 +200,281 @@ func TestResetDuringATurnKeepsItsReplyOut(t *testing.T) {
 	if len(heard) != 2 || len(heard[1]) != 0 {
 		t.Fatalf("the new conversation's first turn received history %+v, want none", heard[len(heard)-1])
 	}
+}
+
+// The model-based test of a session's turn lifecycle (issue 20): rapid
+// draws random interleavings of what users, runners and the clock do —
+// send, /stop, /new, runner pause/resume, questions asked and answered,
+// deltas, steps, returns (ok, error, or ignoring cancellation) and time
+// passing past each deadline — runs each under testing/synctest, and after
+// every step checks the invariants below against a small model of what the
+// runners were told to do. A failure shrinks to a minimal interleaving.
+// The budget is rapid's default (100 interleavings; -rapid.checks=N for a
+// longer run).
+
+// puppet is a runner the model test drives: each turn's runner goroutine
+// carries out the commands the test sends it, in order, from its own
+// goroutine (as a real runner calls its callbacks).
+type puppet struct {
+	mu    sync.Mutex
+	turns map[string]*puppetTurn // runner calls that have not returned, by run id
+	heard []runner.Turn          // every turn's input, in start order
+	quit  chan struct{}          // closed at the end: every runner returns
+}
+
+type puppetTurn struct {
+	ctx    context.Context
+	turn   runner.Turn
+	cmds   chan func(runner.Callbacks)
+	ret    chan error
+	ignore bool // ignores its context's cancellation
+	// The model of its liveness clock's reasons.
+	paused bool
+	asking int
+}
+
+func (p *puppet) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+	pt := &puppetTurn{ctx: ctx, turn: turn, cmds: make(chan func(runner.Callbacks), 16), ret: make(chan error, 1)}
+	p.mu.Lock()
+	p.turns[turn.RunID] = pt
+	p.heard = append(p.heard, turn)
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.turns, turn.RunID)
+		p.mu.Unlock()
+	}()
+	done := ctx.Done()
+	for {
+		select {
+		case f := <-pt.cmds:
+			f(cb)
+		case err := <-pt.ret:
+			return runner.Result{Text: "reply to " + turn.Message}, err
+		case <-done:
+			p.mu.Lock()
+			ignore := pt.ignore
+			p.mu.Unlock()
+			if !ignore {
+				return runner.Result{}, ctx.Err()
+			}
+			done = nil // goes on until told to return
+		case <-p.quit:
+			return runner.Result{}, context.Canceled
+		}
+	}
+}
+
+// modelSessions are the sessions the model test uses.
+var modelSessions = []string{"a", "b"}
+
+// modelRun is one interleaving: the engine, the puppet, what the bus showed
+// and the model's own state.
+type modelRun struct {
+	e    *Engine
+	p    *puppet
+	sink *sink
+	gen  map[string]int // conversation generation by session (bumped by /new)
+	sent int
+}
+
+func newModelRun(t *rapid.T) *modelRun {
+	c := config.Default()
+	// Every deadline within the reach of the drawn waits.
+	d := &c.Agents.Defaults
+	d.Runner, d.StepTimeoutSeconds, d.TimeoutSeconds = config.RunnerDemo, secs(2), secs(30)
+	d.AbortGraceSeconds, d.ApprovalTimeoutSeconds, d.ProgressNotifyAfterSeconds = secs(1), secs(10), secs(0)
+	c.Server.MaxStuckRuns = 1000 // a runner ignoring cancellation is drawn often
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p := &puppet{turns: map[string]*puppetTurn{}, quit: make(chan struct{})}
+	e, err := New(Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{config.RunnerDemo: p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start(context.Background())
+	s := &sink{start: time.Now()}
+	e.Bus().Subscribe("", s.handle)
+	return &modelRun{e: e, p: p, sink: s, gen: map[string]int{}}
+}
+
+// active returns the puppet turn running session key's active run, if any.
+func (m *modelRun) active(key string) (string, *puppetTurn) {
+	run, ok := m.e.Active(key)
+	if !ok {
+		return "", nil
+	}
+	m.p.mu.Lock()
+	defer m.p.mu.Unlock()
+	return run.ID, m.p.turns[run.ID]
+}
+
+// tell has session key's running runner do f (no-op when none runs).
+func (m *modelRun) tell(key string, f func(pt *puppetTurn, cb runner.Callbacks)) {
+	if _, pt := m.active(key); pt != nil {
+		pt.cmds <- func(cb runner.Callbacks) { f(pt, cb) }
+	}
+}
+
+// step does one drawn action.
+func (m *modelRun) step(t *rapid.T) string {
+	ctx := context.Background()
+	key := rapid.SampledFrom(modelSessions).Draw(t, "session")
+	action := rapid.SampledFrom([]string{"send", "send", "stop", "new", "pause", "resume", "ask", "answer",
+		"delta", "stepStart", "stepDone", "return", "fail", "ignoreCancel", "elapse", "elapse"}).Draw(t, "action")
+	switch action {
+	case "send":
+		m.sent++
+		text := fmt.Sprintf("m%d g%d", m.sent, m.gen[key])
+		_, _ = m.e.Send(ctx, SendRequest{SessionKey: key, Channel: "ws", RunID: fmt.Sprintf("r%d", m.sent), Text: text})
+	case "stop":
+		_, _ = m.e.Stop(ctx, key, "", true)
+	case "new":
+		m.e.Reset(key)
+		m.gen[key]++
+	case "pause":
+		m.tell(key, func(pt *puppetTurn, cb runner.Callbacks) {
+			m.p.mu.Lock()
+			pt.paused = true
+			m.p.mu.Unlock()
+			cb.Pause("model")
+		})
+	case "resume":
+		m.tell(key, func(pt *puppetTurn, cb runner.Callbacks) {
+			m.p.mu.Lock()
+			pt.paused = false
+			m.p.mu.Unlock()
+			cb.Resume()
+		})
+	case "ask":
+		m.tell(key, func(pt *puppetTurn, _ runner.Callbacks) { pt.ask(m.p) })
+	case "answer":
+		if open := m.e.PendingApprovals(key); len(open) > 0 {
+			_, _ = m.e.Resolve(ctx, ResolveRequest{ApprovalID: open[0].ID, OptionID: "yes", SessionKey: key, By: "model"})
+		}
+	case "delta":
+		m.tell(key, func(_ *puppetTurn, cb runner.Callbacks) { cb.Delta("x") })
+	case "stepStart":
+		m.tell(key, func(_ *puppetTurn, cb runner.Callbacks) { cb.StepStarted(event.StepTool, "shell") })
+	case "stepDone":
+		m.tell(key, func(_ *puppetTurn, cb runner.Callbacks) { cb.StepCompleted(event.StepTool, "shell") })
+	case "return", "fail":
+		if _, pt := m.active(key); pt != nil {
+			var err error
+			if action == "fail" {
+				err = &runner.UserError{Message: "model failure"}
+			}
+			select {
+			case pt.ret <- err:
+			default:
+			}
+		}
+	case "ignoreCancel":
+		if _, pt := m.active(key); pt != nil {
+			m.p.mu.Lock()
+			pt.ignore = true
+			m.p.mu.Unlock()
+		}
+	case "elapse":
+		d := rapid.SampledFrom([]time.Duration{200 * time.Millisecond, time.Second, 2500 * time.Millisecond, 11 * time.Second}).Draw(t, "for")
+		time.Sleep(d)
+		return fmt.Sprintf("elapse %v", d)
+	}
+	return action + " " + key
+}
+
+// check returns the first invariant that does not hold, "" if all do.
+func (m *modelRun) check() string {
+	// One terminal event per turn, and it is the turn's last (ForceFinalized aside).
+	m.sink.mu.Lock()
+	ended := map[string]bool{}
+	for _, ev := range m.sink.events {
+		switch {
+		case ev.RunID == "" || ev.Kind == event.ForceFinalized:
+		case ended[ev.RunID] && ev.Kind.Terminal():
+			m.sink.mu.Unlock()
+			return fmt.Sprintf("run %s: a second terminal event (%s)", ev.RunID, ev.Kind)
+		case ended[ev.RunID]:
+			m.sink.mu.Unlock()
+			return fmt.Sprintf("run %s: %s after its terminal event", ev.RunID, ev.Kind)
+		case ev.Kind.Terminal():
+			ended[ev.RunID] = true
+		}
+	}
+	m.sink.mu.Unlock()
+	if n := m.e.illegalMoves.Load(); n != 0 {
+		return fmt.Sprintf("%d turn state moves out of the lifecycle's order", n)
+	}
+	for _, key := range modelSessions {
+		id, pt := m.active(key)
+		// No session busy with no live run: its active run's runner runs.
+		if id != "" && pt == nil {
+			return fmt.Sprintf("session %s is busy with run %s, whose runner returned", key, id)
+		}
+		// A free session does not keep messages waiting.
+		if id == "" && len(m.e.Status(key).Queue) > 0 {
+			return fmt.Sprintf("session %s is free with %d messages waiting", key, len(m.e.Status(key).Queue))
+		}
+		// The liveness clock runs iff the runner is not paused and no question is open.
+		if pt != nil {
+			m.p.mu.Lock()
+			want := pt.paused || pt.asking > 0
+			m.p.mu.Unlock()
+			for _, snap := range m.e.Live() {
+				if snap.RunID == id && snap.Paused != want {
+					return fmt.Sprintf("run %s: liveness clock paused=%v, want %v (runner paused, or a question open)", id, snap.Paused, want)
+				}
+			}
+		}
+	}
+	// Nothing from before /new reaches a later turn's runner.
+	m.p.mu.Lock()
+	defer m.p.mu.Unlock()
+	for _, turn := range m.p.heard {
+		gen := turn.Message[strings.LastIndex(turn.Message, " "):]
+		for _, h := range turn.History {
+			if !strings.HasSuffix(h.Text, gen) {
+				return fmt.Sprintf("run %s (%q) received %q from another conversation", turn.RunID, turn.Message, h.Text)
+			}
+		}
+	}
+	return ""
+}
+
+// ask has the runner ask a question in the background, as runner/exec
+// does, counting it open in the model until Ask returns.
+func (pt *puppetTurn) ask(p *puppet) {
+	p.mu.Lock()
+	pt.asking++
+	p.mu.Unlock()
+	go func() {
+		_, _ = pt.turn.Ask(pt.ctx, deployQuestion)
+		p.mu.Lock()
+		pt.asking--
+		p.mu.Unlock()
+	}()
+}
+
+func TestLifecycleModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		rapid.SyncTest(t, func(t *rapid.T) {
+			m := newModelRun(t)
+			n := rapid.IntRange(1, 60).Draw(t, "steps")
+			var trail []string
+			violation := ""
+			for range n {
+				trail = append(trail, m.step(t))
+				synctest.Wait()
+				if violation = m.check(); violation != "" {
+					break
+				}
+			}
+			close(m.p.quit)
+			m.e.Shutdown(context.Background())
+			if violation != "" {
+				t.Fatalf("%s\nafter: %s\ntranscript:\n%s", violation, strings.Join(trail, ", "), m.sink.transcript())
+			}
+		})
+	})
 }
