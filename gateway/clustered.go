@@ -9,6 +9,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -122,7 +123,7 @@ func (e *Engine) releaseClaim(req SendRequest, cause error) {
 	defer cancel()
 	ev := event.Event{Kind: event.Finished, RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
 		ChatRef: req.ChatRef, StopReason: event.ReasonError, Time: time.Now(),
-		Message: "This message could not be started. Please send it again."}
+		Message: messages.NotStarted}
 	if err := e.cluster.Finish(ctx, ev); err != nil {
 		e.log.Error("a claim that could not start a turn was not released; the session stays busy until this replica's lease is taken over",
 			"run", req.RunID, "session", req.SessionKey, "cause", cause, "err", err)
@@ -157,10 +158,10 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 		e.forgetUnstarted(t)
 		return
 	}
-	text := "This message could not be started: the gateway's cluster cannot take it right now. Please send it again in a moment."
+	text := messages.NotClaimed
 	var held *HeldError
 	if errors.As(err, &held) {
-		text = "Another message in this conversation started first, so this one did not run. Send it again when that reply is done."
+		text = messages.OvertakenInCluster
 	}
 	e.log.Warn("a queued message could not be claimed in the cluster; it ends with an error the user sees", "run", t.run.ID,
 		"session", t.run.SessionKey, "err", err)

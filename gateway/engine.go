@@ -64,7 +64,7 @@ func (e *RunnerStuckError) Unwrap() error { return ErrRunnerStuck }
 
 // UserText is what a channel shows a person whose message was refused.
 func (e *RunnerStuckError) UserText() string {
-	return "⚠️ I can't take new requests right now: earlier ones are stuck and still being cleaned up. The operator has been alerted — please try again later."
+	return messages.RunnerStuck
 }
 
 // StuckRunsFunc is told when a runner reaches its cap of stuck runs
@@ -83,7 +83,7 @@ func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
 
 // UserText is what a channel shows a person; it never names the cause.
 func (e *UnavailableError) UserText() string {
-	return "⚠️ I can't start new requests right now because of a temporary problem on the server. Please try again shortly."
+	return messages.Unavailable
 }
 
 // BusyError is returned by Send when the session already has an active turn.
@@ -104,9 +104,9 @@ func (e *BusyError) Unwrap() error { return ErrBusy }
 // UserText is what a channel shows a person for a busy session.
 func (e *BusyError) UserText() string {
 	if e.Stopping {
-		return "⏳ Still stopping your previous request — try again in a few seconds."
+		return messages.BusyStopping
 	}
-	return "⏳ I'm still working on your previous message — send /stop to cancel it, or wait for the answer."
+	return messages.Busy
 }
 
 // Status is the state of a run as Send and Wait report it.
