@@ -220,7 +220,13 @@ type puppet struct {
 	turns map[string]*puppetTurn // runner calls that have not returned, by run id
 	heard []runner.Turn          // every turn's input, in start order
 	quit  chan struct{}          // closed at the end: every runner returns
+	// steers: the puppet is a runner.Steerer that steers (busy mode steer
+	// puts messages in its turns' inboxes; action "take" takes them).
+	steers bool
+	taken  map[string][]string // steered texts each turn took, by run id
 }
+
+func (p *puppet) Steers() bool { return p.steers }
 
 type puppetTurn struct {
 	ctx    context.Context
@@ -285,10 +291,13 @@ func newModelRun(t *rapid.T) *modelRun {
 	d.Runner, d.StepTimeoutSeconds, d.TimeoutSeconds = config.RunnerDemo, secs(2), secs(30)
 	d.AbortGraceSeconds, d.ApprovalTimeoutSeconds, d.ProgressNotifyAfterSeconds = secs(1), secs(10), secs(0)
 	c.Server.MaxStuckRuns = 1000 // a runner ignoring cancellation is drawn often
+	d.Busy.Mode = rapid.SampledFrom([]string{config.BusyQueue, config.BusyCollect, config.BusySteer,
+		config.BusyInterrupt, config.BusyReject}).Draw(t, "busy")
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p := &puppet{turns: map[string]*puppetTurn{}, quit: make(chan struct{})}
+	p := &puppet{turns: map[string]*puppetTurn{}, quit: make(chan struct{}), taken: map[string][]string{},
+		steers: rapid.Bool().Draw(t, "steers")}
 	e, err := New(Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{config.RunnerDemo: p}})
 	if err != nil {
 		t.Fatal(err)
@@ -322,7 +331,7 @@ func (m *modelRun) step(t *rapid.T) string {
 	ctx := context.Background()
 	key := rapid.SampledFrom(modelSessions).Draw(t, "session")
 	action := rapid.SampledFrom([]string{"send", "send", "stop", "new", "pause", "resume", "ask", "answer",
-		"delta", "stepStart", "stepDone", "return", "fail", "ignoreCancel", "elapse", "elapse"}).Draw(t, "action")
+		"delta", "stepStart", "stepDone", "return", "fail", "ignoreCancel", "take", "elapse", "elapse"}).Draw(t, "action")
 	switch action {
 	case "send":
 		m.sent++
@@ -353,6 +362,15 @@ func (m *modelRun) step(t *rapid.T) string {
 		if open := m.e.PendingApprovals(key); len(open) > 0 {
 			_, _ = m.e.Resolve(ctx, ResolveRequest{ApprovalID: open[0].ID, OptionID: "yes", SessionKey: key, By: "model"})
 		}
+	case "take":
+		m.tell(key, func(pt *puppetTurn, _ runner.Callbacks) {
+			if pt.turn.Inbox != nil {
+				texts := pt.turn.Inbox.Take()
+				m.p.mu.Lock()
+				m.p.taken[pt.turn.RunID] = append(m.p.taken[pt.turn.RunID], texts...)
+				m.p.mu.Unlock()
+			}
+		})
 	case "delta":
 		m.tell(key, func(_ *puppetTurn, cb runner.Callbacks) { cb.Delta("x") })
 	case "stepStart":
@@ -436,6 +454,11 @@ func (m *modelRun) check() string {
 		for _, h := range turn.History {
 			if !strings.HasSuffix(h.Text, gen) {
 				return fmt.Sprintf("run %s (%q) received %q from another conversation", turn.RunID, turn.Message, h.Text)
+			}
+		}
+		for _, text := range m.p.taken[turn.RunID] {
+			if !strings.HasSuffix(text, gen) {
+				return fmt.Sprintf("run %s (%q) took steered %q from another conversation", turn.RunID, turn.Message, text)
 			}
 		}
 	}
