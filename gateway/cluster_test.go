@@ -448,3 +448,22 @@ func TestClusterFencedReplicaDropsItsQueue(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterFailedForwardIsNotBusy (issue 20, defect 11 and the suspected
+// "forwarding timeout answered as busy"): a message for a session whose
+// turn a replica that does not answer holds is not refused as busy ("send
+// /stop…") — its owner may have queued it, and a new message would then run
+// twice — but answered as a temporary failure, to retry with the same id.
+func TestClusterFailedForwardIsNotBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, nil) // busy mode queue
+		send(t, rs[0].e, "r1", "/steps shell:30s")
+		synctest.Wait()
+		rs[0].member.Serve(nil) // a does not answer (stopped, or its answer lost); its turn is still held
+		_, err := send(t, rs[1].e, "r2", "/steps say:hi")
+		var unavail *gateway.UnavailableError
+		if !errors.As(err, &unavail) || errors.Is(err, gateway.ErrBusy) {
+			t.Fatalf("a message forwarded to a replica that does not answer: %v, want *UnavailableError (retry), not busy", err)
+		}
+	})
+}

@@ -80,10 +80,14 @@ func (e *Engine) claimRefused(ctx context.Context, req SendRequest, err error) (
 		ack, ferr := e.cluster.Forward(ctx, held.Replica, fwd)
 		if errors.Is(ferr, ErrClusterUnavailable) {
 			// That replica does not answer (it may be dying: a survivor
-			// frees the session within the lease): busy for now.
+			// frees the session within the lease), or its answer was lost
+			// after it queued the message. Not "busy" — a refusal the user
+			// would answer with a new message, which could then run twice —
+			// but a temporary failure: the client retries with the same
+			// idempotency key, which the owner (or the survivor) answers.
 			e.log.Warn("a message for a session another replica runs could not be forwarded there", "run", req.RunID,
 				"session", req.SessionKey, "replica", held.Replica, "err", ferr)
-			return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: held.RunID}
+			return Ack{}, &UnavailableError{Cause: fmt.Errorf("forwarding to replica %s: %w", held.Replica, ferr)}
 		}
 		return ack, ferr
 	case errors.As(err, &exists):
