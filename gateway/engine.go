@@ -514,6 +514,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	if ack, ok, err := e.repeatLocked(req); ok {
 		return ack, err // unlocked
 	}
+	// The wait for the history (up to historyLoadTimeout) may have crossed
+	// a hot reload: the turn starts with the configuration in force now.
+	cfg = e.cfg.Current()
 	if e.closing {
 		e.mu.Unlock()
 		return Ack{}, ErrShutdown
@@ -536,6 +539,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 			return ack, err
 		}
 		claimed = true
+		cfg = e.cfg.Current() // the claim may have waited across a reload too
 	}
 	start, err := e.beginLocked(cfg, s, req)
 	if claimed && err == nil {

@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/demo"
 )
 
 // pauseAskRunner runs one tool step in which it asks deployQuestion in the
@@ -500,4 +503,67 @@ func TestLifecycleModel(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestTurnStartsWithTheConfigInForceAfterTheHistoryWait (issue 20,
+// suspected: "Send reads the config before waiting up to 10 s for history
+// or a claim"): a hot reload while Send waits for the session's stored
+// history applies to the turn it then starts. Real time: the reload
+// watches a real file.
+func TestTurnStartsWithTheConfigInForceAfterTheHistoryWait(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "turnguard.yaml")
+	write := func(step int) {
+		if err := os.WriteFile(path, fmt.Appendf(nil, "agents:\n  defaults:\n    stepTimeoutSeconds: %d\n", step), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(2)
+	c, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := config.NewSource(c)
+	loading, release := make(chan struct{}), make(chan struct{})
+	e, s := startEngineWith(t, Options{Config: src, Runners: map[string]runner.Runner{config.RunnerDemo: demo.New()},
+		History: func(ctx context.Context, key string, limit int) ([]Message, error) {
+			close(loading)
+			<-release
+			return nil, nil
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // real time: a real file is watched
+	defer cancel()
+	watching, changed := make(chan struct{}), make(chan struct{}, 1)
+	go func() {
+		_ = src.Watch(ctx, path, nil, config.ReloadHooks{Watching: func() { close(watching) },
+			Changed: func(_, next *config.Config) {
+				if next.Agents.Defaults.StepTimeoutSeconds != nil && *next.Agents.Defaults.StepTimeoutSeconds == 7 {
+					changed <- struct{}{}
+				}
+			}})
+	}()
+	<-watching
+	sent := make(chan error, 1)
+	go func() {
+		_, err := e.Send(ctx, SendRequest{SessionKey: "k", Channel: "ws", RunID: "r1", Text: "/steps say:hi"})
+		sent <- err
+	}()
+	<-loading
+	write(7)
+	select {
+	case <-changed:
+	case <-ctx.Done():
+		t.Fatal("the configuration was not reloaded")
+	}
+	close(release)
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	e.Wait(ctx, "r1")
+	for _, ev := range eventsOf(s, event.TurnStarted) {
+		if ev.StepTimeout != 7*time.Second {
+			t.Fatalf("the turn started with step timeout %v, want the reloaded 7s", ev.StepTimeout)
+		}
+		return
+	}
+	t.Fatal("no TurnStarted")
 }
