@@ -42,12 +42,21 @@ func (e *Engine) claimLocked(ctx context.Context, cfg *config.Config, s *session
 	}
 	c := make(chan struct{})
 	s.claiming = c
+	fences := e.fences
 	e.mu.Unlock()
 	err = e.cluster.Claim(ctx, ClaimRequest{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
 		ChatRef: req.ChatRef, Text: req.Text})
 	e.mu.Lock()
 	s.claiming = nil
 	close(c)
+	if err == nil && e.fences != fences {
+		// Claimed under the lease this replica lost meanwhile: Fenced's
+		// abort did not see it, and the survivor ends it as interrupted.
+		// It must not run here (its reply would be refused); the client
+		// retries with the same id and hears how it ended.
+		e.mu.Unlock()
+		return Ack{}, true, &UnavailableError{Cause: fmt.Errorf("run %s: claimed as this replica lost its lease: %w", req.RunID, ErrLeaseLost)}
+	}
 	if err == nil {
 		if e.closing {
 			e.mu.Unlock()
@@ -144,14 +153,14 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	err := e.cluster.Claim(ctx, ClaimRequest{RunID: t.run.ID, SessionKey: t.run.SessionKey, Channel: t.run.Channel,
 		ChatRef: t.run.ChatRef, Text: rt.Message, Joined: t.joined})
 	cancel()
-	if err == nil {
+	e.mu.Lock()
+	fenced := e.fences != t.fences
+	e.mu.Unlock()
+	if err == nil && !fenced {
 		t.claimed.Store(true)
 		e.launch(rn, t, rt)
 		return
 	}
-	e.mu.Lock()
-	fenced := e.fences != t.fences
-	e.mu.Unlock()
 	var exists *RunExistsError
 	if fenced || errors.Is(err, ErrLeaseLost) || errors.As(err, &exists) {
 		// Held under a lease this replica lost, or run elsewhere already:
