@@ -291,6 +291,9 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 		return fmt.Errorf("finish: %s event of run %q is not an ending: %w", ev.Kind, ev.RunID, store.ErrInvalid)
 	}
 	if err := r.live(); err != nil && checkFence {
+		if r.committedBefore(ctx, ev) {
+			return nil
+		}
 		return fmt.Errorf("finish run %q: %w (%w)", ev.RunID, ErrStale, err)
 	}
 	end := store.EndingOf(&ev, ev.Time)
@@ -300,6 +303,9 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 	wroteOutbox := false
 	err := r.inTx(ctx, func(tx pgx.Tx) error {
 		if err := r.holdLease(ctx, tx); err != nil {
+			if r.committedBefore(ctx, ev) {
+				return nil
+			}
 			return fmt.Errorf("%w (%w)", ErrStale, err)
 		}
 		var session, chatRef string
@@ -347,6 +353,21 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 	return nil
 }
 
+// committedBefore reports whether an earlier attempt of this epoch at the
+// same ending committed (its answer was lost) — asked when the replica is
+// fenced before the retry could write: the ending is recorded, so it must
+// be published (a survivor takes over only running turns, so no one else
+// would end it for the watchers). A fenced replica may read: the database
+// is the truth either way.
+func (r *Replica) committedBefore(ctx context.Context, ev event.Event) bool {
+	return r.whyNotMine(ctx, r.pool, ev) == nil
+}
+
+// querier is what whyNotMine reads through: a transaction or the pool.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // whyNotMine explains a Finish of ev that matched no row: store.ErrNotFound,
 // ErrStale with the turn's state and owner — or nil when the row shows that
 // this epoch's own earlier attempt at the same ending committed (its answer
@@ -354,7 +375,7 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 // ending is recorded once and must be published. A takeover's end is never
 // mistaken for it: it is stop reason interrupted, which no Finish of a live
 // owner records (a fenced replica's Finish is refused before it gets here).
-func (r *Replica) whyNotMine(ctx context.Context, tx pgx.Tx, ev event.Event) error {
+func (r *Replica) whyNotMine(ctx context.Context, tx querier, ev event.Event) error {
 	runID := ev.RunID
 	var state, reason, owner string
 	var epoch *int64

@@ -549,3 +549,33 @@ func TestAmbiguousClaimIsReadBack(t *testing.T) {
 		t.Fatalf("the next message of the session: %v, want it free", err)
 	}
 }
+
+// A Finish whose answer was lost, retried after the replica was fenced
+// (issue 20, suspected: "Finish's retry crossing a fence"): the ending was
+// committed, so the retry is done, not refused — refused, it was recorded
+// but never published, and no survivor ends a turn that is not running: its
+// watchers never saw the end. An ending that did not commit is still refused.
+func TestFinishRetriedAcrossAFenceIsDone(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	a := join(t, url, "a", 3*time.Second)
+	for _, run := range []string{"run-1", "run-2"} {
+		if err := a.Claim(ctx, Claim{RunID: run, SessionKey: "ws:" + run, Channel: "ws", Text: "hi"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := finished("run-1", "the reply")
+	if err := a.Finish(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	expire(t, db(t, url), a)
+	if !fencedWithin(a, 10*time.Second) {
+		t.Fatal("not fenced after its lease expired")
+	}
+	if err := a.Finish(ctx, ev); err != nil {
+		t.Fatalf("the committed Finish retried after the fence: %v; want nil", err)
+	}
+	if err := a.Finish(ctx, finished("run-2", "late")); !errors.Is(err, ErrStale) {
+		t.Fatalf("a Finish first tried after the fence: %v; want ErrStale", err)
+	}
+}
