@@ -16,6 +16,7 @@ import (
 	"github.com/turnguard/turnguard/internal/faketime"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
+	"github.com/turnguard/turnguard/timeout"
 )
 
 // These tests run several engines in one synctest bubble, joined by the
@@ -517,6 +518,80 @@ func TestClusterClaimCommittedAsTheLeaseIsLostDoesNotRun(t *testing.T) {
 		synctest.Wait()
 		if len(kinds) != 0 {
 			t.Fatalf("the replica that lost its lease published %v", kinds)
+		}
+	})
+}
+
+// holdClaim is an inproc member that, once armed with a run id, commits
+// that run's claim and then holds the answer until released: a claim in
+// flight.
+type holdClaim struct {
+	*inproc.Member
+	mu      sync.Mutex
+	runID   string
+	release chan struct{}
+}
+
+func (h *holdClaim) Claim(ctx context.Context, c gateway.ClaimRequest) error {
+	err := h.Member.Claim(ctx, c)
+	h.mu.Lock()
+	hold := c.RunID == h.runID
+	h.mu.Unlock()
+	if hold {
+		<-h.release
+	}
+	return err
+}
+
+// TestClusterQueueWaitsForTheClaimInFlight (issue 20, suspected: "the
+// queue pump starts a turn while Send's claim is in flight"): a message
+// steered into a turn that was force-finalized is queued when its runner
+// finally returns — while a new message's claim is in flight. The pump
+// must wait for that claim: starting the queued message then made it lose
+// the session's claim to the new one and end in an error ("another message
+// started first"), with two turns registered in one session.
+func TestClusterQueueWaitsForTheClaimInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := config.Default()
+		c.Agents.Defaults.Busy.Mode = config.BusySteer
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		d := demo.New()
+		m := &holdClaim{Member: inproc.NewHub().Join("a"), release: make(chan struct{})}
+		e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Cluster: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Serve(e)
+		e.Start(t.Context())
+		t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()) })
+		send(t, e, "r1", "/steps shell:stuck")
+		synctest.Wait()
+		if ack, err := send(t, e, "r2", "/steps say:second"); err != nil || ack.Status != gateway.StatusSteered {
+			t.Fatalf("r2: %+v %v, want steered into r1", ack, err)
+		}
+		if _, err := e.Abort(context.Background(), "main", "r1", event.ReasonUser, "u1", false); err != nil {
+			t.Fatal(err)
+		}
+		faketime.Advance(timeout.DefaultAbortGraceSeconds*time.Second + time.Second) // r1 force-finalized: the session is free
+		m.mu.Lock()
+		m.runID = "r3"
+		m.mu.Unlock()
+		sent := make(chan error, 1)
+		go func() {
+			_, err := send(t, e, "r3", "/steps say:third")
+			sent <- err
+		}()
+		synctest.Wait()                        // r3's claim is committed, its answer held
+		faketime.Advance(demo.DefaultStuckFor) // r1's runner returns: r2 is queued
+		close(m.release)
+		if err := <-sent; err != nil {
+			t.Fatalf("r3: %v", err)
+		}
+		out, ok := e.Wait(context.Background(), "r2")
+		if !ok || out.Status != gateway.StatusOK {
+			t.Fatalf("r2 (queued behind r3's claim): %+v %v, want it run after r3", out, ok)
 		}
 	})
 }

@@ -65,7 +65,11 @@ func (e *Engine) claimLocked(ctx context.Context, cfg *config.Config, s *session
 		}
 		return Ack{}, false, nil
 	}
+	// The pump waited for this claim (pumpLocked): messages queued
+	// meanwhile start now that it did not take the session.
+	start := e.pumpLocked(s)
 	e.mu.Unlock()
+	start()
 	ack, err = e.claimRefused(ctx, req, err)
 	return ack, true, err
 }

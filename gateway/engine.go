@@ -549,6 +549,12 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		e.mu.Unlock()
 		if claimed {
 			e.releaseClaim(req, err)
+			// The pump waited for this claim (pumpLocked): what was queued
+			// meanwhile starts now that the claim is released.
+			e.mu.Lock()
+			start := e.pumpLocked(s)
+			e.mu.Unlock()
+			start()
 		}
 		if errors.Is(err, abort.ErrDuplicate) {
 			return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
