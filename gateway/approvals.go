@@ -127,9 +127,6 @@ func (ap *approvals) settle(p *pendingApproval, outcome, optionID, kind, by stri
 type approver struct {
 	e *Engine
 	t *turn
-
-	mu     sync.Mutex
-	asking int // open questions: the liveness clock is paused while > 0
 }
 
 // Ask implements runner.Approver.
@@ -168,7 +165,7 @@ func (ap *approver) Ask(ctx context.Context, q runner.Question) (runner.Answer, 
 	reg.open[a.ID] = p
 	reg.mu.Unlock()
 
-	ap.pause()
+	ap.t.clock.pause(pauseQuestion) // the liveness clock stops while the question is open
 	ap.e.log.Info("asking the person", "run", run.ID, "session", run.SessionKey, "approval", a.ID,
 		"tool", a.Tool, "expires", a.ExpiresAt)
 	if run.State() == abort.StateRunning {
@@ -189,7 +186,7 @@ func (ap *approver) Ask(ctx context.Context, q runner.Question) (runner.Answer, 
 		res = ap.cancel(p)
 	}
 	timer.Stop()
-	ap.resume()
+	ap.t.clock.resume(pauseQuestion)
 	ap.e.log.Info("question settled", "run", run.ID, "session", run.SessionKey, "approval", a.ID,
 		"outcome", res.Outcome, "option", res.OptionID, "by", res.By)
 	if res.Outcome == event.ApprovalCancelled {
@@ -218,26 +215,6 @@ func (ap *approver) Ask(ctx context.Context, q runner.Question) (runner.Answer, 
 func (ap *approver) cancel(p *pendingApproval) *event.Approval {
 	res, _ := ap.e.approvals.settle(p, event.ApprovalCancelled, "", "", "", time.Now())
 	return res
-}
-
-// pause stops the liveness clock while the first question is open; resume
-// restarts it when the last one is settled.
-func (ap *approver) pause() {
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	ap.asking++
-	if ap.asking == 1 {
-		ap.t.run.Pause()
-	}
-}
-
-func (ap *approver) resume() {
-	ap.mu.Lock()
-	defer ap.mu.Unlock()
-	ap.asking--
-	if ap.asking == 0 {
-		ap.t.run.Resume()
-	}
 }
 
 // Resolve answers an open question. The answer must come from the chat the

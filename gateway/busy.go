@@ -502,7 +502,9 @@ func (e *Engine) pumpLocked(s *session) func() {
 			f()
 		}
 	}
-	for !e.closing && s.active == nil && s.ending == 0 && len(s.queue) > 0 && s.queue[0].persisting == 0 {
+	// Not while a claim of the session is in flight (cluster): it may win
+	// the session; claimLocked pumps when it did not.
+	for !e.closing && s.active == nil && s.ending == 0 && s.claiming == nil && len(s.queue) > 0 && s.queue[0].persisting == 0 {
 		q := s.queue[0]
 		first := q.msgs[0]
 		req := SendRequest{SessionKey: first.SessionKey, Channel: first.Channel, ChatRef: first.ChatRef,

@@ -449,7 +449,7 @@ func TestBusySteerDemo(t *testing.T) {
 			t.Fatalf("reply %q", out.Text)
 		}
 		v.wantEnds(t, "r1 started", "r1 finished stop")
-		_, h := v.e.History(context.Background(), "main", 0)
+		_, h, _ := v.e.History(context.Background(), "main", 0)
 		if len(h) != 3 || h[1].Text != "also check the weather" {
 			t.Fatalf("history %+v", h)
 		}
@@ -502,7 +502,7 @@ func TestBusySteerNeverTakenRunsNext(t *testing.T) {
 		if len(ends) != 4 || ends[1] != "r1 finished stop" || !strings.HasSuffix(ends[3], "finished stop") {
 			t.Fatalf("turns: %q", ends)
 		}
-		_, h := v.e.History(context.Background(), "main", 0)
+		_, h, _ := v.e.History(context.Background(), "main", 0)
 		if last := h[len(h)-1]; last.Text != "ok late thought" {
 			t.Fatalf("history %+v", h)
 		}

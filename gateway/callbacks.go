@@ -12,7 +12,8 @@ import (
 type callbacks struct {
 	e        *Engine
 	run      *abort.Run
-	maxReply int // agents.defaults.maxReplyChars when the turn started
+	clock    *livenessClock // the run's liveness clock, shared with its questions
+	maxReply int            // agents.defaults.maxReplyChars when the turn started
 }
 
 func (c *callbacks) live() bool { return c.run.State() == abort.StateRunning }
@@ -68,7 +69,7 @@ func (c *callbacks) Heartbeat() { c.run.Heartbeat() }
 func (c *callbacks) Activity() { c.run.Activity() }
 
 func (c *callbacks) Pause(reason string) {
-	c.run.Pause()
+	c.clock.pause(pauseRunner)
 	if c.live() {
 		cur, _ := c.run.CurrentStep()
 		c.run.Publish(c.e.publish, event.Event{Kind: event.Paused, Step: cur, Text: reason})
@@ -76,7 +77,7 @@ func (c *callbacks) Pause(reason string) {
 }
 
 func (c *callbacks) Resume() {
-	c.run.Resume() // re-arms the scheduler: the step deadline is back
+	c.clock.resume(pauseRunner) // unless a question is open: then the clock stays stopped
 	if c.live() {
 		cur, _ := c.run.CurrentStep()
 		c.run.Publish(c.e.publish, event.Event{Kind: event.Resumed, Step: cur})

@@ -50,8 +50,8 @@ type Cluster interface {
 	// records c.Text as the user's message of the session's history.
 	// Errors: *HeldError (the session runs a turn, here or elsewhere),
 	// *RunExistsError (the run id is known: running or ended), or an error
-	// wrapping ErrClusterUnavailable (fenced, or the database cannot be
-	// reached: retryable, nothing was claimed).
+	// wrapping ErrClusterUnavailable (fenced — then also ErrLeaseLost — or
+	// the database cannot be reached: retryable, nothing was claimed).
 	Claim(ctx context.Context, c ClaimRequest) error
 	// Finish records ev, the terminal event (Finished or Aborted) of a
 	// turn this replica claimed: the turn's end, its history message and
@@ -126,6 +126,12 @@ var (
 	// ErrNotTurnOwner: Finish found the turn is not this replica's any
 	// more (fenced; taken over as interrupted by a survivor).
 	ErrNotTurnOwner = errors.New("this replica no longer owns the turn")
+	// ErrLeaseLost: Claim was refused because this replica lost its lease
+	// (it is fenced, whether or not the engine was told yet: Fenced). It
+	// wraps ErrClusterUnavailable. What the engine held under that lease is
+	// the survivor's now: a queued message whose claim gets it is dropped
+	// here without a word.
+	ErrLeaseLost = fmt.Errorf("%w: this replica lost its lease", ErrClusterUnavailable)
 )
 
 // HeldError is Claim's answer for a session that runs a turn.

@@ -16,6 +16,7 @@ import (
 	"github.com/turnguard/turnguard/internal/faketime"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
+	"github.com/turnguard/turnguard/timeout"
 )
 
 // These tests run several engines in one synctest bubble, joined by the
@@ -263,19 +264,27 @@ func (q *memQueue) Queued(context.Context) ([]gateway.QueuedMessage, error) {
 	return slices.Clone(q.msgs), nil
 }
 
+// queuedBehind starts two replicas sharing a QueueStore (busy mode queue),
+// runs r1 (text first) on replica a and sends r2 (text second) through
+// replica via, which must answer it queued (on a).
+func queuedBehind(t *testing.T, first string, via int, second string) []*replica {
+	t.Helper()
+	rs := startClusterWith(t, 2, nil, &memQueue{})
+	send(t, rs[0].e, "r1", first)
+	synctest.Wait()
+	if ack, err := send(t, rs[via].e, "r2", second); err != nil || ack.Status != gateway.StatusQueued {
+		t.Fatalf("r2 sent through replica %d: %+v %v", via, ack, err)
+	}
+	return rs
+}
+
 // A message queued on a replica that then dies is not lost with its
 // memory: the survivor that took the dead replica's turn over runs it
 // (RestoreQueuedOf), once.
 func TestClusterQueuedMessageOfADeadReplicaRunsOnTheSurvivor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := &memQueue{}
-		rs := startClusterWith(t, 2, nil, q) // busy mode queue
-		send(t, rs[0].e, "r1", "/steps shell:30s")
-		synctest.Wait()
-		if ack, err := send(t, rs[1].e, "r2", "/steps say:still_here"); err != nil || ack.Status != gateway.StatusQueued {
-			t.Fatalf("forwarded send: %+v %v", ack, err)
-		}
-		rs[0].member.Kill() // its turn r1 is taken over; r2 waited in its memory
+		rs := queuedBehind(t, "/steps shell:30s", 1, "/steps say:still_here") // sent through b: forwarded to a
+		rs[0].member.Kill()                                                   // its turn r1 is taken over; r2 waited in its memory
 		rs[0].e.Fenced()
 		synctest.Wait()
 		if err := rs[1].e.RestoreQueuedOf(context.Background(), []string{"main"}); err != nil {
@@ -367,6 +376,222 @@ func TestClusterStopDropsTheOwnersQueue(t *testing.T) {
 		}
 		if got := rs[0].kinds(false, "r2"); len(got) != 0 {
 			t.Fatalf("the dropped message ran on the owner: %v", got)
+		}
+	})
+}
+
+// TestClusterLostTurnIsNotAnsweredAsCompleted (issue 20, defect 6): a
+// replica loses its lease while its turn runs (a survivor takes the turn
+// over as interrupted) and its runner then finishes: the ending is refused,
+// and the replica must not answer from it — neither a re-send of the same
+// run id nor Wait may say "ok" for a reply that exists nowhere.
+func TestClusterLostTurnIsNotAnsweredAsCompleted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, nil)
+		if _, err := send(t, rs[0].e, "r1", "/steps shell:5s say:late"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		rs[0].member.Kill() // paused past its lease: taken over; Fenced not yet told
+		waited := make(chan bool, 1)
+		go func() {
+			out, ok := rs[0].e.Wait(context.Background(), "r1")
+			waited <- ok && out.Status == gateway.StatusOK
+		}()
+		faketime.Advance(6 * time.Second) // its runner finishes locally; the ending is refused
+		synctest.Wait()
+		if <-waited {
+			t.Fatal("Wait on the replica that lost the turn answered ok")
+		}
+		if ack, err := send(t, rs[0].e, "r1", "/steps shell:5s say:late"); err == nil && ack.Status == gateway.StatusOK {
+			t.Fatalf("a re-send through the replica that lost the turn answered %+v", ack)
+		}
+		if ack, err := send(t, rs[1].e, "r1", "/steps shell:5s say:late"); err != nil || ack.Status != gateway.StatusAborted {
+			t.Fatalf("a re-send through the survivor answered %+v %v, want aborted (interrupted)", ack, err)
+		}
+	})
+}
+
+// TestClusterFencedReplicaDropsItsQueue (issue 20, defects 3 and 8): replica
+// a runs r1 with r2 queued (stored); a loses its lease, b takes r1 over
+// and runs r2 from the store. Everything a held under its lease is dropped:
+// a neither starts r2 nor tells its user that r2 "could not be started"
+// (it ran, on b) — whether a is told of the fence before its runner ends
+// or its runner ends first (a SIGSTOPped replica resumed).
+func TestClusterFencedReplicaDropsItsQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		told bool // Fenced is called (else: r1's runner ends first, its ending refused)
+	}{{"told of the fence", true}, {"runner ends before the fence is known", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rs := queuedBehind(t, "/steps shell:5s", 0, "/steps say:queued")
+				rs[0].member.Kill() // its turn r1 is taken over; r2 waits in its memory and the store
+				if err := rs[1].e.RestoreQueuedOf(context.Background(), []string{"main"}); err != nil {
+					t.Fatal(err)
+				}
+				out, ok := rs[1].e.Wait(context.Background(), "r2")
+				if !ok || out.Status != gateway.StatusOK {
+					t.Fatalf("r2 on the survivor: %+v %v", out, ok)
+				}
+				if tc.told {
+					rs[0].e.Fenced()
+				}
+				faketime.Advance(time.Minute)
+				synctest.Wait()
+				if k := rs[0].kinds(false, "r2"); len(k) != 0 {
+					t.Fatalf("the fenced replica published %v for r2, which ran on the survivor", k)
+				}
+				if ev, ok := rs[0].terminal(false, "r1"); ok {
+					t.Fatalf("the fenced replica published r1's ending: %+v", ev)
+				}
+			})
+		})
+	}
+}
+
+// TestClusterFailedForwardIsNotBusy (issue 20, defect 11 and the suspected
+// "forwarding timeout answered as busy"): a message for a session whose
+// turn a replica that does not answer holds is not refused as busy ("send
+// /stop…") — its owner may have queued it, and a new message would then run
+// twice — but answered as a temporary failure, to retry with the same id.
+func TestClusterFailedForwardIsNotBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, nil) // busy mode queue
+		send(t, rs[0].e, "r1", "/steps shell:30s")
+		synctest.Wait()
+		rs[0].member.Serve(nil) // a does not answer (stopped, or its answer lost); its turn is still held
+		_, err := send(t, rs[1].e, "r2", "/steps say:hi")
+		var unavail *gateway.UnavailableError
+		if !errors.As(err, &unavail) || errors.Is(err, gateway.ErrBusy) {
+			t.Fatalf("a message forwarded to a replica that does not answer: %v, want *UnavailableError (retry), not busy", err)
+		}
+	})
+}
+
+// fenceOnClaim is an inproc member whose lease is lost right after its
+// next claim commits: the claim's answer comes back after Fenced ran.
+type fenceOnClaim struct {
+	*inproc.Member
+	e     *gateway.Engine
+	armed bool
+}
+
+func (f *fenceOnClaim) Claim(ctx context.Context, c gateway.ClaimRequest) error {
+	err := f.Member.Claim(ctx, c)
+	if err == nil && f.armed {
+		f.armed = false
+		f.Member.Kill() // the survivor takes the just-claimed turn over as interrupted
+		f.e.Fenced()
+	}
+	return err
+}
+
+// TestClusterClaimCommittedAsTheLeaseIsLostDoesNotRun (issue 20, suspected:
+// "a claim that commits just before fencing is missed by Fenced's
+// snapshot"): the turn claimed under a lease lost before the claim's
+// answer is not started here — it would run unaborted, its reply refused,
+// while the survivor says interrupted. Send answers a temporary failure.
+func TestClusterClaimCommittedAsTheLeaseIsLostDoesNotRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := config.Default()
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		d := demo.New()
+		t.Cleanup(d.Release)
+		m := &fenceOnClaim{Member: inproc.NewHub().Join("a"), armed: true}
+		e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Cluster: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.e = e
+		e.Start(t.Context())
+		var kinds []event.Kind
+		unsub := e.Bus().Subscribe("", func(ev event.Event) { kinds = append(kinds, ev.Kind) })
+		t.Cleanup(func() { e.Shutdown(context.Background()); unsub() })
+		_, err = send(t, e, "r1", "/steps shell:5s say:lost")
+		if !errors.Is(err, gateway.ErrUnavailable) {
+			t.Fatalf("Send whose claim committed as the lease was lost: %v, want *UnavailableError", err)
+		}
+		faketime.Advance(10 * time.Second)
+		synctest.Wait()
+		if len(kinds) != 0 {
+			t.Fatalf("the replica that lost its lease published %v", kinds)
+		}
+	})
+}
+
+// holdClaim is an inproc member that, once armed with a run id, commits
+// that run's claim and then holds the answer until released: a claim in
+// flight.
+type holdClaim struct {
+	*inproc.Member
+	mu      sync.Mutex
+	runID   string
+	release chan struct{}
+}
+
+func (h *holdClaim) Claim(ctx context.Context, c gateway.ClaimRequest) error {
+	err := h.Member.Claim(ctx, c)
+	h.mu.Lock()
+	hold := c.RunID == h.runID
+	h.mu.Unlock()
+	if hold {
+		<-h.release
+	}
+	return err
+}
+
+// TestClusterQueueWaitsForTheClaimInFlight (issue 20, suspected: "the
+// queue pump starts a turn while Send's claim is in flight"): a message
+// steered into a turn that was force-finalized is queued when its runner
+// finally returns — while a new message's claim is in flight. The pump
+// must wait for that claim: starting the queued message then made it lose
+// the session's claim to the new one and end in an error ("another message
+// started first"), with two turns registered in one session.
+func TestClusterQueueWaitsForTheClaimInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := config.Default()
+		c.Agents.Defaults.Busy.Mode = config.BusySteer
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		d := demo.New()
+		m := &holdClaim{Member: inproc.NewHub().Join("a"), release: make(chan struct{})}
+		e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Cluster: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Serve(e)
+		e.Start(t.Context())
+		t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()) })
+		send(t, e, "r1", "/steps shell:stuck")
+		synctest.Wait()
+		if ack, err := send(t, e, "r2", "/steps say:second"); err != nil || ack.Status != gateway.StatusSteered {
+			t.Fatalf("r2: %+v %v, want steered into r1", ack, err)
+		}
+		if _, err := e.Abort(context.Background(), "main", "r1", event.ReasonUser, "u1", false); err != nil {
+			t.Fatal(err)
+		}
+		faketime.Advance(timeout.DefaultAbortGraceSeconds*time.Second + time.Second) // r1 force-finalized: the session is free
+		m.mu.Lock()
+		m.runID = "r3"
+		m.mu.Unlock()
+		sent := make(chan error, 1)
+		go func() {
+			_, err := send(t, e, "r3", "/steps say:third")
+			sent <- err
+		}()
+		synctest.Wait()                        // r3's claim is committed, its answer held
+		faketime.Advance(demo.DefaultStuckFor) // r1's runner returns: r2 is queued
+		close(m.release)
+		if err := <-sent; err != nil {
+			t.Fatalf("r3: %v", err)
+		}
+		out, ok := e.Wait(context.Background(), "r2")
+		if !ok || out.Status != gateway.StatusOK {
+			t.Fatalf("r2 (queued behind r3's claim): %+v %v, want it run after r3", out, ok)
 		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -41,12 +42,21 @@ func (e *Engine) claimLocked(ctx context.Context, cfg *config.Config, s *session
 	}
 	c := make(chan struct{})
 	s.claiming = c
+	fences := e.fences
 	e.mu.Unlock()
 	err = e.cluster.Claim(ctx, ClaimRequest{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
 		ChatRef: req.ChatRef, Text: req.Text})
 	e.mu.Lock()
 	s.claiming = nil
 	close(c)
+	if err == nil && e.fences != fences {
+		// Claimed under the lease this replica lost meanwhile: Fenced's
+		// abort did not see it, and the survivor ends it as interrupted.
+		// It must not run here (its reply would be refused); the client
+		// retries with the same id and hears how it ended.
+		e.mu.Unlock()
+		return Ack{}, true, &UnavailableError{Cause: fmt.Errorf("run %s: claimed as this replica lost its lease: %w", req.RunID, ErrLeaseLost)}
+	}
 	if err == nil {
 		if e.closing {
 			e.mu.Unlock()
@@ -55,7 +65,11 @@ func (e *Engine) claimLocked(ctx context.Context, cfg *config.Config, s *session
 		}
 		return Ack{}, false, nil
 	}
+	// The pump waited for this claim (pumpLocked): messages queued
+	// meanwhile start now that it did not take the session.
+	start := e.pumpLocked(s)
 	e.mu.Unlock()
+	start()
 	ack, err = e.claimRefused(ctx, req, err)
 	return ack, true, err
 }
@@ -79,10 +93,14 @@ func (e *Engine) claimRefused(ctx context.Context, req SendRequest, err error) (
 		ack, ferr := e.cluster.Forward(ctx, held.Replica, fwd)
 		if errors.Is(ferr, ErrClusterUnavailable) {
 			// That replica does not answer (it may be dying: a survivor
-			// frees the session within the lease): busy for now.
+			// frees the session within the lease), or its answer was lost
+			// after it queued the message. Not "busy" — a refusal the user
+			// would answer with a new message, which could then run twice —
+			// but a temporary failure: the client retries with the same
+			// idempotency key, which the owner (or the survivor) answers.
 			e.log.Warn("a message for a session another replica runs could not be forwarded there", "run", req.RunID,
 				"session", req.SessionKey, "replica", held.Replica, "err", ferr)
-			return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: held.RunID}
+			return Ack{}, &UnavailableError{Cause: fmt.Errorf("forwarding to replica %s: %w", held.Replica, ferr)}
 		}
 		return ack, ferr
 	case errors.As(err, &exists):
@@ -122,7 +140,7 @@ func (e *Engine) releaseClaim(req SendRequest, cause error) {
 	defer cancel()
 	ev := event.Event{Kind: event.Finished, RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
 		ChatRef: req.ChatRef, StopReason: event.ReasonError, Time: time.Now(),
-		Message: "This message could not be started. Please send it again."}
+		Message: messages.NotStarted}
 	if err := e.cluster.Finish(ctx, ev); err != nil {
 		e.log.Error("a claim that could not start a turn was not released; the session stays busy until this replica's lease is taken over",
 			"run", req.RunID, "session", req.SessionKey, "cause", cause, "err", err)
@@ -139,19 +157,47 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	err := e.cluster.Claim(ctx, ClaimRequest{RunID: t.run.ID, SessionKey: t.run.SessionKey, Channel: t.run.Channel,
 		ChatRef: t.run.ChatRef, Text: rt.Message, Joined: t.joined})
 	cancel()
-	if err == nil {
+	e.mu.Lock()
+	fenced := e.fences != t.fences
+	e.mu.Unlock()
+	if err == nil && !fenced {
 		t.claimed.Store(true)
 		e.launch(rn, t, rt)
 		return
 	}
-	text := "This message could not be started: the gateway's cluster cannot take it right now. Please send it again in a moment."
+	var exists *RunExistsError
+	if fenced || errors.Is(err, ErrLeaseLost) || errors.As(err, &exists) {
+		// Held under a lease this replica lost, or run elsewhere already:
+		// its message runs (or ran) on the replica that took the session
+		// over, not here, and no one is told it failed.
+		e.log.Info("a queued message is left to the replica that took its session over",
+			"run", t.run.ID, "session", t.run.SessionKey, "err", err)
+		e.forgetUnstarted(t)
+		return
+	}
+	text := messages.NotClaimed
 	var held *HeldError
 	if errors.As(err, &held) {
-		text = "Another message in this conversation started first, so this one did not run. Send it again when that reply is done."
+		text = messages.OvertakenInCluster
 	}
 	e.log.Warn("a queued message could not be claimed in the cluster; it ends with an error the user sees", "run", t.run.ID,
 		"session", t.run.SessionKey, "err", err)
 	e.launch(refusedRunner{text: text}, t, rt)
+}
+
+// forgetUnstarted ends turn t, registered but never started (no event of it
+// was published), without publishing anything: the session is freed and
+// Wait answers that it does not know the run here. Nothing may abort it
+// any more (its state leaves running first).
+func (e *Engine) forgetUnstarted(t *turn) {
+	t.run.Finish(event.ReasonError) // an Abort now changes nothing and publishes nothing
+	t.run.MarkReturned()
+	t.life.Store(1) // never ran: not a stuck run when released
+	e.mu.Lock()
+	t.lost, t.ended = true, true
+	e.mu.Unlock()
+	close(t.started) // Abort and Shutdown waiting for it find it over
+	e.reg.Release(t.run)
 }
 
 // refusedRunner ends a turn at once with a message for the user.
@@ -261,13 +307,37 @@ func (e *Engine) refresh(key string) string {
 // is stopped (stop reason interrupted) and, since Cluster.Finish refuses
 // their endings, nothing of them is published — the survivor that takes
 // the lease over ends them and tells their users. It does not wait.
+//
+// Everything else held under the lost lease is dropped with them (issue 20,
+// defects 3 and 8): the messages queued here, and those steered into a
+// running turn and not taken yet, leave this replica's memory — not the
+// QueueStore, from which the survivor that takes the session over runs
+// them — and a queued turn whose claim was in flight is forgotten without
+// a word if its claim fails (claimQueued). Nothing of them starts here or
+// tells a user they failed: they run, once, elsewhere.
 func (e *Engine) Fenced() {
 	e.mu.Lock()
+	e.fences++
 	live := make([]*turn, 0, len(e.turns))
 	for _, t := range e.turns {
 		live = append(live, t)
+		e.takeSteeredLocked(t)
+	}
+	dropped := 0
+	for _, s := range e.sessions {
+		for _, q := range slices.Clone(s.queue) {
+			for _, m := range slices.Clone(q.msgs) {
+				e.unqueueLocked(s, q, m.RunID)
+				dropped++
+			}
+		}
+		delete(e.stalled, s)
 	}
 	e.mu.Unlock()
+	if dropped > 0 {
+		e.log.Warn("this replica lost its lease: the messages queued here are left to the replica that takes their sessions over",
+			"messages", dropped)
+	}
 	for _, t := range live {
 		go func() {
 			<-t.started

@@ -68,7 +68,7 @@ func (e *RunnerStuckError) Unwrap() error { return ErrRunnerStuck }
 
 // UserText is what a channel shows a person whose message was refused.
 func (e *RunnerStuckError) UserText() string {
-	return "⚠️ I can't take new requests right now: earlier ones are stuck and still being cleaned up. The operator has been alerted — please try again later."
+	return messages.RunnerStuck
 }
 
 // StuckRunsFunc is told when a runner reaches its cap of stuck runs
@@ -87,7 +87,7 @@ func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
 
 // UserText is what a channel shows a person; it never names the cause.
 func (e *UnavailableError) UserText() string {
-	return "⚠️ I can't start new requests right now because of a temporary problem on the server. Please try again shortly."
+	return messages.Unavailable
 }
 
 // BusyError is returned by Send when the session already has an active turn.
@@ -108,9 +108,9 @@ func (e *BusyError) Unwrap() error { return ErrBusy }
 // UserText is what a channel shows a person for a busy session.
 func (e *BusyError) UserText() string {
 	if e.Stopping {
-		return "⏳ Still stopping your previous request — try again in a few seconds."
+		return messages.BusyStopping
 	}
-	return "⏳ I'm still working on your previous message — send /stop to cancel it, or wait for the answer."
+	return messages.Busy
 }
 
 // Status is the state of a run as Send and Wait report it.
@@ -229,13 +229,19 @@ type Engine struct {
 	outcomes map[string]*list.Element
 	expiry   *list.List // of *cached, oldest first
 	closing  bool
+	// fences counts Fenced calls (cluster mode): the leases this replica
+	// lost, and everything held under them.
+	fences   uint64
 	stuck    map[string]int  // by runner: force-finalized runs still running
 	refusing map[string]bool // by runner: at the cap (StuckRuns told saturated)
 	// stuckLimit is server.maxStuckRuns as last applied (New,
 	// ConfigChanged): Send's refusals and the StuckRuns notices use the same.
 	stuckLimit int
-	notifyMu   sync.Mutex    // orders StuckRuns calls; taken under mu, released after the call
-	drained    chan struct{} // closed when turns becomes empty; nil until asked for
+	// illegalMoves counts turn state moves out of the lifecycle's order
+	// (Engine.move): 0 unless there is a bug.
+	illegalMoves atomic.Int64
+	notifyMu     sync.Mutex    // orders StuckRuns calls; taken under mu, released after the call
+	drained      chan struct{} // closed when turns becomes empty; nil until asked for
 }
 
 type session struct {
@@ -246,6 +252,7 @@ type session struct {
 	history []Message
 	loaded  bool          // the stored history is in history (or there is no loader)
 	loading chan struct{} // closed when the in-flight load ends; nil when none is
+	loadErr error         // why the last load failed (nil once one succeeded)
 	updated time.Time
 	used    time.Time     // last use, for eviction
 	lru     *list.Element // in Engine.lru
@@ -300,6 +307,15 @@ type turn struct {
 	ended bool // the terminal event is published
 	freed bool // the run is released: the session is free
 	out   Outcome
+	// lost: the cluster refused the turn's ending (the replica lost its
+	// lease), or it never started (forgetUnstarted): out is not its
+	// outcome, and Wait does not answer it.
+	lost bool
+	// state is the turn's turnState (lifecycle.go), moved by Engine.move.
+	state atomic.Uint32
+	// fences is Engine.fences when the turn was registered: a queued turn
+	// whose claim fails after a fence is dropped without a word.
+	fences uint64
 	// life: 0 while the runner runs; 1 once it returned; 2 when the run
 	// was force-finalized first (then it counts in Engine.stuck until the
 	// runner returns).
@@ -311,6 +327,13 @@ type turn struct {
 	// claimed: the cluster holds this turn's claim (cluster mode), so its
 	// ending is recorded through Cluster.Finish before it is published.
 	claimed atomic.Bool
+	// sessionID is the id of the conversation the turn belongs to (its
+	// session's when it started): after a Reset (/new) its ending is no
+	// longer written to the session's history.
+	sessionID string
+	// clock stops and restarts the run's liveness clock for the runner's
+	// pauses and the open questions (lifecycle.go).
+	clock *livenessClock
 }
 
 type cached struct {
@@ -500,6 +523,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	if ack, ok, err := e.repeatLocked(req); ok {
 		return ack, err // unlocked
 	}
+	// The wait for the history (up to historyLoadTimeout) may have crossed
+	// a hot reload: the turn starts with the configuration in force now.
+	cfg = e.cfg.Current()
 	if e.closing {
 		e.mu.Unlock()
 		return Ack{}, ErrShutdown
@@ -522,6 +548,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 			return ack, err
 		}
 		claimed = true
+		cfg = e.cfg.Current() // the claim may have waited across a reload too
 	}
 	start, err := e.beginLocked(cfg, s, req)
 	if claimed && err == nil {
@@ -531,6 +558,12 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		e.mu.Unlock()
 		if claimed {
 			e.releaseClaim(req, err)
+			// The pump waited for this claim (pumpLocked): what was queued
+			// meanwhile starts now that the claim is released.
+			e.mu.Lock()
+			start := e.pumpLocked(s)
+			e.mu.Unlock()
+			start()
 		}
 		if errors.Is(err, abort.ErrDuplicate) {
 			return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
@@ -618,7 +651,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	s.updated = run.StartedAt()
 	e.touchLocked(s, time.Now())
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
-		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet()}
+		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet(), clock: &livenessClock{run: run}, sessionID: s.id, fences: e.fences}
 	if st, ok := rn.(runner.Steerer); ok && st.Steers() {
 		t.inbox = &runner.Inbox{}
 	}
@@ -658,6 +691,7 @@ func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 	// Nothing else may publish for this run before TurnStarted: Abort and
 	// Shutdown wait for t.started, and the scheduler and the runner only
 	// learn of the run below.
+	e.move(t, turnRunning)
 	run.Publish(e.publish, started)
 	close(t.started)
 	e.sched.Track(run)
@@ -681,7 +715,7 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 				err = errors.New("runner panicked")
 			}
 		}()
-		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, maxReply: tr.maxReply})
+		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, clock: tr.clock, maxReply: tr.maxReply})
 	}()
 	run.MarkReturned()
 	// Steered messages the runner never took run next, before the queue.
@@ -875,6 +909,7 @@ func (e *Engine) released(run *abort.Run) {
 		// swap done and subtracts under e.mu) always comes after.
 		notify = e.stuckChangedLocked(t.runner, +1)
 		forced = true
+		e.move(t, turnForced)
 	}
 	start := func() {}
 	defer func() { start() }() // after e.mu is unlocked, before notify
@@ -907,6 +942,7 @@ func (e *Engine) doneLocked(t *turn) {
 	if !t.ended || !t.freed {
 		return
 	}
+	e.move(t, turnDone)
 	close(t.done)
 	if e.turns[t.run.ID] == t {
 		delete(e.turns, t.run.ID)
@@ -961,7 +997,7 @@ func (e *Engine) publish(ev event.Event) {
 		return
 	}
 	refused := e.cluster != nil && !e.finishClaimed(ev)
-	t, s := e.recordOutcome(ev)
+	t, s := e.recordOutcome(ev, !refused)
 	e.settle(t)
 	if !refused {
 		e.bus.Publish(ev)
@@ -1010,8 +1046,12 @@ func (e *Engine) ended(t *turn, s *session) {
 // recordOutcome records a terminal event in the history and the outcome
 // cache and returns the live turn it ends (nil if none) and the session,
 // whose ending count it raised (nil if the session is not in memory): the
-// caller calls ended once the event is published.
-func (e *Engine) recordOutcome(ev event.Event) (*turn, *session) {
+// caller calls ended once the event is published. owned false: the cluster
+// refused the ending (this replica lost the turn: a survivor records it as
+// interrupted), so nothing of it is recorded here — no history message, no
+// cached outcome a repeated run id or Wait would answer from; the turn is
+// only brought to its end (issue 20, defect 6).
+func (e *Engine) recordOutcome(ev event.Event, owned bool) (*turn, *session) {
 	cfg := e.cfg.Current()
 	out := Outcome{RunID: ev.RunID, SessionKey: ev.SessionKey, StopReason: ev.StopReason, Text: ev.FullText,
 		Message: ev.Message, EndedAt: ev.Time}
@@ -1035,17 +1075,31 @@ func (e *Engine) recordOutcome(ev event.Event) (*turn, *session) {
 	ttl := time.Duration(cfg.Server.IdempotencyTTLSeconds * float64(time.Second))
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	t, live := e.turns[ev.RunID]
+	if live && turnState(t.state.Load()) != turnForced { // forced: already free, its ending was on its way
+		e.move(t, turnEnding)
+	}
 	s, ok := e.sessions[ev.SessionKey]
 	if ok {
-		for _, m := range msgs {
-			s.history = appendBounded(s.history, m, cfg.Server.HistoryLimit)
+		// A turn of the conversation before a /new ends in that one: its
+		// reply is not written to the fresh history (nor read by the next
+		// turn's runner).
+		if owned && (!live || t.sessionID == s.id) {
+			for _, m := range msgs {
+				s.history = appendBounded(s.history, m, cfg.Server.HistoryLimit)
+			}
+			s.updated = ev.Time
 		}
-		s.updated = ev.Time
 		s.ending++
 	}
-	t, ok := e.turns[ev.RunID]
+	if !owned {
+		if live {
+			t.lost = true
+		}
+		return t, s
+	}
 	var aliases []string
-	if ok {
+	if live {
 		out.StartedAt = t.run.StartedAt()
 		t.out = out
 		aliases = t.aliases
@@ -1129,8 +1183,9 @@ func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason eve
 }
 
 // Wait blocks until run runID has an outcome or ctx is done. ok is false for
-// an unknown run (or one whose outcome has expired) and when ctx ends first.
-// When Wait returns an outcome, the run's terminal event has been published
+// an unknown run (or one whose outcome has expired), for a run whose ending
+// the cluster refused (this replica lost it; the survivor's outcome is the
+// one that stands) and when ctx ends first. When Wait returns an outcome, the run's terminal event has been published
 // and its session is free (unless a runner ignoring cancellation keeps it
 // until force-finalization): the next message is accepted.
 func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
@@ -1169,6 +1224,9 @@ func (e *Engine) Wait(ctx context.Context, runID string) (Outcome, bool) {
 	case <-t.done:
 		e.mu.Lock()
 		defer e.mu.Unlock()
+		if t.lost {
+			return Outcome{}, false // the survivor that took it over has its outcome
+		}
 		return t.out, true
 	case <-ctx.Done():
 		return Outcome{}, false
@@ -1185,17 +1243,45 @@ func (e *Engine) Active(sessionKey string) (*abort.Run, bool) {
 	return nil, false
 }
 
+// HistoryUnavailableError is History's answer when the session's stored
+// history could not be loaded (the store does not answer) or ctx ended
+// while it loaded: the history is unknown, not empty (issue 20, defect 7).
+type HistoryUnavailableError struct {
+	SessionKey string
+	Cause      error
+}
+
+func (e *HistoryUnavailableError) Error() string {
+	return fmt.Sprintf("history of session %s: %v", e.SessionKey, e.Cause)
+}
+func (e *HistoryUnavailableError) Unwrap() error { return e.Cause }
+
+// UserText is what a client shows; it never names the cause.
+func (e *HistoryUnavailableError) UserText() string { return messages.HistoryUnavailable }
+
 // History returns up to limit most recent messages of the session, oldest
-// first, and the session's id.
-func (e *Engine) History(ctx context.Context, sessionKey string, limit int) (sessionID string, msgs []Message) {
-	s, _ := e.session(ctx, e.refresh(sessionKey)) // on a failed load: what the session has so far
+// first, and the session's id. When the stored history cannot be loaded
+// (or ctx ends first) it returns the session's id and a
+// *HistoryUnavailableError: a history missing its stored part is never
+// answered as if it were the whole.
+func (e *Engine) History(ctx context.Context, sessionKey string, limit int) (sessionID string, msgs []Message, err error) {
+	s, err := e.session(ctx, e.refresh(sessionKey))
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if err == nil && !s.loaded {
+		err = s.loadErr
+		if err == nil {
+			err = errors.New("the stored history is not loaded")
+		}
+	}
+	if err != nil {
+		return s.id, nil, &HistoryUnavailableError{SessionKey: sessionKey, Cause: err}
+	}
 	h := s.history
 	if limit > 0 && len(h) > limit {
 		h = h[len(h)-limit:]
 	}
-	return s.id, append([]Message(nil), h...)
+	return s.id, append([]Message(nil), h...), nil
 }
 
 // SessionInfo describes a session.
@@ -1388,6 +1474,7 @@ func (e *Engine) loadHistory(s *session, done chan struct{}) {
 	defer e.mu.Unlock()
 	defer close(done)
 	s.loading = nil
+	s.loadErr = err
 	if err != nil {
 		e.log.Warn("loading history failed; the next message retries", "session", s.key, "err", err)
 		return

@@ -154,7 +154,7 @@ func TestHappyTurnTranscript(t *testing.T) {
 		if got := v.sink.transcript(); got != want {
 			t.Fatalf("transcript:\n%s\nwant:\n%s", got, want)
 		}
-		_, h := v.e.History(context.Background(), "main", 0)
+		_, h, _ := v.e.History(context.Background(), "main", 0)
 		if len(h) != 2 || h[0].Role != "user" || h[1].Text != out.Text {
 			t.Fatalf("history %+v", h)
 		}
@@ -178,7 +178,7 @@ func TestSilentStepTimesOutWithToolNameAndFreesSession(t *testing.T) {
 			t.Fatal("session still busy after the runner returned")
 		}
 		// The notice is in the history as assistant text.
-		_, h := v.e.History(context.Background(), "main", 0)
+		_, h, _ := v.e.History(context.Background(), "main", 0)
 		if last := h[len(h)-1]; last.Role != "assistant" || last.Text != want {
 			t.Fatalf("history %+v", h)
 		}
@@ -197,7 +197,7 @@ func TestStepTimeoutPartialReplyHasNoStopReason(t *testing.T) {
 		if out.StopReason != event.ReasonStepTimeout {
 			t.Fatalf("outcome %+v", out)
 		}
-		_, h := v.e.History(context.Background(), "main", 0)
+		_, h, _ := v.e.History(context.Background(), "main", 0)
 		var notices []string
 		for _, m := range h {
 			if m.StopReason != "" {
@@ -420,12 +420,12 @@ func TestResetClearsHistoryAndIsPublished(t *testing.T) {
 		v := newEnv(t, nil)
 		v.send(t, "r1", "/steps say:one")
 		v.e.Wait(context.Background(), "r1")
-		idBefore, h := v.e.History(context.Background(), "main", 0)
+		idBefore, h, _ := v.e.History(context.Background(), "main", 0)
 		if len(h) != 2 {
 			t.Fatalf("history %+v", h)
 		}
 		v.e.Reset("main")
-		idAfter, h := v.e.History(context.Background(), "main", 0)
+		idAfter, h, _ := v.e.History(context.Background(), "main", 0)
 		if len(h) != 0 || idAfter == idBefore {
 			t.Fatalf("after reset: id %q (was %q), history %+v", idAfter, idBefore, h)
 		}

@@ -53,7 +53,7 @@ func TestRunnerFailureShowsOnlyAnErrorID(t *testing.T) {
 			t.Fatal(err)
 		}
 		out, _ := e.Wait(context.Background(), ack.RunID)
-		_, h := e.History(context.Background(), text, 0)
+		_, h, _ := e.History(context.Background(), text, 0)
 		for _, user := range []string{out.Message, h[len(h)-1].Text, <-finished} {
 			m := id.FindStringSubmatch(user)
 			if m == nil {

@@ -59,7 +59,7 @@ func TestSessionsAreEvictedWhenIdleOrOverTheCap(t *testing.T) {
 			t.Fatalf("over the cap: sessions %v, want busy, s8, s9", keys)
 		}
 		loads := h.calls.Load()
-		if _, msgs := e.History(ctx, "s0", 0); len(msgs) != len(stored) || h.calls.Load() != loads+1 {
+		if _, msgs, _ := e.History(ctx, "s0", 0); len(msgs) != len(stored) || h.calls.Load() != loads+1 {
 			t.Fatalf("evicted session s0: %d messages after %d loads, want it reloaded from the store", len(msgs), h.calls.Load()-loads)
 		}
 
@@ -93,14 +93,14 @@ func TestSessionIDSurvivesEviction(t *testing.T) {
 				t.Fatalf("%s: session a was not evicted", step)
 			}
 			loads := h.calls.Load()
-			id, _ := e.History(ctx, "a", 0)
+			id, _, _ := e.History(ctx, "a", 0)
 			if h.calls.Load() != loads+1 {
 				t.Fatalf("%s: session a was not reloaded", step)
 			}
 			return id
 		}
-		first, _ := e.History(ctx, "a", 0)
-		if other, _ := e.History(ctx, "b", 0); other == first {
+		first, _, _ := e.History(ctx, "a", 0)
+		if other, _, _ := e.History(ctx, "b", 0); other == first {
 			t.Fatalf("sessions a and b share the id %s", first)
 		}
 		if again := evictedID("idle"); again != first {

@@ -77,10 +77,11 @@ func TestHistoryLoadFailureIsRetried(t *testing.T) {
 	h := &storedHistory{}
 	h.fail.Store(1)
 	e := newHistoryEngine(t, h)
-	if _, msgs := e.History(context.Background(), "k", 0); len(msgs) != 0 {
-		t.Fatalf("history after a failed load: %+v", msgs)
+	var unavail *HistoryUnavailableError
+	if _, msgs, err := e.History(context.Background(), "k", 0); !errors.As(err, &unavail) || len(msgs) != 0 {
+		t.Fatalf("history after a failed load: %+v, %v; want *HistoryUnavailableError", msgs, err)
 	}
-	if _, msgs := e.History(context.Background(), "k", 0); len(msgs) != 2 {
+	if _, msgs, _ := e.History(context.Background(), "k", 0); len(msgs) != 2 {
 		t.Fatalf("history after the retry: %+v", msgs)
 	}
 	if n := h.calls.Load(); n != 2 {
@@ -98,7 +99,7 @@ func TestConcurrentCallersShareOneHistoryLoad(t *testing.T) {
 	got := make([]int, 8)
 	for i := range got {
 		wg.Go(func() {
-			_, msgs := e.History(context.Background(), "k", 0)
+			_, msgs, _ := e.History(context.Background(), "k", 0)
 			got[i] = len(msgs)
 		})
 	}
@@ -154,7 +155,7 @@ func TestHistoryAfterFailedLoadHasNoDuplicates(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.Wait(context.Background(), ack.RunID)
-	_, h := e.History(context.Background(), "k", 0)
+	_, h, _ := e.History(context.Background(), "k", 0)
 	var got []string
 	for _, m := range h {
 		got = append(got, m.Role+":"+m.Text)

@@ -73,7 +73,7 @@ func TestStopNoticeBeforeNextMessageInHistory(t *testing.T) {
 		if out, ok := e.Wait(ctx, key+"-2"); !ok || out.Status != StatusOK {
 			t.Fatalf("second turn: %+v", out)
 		}
-		_, h := e.History(ctx, key, 0)
+		_, h, _ := e.History(ctx, key, 0)
 		var got []string
 		for _, m := range h {
 			got = append(got, m.Role+":"+string(m.StopReason))

@@ -62,7 +62,7 @@ messages:
 		if out.Message != stopped {
 			t.Errorf("outcome message %q, want %q", out.Message, stopped)
 		}
-		_, h := v.e.History(context.Background(), "main", 0)
+		_, h, _ := v.e.History(context.Background(), "main", 0)
 		if last := h[len(h)-1]; last.Text != stopped {
 			t.Errorf("history ends with %q, want %q", last.Text, stopped)
 		}

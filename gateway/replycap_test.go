@@ -84,7 +84,7 @@ func TestReplyCap(t *testing.T) {
 					t.Errorf("streamed chunks (%d chars) end %q, want the capped reply ending %q",
 						utf8.RuneCountInString(streamed), tail(streamed), tail(tt.want))
 				}
-				if _, h := e.History(context.Background(), "main", 0); len(h) != 2 || h[1].Text != tt.want {
+				if _, h, _ := e.History(context.Background(), "main", 0); len(h) != 2 || h[1].Text != tt.want {
 					t.Errorf("history does not hold the capped reply")
 				}
 			})

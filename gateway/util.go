@@ -22,16 +22,27 @@ func appendBounded(h []Message, m Message, limit int) []Message {
 	return h
 }
 
+// toRunnerHistory is the history a runner is given: the conversation
+// without notices and without the partial replies of stopped turns (the
+// model never sees what the user was told about a stop, nor a reply that
+// was cut off; TestLifecycleModel checks it).
 func toRunnerHistory(h []Message) []runner.Message {
 	out := make([]runner.Message, 0, len(h))
-	for _, m := range h {
-		if m.StopReason != "" && m.StopReason != "stop" {
+	for i, m := range h {
+		if notice(m) {
 			continue // notices are for the user, not the model
+		}
+		if m.Role == "assistant" && i+1 < len(h) && notice(h[i+1]) {
+			continue // the partial reply of a stopped turn (recordOutcome puts its notice right after it)
 		}
 		out = append(out, runner.Message{Role: m.Role, Text: m.Text})
 	}
 	return out
 }
+
+// notice reports whether m is a turn's notice (a stop other than a normal
+// end): words for the user, never for the model.
+func notice(m Message) bool { return m.StopReason != "" && m.StopReason != "stop" }
 
 func sortSessions(s []SessionInfo) {
 	slices.SortFunc(s, func(a, b SessionInfo) int { return b.Updated.Compare(a.Updated) })

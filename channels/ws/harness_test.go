@@ -47,6 +47,8 @@ type envOpts struct {
 	opts   Options
 	admit  func() error  // gateway.Options.Admit
 	runner runner.Runner // instead of the demo runner (which is still built, unused)
+	// history is gateway.Options.History (the store's history loader).
+	history gateway.HistoryLoader
 }
 
 func baseConfig(adjust func(*config.Config)) *config.Config {
@@ -72,7 +74,8 @@ func newEngineEnv(t testing.TB, o envOpts) *env {
 	if o.runner != nil {
 		rn = o.runner
 	}
-	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": rn}, Log: log, Admit: o.admit})
+	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": rn}, Log: log, Admit: o.admit,
+		History: o.history})
 	if err != nil {
 		t.Fatal(err)
 	}

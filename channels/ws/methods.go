@@ -377,7 +377,13 @@ func chatHistory(c *conn, req request) (any, *rpcError) {
 		return nil, invalid("invalid chat.history params: limit must be ≥ 0")
 	}
 	c.s.watch(c, key)
-	id, msgs := c.s.eng.History(c.ctx, key, p.Limit)
+	id, msgs, err := c.s.eng.History(c.ctx, key, p.Limit)
+	var unavail *gateway.HistoryUnavailableError
+	if errors.As(err, &unavail) {
+		// The store does not answer: an empty history would be a lie.
+		return nil, &rpcError{Code: CodeUnavailable, Message: unavail.UserText(), Retryable: true, RetryAfterMs: 5000,
+			Details: map[string]any{"code": "HISTORY_UNAVAILABLE"}}
+	}
 	// The running turn and queue after the history: a turn that ended in
 	// between is in the history, not shown as running (see reattach.go).
 	budget := c.s.answerBudget()
@@ -790,7 +796,7 @@ func (p keyParams) canonical(method string) (string, *rpcError) {
 
 // describe returns the row of key, creating the session if it is new.
 func (s *Server) describe(ctx context.Context, key string) sessionRow {
-	id, _ := s.eng.History(ctx, key, 1)
+	id, _, _ := s.eng.History(ctx, key, 1) // the id only: it is known without the stored history
 	for _, si := range s.eng.Sessions() {
 		if si.Key == key {
 			return s.row(si)

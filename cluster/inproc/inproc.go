@@ -110,7 +110,7 @@ func (m *Member) Claim(_ context.Context, c gateway.ClaimRequest) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if m.dead {
-		return fmt.Errorf("claim run %q: replica %s is dead: %w", c.RunID, m.id, gateway.ErrClusterUnavailable)
+		return fmt.Errorf("claim run %q: replica %s is dead: %w", c.RunID, m.id, gateway.ErrLeaseLost)
 	}
 	if r := h.runs[c.RunID]; r != nil {
 		return &gateway.RunExistsError{RunID: r.RunID, SessionKey: r.SessionKey, Running: r.running,

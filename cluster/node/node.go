@@ -389,6 +389,9 @@ func (n *Node) Claim(ctx context.Context, c gateway.ClaimRequest) error {
 	if errors.Is(err, store.ErrInvalid) {
 		return fmt.Errorf("cluster claim: %w", err)
 	}
+	if errors.Is(err, pgcoord.ErrFenced) {
+		return fmt.Errorf("cluster claim: %w: %w", gateway.ErrLeaseLost, err)
+	}
 	return fmt.Errorf("cluster claim: %w: %w", gateway.ErrClusterUnavailable, err)
 }
 

@@ -338,8 +338,9 @@ func TestFencedReplicaClaimsFinishesAndExportsNothing(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("not fenced within 30 s of its lease's expiry")
 	}
-	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-2", SessionKey: "ws:g"}); !errors.Is(err, gateway.ErrClusterUnavailable) {
-		t.Errorf("a fenced replica's Claim: %v; want ErrClusterUnavailable", err)
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-2", SessionKey: "ws:g"}); !errors.Is(err, gateway.ErrClusterUnavailable) ||
+		!errors.Is(err, gateway.ErrLeaseLost) {
+		t.Errorf("a fenced replica's Claim: %v; want ErrClusterUnavailable and ErrLeaseLost", err)
 	}
 	if err := a.Finish(ctx, event.Event{Kind: event.Finished, RunID: "run-1", StopReason: event.ReasonStop}); !errors.Is(err, gateway.ErrNotTurnOwner) {
 		t.Errorf("a fenced replica's Finish: %v; want ErrNotTurnOwner", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -94,6 +95,14 @@ func (r *Replica) ClaimAfter(ctx context.Context, c Claim) (prevMine bool, err e
 		}
 		won, mine, err := r.insertClaim(ctx, c)
 		if err != nil {
+			// The commit's answer may be lost after the commit (ctx
+			// cancelled mid-COMMIT, a dropped connection): read back, never
+			// guess. A claim that committed is this replica's to run; left
+			// unanswered, the turn would stay running under a live epoch
+			// with nothing running it, and the session busy for good.
+			if r.claimCommitted(ctx, c) {
+				return false, nil
+			}
 			return false, fmt.Errorf("claim run %q: %w", c.RunID, err)
 		}
 		if won {
@@ -190,7 +199,37 @@ func (r *Replica) insertClaim(ctx context.Context, c Claim) (won, prevMine bool,
 	if errors.Is(err, errLost) {
 		return false, false, nil
 	}
+	if err == nil && testHookClaimCommitted != nil {
+		err = testHookClaimCommitted()
+	}
 	return won, prevMine, err
+}
+
+// readBackTimeout bounds the read that decides an ambiguous claim.
+const readBackTimeout = 5 * time.Second
+
+// testHookClaimCommitted, set by tests, runs after a claim committed; its
+// error is returned as if the commit's answer had been lost.
+var testHookClaimCommitted func() error
+
+// claimCommitted reports whether c's turn is in the database, running under
+// this replica's epoch: the claim whose answer was an error committed. It
+// reads on ctx's values but not its cancellation (a request cancelled
+// mid-COMMIT is the case it decides), bounded by readBackTimeout. false
+// when the read fails too: the claim stays unanswered.
+func (r *Replica) claimCommitted(ctx context.Context, c Claim) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readBackTimeout)
+	defer cancel()
+	var mine bool
+	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM turns
+		WHERE run_id = $1 AND session_key = $2 AND state = 'running' AND owner_epoch = $3)`,
+		c.RunID, c.SessionKey, r.epoch).Scan(&mine)
+	if err != nil {
+		r.log.Error("a claim's answer was lost and reading it back failed; its session may stay busy until this replica's lease is taken over",
+			"run", c.RunID, "session", c.SessionKey, "err", err)
+		return false
+	}
+	return mine
 }
 
 // errLost rolls back a claim that conflicted.
@@ -252,6 +291,9 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 		return fmt.Errorf("finish: %s event of run %q is not an ending: %w", ev.Kind, ev.RunID, store.ErrInvalid)
 	}
 	if err := r.live(); err != nil && checkFence {
+		if r.committedBefore(ctx, ev) {
+			return nil
+		}
 		return fmt.Errorf("finish run %q: %w (%w)", ev.RunID, ErrStale, err)
 	}
 	end := store.EndingOf(&ev, ev.Time)
@@ -261,6 +303,9 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 	wroteOutbox := false
 	err := r.inTx(ctx, func(tx pgx.Tx) error {
 		if err := r.holdLease(ctx, tx); err != nil {
+			if r.committedBefore(ctx, ev) {
+				return nil
+			}
 			return fmt.Errorf("%w (%w)", ErrStale, err)
 		}
 		var session, chatRef string
@@ -308,6 +353,21 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 	return nil
 }
 
+// committedBefore reports whether an earlier attempt of this epoch at the
+// same ending committed (its answer was lost) — asked when the replica is
+// fenced before the retry could write: the ending is recorded, so it must
+// be published (a survivor takes over only running turns, so no one else
+// would end it for the watchers). A fenced replica may read: the database
+// is the truth either way.
+func (r *Replica) committedBefore(ctx context.Context, ev event.Event) bool {
+	return r.whyNotMine(ctx, r.pool, ev) == nil
+}
+
+// querier is what whyNotMine reads through: a transaction or the pool.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // whyNotMine explains a Finish of ev that matched no row: store.ErrNotFound,
 // ErrStale with the turn's state and owner — or nil when the row shows that
 // this epoch's own earlier attempt at the same ending committed (its answer
@@ -315,7 +375,7 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 // ending is recorded once and must be published. A takeover's end is never
 // mistaken for it: it is stop reason interrupted, which no Finish of a live
 // owner records (a fenced replica's Finish is refused before it gets here).
-func (r *Replica) whyNotMine(ctx context.Context, tx pgx.Tx, ev event.Event) error {
+func (r *Replica) whyNotMine(ctx context.Context, tx querier, ev event.Event) error {
 	runID := ev.RunID
 	var state, reason, owner string
 	var epoch *int64

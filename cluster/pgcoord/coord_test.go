@@ -524,3 +524,58 @@ func TestClaimAfterTellsWhoseTheLastTurnWas(t *testing.T) {
 		t.Error("a after b's turn, taken over: want not mine")
 	}
 }
+
+// A claim that committed but whose answer was lost (a client's disconnect
+// cancelled the request mid-COMMIT) is read back (issue 20, defect 5): it is
+// this replica's, so Claim says so and the turn runs and ends. Answered as
+// an error, the turn's row stayed running under the live epoch with
+// nothing running it: the run id answered "in flight" and the session was
+// busy for every new message until the replica restarted.
+func TestAmbiguousClaimIsReadBack(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	a := join(t, url, "a", 5*time.Second)
+	testHookClaimCommitted = func() error { return context.Canceled } // the commit's answer never came
+	first := Claim{RunID: "run-1", SessionKey: "telegram:7", Channel: "telegram", ChatRef: "7", Text: "hi"}
+	err := a.Claim(ctx, first)
+	testHookClaimCommitted = nil
+	if err != nil {
+		t.Fatalf("a claim that committed, answer lost: %v; want nil (it is this replica's)", err)
+	}
+	if err := a.Finish(ctx, finished("run-1", "hello")); err != nil {
+		t.Fatalf("Finish of the read-back claim: %v", err)
+	}
+	if err := a.Claim(ctx, Claim{RunID: "run-2", SessionKey: "telegram:7", Channel: "telegram", ChatRef: "7", Text: "next"}); err != nil {
+		t.Fatalf("the next message of the session: %v, want it free", err)
+	}
+}
+
+// A Finish whose answer was lost, retried after the replica was fenced
+// (issue 20, suspected: "Finish's retry crossing a fence"): the ending was
+// committed, so the retry is done, not refused — refused, it was recorded
+// but never published, and no survivor ends a turn that is not running: its
+// watchers never saw the end. An ending that did not commit is still refused.
+func TestFinishRetriedAcrossAFenceIsDone(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	a := join(t, url, "a", 3*time.Second)
+	for _, run := range []string{"run-1", "run-2"} {
+		if err := a.Claim(ctx, Claim{RunID: run, SessionKey: "ws:" + run, Channel: "ws", Text: "hi"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := finished("run-1", "the reply")
+	if err := a.Finish(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	expire(t, db(t, url), a)
+	if !fencedWithin(a, 10*time.Second) {
+		t.Fatal("not fenced after its lease expired")
+	}
+	if err := a.Finish(ctx, ev); err != nil {
+		t.Fatalf("the committed Finish retried after the fence: %v; want nil", err)
+	}
+	if err := a.Finish(ctx, finished("run-2", "late")); !errors.Is(err, ErrStale) {
+		t.Fatalf("a Finish first tried after the fence: %v; want ErrStale", err)
+	}
+}

@@ -122,6 +122,9 @@ type Run struct {
 type runSide struct {
 	locals event.Locals
 	text   *replyText // nil until the first delta
+	// ended: the run's terminal event (Aborted or Finished) is published;
+	// Publish drops every later event but ForceFinalized.
+	ended bool
 }
 
 // sideLocked returns r's side, allocating it. Called with r.mu held.
@@ -497,17 +500,32 @@ func (r *Run) Text() string {
 // run's Locals, and passes it to pub. Calls are serialised per run, so pub
 // sees one run's events in sequence order (and its handlers may use the
 // run's Locals without a lock). pub must not block.
-func (r *Run) Publish(pub func(event.Event), ev event.Event) {
+//
+// The terminal event (Aborted or Finished) is the run's last: an event
+// published after it — a delta or step of a runner that passed its
+// liveness check as the turn was stopped, a late progress notice — is
+// dropped, under the same lock, so no subscriber sees it; ForceFinalized,
+// which follows an abort by design, is the one exception. Publish reports
+// whether ev was passed on.
+func (r *Run) Publish(pub func(event.Event), ev event.Event) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	side := r.sideLocked()
+	if side.ended && ev.Kind != event.ForceFinalized {
+		return false
+	}
+	if ev.Kind.Terminal() {
+		side.ended = true
+	}
 	r.seq++
 	ev.Seq = uint64(r.seq)
 	ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef = r.ID, r.SessionKey, r.Channel, r.ChatRef
-	ev.Locals = &r.sideLocked().locals
+	ev.Locals = &side.locals
 	if ev.Time.IsZero() {
 		ev.Time = r.reg.wall(r.now()) // the registry's clock (as steps' StartedAt): one monotonic read, no wall clock read
 	}
 	pub(ev)
+	return true
 }
 
 // CurrentStep returns the running step (zero if none) and the last completed

@@ -40,7 +40,7 @@ func TestErrorDetailsOnlyForOperators(t *testing.T) {
 	} {
 		e.send(t, "r-"+tc.text, "agent:main:"+tc.text, "ws", "", tc.text)
 		out, _ := e.eng.Wait(context.Background(), "r-"+tc.text)
-		_, hist := e.eng.History(context.Background(), "agent:main:"+tc.text, 0)
+		_, hist, _ := e.eng.History(context.Background(), "agent:main:"+tc.text, 0)
 		user := out.Message + "\n" + hist[len(hist)-1].Text
 		for _, leak := range []string{"Traceback", "exit status", "panic", "password", "AuthenticationError", secrets[2], secrets[6], "goroutine"} {
 			if strings.Contains(user, leak) {
