@@ -173,11 +173,11 @@ async function main() {
     await page.goto(url.replace("/#", `/?session=e2e-approval${mode === "acp" ? "-acp" : ""}#`));
     await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
     if (mode === "acp") {
-      await acpAnswer(page, "Allow once", `✅ Allow once by web chat: ${ACP_TITLE}`, "Tool output: deleted 3 files", "webchat-approval-acp.png");
-      await acpAnswer(page, "Reject", `🚫 Reject by web chat: ${ACP_TITLE}`, "Permission denied (no).");
+      await acpAnswer(page, "Allow once", `✅ Allowed in the web chat: ${ACP_TITLE}`, "Tool output: deleted 3 files", "webchat-approval-acp.png");
+      await acpAnswer(page, "Reject", `🚫 Denied in the web chat: ${ACP_TITLE}`, "Permission denied (no).");
       await acpStopWhileAsking(page);
       // The agent was cancelled, not left asking: its next question comes.
-      await acpAnswer(page, "Allow once", `✅ Allow once by web chat: ${ACP_TITLE}`, "Tool output: deleted 3 files");
+      await acpAnswer(page, "Allow once", `✅ Allowed in the web chat: ${ACP_TITLE}`, "Tool output: deleted 3 files");
     } else {
       await allow(page);
       await reloadThenDeny(page);

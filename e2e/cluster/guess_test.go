@@ -108,7 +108,7 @@ func interruptedNotices(h wsclient.History) []string {
 // telegramInterrupted reports whether a Telegram message is the interrupted
 // notice (messages.Interrupted's words).
 func telegramInterrupted(text string) bool {
-	return strings.Contains(text, "restarted while working on your request")
+	return strings.Contains(text, "interrupted by a server problem")
 }
 
 // endSeen reports whether what a watcher on a surviving replica got tells
