@@ -94,7 +94,7 @@ type Run struct {
 
 	// Owned by the maintenance scheduler (written only by it).
 	noticeSeq    atomic.Uint32 // step seq that has an open progress notice; 0 = none
-	schedIndex   int32         // heap slot, guarded by the scheduler's mutex
+	slot         uint32        // registry shard, fixed at Register (the scheduler shards by it)
 	seq          uint32        // per-run event sequence, guarded by mu
 	lastNoticeAt atomic.Int64
 	armed        atomic.Int64 // when the scheduler will next look at this run; 0 = not armed

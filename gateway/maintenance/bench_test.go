@@ -140,10 +140,14 @@ func BenchmarkAbortLatency(b *testing.B) {
 				for i := range turns {
 					turns[i] = tr.register(strconv.Itoa(i), time.Hour, stepWindow)
 				}
+				runtime.GC() // do not bill the set-up's garbage collection to the scenario
+				cpu0 := cpuTime()
 				go driveSteps(n, silences(n), func(i int) { turns[i].stepCompleted() })
 				waitAborts(b, done, lat, n)
+				cpu := cpuTime() - cpu0
 				tr.stop()
 				lat.report(b, n)
+				b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms")
 			}
 		})
 		b.Run(fmt.Sprintf("sweep-1s/turns=%d", n), func(b *testing.B) {
@@ -203,10 +207,14 @@ func benchLatencyScheduler(b *testing.B, n int) {
 		runs[i] = r
 	}
 	before := sched.Stats()
+	runtime.GC() // do not bill the set-up's garbage collection to the scenario
+	cpu0 := cpuTime()
 	go driveSteps(n, silences(n), func(i int) { runs[i].StepCompleted("tool", "web_search") })
 	waitAborts(b, done, lat, n)
+	cpu := cpuTime() - cpu0
 	after := sched.Stats()
 	lat.report(b, n)
+	b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms")
 	b.ReportMetric(float64(after.Rearms-before.Rearms)/float64(n), "lazy-rearms/turn")
 }
 
