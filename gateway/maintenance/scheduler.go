@@ -182,15 +182,27 @@ func (s *Scheduler) Remove(r *abort.Run) {
 // racing arms (a Touch from a fresh view, a look from an older one) the
 // earlier time wins. A released run is not armed.
 func (s *Scheduler) arm(r *abort.Run, t time.Duration) {
+	sh := s.shardOf(r)
+	sh.mu.Lock()
+	first := sh.armLocked(r, t)
+	sh.mu.Unlock()
+	if first {
+		select {
+		case sh.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// armLocked is arm with sh.mu held, for r in sh; it reports whether r's new
+// entry is the shard's earliest (its goroutine must then be woken).
+func (sh *shard) armLocked(r *abort.Run, t time.Duration) bool {
 	if t <= 0 {
 		t = 1
 	}
-	sh := s.shardOf(r)
-	sh.mu.Lock()
 	a := r.Armed()
 	if r.Released() || (a != 0 && a <= t) {
-		sh.mu.Unlock()
-		return
+		return false
 	}
 	r.SetArmed(t)
 	if a == 0 {
@@ -201,13 +213,7 @@ func (s *Scheduler) arm(r *abort.Run, t time.Duration) {
 	if a != 0 {
 		sh.compact()
 	}
-	sh.mu.Unlock()
-	if first {
-		select {
-		case sh.wake <- struct{}{}:
-		default:
-		}
-	}
+	return first
 }
 
 // Run is the scheduler loop: one goroutine per shard, each sleeping until
@@ -229,6 +235,7 @@ func (s *Scheduler) runShard(ctx context.Context, sh *shard) {
 	timer.Stop()
 	defer timer.Stop()
 	var due []*abort.Run
+	var rearm []entry
 	for {
 		now := s.reg.Now()
 		due = due[:0]
@@ -245,10 +252,24 @@ func (s *Scheduler) runShard(ctx context.Context, sh *shard) {
 		next := sh.dropStaleTop()
 		sh.mu.Unlock()
 		if len(due) > 0 {
+			// Handle the batch, then re-arm the runs that surfaced early
+			// under one lock hold: the shard's own goroutine loops at once,
+			// so no wake-up is needed.
+			rearm = rearm[:0]
 			for _, r := range due {
-				s.look(r, now)
+				if t := s.look(r, now); t > 0 {
+					rearm = append(rearm, entry{when: t, run: r})
+				}
+			}
+			if len(rearm) > 0 {
+				sh.mu.Lock()
+				for _, e := range rearm {
+					sh.armLocked(e.run, e.when)
+				}
+				sh.mu.Unlock()
 			}
 			clear(due)
+			clear(rearm)
 			continue
 		}
 		if next > 0 {
@@ -269,9 +290,9 @@ func (s *Scheduler) runShard(ctx context.Context, sh *shard) {
 // decision and acting on it: the window in which a concurrent Touch races.
 var testHookLookDecided func(*abort.Run)
 
-// look applies the ladder to one due run until nothing more is due, then
-// re-arms it for its next due time.
-func (s *Scheduler) look(r *abort.Run, now time.Duration) {
+// look applies the ladder to one due run until nothing more is due, and
+// returns when it is next due (0 = not to be armed); the caller arms it.
+func (s *Scheduler) look(r *abort.Run, now time.Duration) time.Duration {
 	s.stats.Looks.Add(1)
 	for range 4 {
 		d := Decide(now, r.View(), s.Policy())
@@ -282,11 +303,10 @@ func (s *Scheduler) look(r *abort.Run, now time.Duration) {
 		case None:
 			if d.Next > 0 {
 				s.stats.Rearms.Add(1)
-				s.arm(r, d.Next)
 			}
-			return
+			return d.Next
 		case Drop:
-			return
+			return 0
 		case Progress:
 			s.progress(r, now)
 		case Abort:
@@ -306,9 +326,10 @@ func (s *Scheduler) look(r *abort.Run, now time.Duration) {
 					Elapsed: now - r.View().AbortedAt, Step: cur, LastStep: last,
 				})
 			}
-			return
+			return 0
 		}
 	}
+	return 0
 }
 
 func (s *Scheduler) progress(r *abort.Run, now time.Duration) {
