@@ -82,6 +82,23 @@ func silences(n int) []time.Duration {
 	return out
 }
 
+// registerAlive registers turns 0..n-1 and, while it does, completes a step
+// of every turn registered so far each stepEvery, so that no turn reaches its
+// step deadline during a set-up that takes longer than stepWindow (1M turns
+// on a loaded machine take several seconds to register).
+func registerAlive(n int, register, complete func(i int)) {
+	last := time.Now()
+	for i := range n {
+		register(i)
+		if i%1024 == 0 && time.Since(last) >= stepEvery {
+			for j := range i + 1 {
+				complete(j)
+			}
+			last = time.Now()
+		}
+	}
+}
+
 // driveSteps completes a step of every turn every stepEvery until the
 // turn's silence, then returns. It first completes one step of every turn,
 // so turns registered early do not time out while the rest register.
@@ -137,9 +154,8 @@ func BenchmarkAbortLatency(b *testing.B) {
 					}
 				})
 				turns := make([]*timerTurn, n)
-				for i := range turns {
-					turns[i] = tr.register(strconv.Itoa(i), time.Hour, stepWindow)
-				}
+				registerAlive(n, func(i int) { turns[i] = tr.register(strconv.Itoa(i), time.Hour, stepWindow) },
+					func(i int) { turns[i].stepCompleted() })
 				runtime.GC() // do not bill the set-up's garbage collection to the scenario
 				cpu0 := cpuTime()
 				go driveSteps(n, silences(n), func(i int) { turns[i].stepCompleted() })
@@ -160,9 +176,8 @@ func BenchmarkAbortLatency(b *testing.B) {
 					}
 				})
 				entries := make([]*sweepEntry, n)
-				for i := range entries {
-					entries[i] = sw.registerStep(strconv.Itoa(i), time.Hour, stepWindow)
-				}
+				registerAlive(n, func(i int) { entries[i] = sw.registerStep(strconv.Itoa(i), time.Hour, stepWindow) },
+					func(i int) { sw.stepCompleted(entries[i]) })
 				ctx, cancel := context.WithCancel(context.Background())
 				go sw.run(ctx, time.Second)
 				go driveSteps(n, silences(n), func(i int) { sw.stepCompleted(entries[i]) })
@@ -197,7 +212,7 @@ func benchLatencyScheduler(b *testing.B, n int) {
 	go sched.Run(ctx)
 	st := timeout.Settings{Timeout: time.Hour, StepTimeout: stepWindow, ProgressRepeat: time.Minute, AbortGrace: time.Second}
 	runs := make([]*abort.Run, n)
-	for i := range runs {
+	registerAlive(n, func(i int) {
 		r, err := reg.Register(ctx, abort.Spec{RunID: strconv.Itoa(i), SessionKey: "s", Settings: st})
 		if err != nil {
 			b.Fatal(err)
@@ -205,7 +220,7 @@ func benchLatencyScheduler(b *testing.B, n int) {
 		sched.Track(r)
 		r.StepStarted("tool", "web_search")
 		runs[i] = r
-	}
+	}, func(i int) { runs[i].StepCompleted("tool", "web_search") })
 	before := sched.Stats()
 	runtime.GC() // do not bill the set-up's garbage collection to the scenario
 	cpu0 := cpuTime()
