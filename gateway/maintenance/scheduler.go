@@ -316,7 +316,7 @@ func (s *Scheduler) look(r *abort.Run, now time.Duration) time.Duration {
 		case Progress:
 			s.progress(r, now)
 		case Abort:
-			if ev, ok := r.Abort(d.Reason); ok {
+			if ev, ok := r.AbortDue(d.Reason); ok { // look decides the grace next: no Touch
 				s.stats.aborts[reasonIndex(d.Reason)].Add(1)
 				if s.obs.AbortLate != nil {
 					s.obs.AbortLate(d.Reason, now-d.Due)
