@@ -82,10 +82,12 @@ func silences(n int) []time.Duration {
 	return out
 }
 
-// registerAlive registers turns 0..n-1 and, while it does, completes a step
-// of every turn registered so far each stepEvery, so that no turn reaches its
-// step deadline during a set-up that takes longer than stepWindow (1M turns
-// on a loaded machine take several seconds to register).
+// registerAlive registers turns 0..n-1 and then collects the set-up's
+// garbage (so it is not billed to the scenario). Meanwhile it completes a
+// step of every turn registered so far each stepEvery, so that no turn
+// reaches its step deadline during a set-up that takes longer than
+// stepWindow (1M turns on a loaded machine take several seconds to register
+// and to collect).
 func registerAlive(n int, register, complete func(i int)) {
 	last := time.Now()
 	for i := range n {
@@ -95,6 +97,23 @@ func registerAlive(n int, register, complete func(i int)) {
 				complete(j)
 			}
 			last = time.Now()
+		}
+	}
+	gcDone := make(chan struct{})
+	go func() {
+		runtime.GC()
+		close(gcDone)
+	}()
+	tick := time.NewTicker(stepEvery)
+	defer tick.Stop()
+	for {
+		for i := range n {
+			complete(i)
+		}
+		select {
+		case <-gcDone:
+			return
+		case <-tick.C:
 		}
 	}
 }
@@ -156,7 +175,6 @@ func BenchmarkAbortLatency(b *testing.B) {
 				turns := make([]*timerTurn, n)
 				registerAlive(n, func(i int) { turns[i] = tr.register(strconv.Itoa(i), time.Hour, stepWindow) },
 					func(i int) { turns[i].stepCompleted() })
-				runtime.GC() // do not bill the set-up's garbage collection to the scenario
 				cpu0 := cpuTime()
 				go driveSteps(n, silences(n), func(i int) { turns[i].stepCompleted() })
 				waitAborts(b, done, lat, n)
@@ -222,7 +240,6 @@ func benchLatencyScheduler(b *testing.B, n int) {
 		runs[i] = r
 	}, func(i int) { runs[i].StepCompleted("tool", "web_search") })
 	before := sched.Stats()
-	runtime.GC() // do not bill the set-up's garbage collection to the scenario
 	cpu0 := cpuTime()
 	go driveSteps(n, silences(n), func(i int) { runs[i].StepCompleted("tool", "web_search") })
 	waitAborts(b, done, lat, n)
