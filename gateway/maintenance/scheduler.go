@@ -12,7 +12,8 @@ import (
 )
 
 // Observer receives the scheduler's measurements (for metrics). Methods are
-// called on the scheduler's goroutine and must not block. Any may be nil.
+// called on the scheduler's goroutines (one per shard, so concurrently) and
+// must be safe for concurrent use and not block. Any may be nil.
 type Observer struct {
 	// AbortLate is called for each deadline abort with how long after the
 	// deadline the abort happened.
@@ -22,7 +23,8 @@ type Observer struct {
 // Scheduler is the deadline scheduler. Create it with New, start Run on one
 // goroutine, and call Track for every registered run; Remove after a run is
 // released. It publishes Progress, Aborted and ForceFinalized events through
-// each run's Publish, so they are ordered with the run's other events.
+// each run's Publish, so they are ordered with the run's other events; the
+// publish function is called from every shard's goroutine concurrently.
 //
 // Runs are spread over shardsPerCore shards per core (GOMAXPROCS; at most
 // abort.Slots), by their registry slot; each shard has its own lock, its own
