@@ -313,3 +313,36 @@ func TestStepReadersSeeTheLastStepWhileLinksAreCut(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestAbortTellsTheWatcherUnlessItIsTheWatcher: Abort calls the OnSooner
+// watcher (the abort grace may be due before the run's armed time); AbortDue,
+// which the watcher itself calls while it looks at the run, does not.
+func TestAbortTellsTheWatcherUnlessItIsTheWatcher(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		abort func(*Run) (event.Event, bool)
+		want  int
+	}{
+		{"Abort", func(r *Run) (event.Event, bool) { return r.Abort(event.ReasonUser) }, 1},
+		{"AbortDue", func(r *Run) (event.Event, bool) { return r.AbortDue(event.ReasonStepTimeout) }, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := New(nil)
+			calls := 0
+			g.OnSooner(func(*Run) { calls++ })
+			r := register(t, g, "r1")
+			if _, ok := tt.abort(r); !ok {
+				t.Fatal("the abort lost")
+			}
+			if calls != tt.want {
+				t.Fatalf("OnSooner called %d times, want %d", calls, tt.want)
+			}
+			if r.State() != StateAborted || r.Context().Err() == nil {
+				t.Fatalf("state %v, context %v: want aborted and cancelled", r.State(), r.Context().Err())
+			}
+			if _, ok := tt.abort(r); ok || calls != tt.want {
+				t.Fatalf("a second abort won (%v) or called the watcher (%d)", ok, calls)
+			}
+		})
+	}
+}

@@ -33,6 +33,9 @@ func (e *DuplicateError) Unwrap() error { return ErrDuplicate }
 
 const shards = 64
 
+// Slots is the number of distinct Run.Slot values.
+const Slots = shards
+
 // Registry holds the live runs. The zero Registry is not usable; call New.
 // All methods are safe for concurrent use. Register and Release take one of
 // 64 shard locks; nothing on a run's progress path takes a registry lock.
@@ -89,8 +92,10 @@ func (g *Registry) Now() time.Duration { return time.Duration(g.now()) }
 func (g *Registry) wall(ns int64) time.Time { return g.epoch.Add(time.Duration(ns - 1)) }
 
 func (g *Registry) shardOf(id string) *shard {
-	return &g.shard[maphash.String(g.seed, id)%shards]
+	return &g.shard[g.slotOf(id)]
 }
+
+func (g *Registry) slotOf(id string) uint32 { return uint32(maphash.String(g.seed, id) % shards) }
 
 // Spec describes a turn to register.
 type Spec struct {
@@ -108,7 +113,8 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 	if spec.RunID == "" {
 		return nil, errors.New("register: empty run id")
 	}
-	s := g.shardOf(spec.RunID)
+	slot := g.slotOf(spec.RunID)
+	s := &g.shard[slot]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old, ok := s.runs[spec.RunID]; ok {
@@ -117,7 +123,7 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 	now := g.now()
 	r := &Run{
 		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef,
-		Settings: spec.Settings, reg: g, start: now,
+		Settings: spec.Settings, reg: g, start: now, slot: slot,
 	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	s.runs[spec.RunID] = r
@@ -246,11 +252,10 @@ func (r *Run) Armed() time.Duration { return time.Duration(r.armed.Load()) }
 // SetArmed records the scheduler's next look.
 func (r *Run) SetArmed(t time.Duration) { r.armed.Store(int64(t)) }
 
-// SchedIndex and SetSchedIndex hold the run's heap slot: index+1 while the
-// run is in the scheduler's heap, 0 when it is not. Only the scheduler
-// touches them, under its own lock.
-func (r *Run) SchedIndex() int     { return int(r.schedIndex) }
-func (r *Run) SetSchedIndex(i int) { r.schedIndex = int32(i) }
+// Slot returns a number in [0, Slots) fixed when the run was registered (its
+// registry shard: a hash of its run id), so that a watcher can spread runs
+// over its own shards without hashing again.
+func (r *Run) Slot() int { return int(r.slot) }
 
 // Snapshot is a run as operators and /status see it.
 type Snapshot struct {

@@ -73,7 +73,8 @@ type stepRec struct {
 //
 // Re-arm contract: a call that can make the run due earlier (StepStarted,
 // Resume, Abort) tells the registry's OnSooner watcher before it returns, so
-// the scheduler re-arms at once; every other call (StepCompleted, Activity,
+// the scheduler re-arms at once (AbortDue, the watcher's own abort, does
+// not: the watcher re-decides the run itself); every other call (StepCompleted, Activity,
 // Heartbeat, Pause, Finish, MarkReturned) can only make the run due later,
 // and is picked up lazily when the scheduler next looks. A liveness reset
 // never moves the step deadline earlier: the liveness reference only moves
@@ -94,7 +95,7 @@ type Run struct {
 
 	// Owned by the maintenance scheduler (written only by it).
 	noticeSeq    atomic.Uint32 // step seq that has an open progress notice; 0 = none
-	schedIndex   int32         // heap slot, guarded by the scheduler's mutex
+	slot         uint32        // registry shard, fixed at Register (the scheduler shards by it)
 	seq          uint32        // per-run event sequence, guarded by mu
 	lastNoticeAt atomic.Int64
 	armed        atomic.Int64 // when the scheduler will next look at this run; 0 = not armed
@@ -367,6 +368,17 @@ func (e *AbortError) Error() string { return "turn " + e.RunID + " aborted: " + 
 // publish, and true. If Finish or another Abort won first it
 // changes nothing and returns false.
 func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
+	ev, ok := r.AbortDue(reason)
+	if ok {
+		r.reg.sooner(r) // the abort grace is due, maybe before the armed time
+	}
+	return ev, ok
+}
+
+// AbortDue is Abort for the OnSooner watcher itself, when it aborts a run it
+// is looking at: it does not call the watcher back, because the watcher
+// decides the run's next time (the abort grace) right after.
+func (r *Run) AbortDue(reason event.StopReason) (event.Event, bool) {
 	if !r.state.CompareAndSwap(uint32(StateRunning), stateWord(StateAborted, reason)) {
 		return event.Event{}, false
 	}
@@ -384,7 +396,6 @@ func (r *Run) Abort(reason event.StopReason) (event.Event, bool) {
 		StepTimeout: r.Settings.StepTimeout,
 		FullText:    r.Text(),
 	}
-	r.reg.sooner(r) // the abort grace is due, maybe before the armed time
 	return ev, true
 }
 

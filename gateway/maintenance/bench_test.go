@@ -82,6 +82,42 @@ func silences(n int) []time.Duration {
 	return out
 }
 
+// registerAlive registers turns 0..n-1 and then collects the set-up's
+// garbage (so it is not billed to the scenario). Meanwhile it completes a
+// step of every turn registered so far each stepEvery, so that no turn
+// reaches its step deadline during a set-up that takes longer than
+// stepWindow (1M turns on a loaded machine take several seconds to register
+// and to collect).
+func registerAlive(n int, register, complete func(i int)) {
+	last := time.Now()
+	for i := range n {
+		register(i)
+		if i%1024 == 0 && time.Since(last) >= stepEvery {
+			for j := range i + 1 {
+				complete(j)
+			}
+			last = time.Now()
+		}
+	}
+	gcDone := make(chan struct{})
+	go func() {
+		runtime.GC()
+		close(gcDone)
+	}()
+	tick := time.NewTicker(stepEvery)
+	defer tick.Stop()
+	for {
+		for i := range n {
+			complete(i)
+		}
+		select {
+		case <-gcDone:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
 // driveSteps completes a step of every turn every stepEvery until the
 // turn's silence, then returns. It first completes one step of every turn,
 // so turns registered early do not time out while the rest register.
@@ -137,13 +173,15 @@ func BenchmarkAbortLatency(b *testing.B) {
 					}
 				})
 				turns := make([]*timerTurn, n)
-				for i := range turns {
-					turns[i] = tr.register(strconv.Itoa(i), time.Hour, stepWindow)
-				}
+				registerAlive(n, func(i int) { turns[i] = tr.register(strconv.Itoa(i), time.Hour, stepWindow) },
+					func(i int) { turns[i].stepCompleted() })
+				cpu0 := cpuTime()
 				go driveSteps(n, silences(n), func(i int) { turns[i].stepCompleted() })
 				waitAborts(b, done, lat, n)
+				cpu := cpuTime() - cpu0
 				tr.stop()
 				lat.report(b, n)
+				b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms")
 			}
 		})
 		b.Run(fmt.Sprintf("sweep-1s/turns=%d", n), func(b *testing.B) {
@@ -156,9 +194,8 @@ func BenchmarkAbortLatency(b *testing.B) {
 					}
 				})
 				entries := make([]*sweepEntry, n)
-				for i := range entries {
-					entries[i] = sw.registerStep(strconv.Itoa(i), time.Hour, stepWindow)
-				}
+				registerAlive(n, func(i int) { entries[i] = sw.registerStep(strconv.Itoa(i), time.Hour, stepWindow) },
+					func(i int) { sw.stepCompleted(entries[i]) })
 				ctx, cancel := context.WithCancel(context.Background())
 				go sw.run(ctx, time.Second)
 				go driveSteps(n, silences(n), func(i int) { sw.stepCompleted(entries[i]) })
@@ -193,7 +230,7 @@ func benchLatencyScheduler(b *testing.B, n int) {
 	go sched.Run(ctx)
 	st := timeout.Settings{Timeout: time.Hour, StepTimeout: stepWindow, ProgressRepeat: time.Minute, AbortGrace: time.Second}
 	runs := make([]*abort.Run, n)
-	for i := range runs {
+	registerAlive(n, func(i int) {
 		r, err := reg.Register(ctx, abort.Spec{RunID: strconv.Itoa(i), SessionKey: "s", Settings: st})
 		if err != nil {
 			b.Fatal(err)
@@ -201,12 +238,15 @@ func benchLatencyScheduler(b *testing.B, n int) {
 		sched.Track(r)
 		r.StepStarted("tool", "web_search")
 		runs[i] = r
-	}
+	}, func(i int) { runs[i].StepCompleted("tool", "web_search") })
 	before := sched.Stats()
+	cpu0 := cpuTime()
 	go driveSteps(n, silences(n), func(i int) { runs[i].StepCompleted("tool", "web_search") })
 	waitAborts(b, done, lat, n)
+	cpu := cpuTime() - cpu0
 	after := sched.Stats()
 	lat.report(b, n)
+	b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms")
 	b.ReportMetric(float64(after.Rearms-before.Rearms)/float64(n), "lazy-rearms/turn")
 }
 

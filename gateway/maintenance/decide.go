@@ -4,11 +4,12 @@
 // abort grace — and wakes exactly when the earliest such thing is due.
 //
 // It replaces the fixed-interval O(n) sweep of older gateways: each live run
-// has one entry in a min-heap keyed by when it next needs a look. Progress
-// resets (a step completing) only store a new deadline in the run; an entry
-// that surfaces before its run's real deadline is re-armed for the real time
-// (the lazy re-arm of gRPC keepalive, Netty's IdleStateHandler and Temporal's
-// heartbeat timer). What is due is decided by one pure function, Decide.
+// has one entry in a min-heap (one heap per core) keyed by when it next needs
+// a look. Progress resets (a step completing) only store a new deadline in
+// the run; an entry that surfaces before its run's real deadline is re-armed
+// for the real time (the lazy re-arm of gRPC keepalive, Netty's
+// IdleStateHandler and Temporal's heartbeat timer). What is due is decided by
+// one pure function, Decide.
 package maintenance
 
 import (
