@@ -11,8 +11,8 @@
 // Process: started on the first turn (and again after it died or was
 // stopped) with the gateway's environment less its GATEWAY_* variables,
 // then agents.acp.env, in agents.acp.workdir; initialize (protocol version
-// 1, clientInfo turnguard and the gateway's version, fs read and write, no
-// terminals; the answer's agentCapabilities say which of session/load,
+// 1, clientInfo turnguard and the gateway's version, fs read and write,
+// terminals (see terminal.go); the answer's agentCapabilities say which of session/load,
 // session/resume and session/close the runner uses) must be answered within agents.acp.startTimeoutSeconds; an
 // agent that refuses it never started, and the user is told so. Its stderr
 // goes to the log (the first lines, secrets of agents.acp.env redacted),
@@ -697,7 +697,7 @@ func (r *Runner) initialize(ag *agent) {
 		"protocolVersion": ProtocolVersion,
 		"clientCapabilities": map[string]any{
 			"fs":       map[string]bool{"readTextFile": true, "writeTextFile": true},
-			"terminal": false,
+			"terminal": true,
 		},
 		"clientInfo": map[string]string{"name": "turnguard", "title": "turnguard", "version": r.version},
 	}

@@ -48,6 +48,7 @@ type agent struct {
 	refused  lineLog       // refused requests (fs, busy, malformed permission requests)
 	inflight chan struct{} // bounds the agent's requests handled at once
 	fsLimit  fsLimit       // bounds the fs requests served at once and their bytes
+	terms    terminals     // the terminal methods' commands (terminal.go)
 
 	ctx    context.Context // done when the agent is dead: its fs requests stop
 	cancel context.CancelFunc
@@ -165,6 +166,7 @@ func (r *Runner) start(n uint64) (*agent, error) {
 		refused:  lineLog{limit: maxLogged},
 		inflight: make(chan struct{}, maxInflight),
 		fsLimit:  fsLimit{max: maxFSInflight, maxBytes: maxFSBytes},
+		terms:    terminals{dir: r.dir, env: r.env, inst: r.inst},
 	}
 	ag.ctx, ag.cancel = context.WithCancel(context.Background())
 	ag.c = newConn(stdinW, func() {
@@ -360,7 +362,8 @@ func (ag *agent) notification(m *message) {
 
 // request handles a request of the agent. Permission requests go to the
 // turn running on their session (which asks the person); fs requests are
-// served here, in the workdir sandbox; everything else is method-not-found.
+// served here, in the workdir sandbox, and terminal requests too (see
+// terminal.go); everything else is method-not-found.
 // At most maxInflight are handled at once.
 func (ag *agent) request(m *message) {
 	select {
@@ -415,6 +418,8 @@ func (ag *agent) request(m *message) {
 			}
 			_ = ag.c.reply(m.ID, res, e)
 		}()
+	case "terminal/create", "terminal/output", "terminal/wait_for_exit", "terminal/kill", "terminal/release":
+		ag.terminal(m, done)
 	default:
 		done()
 		_ = ag.c.reply(m.ID, nil, &rpcError{Code: codeMethodNotFound, Message: "method not found: " + cut(m.Method, 100)})

@@ -23,6 +23,15 @@
 //   plan              a plan of 5 entries (the 1st completed, the 2nd "Run
 //                     tests" in progress), then "planned"
 //   plan hang         the same plan, then waits for session/cancel
+//   terminal run [limit N] C  runs sh -c C in a terminal (env ACP_TEST_VAR,
+//                     outputByteLimit N), waits, then "exit E truncated T
+//                     output "O"" (or "refused: <error>")
+//   terminal kill     sleep 600 in a terminal, terminal/kill, then
+//                     "killed: exit E signal S"
+//   terminal many N   creates N terminals at once, releases them, creates
+//                     one more: "made M, error: <the last refusal>"
+//   terminal hang     a terminal printing its shell's pid, then nothing:
+//                     "pid P", then waits for session/cancel
 //   anything else     "echo: <text>"
 //
 // Sessions outlive the process when ACP_TEST_SESSIONS names a directory:
@@ -273,6 +282,51 @@ class TestAgent {
     } else if (text === "stderr") {
       process.stderr.write("agent diagnostics: all fine\n");
       await this.say(sid, "stderr written");
+    } else if ((m = text.match(/^terminal run(?: limit (\d+))? (.*)$/))) {
+      try {
+        const t = await this.conn.createTerminal({
+          sessionId: sid, command: "sh", args: ["-c", m[2]], env: [{ name: "ACP_TEST_VAR", value: "from-agent" }],
+          ...(m[1] ? { outputByteLimit: Number(m[1]) } : {}),
+        });
+        const st = await t.waitForExit();
+        const out = await t.currentOutput();
+        await t.release();
+        await this.say(sid, `exit ${st.exitCode} truncated ${out.truncated} output ${JSON.stringify(out.output)}`);
+      } catch (e) {
+        await this.say(sid, `refused: ${e.message}`);
+      }
+    } else if (text === "terminal kill") {
+      const t = await this.conn.createTerminal({ sessionId: sid, command: "sleep", args: ["600"] });
+      await t.kill();
+      const st = await t.waitForExit();
+      await t.release();
+      await this.say(sid, `killed: exit ${st.exitCode} signal ${st.signal}`);
+    } else if ((m = text.match(/^terminal many (\d+)$/))) {
+      const made = [];
+      let err = "none";
+      for (let i = 0; i < Number(m[1]); i++) {
+        try {
+          made.push(await this.conn.createTerminal({ sessionId: sid, command: "sleep", args: ["600"] }));
+        } catch (e) {
+          err = e.message;
+        }
+      }
+      for (const t of made) await t.release();
+      const again = await this.conn.createTerminal({ sessionId: sid, command: "true" });
+      await again.release();
+      await this.say(sid, `made ${made.length}, error: ${err}`);
+    } else if (text === "terminal hang") {
+      // A command that prints its pid and then nothing: the pid goes to
+      // the reply, and the turn waits for session/cancel.
+      const t = await this.conn.createTerminal({ sessionId: sid, command: "sh", args: ["-c", "echo $$; exec sleep 600"] });
+      let out = "";
+      while (!out.includes("\n")) {
+        out = (await t.currentOutput()).output;
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      await this.say(sid, `pid ${out.trim()}`);
+      await cancelled;
+      return { stopReason: "cancelled" };
     } else {
       await this.say(sid, `echo: ${text}`);
     }
