@@ -543,6 +543,7 @@ func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbac
 			giveUp = t.C
 		case <-giveUp:
 			log.Warn("acp: the agent did not answer session/cancel; stopping it", "after", r.cancelWait, "agent_process", ag.n)
+			ag.abandon(reqID, "session/prompt")
 			r.retire(ag, "ignored session/cancel")
 			text, _ := ts.end()
 			return runner.Result{Text: text}, ctx.Err()

@@ -476,7 +476,8 @@ func (l *fsLimit) give(size int64) {
 }
 
 // call sends a request and waits for its answer for at most timeout, until
-// the agent dies, or until ctx is done.
+// the agent dies, or until ctx is done; a request given up on is abandoned
+// ($/cancel_request).
 func (ag *agent) call(ctx context.Context, timeout time.Duration, method string, params, out any) error {
 	id, ch, err := ag.c.request(method, params)
 	if err != nil {
@@ -496,10 +497,10 @@ func (ag *agent) call(ctx context.Context, timeout time.Duration, method string,
 		}
 		return nil
 	case <-t.C:
-		ag.c.forget(id)
+		ag.abandon(id, method)
 		return &timeoutError{method: method, after: timeout}
 	case <-ctx.Done():
-		ag.c.forget(id)
+		ag.abandon(id, method)
 		return ctx.Err()
 	}
 }

@@ -17,12 +17,13 @@ import (
 const fakeEnv = "ACP_FAKE_AGENT"
 
 func TestMain(m *testing.M) {
+	// The recording stand-in first: it may be recording a fake agent.
+	if path := os.Getenv(teeEnv); path != "" {
+		os.Exit(teeAgent(path, os.Args[1:]))
+	}
 	if mode := os.Getenv(fakeEnv); mode != "" {
 		fakeAgent(mode)
 		os.Exit(0)
-	}
-	if path := os.Getenv(teeEnv); path != "" {
-		os.Exit(teeAgent(path, os.Args[1:]))
 	}
 	code := m.Run()
 	removeGoAgent()

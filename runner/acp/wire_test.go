@@ -171,7 +171,7 @@ var (
 		"session/resume": "ResumeSessionRequest",
 		"session/close":  "CloseSessionRequest",
 	}
-	clientNotifications = map[string]string{"session/cancel": "CancelNotification"}
+	clientNotifications = map[string]string{"session/cancel": "CancelNotification", "$/cancel_request": "CancelRequestNotification"}
 	clientResults       = map[string]string{
 		"session/request_permission": "RequestPermissionResponse",
 		"fs/read_text_file":          "ReadTextFileResponse",
