@@ -33,6 +33,8 @@ type agent struct {
 	ready    chan struct{} // closed when initialize is answered (or start-up failed)
 	startErr error         // set before ready is closed
 	caps     agentCaps     // set before ready is closed
+	authIDs  []string      // initialize's authMethods ids (auth.go); set before ready is closed
+	authMu   sync.Mutex    // one authenticate at a time
 
 	dead      chan struct{} // closed when the connection is over: the process exited or was stopped
 	finished  chan struct{} // closed when the process was reaped and its output read and logged

@@ -170,6 +170,7 @@ var (
 		"session/load":   "LoadSessionRequest",
 		"session/resume": "ResumeSessionRequest",
 		"session/close":  "CloseSessionRequest",
+		"authenticate":   "AuthenticateRequest",
 	}
 	clientNotifications = map[string]string{"session/cancel": "CancelNotification", "$/cancel_request": "CancelRequestNotification"}
 	clientResults       = map[string]string{

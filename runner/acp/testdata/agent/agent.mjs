@@ -5,6 +5,8 @@
 //
 //   remember X        keeps X in the session; "what did I say" tells it back
 //   pid               answers with its process id
+//   logout            forgets the sign-in (ACP_TEST_AUTH): "logged out"
+//   whoami            "signed in N times" (authenticate calls that worked)
 //   cwd               answers with the session's cwd
 //   tool echo X       a tool call "Echo X" that completes, then "echoed X"
 //   tool hang         a tool call "Run slow_tool" that never completes;
@@ -49,6 +51,10 @@ import { Readable, Writable } from "node:stream";
 
 const dir = process.env.ACP_TEST_SESSIONS || "";
 const caps = new Set((process.env.ACP_TEST_CAPS || "").split(",").filter(Boolean));
+// ACP_TEST_AUTH=1: the agent lists the auth methods "test-login" (which
+// works) and "broken-login" (which fails), and refuses session/new and
+// session/prompt with auth_required until authenticate succeeded.
+const needsAuth = process.env.ACP_TEST_AUTH === "1";
 
 function sessionFile(id) {
   if (!dir || !/^[A-Za-z0-9-]+$/.test(id)) return "";
@@ -64,6 +70,8 @@ class TestAgent {
     this.conn = conn;
     this.sessions = new Map();
     this.n = 0;
+    this.authed = !needsAuth;
+    this.signIns = 0;
   }
 
   async initialize() {
@@ -77,14 +85,24 @@ class TestAgent {
         },
       },
       agentInfo: { name: "test-agent", version: "1.0.0" },
+      authMethods: needsAuth
+        ? [
+            { id: "test-login", name: "Test login" },
+            { id: "broken-login", name: "Broken login" },
+          ]
+        : [],
     };
   }
 
-  async authenticate() {
+  async authenticate(params) {
+    if (params.methodId !== "test-login") throw acp.RequestError.internalError(undefined, "login server unreachable");
+    this.authed = true;
+    this.signIns++;
     return {};
   }
 
   async newSession(params) {
+    if (!this.authed) throw acp.RequestError.authRequired();
     const sessionId = `s${++this.n}-${process.pid}`;
     this.sessions.set(sessionId, { cwd: params.cwd, memory: null, abort: null, history: [] });
     return { sessionId };
@@ -167,6 +185,7 @@ class TestAgent {
     const sid = params.sessionId;
     const s = this.sessions.get(sid);
     if (!s) throw acp.RequestError.invalidParams(`no session ${sid}`);
+    if (!this.authed) throw acp.RequestError.authRequired();
     s.abort = new AbortController();
     const cancelled = new Promise((resolve) => s.abort.signal.addEventListener("abort", resolve));
     const text = params.prompt.filter((b) => b.type === "text").map((b) => b.text).join("").trim();
@@ -185,6 +204,11 @@ class TestAgent {
       await this.say(sid, `OK, I will remember ${m[1]}.`);
     } else if (text === "what did I say") {
       await this.say(sid, s.memory ? `You said: ${s.memory}` : "You said nothing yet.");
+    } else if (text === "logout") {
+      this.authed = !needsAuth;
+      await this.say(sid, "logged out");
+    } else if (text === "whoami") {
+      await this.say(sid, `signed in ${this.signIns} times`);
     } else if (text === "pid") {
       await this.say(sid, `pid ${process.pid}`);
     } else if (text === "cwd") {
