@@ -18,7 +18,7 @@ import (
 // client's terminal methods. A command runs in the workdir with the
 // agent's env entries, its exit status and output come back, its output is
 // cut to the agent's outputByteLimit and to the runner's own bound (the
-// tail kept, truncated said), terminal/kill kills it, and a turn has at
+// tail kept, truncated said) and is activity, terminal/kill kills it, and a turn has at
 // most 4 terminals at once (a released one frees its slot).
 func TestTerminals(t *testing.T) {
 	r, _, dir := newRunner(t, grace, nil)
@@ -26,10 +26,12 @@ func TestTerminals(t *testing.T) {
 	tests := []struct {
 		msg, reply string
 		events     []string // the tool step of the terminal, when checked
+		activity   bool     // its output was reported as activity
 	}{
 		{msg: "terminal run echo $ACP_TEST_VAR; pwd",
-			reply:  fmt.Sprintf("exit 0 truncated false output %q", "from-agent\n"+dir+"\n"),
-			events: []string{"start tool sh -c echo $ACP_TEST_VAR; pwd", "done tool sh -c echo $ACP_TEST_VAR; pwd"}},
+			reply:    fmt.Sprintf("exit 0 truncated false output %q", "from-agent\n"+dir+"\n"),
+			events:   []string{"start tool sh -c echo $ACP_TEST_VAR; pwd", "done tool sh -c echo $ACP_TEST_VAR; pwd"},
+			activity: true},
 		{msg: "terminal run echo out; echo err >&2; exit 3", reply: `exit 3 truncated false output "out\nerr\n"`},
 		{msg: "terminal run limit 10 printf 0123456789abcdef", reply: `exit 0 truncated true output "6789abcdef"`},
 		// A cut never splits a character: "é" is two bytes.
@@ -55,6 +57,9 @@ func TestTerminals(t *testing.T) {
 				if strings.HasPrefix(ev, "start tool") || strings.HasPrefix(ev, "done tool") {
 					steps = append(steps, ev)
 				}
+			}
+			if tc.activity && !slices.Contains(rec.Events(), "activity") {
+				t.Errorf("the output was no activity: %q", rec.Events())
 			}
 			if tc.events != nil && !slices.Equal(steps, tc.events) {
 				t.Errorf("tool steps %q, want %q", steps, tc.events)
