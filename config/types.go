@@ -168,6 +168,7 @@ type ACP struct {
 	Workdir             string            `koanf:"workdir"`             // the sessions' cwd and the fs sandbox; default the gateway's working directory
 	IdleSeconds         float64           `koanf:"idleSeconds"`         // an ACP session unused this long is forgotten; default 1800
 	StartTimeoutSeconds float64           `koanf:"startTimeoutSeconds"` // bound on starting the agent, initialize and session/new; default 60
+	AuthMethod          string            `koanf:"authMethod"`          // the authMethods id passed to authenticate when the agent needs sign-in; "" = never authenticate
 }
 
 // Channels configures each channel.

@@ -370,6 +370,9 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	}
 	p.numberIn("agents.acp.idleSeconds", a.IdleSeconds, bounds["agents.acp.idleSeconds"])
 	p.numberIn("agents.acp.startTimeoutSeconds", a.StartTimeoutSeconds, bounds["agents.acp.startTimeoutSeconds"])
+	if m := a.AuthMethod; len(m) > 128 || !utf8.ValidString(m) || strings.ContainsFunc(m, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		p.add("agents.acp.authMethod", "must be an auth method id the agent lists in initialize's authMethods: at most 128 bytes, no spaces")
+	}
 
 	tg := c.Channels.Telegram
 	p.oneOf("channels.telegram.mode", tg.Mode, TelegramPolling, TelegramWebhook)

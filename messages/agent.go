@@ -44,3 +44,17 @@ func AgentPlanStep(n, total int, content string) string {
 
 // planMark starts every step name AgentPlanStep makes.
 const planMark = "📋 "
+
+// AgentSignInNeeded is what a user reads when the agent needs a sign-in
+// (ACP's auth_required) that turnguard could not do: no
+// agents.acp.authMethod is configured, or authenticate failed. Signing in
+// is the operator's job, never the person's; ref is the reference of the
+// WARN line the operator finds in the log.
+func AgentSignInNeeded(ref string) string {
+	return fmt.Sprintf("The agent is not signed in, so it cannot answer. The operator needs to sign it in; tell them (reference %s).", ref)
+}
+
+// AgentSigningIn is the reason the liveness clock is paused while the
+// agent signs in (ACP's authenticate, bounded by
+// agents.acp.startTimeoutSeconds instead).
+const AgentSigningIn = "signing the agent in"

@@ -11,8 +11,8 @@
 // Process: started on the first turn (and again after it died or was
 // stopped) with the gateway's environment less its GATEWAY_* variables,
 // then agents.acp.env, in agents.acp.workdir; initialize (protocol version
-// 1, clientInfo turnguard and the gateway's version, fs read and write, no
-// terminals; the answer's agentCapabilities say which of session/load,
+// 1, clientInfo turnguard and the gateway's version, fs read and write,
+// terminals (see terminal.go); the answer's agentCapabilities say which of session/load,
 // session/resume and session/close the runner uses) must be answered within agents.acp.startTimeoutSeconds; an
 // agent that refuses it never started, and the user is told so. Its stderr
 // goes to the log (the first lines, secrets of agents.acp.env redacted),
@@ -48,6 +48,13 @@
 // the shared process's (see grants): the agent gets the "once" option of
 // the same sense, and the runner answers the conversation's later requests
 // for the same tool call itself.
+//
+// Terminals (terminal.go): the agent's terminal/* requests run commands in
+// the workdir, bounded and killed with the turn. Sign-in (auth.go): an
+// auth_required answer is met with authenticate and agents.acp.authMethod,
+// else the person is told the operator must sign the agent in. A request
+// the runner gives up on is followed by $/cancel_request
+// (cancelrequest.go).
 //
 // Abort: when ctx is cancelled the runner sends session/cancel and waits for
 // the prompt's answer for half the abort grace; an agent that does not
@@ -105,6 +112,7 @@ type Runner struct {
 	version      string // the gateway's version: initialize's clientInfo.version
 	idle         time.Duration
 	startTimeout time.Duration
+	authMethod   string // agents.acp.authMethod: see auth.go
 	cancelWait   time.Duration
 	log          *slog.Logger
 	inst         string
@@ -174,6 +182,7 @@ func New(cfg config.ACP, abortGrace time.Duration, log *slog.Logger, opts ...Opt
 		args: slices.Clone(cfg.Args), log: log, cancelWait: abortGrace / 2,
 		idle:         seconds(cfg.IdleSeconds, 1800),
 		startTimeout: seconds(cfg.StartTimeoutSeconds, 60),
+		authMethod:   cfg.AuthMethod,
 		version:      "unknown",
 		running:      map[*agent]int{}, retiring: map[*agent]bool{},
 	}
@@ -298,13 +307,13 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	}
 	started()
 	if !lost {
-		return r.prompt(ctx, turn, cb, ag, s, log)
+		return r.promptSigned(ctx, turn, cb, ag, s, log)
 	}
 	// The person is told, once, before the reply: the new session is the
 	// conversation's from now on.
 	notice := messages.AgentContextLost + "\n\n"
 	cb.Delta(notice)
-	res, err := r.prompt(ctx, turn, cb, ag, s, log)
+	res, err := r.promptSigned(ctx, turn, cb, ag, s, log)
 	res.Text = notice + res.Text
 	return res, err
 }
@@ -369,6 +378,14 @@ func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, c
 		SessionID string `json:"sessionId"`
 	}
 	err = ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &res)
+	if retry, uerr := r.signIn(ctx, log, ag, "session/new", err); uerr != nil {
+		return false, uerr
+	} else if retry {
+		err = ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &res)
+		if ag.authRequired(err) {
+			return false, r.signInNeeded(log, ag, "session/new", errors.New("auth_required again after authenticate"))
+		}
+	}
 	if err == nil && res.SessionID == "" {
 		err = errors.New("acp: session/new answered no sessionId")
 	}
@@ -543,6 +560,7 @@ func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbac
 			giveUp = t.C
 		case <-giveUp:
 			log.Warn("acp: the agent did not answer session/cancel; stopping it", "after", r.cancelWait, "agent_process", ag.n)
+			ag.abandon(reqID, "session/prompt")
 			r.retire(ag, "ignored session/cancel")
 			text, _ := ts.end()
 			return runner.Result{Text: text}, ctx.Err()
@@ -557,6 +575,9 @@ func (r *Runner) finish(ctx context.Context, ag *agent, resp response, text stri
 		return res, err
 	}
 	if resp.err != nil {
+		if ag.authRequired(resp.err) {
+			return res, &authNeeded{err: resp.err} // promptSigned signs in
+		}
 		var re *rpcError
 		if errors.As(resp.err, &re) {
 			log.Warn("acp: session/prompt failed", "code", re.Code, "message", cut(re.Message, 500))
@@ -692,12 +713,13 @@ func (r *Runner) initialize(ag *agent) {
 			Title string `json:"title"`
 		} `json:"agentInfo"`
 		AgentCapabilities json.RawMessage `json:"agentCapabilities"`
+		AuthMethods       json.RawMessage `json:"authMethods"`
 	}
 	params := map[string]any{
 		"protocolVersion": ProtocolVersion,
 		"clientCapabilities": map[string]any{
 			"fs":       map[string]bool{"readTextFile": true, "writeTextFile": true},
-			"terminal": false,
+			"terminal": true,
 		},
 		"clientInfo": map[string]string{"name": "turnguard", "title": "turnguard", "version": r.version},
 	}
@@ -720,8 +742,9 @@ func (r *Runner) initialize(ag *agent) {
 		}
 	}
 	ag.caps = parseCaps(res.AgentCapabilities)
+	ag.authIDs = authMethods(res.AuthMethods)
 	ag.log.Info("acp: agent initialized", "agent", ag.name, "load_session", ag.caps.load,
-		"resume_session", ag.caps.resume, "close_session", ag.caps.close)
+		"resume_session", ag.caps.resume, "close_session", ag.caps.close, "auth_methods", ag.authIDs)
 }
 
 // retire stops new turns from going to ag and stops it — now if no turn

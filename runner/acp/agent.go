@@ -33,6 +33,8 @@ type agent struct {
 	ready    chan struct{} // closed when initialize is answered (or start-up failed)
 	startErr error         // set before ready is closed
 	caps     agentCaps     // set before ready is closed
+	authIDs  []string      // initialize's authMethods ids (auth.go); set before ready is closed
+	authMu   sync.Mutex    // one authenticate at a time
 
 	dead      chan struct{} // closed when the connection is over: the process exited or was stopped
 	finished  chan struct{} // closed when the process was reaped and its output read and logged
@@ -48,6 +50,7 @@ type agent struct {
 	refused  lineLog       // refused requests (fs, busy, malformed permission requests)
 	inflight chan struct{} // bounds the agent's requests handled at once
 	fsLimit  fsLimit       // bounds the fs requests served at once and their bytes
+	terms    terminals     // the terminal methods' commands (terminal.go)
 
 	ctx    context.Context // done when the agent is dead: its fs requests stop
 	cancel context.CancelFunc
@@ -165,6 +168,7 @@ func (r *Runner) start(n uint64) (*agent, error) {
 		refused:  lineLog{limit: maxLogged},
 		inflight: make(chan struct{}, maxInflight),
 		fsLimit:  fsLimit{max: maxFSInflight, maxBytes: maxFSBytes},
+		terms:    terminals{dir: r.dir, env: r.env, inst: r.inst},
 	}
 	ag.ctx, ag.cancel = context.WithCancel(context.Background())
 	ag.c = newConn(stdinW, func() {
@@ -360,7 +364,8 @@ func (ag *agent) notification(m *message) {
 
 // request handles a request of the agent. Permission requests go to the
 // turn running on their session (which asks the person); fs requests are
-// served here, in the workdir sandbox; everything else is method-not-found.
+// served here, in the workdir sandbox, and terminal requests too (see
+// terminal.go); everything else is method-not-found.
 // At most maxInflight are handled at once.
 func (ag *agent) request(m *message) {
 	select {
@@ -415,6 +420,8 @@ func (ag *agent) request(m *message) {
 			}
 			_ = ag.c.reply(m.ID, res, e)
 		}()
+	case "terminal/create", "terminal/output", "terminal/wait_for_exit", "terminal/kill", "terminal/release":
+		ag.terminal(m, done)
 	default:
 		done()
 		_ = ag.c.reply(m.ID, nil, &rpcError{Code: codeMethodNotFound, Message: "method not found: " + cut(m.Method, 100)})
@@ -471,7 +478,8 @@ func (l *fsLimit) give(size int64) {
 }
 
 // call sends a request and waits for its answer for at most timeout, until
-// the agent dies, or until ctx is done.
+// the agent dies, or until ctx is done; a request given up on is abandoned
+// ($/cancel_request).
 func (ag *agent) call(ctx context.Context, timeout time.Duration, method string, params, out any) error {
 	id, ch, err := ag.c.request(method, params)
 	if err != nil {
@@ -491,10 +499,10 @@ func (ag *agent) call(ctx context.Context, timeout time.Duration, method string,
 		}
 		return nil
 	case <-t.C:
-		ag.c.forget(id)
+		ag.abandon(id, method)
 		return &timeoutError{method: method, after: timeout}
 	case <-ctx.Done():
-		ag.c.forget(id)
+		ag.abandon(id, method)
 		return ctx.Err()
 	}
 }

@@ -19,6 +19,28 @@ func secs(v float64) *float64 { return &v }
 // step timeout, and what the user reads names the tool; the agent honours
 // the session/cancel, so the conversation goes on in the same session.
 func TestEngineStepTimeoutNamesTheTool(t *testing.T) {
+	turn := engineTurns(t)
+	if ev := turn("r1", "remember the engine"); ev.Kind != event.Finished || ev.FullText != "OK, I will remember the engine." {
+		t.Fatalf("first turn: %s %q %q", ev.Kind, ev.FullText, ev.Message)
+	}
+	ev := turn("r2", "tool hang")
+	if ev.Kind != event.Aborted || ev.StopReason != event.ReasonStepTimeout {
+		t.Fatalf("tool hang ended %s %s %q, want aborted step_timeout", ev.Kind, ev.StopReason, ev.Message)
+	}
+	if !strings.Contains(ev.Message, "Run slow_tool never finished") {
+		t.Errorf("the user reads %q, which does not name the tool", ev.Message)
+	}
+	if ev := turn("r3", "what did I say"); ev.Kind != event.Finished || ev.FullText != "You said: the engine" {
+		t.Errorf("after the step timeout: %s %q %q, want the same session", ev.Kind, ev.FullText, ev.Message)
+	}
+}
+
+// engineTurns runs the real engine with the acp runner on the Node agent
+// (stepTimeoutSeconds 1, the agent process already started) and returns a
+// function that sends one message on session key "main" and returns the
+// event that ended its turn.
+func engineTurns(t *testing.T) func(runID, text string) event.Event {
+	t.Helper()
 	node, args := nodeAgent(t)
 	c := config.Default()
 	c.Agents.Defaults.Runner = config.RunnerACP
@@ -52,7 +74,7 @@ func TestEngineStepTimeoutNamesTheTool(t *testing.T) {
 		unsub()
 		cancel()
 	})
-	turn := func(runID, text string) event.Event {
+	return func(runID, text string) event.Event {
 		t.Helper()
 		if _, err := e.Send(context.Background(), gateway.SendRequest{SessionKey: "main", Channel: "ws", RunID: runID, Text: text}); err != nil {
 			t.Fatal(err)
@@ -66,17 +88,4 @@ func TestEngineStepTimeoutNamesTheTool(t *testing.T) {
 		}
 	}
 
-	if ev := turn("r1", "remember the engine"); ev.Kind != event.Finished || ev.FullText != "OK, I will remember the engine." {
-		t.Fatalf("first turn: %s %q %q", ev.Kind, ev.FullText, ev.Message)
-	}
-	ev := turn("r2", "tool hang")
-	if ev.Kind != event.Aborted || ev.StopReason != event.ReasonStepTimeout {
-		t.Fatalf("tool hang ended %s %s %q, want aborted step_timeout", ev.Kind, ev.StopReason, ev.Message)
-	}
-	if !strings.Contains(ev.Message, "Run slow_tool never finished") {
-		t.Errorf("the user reads %q, which does not name the tool", ev.Message)
-	}
-	if ev := turn("r3", "what did I say"); ev.Kind != event.Finished || ev.FullText != "You said: the engine" {
-		t.Errorf("after the step timeout: %s %q %q, want the same session", ev.Kind, ev.FullText, ev.Message)
-	}
 }

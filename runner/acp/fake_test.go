@@ -17,12 +17,13 @@ import (
 const fakeEnv = "ACP_FAKE_AGENT"
 
 func TestMain(m *testing.M) {
+	// The recording stand-in first: it may be recording a fake agent.
+	if path := os.Getenv(teeEnv); path != "" {
+		os.Exit(teeAgent(path, os.Args[1:]))
+	}
 	if mode := os.Getenv(fakeEnv); mode != "" {
 		fakeAgent(mode)
 		os.Exit(0)
-	}
-	if path := os.Getenv(teeEnv); path != "" {
-		os.Exit(teeAgent(path, os.Args[1:]))
 	}
 	code := m.Run()
 	removeGoAgent()
@@ -69,7 +70,7 @@ func fakeAgent(mode string) {
 			send(map[string]any{"id": m.ID, "result": map[string]any{"sessionId": "fake-1"}})
 		case m.Method == "session/prompt":
 			asked = append(asked, string(m.ID))
-			send(map[string]any{"id": "t1", "method": "terminal/create", "params": map[string]any{"sessionId": m.Params.SessionID, "command": "ls"}})
+			send(map[string]any{"id": "t1", "method": "fs/list_directory", "params": map[string]any{"sessionId": m.Params.SessionID, "path": "/"}})
 			send(map[string]any{"id": "t2", "method": "fs/delete_file", "params": map[string]any{"sessionId": m.Params.SessionID, "path": "/"}})
 		case m.Error != nil && len(asked) > 0:
 			txt := fmt.Sprintf("%s: %d %s; ", strings.Trim(string(m.ID), `"`), m.Error.Code, m.Error.Message)
@@ -131,7 +132,7 @@ func TestFakeAgents(t *testing.T) {
 			log: "another protocol version"},
 		{mode: "newhang", userErr: "The agent did not answer within 300 ms while starting, so it was stopped. Try again later.",
 			log: "acp: session/new failed"},
-		{mode: "asks", reply: "t1: -32601 method not found: terminal/create; t2: -32601 method not found: fs/delete_file; "},
+		{mode: "asks", reply: "t1: -32601 method not found: fs/list_directory; t2: -32601 method not found: fs/delete_file; "},
 	}
 	for _, tc := range tests {
 		t.Run(tc.mode, func(t *testing.T) {

@@ -139,17 +139,9 @@ func (t *turnState) update(raw json.RawMessage) {
 		if u.ToolCallID == "" || t.calls[u.ToolCallID] != nil {
 			return
 		}
-		if len(t.calls) >= maxOpenTools {
-			t.ignoredTools++
+		if !t.startTool(u.ToolCallID, toolName(u.Title, u.Kind)) {
 			return
 		}
-		name := toolName(u.Title, u.Kind)
-		if t.llm {
-			t.llm = false
-			t.cb.StepCompleted(stepLLM, t.llmName())
-		}
-		t.calls[u.ToolCallID] = t.open.PushBack(openCall{name: name})
-		t.cb.StepStarted(stepTool, name)
 		if u.Status != nil && finished(*u.Status) {
 			t.complete(u.ToolCallID)
 		}
@@ -213,6 +205,23 @@ func (t *turnState) retitle(id string, title *string) {
 	if e == t.open.Back() {
 		t.cb.StepStarted(stepTool, name)
 	}
+}
+
+// startTool opens the tool step of call id, named name; false when the turn
+// follows maxOpenTools calls already (the call is counted in ignoredTools)
+// (mu held).
+func (t *turnState) startTool(id, name string) bool {
+	if len(t.calls) >= maxOpenTools {
+		t.ignoredTools++
+		return false
+	}
+	if t.llm {
+		t.llm = false
+		t.cb.StepCompleted(stepLLM, t.llmName())
+	}
+	t.calls[id] = t.open.PushBack(openCall{name: name})
+	t.cb.StepStarted(stepTool, name)
+	return true
 }
 
 // complete ends the tool step of call id (mu held).

@@ -170,12 +170,18 @@ var (
 		"session/load":   "LoadSessionRequest",
 		"session/resume": "ResumeSessionRequest",
 		"session/close":  "CloseSessionRequest",
+		"authenticate":   "AuthenticateRequest",
 	}
-	clientNotifications = map[string]string{"session/cancel": "CancelNotification"}
+	clientNotifications = map[string]string{"session/cancel": "CancelNotification", "$/cancel_request": "CancelRequestNotification"}
 	clientResults       = map[string]string{
 		"session/request_permission": "RequestPermissionResponse",
 		"fs/read_text_file":          "ReadTextFileResponse",
 		"fs/write_text_file":         "WriteTextFileResponse",
+		"terminal/create":            "CreateTerminalResponse",
+		"terminal/output":            "TerminalOutputResponse",
+		"terminal/wait_for_exit":     "WaitForTerminalExitResponse",
+		"terminal/kill":              "KillTerminalResponse",
+		"terminal/release":           "ReleaseTerminalResponse",
 	}
 )
 
@@ -260,7 +266,7 @@ func checkWire(t *testing.T, valid func(string, json.RawMessage) error, path str
 
 // TestWireMatchesSchema: every message the runner sends — initialize,
 // session/new, session/prompt, session/cancel, and its answers to
-// permission and fs requests, results and errors alike — is valid ACP v1,
+// permission, fs and terminal requests, results and errors alike — is valid ACP v1,
 // checked against the protocol's JSON schema. The agent here is the Node
 // test agent on the official SDK, which accepts much the schema does not
 // (it dropped the clientInfo without a version that OpenCode refuses).
@@ -272,7 +278,8 @@ func TestWireMatchesSchema(t *testing.T) {
 	allow := &approver{answer: func(runner.Question) (runner.Answer, error) {
 		return runner.Answer{Outcome: runner.Selected, OptionID: "yes", Kind: runner.AllowOnce}, nil
 	}}
-	for _, msg := range []string{"hello", "ask permission", "write file " + dir + "/a.txt x", "read file a.txt", "read file /etc/hostname"} {
+	for _, msg := range []string{"hello", "ask permission", "write file " + dir + "/a.txt x", "read file a.txt", "read file /etc/hostname",
+		"terminal run echo hi", "terminal kill", "terminal many 5"} {
 		turn := c.turn(msg)
 		turn.Approver = allow
 		mustSay(t, r, turn)
@@ -297,7 +304,9 @@ func TestWireMatchesSchema(t *testing.T) {
 
 	seen := checkWire(t, valid, wire)
 	for _, want := range []string{"initialize", "session/new", "session/prompt", "session/cancel",
-		"session/request_permission result", "fs/write_text_file result", "fs/read_text_file result", "fs/read_text_file error"} {
+		"session/request_permission result", "fs/write_text_file result", "fs/read_text_file result", "fs/read_text_file error",
+		"terminal/create result", "terminal/create error", "terminal/output result", "terminal/wait_for_exit result",
+		"terminal/kill result", "terminal/release result"} {
 		if seen[want] == 0 {
 			t.Errorf("the runner sent no %s here (saw %v): the test does not cover it", want, seen)
 		}

@@ -5,6 +5,8 @@
 //
 //   remember X        keeps X in the session; "what did I say" tells it back
 //   pid               answers with its process id
+//   logout            forgets the sign-in (ACP_TEST_AUTH): "logged out"
+//   whoami            "signed in N times" (authenticate calls that worked)
 //   cwd               answers with the session's cwd
 //   tool echo X       a tool call "Echo X" that completes, then "echoed X"
 //   tool hang         a tool call "Run slow_tool" that never completes;
@@ -23,6 +25,15 @@
 //   plan              a plan of 5 entries (the 1st completed, the 2nd "Run
 //                     tests" in progress), then "planned"
 //   plan hang         the same plan, then waits for session/cancel
+//   terminal run [limit N] C  runs sh -c C in a terminal (env ACP_TEST_VAR,
+//                     outputByteLimit N), waits, then "exit E truncated T
+//                     output "O"" (or "refused: <error>")
+//   terminal kill     sleep 600 in a terminal, terminal/kill, then
+//                     "killed: exit E signal S"
+//   terminal many N   creates N terminals at once, releases them, creates
+//                     one more: "made M, error: <the last refusal>"
+//   terminal hang     a terminal printing its shell's pid, then nothing:
+//                     "pid P", then waits for session/cancel
 //   anything else     "echo: <text>"
 //
 // Sessions outlive the process when ACP_TEST_SESSIONS names a directory:
@@ -40,6 +51,10 @@ import { Readable, Writable } from "node:stream";
 
 const dir = process.env.ACP_TEST_SESSIONS || "";
 const caps = new Set((process.env.ACP_TEST_CAPS || "").split(",").filter(Boolean));
+// ACP_TEST_AUTH=1: the agent lists the auth methods "test-login" (which
+// works) and "broken-login" (which fails), and refuses session/new and
+// session/prompt with auth_required until authenticate succeeded.
+const needsAuth = process.env.ACP_TEST_AUTH === "1";
 
 function sessionFile(id) {
   if (!dir || !/^[A-Za-z0-9-]+$/.test(id)) return "";
@@ -55,6 +70,8 @@ class TestAgent {
     this.conn = conn;
     this.sessions = new Map();
     this.n = 0;
+    this.authed = !needsAuth;
+    this.signIns = 0;
   }
 
   async initialize() {
@@ -68,14 +85,24 @@ class TestAgent {
         },
       },
       agentInfo: { name: "test-agent", version: "1.0.0" },
+      authMethods: needsAuth
+        ? [
+            { id: "test-login", name: "Test login" },
+            { id: "broken-login", name: "Broken login" },
+          ]
+        : [],
     };
   }
 
-  async authenticate() {
+  async authenticate(params) {
+    if (params.methodId !== "test-login") throw acp.RequestError.internalError(undefined, "login server unreachable");
+    this.authed = true;
+    this.signIns++;
     return {};
   }
 
   async newSession(params) {
+    if (!this.authed) throw acp.RequestError.authRequired();
     const sessionId = `s${++this.n}-${process.pid}`;
     this.sessions.set(sessionId, { cwd: params.cwd, memory: null, abort: null, history: [] });
     return { sessionId };
@@ -158,6 +185,7 @@ class TestAgent {
     const sid = params.sessionId;
     const s = this.sessions.get(sid);
     if (!s) throw acp.RequestError.invalidParams(`no session ${sid}`);
+    if (!this.authed) throw acp.RequestError.authRequired();
     s.abort = new AbortController();
     const cancelled = new Promise((resolve) => s.abort.signal.addEventListener("abort", resolve));
     const text = params.prompt.filter((b) => b.type === "text").map((b) => b.text).join("").trim();
@@ -176,6 +204,11 @@ class TestAgent {
       await this.say(sid, `OK, I will remember ${m[1]}.`);
     } else if (text === "what did I say") {
       await this.say(sid, s.memory ? `You said: ${s.memory}` : "You said nothing yet.");
+    } else if (text === "logout") {
+      this.authed = !needsAuth;
+      await this.say(sid, "logged out");
+    } else if (text === "whoami") {
+      await this.say(sid, `signed in ${this.signIns} times`);
     } else if (text === "pid") {
       await this.say(sid, `pid ${process.pid}`);
     } else if (text === "cwd") {
@@ -273,6 +306,51 @@ class TestAgent {
     } else if (text === "stderr") {
       process.stderr.write("agent diagnostics: all fine\n");
       await this.say(sid, "stderr written");
+    } else if ((m = text.match(/^terminal run(?: limit (\d+))? (.*)$/))) {
+      try {
+        const t = await this.conn.createTerminal({
+          sessionId: sid, command: "sh", args: ["-c", m[2]], env: [{ name: "ACP_TEST_VAR", value: "from-agent" }],
+          ...(m[1] ? { outputByteLimit: Number(m[1]) } : {}),
+        });
+        const st = await t.waitForExit();
+        const out = await t.currentOutput();
+        await t.release();
+        await this.say(sid, `exit ${st.exitCode} truncated ${out.truncated} output ${JSON.stringify(out.output)}`);
+      } catch (e) {
+        await this.say(sid, `refused: ${e.message}`);
+      }
+    } else if (text === "terminal kill") {
+      const t = await this.conn.createTerminal({ sessionId: sid, command: "sleep", args: ["600"] });
+      await t.kill();
+      const st = await t.waitForExit();
+      await t.release();
+      await this.say(sid, `killed: exit ${st.exitCode} signal ${st.signal}`);
+    } else if ((m = text.match(/^terminal many (\d+)$/))) {
+      const made = [];
+      let err = "none";
+      for (let i = 0; i < Number(m[1]); i++) {
+        try {
+          made.push(await this.conn.createTerminal({ sessionId: sid, command: "sleep", args: ["600"] }));
+        } catch (e) {
+          err = e.message;
+        }
+      }
+      for (const t of made) await t.release();
+      const again = await this.conn.createTerminal({ sessionId: sid, command: "true" });
+      await again.release();
+      await this.say(sid, `made ${made.length}, error: ${err}`);
+    } else if (text === "terminal hang") {
+      // A command that prints its pid and then nothing: the pid goes to
+      // the reply, and the turn waits for session/cancel.
+      const t = await this.conn.createTerminal({ sessionId: sid, command: "sh", args: ["-c", "echo $$; exec sleep 600"] });
+      let out = "";
+      while (!out.includes("\n")) {
+        out = (await t.currentOutput()).output;
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      await this.say(sid, `pid ${out.trim()}`);
+      await cancelled;
+      return { stopReason: "cancelled" };
     } else {
       await this.say(sid, `echo: ${text}`);
     }
