@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -592,6 +593,37 @@ func TestClusterQueueWaitsForTheClaimInFlight(t *testing.T) {
 		out, ok := e.Wait(context.Background(), "r2")
 		if !ok || out.Status != gateway.StatusOK {
 			t.Fatalf("r2 (queued behind r3's claim): %+v %v, want it run after r3", out, ok)
+		}
+	})
+}
+
+// One view from every replica (issue 20): a session's running turn, its
+// reply so far, its queue and its open question read the same through the
+// replica that runs the turn and through one that does not (StatusOf, what
+// chat.history's re-attach, approval.list and /status answer from).
+func TestClusterStatusReadsTheSameFromEveryReplica(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startClusterWith(t, 2, nil, &memQueue{}) // default busy mode: queue
+		send(t, rs[0].e, "r1", "/steps ask:deploy say:Finished")
+		synctest.Wait()
+		if ack, err := send(t, rs[1].e, "r2", "/steps say:next"); err != nil || ack.Status != gateway.StatusQueued {
+			t.Fatalf("r2 through b: %+v %v", ack, err)
+		}
+		ctx := context.Background()
+		owner, err := rs[0].e.StatusOf(ctx, "main")
+		if err != nil || !owner.Running || owner.Turn.RunID != "r1" || len(owner.Queue) != 1 || len(owner.Approvals) != 1 {
+			t.Fatalf("status on the owner: %+v, %v", owner, err)
+		}
+		if local := rs[1].e.Status("main"); local.Running || len(local.Queue) != 0 {
+			t.Fatalf("replica b runs nothing of the session itself: %+v", local)
+		}
+		other, err := rs[1].e.StatusOf(ctx, "main")
+		if err != nil || !reflect.DeepEqual(other, owner) {
+			t.Fatalf("status through replica b: %+v, %v;\nwant the owner's %+v", other, err, owner)
+		}
+		// A session that runs nowhere reads idle everywhere.
+		if st, err := rs[1].e.StatusOf(ctx, "idle"); err != nil || st.Running || len(st.Queue) != 0 {
+			t.Fatalf("an idle session through b: %+v, %v", st, err)
 		}
 	})
 }
