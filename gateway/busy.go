@@ -160,20 +160,27 @@ func (e *Engine) Status(sessionKey string) TurnStatus {
 	return st
 }
 
+// statusPatience bounds StatusOf's questions to the cluster: a history
+// answer waits no longer for an owner that does not answer (stopped, or
+// unreachable).
+const statusPatience = 3 * time.Second
+
 // StatusOf is Status as every replica answers it (issue 20, "one view
 // from every replica"): in cluster mode a session that runs nothing here
 // is asked of the replica that runs its turn (Cluster.Holder, then
 // Cluster.ForwardStatus), where its queue and open questions live too.
 // Without a cluster, or when the session's turn or queue is here, it is
 // Status. When the cluster cannot be asked (the database or the owner
-// does not answer) it returns this replica's Status with an
-// *UnavailableError: the caller decides whether an idle answer would be
+// does not answer within statusPatience) it returns this replica's Status
+// with an *UnavailableError: the caller decides whether an idle answer would be
 // a lie.
 func (e *Engine) StatusOf(ctx context.Context, sessionKey string) (TurnStatus, error) {
 	st := e.Status(sessionKey)
 	if e.cluster == nil || st.Running || len(st.Queue) > 0 {
 		return st, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, statusPatience)
+	defer cancel()
 	_, replica, ok, err := e.cluster.Holder(ctx, sessionKey)
 	if err != nil {
 		return st, &UnavailableError{Cause: fmt.Errorf("who runs session %q: %w", sessionKey, err)}

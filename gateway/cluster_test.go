@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"sync"
@@ -624,6 +625,46 @@ func TestClusterStatusReadsTheSameFromEveryReplica(t *testing.T) {
 		// A session that runs nowhere reads idle everywhere.
 		if st, err := rs[1].e.StatusOf(ctx, "idle"); err != nil || st.Running || len(st.Queue) != 0 {
 			t.Fatalf("an idle session through b: %+v, %v", st, err)
+		}
+	})
+}
+
+// stoppedOwner is an inproc member whose ForwardStatus finds the owner
+// not answering (SIGSTOPped): it waits until the caller gives up.
+type stoppedOwner struct{ *inproc.Member }
+
+func (s stoppedOwner) ForwardStatus(ctx context.Context, replica, key string) (gateway.TurnStatus, error) {
+	<-ctx.Done()
+	return gateway.TurnStatus{}, fmt.Errorf("replica %s: %w: %w", replica, gateway.ErrClusterUnavailable, ctx.Err())
+}
+
+// A replica that cannot ask the owner of a session's running turn answers
+// StatusOf as unavailable within statusPatience (3 s), not as idle: an
+// empty approval list or "nothing is running" would be a lie.
+func TestClusterStatusOfAnOwnerThatDoesNotAnswerIsUnavailable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := inproc.NewHub()
+		var engines []*gateway.Engine
+		for _, m := range []gateway.Cluster{hub.Join("a"), stoppedOwner{hub.Join("b")}} {
+			d := demo.New()
+			t.Cleanup(d.Release)
+			e, err := gateway.New(gateway.Options{Config: config.NewSource(config.Default()), Runners: map[string]runner.Runner{"demo": d}, Cluster: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Start(context.Background())
+			t.Cleanup(func() { e.Shutdown(context.Background()) })
+			engines = append(engines, e)
+		}
+		send(t, engines[0], "r1", "/steps ask:deploy say:Finished")
+		synctest.Wait()
+		start := time.Now()
+		st, err := engines[1].StatusOf(context.Background(), "main")
+		if !errors.As(err, new(*gateway.UnavailableError)) || st.Running {
+			t.Fatalf("status through b with the owner stopped: %+v, %v; want *UnavailableError", st, err)
+		}
+		if waited := time.Since(start); waited != 3*time.Second {
+			t.Errorf("waited %v for the owner, want 3s", waited)
 		}
 	})
 }
