@@ -21,10 +21,8 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/gateway/abort"
 	"github.com/turnguard/turnguard/internal/faketime"
 	"github.com/turnguard/turnguard/internal/testwait"
-	"github.com/turnguard/turnguard/timeout"
 )
 
 // Handler is a replica's local engine as the forwarded requests reach it
@@ -479,17 +477,19 @@ func forwardStop(s *suite, p Pair) {
 func forwardStatus(s *suite, p Pair) {
 	t := s.t
 	at := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
-	want := gateway.TurnStatus{SessionKey: s.key, Running: true,
-		Turn: abort.Snapshot{RunID: "run-1", SessionKey: s.key, Channel: "ws", State: "running", StartedAt: at,
-			Elapsed: 3 * time.Second, CurrentStep: event.Step{Kind: "tool", Name: "shell", Seq: 2, StartedAt: at.Add(time.Second)},
-			StepElapsed: 2 * time.Second, LastStep: event.Step{Kind: "tool", Name: "web_search", Seq: 1, StartedAt: at},
-			Paused: true, UntilWall: time.Minute},
-		Limits: timeout.Settings{Timeout: 10 * time.Minute, StepTimeout: 5 * time.Minute, ApprovalTimeout: time.Minute},
-		Queue:  []gateway.QueuedMessage{{RunID: "run-2", SessionKey: s.key, Channel: "ws", Text: "next ✓", QueuedAt: at.Add(time.Second)}},
-		Text:   "so far",
+	want := gateway.TurnStatus{SessionKey: s.key, Running: true, Text: "so far",
+		Queue: []gateway.QueuedMessage{{RunID: "run-2", SessionKey: s.key, Channel: "ws", Text: "next ✓", QueuedAt: at.Add(time.Second)}},
 		Approvals: []event.Approval{{ID: "ap_1", Title: "Run `make deploy`", Tool: "shell", CreatedAt: at.Add(2 * time.Second),
 			ExpiresAt: at.Add(time.Minute), Options: []event.ApprovalOption{{ID: "y", Label: "Allow", Kind: "allow_once"}}}},
 	}
+	// The turn as the owner's registry sees it, and its limits (set field
+	// by field: this suite imports only the engine's seam).
+	tr := &want.Turn
+	tr.RunID, tr.SessionKey, tr.Channel, tr.State, tr.StartedAt = "run-1", s.key, "ws", "running", at
+	tr.Elapsed, tr.StepElapsed, tr.UntilWall, tr.Paused = 3*time.Second, 2*time.Second, time.Minute, true
+	tr.CurrentStep = event.Step{Kind: "tool", Name: "shell", Seq: 2, StartedAt: at.Add(time.Second)}
+	tr.LastStep = event.Step{Kind: "tool", Name: "web_search", Seq: 1, StartedAt: at}
+	want.Limits.Timeout, want.Limits.StepTimeout, want.Limits.ApprovalTimeout = 10*time.Minute, 5*time.Minute, time.Minute
 	e := &engine{status: func(key string) (gateway.TurnStatus, error) {
 		if key != s.key {
 			return gateway.TurnStatus{SessionKey: key}, nil
