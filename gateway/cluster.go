@@ -30,7 +30,9 @@ import (
 //     had sent it there;
 //   - Holder and ForwardAbort, for an abort of a run that is not here;
 //   - ForwardResolve, for an answer to a question asked on another replica;
-//   - ForwardStop, for a /stop of a session whose turn and queue are elsewhere.
+//   - ForwardStop, for a /stop of a session whose turn and queue are elsewhere;
+//   - ForwardStatus, for what a session runs, queues and asks now when its
+//     turn is elsewhere (Engine.StatusOf: one view from every replica).
 //
 // Export carries every published event to the other replicas' watchers;
 // Import is how a channel (the WebSocket server) follows the sessions whose
@@ -82,6 +84,11 @@ type Cluster interface {
 	// (Engine.StopWith, with req.Forwarded set): abort the session's turn
 	// and drop its queue there. Errors as Stop's (ErrNotOwner …).
 	ForwardStop(ctx context.Context, replica string, req StopRequest) (StopResult, error)
+	// ForwardStatus asks replica's engine for its Status of sessionKey
+	// (the running turn, its reply so far, its queue and open questions)
+	// and returns it whole. A replica that cannot be reached is an error
+	// wrapping ErrClusterUnavailable.
+	ForwardStatus(ctx context.Context, replica, sessionKey string) (TurnStatus, error)
 	// Export hands an event this replica published to the other replicas'
 	// Import handlers. It never blocks: an event it cannot carry is
 	// reported to the watchers as a gap, never skipped silently.

@@ -3,6 +3,8 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -592,6 +594,77 @@ func TestClusterQueueWaitsForTheClaimInFlight(t *testing.T) {
 		out, ok := e.Wait(context.Background(), "r2")
 		if !ok || out.Status != gateway.StatusOK {
 			t.Fatalf("r2 (queued behind r3's claim): %+v %v, want it run after r3", out, ok)
+		}
+	})
+}
+
+// One view from every replica (issue 20): a session's running turn, its
+// reply so far, its queue and its open question read the same through the
+// replica that runs the turn and through one that does not (StatusOf, what
+// chat.history's re-attach, approval.list and /status answer from).
+func TestClusterStatusReadsTheSameFromEveryReplica(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startClusterWith(t, 2, nil, &memQueue{}) // default busy mode: queue
+		send(t, rs[0].e, "r1", "/steps ask:deploy say:Finished")
+		synctest.Wait()
+		if ack, err := send(t, rs[1].e, "r2", "/steps say:next"); err != nil || ack.Status != gateway.StatusQueued {
+			t.Fatalf("r2 through b: %+v %v", ack, err)
+		}
+		ctx := context.Background()
+		owner, err := rs[0].e.StatusOf(ctx, "main")
+		if err != nil || !owner.Running || owner.Turn.RunID != "r1" || len(owner.Queue) != 1 || len(owner.Approvals) != 1 {
+			t.Fatalf("status on the owner: %+v, %v", owner, err)
+		}
+		if local := rs[1].e.Status("main"); local.Running || len(local.Queue) != 0 {
+			t.Fatalf("replica b runs nothing of the session itself: %+v", local)
+		}
+		other, err := rs[1].e.StatusOf(ctx, "main")
+		if err != nil || !reflect.DeepEqual(other, owner) {
+			t.Fatalf("status through replica b: %+v, %v;\nwant the owner's %+v", other, err, owner)
+		}
+		// A session that runs nowhere reads idle everywhere.
+		if st, err := rs[1].e.StatusOf(ctx, "idle"); err != nil || st.Running || len(st.Queue) != 0 {
+			t.Fatalf("an idle session through b: %+v, %v", st, err)
+		}
+	})
+}
+
+// stoppedOwner is an inproc member whose ForwardStatus finds the owner
+// not answering (SIGSTOPped): it waits until the caller gives up.
+type stoppedOwner struct{ *inproc.Member }
+
+func (s stoppedOwner) ForwardStatus(ctx context.Context, replica, key string) (gateway.TurnStatus, error) {
+	<-ctx.Done()
+	return gateway.TurnStatus{}, fmt.Errorf("replica %s: %w: %w", replica, gateway.ErrClusterUnavailable, ctx.Err())
+}
+
+// A replica that cannot ask the owner of a session's running turn answers
+// StatusOf as unavailable within statusPatience (3 s), not as idle: an
+// empty approval list or "nothing is running" would be a lie.
+func TestClusterStatusOfAnOwnerThatDoesNotAnswerIsUnavailable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := inproc.NewHub()
+		var engines []*gateway.Engine
+		for _, m := range []gateway.Cluster{hub.Join("a"), stoppedOwner{hub.Join("b")}} {
+			d := demo.New()
+			t.Cleanup(d.Release)
+			e, err := gateway.New(gateway.Options{Config: config.NewSource(config.Default()), Runners: map[string]runner.Runner{"demo": d}, Cluster: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Start(context.Background())
+			t.Cleanup(func() { e.Shutdown(context.Background()) })
+			engines = append(engines, e)
+		}
+		send(t, engines[0], "r1", "/steps ask:deploy say:Finished")
+		synctest.Wait()
+		start := time.Now()
+		st, err := engines[1].StatusOf(context.Background(), "main")
+		if !errors.As(err, new(*gateway.UnavailableError)) || st.Running {
+			t.Fatalf("status through b with the owner stopped: %+v, %v; want *UnavailableError", st, err)
+		}
+		if waited := time.Since(start); waited != 3*time.Second {
+			t.Errorf("waited %v for the owner, want 3s", waited)
 		}
 	})
 }

@@ -15,6 +15,15 @@ import (
 // History returns the last limit messages of the session since its last
 // reset (/new), oldest first (what chat.history returns). An unknown session has an empty history. Messages
 // still in the recorder's queue are not included; see Flush.
+//
+// The reply of a turn that started before the reset is not the new
+// conversation's even when it was written after the reset point (/new
+// during a running turn: the turn ends afterwards): an assistant message
+// whose run's user message is at or before the reset point is left out
+// (issue 20, defect 4). The run's user message is looked up backwards from
+// the reply along messages_by_session, so it is found in a step or two: on
+// a reset session of 20,000 messages a 200-message history takes 0.8 ms
+// (4.6 ms with a max() over the session's messages of the run).
 func (s *SQLite) History(ctx context.Context, sessionKey string, limit int) ([]Message, error) {
 	release, err := s.acquire()
 	if err != nil {
@@ -22,10 +31,14 @@ func (s *SQLite) History(ctx context.Context, sessionKey string, limit int) ([]M
 	}
 	defer release()
 	rows, err := s.r.QueryContext(ctx, `SELECT run_id, role, text, stop_reason, created_at FROM (
-			SELECT id, run_id, role, text, stop_reason, created_at FROM messages
-			WHERE session_key = ?1
-			AND id > coalesce((SELECT reset_after FROM sessions WHERE key = ?1), 0)
-			ORDER BY id DESC LIMIT ?2
+			SELECT m.id, m.run_id, m.role, m.text, m.stop_reason, m.created_at FROM messages m,
+				(SELECT coalesce((SELECT reset_after FROM sessions WHERE key = ?1), 0) AS after) r
+			WHERE m.session_key = ?1 AND m.id > r.after
+			AND (r.after = 0 OR m.role <> 'assistant' OR m.run_id = ''
+				OR coalesce((SELECT u.id FROM messages u
+					WHERE u.session_key = ?1 AND u.id < m.id AND u.run_id = m.run_id AND u.role = 'user'
+					ORDER BY u.id DESC LIMIT 1), r.after + 1) > r.after)
+			ORDER BY m.id DESC LIMIT ?2
 		) ORDER BY id`, sessionKey, ClampLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("history of %q: %w", sessionKey, err)

@@ -77,8 +77,10 @@ type Engine interface {
 	// (the session busy) queues, collects, steers or refuses it per the
 	// session's busy mode.
 	Send(ctx context.Context, req gateway.SendRequest) (gateway.Ack, error)
-	// Status is a snapshot of the session's running turn and queue.
-	Status(sessionKey string) gateway.TurnStatus
+	// StatusOf is a snapshot of the session's running turn and queue,
+	// wherever they run (in cluster mode: asked of the replica that runs
+	// the turn); an *gateway.UnavailableError when that cannot be asked.
+	StatusOf(ctx context.Context, sessionKey string) (gateway.TurnStatus, error)
 	// Stop aborts the session's running turn and drops its queue.
 	Stop(ctx context.Context, sessionKey, requester string, operator bool) (gateway.StopResult, error)
 	// Reset starts a fresh conversation for the session.

@@ -85,7 +85,13 @@ func Handle(ctx context.Context, eng Engine, cfg *config.Config, in Inbound) Ans
 		}
 		return a
 	case Status:
-		return Answer{Command: Status, Text: StatusText(eng.Status(in.SessionKey))}
+		st, err := eng.StatusOf(ctx, in.SessionKey)
+		if err != nil {
+			// "Nothing is running" could be a lie: the turn may run on a
+			// replica that cannot be asked now.
+			return Answer{Command: Status, Err: fmt.Errorf("status of %s: %w", in.SessionKey, err), Text: ErrorText(err, 0, 0)}
+		}
+		return Answer{Command: Status, Text: StatusText(st)}
 	case New:
 		return doNew(ctx, eng, in)
 	case Help:
@@ -113,10 +119,11 @@ func Handle(ctx context.Context, eng Engine, cfg *config.Config, in Inbound) Ans
 // sender may), then starts a fresh conversation. A turn someone else owns
 // is left alone and nothing is reset (Err gateway.ErrNotOwner).
 func doNew(ctx context.Context, eng Engine, in Inbound) Answer {
-	st := eng.Status(in.SessionKey)
+	// In cluster mode the turn may run on another replica: Stop passes
+	// the stop there.
+	st, err := eng.StatusOf(ctx, in.SessionKey)
 	var res gateway.StopResult
-	var err error
-	if st.Running || len(st.Queue) > 0 {
+	if err != nil || st.Running || len(st.Queue) > 0 {
 		res, err = eng.Stop(ctx, in.SessionKey, in.Sender, in.Operator)
 		if errors.Is(err, gateway.ErrNotOwner) {
 			return Answer{Command: New, Stopped: res, Err: err, Text: TextNotOwner}

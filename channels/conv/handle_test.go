@@ -8,6 +8,7 @@ import (
 	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
 )
@@ -56,5 +57,41 @@ func TestHandleAddressingAndCaps(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// unreachableOwner is an engine whose sessions' turns run on a replica
+// that cannot be asked (cluster mode): StatusOf answers unavailable.
+type unreachableOwner struct{ stops int }
+
+func (unreachableOwner) Send(context.Context, gateway.SendRequest) (gateway.Ack, error) {
+	return gateway.Ack{}, nil
+}
+
+func (unreachableOwner) StatusOf(_ context.Context, key string) (gateway.TurnStatus, error) {
+	return gateway.TurnStatus{SessionKey: key}, &gateway.UnavailableError{Cause: gateway.ErrClusterUnavailable}
+}
+
+func (u *unreachableOwner) Stop(context.Context, string, string, bool) (gateway.StopResult, error) {
+	u.stops++
+	return gateway.StopResult{}, nil
+}
+
+func (unreachableOwner) Reset(string) gateway.SessionInfo { return gateway.SessionInfo{} }
+
+// /status when the turn's replica cannot be asked says so (try again),
+// never "nothing is running"; /new then still passes its stop on (the
+// turn may run there).
+func TestStatusOfAnUnreachableOwnerIsNotIdle(t *testing.T) {
+	eng := &unreachableOwner{}
+	cfg := config.Default()
+	in := conv.Inbound{SessionKey: "agent:main:x", Channel: "ws", Text: "/status"}
+	a := conv.Handle(context.Background(), eng, cfg, in)
+	if a.Command != conv.Status || a.Text != messages.Unavailable || a.Err == nil {
+		t.Errorf("/status: %+v; want the unavailable words and an error", a)
+	}
+	in.Text = "/new"
+	if a := conv.Handle(context.Background(), eng, cfg, in); a.Command != conv.New || eng.stops != 1 {
+		t.Errorf("/new: %+v after %d stops; want the stop passed on", a, eng.stops)
 	}
 }

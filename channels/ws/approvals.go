@@ -518,9 +518,33 @@ func approvalList(c *conn, req request) (any, *rpcError) {
 	}
 	out := []approvalView{}
 	for _, k := range keys {
-		out = append(out, c.s.approvalViews(k)...)
+		if k == "" {
+			out = append(out, c.s.approvalViews(k)...)
+			continue
+		}
+		// A named session's questions live with its turn: in cluster mode
+		// on the replica that runs it (an empty list would be a lie when
+		// it cannot be asked).
+		st, err := c.s.eng.StatusOf(c.ctx, k)
+		if err != nil {
+			c.s.log.Warn("approval.list: the session's open questions cannot be read", "conn", c.id, "session", k, "err", err)
+			return nil, &rpcError{Code: CodeUnavailable, Message: messages.Unavailable, Retryable: true, RetryAfterMs: 5000}
+		}
+		out = append(out, approvalViewsOf(st)...)
 	}
 	return map[string]any{"approvals": out}, nil
+}
+
+// approvalViewsOf are the open questions of st's running turn.
+func approvalViewsOf(st gateway.TurnStatus) []approvalView {
+	if !st.Running {
+		return nil
+	}
+	out := make([]approvalView, 0, len(st.Approvals))
+	for _, a := range st.Approvals {
+		out = append(out, approvalView{RunID: st.Turn.RunID, SessionKey: st.SessionKey, Approval: a, Text: messages.ApprovalAsked(&a)})
+	}
+	return out
 }
 
 // approvalViews are the open questions of session key ("" every session).

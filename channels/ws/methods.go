@@ -386,8 +386,15 @@ func chatHistory(c *conn, req request) (any, *rpcError) {
 	}
 	// The running turn and queue after the history: a turn that ended in
 	// between is in the history, not shown as running (see reattach.go).
+	// In cluster mode they are asked of the replica that runs the turn
+	// (one view from every replica); when it cannot be asked the history
+	// is still answered, without them.
 	budget := c.s.answerBudget()
-	live, used := c.s.reattachAfter(c.s.eng.Status(key), budget, msgs)
+	st, err := c.s.eng.StatusOf(c.ctx, key)
+	if err != nil {
+		c.s.log.Warn("chat.history: the session's running turn cannot be read", "conn", c.id, "session", key, "err", err)
+	}
+	live, used := c.s.reattachAfter(st, budget, msgs)
 	out, omitted := fitHistory(msgs, budget-used)
 	res := map[string]any{
 		"sessionKey": key, "sessionId": id, "messages": out, "thinkingLevel": "off", "verboseLevel": "on",

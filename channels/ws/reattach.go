@@ -109,13 +109,11 @@ func (s *Server) reattach(st gateway.TurnStatus, budget int) (*reattachInfo, int
 			info.ActiveRun.UserText = cutText(info.ActiveRun.UserText, budget/queueShare/2)
 		}
 		used += activeOverhead + jsonLen(info.ActiveRun.ProgressText) + jsonLen(info.ActiveRun.Text) + jsonLen(info.ActiveRun.UserText)
-		if st.SessionKey != "" {
-			// Bounded by the engine (at most a few questions a turn, titles
-			// and details of bounded length).
-			info.Approvals = s.approvalViews(st.SessionKey)
-			for i := range info.Approvals {
-				used += len(mustJSON(&info.Approvals[i]))
-			}
+		// Bounded by the engine (at most a few questions a turn, titles
+		// and details of bounded length).
+		info.Approvals = approvalViewsOf(st)
+		for i := range info.Approvals {
+			used += len(mustJSON(&info.Approvals[i]))
 		}
 	}
 	if n := len(st.Queue); n > 0 {

@@ -32,6 +32,7 @@ type Handler interface {
 	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
 	Resolve(ctx context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error)
 	StopWith(ctx context.Context, req gateway.StopRequest) (gateway.StopResult, error)
+	Status(sessionKey string) gateway.TurnStatus
 }
 
 // Pair is two replicas of one fresh cluster.
@@ -91,6 +92,7 @@ var cases = []struct {
 	{"ForwardAbort", forwardAbort},
 	{"ForwardResolve", forwardResolve},
 	{"ForwardStop", forwardStop},
+	{"ForwardStatus", forwardStatus},
 	{"ForwardToAReplicaThatIsNotThere", forwardToAReplicaThatIsNotThere},
 	{"ExportReachesOnlyTheOthers", exportReachesOnlyTheOthers},
 	{"ConcurrentClaimsHaveOneWinner", concurrentClaimsHaveOneWinner},
@@ -232,6 +234,14 @@ type engine struct {
 
 	stops []gateway.StopRequest
 	stop  func(gateway.StopRequest) (gateway.StopResult, error)
+
+	statuses []string // session keys asked
+	status   func(string) (gateway.TurnStatus, error)
+}
+
+func (e *engine) Status(sessionKey string) gateway.TurnStatus {
+	st, _ := record(&e.mu, &e.statuses, &e.status, sessionKey)
+	return st
 }
 
 func (e *engine) StopWith(_ context.Context, req gateway.StopRequest) (gateway.StopResult, error) {
@@ -458,6 +468,44 @@ func forwardStop(s *suite, p Pair) {
 	defer e.mu.Unlock()
 	if len(e.stops) != 2 || !e.stops[0].Forwarded || e.stops[0].Requester != "user-1" {
 		t.Errorf("B's engine got %+v", e.stops)
+	}
+}
+
+// forwardStatus: a session's status on the replica that runs its turn —
+// the turn with its steps and limits, its reply so far, its queue and open
+// questions — comes back whole (issue 20: one view from every replica).
+func forwardStatus(s *suite, p Pair) {
+	t := s.t
+	at := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
+	want := gateway.TurnStatus{SessionKey: s.key, Running: true, Text: "so far",
+		Queue: []gateway.QueuedMessage{{RunID: "run-2", SessionKey: s.key, Channel: "ws", Text: "next ✓", QueuedAt: at.Add(time.Second)}},
+		Approvals: []event.Approval{{ID: "ap_1", Title: "Run `make deploy`", Tool: "shell", CreatedAt: at.Add(2 * time.Second),
+			ExpiresAt: at.Add(time.Minute), Options: []event.ApprovalOption{{ID: "y", Label: "Allow", Kind: "allow_once"}}}},
+	}
+	// The turn as the owner's registry sees it, and its limits (set field
+	// by field: this suite imports only the engine's seam).
+	tr := &want.Turn
+	tr.RunID, tr.SessionKey, tr.Channel, tr.State, tr.StartedAt = "run-1", s.key, "ws", "running", at
+	tr.Elapsed, tr.StepElapsed, tr.UntilWall, tr.Paused = 3*time.Second, 2*time.Second, time.Minute, true
+	tr.CurrentStep = event.Step{Kind: "tool", Name: "shell", Seq: 2, StartedAt: at.Add(time.Second)}
+	tr.LastStep = event.Step{Kind: "tool", Name: "web_search", Seq: 1, StartedAt: at}
+	want.Limits.Timeout, want.Limits.StepTimeout, want.Limits.ApprovalTimeout = 10*time.Minute, 5*time.Minute, time.Minute
+	e := &engine{status: func(key string) (gateway.TurnStatus, error) {
+		if key != s.key {
+			return gateway.TurnStatus{SessionKey: key}, nil
+		}
+		return want, nil
+	}}
+	p.ServeB(e)
+	got, err := p.A.ForwardStatus(s.ctx(), p.B.Replica(), s.key)
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("ForwardStatus: %+v, %v;\nwant %+v", got, err, want)
+	}
+	if got, err := p.A.ForwardStatus(s.ctx(), p.B.Replica(), "another"); err != nil || got.Running || got.SessionKey != "another" {
+		t.Errorf("ForwardStatus of an idle session: %+v, %v", got, err)
+	}
+	if _, err := p.A.ForwardStatus(s.ctx(), "nobody", s.key); !errors.Is(err, gateway.ErrClusterUnavailable) {
+		t.Errorf("ForwardStatus to a replica that is not there: %v; want ErrClusterUnavailable", err)
 	}
 }
 

@@ -28,6 +28,7 @@ type Handler interface {
 	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
 	Resolve(ctx context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error)
 	StopWith(ctx context.Context, req gateway.StopRequest) (gateway.StopResult, error)
+	Status(sessionKey string) gateway.TurnStatus
 }
 
 // DefaultQueue is how many events wait for one Import handler before
@@ -223,6 +224,15 @@ func (m *Member) ForwardStop(ctx context.Context, replica string, req gateway.St
 	}
 	req.Forwarded = true
 	return h.StopWith(ctx, req)
+}
+
+// ForwardStatus calls replica's engine's Status.
+func (m *Member) ForwardStatus(ctx context.Context, replica, sessionKey string) (gateway.TurnStatus, error) {
+	h, err := m.target(replica)
+	if err != nil {
+		return gateway.TurnStatus{}, fmt.Errorf("ask the status of session %q: %w", sessionKey, err)
+	}
+	return h.Status(sessionKey), nil
 }
 
 // Export queues ev for every other live member's Import handlers; it

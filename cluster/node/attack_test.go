@@ -65,6 +65,11 @@ func (r *recorder) StopWith(_ context.Context, req gateway.StopRequest) (gateway
 	return gateway.StopResult{}, nil
 }
 
+func (r *recorder) Status(key string) gateway.TurnStatus {
+	r.note("status " + key)
+	return gateway.TurnStatus{SessionKey: key}
+}
+
 // attackRig is replicas a and b (a serving a recorder) on a NATS server
 // that admits the two replicas and the outsider.
 func attackRig(t *testing.T) (*natstest.Cluster, *Node, *Node, *recorder) {

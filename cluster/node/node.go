@@ -108,6 +108,7 @@ type Handler interface {
 	Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (gateway.AbortResult, error)
 	Resolve(ctx context.Context, req gateway.ResolveRequest) (gateway.ResolveResult, error)
 	StopWith(ctx context.Context, req gateway.StopRequest) (gateway.StopResult, error)
+	Status(sessionKey string) gateway.TurnStatus
 }
 
 // Node is one replica's gateway.Cluster. Its methods are safe for

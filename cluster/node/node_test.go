@@ -423,6 +423,8 @@ func (echo) StopWith(context.Context, gateway.StopRequest) (gateway.StopResult, 
 	return gateway.StopResult{}, nil
 }
 
+func (echo) Status(key string) gateway.TurnStatus { return gateway.TurnStatus{SessionKey: key} }
+
 // A leader whose lease key is taken from it (here: deleted) sees fn's ctx
 // end, and leads again once it wins the lease back.
 func TestLeadEndsFnWhenTheLeaseIsLost(t *testing.T) {

@@ -32,7 +32,7 @@ const noResponderPatience = 160 * time.Millisecond
 const refusedLogEvery = 10 * time.Second
 
 // rpcSubject is replica's subject for op ("send", "abort", "resolve",
-// "stop"): busauth.RPCPrefix, which only replica may subscribe to.
+// "stop", "status"): busauth.RPCPrefix, which only replica may subscribe to.
 func rpcSubject(replica, op string) string {
 	return busauth.RPCPrefix(replica) + "." + op
 }
@@ -67,13 +67,20 @@ type stopBody struct {
 	Budget time.Duration `json:"budgetNs"`
 }
 
-// answer is a forwarded request's reply: Ack, Result, Resolved or
-// Stopped, or Err.
+// statusBody asks for a session's gateway.TurnStatus.
+type statusBody struct {
+	SessionKey string        `json:"sessionKey"`
+	Budget     time.Duration `json:"budgetNs"`
+}
+
+// answer is a forwarded request's reply: Ack, Result, Resolved, Stopped
+// or Status, or Err.
 type answer struct {
 	Ack      *gateway.Ack           `json:"ack,omitempty"`
 	Result   *gateway.AbortResult   `json:"result,omitempty"`
 	Resolved *gateway.ResolveResult `json:"resolved,omitempty"`
 	Stopped  *gateway.StopResult    `json:"stopped,omitempty"`
+	Status   *gateway.TurnStatus    `json:"status,omitempty"`
 	Err      *wireError             `json:"err,omitempty"`
 }
 
@@ -83,7 +90,7 @@ func (n *Node) Serve(h Handler) {
 	n.handler.Store(&h)
 	n.serveOnce.Do(func() {
 		n.serving.init()
-		for op, f := range map[string]func(context.Context, Handler, []byte) answer{"send": serveSend, "abort": serveAbort, "resolve": serveResolve, "stop": serveStop} {
+		for op, f := range map[string]func(context.Context, Handler, []byte) answer{"send": serveSend, "abort": serveAbort, "resolve": serveResolve, "stop": serveStop, "status": serveStatus} {
 			sub, err := n.nc.Subscribe(rpcSubject(n.opts.ReplicaID, op), func(m *nats.Msg) { n.serve(m, f) })
 			if err != nil {
 				n.log.Error("cluster: cannot answer forwarded requests", "op", op, "error", err)
@@ -215,6 +222,32 @@ func serveStop(ctx context.Context, h Handler, data []byte) answer {
 		return answer{Err: encodeError(err)}
 	}
 	return answer{Stopped: &res}
+}
+
+func serveStatus(_ context.Context, h Handler, data []byte) answer {
+	var b statusBody
+	if err := json.Unmarshal(data, &b); err != nil {
+		return answer{Err: encodeError(fmt.Errorf("a status request that does not decode: %w", err))}
+	}
+	st := h.Status(b.SessionKey)
+	return answer{Status: &st}
+}
+
+// ForwardStatus asks replica's engine for its status of sessionKey (the
+// running turn, its queue and open questions).
+func (n *Node) ForwardStatus(ctx context.Context, replica, sessionKey string) (gateway.TurnStatus, error) {
+	var a answer
+	b := statusBody{SessionKey: sessionKey}
+	if err := n.request(ctx, replica, "status", func(d time.Duration) any { b.Budget = d; return b }, &a); err != nil {
+		return gateway.TurnStatus{}, fmt.Errorf("ask the status of session %q: %w", sessionKey, err)
+	}
+	if a.Err != nil {
+		return gateway.TurnStatus{}, a.Err.decode()
+	}
+	if a.Status == nil {
+		return gateway.TurnStatus{}, fmt.Errorf("ask the status of session %q of replica %s: an answer with no status", sessionKey, replica)
+	}
+	return *a.Status, nil
 }
 
 // ForwardStop asks replica's engine to carry out a /stop and returns its

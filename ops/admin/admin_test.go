@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/ops/admin"
@@ -478,6 +479,44 @@ func TestDashboardTakesNoTokenFromTheQuery(t *testing.T) {
 		}
 		if strings.Contains(js, "location.search") {
 			t.Errorf("admin.js reads the query string (location.search): a ?token= would be used")
+		}
+	})
+}
+
+// TestTurnsListTheOtherReplicasTurns (issue 20, one view from every
+// replica): in cluster mode /api/turns lists, after this replica's own
+// live turns, the turns the store holds as running elsewhere (elsewhere:
+// true, steps as recorded, the wall-clock deadline); a turn of its own is
+// listed once, from its engine.
+func TestTurnsListTheOtherReplicasTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := testConfig(t)
+		c.Cluster.Enabled = true // the store answers for the other replicas (PostgreSQL in production)
+		e := newEnv(t, c)
+		e.send(t, "r-here", "agent:main:here", "ws", "", "/steps shell:hang")
+		synctest.Wait()
+		at := time.Now()
+		e.st.Handle(event.Event{Kind: event.TurnStarted, RunID: "r-there", SessionKey: "agent:main:there", Channel: "ws",
+			Time: at.Add(-time.Minute), Deadline: at.Add(4 * time.Minute)})
+		e.st.Handle(event.Event{Kind: event.StepStarted, RunID: "r-there", SessionKey: "agent:main:there", Channel: "ws",
+			Time: at.Add(-30 * time.Second), Step: event.Step{Kind: "tool", Name: "web_search", Seq: 1}})
+		e.flush(t)
+		code, body := e.do(t, http.MethodGet, "/api/turns")
+		var resp admin.TurnsResponse
+		if err := json.Unmarshal([]byte(body), &resp); code != http.StatusOK || err != nil {
+			t.Fatalf("GET /api/turns: %d %v %s", code, err, body)
+		}
+		if resp.Count != 2 || len(resp.Turns) != 2 {
+			t.Fatalf("GET /api/turns: %s; want r-there (elsewhere) and r-here", body)
+		}
+		there, here := resp.Turns[0], resp.Turns[1]
+		if there.RunID != "r-there" || !there.Elsewhere || there.State != "running" || there.SessionKey != "agent:main:there" ||
+			there.CurrentStep == nil || there.CurrentStep.Name != "web_search" || there.ElapsedMs != 60000 ||
+			there.Deadlines.TimeoutInMs == nil || *there.Deadlines.TimeoutInMs != 240000 {
+			t.Errorf("the other replica's turn: %+v", there)
+		}
+		if here.RunID != "r-here" || here.Elsewhere {
+			t.Errorf("this replica's turn: %+v", here)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -74,6 +75,12 @@ type TurnView struct {
 	// TraceID is the turn's OpenTelemetry trace id (32 hex digits) while
 	// tracing is on; omitted otherwise.
 	TraceID string `json:"traceId,omitempty"`
+	// Elsewhere: run by another replica (cluster mode), read from the
+	// store: its steps as last recorded and its wall-clock deadline;
+	// paused, stalled and the step and ceiling deadlines are its owner's to
+	// know (that replica's /api/turns). An abort through this replica
+	// reaches it.
+	Elsewhere bool `json:"elsewhere,omitempty"`
 }
 
 func turnView(s abort.Snapshot) TurnView {
@@ -111,7 +118,7 @@ type TurnsResponse struct {
 	Turns   []TurnView `json:"turns"` // oldest first (then by run id)
 }
 
-func (h *Handler) turns(w http.ResponseWriter, _ *http.Request) {
+func (h *Handler) turns(w http.ResponseWriter, r *http.Request) {
 	live := h.opts.Engine.Live()
 	slices.SortStableFunc(live, func(a, b abort.Snapshot) int {
 		if c := a.StartedAt.Compare(b.StartedAt); c != 0 {
@@ -130,7 +137,51 @@ func (h *Handler) turns(w http.ResponseWriter, _ *http.Request) {
 		}
 		out.Turns = append(out.Turns, tv)
 	}
+	h.turnsElsewhere(r.Context(), &out, live)
 	writeJSON(w, http.StatusOK, out)
+}
+
+// turnsElsewhere adds to out the turns other replicas run (cluster mode),
+// from the store, as /api/approvals adds their questions: every replica's
+// /api/turns lists the cluster's live turns (issue 20, one view from every
+// replica). live are this replica's own.
+func (h *Handler) turnsElsewhere(ctx context.Context, out *TurnsResponse, live []abort.Snapshot) {
+	rl, ok := h.opts.Store.(runningLister)
+	if !ok || !h.opts.Config.Current().Cluster.Enabled {
+		return
+	}
+	running, err := rl.RunningTurns(ctx)
+	if err != nil {
+		h.log.Warn("cannot list the other replicas' running turns", "err", err)
+		return
+	}
+	now := out.Now
+	for _, st := range running {
+		if slices.ContainsFunc(live, func(s abort.Snapshot) bool { return s.RunID == st.RunID }) {
+			continue
+		}
+		tv := TurnView{RunID: st.RunID, SessionKey: st.SessionKey, Channel: st.Channel, ChatRef: st.ChatRef,
+			State: "running", StartedAt: st.StartedAt, ElapsedMs: ms(now.Sub(st.StartedAt)),
+			CurrentStep: stepView(st.CurrentStep), LastStep: stepView(st.LastStep), Elsewhere: true}
+		if !st.Deadline.IsZero() {
+			d := ms(st.Deadline.Sub(now))
+			tv.Deadlines.TimeoutInMs = &d
+		}
+		out.Turns = append(out.Turns, tv)
+	}
+	slices.SortStableFunc(out.Turns, func(a, b TurnView) int {
+		if c := a.StartedAt.Compare(b.StartedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.RunID, b.RunID)
+	})
+	out.Count = len(out.Turns)
+}
+
+// runningLister lists the turns the store holds as running (both stores
+// implement it).
+type runningLister interface {
+	RunningTurns(ctx context.Context) ([]store.Turn, error)
 }
 
 // AbortResponse is the body of POST /api/turns/{runId}/abort.

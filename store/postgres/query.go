@@ -17,16 +17,21 @@ import (
 
 // History returns the last limit messages of the session since its last
 // reset (/new), oldest first. Messages still in the recorder's queue are
-// not included; see Flush.
+// not included; see Flush. The reply of a turn that started before the
+// reset is left out though written after it (as store.SQLite.History).
 func (s *Store) History(ctx context.Context, sessionKey string, limit int) ([]store.Message, error) {
 	if err := s.live(); err != nil {
 		return nil, err
 	}
 	rows, err := s.pool.Query(ctx, `SELECT run_id, role, text, stop_reason, created_at FROM (
-			SELECT id, run_id, role, text, stop_reason, created_at FROM messages
-			WHERE session_key = $1
-			AND id > coalesce((SELECT reset_after FROM sessions WHERE key = $1), 0)
-			ORDER BY id DESC LIMIT $2
+			SELECT m.id, m.run_id, m.role, m.text, m.stop_reason, m.created_at FROM messages m,
+				(SELECT coalesce((SELECT reset_after FROM sessions WHERE key = $1), 0) AS after) r
+			WHERE m.session_key = $1 AND m.id > r.after
+			AND (r.after = 0 OR m.role <> 'assistant' OR m.run_id = ''
+				OR coalesce((SELECT u.id FROM messages u
+					WHERE u.session_key = $1 AND u.id < m.id AND u.run_id = m.run_id AND u.role = 'user'
+					ORDER BY u.id DESC LIMIT 1), r.after + 1) > r.after)
+			ORDER BY m.id DESC LIMIT $2
 		) AS recent ORDER BY id`, sessionKey, store.ClampLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("history of %q: %w", sessionKey, err)

@@ -523,6 +523,45 @@ func testTurnDeadlinesRecorded(t *testing.T, h *H) {
 	}
 }
 
+// testResetDuringTurnKeepsItsReplyOut: /new while a turn runs (issue 20,
+// defect 4): the turn ends after the reset point, yet its reply is the old
+// conversation's — a history read from the store (after an eviction, on
+// another replica) must not show it, in this process and after reopening.
+func testResetDuringTurnKeepsItsReplyOut(t *testing.T, h *H) {
+	path := h.New(t)
+	s, err := h.OpenErr(t, path, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := NewTurn("run-old", "telegram:42")
+	fresh := NewTurn("run-new", "telegram:42")
+	HandleAll(s,
+		old.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "before" }),
+		event.Event{Kind: event.SessionReset, SessionKey: "telegram:42", Time: T0.Add(time.Second)},
+		old.Ev(event.Aborted, 2*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonUser, "old reply" }),
+		fresh.Ev(event.TurnStarted, 3*time.Second, func(e *event.Event) { e.Text = "after" }),
+		fresh.Ev(event.Finished, 4*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "new reply" }),
+	)
+	Flush(t, s)
+	texts := func(h []store.Message) string {
+		var out []string
+		for _, m := range h {
+			out = append(out, m.Text)
+		}
+		return strings.Join(out, "|")
+	}
+	if got := texts(MustHistory(t, s, "telegram:42")); got != "after|new reply" {
+		t.Fatalf("history after /new during a turn = %q; want the old turn's reply left out", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := h.Open(t, path, Config{})
+	if got := texts(MustHistory(t, s2, "telegram:42")); got != "after|new reply" {
+		t.Fatalf("history after reopening = %q", got)
+	}
+}
+
 // testSessionResetSurvivesRestart: after /new the history starts afresh, in
 // this process and after the file is opened again.
 func testSessionResetSurvivesRestart(t *testing.T, h *H) {

@@ -116,6 +116,7 @@ var cases = []testCase{
 	{"QueriesAfterCloseReturnErrClosed", testQueriesAfterCloseReturnErrClosed},
 	{"TurnDeadlinesRecorded", testTurnDeadlinesRecorded},
 	{"SessionResetSurvivesRestart", testSessionResetSurvivesRestart},
+	{"ResetDuringTurnKeepsItsReplyOut", testResetDuringTurnKeepsItsReplyOut},
 	{"OutboxLifecycle", testOutboxLifecycle},
 	{"OutboxDedup", testOutboxDedup},
 	{"EnqueueRejectsBadInput", testEnqueueRejectsBadInput},
