@@ -148,10 +148,12 @@ func (r *Replica) Holder(ctx context.Context, sessionKey string) (runID, replica
 }
 
 // claimSQL is a claim in one statement, one round trip and one commit
-// (issue 21): it locks this epoch's lease FOR KEY SHARE if it has not
-// expired on the database's clock ($6), reads the turn c runs into (its
-// run id, or the session's running claimed turn), and only when there is
-// none and the lease holds writes the claim — the session's row if it is
+// (issue 21): it reads the turn c runs into (its run id, or the session's
+// running claimed turn); only when there is none does it lock this epoch's
+// lease FOR KEY SHARE if it has not expired on the database's clock ($6)
+// (the busy answer writes nothing, not even a row lock: the condition on
+// held is a one-time filter above the lease's scan), and only when the
+// lease holds does it write the claim — the session's row if it is
 // new (never an update of an existing one: a claim takes no lock on the
 // sessions row, which the recorder's batches update), the turn (ON CONFLICT
 // DO NOTHING: the unique indexes decide between concurrent claims), the
@@ -160,11 +162,11 @@ func (r *Replica) Holder(ctx context.Context, sessionKey string) (runID, replica
 // turn was this epoch's own and ended by it. synchronous_commit is set on
 // for the statement's transaction (set_config local), so the commit is
 // durable whatever the database's default.
-const claimSQL = `WITH lease AS (SELECT 1 FROM leases WHERE epoch = $6 AND expires_at > now() FOR KEY SHARE),
-	held AS (SELECT run_id, session_key, state, stop_reason, coalesce(owner_replica, '') AS owner, run_id = $1 AS same
+const claimSQL = `WITH held AS (SELECT run_id, session_key, state, stop_reason, coalesce(owner_replica, '') AS owner,
+			run_id = $1 AS same
 		FROM turns WHERE run_id = $1 OR (session_key = $2 AND state = 'running' AND owner_epoch IS NOT NULL)
 		ORDER BY run_id = $1 DESC LIMIT 1),
-	free AS (SELECT 1 WHERE EXISTS (SELECT FROM lease) AND NOT EXISTS (SELECT FROM held)),
+	free AS (SELECT 1 FROM leases WHERE epoch = $6 AND expires_at > now() AND NOT EXISTS (SELECT FROM held) FOR KEY SHARE),
 	sess AS (INSERT INTO sessions (key, created_at, updated_at) SELECT $2, now(), now() FROM free
 		ON CONFLICT (key) DO NOTHING),
 	turn AS (INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at, owner_replica, owner_epoch)
@@ -175,7 +177,7 @@ const claimSQL = `WITH lease AS (SELECT 1 FROM leases WHERE epoch = $6 AND expir
 	prev AS (SELECT coalesce(owner_replica = $5 AND owner_epoch = $6 AND state <> 'running'
 			AND stop_reason <> 'interrupted', false) AS mine
 		FROM turns WHERE session_key = $2 AND run_id <> $1 ORDER BY started_at DESC LIMIT 1)
-SELECT set_config('synchronous_commit', 'on', true) IS NOT NULL, EXISTS (SELECT FROM lease), EXISTS (SELECT FROM turn),
+SELECT set_config('synchronous_commit', 'on', true) IS NOT NULL, EXISTS (SELECT FROM free), EXISTS (SELECT FROM turn),
 	coalesce((SELECT mine FROM prev), false),
 	held.run_id, held.session_key, held.state, held.stop_reason, held.owner, held.same
 FROM (SELECT) AS one LEFT JOIN held ON true`

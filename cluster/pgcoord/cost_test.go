@@ -2,6 +2,7 @@ package pgcoord
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -70,7 +71,7 @@ func measureDB(t *testing.T, p *pgxpool.Pool, work func()) dbCost {
 // TestTurnDatabaseCost counts what one claimed turn costs the database:
 // the coordination (Claim and Finish) alone, and the whole turn as a
 // replica writes it (Claim, the recorder's TurnStarted, three steps and
-// ending, Finish). Its figures are docs/performance.md's ("Cluster cost
+// ending, Finish), 20 turns at a time. Its figures are docs/performance.md's ("Cluster cost
 // per turn"); it fails when the coordination takes more than one commit and
 // one statement for the claim, and the same for the finish.
 //
@@ -82,7 +83,7 @@ func TestTurnDatabaseCost(t *testing.T) {
 	if _, err := p.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
 		t.Skipf("no pg_stat_statements in the test server: %v", err)
 	}
-	const turns = 200
+	const turns, sessions = 200, 20
 	seq := 0
 	run := func(withRecorder bool) {
 		s, err := postgres.Open(ctx, url, postgres.Options{Shared: true, Logger: quiet, OutboxChannels: []string{"telegram"}})
@@ -92,26 +93,38 @@ func TestTurnDatabaseCost(t *testing.T) {
 		defer s.Close()
 		r := join(t, url, "cost", 30*time.Second)
 		defer func() { _ = r.Leave(ctx) }()
-		for i := range turns {
-			seq++
-			tr := storetest.NewTurn(fmt.Sprintf("run-%d", seq), fmt.Sprintf("telegram:%d", i%20))
-			if err := r.Claim(ctx, Claim{RunID: tr.Run, SessionKey: tr.Session, Channel: tr.Channel, ChatRef: tr.Chat, Text: "hi"}); err != nil {
-				t.Fatal(err)
-			}
-			if withRecorder {
-				s.Handle(tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "hi" }))
-				for k := range uint32(3) {
-					st := storetest.Step("tool", "shell", k+1, time.Duration(k)*time.Second)
-					s.Handle(tr.Ev(event.StepStarted, time.Duration(k)*time.Second, func(e *event.Event) { e.Step = st }))
-					s.Handle(tr.Ev(event.StepCompleted, time.Duration(k)*time.Second+time.Millisecond, func(e *event.Event) { e.Step = st }))
+		// Rounds of 20 turns at once, one per session, interleaved as a
+		// busy replica's are: the recorder's batches carry several turns.
+		for range turns / sessions {
+			trs := make([]*storetest.Turn, sessions)
+			for i := range trs {
+				seq++
+				tr := storetest.NewTurn(fmt.Sprintf("run-%d", seq), fmt.Sprintf("telegram:%d", i))
+				trs[i] = tr
+				if err := r.Claim(ctx, Claim{RunID: tr.Run, SessionKey: tr.Session, Channel: tr.Channel, ChatRef: tr.Chat, Text: "hi"}); err != nil {
+					t.Fatal(err)
+				}
+				if withRecorder {
+					s.Handle(tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "hi" }))
 				}
 			}
-			end := tr.Ev(event.Finished, 4*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "done" })
-			if err := r.Finish(ctx, end); err != nil {
-				t.Fatal(err)
+			for k := range uint32(3) {
+				for _, tr := range trs {
+					if withRecorder {
+						st := storetest.Step("tool", "shell", k+1, time.Duration(k)*time.Second)
+						s.Handle(tr.Ev(event.StepStarted, time.Duration(k)*time.Second, func(e *event.Event) { e.Step = st }))
+						s.Handle(tr.Ev(event.StepCompleted, time.Duration(k)*time.Second+time.Millisecond, func(e *event.Event) { e.Step = st }))
+					}
+				}
 			}
-			if withRecorder {
-				s.Handle(end)
+			for _, tr := range trs {
+				end := tr.Ev(event.Finished, 4*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "done" })
+				if err := r.Finish(ctx, end); err != nil {
+					t.Fatal(err)
+				}
+				if withRecorder {
+					s.Handle(end)
+				}
 			}
 		}
 		if err := s.Flush(ctx); err != nil {
@@ -125,5 +138,31 @@ func TestTurnDatabaseCost(t *testing.T) {
 	t.Logf("per turn, whole turn with the recorder (3 steps): %s", whole)
 	if coord.commits > 2.1 || coord.work > 2.1 {
 		t.Errorf("claim + finish cost %s per turn; want ≤ 2 commits and ≤ 2 statements", coord)
+	}
+}
+
+// A busy answer writes nothing: not even the row lock on the claimer's
+// lease that a claim takes (a lock writes the row's xmax, and makes the
+// statement's commit one that flushes the write-ahead log).
+func TestBusyClaimLocksNothing(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	p := db(t, url)
+	holder, claimer := join(t, url, "holder", 30*time.Second), join(t, url, "claimer", 30*time.Second)
+	if err := holder.Claim(ctx, Claim{RunID: "held", SessionKey: "telegram:1", Channel: "telegram", ChatRef: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	xmax := func() string {
+		return texts(t, p, `SELECT xmax::text FROM leases WHERE epoch = $1`, claimer.Epoch())[0]
+	}
+	before := xmax()
+	for i := range 5 {
+		err := claimer.Claim(ctx, Claim{RunID: fmt.Sprintf("busy-%d", i), SessionKey: "telegram:1", Channel: "telegram", ChatRef: "1"})
+		if _, ok := errors.AsType[*BusyError](err); !ok {
+			t.Fatalf("claim %d of a held session: %v, want *BusyError", i, err)
+		}
+	}
+	if after := xmax(); after != before {
+		t.Errorf("the claimer's lease row was locked by busy claims (xmax %s, was %s)", after, before)
 	}
 }
