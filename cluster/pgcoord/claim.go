@@ -176,7 +176,7 @@ const claimSQL = `WITH held AS (SELECT run_id, session_key, state, stop_reason, 
 	dq AS (DELETE FROM queued WHERE run_id = ANY($8) AND EXISTS (SELECT FROM turn)),
 	prev AS (SELECT coalesce(owner_replica = $5 AND owner_epoch = $6 AND state <> 'running'
 			AND stop_reason <> 'interrupted', false) AS mine
-		FROM turns WHERE session_key = $2 AND run_id <> $1 ORDER BY started_at DESC LIMIT 1)
+		FROM turns WHERE EXISTS (SELECT FROM turn) AND session_key = $2 AND run_id <> $1 ORDER BY started_at DESC LIMIT 1)
 SELECT set_config('synchronous_commit', 'on', true) IS NOT NULL, EXISTS (SELECT FROM free), EXISTS (SELECT FROM turn),
 	coalesce((SELECT mine FROM prev), false),
 	held.run_id, held.session_key, held.state, held.stop_reason, held.owner, held.same
