@@ -89,12 +89,12 @@ func (r *Replica) ClaimAfter(ctx context.Context, c Claim) (prevMine bool, err e
 		if err := r.live(); err != nil {
 			return false, fmt.Errorf("claim run %q: %w", c.RunID, err)
 		}
-		// The common busy answer costs one read and no write.
-		if err := r.conflict(ctx, c); err != nil {
-			return false, err
-		}
 		won, mine, err := r.insertClaim(ctx, c)
 		if err != nil {
+			var answer claimAnswer
+			if errors.As(err, &answer) {
+				return false, err // busy, a duplicate, or fenced
+			}
 			// The commit's answer may be lost after the commit (ctx
 			// cancelled mid-COMMIT, a dropped connection): read back, never
 			// guess. A claim that committed is this replica's to run; left
@@ -108,11 +108,27 @@ func (r *Replica) ClaimAfter(ctx context.Context, c Claim) (prevMine bool, err e
 		if won {
 			return mine, nil
 		}
-		// Lost to a turn committed meanwhile: conflict names it, unless it
-		// has already ended (then try again).
+		// Lost to a turn committed after the statement's snapshot: try
+		// again (the next statement names it, unless it has already ended).
 	}
 	return false, fmt.Errorf("claim run %q: session %q: the claim kept conflicting with turns that ended at once", c.RunID, c.SessionKey)
 }
+
+// claimAnswer is what insertClaim returns for a claim the database decided
+// against (*BusyError, *DuplicateError, a fence): no read-back needed.
+type claimAnswer interface {
+	error
+	claimAnswer()
+}
+
+func (*BusyError) claimAnswer()      {}
+func (*DuplicateError) claimAnswer() {}
+func (fencedClaim) claimAnswer()     {}
+
+// fencedClaim is a claim refused because this epoch's lease is gone.
+type fencedClaim struct{ error }
+
+func (f fencedClaim) Unwrap() error { return f.error }
 
 // Holder returns the run of sessionKey's claimed turn that is running and
 // the id of the replica that owns it (as BusyError.HolderReplica names it);
@@ -131,78 +147,76 @@ func (r *Replica) Holder(ctx context.Context, sessionKey string) (runID, replica
 	return runID, replica, true, nil
 }
 
-// conflict returns the *DuplicateError or *BusyError c runs into now, nil
-// if none (or an error of the read).
-func (r *Replica) conflict(ctx context.Context, c Claim) error {
-	var runID, session, state, reason, owner string
-	var same bool
-	err := r.pool.QueryRow(ctx, `SELECT run_id, session_key, state, stop_reason, coalesce(owner_replica, ''), run_id = $1
+// claimSQL is a claim in one statement, one round trip and one commit
+// (issue 21): it reads the turn c runs into (its run id, or the session's
+// running claimed turn); only when there is none does it lock this epoch's
+// lease FOR KEY SHARE if it has not expired on the database's clock ($6)
+// (the busy answer writes nothing, not even a row lock: the condition on
+// held is a one-time filter above the lease's scan), and only when the
+// lease holds does it write the claim — the session's row if it is
+// new (never an update of an existing one: a claim takes no lock on the
+// sessions row, which the recorder's batches update), the turn (ON CONFLICT
+// DO NOTHING: the unique indexes decide between concurrent claims), the
+// user's message and the queued messages' removal, these three only when
+// the turn's row was inserted. It also says whether the session's previous
+// turn was this epoch's own and ended by it. synchronous_commit is set on
+// for the statement's transaction (set_config local), so the commit is
+// durable whatever the database's default.
+const claimSQL = `WITH held AS (SELECT run_id, session_key, state, stop_reason, coalesce(owner_replica, '') AS owner,
+			run_id = $1 AS same
 		FROM turns WHERE run_id = $1 OR (session_key = $2 AND state = 'running' AND owner_epoch IS NOT NULL)
-		ORDER BY run_id = $1 DESC LIMIT 1`, c.RunID, c.SessionKey).Scan(&runID, &session, &state, &reason, &owner, &same)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil
-	case err != nil:
-		return fmt.Errorf("claim run %q: read the session's turn: %w", c.RunID, err)
-	case same:
-		return &DuplicateError{RunID: runID, SessionKey: session, State: store.TurnState(state),
-			StopReason: event.StopReason(reason), Replica: owner}
-	}
-	return &BusyError{SessionKey: session, HolderRunID: runID, HolderReplica: owner}
-}
+		ORDER BY run_id = $1 DESC LIMIT 1),
+	free AS (SELECT 1 FROM leases WHERE epoch = $6 AND expires_at > now() AND NOT EXISTS (SELECT FROM held) FOR KEY SHARE),
+	sess AS (INSERT INTO sessions (key, created_at, updated_at) SELECT $2, now(), now() FROM free
+		ON CONFLICT (key) DO NOTHING),
+	turn AS (INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at, owner_replica, owner_epoch)
+		SELECT $1, $2, $3, $4, 'running', now(), now(), $5, $6 FROM free ON CONFLICT DO NOTHING RETURNING run_id),
+	msg AS (INSERT INTO messages (session_key, run_id, role, text, created_at)
+		SELECT $2, $1, 'user', $7, now() FROM turn WHERE $7 <> ''),
+	dq AS (DELETE FROM queued WHERE run_id = ANY($8) AND EXISTS (SELECT FROM turn)),
+	prev AS (SELECT coalesce(owner_replica = $5 AND owner_epoch = $6 AND state <> 'running'
+			AND stop_reason <> 'interrupted', false) AS mine
+		FROM turns WHERE EXISTS (SELECT FROM turn) AND session_key = $2 AND run_id <> $1 ORDER BY started_at DESC LIMIT 1)
+SELECT set_config('synchronous_commit', 'on', true) IS NOT NULL, EXISTS (SELECT FROM free), EXISTS (SELECT FROM turn),
+	coalesce((SELECT mine FROM prev), false),
+	held.run_id, held.session_key, held.state, held.stop_reason, held.owner, held.same
+FROM (SELECT) AS one LEFT JOIN held ON true`
 
-// insertClaim writes the claim; false (and nothing written) when the run id
-// or the session's running turn conflicted.
+// insertClaim writes the claim in one statement (claimSQL); won false (and
+// nothing written) when the turn lost to one committed after the
+// statement's snapshot. A turn c runs into is returned as *BusyError or
+// *DuplicateError, a lease that is gone as an error wrapping ErrFenced (it
+// fences the replica).
 func (r *Replica) insertClaim(ctx context.Context, c Claim) (won, prevMine bool, err error) {
-	err = r.inTx(ctx, func(tx pgx.Tx) error {
-		if err := r.holdLease(ctx, tx); err != nil {
+	err = postgres.RetryConflicts(ctx, func() error {
+		var sync, leaseOK bool
+		var runID, session, state, reason, owner *string
+		var same *bool
+		err := r.pool.QueryRow(ctx, claimSQL, c.RunID, c.SessionKey, c.Channel, c.ChatRef, r.id, r.epoch, c.Text,
+			append([]string{c.RunID}, c.Joined...)).Scan(&sync, &leaseOK, &won, &prevMine,
+			&runID, &session, &state, &reason, &owner, &same)
+		switch {
+		case err != nil:
 			return err
+		case runID != nil && *same:
+			return &DuplicateError{RunID: *runID, SessionKey: *session, State: store.TurnState(*state),
+				StopReason: event.StopReason(*reason), Replica: *owner}
+		case runID != nil:
+			return &BusyError{SessionKey: *session, HolderRunID: *runID, HolderReplica: *owner}
+		case !leaseOK:
+			lost := fmt.Errorf("%w: %w", ErrFenced, fmt.Errorf("lease of %s: %w", r.Owner(), ErrLeaseLost))
+			r.fence(lost)
+			return fencedClaim{fmt.Errorf("claim run %q: %w", c.RunID, lost)}
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO sessions (key, created_at, updated_at) VALUES ($1, now(), now())
-			ON CONFLICT (key) DO NOTHING`, c.SessionKey); err != nil {
-			return fmt.Errorf("session: %w", err)
-		}
-		tag, err := tx.Exec(ctx, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at,
-				owner_replica, owner_epoch)
-			VALUES ($1, $2, $3, $4, 'running', now(), now(), $5, $6) ON CONFLICT DO NOTHING`,
-			c.RunID, c.SessionKey, c.Channel, c.ChatRef, r.id, r.epoch)
-		if err != nil {
-			return fmt.Errorf("turn: %w", err)
-		}
-		if tag.RowsAffected() == 0 {
-			return errLost
-		}
-		if _, err := tx.Exec(ctx, `UPDATE sessions SET updated_at = greatest(updated_at, now()) WHERE key = $1`, c.SessionKey); err != nil {
-			return fmt.Errorf("session: %w", err)
-		}
-		if c.Text != "" {
-			if _, err := tx.Exec(ctx, `INSERT INTO messages (session_key, run_id, role, text, created_at)
-				VALUES ($1, $2, 'user', $3, now())`, c.SessionKey, c.RunID, c.Text); err != nil {
-				return fmt.Errorf("user message: %w", err)
-			}
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, append([]string{c.RunID}, c.Joined...)); err != nil {
-			return fmt.Errorf("queued messages: %w", err)
-		}
-		// The session's previous turn (turns_by_session): this epoch's,
-		// and ended by it rather than taken over?
-		err = tx.QueryRow(ctx, `SELECT coalesce(owner_replica = $3 AND owner_epoch = $4 AND state <> 'running'
-				AND stop_reason <> 'interrupted', false)
-			FROM turns WHERE session_key = $1 AND run_id <> $2 ORDER BY started_at DESC LIMIT 1`,
-			c.SessionKey, c.RunID, r.id, r.epoch).Scan(&prevMine)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("the session's previous turn: %w", err)
-		}
-		won = true
 		return nil
 	})
-	if errors.Is(err, errLost) {
-		return false, false, nil
+	if err != nil {
+		return false, false, err
 	}
-	if err == nil && testHookClaimCommitted != nil {
-		err = testHookClaimCommitted()
+	if won && testHookClaimCommitted != nil {
+		return false, false, testHookClaimCommitted()
 	}
-	return won, prevMine, err
+	return won, prevMine, nil
 }
 
 // readBackTimeout bounds the read that decides an ambiguous claim.
@@ -230,27 +244,6 @@ func (r *Replica) claimCommitted(ctx context.Context, c Claim) bool {
 		return false
 	}
 	return mine
-}
-
-// errLost rolls back a claim that conflicted.
-var errLost = errors.New("claim lost")
-
-// holdLease locks this epoch's lease row FOR KEY SHARE for the rest of tx
-// if it has not expired on the database's clock: a survivor's takeover
-// (FOR UPDATE) then waits for tx, or tx for it and finds no lease. No
-// lease fences the replica for good.
-func (r *Replica) holdLease(ctx context.Context, tx pgx.Tx) error {
-	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM leases WHERE epoch = $1 AND expires_at > now() FOR KEY SHARE`, r.epoch).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		lost := fmt.Errorf("%w: %w", ErrFenced, fmt.Errorf("lease of %s: %w", r.Owner(), ErrLeaseLost))
-		r.fence(lost)
-		return lost
-	}
-	if err != nil {
-		return fmt.Errorf("lease: %w", err)
-	}
-	return nil
 }
 
 // inTx runs fn in a transaction committed with synchronous_commit on, run
@@ -299,59 +292,64 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 	end := store.EndingOf(&ev, ev.Time)
 	ck, cn, cq := store.StepColumns(end.Current)
 	lk, ln, lq := store.StepColumns(ev.LastStep)
-	var channel string
-	wroteOutbox := false
-	err := r.inTx(ctx, func(tx pgx.Tx) error {
-		if err := r.holdLease(ctx, tx); err != nil {
-			if r.committedBefore(ctx, ev) {
-				return nil
-			}
-			return fmt.Errorf("%w (%w)", ErrStale, err)
+	out := store.EndingOutbox(&ev) // its channel and chat are the turn row's
+	kinds, texts := make([]string, len(out)), make([]string, len(out))
+	for i, m := range out {
+		kinds[i], texts[i] = string(m.Kind), m.Text
+	}
+	var leaseOK bool
+	var session, channel, chatRef *string
+	err := postgres.RetryConflicts(ctx, func() error {
+		var sync bool
+		return r.pool.QueryRow(ctx, finishSQL, ev.RunID, string(end.State), string(ev.StopReason), ck, cn, cq, lk, ln, lq, r.epoch,
+			kinds, texts, r.opts.OutboxChannels, end.Text).Scan(&sync, &leaseOK, &session, &channel, &chatRef)
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("finish run %q: %w", ev.RunID, err)
+	case !leaseOK:
+		lost := fmt.Errorf("%w: %w", ErrFenced, fmt.Errorf("lease of %s: %w", r.Owner(), ErrLeaseLost))
+		r.fence(lost)
+		if r.committedBefore(ctx, ev) {
+			return nil
 		}
-		var session, chatRef string
-		err := tx.QueryRow(ctx, `UPDATE turns SET state = $2, stop_reason = $3, updated_at = now(), ended_at = now(),
-				step_kind = $4, step_name = $5, step_seq = $6,
-				last_step_kind = coalesce($7, last_step_kind), last_step_name = coalesce($8, last_step_name),
-				last_step_seq = coalesce($9, last_step_seq)
-			WHERE run_id = $1 AND state = 'running' AND owner_epoch = $10
-			RETURNING session_key, channel, chat_ref`,
-			ev.RunID, string(end.State), string(ev.StopReason), ck, cn, cq, lk, ln, lq, r.epoch).Scan(&session, &channel, &chatRef)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return r.whyNotMine(ctx, tx, ev)
-		}
-		if err != nil {
-			return fmt.Errorf("end the turn: %w", err)
-		}
-		ev.SessionKey, ev.Channel, ev.ChatRef = session, channel, chatRef
-		if r.outbox[channel] && chatRef != "" {
-			for _, m := range store.EndingOutbox(&ev) {
-				if _, err := tx.Exec(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
-					VALUES ($1, $2, $3, $4, $5, now()) ON CONFLICT (run_id, kind) DO NOTHING`,
-					m.Channel, m.ChatRef, m.RunID, string(m.Kind), m.Text); err != nil {
-					return fmt.Errorf("outbox %s message: %w", m.Kind, err)
-				}
-				wroteOutbox = true
-			}
-		}
-		if end.Text != "" {
-			if _, err := tx.Exec(ctx, `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
-				VALUES ($1, $2, 'assistant', $3, $4, now())`, session, ev.RunID, end.Text, string(ev.StopReason)); err != nil {
-				return fmt.Errorf("assistant message: %w", err)
-			}
-		}
-		if _, err := tx.Exec(ctx, `UPDATE sessions SET updated_at = greatest(updated_at, now()) WHERE key = $1`, session); err != nil {
-			return fmt.Errorf("session: %w", err)
+		return fmt.Errorf("finish run %q: %w (%w)", ev.RunID, ErrStale, lost)
+	case session == nil:
+		if err := r.whyNotMine(ctx, r.pool, ev); err != nil {
+			return fmt.Errorf("finish run %q: %w", ev.RunID, err)
 		}
 		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("finish run %q: %w", ev.RunID, err)
 	}
-	if wroteOutbox && r.opts.OnOutbox != nil {
-		r.opts.OnOutbox(channel)
+	if r.outbox[*channel] && *chatRef != "" && len(out) > 0 && r.opts.OnOutbox != nil {
+		r.opts.OnOutbox(*channel)
 	}
 	return nil
 }
+
+// finishSQL is a Finish in one statement, one round trip and one commit
+// (issue 21): it locks this epoch's lease FOR KEY SHARE if it has not
+// expired on the database's clock ($10) and only then ends the turn still
+// running under the epoch ($1: state, stop reason, steps), and for the
+// turn it ended inserts the terminal messages ($11 kinds, $12 texts) into
+// the outbox when the turn's channel is one of $13 and it has a chat
+// reference, and the assistant message ($14, none when "") into the
+// history. It leaves the sessions row alone (the recorder's ending updates
+// it). synchronous_commit is on for its transaction, as claimSQL's.
+const finishSQL = `WITH lease AS (SELECT 1 FROM leases WHERE epoch = $10 AND expires_at > now() FOR KEY SHARE),
+	t AS (UPDATE turns SET state = $2, stop_reason = $3, updated_at = now(), ended_at = now(),
+			step_kind = $4, step_name = $5, step_seq = $6,
+			last_step_kind = coalesce($7, last_step_kind), last_step_name = coalesce($8, last_step_name),
+			last_step_seq = coalesce($9, last_step_seq)
+		WHERE run_id = $1 AND state = 'running' AND owner_epoch = $10 AND EXISTS (SELECT FROM lease)
+		RETURNING session_key, channel, chat_ref),
+	o AS (INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
+		SELECT t.channel, t.chat_ref, $1, m.kind, m.text, now() FROM t, unnest($11::text[], $12::text[]) AS m (kind, text)
+		WHERE t.chat_ref <> '' AND t.channel = ANY ($13::text[])
+		ON CONFLICT (run_id, kind) DO NOTHING),
+	m AS (INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
+		SELECT t.session_key, $1, 'assistant', $14, $3, now() FROM t WHERE $14 <> '')
+SELECT set_config('synchronous_commit', 'on', true) IS NOT NULL, EXISTS (SELECT FROM lease), t.session_key, t.channel, t.chat_ref
+FROM (SELECT) AS one LEFT JOIN t ON true`
 
 // committedBefore reports whether an earlier attempt of this epoch at the
 // same ending committed (its answer was lost) — asked when the replica is

@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,9 +38,37 @@ func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 				return err
 			}
 		}
+		// The sessions of the batch's turn starts and endings: their rows
+		// exist before the turns' (one statement), and are updated after
+		// them, in key order (the order takeovers lock them in).
+		var keys []string
+		var ats []time.Time
 		for i := range evs {
-			if err := s.apply(ctx, tx, &evs[i]); err != nil {
+			if k := evs[i].Kind; k == event.TurnStarted || k.Terminal() {
+				keys, ats = append(keys, evs[i].SessionKey), append(ats, store.EventTime(&evs[i]))
+			}
+		}
+		if len(keys) > 0 {
+			if _, err := tx.Exec(ctx, ensureSessions, keys, ats); err != nil {
+				return fmt.Errorf("upsert sessions: %w", err)
+			}
+		}
+		var jr journalRows
+		var st stepRows
+		for i := range evs {
+			if err := s.apply(ctx, tx, &evs[i], &jr, &st); err != nil {
 				return err
+			}
+		}
+		if err := st.flush(ctx, tx); err != nil {
+			return err
+		}
+		if err := jr.flush(ctx, tx, "", time.Time{}); err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if _, err := tx.Exec(ctx, touchSessions, keys, ats); err != nil {
+				return fmt.Errorf("update sessions: %w", err)
 			}
 		}
 		if s.beforeCommit != nil {
@@ -55,8 +85,16 @@ func (w writer) Check() bool                      { return w.s.checkOwner() }
 const (
 	upsertSession = `INSERT INTO sessions (key, created_at, updated_at) VALUES ($1, $2, $2)
 		ON CONFLICT (key) DO UPDATE SET updated_at = greatest(sessions.updated_at, excluded.updated_at)`
-	ensureSession = `INSERT INTO sessions (key, created_at, updated_at) VALUES ($1, $2, $2) ON CONFLICT (key) DO NOTHING`
-	touchSession  = `UPDATE sessions SET updated_at = greatest(updated_at, $2) WHERE key = $1`
+	// ensureSessions makes the rows of sessions $1 that are new, created
+	// at the first of their times $2 (no lock on an existing one).
+	ensureSessions = `INSERT INTO sessions (key, created_at, updated_at)
+		SELECT k, min(a), min(a) FROM unnest($1::text[], $2::timestamptz[]) AS u (k, a) GROUP BY k ORDER BY k
+		ON CONFLICT (key) DO NOTHING`
+	// touchSessions moves the updated_at of sessions $1 to the last of
+	// their times $2 (never back), locking the rows in key order.
+	touchSessions = `UPDATE sessions SET updated_at = greatest(sessions.updated_at, t.a)
+		FROM (SELECT k, max(a) AS a FROM unnest($1::text[], $2::timestamptz[]) AS u (k, a) GROUP BY k) AS t
+		WHERE sessions.key = t.k AND sessions.key IN (SELECT key FROM sessions WHERE key = ANY ($1) ORDER BY key FOR UPDATE)`
 	insertMessage = `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6)`
 	insertOutbox = `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
@@ -72,20 +110,75 @@ const (
 		ON CONFLICT (id) DO UPDATE SET status = excluded.status, option_id = excluded.option_id,
 			option_kind = excluded.option_kind, answered_by = excluded.answered_by, resolved_at = excluded.resolved_at
 		WHERE approvals.status = 'pending'`
-	insertJournal = `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
+	// startClaimed gives a claimed running turn ($1) its limits and sender.
+	startClaimed = `UPDATE turns SET deadline_at = $2, ceiling_at = $3, step_timeout_ns = $4, sender = $5
+		WHERE run_id = $1 AND state = 'running' AND owner_epoch IS NOT NULL`
+	// insertJournalRow inserts one journal row.
+	insertJournalRow = `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
 			step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
-	// insertJournal that also cancels the run's ($1) pending approvals at
-	// the event's time ($12): a data-modifying WITH runs whether or not
-	// it is referenced.
-	cancelApprovalsJournal = `WITH cancelled AS (UPDATE approvals SET status = 'cancelled', resolved_at = $12
-			WHERE run_id = $1 AND status = 'pending')
+	// insertJournal inserts the journal rows of a batch's events, one
+	// array per column, in the arrays' order (the ids follow it).
+	insertJournal = `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
+			step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
+		SELECT r, s, q, k, sr, sk, sn, sq, ls, e, m, a
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
+			$9::text[], $10::bigint[], $11::text[], $12::timestamptz[]) WITH ORDINALITY AS j (r, s, q, k, sr, sk, sn, sq, ls, e, m, a, ord)
+		ORDER BY ord`
+	// insertJournal that also cancels the pending approvals of run $13 at
+	// $14: a data-modifying WITH runs whether or not it is referenced.
+	cancelApprovalsJournal = `WITH cancelled AS (UPDATE approvals SET status = 'cancelled', resolved_at = $14
+			WHERE run_id = $13 AND status = 'pending')
 		` + insertJournal
 )
 
-// apply records one valid event inside tx.
-func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) (err error) {
+// journalRows are the journal rows of a batch not inserted yet, a slice
+// per column: one statement inserts them all (issue 21: one per event was
+// most of a turn's statements).
+type journalRows struct {
+	run, session, kind, reason, stepKind, stepName, lastStep, message []string
+	seq, stepSeq, elapsed                                             []int64
+	at                                                                []time.Time
+}
+
+func (jr *journalRows) add(j store.JournalEntry) {
+	jr.run, jr.session, jr.kind = append(jr.run, j.RunID), append(jr.session, j.SessionKey), append(jr.kind, j.KindName)
+	jr.reason, jr.stepKind = append(jr.reason, string(j.StopReason)), append(jr.stepKind, j.Step.Kind)
+	jr.stepName, jr.lastStep, jr.message = append(jr.stepName, j.Step.Name), append(jr.lastStep, j.LastStep), append(jr.message, j.Message)
+	jr.seq, jr.stepSeq, jr.elapsed = append(jr.seq, int64(j.Seq)), append(jr.stepSeq, int64(j.Step.Seq)), append(jr.elapsed, int64(j.Elapsed))
+	jr.at = append(jr.at, j.Time)
+}
+
+// flush inserts the rows added since the last flush, in order; with a
+// cancelRun it also cancels that run's pending approvals at cancelAt, in
+// the same statement.
+func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, cancelRun string, cancelAt time.Time) error {
+	if len(jr.run) == 0 {
+		return nil
+	}
+	args := []any{jr.run, jr.session, jr.seq, jr.kind, jr.reason, jr.stepKind, jr.stepName, jr.stepSeq, jr.lastStep,
+		jr.elapsed, jr.message, jr.at}
+	q := insertJournal
+	if cancelRun != "" {
+		q, args = cancelApprovalsJournal, append(args, cancelRun, cancelAt)
+	}
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
+		return fmt.Errorf("journal %s: %w", strings.Join(slices.Compact(slices.Clone(jr.kind)), ", "), err)
+	}
+	*jr = journalRows{}
+	return nil
+}
+
+// apply records one valid event inside tx; its journal row goes into jr,
+// inserted with the rows before it when the event is an ending (whose
+// statement also cancels the run's pending approvals) or at the batch's end.
+func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, jr *journalRows, st *stepRows) (err error) {
 	at := store.EventTime(ev)
+	if ev.Kind != event.StepStarted && ev.Kind != event.StepCompleted {
+		if err := st.flush(ctx, tx); err != nil {
+			return err
+		}
+	}
 	switch ev.Kind {
 	case event.SessionReset:
 		if _, err := tx.Exec(ctx, upsertSession, ev.SessionKey, at); err != nil {
@@ -97,19 +190,26 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) (err erro
 		}
 		return nil // not a turn event: nothing to journal
 	case event.TurnStarted:
-		// The session row exists first (no lock on an existing one); it is
-		// updated after the turn's row, the order claims, endings and
-		// takeovers lock them in (RetryConflicts).
-		if _, err := tx.Exec(ctx, ensureSession, ev.SessionKey, at); err != nil {
-			return fmt.Errorf("upsert session: %w", err)
-		}
-		defer func() {
-			if err == nil {
-				if _, err = tx.Exec(ctx, touchSession, ev.SessionKey, at); err != nil {
-					err = fmt.Errorf("update session: %w", err)
-				}
+		// The session row exists first, and is updated after the turn's
+		// row (writeBatch: ensureSessions, touchSessions).
+		if s.shared {
+			// With several gateways a turn is claimed (cluster/pgcoord): its
+			// claim wrote the row and the user's message and removed its
+			// queued row, so one statement gives it its limits and sender.
+			tag, err := tx.Exec(ctx, startClaimed, ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling),
+				nullDuration(ev.StepTimeout), ev.Sender)
+			if err != nil {
+				return fmt.Errorf("start claimed turn: %w", err)
 			}
-		}()
+			if tag.RowsAffected() == 1 {
+				if len(ev.Joined) > 0 {
+					if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, ev.Joined); err != nil {
+						return fmt.Errorf("forget the started turn's queued messages: %w", err)
+					}
+				}
+				break
+			}
+		}
 		// A TurnStarted for a run id whose turn has ended starts it afresh
 		// (the id was reused); for a running turn it is a duplicate. A
 		// claimed turn (cluster/pgcoord: owner_epoch set) is never
@@ -130,8 +230,7 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) (err erro
 		}
 		if tag.RowsAffected() == 0 {
 			// A claimed turn learns its limits and its sender from its TurnStarted.
-			if _, err := tx.Exec(ctx, `UPDATE turns SET deadline_at = $2, ceiling_at = $3, step_timeout_ns = $4, sender = $5
-				WHERE run_id = $1 AND state = 'running' AND owner_epoch IS NOT NULL`,
+			if _, err := tx.Exec(ctx, startClaimed,
 				ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling), nullDuration(ev.StepTimeout), ev.Sender); err != nil {
 				return fmt.Errorf("start claimed turn: %w", err)
 			}
@@ -147,23 +246,13 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) (err erro
 		if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, append([]string{ev.RunID}, ev.Joined...)); err != nil {
 			return fmt.Errorf("forget the started turn's queued messages: %w", err)
 		}
-	case event.StepStarted:
-		k, n, q := store.StepColumns(ev.Step)
-		if _, err := tx.Exec(ctx, `UPDATE turns SET step_kind = $1, step_name = $2, step_seq = $3, updated_at = $4
-			WHERE run_id = $5 AND state = 'running'`, k, n, q, at, ev.RunID); err != nil {
-			return fmt.Errorf("step started: %w", err)
-		}
-	case event.StepCompleted:
-		// SET expressions see the row's old values: the current step is
-		// cleared only if it is the one that completed.
-		k, n, q := store.StepColumns(ev.Step)
-		if _, err := tx.Exec(ctx, `UPDATE turns SET last_step_kind = $1, last_step_name = $2, last_step_seq = $3::bigint,
-				step_kind = CASE WHEN step_seq IS NOT DISTINCT FROM $3::bigint THEN NULL ELSE step_kind END,
-				step_name = CASE WHEN step_seq IS NOT DISTINCT FROM $3::bigint THEN NULL ELSE step_name END,
-				step_seq = CASE WHEN step_seq IS NOT DISTINCT FROM $3::bigint THEN NULL ELSE step_seq END,
-				updated_at = $4
-			WHERE run_id = $5 AND state = 'running'`, k, n, q, at, ev.RunID); err != nil {
-			return fmt.Errorf("step completed: %w", err)
+	case event.StepStarted, event.StepCompleted:
+		// Folded into the batch's one update of its runs' steps (stepRows).
+		if !st.add(ev, at) {
+			if err := st.flush(ctx, tx); err != nil {
+				return err
+			}
+			st.add(ev, at)
 		}
 	case event.Aborted, event.Finished:
 		if err := s.endTurn(ctx, tx, ev, at); err != nil {
@@ -181,18 +270,13 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) (err erro
 			return fmt.Errorf("%s %q: %w", ev.Kind, a.ID, err)
 		}
 	}
-	j := store.JournalOf(ev, at)
-	q := insertJournal
+	jr.add(store.JournalOf(ev, at))
 	if ev.Kind.Terminal() {
 		// Whether or not this ending was the turn's first (a claimed
 		// turn's is its owner's Finish), no question of an ended turn
 		// waits for an answer: its pending approvals are cancelled, in
 		// the journal's statement (no round trip of their own).
-		q = cancelApprovalsJournal
-	}
-	if _, err := tx.Exec(ctx, q, j.RunID, j.SessionKey, int64(j.Seq), j.KindName, string(j.StopReason),
-		j.Step.Kind, j.Step.Name, int64(j.Step.Seq), j.LastStep, int64(j.Elapsed), j.Message, at); err != nil {
-		return fmt.Errorf("journal %s: %w", ev.Kind, err)
+		return jr.flush(ctx, tx, ev.RunID, at)
 	}
 	return nil
 }
@@ -202,16 +286,7 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event) (err erro
 // outbox channel) its terminal messages in the outbox.
 func (s *Store) endTurn(ctx context.Context, tx pgx.Tx, ev *event.Event, at time.Time) (err error) {
 	end := store.EndingOf(ev, at)
-	if _, err := tx.Exec(ctx, ensureSession, ev.SessionKey, at); err != nil {
-		return fmt.Errorf("upsert session: %w", err)
-	}
-	defer func() { // after the turn's row, as TurnStarted does
-		if err == nil {
-			if _, err = tx.Exec(ctx, touchSession, ev.SessionKey, at); err != nil {
-				err = fmt.Errorf("update session: %w", err)
-			}
-		}
-	}()
+	// The session row exists (writeBatch: ensureSessions, touchSessions).
 	ck, cn, cq := store.StepColumns(end.Current)
 	lk, ln, lq := store.StepColumns(ev.LastStep)
 	// Ends a running turn, or creates the ended turn if its TurnStarted

@@ -1,5 +1,11 @@
 package postgres
 
+import (
+	"context"
+
+	"github.com/turnguard/turnguard/event"
+)
+
 // WithCommitHooks returns o with hooks the writer goroutine calls inside a
 // batch's transaction just before its commit and just after it; tests kill
 // the process there to simulate a crash.
@@ -10,3 +16,9 @@ func WithCommitHooks(o Options, before, after func()) Options {
 
 // OwnerLock is the advisory lock key a gateway holds on its database.
 const OwnerLock = ownerLock
+
+// WriteBatch writes evs as the recorder's writer goroutine does, in one
+// transaction.
+func WriteBatch(ctx context.Context, s *Store, evs []event.Event) error {
+	return writer{s}.WriteBatch(ctx, evs)
+}

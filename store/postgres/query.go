@@ -198,7 +198,7 @@ func (s *Store) MarkInterrupted(ctx context.Context, runID, message string) (boo
 		if last != nil {
 			lastStep = *last
 		}
-		if _, err := tx.Exec(ctx, insertJournal, runID, sessionKey, int64(0), event.Aborted.String(),
+		if _, err := tx.Exec(ctx, insertJournalRow, runID, sessionKey, int64(0), event.Aborted.String(),
 			string(event.ReasonInterrupted), step.Kind, step.Name, int64(step.Seq), lastStep,
 			int64(now.Sub(started)), message, now); err != nil {
 			return fmt.Errorf("journal: %w", err)

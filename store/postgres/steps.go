@@ -1,0 +1,125 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/turnguard/turnguard/event"
+)
+
+// stepRows are a batch's StepStarted and StepCompleted events not written
+// yet, folded per run into the one change they make to the run's row: one
+// statement (updateSteps) writes every run's (issue 21: one UPDATE per
+// step event was a third of a turn's statements). writeBatch flushes them
+// before any other event is applied, so a run's steps are written before
+// its ending or anything else that reads or writes its row, in the order
+// the events came.
+type stepRows struct {
+	byRun map[string]int // index into runs
+	runs  []stepRun
+}
+
+// stepRun is what a run's step events of one flush do to its row, as the
+// events one by one would: StepStarted sets the current step; StepCompleted
+// sets the last step and clears the current one if it is the step that
+// completed. Before any StepStarted of the flush the current step is the
+// row's (known false): then a completion clears it in SQL if the seq
+// matches (clear), as the one-event UPDATE did.
+type stepRun struct {
+	run      string
+	known    bool       // cur is the current step (a StepStarted came)
+	cur      event.Step // the current step when known (zero: none)
+	clear    bool       // !known: clear the row's current step if its seq is clearSeq
+	clearSeq event.Step // the completed step whose seq clears it
+	lastSet  bool       // a StepCompleted came: last is the row's last step
+	last     event.Step
+	at       time.Time
+}
+
+// add folds ev (a StepStarted or StepCompleted) in; false (nothing added)
+// when it cannot be folded with the run's pending change (a second
+// completion before the current step is known): flush and add again.
+func (sr *stepRows) add(ev *event.Event, at time.Time) bool {
+	if sr.byRun == nil {
+		sr.byRun = map[string]int{}
+	}
+	i, ok := sr.byRun[ev.RunID]
+	if !ok {
+		i = len(sr.runs)
+		sr.byRun[ev.RunID] = i
+		sr.runs = append(sr.runs, stepRun{run: ev.RunID})
+	}
+	r := &sr.runs[i]
+	switch {
+	case ev.Kind == event.StepStarted:
+		r.known, r.cur, r.clear = true, ev.Step, false
+	case r.known:
+		if r.cur.IsZero() == ev.Step.IsZero() && r.cur.Seq == ev.Step.Seq {
+			r.cur = event.Step{}
+		}
+		r.lastSet, r.last = true, ev.Step
+	case r.clear:
+		return false
+	default:
+		r.clear, r.clearSeq = true, ev.Step
+		r.lastSet, r.last = true, ev.Step
+	}
+	r.at = at
+	return true
+}
+
+// stepSeq is a step's seq column: nil for no step.
+func stepSeq(st event.Step) *int64 {
+	if st.IsZero() {
+		return nil
+	}
+	q := int64(st.Seq)
+	return &q
+}
+
+// updateSteps applies the folded step changes, a row per run of the arrays.
+const updateSteps = `UPDATE turns SET
+		step_kind = CASE WHEN u.known THEN u.ck WHEN u.clr AND turns.step_seq IS NOT DISTINCT FROM u.clrq THEN NULL ELSE turns.step_kind END,
+		step_name = CASE WHEN u.known THEN u.cn WHEN u.clr AND turns.step_seq IS NOT DISTINCT FROM u.clrq THEN NULL ELSE turns.step_name END,
+		step_seq = CASE WHEN u.known THEN u.cq WHEN u.clr AND turns.step_seq IS NOT DISTINCT FROM u.clrq THEN NULL ELSE turns.step_seq END,
+		last_step_kind = CASE WHEN u.ls THEN u.lk ELSE turns.last_step_kind END,
+		last_step_name = CASE WHEN u.ls THEN u.ln ELSE turns.last_step_name END,
+		last_step_seq = CASE WHEN u.ls THEN u.lq ELSE turns.last_step_seq END,
+		updated_at = u.at
+	FROM unnest($1::text[], $2::bool[], $3::text[], $4::text[], $5::bigint[], $6::bool[], $7::bigint[], $8::bool[],
+		$9::text[], $10::text[], $11::bigint[], $12::timestamptz[]) AS u (run, known, ck, cn, cq, clr, clrq, ls, lk, ln, lq, at)
+	WHERE turns.run_id = u.run AND turns.state = 'running'`
+
+// flush writes the pending step changes, if any, in one statement.
+func (sr *stepRows) flush(ctx context.Context, tx pgx.Tx) error {
+	n := len(sr.runs)
+	if n == 0 {
+		return nil
+	}
+	runs, ck, cn, lk, ln := make([]string, n), make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
+	known, clr, ls := make([]bool, n), make([]bool, n), make([]bool, n)
+	cq, clrq, lq := make([]*int64, n), make([]*int64, n), make([]*int64, n)
+	at := make([]time.Time, n)
+	for i, r := range sr.runs {
+		runs[i], known[i], clr[i], ls[i], at[i] = r.run, r.known, r.clear, r.lastSet, r.at
+		ck[i], cn[i], cq[i] = stepText(r.cur, r.cur.Kind), stepText(r.cur, r.cur.Name), stepSeq(r.cur)
+		clrq[i] = stepSeq(r.clearSeq)
+		lk[i], ln[i], lq[i] = stepText(r.last, r.last.Kind), stepText(r.last, r.last.Name), stepSeq(r.last)
+	}
+	if _, err := tx.Exec(ctx, updateSteps, runs, known, ck, cn, cq, clr, clrq, ls, lk, ln, lq, at); err != nil {
+		return fmt.Errorf("steps: %w", err)
+	}
+	*sr = stepRows{}
+	return nil
+}
+
+// stepText is a step's text column s: nil for no step.
+func stepText(st event.Step, s string) *string {
+	if st.IsZero() {
+		return nil
+	}
+	return &s
+}
