@@ -353,7 +353,7 @@ type historyMessage struct {
 	Content    []contentBlock `json:"content"`
 	Timestamp  int64          `json:"timestamp"`
 	StopReason string         `json:"stopReason,omitempty"`
-	// Turnguard: on the message that ends a finished turn, its steps and
+	// Turnguard: on a finished turn's first assistant message, its steps and
 	// settled approvals (turndetails.go); chat.history only.
 	Turnguard *turnView `json:"turnguard,omitempty"`
 	runID     string    // the turn the message belongs to ("" unknown)

@@ -11,10 +11,10 @@ import (
 )
 
 // Finished turns in chat.history (turnguard's extension, docs/protocol.md
-// §6 "chat.history … finished turns"; issue 22): the assistant message that
-// ends a turn carries `turnguard` — the turn's step lines and its settled
-// approval cards, as the live page drew them — so that a reload still shows
-// what ran and who allowed it. OpenClaw clients ignore the field.
+// §6 "chat.history … finished turns"; issue 22): a finished turn's first
+// assistant message carries `turnguard` — the turn's step lines and its
+// settled approval cards, as the live page drew them — so that a reload
+// still shows what ran and who allowed it. OpenClaw clients ignore it.
 
 // turnView is a finished turn's `turnguard` field.
 type turnView struct {
@@ -58,7 +58,7 @@ func (s *Server) finishedTurns(ctx context.Context, key string, msgs []gateway.M
 		if _, seen := ending[m.RunID]; m.RunID == "" || m.Role != "assistant" || seen {
 			continue
 		}
-		ending[m.RunID] = m.StopReason
+		ending[m.RunID] = m.StopReason // the newest: the turn's ending
 		ids = append(ids, m.RunID)
 	}
 	details, err := s.eng.TurnDetails(ctx, ids)
@@ -126,10 +126,11 @@ func unfinishedStep(stop event.StopReason) string {
 	return "stopped"
 }
 
-// attachTurns sets each view on the last message of its run in out (the
-// turn's ending).
+// attachTurns sets each view on the first assistant message of its run in
+// out (its reply, or its partial reply before the notice): a page draws the
+// turn's steps and cards above it, where they were live.
 func attachTurns(out []*historyMessage, views map[string]*turnView) {
-	for _, m := range slices.Backward(out) {
+	for _, m := range out {
 		if v, ok := views[m.runID]; ok && m.Role == "assistant" {
 			m.Turnguard = v
 			delete(views, m.runID)
