@@ -374,10 +374,22 @@ func storeHistory(st store.Reader) gateway.HistoryLoader {
 	}
 }
 
+// detailsFlushWait bounds how long a history's turn details wait for the
+// recorder's queue.
+const detailsFlushWait = time.Second
+
 // storeTurnDetails reads finished turns' steps and settled approvals for
-// the engine (store.TurnDetails bounds what it reads).
-func storeTurnDetails(st store.TurnDetails) gateway.TurnDetailsLoader {
+// the engine (store.TurnDetails bounds what it reads). A turn's last events
+// may still be in the recorder's queue when a page reloads right after it
+// ended: the read waits for them up to detailsFlushWait, then reads anyway.
+func storeTurnDetails(st interface {
+	store.TurnDetails
+	store.Recorder
+}) gateway.TurnDetailsLoader {
 	return func(ctx context.Context, runIDs []string) (map[string]gateway.TurnDetail, error) {
+		fctx, cancel := context.WithTimeout(ctx, detailsFlushWait)
+		_ = st.Flush(fctx) // not flushed in time: what is written is shown
+		cancel()
 		in, err := st.TurnDetails(ctx, runIDs)
 		if err != nil {
 			return nil, err
