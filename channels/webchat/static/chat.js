@@ -1028,15 +1028,18 @@
     state.queued.clear();
     setActive("");
     let lastUser = "";
+    let turnBlock; // the block of the turn being drawn, from its first reply's turnguard
     const msgs = (res && res.messages) || [];
     const stopped = (m) => m && m.role === "assistant" && !!m.stopReason && m.stopReason !== "stop" && m.stopReason !== "end_turn";
     for (let i = 0; i < msgs.length; i++) {
       const m = msgs[i];
       const text = textOf(m);
-      if (m.role === "user") { userMessage(text); lastUser = text; continue; }
+      if (m.role === "user") { userMessage(text); lastUser = text; turnBlock = undefined; continue; }
       if (m.role !== "assistant") continue;
-      // A finished turn's steps and settled cards, then its reply in its block.
-      const block = finishedTurn(m.turnguard);
+      // A finished turn's steps and settled cards, then its reply (and the
+      // notice after a partial reply) in its block.
+      const block = finishedTurn(m.turnguard) || turnBlock;
+      turnBlock = block;
       if (!stopped(m)) {
         if (text) assistantMessage(text, block);
         continue;
