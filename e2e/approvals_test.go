@@ -76,7 +76,9 @@ func stopACPGateway() {
 // Chromium (webchat-approval.mjs).
 //
 // demo (the demo runner): the question "Run deploy" as a card with Allow
-// and Deny, a click on Allow finishing the turn (webchat-approval.png), the
+// and Deny, a click on Allow finishing the turn (webchat-approval.png), a
+// finished turn's step lines and settled card ("✅ Allowed in the web chat:
+// Run deploy") drawn again after a reload as they were live (issue 22), the
 // open card redrawn after a reload and answered with Deny, a card settled by
 // another client, and Stop while the question is open.
 //

@@ -369,8 +369,9 @@ func TestTUI(t *testing.T) {
 // (Markdown replies rendered safely, a refused message kept, stop reasons in
 // words, no horizontal scroll: webchat-390.png); the welcome of an empty
 // conversation (webchat-welcome.png, webchat-welcome-390.png), a second tab
-// showing the message that started a turn, /new clearing the screen and a
-// "#token=…" added to an open page.
+// showing the message that started a turn, /new clearing the screen, a
+// "#token=…" added to an open page, and a reloaded history drawing a
+// timed-out turn's step lines as they ended live (issue 22).
 func TestWebChat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -5,11 +5,14 @@
 //      card says who chose what ("✅ Allowed in the web chat: Run deploy") and the
 //      turn finishes with "deploy ran (allowed). Finished"
 //      (webchat-approval.png).
-//   2. A reload while a question is open draws its card again (from
+//   2. A reload after a turn that asked finished: its step lines and its
+//      settled card ("✅ Allowed in the web chat: Run deploy") are drawn again,
+//      as they were live (chat.history's turnguard on the turn's reply).
+//   3. A reload while a question is open draws its card again (from
 //      chat.history's turnguard.approvals); Deny answers it.
-//   3. A question settled elsewhere (approval.resolve from another client,
+//   4. A question settled elsewhere (approval.resolve from another client,
 //      here a second WebSocket in the page) updates the open card.
-//   4. Stop while a question is open: the card says the request stopped.
+//   5. Stop while a question is open: the card says the request stopped.
 //
 // MODE acp: the gateway runs the acp runner with runner/acp's test agent
 // (a real ACP agent on the official SDK), whose "ask permission" asks
@@ -39,6 +42,7 @@ const { chromium } = require("playwright-core");
 const ok = (msg) => console.log(`ok: ${msg}`);
 const T = { connect: 20000, turn: 20000 };
 const ASK = "/steps ask:deploy say:Finished";
+const STEPS_ASK = "/steps web_search:200ms ask:deploy say:Finished";
 
 async function send(page, text) {
   await page.getByRole("textbox", { name: "Message", exact: true }).fill(text);
@@ -46,6 +50,9 @@ async function send(page, text) {
 }
 
 const openCard = (page) => page.waitForSelector('.run:last-child .approval[data-state="open"]', { timeout: T.turn });
+// openButton is a button of the open card: the settled cards of earlier
+// turns (drawn again after a reload) have the same, disabled, buttons.
+const openButton = (page, name) => page.locator('.approval[data-state="open"]').getByRole("button", { name, exact: true });
 
 async function allow(page) {
   await send(page, ASK);
@@ -56,7 +63,7 @@ async function allow(page) {
   if (JSON.stringify(labels) !== '["Allow","Deny"]') throw new Error(`buttons ${JSON.stringify(labels)}`);
   ok(`the question is a card with Allow and Deny: "${text.split("\n")[0]}"`);
   // Named by what it answers: several cards may be open at once.
-  await page.getByRole("button", { name: "Allow deploy", exact: true }).click();
+  await openButton(page, "Allow deploy").click();
   await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
   const disabled = await card.$$eval("button", (bs) => bs.every((b) => b.disabled));
   if (!disabled) throw new Error("buttons still enabled after the click");
@@ -67,6 +74,31 @@ async function allow(page) {
   await page.screenshot({ path: path.join(artifacts, "webchat-approval.png") });
 }
 
+// reloadKeepsFinishedTurn (issue 22): a finished turn's step lines and its
+// settled card come back on reload (chat.history's turnguard on the turn's
+// reply), drawn as they were live.
+async function reloadKeepsFinishedTurn(page) {
+  await send(page, STEPS_ASK);
+  await openCard(page);
+  await openButton(page, "Allow deploy").click();
+  await page.waitForSelector(".run:last-child .msg.assistant:not(.streaming) >> text=deploy ran (allowed). Finished", { timeout: T.turn });
+  await page.waitForSelector("#stop[disabled]", { timeout: T.turn });
+  const block = (p) => p.$eval(".run:last-child", (b) => b.textContent);
+  const live = await block(page);
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  const card = page.getByRole("group").filter({ hasText: "✅ Allowed in the web chat: Run deploy" }).last();
+  await card.waitFor({ timeout: T.turn });
+  if (!(await card.getByRole("button", { name: "Allow deploy", exact: true }).isDisabled())) throw new Error("the reloaded card's buttons are on");
+  for (const name of ["web_search", "deploy"]) {
+    const line = page.locator(".run:last-child .step", { hasText: `🛠️ ${name}` });
+    if ((await line.getAttribute("data-status")) !== "completed") throw new Error(`reloaded step ${name}: ${await line.textContent()}`);
+  }
+  const reloaded = await block(page);
+  if (reloaded !== live) throw new Error(`reloaded turn "${reloaded}", live "${live}"`);
+  ok(`after a reload the finished turn shows its steps and "✅ Allowed in the web chat: Run deploy" as live: "${reloaded}"`);
+}
+
 async function reloadThenDeny(page) {
   await send(page, ASK);
   await openCard(page);
@@ -74,7 +106,7 @@ async function reloadThenDeny(page) {
   await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
   const card = await openCard(page);
   ok("after a reload the open question is drawn again");
-  await page.getByRole("button", { name: "Deny deploy", exact: true }).click();
+  await openButton(page, "Deny deploy").click();
   await page.waitForFunction((c) => c.dataset.state === "settled", card, { timeout: T.turn });
   await page.waitForSelector(".msg.assistant:not(.streaming) >> text=deploy was not run: denied. Finished", { timeout: T.turn });
   ok(`Deny after the reload: "${await card.$eval(".approval-text", (e) => e.textContent)}"`);
@@ -180,6 +212,7 @@ async function main() {
       await acpAnswer(page, "Allow once", `✅ Allowed in the web chat: ${ACP_TITLE}`, "Tool output: deleted 3 files");
     } else {
       await allow(page);
+      await reloadKeepsFinishedTurn(page);
       await reloadThenDeny(page);
       await settledElsewhere(page, token);
       await stopWhileAsking(page);

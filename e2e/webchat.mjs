@@ -500,6 +500,14 @@ async function main() {
     await page.waitForSelector(".msg.user >> text=/steps web_search:300ms shell:hang", { timeout: T.turn });
     if (await page.$("text=Second session reply")) throw new Error("switching back still shows the other session");
     ok("switched back: history with the step timeout notice (and its Retry) reloaded");
+    // The timed-out turn's step lines come back with it, as they ended live
+    // (issue 22): web_search completed, shell stopped, the notice below them.
+    const timedOut = '.run:has(.notice[data-stop-reason="step_timeout"])';
+    const reloadedLines = await page.$$eval(`${timedOut} .step`, (ls) => ls.map((l) => `${l.textContent} ${l.dataset.status}`));
+    if (!reloadedLines.includes("🛠️ web_search✓ completed") || !reloadedLines.includes("🛠️ shell■ stopped stopped")) {
+      throw new Error(`reloaded step lines of the timed-out turn: ${JSON.stringify(reloadedLines)}`);
+    }
+    ok(`switched back: the timed-out turn's step lines reloaded with its notice: ${JSON.stringify(reloadedLines)}`);
     await page.screenshot({ path: path.join(artifacts, "webchat-history.png") });
 
     // 5. A dropped socket: the page reconnects, signing the new challenge with

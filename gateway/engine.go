@@ -140,6 +140,9 @@ type Outcome struct {
 
 // Message is one message of a session's history.
 type Message struct {
+	// RunID is the turn the message belongs to (its user message, its
+	// ending); "" for one whose store did not keep it.
+	RunID      string           `json:"runId,omitempty"`
 	Role       string           `json:"role"` // user | assistant
 	Text       string           `json:"text"`
 	StopReason event.StopReason `json:"stopReason,omitempty"`
@@ -154,11 +157,14 @@ type HistoryLoader func(ctx context.Context, sessionKey string, limit int) ([]Me
 
 // Options configure an Engine.
 type Options struct {
-	Config   *config.Source           // required
-	Runners  map[string]runner.Runner // by name: demo, openai, exec
-	Log      *slog.Logger
-	History  HistoryLoader
-	Observer maintenance.Observer
+	Config  *config.Source           // required
+	Runners map[string]runner.Runner // by name: demo, openai, exec
+	Log     *slog.Logger
+	History HistoryLoader
+	// TurnDetails, optional, reads finished turns' steps and settled
+	// approvals (Engine.TurnDetails); nil: a history shows none.
+	TurnDetails TurnDetailsLoader
+	Observer    maintenance.Observer
 	// StuckRuns, optional, is told when a runner's stuck runs reach
 	// server.maxStuckRuns and when they drop below it (operator alerts).
 	StuckRuns StuckRunsFunc
@@ -188,6 +194,7 @@ type Engine struct {
 	runners  map[string]runner.Runner
 	log      *slog.Logger
 	loadHist HistoryLoader
+	details  TurnDetailsLoader
 	onStuck  StuckRunsFunc
 	admit    func() error
 	qstore   QueueStore
@@ -351,7 +358,7 @@ func New(opts Options) (*Engine, error) {
 		opts.Log = slog.Default()
 	}
 	e := &Engine{
-		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, onStuck: opts.StuckRuns,
+		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, details: opts.TurnDetails, onStuck: opts.StuckRuns,
 		admit: opts.Admit, qstore: opts.Queue, cluster: opts.Cluster, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stalled: map[*session]bool{}, alias: map[string]string{}, stuck: map[string]int{}, refusing: map[string]bool{},
 		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
 		approvals:  newApprovals(),
@@ -647,7 +654,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	}
 	history := append([]runner.Message(nil), toRunnerHistory(s.history)...)
 	s.active = run
-	s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
+	s.history = appendBounded(s.history, Message{RunID: run.ID, Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
 	s.updated = run.StartedAt()
 	e.touchLocked(s, time.Now())
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
@@ -1062,15 +1069,15 @@ func (e *Engine) recordOutcome(ev event.Event, owned bool) (*turn, *session) {
 		if ev.FullText != "" {
 			// The partial reply carries no stop reason: the notice after it
 			// does, so a client counting notices by stop reason finds one.
-			msgs = append(msgs, Message{Role: "assistant", Text: ev.FullText, Time: ev.Time})
+			msgs = append(msgs, Message{RunID: ev.RunID, Role: "assistant", Text: ev.FullText, Time: ev.Time})
 		}
-		msgs = append(msgs, Message{Role: "assistant", Text: ev.Message, StopReason: ev.StopReason, Time: ev.Time})
+		msgs = append(msgs, Message{RunID: ev.RunID, Role: "assistant", Text: ev.Message, StopReason: ev.StopReason, Time: ev.Time})
 	case ev.StopReason == event.ReasonError:
 		out.Status = StatusError
-		msgs = append(msgs, Message{Role: "assistant", Text: ev.Message, StopReason: ev.StopReason, Time: ev.Time})
+		msgs = append(msgs, Message{RunID: ev.RunID, Role: "assistant", Text: ev.Message, StopReason: ev.StopReason, Time: ev.Time})
 	default:
 		out.Status = StatusOK
-		msgs = append(msgs, Message{Role: "assistant", Text: ev.FullText, StopReason: ev.StopReason, Time: ev.Time})
+		msgs = append(msgs, Message{RunID: ev.RunID, Role: "assistant", Text: ev.FullText, StopReason: ev.StopReason, Time: ev.Time})
 	}
 	ttl := time.Duration(cfg.Server.IdempotencyTTLSeconds * float64(time.Second))
 	e.mu.Lock()

@@ -159,3 +159,62 @@ func (s *SQLite) expire(ctx context.Context, runIDs []string) (int, error) {
 	}
 	return int(n), nil
 }
+
+// TurnDetails returns the steps and settled approvals of the finished
+// turns runIDs (see store.TurnDetails). Events still in the recorder's
+// queue are not seen; see Flush.
+func (s *SQLite) TurnDetails(ctx context.Context, runIDs []string) (map[string]TurnDetail, error) {
+	runIDs = TurnDetailRuns(runIDs)
+	if len(runIDs) == 0 {
+		return map[string]TurnDetail{}, nil
+	}
+	release, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	in := strings.TrimSuffix(strings.Repeat("?, ", len(runIDs)), ", ")
+	args := make([]any, 0, len(runIDs)+1)
+	for _, id := range runIDs {
+		args = append(args, id)
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT run_id, kind, step_kind, step_name, step_seq, elapsed_ns FROM journal
+		WHERE run_id IN (`+in+`) AND kind IN ('step_started', 'step_completed') ORDER BY id LIMIT ?`,
+		append(args, MaxLimit)...)
+	if err != nil {
+		return nil, fmt.Errorf("turn steps: %w", err)
+	}
+	defer rows.Close()
+	var entries []JournalEntry
+	for rows.Next() {
+		var e JournalEntry
+		var stepSeq, elapsed int64
+		if err := rows.Scan(&e.RunID, &e.KindName, &e.Step.Kind, &e.Step.Name, &stepSeq, &elapsed); err != nil {
+			return nil, fmt.Errorf("turn steps: %w", err)
+		}
+		e.Kind, e.Step.Seq, e.Elapsed = KindOf(e.KindName), uint32(stepSeq), time.Duration(elapsed)
+		entries = append(entries, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("turn steps: %w", err)
+	}
+	arows, err := s.r.QueryContext(ctx, `SELECT `+approvalColumns+` FROM approvals
+		WHERE run_id IN (`+in+`) AND status <> 'pending' ORDER BY created_at, id LIMIT ?`,
+		append(args, MaxLimit)...)
+	if err != nil {
+		return nil, fmt.Errorf("turn approvals: %w", err)
+	}
+	defer arows.Close()
+	var approvals []ApprovalRecord
+	for arows.Next() {
+		a, err := scanApproval(arows)
+		if err != nil {
+			return nil, fmt.Errorf("turn approvals: %w", err)
+		}
+		approvals = append(approvals, a)
+	}
+	if err := arows.Err(); err != nil {
+		return nil, fmt.Errorf("turn approvals: %w", err)
+	}
+	return AssembleTurnDetails(entries, approvals), nil
+}

@@ -155,6 +155,7 @@ type Backend interface {
 	ApprovalStore
 	RetryTokens
 	AgentSessions
+	TurnDetails
 	Health() error
 	Prune(ctx context.Context, now time.Time) (PruneStats, error)
 	UserText(ctx context.Context, runID string) (string, error)

@@ -49,6 +49,8 @@ type envOpts struct {
 	runner runner.Runner // instead of the demo runner (which is still built, unused)
 	// history is gateway.Options.History (the store's history loader).
 	history gateway.HistoryLoader
+	// details is gateway.Options.TurnDetails (the store's reader).
+	details gateway.TurnDetailsLoader
 }
 
 func baseConfig(adjust func(*config.Config)) *config.Config {
@@ -75,7 +77,7 @@ func newEngineEnv(t testing.TB, o envOpts) *env {
 		rn = o.runner
 	}
 	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": rn}, Log: log, Admit: o.admit,
-		History: o.history})
+		History: o.history, TurnDetails: o.details})
 	if err != nil {
 		t.Fatal(err)
 	}

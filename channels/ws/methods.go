@@ -353,6 +353,10 @@ type historyMessage struct {
 	Content    []contentBlock `json:"content"`
 	Timestamp  int64          `json:"timestamp"`
 	StopReason string         `json:"stopReason,omitempty"`
+	// Turnguard: on a finished turn's first assistant message, its steps and
+	// settled approvals (turndetails.go); chat.history only.
+	Turnguard *turnView `json:"turnguard,omitempty"`
+	runID     string    // the turn the message belongs to ("" unknown)
 }
 
 type contentBlock struct {
@@ -395,7 +399,9 @@ func chatHistory(c *conn, req request) (any, *rpcError) {
 		c.s.log.Warn("chat.history: the session's running turn cannot be read", "conn", c.id, "session", key, "err", err)
 	}
 	live, used := c.s.reattachAfter(st, budget, msgs)
-	out, omitted := fitHistory(msgs, budget-used)
+	turns, turnsUsed := c.s.finishedTurns(c.ctx, key, msgs, budget)
+	out, omitted := fitHistory(msgs, budget-used-turnsUsed)
+	attachTurns(out, turns)
 	res := map[string]any{
 		"sessionKey": key, "sessionId": id, "messages": out, "thinkingLevel": "off", "verboseLevel": "on",
 	}
@@ -446,6 +452,7 @@ func fitHistory(msgs []gateway.Message, budget int) ([]*historyMessage, int) {
 		first--
 		m := msgs[first]
 		cut = textMessage(m.Role, cutText(m.Text, budget-2*historyOverhead-200), m.Time, m.StopReason)
+		cut.runID = m.RunID
 	}
 	out := make([]*historyMessage, 0, len(msgs)-first+1)
 	if first > 0 {
@@ -455,7 +462,9 @@ func fitHistory(msgs []gateway.Message, budget int) ([]*historyMessage, int) {
 		return append(out, cut), first
 	}
 	for _, m := range msgs[first:] {
-		out = append(out, textMessage(m.Role, m.Text, m.Time, m.StopReason))
+		hm := textMessage(m.Role, m.Text, m.Time, m.StopReason)
+		hm.runID = m.RunID
+		out = append(out, hm)
 	}
 	return out, first
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/turnguard/turnguard/channels/ws"
 	"github.com/turnguard/turnguard/cluster/node"
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/gateway/server"
 	"github.com/turnguard/turnguard/ops/alerts"
@@ -127,7 +128,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// While the store cannot write, a turn would leave no trace: refuse new
 	// ones (retryable) until it can.
 	opts := gateway.Options{Config: a.cfg, Runners: a.runners.engineRunners(), Log: log, History: storeHistory(a.store),
-		Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store}}
+		TurnDetails: storeTurnDetails(a.store), Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store}}
 	if a.node != nil {
 		opts.Cluster = a.node
 	}
@@ -367,7 +368,44 @@ func storeHistory(st store.Reader) gateway.HistoryLoader {
 		}
 		out := make([]gateway.Message, 0, len(msgs))
 		for _, m := range msgs {
-			out = append(out, gateway.Message{Role: string(m.Role), Text: m.Text, StopReason: m.StopReason, Time: m.Time})
+			out = append(out, gateway.Message{RunID: m.RunID, Role: string(m.Role), Text: m.Text, StopReason: m.StopReason, Time: m.Time})
+		}
+		return out, nil
+	}
+}
+
+// detailsFlushWait bounds how long a history's turn details wait for the
+// recorder's queue.
+const detailsFlushWait = time.Second
+
+// storeTurnDetails reads finished turns' steps and settled approvals for
+// the engine (store.TurnDetails bounds what it reads). A turn's last events
+// may still be in the recorder's queue when a page reloads right after it
+// ended: the read waits for them up to detailsFlushWait, then reads anyway.
+func storeTurnDetails(st interface {
+	store.TurnDetails
+	store.Recorder
+}) gateway.TurnDetailsLoader {
+	return func(ctx context.Context, runIDs []string) (map[string]gateway.TurnDetail, error) {
+		fctx, cancel := context.WithTimeout(ctx, detailsFlushWait)
+		_ = st.Flush(fctx) // not flushed in time: what is written is shown
+		cancel()
+		in, err := st.TurnDetails(ctx, runIDs)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]gateway.TurnDetail, len(in))
+		for id, d := range in {
+			g := gateway.TurnDetail{StepsOmitted: d.StepsOmitted}
+			for _, s := range d.Steps {
+				g.Steps = append(g.Steps, gateway.TurnStep{Kind: s.Kind, Name: s.Name, Seq: s.Seq, Completed: s.Completed, Elapsed: s.Elapsed})
+			}
+			for _, a := range d.Approvals {
+				g.Approvals = append(g.Approvals, event.Approval{ID: a.ID, Title: a.Title, Tool: a.Tool, Options: a.Options,
+					CreatedAt: a.CreatedAt, ExpiresAt: a.ExpiresAt, Outcome: a.Status, OptionID: a.OptionID,
+					OptionKind: a.OptionKind, By: a.AnsweredBy, ResolvedAt: a.ResolvedAt})
+			}
+			out[id] = g
 		}
 		return out, nil
 	}

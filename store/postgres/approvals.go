@@ -129,3 +129,40 @@ func (s *Store) expire(ctx context.Context, runIDs []string) (int, error) {
 	}
 	return int(n), nil
 }
+
+// TurnDetails returns the steps and settled approvals of the finished
+// turns runIDs (see store.TurnDetails).
+func (s *Store) TurnDetails(ctx context.Context, runIDs []string) (map[string]store.TurnDetail, error) {
+	ids := store.TurnDetailRuns(runIDs)
+	if len(ids) == 0 {
+		return map[string]store.TurnDetail{}, nil
+	}
+	if err := s.live(); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT run_id, kind, step_kind, step_name, step_seq, elapsed_ns FROM journal
+		WHERE run_id = ANY($1) AND kind IN ('step_started', 'step_completed') ORDER BY id LIMIT $2`, ids, store.MaxLimit)
+	if err != nil {
+		return nil, fmt.Errorf("turn steps: %w", err)
+	}
+	entries, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.JournalEntry, error) {
+		var e store.JournalEntry
+		var stepSeq, elapsed int64
+		err := row.Scan(&e.RunID, &e.KindName, &e.Step.Kind, &e.Step.Name, &stepSeq, &elapsed)
+		e.Kind, e.Step.Seq, e.Elapsed = store.KindOf(e.KindName), uint32(stepSeq), time.Duration(elapsed)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("turn steps: %w", err)
+	}
+	rows, err = s.pool.Query(ctx, selectApproval+` WHERE run_id = ANY($1) AND status <> 'pending'
+		ORDER BY created_at, id LIMIT $2`, ids, store.MaxLimit)
+	if err != nil {
+		return nil, fmt.Errorf("turn approvals: %w", err)
+	}
+	approvals, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.ApprovalRecord, error) { return scanApproval(row) })
+	if err != nil {
+		return nil, fmt.Errorf("turn approvals: %w", err)
+	}
+	return store.AssembleTurnDetails(entries, approvals), nil
+}

@@ -29,6 +29,8 @@
 // question was settled (who chose what, no answer in time, stopped) —
 // also when it was settled elsewhere (another tab, the TUI, an operator).
 // chat.history's turnguard.approvals redraws the open ones after a reload.
+// A finished turn's step lines and settled cards come back on reload from
+// its first reply's turnguard field (finishedTurn).
 //
 // Others' turns: a turn started elsewhere (another tab, the TUI, a page on
 // another replica) is drawn from its events; its lifecycle start carries
@@ -1026,15 +1028,20 @@
     state.queued.clear();
     setActive("");
     let lastUser = "";
+    let turnBlock; // the block of the turn being drawn, from its first reply's turnguard
     const msgs = (res && res.messages) || [];
     const stopped = (m) => m && m.role === "assistant" && !!m.stopReason && m.stopReason !== "stop" && m.stopReason !== "end_turn";
     for (let i = 0; i < msgs.length; i++) {
       const m = msgs[i];
       const text = textOf(m);
-      if (m.role === "user") { userMessage(text); lastUser = text; continue; }
+      if (m.role === "user") { userMessage(text); lastUser = text; turnBlock = undefined; continue; }
       if (m.role !== "assistant") continue;
+      // A finished turn's steps and settled cards, then its reply (and the
+      // notice after a partial reply) in its block.
+      const block = finishedTurn(m.turnguard) || turnBlock;
+      turnBlock = block;
       if (!stopped(m)) {
-        if (text) assistantMessage(text);
+        if (text) assistantMessage(text, block);
         continue;
       }
       // A turn that did not end normally: its partial reply (if any), then
@@ -1046,7 +1053,7 @@
       const reason = m.stopReason;
       const next = msgs[i + 1];
       if (stopped(next) && next.stopReason === reason) { // the partial reply; the notice follows
-        if (text) assistantMessage(text);
+        if (text) assistantMessage(text, block);
         continue;
       }
       let partial = "";
@@ -1057,8 +1064,8 @@
         partial = text.slice(0, cut);
         shown = text.slice(cut + 2);
       }
-      if (partial) assistantMessage(partial);
-      if (shown) notice(reason === "error" ? "error" : "warning", shown, reason, undefined, lastUser);
+      if (partial) assistantMessage(partial, block);
+      if (shown) notice(reason === "error" ? "error" : "warning", shown, reason, block, lastUser);
     }
     // Retry resends the running turn's own message (activeRun.userText), not
     // the history's last user message, which may have been steered into it.
@@ -1082,6 +1089,25 @@
     showWelcome();
     ui.messages.scrollTop = ui.messages.scrollHeight;
     for (const [name, p] of loading.held) runEvent(name, p);
+  }
+
+  // finishedTurn draws a finished turn's step lines and settled approval
+  // cards as its live events drew them (chat.history's turnguard on the
+  // turn's first reply) and returns the turn's block, where its reply goes;
+  // undefined when the history says nothing of the turn.
+  function finishedTurn(t) {
+    if (!t || !t.runId) return undefined;
+    const v = run(String(t.runId));
+    for (const st of Array.isArray(t.steps) ? t.steps : []) {
+      if (st && st.toolCallId) setStepStatus(step(v, String(st.toolCallId), String(st.name || "")), String(st.status || "completed"));
+    }
+    const more = Number(t.stepsOmitted) || 0;
+    if (more > 0) v.steps.appendChild(el("div", "step step-more", `⋯ ${more} more step${more === 1 ? "" : "s"}`));
+    for (const a of Array.isArray(t.approvals) ? t.approvals : []) {
+      if (a && a.id) settleCard(approvalCard(v.id, a, a.text), a, a.text);
+    }
+    v.done = true;
+    return v.block;
   }
 
   // reattach draws the session's running turn as chat.history describes it:
