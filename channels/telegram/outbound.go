@@ -201,6 +201,10 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 			it.outboxID = id
 		}
 	}
+	if !c.mayDeliver(ctx, ch, it) {
+		c.itemDone(it, nil)
+		return
+	}
 	err := c.sendText(ctx, ch, it.text, it.html(), c.retryMarkup(ctx, ch, it), it.partsSent, func(n int) { c.partSent(ch, it, n) })
 	if err == nil && c.durable && it.durable() && it.outboxID == 0 {
 		c.mu.Lock()
