@@ -3,6 +3,7 @@ package telegram
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 
@@ -279,8 +280,15 @@ func (c *Channel) record(ctx context.Context, ch *chat, it *outItem, err error) 
 		return
 	}
 	// A failure that may pass leaves it pending: resent by the next sweep.
+	// A delivery is recorded until the outbox takes it; if it never does,
+	// the claims mark the row instead of sending it again (delivered).
 	if _, merr := delivery.Record(ctx, c.outbox, it.outboxID, asDelivery(rerr)); merr != nil {
 		c.log.Warn("telegram: outbox update failed", "chat", ch.id, "run", it.runID, "err", c.red.err(merr))
+		if class == delivery.OK {
+			c.mu.Lock()
+			c.delivered.add(strconv.FormatInt(it.outboxID, 10))
+			c.mu.Unlock()
+		}
 	}
 }
 

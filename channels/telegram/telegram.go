@@ -199,6 +199,7 @@ type Channel struct {
 	awaiting     map[string]*outItem         // durable endings waiting for their outbox row, by key; guarded by mu
 	sentMem      keySet                      // durable endings sent from memory before their row came; guarded by mu
 	claimedEarly keySet                      // durable endings claim queued before their onEvent came; guarded by mu
+	delivered    keySet                      // outbox ids delivered whose recording failed: marked, never resent; guarded by mu
 	claimMu      sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
 	questions    map[string]*question        // runners' questions shown in chats, by approval id (approvals.go); guarded by mu
 
@@ -679,6 +680,12 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 				ch.poke()
 			}
 			c.mu.Unlock()
+			continue
+		}
+		if c.delivered.has(strconv.FormatInt(m.ID, 10)) {
+			// Delivered; recording it failed then: it is not sent again.
+			c.mu.Unlock()
+			c.markDelivered(m.ID)
 			continue
 		}
 		if c.sentMem.remove(it.key()) {
