@@ -59,7 +59,8 @@ import (
 //   - One sender per chat, in order, and nothing under a lost lease.
 //     ClaimOutbox does not hand out a row behind an earlier pending row of
 //     its chat that another replica holds, and immediately before sending
-//     a claimed row the chat's worker asks Claims.HoldOutbox (mayDeliver):
+//     each part of a claimed row the chat's worker asks Claims.HoldOutbox
+//     (mayDeliver):
 //     a replica that was fenced, or whose claims a survivor took over,
 //     drops the rows it held unsent (the survivor sends them); a row with
 //     an earlier row of its chat still pending, whoever holds it, is
@@ -510,8 +511,9 @@ func (c *Channel) hasAwaiting() bool {
 	return len(c.awaiting) > 0
 }
 
-// mayDeliver asks, immediately before sending claimed outbox row it
-// (cluster), whether this replica may send it now (Claims.HoldOutbox);
+// mayDeliver asks, immediately before sending claimed outbox row it — each
+// of its parts (cluster) — whether this replica may send it now
+// (Claims.HoldOutbox);
 // when not, the row is dropped from this replica's chat (handed back when
 // it waits for an earlier row) and false is returned. On one process, and
 // for items with no row, it is true.

@@ -12,6 +12,8 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/store"
+
+	"github.com/turnguard/turnguard/internal/testwait"
 )
 
 // enqueueAll writes a final reply for each of texts to chat's outbox, in
@@ -31,55 +33,70 @@ func (p *pgOutbox) enqueueAll(t *testing.T, chat int64, texts ...string) []int64
 }
 
 // TestClusterFencedReplicaSendsNothingItHeld: replica c claimed a chat's
-// three replies and is sending the first when it is fenced (its epoch
-// superseded, a survivor takes its claims over). The first reply was
-// accepted by Telegram; the two c still holds in its chat's queue are not
-// sent by c — the survivor sends them, each once, in order (issue 20,
-// defect 9: the fenced replica sent them too, after the survivor).
+// replies and is sending the first message when it is fenced (its epoch
+// superseded, a survivor takes its claims over). That message was accepted
+// by Telegram; nothing else c holds is sent by c — neither the replies
+// queued behind it nor the later parts of a long reply — the survivor
+// sends them, each once, in order (issue 20, defect 9: the fenced replica
+// sent them too, after the survivor).
 func TestClusterFencedReplicaSendsNothingItHeld(t *testing.T) {
-	ctx := context.Background()
-	p := newPGOutbox(t)
-	a, doomed := p.join(t, "a"), p.join(t, "c")
-	ids := p.enqueueAll(t, alice, "first", "second", "third")
+	long := strings.Repeat(strings.Repeat("x", 40)+"_", 150) // two messages
+	for _, tc := range []struct {
+		name    string
+		replies []string
+		screen  int // messages the chat shows in the end
+	}{
+		{name: "replies queued behind", replies: []string{"first", "second", "third"}, screen: 3},
+		{name: "a long reply's later part", replies: []string{long, "after"}, screen: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			p := newPGOutbox(t)
+			a, doomed := p.join(t, "a"), p.join(t, "c")
+			p.enqueueAll(t, alice, tc.replies...)
 
-	api := newFakeAPI(testToken)
-	trC := &memTransport{h: api}
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	trC.setFail(func(req *http.Request) error {
-		if strings.HasSuffix(req.URL.Path, "/sendMessage") {
-			once.Do(func() { close(reached); <-release })
-		}
-		return nil
-	})
-	chC := p.channel(t, doomed, trC)
-	select {
-	case <-reached:
-	case <-time.After(clusterWait):
-		t.Fatal("replica c sent nothing")
-	}
-	// c is fenced while its first reply is on its way: its restart
-	// supersedes the epoch, and a survivor takes its claims over.
-	p.join(t, "c")
-	if _, err := a.Survey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	close(release)
-	p.waitDelivered(t, ids[0])
+			api := newFakeAPI(testToken)
+			trC := &memTransport{h: api}
+			reached, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			trC.setFail(func(req *http.Request) error {
+				if strings.HasSuffix(req.URL.Path, "/sendMessage") {
+					once.Do(func() { close(reached); <-release })
+				}
+				return nil
+			})
+			chC := p.channel(t, doomed, trC)
+			select {
+			case <-reached:
+			case <-time.After(clusterWait):
+				t.Fatal("replica c sent nothing")
+			}
+			// c is fenced while its first message is on its way: its
+			// restart supersedes the epoch, and a survivor takes its
+			// claims over.
+			p.join(t, "c")
+			if _, err := a.Survey(ctx); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			testwait.Until(t, clusterWait, "the first message reaches the chat", func() bool { return len(api.screen(alice)) > 0 })
+			cctx, cancel := context.WithTimeout(ctx, clusterWait)
+			defer cancel()
+			if err := chC.Close(cctx); err != nil {
+				t.Fatal(err)
+			}
 
-	trA := &memTransport{h: api}
-	p.channel(t, a, trA)
-	p.waitDelivered(t)
-	cctx, cancel := context.WithTimeout(ctx, clusterWait)
-	defer cancel()
-	if err := chC.Close(cctx); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := api.screen(alice), []string{"first", "second", "third"}; !slices.Equal(got, want) {
-		t.Errorf("chat shows %q; want %q", got, want)
-	}
-	if n := trC.sendCount(); n != 1 {
-		t.Errorf("the fenced replica sent %d messages; want 1 (the one on its way when it was fenced)", n)
+			trA := &memTransport{h: api}
+			p.channel(t, a, trA)
+			p.waitDelivered(t)
+			scr := api.screen(alice)
+			if len(scr) != tc.screen || scr[len(scr)-1] != tc.replies[len(tc.replies)-1] {
+				t.Errorf("chat shows %d messages %.30q; want %d, ending with the last reply", len(scr), scr, tc.screen)
+			}
+			if n := trC.sendCount(); n != 1 {
+				t.Errorf("the fenced replica sent %d messages; want 1 (the one on its way when it was fenced)", n)
+			}
+		})
 	}
 }
 
