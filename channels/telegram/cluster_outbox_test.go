@@ -79,6 +79,12 @@ func (p *pgOutbox) join(t *testing.T, id string) *pgcoord.Replica {
 // outbox, sending through tr; both stop when the test ends.
 func (p *pgOutbox) channel(t *testing.T, r *pgcoord.Replica, tr *memTransport) *Channel {
 	t.Helper()
+	return p.channelWith(t, r.ID(), r, tr)
+}
+
+// channelWith is channel with claims standing in front of the replica id.
+func (p *pgOutbox) channelWith(t *testing.T, id string, claims OutboxClaims, tr *memTransport) *Channel {
+	t.Helper()
 	src := config.NewSource(testConfig(nil))
 	d := demo.New()
 	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": d}, Log: p.log})
@@ -86,9 +92,9 @@ func (p *pgOutbox) channel(t *testing.T, r *pgcoord.Replica, tr *memTransport) *
 		t.Fatal(err)
 	}
 	eng.Start(context.Background())
-	ch, err := New(eng, src, Options{Log: p.log.With("replica", r.ID()), Outbox: p.st, DurableEndings: true,
+	ch, err := New(eng, src, Options{Log: p.log.With("replica", id), Outbox: p.st, DurableEndings: true,
 		HTTPClient: &http.Client{Transport: tr},
-		Cluster:    &Cluster{ReplicaID: r.ID(), Claims: r, ClaimEvery: 100 * time.Millisecond, ClaimHold: 5 * time.Second}})
+		Cluster:    &Cluster{ReplicaID: id, Claims: claims, ClaimEvery: 100 * time.Millisecond, ClaimHold: 5 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,6 +31,31 @@ func (p *pgOutbox) enqueueAll(t *testing.T, chat int64, texts ...string) []int64
 		ids = append(ids, id)
 	}
 	return ids
+}
+
+// holdFirstSend makes the first sendMessage through tr wait, once it
+// reached the transport (reached is closed), until release is closed; then
+// the Bot API accepts it.
+func holdFirstSend(tr *memTransport) (reached, release chan struct{}) {
+	reached, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	tr.setFail(func(req *http.Request) error {
+		if strings.HasSuffix(req.URL.Path, "/sendMessage") {
+			once.Do(func() { close(reached); <-release })
+		}
+		return nil
+	})
+	return reached, release
+}
+
+// waitReached waits until the held send of who reached the transport.
+func waitReached(t *testing.T, reached <-chan struct{}, who string) {
+	t.Helper()
+	select {
+	case <-reached:
+	case <-time.After(clusterWait):
+		t.Fatalf("%s sent nothing", who)
+	}
 }
 
 // TestClusterFencedReplicaSendsNothingItHeld: replica c claimed a chat's
@@ -57,20 +83,9 @@ func TestClusterFencedReplicaSendsNothingItHeld(t *testing.T) {
 
 			api := newFakeAPI(testToken)
 			trC := &memTransport{h: api}
-			reached, release := make(chan struct{}), make(chan struct{})
-			var once sync.Once
-			trC.setFail(func(req *http.Request) error {
-				if strings.HasSuffix(req.URL.Path, "/sendMessage") {
-					once.Do(func() { close(reached); <-release })
-				}
-				return nil
-			})
+			reached, release := holdFirstSend(trC)
 			chC := p.channel(t, doomed, trC)
-			select {
-			case <-reached:
-			case <-time.After(clusterWait):
-				t.Fatal("replica c sent nothing")
-			}
+			waitReached(t, reached, "replica c")
 			// c is fenced while its first message is on its way: its
 			// restart supersedes the epoch, and a survivor takes its
 			// claims over.
@@ -123,5 +138,53 @@ func TestClusterChatRowsInOrderAcrossReplicas(t *testing.T) {
 	p.waitDelivered(t)
 	if got, want := api.screen(alice), []string{"first", "second"}; !slices.Equal(got, want) {
 		t.Errorf("chat shows %q; want %q", got, want)
+	}
+}
+
+// countedClaims counts a replica's claims.
+type countedClaims struct {
+	OutboxClaims
+	n *atomic.Int32
+}
+
+func (c countedClaims) ClaimOutbox(ctx context.Context, channel string, limit int, hold time.Duration) ([]store.OutboxMessage, error) {
+	defer c.n.Add(1)
+	return c.OutboxClaims.ClaimOutbox(ctx, channel, limit, hold)
+}
+
+// TestClusterOneSenderPerChat: replicas a and b each have a reply of one
+// chat to send, their own turns' (as after a NATS node's death moved the
+// chat's partition while a turn ran). While a's earlier reply is on its
+// way, b sends nothing to the chat, through many claims (a holds the
+// chat's rows); the later reply goes after the earlier one, once (issue
+// 20, defect 10: both were sent at once, out of order).
+func TestClusterOneSenderPerChat(t *testing.T) {
+	p := newPGOutbox(t)
+	a, b := p.join(t, "a"), p.join(t, "b")
+	api := newFakeAPI(testToken)
+	trA := &memTransport{h: api}
+	reached, release := holdFirstSend(trA)
+	chA := p.channel(t, a, trA)
+	chA.Adopt("tg-1001-1")
+	var claimsB atomic.Int32
+	trB := &memTransport{h: api}
+	chB := p.channelWith(t, b.ID(), countedClaims{b, &claimsB}, trB)
+	chB.Adopt("tg-1001-2")
+	p.enqueueAll(t, alice, "first", "second")
+	chA.Claim()
+	waitReached(t, reached, "replica a")
+	chB.Claim()
+	n := claimsB.Load()
+	testwait.Until(t, clusterWait, "b claims five more times", func() bool { return claimsB.Load() >= n+5 })
+	if got := trB.sendCount(); got != 0 {
+		t.Errorf("b sent %d messages while a's earlier reply was on its way; want none", got)
+	}
+	close(release)
+	p.waitDelivered(t)
+	if got, want := api.screen(alice), []string{"first", "second"}; !slices.Equal(got, want) {
+		t.Errorf("chat shows %q; want %q", got, want)
+	}
+	if got := trA.sendCount() + trB.sendCount(); got != 2 {
+		t.Errorf("%d messages sent; want each reply once", got)
 	}
 }
