@@ -86,6 +86,13 @@ var (
 	// ErrSchemaTooNew: the database was written by a newer turnguard whose
 	// schema this build does not know; it is left untouched.
 	ErrSchemaTooNew = errors.New("database schema is newer than this build")
+	// ErrNotHeld: a replica about to send an outbox row no longer holds it
+	// (its lease was lost, a survivor took its claims over, or the row was
+	// delivered or failed meanwhile): it must not send it.
+	ErrNotHeld = errors.New("outbox message not held by this replica")
+	// ErrBehind: an earlier outbox message of the same chat is still
+	// pending; this one waits for it (a chat's messages go in order).
+	ErrBehind = errors.New("an earlier outbox message of the chat is pending")
 )
 
 // Limits on the number of rows a query returns.

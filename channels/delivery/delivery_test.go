@@ -79,10 +79,12 @@ func (s *fakeSender) log() []string {
 	return slices.Clone(s.got)
 }
 
-// fakeOutbox records the outcome calls.
+// fakeOutbox records the outcome calls. The first failMarks
+// MarkDelivered calls fail (the database restarted).
 type fakeOutbox struct {
-	mu  sync.Mutex
-	got []string
+	mu        sync.Mutex
+	got       []string
+	failMarks int
 }
 
 func (o *fakeOutbox) note(s string) error {
@@ -92,6 +94,14 @@ func (o *fakeOutbox) note(s string) error {
 	return nil
 }
 func (o *fakeOutbox) MarkDelivered(_ context.Context, id int64) error {
+	o.mu.Lock()
+	fail := o.failMarks > 0
+	o.failMarks--
+	o.mu.Unlock()
+	if fail {
+		_ = o.note(fmt.Sprintf("%d mark failed", id))
+		return errors.New("connection reset by peer")
+	}
 	return o.note(fmt.Sprintf("%d delivered", id))
 }
 func (o *fakeOutbox) MarkAttempt(_ context.Context, id int64, err error) error {
@@ -194,6 +204,19 @@ func TestServerErrorBackoffThenSuccess(t *testing.T) {
 		// each attempt, so it, not the backoff, sets the last two waits.
 		want(t, "sends", s.log(), []string{"a@0s m1 ✗", "a@1s m1 ✗", "a@2s m1 ✗", "a@4s m1"})
 		want(t, "outbox", o.log(), []string{"1 delivered"})
+	})
+}
+
+// TestFailedMarkIsRetried: a message was delivered but recording it
+// failed twice (a database restart): the mark is tried again, backing off,
+// until the outbox takes it — the message is not left pending to be sent
+// again — and the destination's next message goes after it.
+func TestFailedMarkIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, o := newSender(), &fakeOutbox{failMarks: 2}
+		run(t, s, o, delivery.Options{}, "a", msg(1, "m1"), "a", msg(2, "m2"))
+		want(t, "sends", s.log(), []string{"a@0s m1", "a@1s m2"})
+		want(t, "outbox", o.log(), []string{"1 mark failed", "1 mark failed", "1 delivered", "2 delivered"})
 	})
 }
 

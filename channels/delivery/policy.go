@@ -114,6 +114,8 @@ type Outbox interface {
 // may pass: MarkAttempt, it stays pending and is resent later); nothing
 // when ctx ended first (it stays pending for the next start). ctx is the
 // one the delivery ran under; the update itself is bounded on its own.
+// A delivery is recorded until the outbox takes it (see markDelivered):
+// an error then means ctx ended or MarkWait ran out first.
 func Record(ctx context.Context, o Outbox, id int64, sendErr error) (Class, error) {
 	class, _ := Classify(ctx, sendErr)
 	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -121,7 +123,7 @@ func Record(ctx context.Context, o Outbox, id int64, sendErr error) (Class, erro
 	var err error
 	switch class {
 	case OK:
-		err = o.MarkDelivered(octx, id)
+		err = markDelivered(ctx, o, id)
 	case Canceled:
 		return class, nil
 	case Permanent:
@@ -133,4 +135,30 @@ func Record(ctx context.Context, o Outbox, id int64, sendErr error) (Class, erro
 		return class, fmt.Errorf("record delivery of outbox message %d: %w", id, err)
 	}
 	return class, nil
+}
+
+// MarkWait bounds how long Record keeps trying to record a delivery.
+const MarkWait = 10 * time.Minute
+
+// markDelivered records that message id was delivered, trying again
+// (backing off up to 5 s) until the outbox says so, ctx ends or MarkWait
+// runs out. The message reached its destination: a failed mark — which
+// may even have committed, its answer lost (the database restarted) — must
+// not leave it pending, to be sent again as if it were not; marking twice
+// is harmless. Each try is bounded on its own.
+func markDelivered(ctx context.Context, o Outbox, id int64) error {
+	end := time.Now().Add(MarkWait)
+	wait := 100 * time.Millisecond
+	for {
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		err := o.MarkDelivered(octx, id)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if !time.Now().Add(wait).Before(end) || Sleep(ctx, wait) != nil {
+			return err
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }

@@ -56,6 +56,18 @@ import (
 //     only when it is still unsent two ClaimEvery after it first saw it
 //     (longer than its writer's own claims take) — its writer died, or was
 //     never going to send it (a takeover's notice).
+//   - One sender per chat, in order, and nothing under a lost lease.
+//     ClaimOutbox does not hand out a row behind an earlier pending row of
+//     its chat that another replica holds, and immediately before sending
+//     each part of a claimed row the chat's worker asks Claims.HoldOutbox
+//     (mayDeliver):
+//     a replica that was fenced, or whose claims a survivor took over,
+//     drops the rows it held unsent (the survivor sends them); a row with
+//     an earlier row of its chat still pending, whoever holds it, is
+//     handed back and claimed again once that one is delivered or failed.
+//     A delivery whose recording failed is recorded again until the
+//     outbox takes it (delivery.Record), never sent a second time as if
+//     it were not.
 
 // PollerLease is the name of the lease under which one replica polls.
 const PollerLease = "telegram-poller"
@@ -72,9 +84,15 @@ type Leader interface {
 }
 
 // OutboxClaims hands out outbox rows to one replica at a time.
-// *pgcoord.Replica implements it (see its ClaimOutbox and ReleaseOutbox).
+// *pgcoord.Replica implements it (see its ClaimOutbox, HoldOutbox and
+// ReleaseOutbox). HoldOutbox is asked immediately before each send: nil
+// only while this replica's lease is live and it still holds the row;
+// store.ErrNotHeld (fenced, or its claims taken over: the row is dropped
+// here, never sent) or store.ErrBehind (an earlier row of the chat is
+// pending: the row is handed back and sent after it).
 type OutboxClaims interface {
 	ClaimOutbox(ctx context.Context, channel string, limit int, hold time.Duration) ([]store.OutboxMessage, error)
+	HoldOutbox(ctx context.Context, id int64, hold time.Duration) error
 	ReleaseOutbox(ctx context.Context, ids ...int64) error
 }
 
@@ -491,4 +509,33 @@ func (c *Channel) hasAwaiting() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.awaiting) > 0
+}
+
+// mayDeliver asks, immediately before sending claimed outbox row it — each
+// of its parts (cluster) — whether this replica may send it now
+// (Claims.HoldOutbox);
+// when not, the row is dropped from this replica's chat (handed back when
+// it waits for an earlier row) and false is returned. On one process, and
+// for items with no row, it is true.
+func (c *Channel) mayDeliver(ctx context.Context, ch *chat, it *outItem) bool {
+	if c.claims == nil || it.outboxID == 0 {
+		return true
+	}
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	err := c.claims.HoldOutbox(hctx, it.outboxID, c.cl.ClaimHold)
+	cancel()
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, store.ErrBehind):
+		c.log.Debug("telegram: an earlier message of the chat is pending; this one goes after it", "chat", ch.id, "run", it.runID)
+		c.release([]int64{it.outboxID})
+	case errors.Is(err, store.ErrNotHeld):
+		c.log.Warn("telegram: an outbox message is no longer this replica's to send; not sending it", "chat", ch.id, "run", it.runID, "err", c.red.err(err))
+	default:
+		// Not known to be ours: not sent now; the row stays claimed
+		// and is taken again by a later claim.
+		c.log.Warn("telegram: cannot confirm an outbox message is this replica's to send; trying again later", "chat", ch.id, "run", it.runID, "err", c.red.err(err))
+	}
+	return false
 }

@@ -55,6 +55,42 @@ func (c claimer) ClaimOutbox(ctx context.Context, channel string, limit int, hol
 	return out, nil
 }
 
+// HoldOutbox is pgcoord's: the row must still be this replica's, and the
+// first pending row of its chat.
+func (c claimer) HoldOutbox(ctx context.Context, id int64, hold time.Duration) error {
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	if h, ok := c.b.held[id]; !ok || h.owner != c.owner || !time.Now().Before(h.until) {
+		return store.ErrNotHeld
+	}
+	rows, err := c.b.out.Pending(ctx, "", maxPendingRows)
+	if err != nil {
+		return err
+	}
+	var chat string
+	for _, m := range rows {
+		if m.ID == id {
+			chat = m.ChatRef
+		}
+	}
+	if chat == "" {
+		return store.ErrNotHeld // delivered or failed meanwhile
+	}
+	for _, m := range rows {
+		if m.ChatRef == chat {
+			if m.ID != id {
+				return store.ErrBehind
+			}
+			break
+		}
+	}
+	c.b.held[id] = rowHold{owner: c.owner, until: time.Now().Add(hold)}
+	return nil
+}
+
+// maxPendingRows is more pending rows than any test writes.
+const maxPendingRows = 1000
+
 func (c claimer) ReleaseOutbox(_ context.Context, ids ...int64) error {
 	c.b.mu.Lock()
 	defer c.b.mu.Unlock()

@@ -3,6 +3,7 @@ package telegram
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 
@@ -201,15 +202,23 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 			it.outboxID = id
 		}
 	}
-	err := c.sendText(ctx, ch, it.text, it.html(), c.retryMarkup(ctx, ch, it), it.partsSent, func(n int) { c.partSent(ch, it, n) })
+	mayGo := func() bool { return c.mayDeliver(ctx, ch, it) }
+	err := c.sendText(ctx, ch, it.text, it.html(), c.retryMarkup(ctx, ch, it), it.partsSent, mayGo, func(n int) { c.partSent(ch, it, n) })
+	if errors.Is(err, errNotOurs) {
+		c.itemDone(it, nil) // the row is another replica's now, or later
+		return
+	}
 	if err == nil && c.durable && it.durable() && it.outboxID == 0 {
 		c.mu.Lock()
 		c.sentMem.add(it.key()) // the store's late row is marked delivered by claim
 		c.mu.Unlock()
 	}
-	c.claimMu.RLock() // see claim
-	defer c.claimMu.RUnlock()
+	// Recorded before its inflight key goes (itemDone, under claimMu: see
+	// claim), but not under claimMu: recording a delivery may take long
+	// (record), and claims and Close must not wait for it.
 	c.record(ctx, ch, it, err)
+	c.claimMu.RLock()
+	defer c.claimMu.RUnlock()
 	c.itemDone(it, err)
 }
 
@@ -239,6 +248,10 @@ func (c *Channel) partSent(ch *chat, it *outItem, n int) {
 		c.log.Warn("telegram: outbox update failed", "chat", ch.id, "run", it.runID, "err", c.red.err(err))
 	}
 }
+
+// errNotOurs stops the sending of an outbox row this replica may no
+// longer send (mayDeliver): what is left of it is not sent here.
+var errNotOurs = errors.New("telegram: the outbox message is not this replica's to send")
 
 // itemDone accounts for a finished item.
 func (c *Channel) itemDone(it *outItem, err error) {
@@ -275,8 +288,20 @@ func (c *Channel) record(ctx context.Context, ch *chat, it *outItem, err error) 
 		return
 	}
 	// A failure that may pass leaves it pending: resent by the next sweep.
-	if _, merr := delivery.Record(ctx, c.outbox, it.outboxID, asDelivery(rerr)); merr != nil {
+	// A delivery is recorded until the outbox takes it or Close begins
+	// (markCtx); if it never does, the claims mark the row instead of
+	// sending it again (delivered).
+	rctx := ctx
+	if class == delivery.OK {
+		rctx = c.markCtx
+	}
+	if _, merr := delivery.Record(rctx, c.outbox, it.outboxID, asDelivery(rerr)); merr != nil {
 		c.log.Warn("telegram: outbox update failed", "chat", ch.id, "run", it.runID, "err", c.red.err(merr))
+		if class == delivery.OK {
+			c.mu.Lock()
+			c.delivered.add(strconv.FormatInt(it.outboxID, 10))
+			c.mu.Unlock()
+		}
 	}
 }
 
@@ -297,9 +322,11 @@ func (k itemKind) String() string {
 // sendText sends text as one or more messages: a reply rendered as HTML
 // (split with code blocks repaired), anything else as plain text.
 // markup, if not nil, goes with the last message. The first skip parts
-// are not sent (they reached the chat before); sent, if not nil, is told
-// after each part but the last how many have reached the chat.
-func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool, markup models.ReplyMarkup, skip int, sent func(n int)) error {
+// are not sent (they reached the chat before); may is asked immediately
+// before each part is sent (mayDeliver): false stops the sending with
+// errNotOurs; sent, if not nil, is told after each part but the last how
+// many have reached the chat.
+func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool, markup models.ReplyMarkup, skip int, may func() bool, sent func(n int)) error {
 	text = strings.ToValidUTF8(text, "\uFFFD") // Telegram refuses invalid UTF-8
 	var chunks []string
 	if html {
@@ -314,6 +341,9 @@ func (c *Channel) sendText(ctx context.Context, ch *chat, text string, html bool
 		var m models.ReplyMarkup
 		if i == len(chunks)-1 {
 			m = markup
+		}
+		if !may() {
+			return errNotOurs
 		}
 		if _, err := c.sendChunk(ctx, ch, chunk, html, m); err != nil {
 			return err

@@ -170,10 +170,12 @@ type Channel struct {
 	secret     string
 	webhookURL string
 
-	baseCtx context.Context // the workers' context; cancelled by Close
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	unsub   func()
+	baseCtx   context.Context // the workers' context; cancelled by Close
+	cancel    context.CancelFunc
+	markCtx   context.Context // recording deliveries keeps trying until it ends: when Close begins
+	stopMarks context.CancelFunc
+	wg        sync.WaitGroup
+	unsub     func()
 
 	running atomic.Bool
 	ready   atomic.Bool // start-up calls done: the webhook accepts updates
@@ -199,6 +201,7 @@ type Channel struct {
 	awaiting     map[string]*outItem         // durable endings waiting for their outbox row, by key; guarded by mu
 	sentMem      keySet                      // durable endings sent from memory before their row came; guarded by mu
 	claimedEarly keySet                      // durable endings claim queued before their onEvent came; guarded by mu
+	delivered    keySet                      // outbox ids delivered whose recording failed: marked, never resent; guarded by mu
 	claimMu      sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
 	questions    map[string]*question        // runners' questions shown in chats, by approval id (approvals.go); guarded by mu
 
@@ -301,6 +304,7 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	}
 	c.bot, c.api = b, api{b: b}
 	c.baseCtx, c.cancel = context.WithCancel(context.Background())
+	c.markCtx, c.stopMarks = context.WithCancel(c.baseCtx)
 	if c.outbox != nil {
 		// What the outbox still holds (the endings and interrupted notices
 		// of the last run) is queued before the channel hears of any new
@@ -445,6 +449,7 @@ func (c *Channel) Close(ctx context.Context) error {
 		return nil
 	}
 	c.mu.Unlock()
+	c.stopMarks() // a delivery the store does not take now is remembered until exit, then resent at the next start
 	if c.durable {
 		// The shutdown notices are written by the store: wait for them
 		// and take them into the chats' queues.
@@ -621,9 +626,9 @@ func (c *Channel) resendPending(ctx context.Context) { c.claim(ctx, true) }
 
 // claim queues the outbox's pending messages that are not queued or being
 // delivered already. It holds claimMu for writing from its Pending read to
-// its queueing, and a delivery's outcome is recorded (and its inflight key
-// removed) under claimMu for reading, so a message delivered meanwhile is
-// never queued a second time: either the read sees it delivered, or the
+// its queueing, and a delivery's inflight key is removed, once its outcome
+// is recorded, under claimMu for reading, so a message delivered meanwhile
+// is never queued a second time: either the read sees it delivered, or the
 // key is still inflight when the claim checks it. resend (the start-up and
 // periodic sweeps) takes every pending message; otherwise (a new ending
 // was written) only those never tried, so a failing message is retried at
@@ -679,6 +684,12 @@ func (c *Channel) claim(ctx context.Context, resend bool) {
 				ch.poke()
 			}
 			c.mu.Unlock()
+			continue
+		}
+		if c.delivered.has(strconv.FormatInt(m.ID, 10)) {
+			// Delivered; recording it failed then: it is not sent again.
+			c.mu.Unlock()
+			c.markDelivered(m.ID)
 			continue
 		}
 		if c.sentMem.remove(it.key()) {

@@ -273,15 +273,15 @@ func TestJoinSupersedesTheEarlierEpoch(t *testing.T) {
 }
 
 // Outbox rows are claimed with SKIP LOCKED: concurrent claimers get
-// disjoint rows; a dead claimer's hold expires; a released row is free at
-// once; delivered rows are never claimed.
+// disjoint rows (of twenty chats); a dead claimer's hold expires; a
+// released row is free at once; delivered rows are never claimed.
 func TestOutboxClaimsAreDisjointAndExpire(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.New(t)
 	a, b := join(t, url, "a", 5*time.Second), join(t, url, "b", 5*time.Second)
 	p := db(t, url)
 	if _, err := p.Exec(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
-		SELECT 'telegram', '1', 'run-' || i, 'final', 'reply ' || i, now() FROM generate_series(1, 20) i`); err != nil {
+		SELECT 'telegram', i::text, 'run-' || i, 'final', 'reply ' || i, now() FROM generate_series(1, 20) i`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.Exec(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at, delivered_at)

@@ -54,6 +54,12 @@ func (c coordClaims) ClaimOutbox(ctx context.Context, channel string, limit int,
 	return c.cl.Coordinator().ClaimOutbox(ctx, channel, limit, hold)
 }
 
+// HoldOutbox asks the current coordinator: a row claimed under an epoch
+// that was fenced is not held by the new one, and is not sent.
+func (c coordClaims) HoldOutbox(ctx context.Context, id int64, hold time.Duration) error {
+	return c.cl.Coordinator().HoldOutbox(ctx, id, hold)
+}
+
 func (c coordClaims) ReleaseOutbox(ctx context.Context, ids ...int64) error {
 	return c.cl.Coordinator().ReleaseOutbox(ctx, ids...)
 }
