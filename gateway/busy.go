@@ -11,7 +11,6 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/timeout"
 )
 
@@ -58,36 +57,6 @@ const (
 	// id is Ack.RunID.
 	StatusSteered Status = "steered"
 )
-
-// QueueFullError is returned by Send when the session already has
-// busy.maxQueued messages waiting (Limit), or when the message would bring
-// the text waiting past busy.maxQueuedBytes (Bytes, the budget; 0 when it
-// was the count). Waiting are the queued messages and those steered into
-// the running turn that its runner has not taken yet, in every busy mode.
-type QueueFullError struct {
-	SessionKey string
-	Limit      int
-	Bytes      int
-}
-
-func (e *QueueFullError) Error() string {
-	if e.Bytes > 0 {
-		return fmt.Sprintf("session %s: the text waiting would pass %d bytes (busy.maxQueuedBytes)", e.SessionKey, e.Bytes)
-	}
-	return fmt.Sprintf("session %s: %d messages already queued (busy.maxQueued)", e.SessionKey, e.Limit)
-}
-func (e *QueueFullError) Unwrap() error { return ErrBusy }
-
-// UserText is what a channel shows a person whose message was refused.
-func (e *QueueFullError) UserText() string {
-	switch {
-	case e.Bytes > 0:
-		return messages.QueueBytesFull(e.Bytes)
-	case e.Limit == 0: // busy.maxQueued 0: nothing may wait
-		return (&BusyError{}).UserText()
-	}
-	return messages.QueueFull(e.Limit)
-}
 
 // QueuedMessage is a message waiting for its session's running turn to end.
 type QueuedMessage struct {

@@ -35,83 +35,11 @@ import (
 	"github.com/turnguard/turnguard/runner"
 )
 
-// Errors callers branch on.
-var (
-	ErrBusy         = errors.New("session busy")
-	ErrEmpty        = errors.New("empty message")
-	ErrTooLong      = errors.New("message too long")
-	ErrNoRunner     = errors.New("no such runner")
-	ErrNotOwner     = errors.New("not allowed to abort this run")
-	ErrWrongSession = errors.New("runId does not match sessionKey")
-	ErrShutdown     = errors.New("gateway is shutting down")
-	ErrRunnerStuck  = errors.New("runner refuses new turns: too many of its runs ignore cancellation")
-	ErrUnavailable  = errors.New("gateway cannot start new turns right now")
-
-	// ErrReservedRunID: the run id lies in another channel's namespace
-	// (config.RunIDReserved).
-	ErrReservedRunID = errors.New("run id is reserved for another channel")
-)
-
-// RunnerStuckError is returned by Send when the channel's runner has
-// server.maxStuckRuns force-finalized runs that still run (they ignored
-// cancellation): a new turn would only add one more.
-type RunnerStuckError struct {
-	Runner string
-	Stuck  int // force-finalized runs of Runner still running
-	Limit  int // server.maxStuckRuns
-}
-
-func (e *RunnerStuckError) Error() string {
-	return fmt.Sprintf("runner %s: %d force-finalized runs still running (server.maxStuckRuns %d): %v", e.Runner, e.Stuck, e.Limit, ErrRunnerStuck)
-}
-func (e *RunnerStuckError) Unwrap() error { return ErrRunnerStuck }
-
-// UserText is what a channel shows a person whose message was refused.
-func (e *RunnerStuckError) UserText() string {
-	return messages.RunnerStuck
-}
-
 // StuckRunsFunc is told when a runner reaches its cap of stuck runs
 // (saturated, new turns refused) and when it is below it again. Calls are
 // edge-triggered (one per change), in order, outside the engine's main
 // lock; it must not block or call the engine.
 type StuckRunsFunc func(runner string, stuck, limit int, saturated bool)
-
-// UnavailableError is returned by Send when Options.Admit refuses new turns
-// (the store cannot write). It is temporary: the client should retry
-// shortly.
-type UnavailableError struct{ Cause error }
-
-func (e *UnavailableError) Error() string { return fmt.Sprintf("%s: %v", ErrUnavailable, e.Cause) }
-func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
-
-// UserText is what a channel shows a person; it never names the cause.
-func (e *UnavailableError) UserText() string {
-	return messages.Unavailable
-}
-
-// BusyError is returned by Send when the session already has an active turn.
-type BusyError struct {
-	SessionKey string
-	RunID      string // the active run
-	Stopping   bool   // the active run was aborted and is being stopped
-}
-
-func (e *BusyError) Error() string {
-	if e.Stopping {
-		return fmt.Sprintf("session %s busy: still stopping run %s", e.SessionKey, e.RunID)
-	}
-	return fmt.Sprintf("session %s busy with run %s", e.SessionKey, e.RunID)
-}
-func (e *BusyError) Unwrap() error { return ErrBusy }
-
-// UserText is what a channel shows a person for a busy session.
-func (e *BusyError) UserText() string {
-	if e.Stopping {
-		return messages.BusyStopping
-	}
-	return messages.Busy
-}
 
 // Status is the state of a run as Send and Wait report it.
 type Status string
@@ -1249,22 +1177,6 @@ func (e *Engine) Active(sessionKey string) (*abort.Run, bool) {
 	}
 	return nil, false
 }
-
-// HistoryUnavailableError is History's answer when the session's stored
-// history could not be loaded (the store does not answer) or ctx ended
-// while it loaded: the history is unknown, not empty (issue 20, defect 7).
-type HistoryUnavailableError struct {
-	SessionKey string
-	Cause      error
-}
-
-func (e *HistoryUnavailableError) Error() string {
-	return fmt.Sprintf("history of session %s: %v", e.SessionKey, e.Cause)
-}
-func (e *HistoryUnavailableError) Unwrap() error { return e.Cause }
-
-// UserText is what a client shows; it never names the cause.
-func (e *HistoryUnavailableError) UserText() string { return messages.HistoryUnavailable }
 
 // History returns up to limit most recent messages of the session, oldest
 // first, and the session's id. When the stored history cannot be loaded
