@@ -943,61 +943,6 @@ func (e *Engine) purgeExpired(now time.Time) {
 	}
 }
 
-// AbortResult reports what Abort stopped.
-type AbortResult struct {
-	Aborted bool
-	RunIDs  []string
-}
-
-// Abort stops a run of sessionKey with reason: runID, or the session's
-// active run when runID is "". Only the run's owner or an operator may abort
-// it (ErrNotOwner); a runID of another session is ErrWrongSession. An unknown
-// or finished run is not an error: Aborted is false. The Aborted event is
-// published before Abort returns. A run whose TurnStarted is still being
-// published is aborted right after it (so Abort must not be called from a
-// bus handler, which must not block anyway).
-func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (AbortResult, error) {
-	e.mu.Lock()
-	var t *turn
-	if runID != "" {
-		t = e.turns[runID]
-		if t == nil {
-			if el, ok := e.outcomes[runID]; ok && el.Value.(*cached).out.SessionKey != sessionKey {
-				e.mu.Unlock()
-				return AbortResult{}, ErrWrongSession
-			}
-		}
-	} else if s, ok := e.sessions[sessionKey]; ok && s.active != nil {
-		t = e.turns[s.active.ID]
-	}
-	e.mu.Unlock()
-	if t == nil {
-		if e.cluster != nil {
-			return e.abortElsewhere(ctx, sessionKey, runID, reason, requester, operator)
-		}
-		return AbortResult{RunIDs: []string{}}, nil
-	}
-	if t.run.SessionKey != sessionKey {
-		return AbortResult{}, ErrWrongSession
-	}
-	if !operator && t.owner != "" && t.owner != requester {
-		return AbortResult{}, ErrNotOwner
-	}
-	// A run is abortable once its TurnStarted is out (Send publishes it
-	// right after registering), so no event of it precedes TurnStarted.
-	select {
-	case <-t.started:
-	case <-ctx.Done():
-		return AbortResult{}, fmt.Errorf("abort %s: %w", t.run.ID, context.Cause(ctx))
-	}
-	ev, ok := t.run.Abort(reason)
-	if !ok {
-		return AbortResult{RunIDs: []string{}}, nil
-	}
-	t.run.Publish(e.publish, ev) // Run.Abort armed the grace deadline itself
-	return AbortResult{Aborted: true, RunIDs: []string{t.run.ID}}, nil
-}
-
 // Wait blocks until run runID has an outcome or ctx is done. ok is false for
 // an unknown run (or one whose outcome has expired), for a run whose ending
 // the cluster refused (this replica lost it; the survivor's outcome is the
