@@ -1,3 +1,8 @@
+// Busy modes: what Send does with a message for a session whose turn is
+// running (queue, collect, steer, interrupt, reject), the session's queue
+// of waiting turns, its bounds, and the pump that starts the next one when
+// the session is free.
+
 package gateway
 
 import (

@@ -1,3 +1,6 @@
+// The runner's callbacks (runner.Callbacks): steps, deltas, heartbeats and
+// pauses of a live run, published through the engine's single exit.
+
 package gateway
 
 import (

@@ -8,6 +8,24 @@
 // runner; the runner's callbacks and the scheduler publish events on the bus;
 // channels subscribe and turn events into messages. The engine never sends a
 // message itself.
+//
+// The files, one concern each:
+//
+//	engine.go      the router: Engine, New, Send, the idempotency cache (Wait)
+//	errors.go      the public error types (their UserText from messages/)
+//	sessions.go    the session cache: eviction, history load, Reset, History
+//	turn.go        a turn's registration, start, run and release
+//	lifecycle.go   the turn's named states and legal moves, the liveness clock
+//	publish.go     the single exit of events, outcome recording, failures
+//	stop.go        Abort and Stop
+//	shutdown.go    Shutdown, the drain it waits for, Live
+//	stuck.go       force-finalized runs whose runner still runs
+//	busy.go        busy modes and the session's queue
+//	queuestore.go  queue persistence (QueueStore, RestoreQueued)
+//	status.go      the session status snapshot (Status, StatusOf)
+//	approvals.go   questions to the person and their answers
+//	callbacks.go   the runner's callbacks
+//	cluster.go, clustered.go  the Cluster interface and the engine's cluster paths
 package gateway
 
 import (
@@ -171,6 +189,8 @@ type Engine struct {
 	drained      chan struct{} // closed when turns becomes empty; nil until asked for
 }
 
+// cached is a recorded outcome in the idempotency cache (Engine.outcomes),
+// kept for server.idempotencyTTLSeconds.
 type cached struct {
 	out     Outcome
 	expires time.Time
@@ -458,6 +478,8 @@ func (e *Engine) repeatLocked(req SendRequest) (Ack, bool, error) {
 	return Ack{}, false, nil
 }
 
+// purgeExpired forgets the cached outcomes (and their aliases) expired at
+// now. Called with e.mu held.
 func (e *Engine) purgeExpired(now time.Time) {
 	for el := e.expiry.Front(); el != nil; el = e.expiry.Front() {
 		c := el.Value.(*cached)

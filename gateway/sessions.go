@@ -18,6 +18,8 @@ import (
 	"github.com/turnguard/turnguard/gateway/abort"
 )
 
+// session is a conversation in memory, in Engine.sessions (evictLocked
+// removes idle ones).
 type session struct {
 	key     string
 	id      string // a stable id for this conversation (changes on Reset, not on eviction)

@@ -21,6 +21,8 @@ import (
 	"github.com/turnguard/turnguard/runner"
 )
 
+// turn is a live turn: registered by beginLocked, in Engine.turns until
+// doneLocked.
 type turn struct {
 	run    *abort.Run
 	owner  string
