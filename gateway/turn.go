@@ -30,6 +30,8 @@ type turn struct {
 	// maxReply is the reply cap in characters (agents.defaults.maxReplyChars
 	// when the turn started), for streamed and final text alike.
 	maxReply int
+	// cut is what a reply cut at maxReply ends with (messages.ReplyTruncated).
+	cut string
 	// msgs are the message texts when the turn started: its notices keep
 	// them across a hot reload.
 	msgs    *messages.Set
@@ -115,7 +117,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	s.updated = run.StartedAt()
 	e.touchLocked(s, time.Now())
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),
-		maxReply: cfg.Agents.Defaults.MaxReplyChars, msgs: cfg.MessageSet(), clock: &livenessClock{run: run}, sessionID: s.id, fences: e.fences}
+		maxReply: cfg.Agents.Defaults.MaxReplyChars, cut: replyCut(cfg.Agents.Defaults.MaxReplyChars), msgs: cfg.MessageSet(), clock: &livenessClock{run: run}, sessionID: s.id, fences: e.fences}
 	if st, ok := rn.(runner.Steerer); ok && st.Steers() {
 		t.inbox = &runner.Inbox{}
 	}
@@ -179,7 +181,7 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 				err = errors.New("runner panicked")
 			}
 		}()
-		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, clock: tr.clock, maxReply: tr.maxReply})
+		res, err = rn.Run(run.Context(), t, &callbacks{e: e, run: run, clock: tr.clock, maxReply: tr.maxReply, cut: tr.cut})
 	}()
 	run.MarkReturned()
 	// Steered messages the runner never took run next, before the queue.
@@ -190,7 +192,7 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 	// The runner's side of the release; the terminal event's side follows
 	// (Finished below, or an Aborted that was or will be published).
 	e.settle(tr)
-	text := abort.CapReply(res.Text, tr.maxReply) // agents.defaults.maxReplyChars, with a marker
+	text := abort.CapReply(res.Text, tr.maxReply, tr.cut) // agents.defaults.maxReplyChars, with a marker
 	if text == "" {
 		text = run.Text()
 	}
@@ -301,4 +303,13 @@ func (e *Engine) ended(t *turn, s *session) {
 	for _, start := range starts {
 		start()
 	}
+}
+
+// replyCut is what a reply cut at maxReply characters (≤ 0: the registry's
+// default cap) ends with.
+func replyCut(maxReply int) string {
+	if maxReply <= 0 {
+		maxReply = abort.DefaultMaxReplyChars
+	}
+	return messages.ReplyTruncated(maxReply)
 }
