@@ -1,3 +1,8 @@
+// Approvals: a runner's question to the person (runner.Turn.Ask), kept
+// open until Resolve, approvalTimeoutSeconds or the turn's end, settled
+// exactly once; the open questions a client lists; in a cluster an answer
+// goes to the question's replica.
+
 package gateway
 
 import (

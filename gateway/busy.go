@@ -1,3 +1,8 @@
+// Busy modes: what Send does with a message for a session whose turn is
+// running (queue, collect, steer, interrupt, reject), the session's queue
+// of waiting turns, its bounds, and the pump that starts the next one when
+// the session is free.
+
 package gateway
 
 import (
@@ -11,8 +16,6 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
-	"github.com/turnguard/turnguard/messages"
-	"github.com/turnguard/turnguard/timeout"
 )
 
 // BusyMode says what Send does with a message for a session whose turn is
@@ -59,36 +62,6 @@ const (
 	StatusSteered Status = "steered"
 )
 
-// QueueFullError is returned by Send when the session already has
-// busy.maxQueued messages waiting (Limit), or when the message would bring
-// the text waiting past busy.maxQueuedBytes (Bytes, the budget; 0 when it
-// was the count). Waiting are the queued messages and those steered into
-// the running turn that its runner has not taken yet, in every busy mode.
-type QueueFullError struct {
-	SessionKey string
-	Limit      int
-	Bytes      int
-}
-
-func (e *QueueFullError) Error() string {
-	if e.Bytes > 0 {
-		return fmt.Sprintf("session %s: the text waiting would pass %d bytes (busy.maxQueuedBytes)", e.SessionKey, e.Bytes)
-	}
-	return fmt.Sprintf("session %s: %d messages already queued (busy.maxQueued)", e.SessionKey, e.Limit)
-}
-func (e *QueueFullError) Unwrap() error { return ErrBusy }
-
-// UserText is what a channel shows a person whose message was refused.
-func (e *QueueFullError) UserText() string {
-	switch {
-	case e.Bytes > 0:
-		return messages.QueueBytesFull(e.Bytes)
-	case e.Limit == 0: // busy.maxQueued 0: nothing may wait
-		return (&BusyError{}).UserText()
-	}
-	return messages.QueueFull(e.Limit)
-}
-
 // QueuedMessage is a message waiting for its session's running turn to end.
 type QueuedMessage struct {
 	RunID      string    `json:"runId"` // the run id its turn will have
@@ -102,188 +75,6 @@ type QueuedMessage struct {
 	// 0: configured). Messages collected into one turn run with the first
 	// one's.
 	Timeout time.Duration `json:"-"`
-}
-
-// QueueStore keeps queued messages across restarts. Send returns
-// StatusQueued only after Add committed durably; the engine removes a
-// message when it is dropped. A message whose turn starts is forgotten by
-// the QueueStore itself when it records that turn's TurnStarted (its RunID
-// and Joined), in the same transaction. Implemented by the store
-// (adapted in cmd/gateway); optional (nil: queued messages live in memory).
-type QueueStore interface {
-	AddQueued(ctx context.Context, m QueuedMessage) error
-	// RemoveQueued forgets the messages with these run ids (dropped).
-	// Unknown ids are ignored.
-	RemoveQueued(ctx context.Context, runIDs ...string) error
-	// Queued lists every stored queued message, oldest first.
-	Queued(ctx context.Context) ([]QueuedMessage, error)
-}
-
-// TurnStatus is a value snapshot of a session: its running turn (if any),
-// that turn's limits, and the messages queued behind it. Channels see turns
-// only through it.
-type TurnStatus struct {
-	SessionKey string
-	Running    bool           // a turn is active (running, or stopping: Turn.State says)
-	Turn       abort.Snapshot // valid when Running
-	Limits     timeout.Settings
-	// Queue lists every waiting message, oldest first; messages collected
-	// into one follow-up turn are listed one by one (that turn's run id is
-	// the first one's).
-	Queue []QueuedMessage
-	// Text is the running turn's reply so far (valid when Running).
-	Text string
-	// Approvals are the running turn's open questions, oldest first (their
-	// run is Turn.RunID): a client that (re)opens the session shows them.
-	Approvals []event.Approval `json:",omitempty"`
-}
-
-// Status returns a snapshot of the session's running turn and queue.
-func (e *Engine) Status(sessionKey string) TurnStatus {
-	e.mu.Lock()
-	s, ok := e.sessions[sessionKey]
-	var run *abort.Run
-	var queue []QueuedMessage
-	if ok {
-		run = s.active
-		for _, q := range s.queue {
-			queue = append(queue, q.msgs...)
-		}
-	}
-	e.mu.Unlock()
-	st := TurnStatus{SessionKey: sessionKey, Queue: queue}
-	if run != nil {
-		st.Running, st.Turn, st.Limits = true, run.Snapshot(), run.Settings
-		st.Text = run.Text()
-		st.Approvals = e.PendingApprovals(sessionKey)
-	}
-	return st
-}
-
-// statusPatience bounds StatusOf's questions to the cluster: a history
-// answer waits no longer for an owner that does not answer (stopped, or
-// unreachable).
-const statusPatience = 3 * time.Second
-
-// StatusOf is Status as every replica answers it (issue 20, "one view
-// from every replica"): in cluster mode a session that runs nothing here
-// is asked of the replica that runs its turn (Cluster.Holder, then
-// Cluster.ForwardStatus), where its queue and open questions live too.
-// Without a cluster, or when the session's turn or queue is here, it is
-// Status. When the cluster cannot be asked (the database or the owner
-// does not answer within statusPatience) it returns this replica's Status
-// with an *UnavailableError: the caller decides whether an idle answer would be
-// a lie.
-func (e *Engine) StatusOf(ctx context.Context, sessionKey string) (TurnStatus, error) {
-	st := e.Status(sessionKey)
-	if e.cluster == nil || st.Running || len(st.Queue) > 0 {
-		return st, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, statusPatience)
-	defer cancel()
-	_, replica, ok, err := e.cluster.Holder(ctx, sessionKey)
-	if err != nil {
-		return st, &UnavailableError{Cause: fmt.Errorf("who runs session %q: %w", sessionKey, err)}
-	}
-	if !ok || replica == e.cluster.Replica() {
-		return st, nil
-	}
-	remote, err := e.cluster.ForwardStatus(ctx, replica, sessionKey)
-	if err != nil {
-		return st, &UnavailableError{Cause: fmt.Errorf("status of session %q on replica %s: %w", sessionKey, replica, err)}
-	}
-	return remote, nil
-}
-
-// StopResult reports what Stop did.
-type StopResult struct {
-	AbortResult
-	// Stopping: the running turn was already being stopped.
-	Stopping bool
-	// Dropped counts the queued messages discarded.
-	Dropped int
-}
-
-// Stop is /stop: it aborts the session's running turn with reason user and
-// discards queued messages, on behalf of requester: the running turn must
-// be requester's (its owner, or "" for anyone) unless operator, otherwise
-// ErrNotOwner and nothing changes. Without operator only requester's own
-// queued messages (and those of no owner) are dropped — in a shared session
-// the others' stay; an operator drops them all. Messages steered into the
-// turn and not taken by its runner are dropped the same way (the others'
-// are queued next). The queue is dropped before the turn is aborted, so
-// nothing dropped starts after the stop; the QueueStore forgets the
-// dropped messages on its own goroutine (Stop never waits for a disk).
-//
-// In cluster mode a session whose turn runs on another replica is stopped
-// there (Cluster.ForwardStop): its queue lives with its turn.
-func (e *Engine) Stop(ctx context.Context, sessionKey, requester string, operator bool) (StopResult, error) {
-	return e.StopWith(ctx, StopRequest{SessionKey: sessionKey, Requester: requester, Operator: operator})
-}
-
-// StopRequest is a /stop: Stop's arguments, and whether another replica
-// passed it on (cluster mode: it is not passed on again).
-type StopRequest struct {
-	SessionKey string
-	Requester  string
-	Operator   bool
-	Forwarded  bool
-}
-
-// StopWith is Stop with a StopRequest (the cluster's forwarded stops).
-func (e *Engine) StopWith(ctx context.Context, req StopRequest) (StopResult, error) {
-	sessionKey, requester, operator := req.SessionKey, req.Requester, req.Operator
-	if e.cluster != nil && !req.Forwarded {
-		e.mu.Lock()
-		s := e.sessions[sessionKey]
-		here := s != nil && (s.active != nil || len(s.queue) > 0)
-		e.mu.Unlock()
-		if !here {
-			if res, ok, err := e.stopElsewhere(ctx, req); ok {
-				return res, err
-			}
-		}
-	}
-	e.mu.Lock()
-	s := e.sessions[sessionKey]
-	running := false
-	var t *turn
-	if s != nil && s.active != nil {
-		running = true
-		t = e.turns[s.active.ID]
-		if t != nil && !operator && t.owner != "" && t.owner != requester {
-			e.mu.Unlock()
-			return StopResult{}, ErrNotOwner
-		}
-	}
-	dropped := e.dropQueueLocked(s, requester, operator)
-	n := len(dropped)
-	requeue := func() {}
-	if t != nil {
-		var others []QueuedMessage
-		for _, m := range e.takeSteeredLocked(t) {
-			if droppable(m, requester, operator) {
-				n++
-			} else {
-				others = append(others, m)
-			}
-		}
-		requeue = e.requeueLocked(s, others)
-	}
-	e.mu.Unlock()
-	go e.removeQueued(context.WithoutCancel(ctx), dropped)
-	res, err := e.Abort(ctx, sessionKey, "", event.ReasonUser, requester, operator)
-	go requeue() // stores others' steered messages: never waits for a disk
-	if err != nil {
-		return StopResult{Dropped: n}, err
-	}
-	return StopResult{AbortResult: res, Stopping: !res.Aborted && running, Dropped: n}, nil
-}
-
-// droppable reports whether requester may drop m: m is requester's or no
-// one's, or requester is an operator.
-func droppable(m QueuedMessage, requester string, operator bool) bool {
-	return operator || m.Owner == "" || m.Owner == requester
 }
 
 // queued is one turn waiting in its session's queue: one message, or (busy
@@ -687,67 +478,4 @@ func (e *Engine) requeueLocked(s *session, msgs []QueuedMessage) func() {
 		start()
 		e.removeQueued(context.Background(), gone)
 	}
-}
-
-// queueStoreTimeout bounds one QueueStore call the engine makes on its own.
-const queueStoreTimeout = 10 * time.Second
-
-// removeQueued forgets started or dropped messages in the QueueStore. A
-// failure is logged: the message would run again after a restart.
-func (e *Engine) removeQueued(ctx context.Context, ids []string) {
-	if e.qstore == nil || len(ids) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queueStoreTimeout)
-	defer cancel()
-	if err := e.qstore.RemoveQueued(ctx, ids...); err != nil {
-		e.log.Error("forgetting queued messages failed: they may run again after a restart", "runs", ids, "err", err)
-	}
-}
-
-// RestoreQueued queues the messages the QueueStore kept (queued before a
-// restart), per session in their order, and starts each session's first.
-// A collected session's messages are joined into one turn again. Call it
-// once after start-up recovery and before channels take messages.
-//
-// In cluster mode it restores only the messages of sessions no replica is
-// running a turn of (that replica has them queued), each sent as if it had
-// just arrived (Send: claimed, or forwarded to the session's replica, or
-// recognised by its run id if it ran meanwhile), so a message runs once
-// whichever replica restores it.
-func (e *Engine) RestoreQueued(ctx context.Context) error {
-	if e.qstore == nil {
-		return nil
-	}
-	if e.cluster != nil {
-		return e.restoreClustered(ctx, nil)
-	}
-	msgs, err := e.qstore.Queued(ctx)
-	if err != nil {
-		return fmt.Errorf("restoring queued messages: %w", err)
-	}
-	cfg := e.cfg.Current()
-	var order []*session
-	for _, m := range msgs {
-		s, err := e.session(ctx, m.SessionKey)
-		if err != nil {
-			return fmt.Errorf("restoring queued messages: %w", err)
-		}
-		e.mu.Lock()
-		if _, dup := e.waiting[m.RunID]; !dup && e.sessions[m.SessionKey] == s {
-			mode, _ := cfg.BusyFor(m.Channel)
-			e.enqueueLocked(s, m, BusyMode(mode))
-			if !slices.Contains(order, s) {
-				order = append(order, s)
-			}
-		}
-		e.mu.Unlock()
-	}
-	for _, s := range order {
-		e.mu.Lock()
-		start := e.pumpLocked(s)
-		e.mu.Unlock()
-		start()
-	}
-	return nil
 }

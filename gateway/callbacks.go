@@ -1,3 +1,6 @@
+// The runner's callbacks (runner.Callbacks): steps, deltas, heartbeats and
+// pauses of a live run, published through the engine's single exit.
+
 package gateway
 
 import (
@@ -14,6 +17,7 @@ type callbacks struct {
 	run      *abort.Run
 	clock    *livenessClock // the run's liveness clock, shared with its questions
 	maxReply int            // agents.defaults.maxReplyChars when the turn started
+	cut      string         // what a reply cut at maxReply ends with (messages.ReplyTruncated)
 }
 
 func (c *callbacks) live() bool { return c.run.State() == abort.StateRunning }
@@ -55,7 +59,7 @@ func (c *callbacks) Delta(text string) {
 	if !c.live() {
 		return
 	}
-	full, added := c.run.AppendText(text, c.maxReply)
+	full, added := c.run.AppendText(text, c.maxReply, c.cut)
 	if added == "" {
 		return // past the reply cap: nothing more reaches anyone
 	}

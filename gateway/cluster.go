@@ -1,3 +1,6 @@
+// The Cluster interface the engine runs on with several replicas (claims,
+// endings, fencing, forwarding), its requests and the errors it answers.
+
 package gateway
 
 import (

@@ -1,3 +1,8 @@
+// The engine's cluster-mode paths: claiming a session's turn, claiming a
+// queued turn, refused and forgotten claims, the claimed ending
+// (finishClaimed), and forwarding aborts, stops and lookups to the replica
+// that owns a session.
+
 package gateway
 
 import (

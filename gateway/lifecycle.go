@@ -1,3 +1,7 @@
+// A turn's lifecycle: its named states and legal moves (Engine.move), and
+// the liveness clock whose pauses two owners share. The transitions
+// themselves are in turn.go; docs/architecture.md has the table.
+
 package gateway
 
 import (

@@ -1,3 +1,6 @@
+// Turn details: a finished turn's steps and settled approvals, loaded from
+// the store for the clients that show them.
+
 package gateway
 
 import (

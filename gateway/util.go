@@ -1,3 +1,6 @@
+// Small helpers on histories and listings (bounded appends, runner
+// history, sorting).
+
 package gateway
 
 import (

@@ -35,9 +35,15 @@ func FormatBytes(n int) string {
 	case n == 1:
 		return "1 byte"
 	}
+	return FormatCount(n) + " bytes"
+}
+
+// FormatCount is how a user-facing text shows a count: thousands separated
+// by commas (100,000).
+func FormatCount(n int) string {
 	s := strconv.Itoa(n)
 	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
 		s = s[:i] + "," + s[i:]
 	}
-	return s + " bytes"
+	return s
 }

@@ -21,3 +21,18 @@ func TestFormatBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestReplyTruncated(t *testing.T) {
+	for _, tc := range []struct {
+		max  int
+		want string
+	}{
+		{10, "\n\n[… reply truncated at 10 characters]"},
+		{100_000, "\n\n[… reply truncated at 100,000 characters]"},
+		{10_000_000, "\n\n[… reply truncated at 10,000,000 characters]"},
+	} {
+		if got := ReplyTruncated(tc.max); got != tc.want {
+			t.Errorf("ReplyTruncated(%d) = %q, want %q", tc.max, got, tc.want)
+		}
+	}
+}

@@ -2,6 +2,12 @@ package messages
 
 import "strings"
 
+// ReplyTruncated is what a reply cut at maxChars characters
+// (agents.defaults.maxReplyChars) ends with, streamed and final alike.
+func ReplyTruncated(maxChars int) string {
+	return "\n\n[… reply truncated at " + FormatCount(maxChars) + " characters]"
+}
+
 // EmptyReply is what a user reads when a turn finished normally without any
 // reply text.
 const EmptyReply = "✅ Done (the assistant sent no text)."

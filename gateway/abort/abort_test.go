@@ -123,7 +123,7 @@ func TestStepsAndAbortMessage(t *testing.T) {
 		if cur.Name != "shell" || cur.Seq != 2 || last.Name != "web_search" {
 			t.Fatalf("current %+v last %+v", cur, last)
 		}
-		r.AppendText("partial ", 0)
+		r.AppendText("partial ", 0, "")
 		ev, ok := r.Abort(event.ReasonStepTimeout)
 		if !ok {
 			t.Fatal("abort lost")

@@ -2,7 +2,6 @@ package abort
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -422,27 +421,14 @@ func (r *Run) Released() bool { return r.released.Load() }
 // DefaultMaxReplyChars is the reply cap of a run registered without one.
 const DefaultMaxReplyChars = 100_000
 
-// TruncatedMarker is what a reply cut at maxChars characters ends with.
-func TruncatedMarker(maxChars int) string {
-	return "\n\n[… reply truncated at " + thousands(maxChars) + " characters]"
-}
-
-// thousands formats n with comma separators: 100000 → "100,000".
-func thousands(n int) string {
-	s := strconv.Itoa(n)
-	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
-		s = s[:i] + "," + s[i:]
-	}
-	return s
-}
-
 // AppendText adds streamed reply text and returns the full text so far and
 // what this chunk added to it. The text is capped at maxChars characters
 // (agents.defaults.maxReplyChars; ≤ 0 = DefaultMaxReplyChars): the part of a
-// chunk beyond it is dropped, the text then ends with TruncatedMarker (part
-// of added), and later chunks are ignored (added is empty: there is nothing
-// to stream). A run's callers pass the same maxChars every time.
-func (r *Run) AppendText(chunk string, maxChars int) (full, added string) {
+// chunk beyond it is dropped, the text then ends with marker (part of added:
+// the engine's words for the cut, from messages/), and later chunks are
+// ignored (added is empty: there is nothing to stream). A run's callers pass
+// the same maxChars and marker every time.
+func (r *Run) AppendText(chunk string, maxChars int, marker string) (full, added string) {
 	if maxChars <= 0 {
 		maxChars = DefaultMaxReplyChars
 	}
@@ -458,7 +444,7 @@ func (r *Run) AppendText(chunk string, maxChars int) (full, added string) {
 	}
 	added = chunk
 	if keep, cut := cutChars(chunk, maxChars-t.chars); cut {
-		added = keep + TruncatedMarker(maxChars)
+		added = keep + marker
 		t.truncated = true
 	} else {
 		t.chars += utf8.RuneCountInString(chunk)
@@ -468,14 +454,14 @@ func (r *Run) AppendText(chunk string, maxChars int) (full, added string) {
 }
 
 // CapReply returns text cut at maxChars characters (≤ 0 =
-// DefaultMaxReplyChars), ending with TruncatedMarker when it was cut: the
-// engine applies it to a runner's final text.
-func CapReply(text string, maxChars int) string {
+// DefaultMaxReplyChars), ending with marker when it was cut: the engine
+// applies it to a runner's final text.
+func CapReply(text string, maxChars int, marker string) string {
 	if maxChars <= 0 {
 		maxChars = DefaultMaxReplyChars
 	}
 	if keep, cut := cutChars(text, maxChars); cut {
-		return keep + TruncatedMarker(maxChars)
+		return keep + marker
 	}
 	return text
 }
