@@ -430,3 +430,60 @@ func TestWebChatBusyModes(t *testing.T) {
 		})
 	}
 }
+
+// TestCLIResolvesAQuestionAsTheOperator (issue 22): with no separate
+// operatorToken, the holder of server.token is the operator over WebSocket
+// too, so the real OpenClaw CLI answers another session's question with
+// `gateway call plugin.approval.resolve` (it got FORBIDDEN while
+// plugin.approval.list worked), and the turn runs on.
+func TestCLIResolvesAQuestionAsTheOperator(t *testing.T) {
+	runID := uuid.NewString()
+	ack := call(t, "chat.send", map[string]any{"sessionKey": "e2e-cli-ask", "message": "/steps ask:deploy say:Deployed_by_the_CLI",
+		"idempotencyKey": runID})
+	if ack["runId"] != runID {
+		t.Fatalf("chat.send ack %v", ack)
+	}
+	var id string
+	deadline := time.Now().Add(20 * time.Second)
+	for id == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("plugin.approval.list never listed the question")
+		}
+		stdout, stderr, code := openclaw(t, nil, "gateway", "call", "plugin.approval.list", "--url", wsURL(), "--token", token,
+			"--json", "--params", "{}")
+		if code != 0 {
+			t.Fatalf("plugin.approval.list: exit %d\n%s%s", code, stdout, stderr)
+		}
+		out := stdout
+		if i := strings.Index(out, "["); i >= 0 {
+			out = out[i:]
+		}
+		var list []struct {
+			ID      string `json:"id"`
+			Request struct {
+				Title string `json:"title"`
+			} `json:"request"`
+		}
+		if err := json.Unmarshal([]byte(out), &list); err != nil {
+			t.Fatalf("plugin.approval.list printed no list: %v\n%s", err, stdout)
+		}
+		for _, a := range list {
+			if strings.Contains(a.Request.Title, "deploy") {
+				id = a.ID
+			}
+		}
+	}
+	res := call(t, "plugin.approval.resolve", map[string]any{"id": id, "decision": "allow-once"})
+	if len(res) == 0 {
+		t.Fatalf("plugin.approval.resolve answered %v", res)
+	}
+	waited := call(t, "agent.wait", map[string]any{"runId": runID, "timeoutMs": 15000}, "--timeout", "20000")
+	if waited["status"] != "ok" {
+		t.Fatalf("agent.wait %v, want status ok after the CLI allowed the question", waited)
+	}
+	hist := call(t, "chat.history", map[string]any{"sessionKey": "e2e-cli-ask", "limit": 10})
+	b, _ := json.Marshal(hist["messages"])
+	if !strings.Contains(string(b), "Deployed by the CLI") {
+		t.Fatalf("chat.history %s lacks the reply the allowed step led to", b)
+	}
+}

@@ -158,7 +158,7 @@ type approvalLister interface {
 func settledWords(a *store.ApprovalRecord) string {
 	switch a.Status {
 	case event.ApprovalExpired:
-		return "it expired (the gateway restarted while it waited)"
+		return "it expired (the gateway running its turn stopped while it waited)"
 	case event.ApprovalTimeout:
 		return "nobody answered in time, so it was denied"
 	case event.ApprovalCancelled:

@@ -114,7 +114,7 @@ func TestApprovalsAPIExpired(t *testing.T) {
 		t.Fatalf("ExpireOrphanApprovals = %d, %v", n, err)
 	}
 	code, body := e.doBody(t, http.MethodPost, "/api/approvals/ap_old", `{"optionId":"allow"}`, opToken)
-	if code != 404 || !strings.Contains(body, "no longer open: it expired (the gateway restarted while it waited)") {
+	if code != 404 || !strings.Contains(body, "no longer open: it expired (the gateway running its turn stopped while it waited)") {
 		t.Fatalf("answer to an expired question: %d %s", code, body)
 	}
 }
