@@ -63,3 +63,11 @@ func AgentModeUnknown(id string) string {
 
 // AgentModeFailed is /mode <id>'s answer when the agent did not switch.
 const AgentModeFailed = "The agent could not switch modes. Try again later."
+
+// MenuModeDescription is /mode's entry in Telegram's command menu of a
+// chat whose runner is an ACP agent.
+const MenuModeDescription = "List or switch the agent's modes"
+
+// MenuAgentCommand is the menu entry of an agent command the agent gave no
+// description.
+const MenuAgentCommand = "The agent's command"
