@@ -57,3 +57,26 @@ func TestAgentCommandsAndModes(t *testing.T) {
 		t.Error("another conversation has modes before its first turn")
 	}
 }
+
+// TestModesSurviveARestart: after a gateway restart the conversation's
+// restored session (session/resume, session/load) brings its modes back
+// from the agent's answer, with the mode set before the restart current.
+func TestModesSurviveARestart(t *testing.T) {
+	for _, caps := range []string{"resume", "load"} {
+		t.Run(caps, func(t *testing.T) {
+			g := newSessionsRig(t, caps, 60)
+			c := &conv{key: "alice", id: "conv-a1"}
+			mustSay(t, g.r, c.turn("remember the blue door"))
+			if err := g.r.SetMode(context.Background(), "alice", "code"); err != nil {
+				t.Fatal(err)
+			}
+			gatewayRestart(g, c)
+			if got := mustSay(t, g.r, c.turn("what did I say")); got != "You said: the blue door" {
+				t.Fatalf("not restored: %q", got)
+			}
+			if ms, ok := g.r.Modes("alice"); !ok || ms.Current != "code" || len(ms.Available) != 2 {
+				t.Errorf("modes after the restart: %+v %v, want code of 2", ms, ok)
+			}
+		})
+	}
+}

@@ -137,6 +137,7 @@ class TestAgent {
     if (!s) throw acp.RequestError.invalidParams(`no session ${params.sessionId}`);
     if (!["ask", "code"].includes(params.modeId)) throw acp.RequestError.invalidParams(`no mode ${params.modeId}`);
     s.mode = params.modeId;
+    this.save(params.sessionId);
     await this.conn.sessionUpdate({
       sessionId: params.sessionId,
       update: { sessionUpdate: "current_mode_update", currentModeId: params.modeId },
@@ -151,7 +152,7 @@ class TestAgent {
     if (!this.sessions.has(id)) {
       if (!f || !fs.existsSync(f)) throw acp.RequestError.resourceNotFound(id);
       const saved = JSON.parse(fs.readFileSync(f, "utf8"));
-      this.sessions.set(id, { cwd: saved.cwd, memory: saved.memory, abort: null, history: saved.history });
+      this.sessions.set(id, { cwd: saved.cwd, memory: saved.memory, abort: null, history: saved.history, mode: saved.mode });
     }
     return this.sessions.get(id);
   }
@@ -159,7 +160,7 @@ class TestAgent {
   save(id) {
     const f = sessionFile(id);
     const s = this.sessions.get(id);
-    if (f && s) fs.writeFileSync(f, JSON.stringify({ cwd: s.cwd, memory: s.memory, history: s.history }));
+    if (f && s) fs.writeFileSync(f, JSON.stringify({ cwd: s.cwd, memory: s.memory, history: s.history, mode: s.mode }));
   }
 
   async loadSession(params) {
