@@ -9,9 +9,11 @@
 // its transport into Inbound values and the bus's events into its messages.
 //
 // A command never starts a turn, is never queued behind one and never
-// reaches a runner. Any other text starting with "/" (a runner's own
-// command such as the demo runner's /steps) is not a command here and goes
-// to the runner as before.
+// reaches a runner as a prompt (/mode asks the ACP runner for its modes:
+// see Agent). Any other text starting with "/" (a runner's own command such
+// as the demo runner's /steps, or an ACP agent's slash command, which ACP
+// invokes as prompt text) is not a command here and goes to the runner
+// unchanged.
 //
 // conv sees turns only through values (gateway.TurnStatus,
 // gateway.StopResult): it imports no channel, and neither the abort registry
@@ -36,10 +38,12 @@ const (
 	Status Command = "status"
 	New    Command = "new"
 	Help   Command = "help"
+	// Mode lists or sets the agent's session modes (see Agent).
+	Mode Command = "mode"
 )
 
 // Parse returns the command a message is: its first word, after any
-// surrounding spaces, is /stop, /status, /new, /help or /start, in any case,
+// surrounding spaces, is /stop, /status, /new, /help, /start or /mode, in any case,
 // optionally addressed as /cmd@botname (Telegram's form). forOther is true
 // when the first word is a command (ours or not) addressed to another bot
 // (any @name when botname is ""): the message is not for this one. Other text, including other
@@ -66,6 +70,8 @@ func Parse(text, botname string) (cmd Command, forOther bool) {
 		return New, false
 	case "help", "start":
 		return Help, false
+	case "mode":
+		return Mode, false
 	}
 	return None, false
 }

@@ -95,7 +95,9 @@ func Handle(ctx context.Context, eng Engine, cfg *config.Config, in Inbound) Ans
 	case New:
 		return doNew(ctx, eng, in)
 	case Help:
-		return Answer{Command: Help, Text: HelpText(cfg, in.Channel, in.Progress)}
+		return Answer{Command: Help, Text: HelpText(cfg, in.Channel, in.Progress) + agentHelp(agentOf(eng, in.Channel), in.SessionKey)}
+	case Mode:
+		return doMode(ctx, eng, in)
 	}
 	text := in.Text
 	if in.Bot != "" && strings.HasPrefix(text, "/") {

@@ -34,6 +34,9 @@ type chat struct {
 	queue      []*outItem  // replies and terminal messages, in order; never dropped
 	turns      []*turnView // the running turn, and ended ones with an edit left
 	outRunning bool
+
+	menu     string // menuKey of the command menu set for this chat ("" = the bot's default)
+	menuBusy bool   // a setMyCommands for it is under way (agentmenu.go)
 }
 
 type inMsg struct {

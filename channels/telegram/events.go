@@ -72,6 +72,7 @@ func (c *Channel) onEvent(ev event.Event) {
 		t.end(ev)
 		c.endQuestionsLocked(ch, ev.RunID) // their edits go before the ending
 		c.enqueueEnding(ch, ev)
+		c.syncMenuLocked(ch)
 	}
 	c.kickLocked(ch)
 }

@@ -39,6 +39,7 @@ type fakeAPI struct {
 	calls      []apiCall
 	faults     []*fault
 	commands   []models.BotCommand
+	chatMenus  []chatMenu // setMyCommands with a chat's scope, in order
 	webhook    map[string]string
 	getUpdates int
 	offsets    []int64       // the offset of each getUpdates call, in order
@@ -254,7 +255,20 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		f.mu.Lock()
-		f.commands = cmds
+		if form["scope"] != "" {
+			var sc struct {
+				Type   string `json:"type"`
+				ChatID int64  `json:"chat_id"`
+			}
+			if err := json.Unmarshal([]byte(form["scope"]), &sc); err != nil || sc.Type != "chat" || sc.ChatID == 0 {
+				f.mu.Unlock()
+				writeErr(w, 400, "Bad Request: can't parse scope", 0)
+				return
+			}
+			f.chatMenus = append(f.chatMenus, chatMenu{sc.ChatID, cmds})
+		} else {
+			f.commands = cmds
+		}
 		f.mu.Unlock()
 		writeOK(w, true)
 	case "setWebhook", "deleteWebhook":

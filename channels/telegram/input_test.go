@@ -17,6 +17,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -58,20 +59,21 @@ func TestGroupChats(t *testing.T) {
 			reply, // a reply to the bot
 			groupMsg(alice, "/steps@"+botName+" work:1s say:addressed"), // the bot's own command form
 			groupMsg(alice, "/status"),                                  // a bare command of this bot
+			groupMsg(alice, "/mode"),                                    // the gateway's /mode, bare
 			groupMsg(alice, "/steps say:bare_unknown_command"),          // bare, not this bot's command
 		} {
 			h.api.push(u)
 			synctest.Wait()
 			h.advance(5 * time.Second)
 		}
-		h.wantScreen(groupChatID, "one", "replied", "addressed", textIdle)
+		h.wantScreen(groupChatID, "one", "replied", "addressed", textIdle, messages.AgentNoModes)
 		var calls []string
 		for _, c := range h.api.allCalls() {
 			if c.Chat == groupChatID {
 				calls = append(calls, c.Method)
 			}
 		}
-		want := []string{"sendChatAction", "sendMessage", "sendChatAction", "sendMessage", "sendChatAction", "sendMessage", "sendMessage"}
+		want := []string{"sendChatAction", "sendMessage", "sendChatAction", "sendMessage", "sendChatAction", "sendMessage", "sendMessage", "sendMessage"}
 		if !slices.Equal(calls, want) {
 			t.Errorf("calls to the group %v, want %v (ignored messages get nothing, not even typing)", calls, want)
 		}

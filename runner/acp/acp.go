@@ -346,8 +346,10 @@ func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, c
 		if method := ag.caps.restore(); method == "" {
 			log.Info("acp: the agent cannot load or resume sessions; the conversation gets a new one", "session_id", cut(prevID, 200))
 		} else {
-			err := ag.call(ctx, r.startTimeout, method, map[string]any{"sessionId": prevID, "cwd": r.dir, "mcpServers": []any{}}, nil)
+			var restored json.RawMessage
+			err := ag.call(ctx, r.startTimeout, method, map[string]any{"sessionId": prevID, "cwd": r.dir, "mcpServers": []any{}}, &restored)
 			if err == nil && r.claim(ag, s, prevID) {
+				ag.keepModes(s.id, restored)
 				log.Info("acp: session restored", "method", method, "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 				if prevConv != conv {
 					r.record(ctx, log, key, conv, s.id)
@@ -377,11 +379,18 @@ func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, c
 	var res struct {
 		SessionID string `json:"sessionId"`
 	}
-	err = ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &res)
+	var answer json.RawMessage
+	err = ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &answer)
+	if err == nil {
+		err = json.Unmarshal(answer, &res)
+	}
 	if retry, uerr := r.signIn(ctx, log, ag, "session/new", err); uerr != nil {
 		return false, uerr
 	} else if retry {
-		err = ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &res)
+		err = ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &answer)
+		if err == nil {
+			err = json.Unmarshal(answer, &res)
+		}
 		if ag.authRequired(err) {
 			return false, r.signInNeeded(log, ag, "session/new", errors.New("auth_required again after authenticate"))
 		}
@@ -408,6 +417,7 @@ func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, c
 			"session_id", cut(res.SessionID, 200), "agent_process", ag.n)
 		return false, &runner.UserError{Message: "The agent answered with another conversation's session, so your message was not sent to it. Try again later."}
 	}
+	ag.keepModes(s.id, answer)
 	log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 	r.record(ctx, log, key, conv, s.id)
 	return lost, nil
@@ -472,6 +482,7 @@ func (r *Runner) closeSession(ctx context.Context, ag *agent, id string, log *sl
 		return
 	}
 	err := ag.call(ctx, r.startTimeout, "session/close", map[string]string{"sessionId": id}, nil)
+	ag.meta.forget(id)
 	log.Info("acp: old session closed (a new conversation replaced it)", "session_id", cut(id, 200), "err", err)
 }
 

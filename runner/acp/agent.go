@@ -51,6 +51,7 @@ type agent struct {
 	inflight chan struct{} // bounds the agent's requests handled at once
 	fsLimit  fsLimit       // bounds the fs requests served at once and their bytes
 	terms    terminals     // the terminal methods' commands (terminal.go)
+	meta     metas         // each session's commands and modes (commands.go, modes.go)
 
 	ctx    context.Context // done when the agent is dead: its fs requests stop
 	cancel context.CancelFunc
@@ -357,6 +358,7 @@ func (ag *agent) notification(m *message) {
 		ag.unknown.log(ag.log, "acp: malformed session/update ignored", "err", err)
 		return
 	}
+	ag.meta.sessionUpdate(n.SessionID, n.Update)
 	if t := ag.turn(n.SessionID); t != nil {
 		t.update(n.Update)
 	}

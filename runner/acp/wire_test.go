@@ -171,6 +171,8 @@ var (
 		"session/resume": "ResumeSessionRequest",
 		"session/close":  "CloseSessionRequest",
 		"authenticate":   "AuthenticateRequest",
+		// /mode <id> (modes.go)
+		"session/set_mode": "SetSessionModeRequest",
 	}
 	clientNotifications = map[string]string{"session/cancel": "CancelNotification", "$/cancel_request": "CancelRequestNotification"}
 	clientResults       = map[string]string{
@@ -265,7 +267,7 @@ func checkWire(t *testing.T, valid func(string, json.RawMessage) error, path str
 }
 
 // TestWireMatchesSchema: every message the runner sends — initialize,
-// session/new, session/prompt, session/cancel, and its answers to
+// session/new, session/prompt, session/cancel, session/set_mode, and its answers to
 // permission, fs and terminal requests, results and errors alike — is valid ACP v1,
 // checked against the protocol's JSON schema. The agent here is the Node
 // test agent on the official SDK, which accepts much the schema does not
@@ -301,12 +303,15 @@ func TestWireMatchesSchema(t *testing.T) {
 		t.Fatalf("stopped turn: %v", o.err)
 	}
 	mustSay(t, r, c.turn("what did I say"))
+	if err := r.(*acp.Runner).SetMode(context.Background(), "k", "code"); err != nil {
+		t.Fatalf("SetMode: %v", err)
+	}
 
 	seen := checkWire(t, valid, wire)
 	for _, want := range []string{"initialize", "session/new", "session/prompt", "session/cancel",
 		"session/request_permission result", "fs/write_text_file result", "fs/read_text_file result", "fs/read_text_file error",
 		"terminal/create result", "terminal/create error", "terminal/output result", "terminal/wait_for_exit result",
-		"terminal/kill result", "terminal/release result"} {
+		"terminal/kill result", "terminal/release result", "session/set_mode"} {
 		if seen[want] == 0 {
 			t.Errorf("the runner sent no %s here (saw %v): the test does not cover it", want, seen)
 		}

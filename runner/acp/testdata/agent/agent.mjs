@@ -104,8 +104,45 @@ class TestAgent {
   async newSession(params) {
     if (!this.authed) throw acp.RequestError.authRequired();
     const sessionId = `s${++this.n}-${process.pid}`;
-    this.sessions.set(sessionId, { cwd: params.cwd, memory: null, abort: null, history: [] });
-    return { sessionId };
+    this.sessions.set(sessionId, { cwd: params.cwd, memory: null, abort: null, history: [], mode: "ask" });
+    // The session's slash commands follow its creation (as agents do).
+    setImmediate(() =>
+      this.conn.sessionUpdate({
+        sessionId,
+        update: {
+          sessionUpdate: "available_commands_update",
+          availableCommands: [
+            { name: "echo", description: "Say the input back", input: { hint: "text to echo" } },
+            { name: "mode", description: "Which mode the session is in" },
+          ],
+        },
+      }),
+    );
+    return { sessionId, modes: this.modes("ask") };
+  }
+
+  // modes is the SessionModeState of a session in mode current.
+  modes(current) {
+    return {
+      currentModeId: current,
+      availableModes: [
+        { id: "ask", name: "Ask", description: "Answer questions without changing anything" },
+        { id: "code", name: "Code", description: "Write and run code" },
+      ],
+    };
+  }
+
+  async setSessionMode(params) {
+    const s = this.sessions.get(params.sessionId);
+    if (!s) throw acp.RequestError.invalidParams(`no session ${params.sessionId}`);
+    if (!["ask", "code"].includes(params.modeId)) throw acp.RequestError.invalidParams(`no mode ${params.modeId}`);
+    s.mode = params.modeId;
+    this.save(params.sessionId);
+    await this.conn.sessionUpdate({
+      sessionId: params.sessionId,
+      update: { sessionUpdate: "current_mode_update", currentModeId: params.modeId },
+    });
+    return {};
   }
 
   // restore reads session id from its file into this process, or throws.
@@ -115,7 +152,7 @@ class TestAgent {
     if (!this.sessions.has(id)) {
       if (!f || !fs.existsSync(f)) throw acp.RequestError.resourceNotFound(id);
       const saved = JSON.parse(fs.readFileSync(f, "utf8"));
-      this.sessions.set(id, { cwd: saved.cwd, memory: saved.memory, abort: null, history: saved.history });
+      this.sessions.set(id, { cwd: saved.cwd, memory: saved.memory, abort: null, history: saved.history, mode: saved.mode });
     }
     return this.sessions.get(id);
   }
@@ -123,7 +160,7 @@ class TestAgent {
   save(id) {
     const f = sessionFile(id);
     const s = this.sessions.get(id);
-    if (f && s) fs.writeFileSync(f, JSON.stringify({ cwd: s.cwd, memory: s.memory, history: s.history }));
+    if (f && s) fs.writeFileSync(f, JSON.stringify({ cwd: s.cwd, memory: s.memory, history: s.history, mode: s.mode }));
   }
 
   async loadSession(params) {
@@ -135,12 +172,12 @@ class TestAgent {
         update: { sessionUpdate: kind, content: { type: "text", text: h.text } },
       });
     }
-    return {};
+    return { modes: this.modes(s.mode ?? "ask") };
   }
 
   async resumeSession(params) {
-    this.restore(params.sessionId, "session/resume");
-    return {};
+    const s = this.restore(params.sessionId, "session/resume");
+    return { modes: this.modes(s.mode ?? "ask") };
   }
 
   async closeSession(params) {
@@ -199,7 +236,11 @@ class TestAgent {
 
   async turn(sid, s, text, cancelled) {
     let m;
-    if ((m = text.match(/^remember (.*)$/))) {
+    if ((m = text.match(/^\/echo (.*)$/))) {
+      await this.say(sid, `echo: ${m[1]}`);
+    } else if (text === "/mode") {
+      await this.say(sid, `mode ${s.mode}`);
+    } else if ((m = text.match(/^remember (.*)$/))) {
       s.memory = m[1];
       await this.say(sid, `OK, I will remember ${m[1]}.`);
     } else if (text === "what did I say") {

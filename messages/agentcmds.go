@@ -1,0 +1,73 @@
+package messages
+
+import (
+	"fmt"
+	"strings"
+)
+
+// AgentCommandsHeading starts /help's list of the agent's own slash
+// commands, after the gateway's.
+const AgentCommandsHeading = "The agent's own commands (sent to it as you type them):"
+
+// AgentCommandLine is one line of /help's list of the agent's commands.
+func AgentCommandLine(name, description string) string {
+	if description == "" {
+		return "/" + name
+	}
+	return "/" + name + " — " + description
+}
+
+// HelpModeLine is /help's line for /mode when the runner is an ACP agent.
+const HelpModeLine = "/mode — the agent's modes; /mode <id> switches to one"
+
+// AgentNoModes is /mode's answer when the agent (or the runner) has no
+// modes.
+const AgentNoModes = "This assistant has no modes."
+
+// AgentNoSessionYet is /mode's answer before the agent serves the
+// conversation (nothing sent since it started or since /new).
+const AgentNoSessionYet = "The agent has not started on this conversation yet: send it a message first, then use /mode."
+
+// AgentMode is one mode in AgentModes' list.
+type AgentMode struct{ ID, Name, Description string }
+
+// AgentModes lists the agent's modes for /mode, marking the current one.
+func AgentModes(current string, modes []AgentMode) string {
+	var b strings.Builder
+	b.WriteString("The agent's modes (✅ the current one):\n")
+	for _, m := range modes {
+		mark := "▫️"
+		if m.ID == current {
+			mark = "✅"
+		}
+		fmt.Fprintf(&b, "%s %s", mark, m.ID)
+		if m.Name != "" && m.Name != m.ID {
+			fmt.Fprintf(&b, " (%s)", m.Name)
+		}
+		if m.Description != "" {
+			b.WriteString(" — " + m.Description)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\nSend /mode <id> to switch.")
+	return b.String()
+}
+
+// AgentModeSet is /mode <id>'s answer when the agent switched.
+func AgentModeSet(id string) string { return fmt.Sprintf("✅ The agent is now in mode %s.", id) }
+
+// AgentModeUnknown is /mode <id>'s answer when the agent has no such mode.
+func AgentModeUnknown(id string) string {
+	return fmt.Sprintf("The agent has no mode %q. Send /mode to see its modes.", id)
+}
+
+// AgentModeFailed is /mode <id>'s answer when the agent did not switch.
+const AgentModeFailed = "The agent could not switch modes. Try again later."
+
+// MenuModeDescription is /mode's entry in Telegram's command menu of a
+// chat whose runner is an ACP agent.
+const MenuModeDescription = "List or switch the agent's modes"
+
+// MenuAgentCommand is the menu entry of an agent command the agent gave no
+// description.
+const MenuAgentCommand = "The agent's command"
