@@ -329,10 +329,11 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
-	if ack, ok, err := e.repeatLocked(req); ok {
-		return ack, err // unlocked
-	}
+	ack, repeated, err := e.repeatLocked(req)
 	e.mu.Unlock()
+	if repeated {
+		return ack, err
+	}
 	if e.admit != nil {
 		if err := e.admit(); err != nil {
 			return Ack{}, &UnavailableError{Cause: err}
@@ -376,7 +377,8 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	// e.mu was released since the check above: the same run id (a client's
 	// retry racing its first send) may have started, queued or ended since.
 	if ack, ok, err := e.repeatLocked(req); ok {
-		return ack, err // unlocked
+		e.mu.Unlock()
+		return ack, err
 	}
 	// The wait for the history (up to historyLoadTimeout) may have crossed
 	// a hot reload: the turn starts with the configuration in force now.
@@ -388,7 +390,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	mode, maxQueued := cfg.BusyFor(req.Channel)
 	if s.active != nil || len(s.queue) > 0 {
 		if m := BusyMode(mode); m != BusyReject {
-			return e.sendBusy(ctx, s, req, m, maxQueued) // unlocks e.mu
+			effect := e.busyLocked(s, req, m, maxQueued)
+			e.mu.Unlock()
+			return effect(ctx)
 		}
 	}
 	if s.active != nil {
@@ -442,8 +446,10 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 // repeatLocked answers a run id Send already knows: ended (the cached
 // outcome), running (StatusInFlight), waiting in a queue (StatusQueued),
 // or a message collected or steered into another turn (that turn's). ok
-// false: a new run id, and e.mu is still held; ok true: e.mu is released.
-// Called with e.mu held.
+// false: a new run id.
+//
+// Lock contract: called with e.mu held (by Send only); it runs entirely
+// under it and neither releases nor re-takes it.
 func (e *Engine) repeatLocked(req SendRequest) (Ack, bool, error) {
 	key := req.RunID // the run to answer for: a collected or steered message's is its turn's
 	if id, ok := e.alias[key]; ok {
@@ -454,26 +460,22 @@ func (e *Engine) repeatLocked(req SendRequest) (Ack, bool, error) {
 	// is done (Wait waits for that).
 	if el, ok := e.outcomes[key]; ok {
 		out := el.Value.(*cached).out
-		e.mu.Unlock()
 		if out.SessionKey != req.SessionKey {
 			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
 		return Ack{RunID: key, Status: out.Status, Outcome: &out}, true, nil
 	}
 	if t, ok := e.turns[key]; ok {
-		e.mu.Unlock()
 		if t.run.SessionKey != req.SessionKey {
 			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
 		return Ack{RunID: key, Status: StatusInFlight}, true, nil
 	}
 	if q, ok := e.waiting[req.RunID]; ok {
-		ack := e.queuedAckLocked(q)
-		e.mu.Unlock()
 		if q.sessionKey() != req.SessionKey {
 			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
-		return ack, true, nil
+		return e.queuedAckLocked(q), true, nil
 	}
 	return Ack{}, false, nil
 }
