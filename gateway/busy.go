@@ -362,7 +362,7 @@ func (e *Engine) pumpLocked(s *session) func() {
 		}
 	}
 	// Not while a claim of the session is in flight (cluster): it may win
-	// the session; claimLocked pumps when it did not.
+	// the session; claimEndLocked pumps when it did not.
 	for !e.closing && s.active == nil && s.ending == 0 && s.claiming == nil && len(s.queue) > 0 && s.queue[0].persisting == 0 {
 		q := s.queue[0]
 		first := q.msgs[0]

@@ -402,9 +402,18 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	claimed := false
 	if e.cluster != nil {
-		ack, done, err := e.claimLocked(ctx, cfg, s, req) // unlocks e.mu; locked again when !done
-		if done {
-			return ack, err
+		// Three steps, each with its own hold of e.mu or none: begin the
+		// claim (decided with the check above), claim unlocked, end it.
+		c, err := e.claimBeginLocked(cfg, s, req)
+		e.mu.Unlock()
+		if err != nil {
+			return Ack{}, err
+		}
+		err = e.cluster.Claim(ctx, c.req)
+		e.mu.Lock()
+		if effect := e.claimEndLocked(s, c, req, err); effect != nil {
+			e.mu.Unlock()
+			return effect(ctx)
 		}
 		claimed = true
 		cfg = e.cfg.Current() // the claim may have waited across a reload too
@@ -416,13 +425,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	if err != nil {
 		e.mu.Unlock()
 		if claimed {
-			e.releaseClaim(req, err)
 			// The pump waited for this claim (pumpLocked): what was queued
-			// meanwhile starts now that the claim is released.
-			e.mu.Lock()
-			start := e.pumpLocked(s)
-			e.mu.Unlock()
-			start()
+			// meanwhile starts once the claim is released.
+			e.abandonClaim(s, req, err)
 		}
 		if errors.Is(err, abort.ErrDuplicate) {
 			return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
