@@ -429,6 +429,8 @@ func (e *Engine) pumpLocked(s *session) func() {
 
 // pumpStalled tries again the sessions whose queue waited for a runner that
 // refused new turns.
+//
+// Lock contract: called without e.mu; it takes it once.
 func (e *Engine) pumpStalled() {
 	e.mu.Lock()
 	var starts []func()
@@ -443,6 +445,8 @@ func (e *Engine) pumpStalled() {
 
 // requeueSteered puts the steered messages t's runner never took at the
 // head of its session's queue (requeueLocked), once its runner returned.
+//
+// Lock contract: called without e.mu; it takes it once.
 func (e *Engine) requeueSteered(t *turn) {
 	e.mu.Lock()
 	after := e.requeueLocked(e.sessions[t.run.SessionKey], e.takeSteeredLocked(t))

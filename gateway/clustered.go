@@ -117,6 +117,9 @@ func (e *Engine) abandonClaim(s *session, req SendRequest, cause error) {
 }
 
 // claimRefused answers a Send whose claim the cluster refused.
+//
+// Lock contract: called without e.mu (it may forward to another replica);
+// it does not take it.
 func (e *Engine) claimRefused(ctx context.Context, req SendRequest, err error) (Ack, error) {
 	var held *HeldError
 	var exists *RunExistsError
@@ -177,6 +180,9 @@ func statusOf(reason event.StopReason) Status {
 // releaseClaim ends a claim the engine took but could not start a turn
 // on (cause): the turn is recorded as failed, so the session is free again
 // and the run id answers with that outcome.
+//
+// Lock contract: called without e.mu (it calls the cluster); it does not
+// take it.
 func (e *Engine) releaseClaim(req SendRequest, cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
@@ -194,6 +200,9 @@ func (e *Engine) releaseClaim(req SendRequest, cause error) {
 // of it first) or the cluster cannot decide, the turn starts and ends at
 // once with an error the user can act on: a queued message is never
 // dropped silently.
+//
+// Lock contract: called without e.mu, on its own goroutine (startTurn);
+// it claims unlocked and takes e.mu only to read the fence count.
 func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	ctx, cancel := context.WithTimeout(e.baseCtx, claimTimeout)
 	err := e.cluster.Claim(ctx, ClaimRequest{RunID: t.run.ID, SessionKey: t.run.SessionKey, Channel: t.run.Channel,
@@ -231,6 +240,9 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 // was published), without publishing anything: the session is freed and
 // Wait answers that it does not know the run here. Nothing may abort it
 // any more (its state leaves running first).
+//
+// Lock contract: called without e.mu; it takes it once, and releases it
+// before releasing the run (released takes it again).
 func (e *Engine) forgetUnstarted(t *turn) {
 	t.run.Finish(event.ReasonError) // an Abort now changes nothing and publishes nothing
 	t.run.MarkReturned()
@@ -332,6 +344,8 @@ func (e *Engine) stopElsewhere(ctx context.Context, req StopRequest) (StopResult
 // refresh forgets the cached history of session key when it is idle here
 // (cluster mode): its turns may have run on another replica since, so the
 // next use reloads it from the store. It returns key.
+//
+// Lock contract: called without e.mu; it takes it once.
 func (e *Engine) refresh(key string) string {
 	if e.cluster == nil || e.loadHist == nil {
 		return key

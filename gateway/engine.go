@@ -154,6 +154,17 @@ type Engine struct {
 	// eviction in resetIDs.
 	idSpace uuid.UUID
 
+	// mu guards the engine's sessions, turns, queues and caches. Every
+	// function has one lock contract, whatever it returns (issue 20):
+	// a function whose name ends in Locked is called with mu held, runs
+	// entirely under it and never releases it; what must happen after the
+	// unlock (starting a turn, storing, claiming, notifying, answering
+	// Send) it returns as one value — a func (pumpLocked, beginLocked,
+	// requeueLocked, stuckChangedLocked) or a sendEffect (busyLocked,
+	// claimEndLocked) — that the caller runs once it has released mu.
+	// Every other function is called without mu and, if it needs it,
+	// takes and releases it itself, in separate steps when it waits in
+	// between (Send: decide, claim unlocked, decide again).
 	mu       sync.Mutex
 	sessions map[string]*session
 	resetIDs map[string]*list.Element // by key: the ids of evicted reset sessions
