@@ -328,6 +328,13 @@ type Ack struct {
 // from a handler of it, or racing it), the session is free and the turn is
 // accepted, but its TurnStarted is published — and its runner started —
 // right after that event: every subscriber sees a session's turns in order.
+//
+// Lock contract: called without e.mu. Send takes e.mu in separate steps,
+// each deciding under one hold and acting after releasing it: the
+// idempotency lookup; the decision (a repeat, busy — busyLocked's effect —,
+// refused, or free: claim or begin); in a cluster, after claiming unlocked,
+// the claim's end (claimEndLocked) and the turn's registration
+// (beginLocked), whose start runs after the unlock.
 func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	cfg := e.cfg.Current()
 	if req.RunID == "" {
