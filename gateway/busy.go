@@ -174,13 +174,29 @@ func (e *Engine) queuedAckLocked(q *queued) Ack {
 	return ack
 }
 
-// sendBusy handles a message for session s, which has a running turn or
-// messages waiting, in busy mode mode (not reject). Called with e.mu held;
-// it releases it.
-func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode BusyMode, maxQueued int) (Ack, error) {
+// sendEffect is the part of Send's answer that runs after e.mu is
+// released: it may call the store or the cluster, and takes e.mu again
+// itself, as a separate step, when it needs it. A function that decides
+// under e.mu returns one instead of releasing the lock its caller holds.
+type sendEffect func(ctx context.Context) (Ack, error)
+
+// answer is a sendEffect that only answers ack, err.
+func answer(ack Ack, err error) sendEffect {
+	return func(context.Context) (Ack, error) { return ack, err }
+}
+
+// busyLocked decides what becomes of a message for session s, which has a
+// running turn or messages waiting, in busy mode mode (not reject): refused
+// (*QueueFullError), steered into the running turn, or queued (in s.queue
+// already, not yet stored). It returns Send's answer as an effect, to run
+// once e.mu is released: storing the queued message (storeQueued) or the
+// answer alone.
+//
+// Lock contract: called with e.mu held (by Send only); it runs entirely
+// under it and neither releases nor re-takes it.
+func (e *Engine) busyLocked(s *session, req SendRequest, mode BusyMode, maxQueued int) sendEffect {
 	if err := e.roomLocked(s, req, maxQueued); err != nil {
-		e.mu.Unlock()
-		return Ack{}, err
+		return answer(Ack{}, err)
 	}
 	fellBack := false
 	if mode == BusySteer {
@@ -197,8 +213,7 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 					ChatRef: req.ChatRef, Owner: req.Owner, Text: req.Text, QueuedAt: now, Timeout: req.Timeout})
 				t.aliases = append(t.aliases, req.RunID)
 				e.alias[req.RunID] = id
-				e.mu.Unlock()
-				return Ack{RunID: id, Status: StatusSteered, Busy: BusySteer}, nil
+				return answer(Ack{RunID: id, Status: StatusSteered, Busy: BusySteer}, nil)
 			}
 		}
 		fellBack = true
@@ -220,8 +235,22 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 			}
 		}
 	}
-	e.mu.Unlock()
+	return func(ctx context.Context) (Ack, error) {
+		return e.storeQueued(ctx, s, q, qm, mode, fellBack, victim)
+	}
+}
 
+// storeQueued stores qm, queued as q in s by busyLocked (q.persisting
+// counts it), then answers Send: queued (Ahead, FellBack), started (the
+// session was free by then and the pump started it), aborted (dropped by
+// /stop or /new while it was being stored), or the store's error (the
+// message leaves the queue). In mode interrupt it then stops victim, the
+// running turn it supersedes.
+//
+// Lock contract: called without e.mu; it takes e.mu itself, once, after
+// the store answered, and releases it before starting anything or
+// aborting the victim.
+func (e *Engine) storeQueued(ctx context.Context, s *session, q *queued, qm QueuedMessage, mode BusyMode, fellBack bool, victim string) (Ack, error) {
 	var err error
 	if e.qstore != nil {
 		err = e.qstore.AddQueued(ctx, qm)
@@ -230,7 +259,7 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 	e.mu.Lock()
 	q.persisting--
 	if err != nil {
-		e.unqueueLocked(s, q, req.RunID)
+		e.unqueueLocked(s, q, qm.RunID)
 		start := e.pumpLocked(s)
 		e.mu.Unlock()
 		start()
@@ -239,8 +268,8 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 	if !slices.Contains(s.queue, q) {
 		// Dropped (/stop, /new) while it was being stored.
 		e.mu.Unlock()
-		go e.removeQueued(context.WithoutCancel(ctx), []string{req.RunID})
-		return Ack{RunID: req.RunID, Status: StatusAborted, Busy: mode}, nil
+		go e.removeQueued(context.WithoutCancel(ctx), []string{qm.RunID})
+		return Ack{RunID: qm.RunID, Status: StatusAborted, Busy: mode}, nil
 	}
 	ack := e.queuedAckLocked(q)
 	ack.FellBack = fellBack
@@ -253,7 +282,7 @@ func (e *Engine) sendBusy(ctx context.Context, s *session, req SendRequest, mode
 	if victim != "" {
 		// Queued first: the pump starts it as soon as the superseded turn
 		// has ended and freed the session.
-		if _, err := e.Abort(ctx, req.SessionKey, victim, event.ReasonSuperseded, req.Owner, false); err != nil {
+		if _, err := e.Abort(ctx, qm.SessionKey, victim, event.ReasonSuperseded, qm.Owner, false); err != nil {
 			e.log.Info("interrupt: the running turn was not stopped; the message waits", "run", victim, "err", err)
 			ack.Busy = BusyQueue
 		}
@@ -333,7 +362,7 @@ func (e *Engine) pumpLocked(s *session) func() {
 		}
 	}
 	// Not while a claim of the session is in flight (cluster): it may win
-	// the session; claimLocked pumps when it did not.
+	// the session; claimEndLocked pumps when it did not.
 	for !e.closing && s.active == nil && s.ending == 0 && s.claiming == nil && len(s.queue) > 0 && s.queue[0].persisting == 0 {
 		q := s.queue[0]
 		first := q.msgs[0]
@@ -400,6 +429,8 @@ func (e *Engine) pumpLocked(s *session) func() {
 
 // pumpStalled tries again the sessions whose queue waited for a runner that
 // refused new turns.
+//
+// Lock contract: called without e.mu; it takes it once.
 func (e *Engine) pumpStalled() {
 	e.mu.Lock()
 	var starts []func()
@@ -414,6 +445,8 @@ func (e *Engine) pumpStalled() {
 
 // requeueSteered puts the steered messages t's runner never took at the
 // head of its session's queue (requeueLocked), once its runner returned.
+//
+// Lock contract: called without e.mu; it takes it once.
 func (e *Engine) requeueSteered(t *turn) {
 	e.mu.Lock()
 	after := e.requeueLocked(e.sessions[t.run.SessionKey], e.takeSteeredLocked(t))

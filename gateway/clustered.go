@@ -31,55 +31,95 @@ const (
 	finishRetryMax   = 2 * time.Second
 )
 
-// claimLocked claims s for req in the cluster (Send, the session free here).
-// Called with e.mu held; it releases it for the claim. done false: the
-// claim is this replica's, e.mu is held again and the caller begins the
-// turn. done true: e.mu is released and ack, err are Send's answer — the
-// session is busy elsewhere (forwarded there, or *BusyError), the run id is
-// known (its status), or the cluster cannot decide (*UnavailableError).
-func (e *Engine) claimLocked(ctx context.Context, cfg *config.Config, s *session, req SendRequest) (ack Ack, done bool, err error) {
-	// A runner at its cap of stuck runs refuses the turn anyway: refuse it
-	// before claiming, so a refusal never holds a claim.
+// sessionClaim is a claim of a session's turn Send makes in the cluster,
+// begun by claimBeginLocked and ended by claimEndLocked.
+type sessionClaim struct {
+	req      ClaimRequest
+	claiming chan struct{} // s.claiming while the claim is in flight; closed when it ends
+	fences   uint64        // e.fences when it began: a lease lost meanwhile voids it
+}
+
+// claimBeginLocked begins Send's claim of s (free on this replica) for req:
+// s.claiming is set, so other messages of s and the queue's pump wait for
+// its answer. A runner at its cap of stuck runs refuses the turn anyway:
+// *RunnerStuckError, before claiming, so a refusal never holds a claim.
+// The caller releases e.mu, calls Cluster.Claim with the claim's request,
+// takes e.mu again and ends it with claimEndLocked, whatever the answer.
+//
+// Lock contract: called with e.mu held (by Send only); it runs entirely
+// under it and neither releases nor re-takes it.
+func (e *Engine) claimBeginLocked(cfg *config.Config, s *session, req SendRequest) (*sessionClaim, error) {
 	name := cfg.RunnerFor(req.Channel)
 	if n, limit := e.stuck[name], e.stuckLimit; limit > 0 && n >= limit {
-		e.mu.Unlock()
-		return Ack{}, true, &RunnerStuckError{Runner: name, Stuck: n, Limit: limit}
+		return nil, &RunnerStuckError{Runner: name, Stuck: n, Limit: limit}
 	}
-	c := make(chan struct{})
-	s.claiming = c
-	fences := e.fences
-	e.mu.Unlock()
-	err = e.cluster.Claim(ctx, ClaimRequest{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
-		ChatRef: req.ChatRef, Text: req.Text})
-	e.mu.Lock()
+	c := &sessionClaim{
+		req: ClaimRequest{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
+			ChatRef: req.ChatRef, Text: req.Text},
+		claiming: make(chan struct{}),
+		fences:   e.fences,
+	}
+	s.claiming = c.claiming
+	return c, nil
+}
+
+// claimEndLocked ends claim c of s with the cluster's answer err: s is no
+// longer claiming. A nil effect: the claim is this replica's, and the
+// caller begins the turn under the same hold of e.mu. Otherwise the turn
+// does not begin here and the effect, run once e.mu is released, is Send's
+// answer: the session is busy elsewhere (forwarded there, or *BusyError),
+// the run id is known (its status), the cluster cannot decide, or this
+// replica lost its lease or is shutting down meanwhile (*UnavailableError,
+// ErrShutdown: the claim is released). When the cluster refused, the
+// queue's pump, which waited for the claim (pumpLocked), starts what was
+// queued meanwhile, in the effect.
+//
+// Lock contract: called with e.mu held (by Send only); it runs entirely
+// under it and neither releases nor re-takes it.
+func (e *Engine) claimEndLocked(s *session, c *sessionClaim, req SendRequest, err error) sendEffect {
 	s.claiming = nil
-	close(c)
-	if err == nil && e.fences != fences {
+	close(c.claiming)
+	if err == nil && e.fences != c.fences {
 		// Claimed under the lease this replica lost meanwhile: Fenced's
 		// abort did not see it, and the survivor ends it as interrupted.
 		// It must not run here (its reply would be refused); the client
 		// retries with the same id and hears how it ended.
-		e.mu.Unlock()
-		return Ack{}, true, &UnavailableError{Cause: fmt.Errorf("run %s: claimed as this replica lost its lease: %w", req.RunID, ErrLeaseLost)}
+		return answer(Ack{}, &UnavailableError{Cause: fmt.Errorf("run %s: claimed as this replica lost its lease: %w", req.RunID, ErrLeaseLost)})
 	}
 	if err == nil {
 		if e.closing {
-			e.mu.Unlock()
-			e.releaseClaim(req, ErrShutdown)
-			return Ack{}, true, ErrShutdown
+			return func(context.Context) (Ack, error) {
+				e.releaseClaim(req, ErrShutdown)
+				return Ack{}, ErrShutdown
+			}
 		}
-		return Ack{}, false, nil
+		return nil
 	}
-	// The pump waited for this claim (pumpLocked): messages queued
-	// meanwhile start now that it did not take the session.
+	start := e.pumpLocked(s)
+	return func(ctx context.Context) (Ack, error) {
+		start()
+		return e.claimRefused(ctx, req, err)
+	}
+}
+
+// abandonClaim releases Send's claim of s for req, on which no turn could
+// begin (cause), then starts what the pump held back for the claim
+// (pumpLocked).
+//
+// Lock contract: called without e.mu; it releases the claim unlocked, then
+// takes e.mu itself for the pump and releases it before starting anything.
+func (e *Engine) abandonClaim(s *session, req SendRequest, cause error) {
+	e.releaseClaim(req, cause)
+	e.mu.Lock()
 	start := e.pumpLocked(s)
 	e.mu.Unlock()
 	start()
-	ack, err = e.claimRefused(ctx, req, err)
-	return ack, true, err
 }
 
 // claimRefused answers a Send whose claim the cluster refused.
+//
+// Lock contract: called without e.mu (it may forward to another replica);
+// it does not take it.
 func (e *Engine) claimRefused(ctx context.Context, req SendRequest, err error) (Ack, error) {
 	var held *HeldError
 	var exists *RunExistsError
@@ -140,6 +180,9 @@ func statusOf(reason event.StopReason) Status {
 // releaseClaim ends a claim the engine took but could not start a turn
 // on (cause): the turn is recorded as failed, so the session is free again
 // and the run id answers with that outcome.
+//
+// Lock contract: called without e.mu (it calls the cluster); it does not
+// take it.
 func (e *Engine) releaseClaim(req SendRequest, cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
@@ -157,6 +200,9 @@ func (e *Engine) releaseClaim(req SendRequest, cause error) {
 // of it first) or the cluster cannot decide, the turn starts and ends at
 // once with an error the user can act on: a queued message is never
 // dropped silently.
+//
+// Lock contract: called without e.mu, on its own goroutine (startTurn);
+// it claims unlocked and takes e.mu only to read the fence count.
 func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	ctx, cancel := context.WithTimeout(e.baseCtx, claimTimeout)
 	err := e.cluster.Claim(ctx, ClaimRequest{RunID: t.run.ID, SessionKey: t.run.SessionKey, Channel: t.run.Channel,
@@ -194,6 +240,9 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 // was published), without publishing anything: the session is freed and
 // Wait answers that it does not know the run here. Nothing may abort it
 // any more (its state leaves running first).
+//
+// Lock contract: called without e.mu; it takes it once, and releases it
+// before releasing the run (released takes it again).
 func (e *Engine) forgetUnstarted(t *turn) {
 	t.run.Finish(event.ReasonError) // an Abort now changes nothing and publishes nothing
 	t.run.MarkReturned()
@@ -295,6 +344,8 @@ func (e *Engine) stopElsewhere(ctx context.Context, req StopRequest) (StopResult
 // refresh forgets the cached history of session key when it is idle here
 // (cluster mode): its turns may have run on another replica since, so the
 // next use reloads it from the store. It returns key.
+//
+// Lock contract: called without e.mu; it takes it once.
 func (e *Engine) refresh(key string) string {
 	if e.cluster == nil || e.loadHist == nil {
 		return key

@@ -154,6 +154,17 @@ type Engine struct {
 	// eviction in resetIDs.
 	idSpace uuid.UUID
 
+	// mu guards the engine's sessions, turns, queues and caches. Every
+	// function has one lock contract, whatever it returns (issue 20):
+	// a function whose name ends in Locked is called with mu held, runs
+	// entirely under it and never releases it; what must happen after the
+	// unlock (starting a turn, storing, claiming, notifying, answering
+	// Send) it returns as one value — a func (pumpLocked, beginLocked,
+	// requeueLocked, stuckChangedLocked) or a sendEffect (busyLocked,
+	// claimEndLocked) — that the caller runs once it has released mu.
+	// Every other function is called without mu and, if it needs it,
+	// takes and releases it itself, in separate steps when it waits in
+	// between (Send: decide, claim unlocked, decide again).
 	mu       sync.Mutex
 	sessions map[string]*session
 	resetIDs map[string]*list.Element // by key: the ids of evicted reset sessions
@@ -317,6 +328,13 @@ type Ack struct {
 // from a handler of it, or racing it), the session is free and the turn is
 // accepted, but its TurnStarted is published — and its runner started —
 // right after that event: every subscriber sees a session's turns in order.
+//
+// Lock contract: called without e.mu. Send takes e.mu in separate steps,
+// each deciding under one hold and acting after releasing it: the
+// idempotency lookup; the decision (a repeat, busy — busyLocked's effect —,
+// refused, or free: claim or begin); in a cluster, after claiming unlocked,
+// the claim's end (claimEndLocked) and the turn's registration
+// (beginLocked), whose start runs after the unlock.
 func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	cfg := e.cfg.Current()
 	if req.RunID == "" {
@@ -329,10 +347,11 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	e.mu.Lock()
 	e.purgeExpired(time.Now())
-	if ack, ok, err := e.repeatLocked(req); ok {
-		return ack, err // unlocked
-	}
+	ack, repeated, err := e.repeatLocked(req)
 	e.mu.Unlock()
+	if repeated {
+		return ack, err
+	}
 	if e.admit != nil {
 		if err := e.admit(); err != nil {
 			return Ack{}, &UnavailableError{Cause: err}
@@ -376,7 +395,8 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	// e.mu was released since the check above: the same run id (a client's
 	// retry racing its first send) may have started, queued or ended since.
 	if ack, ok, err := e.repeatLocked(req); ok {
-		return ack, err // unlocked
+		e.mu.Unlock()
+		return ack, err
 	}
 	// The wait for the history (up to historyLoadTimeout) may have crossed
 	// a hot reload: the turn starts with the configuration in force now.
@@ -388,7 +408,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	mode, maxQueued := cfg.BusyFor(req.Channel)
 	if s.active != nil || len(s.queue) > 0 {
 		if m := BusyMode(mode); m != BusyReject {
-			return e.sendBusy(ctx, s, req, m, maxQueued) // unlocks e.mu
+			effect := e.busyLocked(s, req, m, maxQueued)
+			e.mu.Unlock()
+			return effect(ctx)
 		}
 	}
 	if s.active != nil {
@@ -398,9 +420,18 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	}
 	claimed := false
 	if e.cluster != nil {
-		ack, done, err := e.claimLocked(ctx, cfg, s, req) // unlocks e.mu; locked again when !done
-		if done {
-			return ack, err
+		// Three steps, each with its own hold of e.mu or none: begin the
+		// claim (decided with the check above), claim unlocked, end it.
+		c, err := e.claimBeginLocked(cfg, s, req)
+		e.mu.Unlock()
+		if err != nil {
+			return Ack{}, err
+		}
+		err = e.cluster.Claim(ctx, c.req)
+		e.mu.Lock()
+		if effect := e.claimEndLocked(s, c, req, err); effect != nil {
+			e.mu.Unlock()
+			return effect(ctx)
 		}
 		claimed = true
 		cfg = e.cfg.Current() // the claim may have waited across a reload too
@@ -412,13 +443,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	if err != nil {
 		e.mu.Unlock()
 		if claimed {
-			e.releaseClaim(req, err)
 			// The pump waited for this claim (pumpLocked): what was queued
-			// meanwhile starts now that the claim is released.
-			e.mu.Lock()
-			start := e.pumpLocked(s)
-			e.mu.Unlock()
-			start()
+			// meanwhile starts once the claim is released.
+			e.abandonClaim(s, req, err)
 		}
 		if errors.Is(err, abort.ErrDuplicate) {
 			return Ack{RunID: req.RunID, Status: StatusInFlight}, nil
@@ -442,8 +469,10 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 // repeatLocked answers a run id Send already knows: ended (the cached
 // outcome), running (StatusInFlight), waiting in a queue (StatusQueued),
 // or a message collected or steered into another turn (that turn's). ok
-// false: a new run id, and e.mu is still held; ok true: e.mu is released.
-// Called with e.mu held.
+// false: a new run id.
+//
+// Lock contract: called with e.mu held (by Send only); it runs entirely
+// under it and neither releases nor re-takes it.
 func (e *Engine) repeatLocked(req SendRequest) (Ack, bool, error) {
 	key := req.RunID // the run to answer for: a collected or steered message's is its turn's
 	if id, ok := e.alias[key]; ok {
@@ -454,26 +483,22 @@ func (e *Engine) repeatLocked(req SendRequest) (Ack, bool, error) {
 	// is done (Wait waits for that).
 	if el, ok := e.outcomes[key]; ok {
 		out := el.Value.(*cached).out
-		e.mu.Unlock()
 		if out.SessionKey != req.SessionKey {
 			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
 		return Ack{RunID: key, Status: out.Status, Outcome: &out}, true, nil
 	}
 	if t, ok := e.turns[key]; ok {
-		e.mu.Unlock()
 		if t.run.SessionKey != req.SessionKey {
 			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
 		return Ack{RunID: key, Status: StatusInFlight}, true, nil
 	}
 	if q, ok := e.waiting[req.RunID]; ok {
-		ack := e.queuedAckLocked(q)
-		e.mu.Unlock()
 		if q.sessionKey() != req.SessionKey {
 			return Ack{}, true, fmt.Errorf("run %s: %w", req.RunID, ErrWrongSession)
 		}
-		return ack, true, nil
+		return e.queuedAckLocked(q), true, nil
 	}
 	return Ack{}, false, nil
 }

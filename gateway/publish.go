@@ -78,6 +78,10 @@ func (e *Engine) ErrorDetail(id string) (errlog.Record, bool) { return e.errs.Ge
 // any subscriber sees a terminal event, its outcome is recorded and (once
 // the runner returned) the session is free: a client that answers a final
 // reply at once is never told the session is busy.
+//
+// Lock contract: called without e.mu, under the run's publish lock; it
+// takes e.mu only in separate short steps (messagesOf, recordOutcome,
+// ended), never across a call to the bus or the cluster.
 func (e *Engine) publish(ev event.Event) {
 	if ev.Message == "" && messages.Wordy(&ev) {
 		ev.Message = messages.Render(e.messagesOf(ev.RunID), ev)
@@ -113,6 +117,8 @@ func (e *Engine) publish(ev event.Event) {
 
 // messagesOf returns the message texts of live turn runID (those in force
 // when it started), or the current ones.
+//
+// Lock contract: called without e.mu; it takes it once.
 func (e *Engine) messagesOf(runID string) *messages.Set {
 	e.mu.Lock()
 	t := e.turns[runID]
@@ -131,6 +137,9 @@ func (e *Engine) messagesOf(runID string) *messages.Set {
 // interrupted), so nothing of it is recorded here — no history message, no
 // cached outcome a repeated run id or Wait would answer from; the turn is
 // only brought to its end (issue 20, defect 6).
+//
+// Lock contract: called without e.mu (by publish); it takes it once, for
+// all its records.
 func (e *Engine) recordOutcome(ev event.Event, owned bool) (*turn, *session) {
 	cfg := e.cfg.Current()
 	out := Outcome{RunID: ev.RunID, SessionKey: ev.SessionKey, StopReason: ev.StopReason, Text: ev.FullText,

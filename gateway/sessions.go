@@ -231,6 +231,9 @@ const historyLoadTimeout = 10 * time.Second
 // retried by the next caller. The error is the caller's context ending
 // while it waited; a failed load is logged and the session is returned
 // without its stored history.
+//
+// Lock contract: called without e.mu; it takes it to find or create the
+// session and releases it before waiting for the load.
 func (e *Engine) session(ctx context.Context, key string) (*session, error) {
 	e.mu.Lock()
 	now := time.Now()
@@ -260,6 +263,9 @@ func (e *Engine) session(ctx context.Context, key string) (*session, error) {
 }
 
 // loadHistory loads s's stored history and closes done.
+//
+// Lock contract: called without e.mu (on its own goroutine); it reads the
+// store unlocked, then takes e.mu once to install the history.
 func (e *Engine) loadHistory(s *session, done chan struct{}) {
 	base := e.baseCtx
 	if base == nil {

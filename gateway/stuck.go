@@ -16,6 +16,9 @@ type StuckRunsFunc func(runner string, stuck, limit int, saturated bool)
 // stuckChanged adds delta to runner's count of force-finalized runs still
 // running and tells StuckRuns when the runner reaches server.maxStuckRuns
 // or drops below it.
+//
+// Lock contract: called without e.mu; it takes it once and notifies
+// after releasing it.
 func (e *Engine) stuckChanged(runner string, delta int) {
 	e.mu.Lock()
 	notify := e.stuckChangedLocked(runner, delta)
@@ -69,6 +72,11 @@ func (e *Engine) recountStuckLocked(runner string, delta int) (stuckNotice, bool
 // caller calls it once it has unlocked e.mu. notifyMu is taken before e.mu
 // is released, so notices leave in the order the changes were made under
 // e.mu.
+//
+// Lock contract: called with e.mu held, which it neither releases nor
+// re-takes; when there are notices it takes notifyMu, and the returned
+// function (which the caller must call exactly once, after unlocking
+// e.mu) releases it — always, whatever the notices.
 func (e *Engine) notifyStuckLocked(notices []stuckNotice) func() {
 	if len(notices) == 0 {
 		return func() {}

@@ -130,6 +130,10 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 
 // startTurn publishes a registered turn's TurnStarted, hands the run to the
 // scheduler and starts the runner.
+//
+// Lock contract: called without e.mu (it is the function beginLocked
+// returns, run by Send, the pump's caller or the previous ending's
+// publisher), once per turn.
 func (e *Engine) startTurn(rn runner.Runner, t *turn, rt runner.Turn) {
 	if e.cluster != nil && !t.claimed.Load() {
 		// A queued message's turn: claimed in the cluster first, off the
@@ -141,6 +145,8 @@ func (e *Engine) startTurn(rn runner.Runner, t *turn, rt runner.Turn) {
 }
 
 // launch is startTurn once the turn may start.
+//
+// Lock contract: called without e.mu, once per turn.
 func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 	run := t.run
 	started := event.Event{Kind: event.TurnStarted, Text: rt.Message, StepTimeout: run.Settings.StepTimeout,
@@ -166,6 +172,9 @@ func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 
 // runTurn runs the runner and records its outcome. A panicking runner is an
 // error, not a crash.
+//
+// Lock contract: called without e.mu, on the turn's own goroutine; it
+// takes e.mu only inside the functions it calls.
 func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 	run := tr.run
 	var (
@@ -217,6 +226,9 @@ func (e *Engine) runTurn(rn runner.Runner, tr *turn, t runner.Turn) {
 // both are: the session becomes free only after its turn's ending is in the
 // history and the outcome cache, so the next user message always comes after
 // it. (A runner that never returns is released by force-finalization.)
+//
+// Lock contract: called without e.mu (Release calls released, which
+// takes it).
 func (e *Engine) settle(t *turn) {
 	if t != nil && t.pending.Add(-1) == 0 {
 		e.reg.Release(t.run)
@@ -224,6 +236,10 @@ func (e *Engine) settle(t *turn) {
 }
 
 // released is the registry's hook: the run's session is free.
+//
+// Lock contract: called without e.mu (by the registry, once per run); it
+// takes e.mu once and runs what the pump and the stuck count return after
+// releasing it.
 func (e *Engine) released(run *abort.Run) {
 	e.sched.Remove(run)
 	notify := func() {}
@@ -283,6 +299,10 @@ func (e *Engine) doneLocked(t *turn) {
 // ended is called once the terminal event of turn t (nil: not live) of
 // session s (nil: not in memory) is out to every subscriber: the turns Send
 // accepted meanwhile start now, and t is done if its session is free.
+//
+// Lock contract: called without e.mu (by publish, once per ending whose
+// recordOutcome raised s.ending); it takes e.mu once and starts the
+// deferred turns after releasing it.
 func (e *Engine) ended(t *turn, s *session) {
 	e.mu.Lock()
 	if t != nil {
