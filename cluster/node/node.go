@@ -114,13 +114,17 @@ type Handler interface {
 // Node is one replica's gateway.Cluster. Its methods are safe for
 // concurrent use.
 type Node struct {
-	opts  Options
-	log   *slog.Logger
-	nc    *nats.Conn
-	cfg   natsbus.Config
-	exp   *natsbus.Exporter               // this replica's events; its own Import skips them
-	tkx   *natsbus.Exporter               // the ends of the turns it took over: every Import delivers them
-	coord atomic.Pointer[pgcoord.Replica] // the current epoch; replaced when a fenced replica joins again
+	opts Options
+	log  *slog.Logger
+	nc   *nats.Conn
+	// natsClosed is closed by NATS's closed handler, which its client
+	// calls after every earlier connection callback (they run in order):
+	// Close waits for it, so nothing of the connection logs after Close.
+	natsClosed chan struct{}
+	cfg        natsbus.Config
+	exp        *natsbus.Exporter               // this replica's events; its own Import skips them
+	tkx        *natsbus.Exporter               // the ends of the turns it took over: every Import delivers them
+	coord      atomic.Pointer[pgcoord.Replica] // the current epoch; replaced when a fenced replica joins again
 
 	rejoin chan struct{}  // a fence asks rejoinLoop for a new epoch
 	quit   chan struct{}  // Close
@@ -176,7 +180,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	}
 	n := &Node{opts: opts, log: opts.Logger.With("replica", opts.ReplicaID),
 		cfg: natsbus.Config{Replicas: opts.StreamReplicas}, watchers: map[*imported]struct{}{},
-		rejoin: make(chan struct{}, 1), quit: make(chan struct{})}
+		rejoin: make(chan struct{}, 1), quit: make(chan struct{}), natsClosed: make(chan struct{})}
 	n.nc, err = nats.Connect(strings.Join(opts.NATSURLs, ","), append(auth,
 		nats.Name("turnguard "+opts.ReplicaID),
 		// Replies come to this replica's own inbox subjects, which only it
@@ -191,7 +195,8 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 				n.log.Warn("cluster: NATS disconnected", "error", err)
 			}
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { n.log.Info("cluster: NATS reconnected") }))...)
+		nats.ReconnectHandler(func(c *nats.Conn) { n.log.Info("cluster: NATS reconnected") }),
+		nats.ClosedHandler(func(*nats.Conn) { close(n.natsClosed) }))...)
 	if err != nil {
 		// The URLs may carry credentials: the error names none of them.
 		return nil, fmt.Errorf("cluster node %s: connect to NATS (%d servers): %w", opts.ReplicaID, len(opts.NATSURLs), err)
@@ -317,7 +322,9 @@ func (n *Node) Replica() string { return n.opts.ReplicaID }
 // Close stops answering forwarded requests (waiting, until ctx ends, for
 // those being answered), leaves the database (the lease ends at once; a
 // turn still claimed is ended as interrupted), flushes the exporter, stops
-// the Import watchers and closes NATS. It is safe to call more than once.
+// the Import watchers and closes NATS, waiting (until ctx ends) for the
+// connection's last callbacks, so nothing of it logs after Close. It is safe
+// to call more than once.
 func (n *Node) Close(ctx context.Context) error {
 	n.mu.Lock()
 	if n.closed {
@@ -345,6 +352,10 @@ func (n *Node) Close(ctx context.Context) error {
 		w.stop()
 	}
 	n.nc.Close()
+	select {
+	case <-n.natsClosed:
+	case <-ctx.Done():
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cluster node %s: close: %w", n.opts.ReplicaID, err)
 	}

@@ -547,3 +547,37 @@ func TestLargeTakeoverReachesWatchersWhole(t *testing.T) {
 		}
 	}
 }
+
+// lockedBuffer is a log sink safe for the node's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A clean shutdown warns of nothing (issue 22: a SIGTERM logged "WARN
+// cluster: NATS disconnected error=<nil>"). Close returns after the
+// connection's last callbacks, so the log is complete when it is read.
+func TestCleanCloseLogsNoDisconnect(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	var logs lockedBuffer
+	n := start(t, dbURL, c, "a", func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	if err := n.Close(testContext(t, 30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if s := logs.String(); strings.Contains(s, "NATS disconnected") || strings.Contains(s, "level=WARN") {
+		t.Fatalf("a clean close logged a warning:\n%s", s)
+	}
+}
