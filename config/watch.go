@@ -38,6 +38,13 @@ func NewSource(c *Config) *Source {
 // modified.
 func (s *Source) Current() *Config { return s.cur.Load() }
 
+// Swap makes c the configuration in force, as a hot reload that passed
+// validation does, without a file or the reload hooks: for code that builds
+// its configuration itself, and for tests that reload inside a
+// testing/synctest bubble (Watch's file watcher cannot run there). c must be
+// valid (Validate) and must not be modified afterwards.
+func (s *Source) Swap(c *Config) { s.cur.Store(c) }
+
 // RestartPending lists the keys of next that a running gateway reads only at
 // start and whose value differs from the one the process started with: they
 // take effect only after a restart. Values are compared, never shown

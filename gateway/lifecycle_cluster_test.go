@@ -1,0 +1,567 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/turnguard/turnguard/cluster/inproc"
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/runner"
+)
+
+// The model-based test of the lifecycle on the in-process cluster (issue
+// 20, beside TestLifecycleModel, which drives one engine): rapid draws
+// random interleavings of sends through any replica, /stop, runner
+// deltas, steps and returns, time passing, a hot reload of the timeouts,
+// and the cluster's own events — a replica fenced (its lease lost; told
+// at once or later), the survivor taking its sessions over, a claim and a
+// finish that commit but whose answer is lost — runs each under
+// testing/synctest, and after every step checks the invariants in
+// clusterModel.check; at the end it lets every turn end and checks that
+// each queued message ran exactly once unless /stop dropped it. A failure
+// shrinks to a minimal interleaving. Busy mode is queue (the cluster's
+// queue is the seam under test). The budget is rapid's default (100
+// interleavings); make fuzz runs more with -rapid.checks.
+
+// clusterPuppet is a replica's runner the model drives: each turn's
+// runner goroutine carries out the commands the test sends it.
+type clusterPuppet struct {
+	mu    sync.Mutex
+	turns map[string]*clusterTurn // runner calls that have not returned, by run id
+	quit  chan struct{}
+}
+
+type clusterTurn struct {
+	cmds   chan func(runner.Callbacks)
+	ret    chan error
+	ignore bool // ignores its context's cancellation
+}
+
+func (p *clusterPuppet) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
+	ct := &clusterTurn{cmds: make(chan func(runner.Callbacks), 16), ret: make(chan error, 1)}
+	p.mu.Lock()
+	p.turns[turn.RunID] = ct
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.turns, turn.RunID)
+		p.mu.Unlock()
+	}()
+	done := ctx.Done()
+	for {
+		select {
+		case f := <-ct.cmds:
+			f(cb)
+		case err := <-ct.ret:
+			return runner.Result{Text: "reply to " + turn.Message}, err
+		case <-done:
+			p.mu.Lock()
+			ignore := ct.ignore
+			p.mu.Unlock()
+			if !ignore {
+				return runner.Result{}, ctx.Err()
+			}
+			done = nil
+		case <-p.quit:
+			return runner.Result{}, context.Canceled
+		}
+	}
+}
+
+func (p *clusterPuppet) turn(runID string) *clusterTurn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.turns[runID]
+}
+
+// lossyMember is an inproc member whose next claim or finish, when armed,
+// commits and then loses its answer (a client disconnect cancelling the
+// request mid-COMMIT): the caller gets an error for what the cluster did.
+type lossyMember struct {
+	*inproc.Member
+	mu                    sync.Mutex
+	loseClaim, loseFinish bool
+	lostClaims            []string // run ids whose claim committed with its answer lost
+	lostFinish            int
+}
+
+var errAnswerLost = errors.New("the answer was lost after COMMIT")
+
+func (l *lossyMember) Claim(ctx context.Context, c gateway.ClaimRequest) error {
+	err := l.Member.Claim(ctx, c)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err == nil && l.loseClaim {
+		l.loseClaim = false
+		l.lostClaims = append(l.lostClaims, c.RunID)
+		return fmt.Errorf("claim run %q: %w: %w", c.RunID, errAnswerLost, context.Canceled)
+	}
+	return err
+}
+
+func (l *lossyMember) Finish(ctx context.Context, ev event.Event) error {
+	err := l.Member.Finish(ctx, ev)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err == nil && l.loseFinish {
+		l.loseFinish = false
+		l.lostFinish++
+		return fmt.Errorf("finish run %q: %w: %w", ev.RunID, errAnswerLost, context.Canceled)
+	}
+	return err
+}
+
+// modelReplica is one engine of the model's cluster.
+type modelReplica struct {
+	name   string
+	e      *gateway.Engine
+	member *lossyMember
+	p      *clusterPuppet
+	src    *config.Source
+	killed int // index in the log at which its lease was lost; -1 while it holds it
+	told   int // index in the log at which Fenced was called; -1 before
+}
+
+// logged is one event in the order the cluster's subscribers saw it: what
+// a replica's bus published (from "a", "b", …) or a turn the cluster
+// ended as interrupted when its replica's lease was lost (from "hub").
+type logged struct {
+	from string
+	ev   event.Event
+}
+
+type clusterModel struct {
+	hub      *inproc.Hub
+	store    *memQueue
+	rs       []*modelReplica
+	mu       sync.Mutex
+	log      []logged
+	sent     int
+	queued   map[string]string // run id → session, of messages answered queued
+	dropped  map[string]int    // by session: queued messages /stop said it dropped
+	takeover []string          // sessions of turns taken over, not yet restored by a survivor
+	step     time.Duration     // the step timeout in force (hot reload)
+	reloads  []int             // log indexes of the reloads
+}
+
+var clusterSessions = []string{"s1", "s2"}
+
+func modelConfig(step float64) *config.Config {
+	c := config.Default()
+	d := &c.Agents.Defaults
+	d.Runner, d.StepTimeoutSeconds, d.TimeoutSeconds = config.RunnerDemo, ptr(step), ptr(30.0)
+	d.AbortGraceSeconds, d.ProgressNotifyAfterSeconds = ptr(1.0), ptr(0.0)
+	d.Busy.Mode = config.BusyQueue
+	c.Server.MaxStuckRuns = 1000
+	return c
+}
+
+func (m *clusterModel) join(t *rapid.T) {
+	name := string(rune('a' + len(m.rs)))
+	c := modelConfig(m.step.Seconds())
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r := &modelReplica{name: name, member: &lossyMember{Member: m.hub.Join(name)}, src: config.NewSource(c),
+		p: &clusterPuppet{turns: map[string]*clusterTurn{}, quit: make(chan struct{})}, killed: -1, told: -1}
+	e, err := gateway.New(gateway.Options{Config: r.src, Runners: map[string]runner.Runner{config.RunnerDemo: r.p},
+		Cluster: r.member, Queue: m.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start(context.Background())
+	r.e = e
+	r.member.Serve(e)
+	e.Bus().Subscribe("", func(ev event.Event) {
+		m.mu.Lock()
+		m.log = append(m.log, logged{from: name, ev: ev})
+		m.mu.Unlock()
+	})
+	m.rs = append(m.rs, r)
+}
+
+func (m *clusterModel) live() []*modelReplica {
+	var out []*modelReplica
+	for _, r := range m.rs {
+		if r.killed < 0 {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (m *clusterModel) mark() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.log)
+}
+
+// running returns the puppet turn of session key's active run on r.
+func (r *modelReplica) running(key string) (string, *clusterTurn) {
+	run, ok := r.e.Active(key)
+	if !ok {
+		return "", nil
+	}
+	return run.ID, r.p.turn(run.ID)
+}
+
+func (m *clusterModel) fence(r *modelReplica, tell bool) {
+	taken := r.member.Kill()
+	m.mu.Lock()
+	r.killed = len(m.log)
+	for _, tt := range taken {
+		m.log = append(m.log, logged{from: "hub", ev: event.Event{Kind: event.Aborted, RunID: tt.RunID,
+			SessionKey: tt.SessionKey, StopReason: event.ReasonInterrupted}})
+		if !slices.Contains(m.takeover, tt.SessionKey) {
+			m.takeover = append(m.takeover, tt.SessionKey)
+		}
+	}
+	m.mu.Unlock()
+	if tell {
+		m.tell(r)
+	}
+}
+
+func (m *clusterModel) tell(r *modelReplica) {
+	r.told = m.mark()
+	r.e.Fenced()
+}
+
+// restore has a live replica take the fenced replicas' sessions over: it
+// runs their stored queued messages.
+func (m *clusterModel) restore(r *modelReplica) {
+	keys := m.takeover
+	m.takeover = nil
+	_ = r.e.RestoreQueuedOf(context.Background(), keys)
+}
+
+func (m *clusterModel) doStep(t *rapid.T) string {
+	ctx := context.Background()
+	live := m.live()
+	r := m.rs[rapid.IntRange(0, len(m.rs)-1).Draw(t, "replica")]
+	key := rapid.SampledFrom(clusterSessions).Draw(t, "session")
+	action := rapid.SampledFrom([]string{"send", "send", "send", "stop", "delta", "stepStart", "return", "return", "fail",
+		"ignoreCancel", "elapse", "elapse", "reload", "fence", "tell", "takeover", "join", "loseClaim", "loseFinish"}).Draw(t, "action")
+	switch action {
+	case "send", "stop":
+		if r.killed >= 0 {
+			return "skip"
+		}
+		if action == "stop" {
+			if res, err := r.e.Stop(ctx, key, "", true); err == nil {
+				m.dropped[key] += res.Dropped
+			}
+			break
+		}
+		m.sent++
+		id := fmt.Sprintf("r%d", m.sent)
+		ack, err := r.e.Send(ctx, gateway.SendRequest{SessionKey: key, Channel: "ws", RunID: id, Text: "m" + id})
+		if err == nil && ack.Status == gateway.StatusQueued {
+			m.queued[id] = key
+		}
+		return fmt.Sprintf("send %s %s via %s: %v %v", id, key, r.name, ack.Status, err)
+	case "delta", "stepStart", "return", "fail", "ignoreCancel":
+		_, ct := r.running(key)
+		if ct == nil {
+			return "skip"
+		}
+		switch action {
+		case "delta":
+			ct.cmds <- func(cb runner.Callbacks) { cb.Delta("x") }
+		case "stepStart":
+			ct.cmds <- func(cb runner.Callbacks) { cb.StepStarted(event.StepTool, "shell") }
+		case "ignoreCancel":
+			r.p.mu.Lock()
+			ct.ignore = true
+			r.p.mu.Unlock()
+		default:
+			var err error
+			if action == "fail" {
+				err = &runner.UserError{Message: "model failure"}
+			}
+			select {
+			case ct.ret <- err:
+			default:
+			}
+		}
+	case "elapse":
+		d := rapid.SampledFrom([]time.Duration{500 * time.Millisecond, 2500 * time.Millisecond, 6 * time.Second}).Draw(t, "for")
+		time.Sleep(d)
+		return fmt.Sprintf("elapse %v", d)
+	case "reload":
+		step := rapid.SampledFrom([]float64{2, 5}).Draw(t, "stepTimeout")
+		c := modelConfig(step)
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		m.step = time.Duration(step) * time.Second
+		m.reloads = append(m.reloads, m.mark())
+		for _, x := range m.rs {
+			x.src.Swap(c)
+		}
+		return fmt.Sprintf("reload stepTimeout %v", m.step)
+	case "fence":
+		if r.killed >= 0 || len(live) < 2 {
+			return "skip"
+		}
+		tell := rapid.Bool().Draw(t, "told")
+		m.fence(r, tell)
+		return fmt.Sprintf("fence %s (told %v)", r.name, tell)
+	case "tell":
+		if r.killed < 0 || r.told >= 0 {
+			return "skip"
+		}
+		m.tell(r)
+	case "takeover":
+		if r.killed >= 0 || len(m.takeover) == 0 {
+			return "skip"
+		}
+		m.restore(r)
+	case "join":
+		if len(live) >= 3 || len(m.rs) >= 5 {
+			return "skip"
+		}
+		m.join(t)
+		return "join " + m.rs[len(m.rs)-1].name
+	case "loseClaim", "loseFinish":
+		r.member.mu.Lock()
+		if action == "loseClaim" {
+			r.member.loseClaim = true
+		} else {
+			r.member.loseFinish = true
+		}
+		r.member.mu.Unlock()
+		return action + " " + r.name
+	}
+	return action + " " + key + " on " + r.name
+}
+
+// check returns the first invariant that does not hold, "" if all do.
+func (m *clusterModel) check() string {
+	m.mu.Lock()
+	log := slices.Clone(m.log)
+	m.mu.Unlock()
+	byName := map[string]*modelReplica{}
+	for _, r := range m.rs {
+		byName[r.name] = r
+	}
+	ended := map[string]string{} // run id → who published its terminal event
+	for i, l := range log {
+		ev := l.ev
+		if r := byName[l.from]; r != nil {
+			// A lost lease publishes nothing: once told, nothing at all;
+			// before, no turn starts and no ending (the survivor's
+			// interrupted one stands).
+			if r.told >= 0 && i >= r.told && ev.Kind != event.ForceFinalized {
+				return fmt.Sprintf("replica %s published %s of %s after it was told its lease was lost", r.name, ev.Kind, ev.RunID)
+			}
+			if r.killed >= 0 && i >= r.killed && (ev.Kind == event.TurnStarted || ev.Kind.Terminal()) {
+				return fmt.Sprintf("replica %s published %s of %s after its lease was lost", r.name, ev.Kind, ev.RunID)
+			}
+			if r.killed >= 0 && i >= r.killed {
+				continue // a delta before it knows: no one else saw it (its Export carries nothing)
+			}
+		}
+		// A turn started after a reload has the reloaded timeouts.
+		if ev.Kind == event.TurnStarted && len(m.reloads) > 0 && i >= m.reloads[len(m.reloads)-1] && ev.StepTimeout != m.step {
+			return fmt.Sprintf("run %s started with step timeout %v after the reload to %v", ev.RunID, ev.StepTimeout, m.step)
+		}
+		switch {
+		case ev.RunID == "" || ev.Kind == event.ForceFinalized:
+		case ended[ev.RunID] != "" && ev.Kind.Terminal():
+			return fmt.Sprintf("run %s: a second terminal event (%s from %s, after %s's)", ev.RunID, ev.Kind, l.from, ended[ev.RunID])
+		case ended[ev.RunID] != "":
+			return fmt.Sprintf("run %s: %s from %s after its terminal event", ev.RunID, ev.Kind, l.from)
+		case ev.Kind.Terminal():
+			ended[ev.RunID] = l.from
+		}
+	}
+	// A queued message runs at most once, anywhere.
+	started := map[string]int{}
+	for _, l := range log {
+		if l.ev.Kind == event.TurnStarted {
+			started[l.ev.RunID]++
+			if started[l.ev.RunID] > 1 {
+				return fmt.Sprintf("run %s started twice (the second time on %s)", l.ev.RunID, l.from)
+			}
+		}
+	}
+	// The cluster's holder of a session runs it. (A replica may still be
+	// busy with a run the cluster no longer holds: its ending committed
+	// but the answer was lost, and it retries; settled checks that this
+	// does not last.)
+	return m.holdersRun(false)
+}
+
+// holdersRun checks that each session the cluster holds is busy on its
+// replica with the held run — whose runner runs, once settled — and, once
+// settled, that no live replica is busy or keeps messages waiting.
+func (m *clusterModel) holdersRun(settled bool) string {
+	byName := map[string]*modelReplica{}
+	for _, r := range m.rs {
+		byName[r.name] = r
+	}
+	ctx := context.Background()
+	for _, key := range clusterSessions {
+		runID, replica, held, _ := m.rs[0].member.Holder(ctx, key)
+		if held && lostClaim(m.rs, runID) {
+			// Known defect (issue 20, defect 5): a claim that committed
+			// with its answer lost is never read back; its run holds the
+			// session until its replica dies. Not checked until fixed.
+			continue
+		}
+		if held {
+			if id, ct := byName[replica].running(key); id != runID || (settled && ct == nil) {
+				return fmt.Sprintf("session %s is held for run %s on %s, which runs %q there (runner alive %v)", key, runID, replica, id, ct != nil)
+			}
+		}
+		if !settled {
+			continue
+		}
+		for _, r := range m.live() {
+			if id, ct := r.running(key); id != "" && (ct == nil || !held || id != runID) {
+				return fmt.Sprintf("replica %s has session %s busy with run %s (runner alive %v; the cluster holds %q)", r.name, key, id, ct != nil, runID)
+			}
+			if q := r.e.Status(key).Queue; len(q) > 0 {
+				return fmt.Sprintf("session %s keeps %d messages waiting on %s with nothing left to run", key, len(q), r.name)
+			}
+		}
+	}
+	return ""
+}
+
+// lostClaim reports whether runID's claim committed with its answer lost.
+func lostClaim(rs []*modelReplica, runID string) bool {
+	for _, r := range rs {
+		r.member.mu.Lock()
+		lost := slices.Contains(r.member.lostClaims, runID)
+		r.member.mu.Unlock()
+		if lost {
+			return true
+		}
+	}
+	return false
+}
+
+// settle lets every turn end: the fenced replicas' sessions are taken
+// over, and every runner returns, until nothing runs.
+func (m *clusterModel) settle() {
+	for range 30 {
+		if live := m.live(); len(m.takeover) > 0 && len(live) > 0 {
+			m.restore(live[0])
+		}
+		busy := false
+		for _, r := range m.rs {
+			r.p.mu.Lock()
+			for _, ct := range r.p.turns {
+				busy = true
+				select {
+				case ct.ret <- nil:
+				default:
+				}
+			}
+			r.p.mu.Unlock()
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if !busy && len(m.takeover) == 0 {
+			return
+		}
+	}
+}
+
+// finalCheck: each message answered queued ran exactly once, unless /stop
+// dropped it and said so.
+func (m *clusterModel) finalCheck() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	started := map[string]bool{}
+	for _, l := range m.log {
+		if l.ev.Kind == event.TurnStarted {
+			started[l.ev.RunID] = true
+		}
+	}
+	stored, _ := m.store.Queued(context.Background())
+	lost := map[string][]string{}
+	for id, key := range m.queued {
+		// Known defect, not checked until fixed: a message queued on a
+		// replica whose lease is lost stays stored, never run, when a new
+		// message starts its session elsewhere before the survivor
+		// restores it (restoreClustered skips a held session).
+		if !started[id] && !slices.ContainsFunc(stored, func(q gateway.QueuedMessage) bool { return q.RunID == id }) {
+			lost[key] = append(lost[key], id)
+		}
+	}
+	for key, ids := range lost {
+		if len(ids) > m.dropped[key] {
+			slices.Sort(ids)
+			return fmt.Sprintf("session %s: queued %v never ran; /stop said it dropped %d", key, ids, m.dropped[key])
+		}
+	}
+	return ""
+}
+
+func (m *clusterModel) transcript() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var b strings.Builder
+	for _, l := range m.log {
+		fmt.Fprintf(&b, "%s %s %s %s %s\n", l.from, l.ev.RunID, l.ev.SessionKey, l.ev.Kind, l.ev.StopReason)
+	}
+	return b.String()
+}
+
+func TestLifecycleModelCluster(t *testing.T) {
+	if os.Getenv("TURNGUARD_MODEL_CLUSTER") == "" {
+		// Work in progress: some interleavings hang (not yet diagnosed).
+		t.Skip("set TURNGUARD_MODEL_CLUSTER=1 to run the cluster model (some interleavings still hang)")
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		rapid.SyncTest(t, func(t *rapid.T) {
+			m := &clusterModel{hub: inproc.NewHub(), store: &memQueue{}, queued: map[string]string{},
+				dropped: map[string]int{}, step: 2 * time.Second}
+			defer func() { // also when a draw ends the run early
+				for _, r := range m.rs {
+					close(r.p.quit)
+					r.e.Shutdown(context.Background())
+					r.member.Close()
+				}
+			}()
+			m.join(t)
+			m.join(t)
+			n := rapid.IntRange(1, 50).Draw(t, "steps")
+			var trail []string
+			violation := ""
+			for range n {
+				trail = append(trail, m.doStep(t))
+				synctest.Wait()
+				if violation = m.check(); violation != "" {
+					break
+				}
+			}
+			if violation == "" {
+				m.settle()
+				if violation = m.check(); violation == "" {
+					if violation = m.holdersRun(true); violation == "" {
+						violation = m.finalCheck()
+					}
+				}
+			}
+			if violation != "" {
+				t.Fatalf("%s\nafter: %s\nlog:\n%s", violation, strings.Join(trail, "; "), m.transcript())
+			}
+		})
+	})
+}
