@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -80,11 +81,28 @@ func watchEverywhere(t *testing.T, c *clusterrig.Cluster, sess string) []*wsclie
 }
 
 // waitOneInterrupted reads the session's history through cl until it holds
-// an interrupted notice, then checks that it holds exactly one.
-func waitOneInterrupted(t *testing.T, cl *wsclient.Client, sess string, within time.Duration) {
+// an interrupted notice, then checks that it holds exactly one. A watching
+// connection may be told to reload (closed with 1012) while a takeover
+// renumbers the session's events, as the web chat is; with redial set, the
+// reader then does what the page does: it connects again and reads anew.
+func waitOneInterrupted(t *testing.T, cl *wsclient.Client, redial func() *wsclient.Client, sess string, within time.Duration) {
 	t.Helper()
 	var notices []string
 	testwait.Until(t, within, "an interrupted notice in the history of "+sess, func() bool {
+		if redial != nil {
+			f, err := cl.CallErr("chat.history", map[string]any{"sessionKey": sess, "limit": 200})
+			if err != nil {
+				t.Logf("the reader's connection ended (%v): connecting again, as the web chat reloads", err)
+				cl = redial()
+				return false
+			}
+			var h wsclient.History
+			if !f.OK || json.Unmarshal(f.Payload, &h) != nil {
+				t.Fatalf("chat.history %s: %v %s", sess, f.Error, f.Payload)
+			}
+			notices = interruptedNotices(h)
+			return len(notices) > 0
+		}
 		notices = interruptedNotices(cl.History(sess))
 		return len(notices) > 0
 	})
@@ -126,7 +144,7 @@ func TestKillOwnerMidTurn(t *testing.T) {
 	if took := freeAt.Sub(killed); took > bound {
 		t.Errorf("the session took a new message %v after the kill; want within leaseSeconds + 1 s = %v", took, bound)
 	}
-	waitOneInterrupted(t, reader, sess, 10*time.Second)
+	waitOneInterrupted(t, reader, func() *wsclient.Client { return c.Dial(t, rest[1]) }, sess, 10*time.Second)
 	e, code, ok := watcher.WaitEnd(bound+10*time.Second, "run-killed")
 	if err := endSeen(e, code, ok); err != nil {
 		t.Error(err)
@@ -171,7 +189,7 @@ func TestStoppedOwnerTakenOver(t *testing.T) {
 	c.Gateway(own).Cont()
 
 	reader := clients[others(c, own)[0]]
-	waitOneInterrupted(t, reader, sess, 10*time.Second)
+	waitOneInterrupted(t, reader, nil, sess, 10*time.Second)
 	for _, i := range others(c, own) {
 		e, code, ok := clients[i].WaitEnd(10*time.Second, "run-stale")
 		if err := endSeen(e, code, ok); err != nil {
@@ -192,7 +210,7 @@ func TestStoppedOwnerTakenOver(t *testing.T) {
 			t.Errorf("the stale owner's late reply is in the history: %q", m.Text())
 		}
 	}
-	waitOneInterrupted(t, reader, sess, time.Second)
+	waitOneInterrupted(t, reader, nil, sess, time.Second)
 	waitFree(t, reader, sess, "/steps say:after_the_takeover", 10*time.Second)
 }
 
