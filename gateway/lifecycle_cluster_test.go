@@ -298,7 +298,7 @@ func (m *clusterModel) doStep(t *rapid.T) string {
 		}
 	case "elapse":
 		d := rapid.SampledFrom([]time.Duration{500 * time.Millisecond, 2500 * time.Millisecond, 6 * time.Second}).Draw(t, "for")
-		time.Sleep(d)
+		time.Sleep(d) // real time: no — inside the synctest bubble this advances the fake clock
 		return fmt.Sprintf("elapse %v", d)
 	case "reload":
 		step := rapid.SampledFrom([]float64{2, 5}).Draw(t, "stepTimeout")
@@ -474,7 +474,7 @@ func (m *clusterModel) settle() {
 			}
 			r.p.mu.Unlock()
 		}
-		time.Sleep(10 * time.Second)
+		time.Sleep(10 * time.Second) // real time: no — inside the synctest bubble this advances the fake clock
 		synctest.Wait()
 		if !busy && len(m.takeover) == 0 {
 			return

@@ -399,7 +399,7 @@ func (m *modelRun) step(t *rapid.T) string {
 		}
 	case "elapse":
 		d := rapid.SampledFrom([]time.Duration{200 * time.Millisecond, time.Second, 2500 * time.Millisecond, 11 * time.Second}).Draw(t, "for")
-		time.Sleep(d)
+		time.Sleep(d) // real time: no — inside the synctest bubble this advances the fake clock
 		return fmt.Sprintf("elapse %v", d)
 	}
 	return action + " " + key

@@ -60,7 +60,7 @@ func TestCancelRequestSent(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("no %s sent\n%s", method, cutLog(logs.String()))
 			}
-			time.Sleep(10 * time.Millisecond) // a real process writes the recording
+			time.Sleep(10 * time.Millisecond) // real time: a real agent process writes the recording
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
