@@ -38,6 +38,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"github.com/turnguard/turnguard/cluster/jsstream"
 )
 
 // BucketConfig describes the bucket that holds leases; all candidates of a
@@ -78,13 +79,7 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, cfg BucketConfig)
 		Storage:     jetstream.MemoryStorage,
 		Replicas:    cfg.Replicas,
 	}
-	// Create first, update only an existing bucket: replicas starting
-	// together on a three-node cluster each calling CreateOrUpdate (an
-	// update first) left all but one waiting for their timeout.
-	kv, err := js.CreateKeyValue(ctx, kc)
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.UpdateKeyValue(ctx, kc)
-	}
+	kv, err := jsstream.KeyValue(ctx, js, kc)
 	if err != nil {
 		return nil, fmt.Errorf("lease: ensure bucket %s: %w", cfg.Bucket, err)
 	}

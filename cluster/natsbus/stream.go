@@ -2,11 +2,11 @@ package natsbus
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/turnguard/turnguard/cluster/jsstream"
 )
 
 // Config names the stream and subjects; the exporters and watchers of one
@@ -78,13 +78,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jets
 		MaxMsgsPerSubject: cfg.MaxMsgsPerSubject,
 		Duplicates:        cfg.Duplicates,
 	}
-	// Create first, update only an existing stream: concurrent
-	// CreateOrUpdate calls of replicas starting together (an update first)
-	// left all but one waiting for their timeout.
-	s, err := js.CreateStream(ctx, sc)
-	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		s, err = js.UpdateStream(ctx, sc)
-	}
+	s, err := jsstream.Stream(ctx, js, sc)
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: ensure stream %s: %w", cfg.Stream, err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/turnguard/turnguard/cluster/jsstream"
 )
 
 // Update is one stored update as a handler receives it.
@@ -164,7 +165,7 @@ func Consume(ctx context.Context, nc *nats.Conn, cfg Config, h Handler, opt Cons
 		return nil, err
 	}
 	for p := range cfg.Partitions {
-		_, err := createOrUpdateConsumer(ctx, s, jetstream.ConsumerConfig{
+		_, err := jsstream.Consumer(ctx, s, jetstream.ConsumerConfig{
 			Durable:        consumerName(p),
 			Description:    "turnguard: one partition of the Telegram updates, pinned to one replica",
 			FilterSubject:  cfg.subject(p),
@@ -181,7 +182,7 @@ func Consume(ctx context.Context, nc *nats.Conn, cfg Config, h Handler, opt Cons
 			return nil, fmt.Errorf("tgupdates: ensure consumer %s: %w", consumerName(p), err)
 		}
 	}
-	kv, err := createOrUpdateKeyValue(ctx, js, jetstream.KeyValueConfig{
+	kv, err := jsstream.KeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      cfg.Stream + "_members",
 		Description: "turnguard: the replicas consuming the Telegram updates (cluster/tgupdates)",
 		History:     1,
@@ -198,30 +199,6 @@ func Consume(ctx context.Context, nc *nats.Conn, cfg Config, h Handler, opt Cons
 	}
 	go c.run(ctx)
 	return c, nil
-}
-
-// createOrUpdateConsumer creates the durable consumer, or updates it when
-// it exists with another configuration — as createOrUpdateStream, and for
-// the same reason: replicas starting together all create the partitions'
-// consumers, and concurrent creations of one consumer with one
-// configuration all succeed at once, whereas concurrent CreateOrUpdate
-// calls have left one unanswered until the API's timeout.
-func createOrUpdateConsumer(ctx context.Context, s jetstream.Stream, cc jetstream.ConsumerConfig) (jetstream.Consumer, error) {
-	c, err := s.CreateConsumer(ctx, cc)
-	if errors.Is(err, jetstream.ErrConsumerExists) {
-		return s.UpdateConsumer(ctx, cc)
-	}
-	return c, err
-}
-
-// createOrUpdateKeyValue creates the bucket, or updates it when it exists
-// with another configuration (see createOrUpdateStream).
-func createOrUpdateKeyValue(ctx context.Context, js jetstream.JetStream, kc jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	kv, err := js.CreateKeyValue(ctx, kc)
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		return js.UpdateKeyValue(ctx, kc)
-	}
-	return kv, err
 }
 
 func consumerName(p int) string { return "upd-" + strconv.Itoa(p) }

@@ -37,6 +37,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/turnguard/turnguard/cluster/jsstream"
 )
 
 // Config names the stream and its partitions; every replica of a
@@ -141,7 +142,7 @@ const (
 // refused when full.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
 	cfg = cfg.withDefaults()
-	s, err := createOrUpdateStream(ctx, js, jetstream.StreamConfig{
+	s, err := jsstream.Stream(ctx, js, jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "turnguard: Telegram updates, partitioned by chat (cluster/tgupdates)",
 		Subjects:    []string{cfg.Prefix + ".upd.*"},
@@ -157,19 +158,6 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jets
 		return nil, fmt.Errorf("tgupdates: ensure stream %s: %w", cfg.Stream, err)
 	}
 	return s, nil
-}
-
-// createOrUpdateStream creates the stream, or updates it when it exists
-// with another configuration. Replicas starting together all create it:
-// concurrent creations of one stream with one configuration all succeed,
-// whereas concurrent CreateOrUpdateStream calls (an update first) leave all
-// but one unanswered until their timeout on a nats-server 2.15 cluster.
-func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) (jetstream.Stream, error) {
-	s, err := js.CreateStream(ctx, sc)
-	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return js.UpdateStream(ctx, sc)
-	}
-	return s, err
 }
 
 // Log publishes updates; safe for concurrent use.
