@@ -36,16 +36,17 @@ func TestEngineStepTimeoutNamesTheTool(t *testing.T) {
 }
 
 // engineTurns runs the real engine with the acp runner on the Node agent
-// (stepTimeoutSeconds 1, the agent process already started) and returns a
-// function that sends one message on session key "main" and returns the
-// event that ended its turn.
+// (the agent process already started; stepTimeoutSeconds 3, as a real Node
+// process on a loaded two-core CI machine has taken over a second to answer
+// a prompt) and returns a function that sends one message on session key
+// "main" and returns the event that ended its turn.
 func engineTurns(t *testing.T) func(runID, text string) event.Event {
 	t.Helper()
 	node, args := nodeAgent(t)
 	c := config.Default()
 	c.Agents.Defaults.Runner = config.RunnerACP
 	c.Agents.ACP = config.ACP{Command: node, Args: args, Workdir: t.TempDir(), IdleSeconds: 60, StartTimeoutSeconds: 20}
-	c.Agents.Defaults.StepTimeoutSeconds = secs(1)
+	c.Agents.Defaults.StepTimeoutSeconds = secs(3)
 	c.Agents.Defaults.TimeoutSeconds = secs(30)
 	c.Agents.Defaults.ProgressNotifyAfterSeconds = secs(0)
 	c.Agents.Defaults.AbortGraceSeconds = secs(2)
@@ -54,7 +55,7 @@ func engineTurns(t *testing.T) func(runID, text string) event.Event {
 	}
 	r, _, _ := build(t, c.Agents.ACP, 2*time.Second)
 	// Start the agent process before the engine's first turn: its start-up
-	// (Node) is bounded by startTimeoutSeconds, not by this test's 1s step
+	// (Node) is bounded by startTimeoutSeconds, not by this test's 3s step
 	// timeout.
 	mustSay(t, r, (&conv{key: "warm-up", id: "warm-up"}).turn("pid"))
 	e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{config.RunnerACP: r}})
