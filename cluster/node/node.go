@@ -123,6 +123,8 @@ type Node struct {
 	natsClosed chan struct{}
 	cfg        natsbus.Config
 	exp        *natsbus.Exporter               // this replica's events; its own Import skips them
+	interest   *natsbus.Interest               // which sessions the other replicas show (Export's filter)
+	held       sync.Map                        // session key → *heldEvents: a live turn's events nobody else wanted yet
 	tkx        *natsbus.Exporter               // the ends of the turns it took over: every Import delivers them
 	coord      atomic.Pointer[pgcoord.Replica] // the current epoch; replaced when a fenced replica joins again
 
@@ -208,6 +210,10 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		xo.Buffer = 4096
 		n.tkx, err = natsbus.NewExporter(ctx, n.nc, xo)
 	}
+	if err == nil {
+		n.interest, err = natsbus.NewInterest(n.nc, natsbus.InterestOptions{Config: n.cfg, Replica: opts.ReplicaID,
+			OnWanted: n.wanted, OnError: func(err error) { n.log.Warn("cluster: watch interest", "error", err) }})
+	}
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -247,6 +253,8 @@ func (n *Node) join(ctx context.Context) (*pgcoord.Replica, error) {
 // fenced tells Options.OnFenced that the current epoch is fenced, then
 // asks rejoinLoop for a new one.
 func (n *Node) fenced(err error) {
+	// The fenced turns' events are never exported: forget what they held.
+	n.held.Clear()
 	if n.opts.OnFenced != nil {
 		n.opts.OnFenced(err)
 	}
@@ -345,6 +353,7 @@ func (n *Node) Close(ctx context.Context) error {
 	if err := n.coord.Load().Leave(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	n.interest.Close()
 	if err := n.closeExporters(ctx); err != nil {
 		errs = append(errs, err)
 	}
@@ -433,14 +442,130 @@ func (n *Node) Holder(ctx context.Context, sessionKey string) (runID, replica st
 
 // Export hands ev to the exporter (it never blocks); a fenced replica, or
 // one that left, exports nothing.
+//
+// Only what another replica will show is published (issue 21): a turn's
+// end always (every replica's watchers of the session, the agent calls
+// waiting for it, the numbering a takeover continues), its other events
+// only while another replica wants the session (Interest: it watches it,
+// or asked about it). Until then they are held, in order, with the turn
+// (at most maxHeld; past that the watchers that come later see a gap and
+// reload), and published first when someone starts to want the session
+// mid-turn; at the end of a turn nobody wanted they are dropped unnumbered,
+// so the session's sequence has no hole. A turn nobody else watches thus
+// publishes one frame, its end; its deltas are not sent.
 func (n *Node) Export(ev event.Event) {
 	select {
 	case <-n.coord.Load().Fenced():
 		return
 	default:
 	}
-	n.exp.Publish(ev)
+	key := ev.SessionKey
+	v, held := n.held.Load(key)
+	if !held && n.interest.Wanted(key) {
+		n.exp.Publish(ev)
+		return
+	}
+	if ev.Kind == event.Delta {
+		if held {
+			h := v.(*heldEvents)
+			h.mu.Lock()
+			if n.interest.Wanted(key) {
+				n.releaseLocked(key, h)
+				n.exp.Publish(ev)
+			}
+			h.mu.Unlock()
+		}
+		return // lossy by design: nobody to show it to
+	}
+	if !held {
+		switch ev.Kind {
+		case event.Finished, event.Aborted:
+			n.exp.Publish(ev)
+			return
+		case event.ForceFinalized, event.SessionReset:
+			return // after a turn's end, or outside any: nobody here to show them to
+		}
+		v, _ = n.held.LoadOrStore(key, &heldEvents{})
+	}
+	h := v.(*heldEvents)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case n.interest.Wanted(key):
+		n.releaseLocked(key, h)
+		n.exp.Publish(ev)
+	case ev.Kind.Terminal():
+		h.events, h.lost = nil, false // nobody wanted them: not numbered
+		n.exp.Publish(ev)
+	case len(h.events) >= maxHeld:
+		h.lost = true
+	default:
+		h.events = append(h.events, ev)
+	}
+	if ev.Kind.Terminal() {
+		h.ended = true
+		n.held.CompareAndDelete(key, h)
+	}
 }
+
+// maxHeld bounds the events held for one session's turn while no other
+// replica wants them.
+const maxHeld = 256
+
+// heldEvents are the events of a session's live turn that nobody on
+// another replica wanted when they were published.
+type heldEvents struct {
+	mu     sync.Mutex
+	events []event.Event
+	lost   bool // more than maxHeld: the watchers see a gap where they were
+	ended  bool // the turn's end went out: a new turn holds anew
+}
+
+// releaseLocked publishes what h holds, in order (a frameLost first when
+// some did not fit), and leaves it empty. Called with h.mu held.
+func (n *Node) releaseLocked(key string, h *heldEvents) {
+	if h.lost {
+		n.exp.Lost(key)
+	}
+	for _, ev := range h.events {
+		n.exp.Publish(ev)
+	}
+	h.events, h.lost = nil, false
+}
+
+// wanted is Interest.OnWanted: another replica started to want key (""
+// every session) mid-turn: what its live turn held goes out now.
+func (n *Node) wanted(key string) {
+	release := func(k, v any) bool {
+		h := v.(*heldEvents)
+		h.mu.Lock()
+		if !h.ended && n.interest.Wanted(k.(string)) {
+			n.releaseLocked(k.(string), h)
+		}
+		h.mu.Unlock()
+		return true
+	}
+	if key == "" {
+		n.held.Range(release)
+		return
+	}
+	if v, ok := n.held.Load(key); ok {
+		release(key, v)
+	}
+}
+
+// Watching tells the other replicas that this replica shows sessionKey's
+// events to someone (on) or no longer (off): their turns of it publish
+// their live events only while a replica does (see Export). It never
+// blocks.
+func (n *Node) Watching(sessionKey string, on bool) { n.interest.Watch(sessionKey, on) }
+
+// WatchingAll is Watching for every session (an operator's view of all).
+func (n *Node) WatchingAll(on bool) { n.interest.WatchAll(on) }
+
+// WatchedElsewhere reports whether another replica wants sessionKey's
+// events now.
+func (n *Node) WatchedElsewhere(sessionKey string) bool { return n.interest.Wanted(sessionKey) }
 
 // tookOver exports the end of every turn a takeover ended, then tells
 // Options.OnTakeover. It runs on pgcoord's survey goroutine. The ends go
