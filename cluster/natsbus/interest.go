@@ -157,20 +157,16 @@ func (i *Interest) WatchAll(on bool) {
 
 // Touch makes replica want sessionKey now, for three Refresh periods (its
 // announcements keep it wanted after that while it watches): a replica
-// asking this one about a session it is about to show.
+// asking this one about a session it is about to show. OnWanted is not
+// called: the caller knows.
 func (i *Interest) Touch(replica, sessionKey string) {
 	if replica == i.opt.Replica {
 		return
 	}
 	i.rmu.Lock()
-	_, was := i.touched[sessionKey]
-	fresh := !was && i.counts[sessionKey] == 0 && i.allN == 0
 	i.touched[sessionKey] = time.Now().Add(3 * i.opt.Refresh)
 	i.recount()
 	i.rmu.Unlock()
-	if fresh && i.opt.OnWanted != nil {
-		i.opt.OnWanted(sessionKey)
-	}
 }
 
 // Wanted reports whether another replica wants sessionKey's events. It

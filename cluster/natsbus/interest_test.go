@@ -84,7 +84,7 @@ func TestInterestFollowsTheReplicas(t *testing.T) {
 	wait("a replica gone silent is forgotten", func() bool { return !a.Wanted("s3") })
 
 	a.Touch("late", "s4")
-	if !a.Wanted("s4") || !seenByA.has("s4") {
+	if !a.Wanted("s4") {
 		t.Error("a Touch does not want the session at once")
 	}
 	a.Touch("a", "s5")

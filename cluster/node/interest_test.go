@@ -151,15 +151,31 @@ func TestUnwatchedTurnPublishesAtMostTwo(t *testing.T) {
 		}
 	}
 
-	// A replica that asks about the session is wanted before the answer.
+	// A replica that asks for the session's status (a re-attach) is
+	// wanted before the answer; what the turn held is in that status, so
+	// only what follows it goes out, still with no gap.
 	b.Watching(key, false)
 	testwait.Until(t, 15*time.Second, "a knows b stopped", func() bool { return !a.WatchedElsewhere(key) })
 	a.Serve(&echo{})
-	if _, err := b.ForwardStatus(ctx, "a", key); err != nil {
-		t.Fatal(err)
+	evs = turn(4, func(i int) {
+		if i != 3 {
+			return
+		}
+		if _, err := b.ForwardStatus(ctx, "a", key); err != nil {
+			t.Fatal(err)
+		}
+		if !a.WatchedElsewhere(key) {
+			t.Error("a replica asked for a session's status does not publish its events to the asker")
+		}
+	})
+	waitEnd(evs)
+	if got, want := imported("run-4"), kept(evs[4:]); !reflect.DeepEqual(got, want) {
+		t.Errorf("b, re-attached by a status in the middle of the turn, imported %q; want what followed %q", got, want)
 	}
-	if !a.WatchedElsewhere(key) {
-		t.Error("a replica asked for a session's status does not publish its events to the asker")
+	for _, s := range fromB.Snapshot() {
+		if s == "gap "+key {
+			t.Fatalf("b saw a gap: %q", fromB.Snapshot())
+		}
 	}
 }
 

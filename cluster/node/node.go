@@ -449,9 +449,10 @@ func (n *Node) Holder(ctx context.Context, sessionKey string) (runID, replica st
 // only while another replica wants the session (Interest: it watches it,
 // or asked about it). Until then they are held, in order, with the turn
 // (at most maxHeld; past that the watchers that come later see a gap and
-// reload), and published first when someone starts to want the session
-// mid-turn; at the end of a turn nobody wanted they are dropped unnumbered,
-// so the session's sequence has no hole. A turn nobody else watches thus
+// reload), and published first when a replica announces that it shows the
+// session mid-turn (dropped instead when it asked for the session's status,
+// which holds them); at the end of a turn nobody wanted they are dropped
+// unnumbered, so the session's sequence has no hole. A turn nobody else watches thus
 // publishes one frame, its end; its deltas are not sent.
 func (n *Node) Export(ev event.Event) {
 	select {
@@ -531,6 +532,16 @@ func (n *Node) releaseLocked(key string, h *heldEvents) {
 		n.exp.Publish(ev)
 	}
 	h.events, h.lost = nil, false
+}
+
+// dropHeld forgets what key's live turn held (never numbered: no gap).
+func (n *Node) dropHeld(key string) {
+	if v, ok := n.held.Load(key); ok {
+		h := v.(*heldEvents)
+		h.mu.Lock()
+		h.events, h.lost = nil, false
+		h.mu.Unlock()
+	}
 }
 
 // wanted is Interest.OnWanted: another replica started to want key (""

@@ -121,11 +121,15 @@ func (n *Node) serve(m *nats.Msg, op string, f func(context.Context, Handler, []
 		// The asking replica is about to show the session (a re-attach, a
 		// sender's connection): it wants the session's live events from
 		// now on, before the answer, whatever its announcements say yet.
+		// What the turn held until now is in the status it gets (or, for a
+		// sender, before its time, as on one replica): dropped, not
+		// replayed.
 		var b struct {
 			SessionKey string `json:"sessionKey"`
 		}
 		if json.Unmarshal(m.Data, &b) == nil && b.SessionKey != "" {
 			n.interest.Touch(signer, b.SessionKey)
+			n.dropHeld(b.SessionKey)
 		}
 	}
 	ctx, done, ok := n.serving.begin()
