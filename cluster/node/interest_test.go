@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -177,6 +178,21 @@ func TestUnwatchedTurnPublishesAtMostTwo(t *testing.T) {
 			t.Fatalf("b saw a gap: %q", fromB.Snapshot())
 		}
 	}
+
+	// More than a turn holds: a watcher that comes later sees a gap where
+	// they were (and reloads), never a silent one.
+	b.Watching(key, false)
+	testwait.Until(t, 15*time.Second, "a knows b stopped", func() bool { return !a.WatchedElsewhere(key) })
+	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-5", SessionKey: key, Channel: "ws", Text: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxHeld + 10 {
+		a.Export(event.Event{Kind: event.StepCompleted, RunID: "run-5", SessionKey: key, Seq: uint64(i + 1)})
+	}
+	b.Watching(key, true)
+	testwait.Until(t, 15*time.Second, "b sees a gap where the events that did not fit were", func() bool {
+		return slices.Contains(fromB.Snapshot(), "gap "+key)
+	})
 }
 
 // cut2 splits an Imported line "<kind> <run> <seq>" into kind and run.

@@ -125,6 +125,7 @@ type Node struct {
 	exp        *natsbus.Exporter               // this replica's events; its own Import skips them
 	interest   *natsbus.Interest               // which sessions the other replicas show (Export's filter)
 	held       sync.Map                        // session key → *heldEvents: a live turn's events nobody else wanted yet
+	heldN      atomic.Int64                    // events held, all sessions
 	tkx        *natsbus.Exporter               // the ends of the turns it took over: every Import delivers them
 	coord      atomic.Pointer[pgcoord.Replica] // the current epoch; replaced when a fenced replica joins again
 
@@ -254,7 +255,14 @@ func (n *Node) join(ctx context.Context) (*pgcoord.Replica, error) {
 // asks rejoinLoop for a new one.
 func (n *Node) fenced(err error) {
 	// The fenced turns' events are never exported: forget what they held.
-	n.held.Clear()
+	n.held.Range(func(k, v any) bool {
+		h := v.(*heldEvents)
+		h.mu.Lock()
+		n.clearLocked(h)
+		h.mu.Unlock()
+		n.held.Delete(k)
+		return true
+	})
 	if n.opts.OnFenced != nil {
 		n.opts.OnFenced(err)
 	}
@@ -452,8 +460,8 @@ func (n *Node) Holder(ctx context.Context, sessionKey string) (runID, replica st
 // reload), and published first when a replica announces that it shows the
 // session mid-turn (dropped instead when it asked for the session's status,
 // which holds them); at the end of a turn nobody wanted they are dropped
-// unnumbered, so the session's sequence has no hole. A turn nobody else watches thus
-// publishes one frame, its end; its deltas are not sent.
+// unnumbered, so the session's sequence has no hole. A turn nobody else
+// watches thus publishes one frame, its end; its deltas are not sent.
 func (n *Node) Export(ev event.Event) {
 	select {
 	case <-n.coord.Load().Fenced():
@@ -466,42 +474,41 @@ func (n *Node) Export(ev event.Event) {
 		n.exp.Publish(ev)
 		return
 	}
-	if ev.Kind == event.Delta {
-		if held {
-			h := v.(*heldEvents)
-			h.mu.Lock()
-			if n.interest.Wanted(key) {
-				n.releaseLocked(key, h)
-				n.exp.Publish(ev)
-			}
-			h.mu.Unlock()
-		}
-		return // lossy by design: nobody to show it to
-	}
 	if !held {
 		switch ev.Kind {
 		case event.Finished, event.Aborted:
 			n.exp.Publish(ev)
 			return
-		case event.ForceFinalized, event.SessionReset:
-			return // after a turn's end, or outside any: nobody here to show them to
+		case event.Delta, event.ForceFinalized, event.SessionReset:
+			// A delta is lossy by design; the others come after a turn's
+			// end, or outside any: nobody here to show them to.
+			return
 		}
 		v, _ = n.held.LoadOrStore(key, &heldEvents{})
 	}
 	h := v.(*heldEvents)
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if ev.RunID != "" && h.run != ev.RunID {
+		// What an earlier turn held whose end never went out from here
+		// (it was not this replica's to end): nobody will see that turn end.
+		n.clearLocked(h)
+		h.run = ev.RunID
+	}
 	switch {
 	case n.interest.Wanted(key):
 		n.releaseLocked(key, h)
 		n.exp.Publish(ev)
 	case ev.Kind.Terminal():
-		h.events, h.lost = nil, false // nobody wanted them: not numbered
+		n.clearLocked(h) // nobody wanted them: not numbered
 		n.exp.Publish(ev)
-	case len(h.events) >= maxHeld:
+	case ev.Kind == event.Delta:
+	case len(h.events) >= maxHeld || n.heldN.Load() >= maxHeldTotal:
 		h.lost = true
 	default:
+		ev.Locals = nil // the run's, not the exporter's
 		h.events = append(h.events, ev)
+		n.heldN.Add(1)
 	}
 	if ev.Kind.Terminal() {
 		h.ended = true
@@ -509,14 +516,19 @@ func (n *Node) Export(ev event.Event) {
 	}
 }
 
-// maxHeld bounds the events held for one session's turn while no other
-// replica wants them.
-const maxHeld = 256
+// maxHeld bounds the events held for one session's turn, and maxHeldTotal
+// those of all of this replica's turns together, while no other replica
+// wants them; past either, a watcher that comes later sees a gap there.
+const (
+	maxHeld      = 128
+	maxHeldTotal = 1 << 16
+)
 
 // heldEvents are the events of a session's live turn that nobody on
 // another replica wanted when they were published.
 type heldEvents struct {
 	mu     sync.Mutex
+	run    string // the turn they are of
 	events []event.Event
 	lost   bool // more than maxHeld: the watchers see a gap where they were
 	ended  bool // the turn's end went out: a new turn holds anew
@@ -531,6 +543,13 @@ func (n *Node) releaseLocked(key string, h *heldEvents) {
 	for _, ev := range h.events {
 		n.exp.Publish(ev)
 	}
+	n.clearLocked(h)
+}
+
+// clearLocked empties h (what it held is never numbered: no gap). Called
+// with h.mu held.
+func (n *Node) clearLocked(h *heldEvents) {
+	n.heldN.Add(-int64(len(h.events)))
 	h.events, h.lost = nil, false
 }
 
@@ -539,7 +558,7 @@ func (n *Node) dropHeld(key string) {
 	if v, ok := n.held.Load(key); ok {
 		h := v.(*heldEvents)
 		h.mu.Lock()
-		h.events, h.lost = nil, false
+		n.clearLocked(h)
 		h.mu.Unlock()
 	}
 }
