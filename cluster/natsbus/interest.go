@@ -66,6 +66,7 @@ type Interest struct {
 	allN    int            // replicas that want every session
 	touched map[string]time.Time
 	any     atomic.Int64 // len(counts) + allN + len(touched): 0 means nobody wants anything
+	anyAll  atomic.Bool  // allN > 0: every session is wanted
 }
 
 type remoteInterest struct {
@@ -170,10 +171,13 @@ func (i *Interest) Touch(replica, sessionKey string) {
 }
 
 // Wanted reports whether another replica wants sessionKey's events. It
-// takes no lock while nobody wants anything.
+// takes no lock while nobody wants anything, or somebody everything.
 func (i *Interest) Wanted(sessionKey string) bool {
 	if i.any.Load() == 0 {
 		return false
+	}
+	if i.anyAll.Load() {
+		return true
 	}
 	i.rmu.RLock()
 	defer i.rmu.RUnlock()
@@ -187,6 +191,7 @@ func (i *Interest) Wanted(sessionKey string) bool {
 // recount is called with rmu held.
 func (i *Interest) recount() {
 	i.any.Store(int64(len(i.counts) + i.allN + len(i.touched)))
+	i.anyAll.Store(i.allN > 0)
 }
 
 // announceLocked sends the whole local set; called with i.mu held.
