@@ -143,8 +143,11 @@ load: deps
 ## three replicas"): turns/s on a cluster of one vs three, run end → final on the owner and on another
 ## replica at an offered rate with step-timeout aborts mixed in (each replica's abort lateness), the busy
 ## answer's latency, and SIGKILL takeovers (1, 1,000, 10,000 hanging turns on the killed replica);
-## counters that must be 0. Starts 3 nats-server, PostgreSQL and 3 built gateways on loopback, all
-## bounded (-max). Gateway logs: artifacts/load-cluster/.
+## counters that must be 0; for the scaling and final phases the CPU per turn of every process (each
+## replica, PostgreSQL with its children, each NATS node) and in total, and per turn the commits,
+## statements, WAL records and flushes (pg_stat_*) and JetStream publishes (streams, /varz). Starts
+## 3 nats-server, PostgreSQL and 3 built gateways on loopback, all bounded (-max). Gateway logs:
+## artifacts/load-cluster/.
 LOADCLUSTERFLAGS ?= -replicas 3 -sessions 600 -turns 10 -rate 2000 -kills 1:50,1000:10,10000:3 -max 40m
 load-cluster: export TURNGUARD_NATS_SERVER := $(CURDIR)/bin/nats-server
 load-cluster: export TURNGUARD_GATEWAY_BIN := $(CURDIR)/bin/gateway

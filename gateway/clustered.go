@@ -415,6 +415,37 @@ func (e *Engine) Import(h event.Handler, gap func(sessionKey string)) (stop func
 	return e.cluster.Import(h, gap)
 }
 
+// Watches is what a Cluster may do beyond the interface: be told which
+// sessions this replica's channels show, so that the other replicas
+// publish a turn's live events only while some replica shows them
+// (cluster/node: a turn nobody else watches publishes only its end).
+// A Cluster without it carries every event to every replica.
+type Watches interface {
+	// Watching: this replica shows sessionKey's events to someone (on)
+	// or no longer (off). It must not block.
+	Watching(sessionKey string, on bool)
+	// WatchingAll is Watching for every session.
+	WatchingAll(on bool)
+}
+
+// Watching tells the cluster (if it asks, Watches) that a channel here
+// shows session key's events to someone (on) or no longer (off): the first
+// watcher of the session on this replica and its last. Called, in order,
+// for each change; it never blocks. Without a cluster it does nothing.
+func (e *Engine) Watching(key string, on bool) {
+	if w, ok := e.cluster.(Watches); ok {
+		w.Watching(key, on)
+	}
+}
+
+// WatchingAll is Watching for every session (a connection that follows
+// all of them, as the operator's view does).
+func (e *Engine) WatchingAll(on bool) {
+	if w, ok := e.cluster.(Watches); ok {
+		w.WatchingAll(on)
+	}
+}
+
 // RestoreQueuedOf runs the stored queued messages of sessionKeys (cluster
 // mode): the sessions of the turns this replica just took over from a dead
 // one, whose queued messages died with its memory. Each is sent as if it

@@ -388,6 +388,7 @@ func (s *Server) watch(c *conn, key string) bool {
 		s.watchedKeys.Store(key, struct{}{})
 		s.watchedN.Add(1)
 		s.watchGen.Add(1)
+		s.eng.Watching(key, true) // cluster mode: the owner publishes its live events
 	}
 	if _, ok := m[c]; !ok {
 		m[c] = struct{}{}
@@ -407,15 +408,25 @@ func (s *Server) watchEverything(c *conn, on bool) {
 	} else {
 		delete(s.watchAll, c)
 	}
-	s.watchAllN.Store(int32(len(s.watchAll)))
+	s.setWatchAllNLocked()
 	c.all = on
+}
+
+// setWatchAllNLocked publishes len(s.watchAll) to the lock-free index and
+// tells the engine when the first connection follows every session or the
+// last stops. Called with watchMu held.
+func (s *Server) setWatchAllNLocked() {
+	n := int32(len(s.watchAll))
+	if old := s.watchAllN.Swap(n); (old == 0) != (n == 0) {
+		s.eng.WatchingAll(n > 0)
+	}
 }
 
 func (s *Server) unwatch(c *conn) {
 	s.watchMu.Lock()
 	defer s.watchMu.Unlock()
 	delete(s.watchAll, c)
-	s.watchAllN.Store(int32(len(s.watchAll)))
+	s.setWatchAllNLocked()
 	for _, k := range c.watchKeys {
 		if m := s.watchers[k]; m != nil {
 			delete(m, c)
@@ -424,6 +435,7 @@ func (s *Server) unwatch(c *conn) {
 				s.watchedKeys.Delete(k)
 				s.watchedN.Add(-1)
 				s.watchGen.Add(1)
+				s.eng.Watching(k, false)
 			}
 		}
 	}

@@ -591,6 +591,28 @@ func Import(t testing.TB, c gateway.Cluster) *Imported {
 	return l
 }
 
+// ImportWatching is Import by a replica that shows every session (as a
+// connection following all of them does: gateway.Watches.WatchingAll),
+// returned once each of from knows it, when they tell (a cluster that
+// publishes a turn's live events only to the replicas that watch it:
+// cluster/node). Without Watches every event reaches every replica anyway.
+func ImportWatching(t testing.TB, c gateway.Cluster, from ...gateway.Cluster) *Imported {
+	t.Helper()
+	l := Import(t, c)
+	w, ok := c.(gateway.Watches)
+	if !ok {
+		return l
+	}
+	w.WatchingAll(true)
+	t.Cleanup(func() { w.WatchingAll(false) })
+	for _, f := range from {
+		if k, ok := f.(interface{ WatchedElsewhere(string) bool }); ok {
+			testwait.Until(t, 15*time.Second, f.Replica()+" knows that "+c.Replica()+" watches", func() bool { return k.WatchedElsewhere("any") })
+		}
+	}
+	return l
+}
+
 func turnEvents(runID, sessionKey string, n int) []event.Event {
 	var out []event.Event
 	for i := 1; i <= n; i++ {
@@ -609,7 +631,7 @@ func turnEvents(runID, sessionKey string, n int) []event.Event {
 
 func exportReachesOnlyTheOthers(s *suite, p Pair) {
 	t := s.t
-	fromA, fromB := Import(t, p.A), Import(t, p.B)
+	fromA, fromB := ImportWatching(t, p.A, p.B), ImportWatching(t, p.B, p.A)
 	const n = 40
 	var want []string
 	for _, ev := range turnEvents("run-a", s.key, n) {

@@ -5,7 +5,7 @@
 // nothing and keeps nothing that matters after a restart — PostgreSQL
 // does. It imports only the vocabulary (event/).
 //
-// Three parts:
+// Four parts:
 //
 //   - the wire: a binary frame per NATS message carrying every Event field
 //     but Locals, plus the transport's per-session sequence (wire.go);
@@ -13,6 +13,9 @@
 //     but Delta) with a per-session sequence that continues across owners,
 //     and publishes them to a JetStream memory stream; deltas go to a core
 //     subject outside the stream and may drop;
+//   - Interest, the replicas' registry of the sessions each shows to
+//     someone, so an owner publishes a turn's live events only while
+//     another replica will deliver them (interest.go);
 //   - Watcher, the other side: delivers one session's (or every session's)
 //     events in sequence order, drops late and duplicate frames, repairs a
 //     gap from the stream and, when it cannot, reports it (OnGap, a

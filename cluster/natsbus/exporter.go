@@ -232,6 +232,17 @@ func (x *Exporter) refuse(ev event.Event, cause error) {
 	x.report(&PublishError{SessionKey: ev.SessionKey, Kind: ev.Kind, Err: cause})
 }
 
+// Lost records that kept events of sessionKey were left out of its
+// sequence by the caller (not handed to Publish): the session's next
+// frame is a frameLost, so its watchers see a gap there (and reload)
+// instead of missing them silently.
+func (x *Exporter) Lost(sessionKey string) {
+	x.mu.Lock()
+	x.lost[sessionKey]++
+	x.owe.Store(true)
+	x.mu.Unlock()
+}
+
 func (x *Exporter) report(err error) {
 	if x.opt.OnError != nil {
 		x.opt.OnError(err)

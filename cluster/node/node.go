@@ -123,6 +123,9 @@ type Node struct {
 	natsClosed chan struct{}
 	cfg        natsbus.Config
 	exp        *natsbus.Exporter               // this replica's events; its own Import skips them
+	interest   *natsbus.Interest               // which sessions the other replicas show (Export's filter)
+	held       sync.Map                        // session key → *heldEvents: a live turn's events nobody else wanted yet
+	heldN      atomic.Int64                    // events held, all sessions
 	tkx        *natsbus.Exporter               // the ends of the turns it took over: every Import delivers them
 	coord      atomic.Pointer[pgcoord.Replica] // the current epoch; replaced when a fenced replica joins again
 
@@ -208,6 +211,10 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		xo.Buffer = 4096
 		n.tkx, err = natsbus.NewExporter(ctx, n.nc, xo)
 	}
+	if err == nil {
+		n.interest, err = natsbus.NewInterest(n.nc, natsbus.InterestOptions{Config: n.cfg, Replica: opts.ReplicaID,
+			OnWanted: n.wanted, OnError: func(err error) { n.log.Warn("cluster: watch interest", "error", err) }})
+	}
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -247,6 +254,15 @@ func (n *Node) join(ctx context.Context) (*pgcoord.Replica, error) {
 // fenced tells Options.OnFenced that the current epoch is fenced, then
 // asks rejoinLoop for a new one.
 func (n *Node) fenced(err error) {
+	// The fenced turns' events are never exported: forget what they held.
+	n.held.Range(func(k, v any) bool {
+		h := v.(*heldEvents)
+		h.mu.Lock()
+		n.clearLocked(h)
+		h.mu.Unlock()
+		n.held.Delete(k)
+		return true
+	})
 	if n.opts.OnFenced != nil {
 		n.opts.OnFenced(err)
 	}
@@ -345,6 +361,7 @@ func (n *Node) Close(ctx context.Context) error {
 	if err := n.coord.Load().Leave(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	n.interest.Close()
 	if err := n.closeExporters(ctx); err != nil {
 		errs = append(errs, err)
 	}
@@ -433,14 +450,152 @@ func (n *Node) Holder(ctx context.Context, sessionKey string) (runID, replica st
 
 // Export hands ev to the exporter (it never blocks); a fenced replica, or
 // one that left, exports nothing.
+//
+// Only what another replica will show is published (issue 21): a turn's
+// end always (every replica's watchers of the session, the agent calls
+// waiting for it, the numbering a takeover continues), its other events
+// only while another replica wants the session (Interest: it watches it,
+// or asked about it). Until then they are held, in order, with the turn
+// (at most maxHeld; past that the watchers that come later see a gap and
+// reload), and published first when a replica announces that it shows the
+// session mid-turn (dropped instead when it asked for the session's status,
+// which holds them); at the end of a turn nobody wanted they are dropped
+// unnumbered, so the session's sequence has no hole. A turn nobody else
+// watches thus publishes one frame, its end; its deltas are not sent.
 func (n *Node) Export(ev event.Event) {
 	select {
 	case <-n.coord.Load().Fenced():
 		return
 	default:
 	}
-	n.exp.Publish(ev)
+	key := ev.SessionKey
+	v, held := n.held.Load(key)
+	if !held && n.interest.Wanted(key) {
+		n.exp.Publish(ev)
+		return
+	}
+	if !held {
+		switch ev.Kind {
+		case event.Finished, event.Aborted:
+			n.exp.Publish(ev)
+			return
+		case event.Delta, event.ForceFinalized, event.SessionReset:
+			// A delta is lossy by design; the others come after a turn's
+			// end, or outside any: nobody here to show them to.
+			return
+		}
+		v, _ = n.held.LoadOrStore(key, &heldEvents{})
+	}
+	h := v.(*heldEvents)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ev.RunID != "" && h.run != ev.RunID {
+		// What an earlier turn held whose end never went out from here
+		// (it was not this replica's to end): nobody will see that turn end.
+		n.clearLocked(h)
+		h.run = ev.RunID
+	}
+	switch {
+	case n.interest.Wanted(key):
+		n.releaseLocked(key, h)
+		n.exp.Publish(ev)
+	case ev.Kind.Terminal():
+		n.clearLocked(h) // nobody wanted them: not numbered
+		n.exp.Publish(ev)
+	case ev.Kind == event.Delta:
+	case len(h.events) >= maxHeld || n.heldN.Load() >= maxHeldTotal:
+		h.lost = true
+	default:
+		ev.Locals = nil // the run's, not the exporter's
+		h.events = append(h.events, ev)
+		n.heldN.Add(1)
+	}
+	if ev.Kind.Terminal() {
+		h.ended = true
+		n.held.CompareAndDelete(key, h)
+	}
 }
+
+// maxHeld bounds the events held for one session's turn, and maxHeldTotal
+// those of all of this replica's turns together, while no other replica
+// wants them; past either, a watcher that comes later sees a gap there.
+const (
+	maxHeld      = 128
+	maxHeldTotal = 1 << 16
+)
+
+// heldEvents are the events of a session's live turn that nobody on
+// another replica wanted when they were published.
+type heldEvents struct {
+	mu     sync.Mutex
+	run    string // the turn they are of
+	events []event.Event
+	lost   bool // more than maxHeld: the watchers see a gap where they were
+	ended  bool // the turn's end went out: a new turn holds anew
+}
+
+// releaseLocked publishes what h holds, in order (a frameLost first when
+// some did not fit), and leaves it empty. Called with h.mu held.
+func (n *Node) releaseLocked(key string, h *heldEvents) {
+	if h.lost {
+		n.exp.Lost(key)
+	}
+	for _, ev := range h.events {
+		n.exp.Publish(ev)
+	}
+	n.clearLocked(h)
+}
+
+// clearLocked empties h (what it held is never numbered: no gap). Called
+// with h.mu held.
+func (n *Node) clearLocked(h *heldEvents) {
+	n.heldN.Add(-int64(len(h.events)))
+	h.events, h.lost = nil, false
+}
+
+// dropHeld forgets what key's live turn held (never numbered: no gap).
+func (n *Node) dropHeld(key string) {
+	if v, ok := n.held.Load(key); ok {
+		h := v.(*heldEvents)
+		h.mu.Lock()
+		n.clearLocked(h)
+		h.mu.Unlock()
+	}
+}
+
+// wanted is Interest.OnWanted: another replica started to want key (""
+// every session) mid-turn: what its live turn held goes out now.
+func (n *Node) wanted(key string) {
+	release := func(k, v any) bool {
+		h := v.(*heldEvents)
+		h.mu.Lock()
+		if !h.ended && n.interest.Wanted(k.(string)) {
+			n.releaseLocked(k.(string), h)
+		}
+		h.mu.Unlock()
+		return true
+	}
+	if key == "" {
+		n.held.Range(release)
+		return
+	}
+	if v, ok := n.held.Load(key); ok {
+		release(key, v)
+	}
+}
+
+// Watching tells the other replicas that this replica shows sessionKey's
+// events to someone (on) or no longer (off): their turns of it publish
+// their live events only while a replica does (see Export). It never
+// blocks.
+func (n *Node) Watching(sessionKey string, on bool) { n.interest.Watch(sessionKey, on) }
+
+// WatchingAll is Watching for every session (an operator's view of all).
+func (n *Node) WatchingAll(on bool) { n.interest.WatchAll(on) }
+
+// WatchedElsewhere reports whether another replica wants sessionKey's
+// events now.
+func (n *Node) WatchedElsewhere(sessionKey string) bool { return n.interest.Wanted(sessionKey) }
 
 // tookOver exports the end of every turn a takeover ended, then tells
 // Options.OnTakeover. It runs on pgcoord's survey goroutine. The ends go

@@ -129,7 +129,7 @@ func TestSessionMovingBetweenReplicasStaysInOrder(t *testing.T) {
 	c := natstest.Start(t, 1)
 	dbURL := pgtest.New(t)
 	a, b, w := start(t, dbURL, c, "a"), start(t, dbURL, c, "b"), start(t, dbURL, c, "w")
-	seen := clustertest.Import(t, w)
+	seen := clustertest.ImportWatching(t, w, a, b)
 	ctx := testContext(t, 30*time.Second)
 	const key = "ws:moving"
 	var want []string
@@ -272,7 +272,7 @@ func TestTakeoverEndIsSeenEverywhereBeforeTheNextTurn(t *testing.T) {
 	b, d := start(t, dbURL, c, "b", next("b")), start(t, dbURL, c, "d", next("d"))
 	survivors.Store("b", b)
 	survivors.Store("d", d)
-	fromB, fromD := clustertest.Import(t, b), clustertest.Import(t, d)
+	fromB, fromD := clustertest.ImportWatching(t, b, a, d), clustertest.ImportWatching(t, d, a, b)
 	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: key, Channel: "ws", Text: "hi"}); err != nil {
 		t.Fatal(err)
 	}
@@ -493,7 +493,7 @@ func TestFencedReplicaJoinsAgain(t *testing.T) {
 		o.RejoinAfter = 50 * time.Millisecond
 	})
 	b := start(t, dbURL, c, "b")
-	fromB := clustertest.Import(t, b)
+	fromB := clustertest.ImportWatching(t, b, a)
 	if err := a.Claim(ctx, gateway.ClaimRequest{RunID: "run-1", SessionKey: "ws:r", Channel: "ws"}); err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func (n *Node) Serve(h Handler) {
 	n.serveOnce.Do(func() {
 		n.serving.init()
 		for op, f := range map[string]func(context.Context, Handler, []byte) answer{"send": serveSend, "abort": serveAbort, "resolve": serveResolve, "stop": serveStop, "status": serveStatus} {
-			sub, err := n.nc.Subscribe(rpcSubject(n.opts.ReplicaID, op), func(m *nats.Msg) { n.serve(m, f) })
+			sub, err := n.nc.Subscribe(rpcSubject(n.opts.ReplicaID, op), func(m *nats.Msg) { n.serve(m, op, f) })
 			if err != nil {
 				n.log.Error("cluster: cannot answer forwarded requests", "op", op, "error", err)
 				continue
@@ -111,10 +111,26 @@ func (n *Node) Serve(h Handler) {
 // is not handled: its body — the operator flag, the owner, the requester —
 // is nobody's word. It is answered as refused, counted (Refused) and
 // logged at most once every refusedLogEvery.
-func (n *Node) serve(m *nats.Msg, f func(context.Context, Handler, []byte) answer) {
-	if _, err := n.opts.Auth.Verify(m.Subject, m.Header, m.Data, true); err != nil {
+func (n *Node) serve(m *nats.Msg, op string, f func(context.Context, Handler, []byte) answer) {
+	signer, err := n.opts.Auth.Verify(m.Subject, m.Header, m.Data, true)
+	if err != nil {
 		n.refuse(m, err)
 		return
+	}
+	if op == "status" || op == "send" {
+		// The asking replica is about to show the session (a re-attach, a
+		// sender's connection): it wants the session's live events from
+		// now on, before the answer, whatever its announcements say yet.
+		// What the turn held until now is in the status it gets (or, for a
+		// sender, before its time, as on one replica): dropped, not
+		// replayed.
+		var b struct {
+			SessionKey string `json:"sessionKey"`
+		}
+		if json.Unmarshal(m.Data, &b) == nil && b.SessionKey != "" {
+			n.interest.Touch(signer, b.SessionKey)
+			n.dropHeld(b.SessionKey)
+		}
 	}
 	ctx, done, ok := n.serving.begin()
 	if !ok {

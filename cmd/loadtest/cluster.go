@@ -117,6 +117,9 @@ func runCluster(co clusterOptions) error {
 			return fmt.Errorf("-phases: unknown phase %q (scaling, final, busy, takeover)", p)
 		}
 	}
+	if co.replicas < 2 && (want["busy"] || want["takeover"]) {
+		return fmt.Errorf("-phases busy and takeover need -replicas ≥ 2 (a replica to forward through, survivors)")
+	}
 	defer pgtest.Stop()
 	co.deadline = time.Now().Add(co.max)
 	co.stopping = new(atomic.Bool)
@@ -358,16 +361,18 @@ func (r *refusals) String() string {
 // and through three, the same sessions and turns.
 func scalingPhase(r *tb.Run, co clusterOptions) error {
 	var figures []string
-	for _, n := range []int{1, co.replicas} {
+	for _, n := range slices.Compact([]int{1, co.replicas}) {
 		var tps float64
 		err := tb.Do(fmt.Sprintf("%s_scaling%d", co.runName, n), co.logf, func(r *tb.Run) error {
 			c := startRig(r, co, n, 0)
+			cost := startCost(r, c)
 			cpu := startCPU(c)
 			res, err := driveCluster(r, co, c, 0, 0)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(co.out, "scaling, %d replica(s): CPU %s\n", n, cpu)
+			cost.finish(co.out, fmt.Sprintf("scaling, %d replica(s)", n), res.turns)
 			tps = res.turnsPerSecond
 			fmt.Fprintf(co.out, "scaling, %d replica(s): %d sessions × %d turns of %q, closed loop: %.0f turns/s (%d turns in %.2fs), sender p50/p99 run end → final %s / %s; sends refused and retried: %s; watcher closes: %s (%d ends missed meanwhile); sender closes: %d\n",
 				n, co.sessions, co.turns, co.script, res.turnsPerSecond, res.turns, res.elapsed.Seconds(),
@@ -389,12 +394,14 @@ func scalingPhase(r *tb.Run, co clusterOptions) error {
 // aborts. Then every replica's abort lateness.
 func finalPhase(r *tb.Run, co clusterOptions) error {
 	c := startRig(r, co, co.replicas, co.stepTimeout)
+	cost := startCost(r, c)
 	cpu := startCPU(c)
 	res, err := driveCluster(r, co, c, co.rate, co.abortEvery)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(co.out, "final: CPU %s\n", cpu)
+	cost.finish(co.out, "final", res.turns)
 	fmt.Fprintf(co.out, "final: %d sessions × %d turns of %q, offered %.0f turns/s over %d replicas: achieved %.0f turns/s (%d turns in %.2fs, %d sends late by > 100 ms)\n",
 		co.sessions, co.turns, co.script, co.rate, co.replicas, res.turnsPerSecond, res.turns, res.elapsed.Seconds(), res.lateSends)
 	fmt.Fprintf(co.out, "final: run end → final, same replica (the sender, on the owner): p50 %s  p99 %s  max %s  (%d)\n",
@@ -1153,25 +1160,18 @@ func pollDB(db *pgx.Conn, within time.Duration, ok func(running int) bool, repli
 	}
 }
 
-// procCPU is a process's user+system CPU time from /proc/PID/stat (0 when
-// unreadable).
+// procCPU is a process's own user+system CPU time from /proc/PID/stat (0
+// when unreadable).
 func procCPU(pid int) time.Duration {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
+	p, err := parseProcStat(b)
+	if err != nil {
 		return 0
 	}
-	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state): utime is field 14, stime 15
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+	return ticks(p.utime + p.stime)
 }
 
 // machineCPU is the busy and total CPU time of the whole machine from

@@ -76,7 +76,7 @@ func main() {
 	flag.IntVar(&o.dialPar, "dial-parallel", 200, "connections opened at once while connecting")
 	flag.DurationVar(&o.turnWait, "turn-wait", 30*time.Second, "how long a client waits for a turn's terminal event before counting it lost")
 	flag.StringVar(&o.gateway, "gateway", envOr(clusterrig.EnvGatewayBin, "bin/gateway"), "the gateway binary, run as a child process on a real SQLite file (default $"+clusterrig.EnvGatewayBin+" or bin/gateway)")
-	flag.IntVar(&o.replicas, "replicas", 0, "cluster mode: start a whole cluster (3 nats-server, PostgreSQL, this many built gateways; make load-cluster) and measure it (0: one process)")
+	flag.IntVar(&o.replicas, "replicas", 0, "cluster mode: start a whole cluster (3 nats-server, PostgreSQL, this many built gateways; make load-cluster) and measure it (0: one process; 1: the phases scaling and final only)")
 	flag.DurationVar(&o.lease, "lease", 3*time.Second, "cluster mode: cluster.leaseSeconds")
 	flag.StringVar(&o.phases, "phases", "scaling,final,busy,takeover", "cluster mode: which measurements, in this order")
 	flag.IntVar(&o.sessions, "sessions", 600, "cluster mode: sessions of the scaling and final phases (one turn at a time each)")
@@ -208,8 +208,8 @@ type turnCPU struct {
 
 // clusterMain runs the cluster mode with o's flags.
 func clusterMain(o options) error {
-	if o.replicas < 2 || o.replicas > 5 {
-		return fmt.Errorf("-replicas %d: want 2–5", o.replicas)
+	if o.replicas < 1 || o.replicas > 5 {
+		return fmt.Errorf("-replicas %d: want 1–5", o.replicas)
 	}
 	if o.sessions < 1 || o.turns < 1 || o.conns < 0 || o.sessions > 20000 || o.turns > 1000 {
 		return errors.New("-sessions (1–20000) and -turns (1–1000) must be ≥ 1, -conns ≥ 0")

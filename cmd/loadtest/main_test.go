@@ -65,6 +65,9 @@ func TestClusterModeTiny(t *testing.T) {
 	}
 	for _, want := range []string{
 		`scaling: turns/s by replicas 1: \d+, 3: \d+`,
+		`scaling, 3 replica\(s\): CPU per turn, cluster total \(gateways \+ PostgreSQL \+ NATS\) \d+\.\d+ ms: gateways`,
+		`scaling, 1 replica\(s\): PostgreSQL per turn \(fsync=\w+, synchronous_commit=\w+\): \d+\.\d+ commits, \d+\.\d+ statements`,
+		`final: NATS per turn: \d+\.\d+ JetStream publishes stored \(TG_EVENTS \d+\.\d+`,
 		`final: run end → final, same replica .* p50 \S+ ms +p99 \S+ ms .*\(6\)`,
 		`final: run end → final, other replica .* p50 \S+ ms +p99 \S+ ms .*\(6\)`,
 		`abort lateness r1: p99 ≤ \S+ \(bucket \S+\) over [1-9]\d* deadline aborts`,

@@ -68,6 +68,7 @@ type node struct {
 	name        string
 	clientPort  int
 	clusterPort int
+	monitorPort int // HTTP monitoring (/varz, /jsz) on 127.0.0.1
 	dir         string
 	log         *testlog.Buffer
 	cmd         *exec.Cmd
@@ -112,12 +113,13 @@ func start(t tb.TB, n int, users []busauth.User) *Cluster {
 			t.Fatalf("natstest: write the authorization: %v", err)
 		}
 	}
-	ports := FreePorts(t, 2*n)
+	ports := FreePorts(t, 3*n)
 	for i := range n {
 		c.nodes = append(c.nodes, &node{
 			name:        fmt.Sprintf("n%d", i),
-			clientPort:  ports[2*i],
-			clusterPort: ports[2*i+1],
+			clientPort:  ports[3*i],
+			clusterPort: ports[3*i+1],
+			monitorPort: ports[3*i+2],
 			dir:         t.TempDir(),
 			log:         new(testlog.Buffer),
 		})
@@ -172,6 +174,23 @@ func (c *Cluster) adminAuth() nats.Option {
 		return func(*nats.Options) error { return nil }
 	}
 	return nats.UserInfo(c.admin.Name, c.admin.Password)
+}
+
+// MonitorURL returns node i's HTTP monitoring endpoint
+// (http://127.0.0.1:port; /varz, /jsz), loopback only and without
+// authentication, as nats-server serves it.
+func (c *Cluster) MonitorURL(i int) string {
+	return "http://127.0.0.1:" + strconv.Itoa(c.nodes[i].monitorPort)
+}
+
+// PID returns node i's current process id (0 when it never started).
+func (c *Cluster) PID(i int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cmd := c.nodes[i].cmd; cmd != nil && cmd.Process != nil {
+		return cmd.Process.Pid
+	}
+	return 0
 }
 
 // Size is the number of nodes.
@@ -259,6 +278,7 @@ func (c *Cluster) start(i int) {
 		"--name", nd.name,
 		"--addr", "127.0.0.1",
 		"--port", strconv.Itoa(nd.clientPort),
+		"--http_port", strconv.Itoa(nd.monitorPort),
 		"--jetstream",
 		"--store_dir", nd.dir,
 	}

@@ -153,6 +153,16 @@ func Password() string {
 	return srv.password
 }
 
+// PID returns the test binary's server's process id (the postmaster,
+// whose children are the backends and the background processes), 0 when
+// no server runs: load tests read the CPU of the whole server from it.
+func PID() int {
+	if srv == nil || srv.cmd == nil || srv.cmd.Process == nil {
+		return 0
+	}
+	return srv.cmd.Process.Pid
+}
+
 var unsafeChars = regexp.MustCompile(`[^a-z0-9_]+`)
 
 // dbName is a unique database name derived from the test's name.
