@@ -1,0 +1,195 @@
+package main
+
+// Resume after a crash (agents.defaults.resume): the built binary is killed
+// with SIGKILL in the middle of a turn and started again on the same
+// SQLite file; what the person reads afterwards is checked. Resume off
+// (the default) is TestCrashInterruptedNoticeOnce and
+// TestCrashTelegramInterruptedNoticeOnce: today's notice, nothing run again.
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/turnguard/turnguard/internal/fakebot"
+	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/store"
+)
+
+// withResume turns resume on, with maxAttempts attempts, in a crashConfig
+// (or telegramConfig).
+func withResume(cfg string, maxAttempts int) string {
+	return strings.Replace(cfg, "    abortGraceSeconds: 5\n",
+		fmt.Sprintf("    abortGraceSeconds: 5\n    resume:\n      enabled: true\n      maxAttempts: %d\n", maxAttempts), 1)
+}
+
+// killIn kills the gateway p once the store file records run in step
+// current (so the kill cannot race the asynchronous writer).
+func killIn(t *testing.T, p *gatewayProc, db, run, current string) {
+	t.Helper()
+	waitCurrentStep(t, db, run, current)
+	p.signal(syscall.SIGKILL)
+	p.wait(5 * time.Second)
+}
+
+// stopClean stops the gateway p with SIGTERM and fails unless it exits 0.
+func stopClean(t *testing.T, p *gatewayProc) {
+	t.Helper()
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+// TestResumeAfterSIGKILL: a WebSocket turn cut off by a SIGKILL while the
+// model was answering (replay-safe) runs again at the next start, as its
+// attempt 2 of 3: its person finds in chat.history the resuming notice,
+// their message, and the reply of the resumed attempt — whose agent was
+// told that its previous attempt was interrupted while the model was
+// running. A further restart runs nothing again.
+func TestResumeAfterSIGKILL(t *testing.T) {
+	dir := t.TempDir()
+	cfg := withResume(crashConfig(dir), 3)
+	db := filepath.Join(dir, "gateway.db")
+	const run, session, ask = "run-resume", "main", "/steps llm:5s say:Resumed_fine"
+	next := store.ResumeRunID(run, 2)
+
+	p := startGateway(t, dir, cfg)
+	cl := dialGateway(t, p.addr, testToken)
+	chatSend(cl, session, run, ask)
+	killIn(t, p, db, run, "demo")
+
+	for restart := 1; restart <= 2; restart++ {
+		p := startGateway(t, dir, cfg)
+		waitTurn(t, db, next, "finished", func(tr store.Turn) bool { return tr.State == store.TurnFinished })
+		cl := dialGateway(t, p.addr, testToken)
+		var got []string
+		for _, m := range history(t, cl, session) {
+			for _, c := range m.Content {
+				got = append(got, m.Role+"/"+m.StopReason+": "+c.Text)
+			}
+		}
+		if len(got) != 4 || got[0] != "user/: "+ask || got[2] != "user/: "+ask ||
+			got[1] != "assistant/interrupted: 🔄 Your request was interrupted by a server problem while the model was running — resuming it (attempt 2 of 3)…" ||
+			!strings.HasPrefix(got[3], "assistant/stop: 📨 Noted: [Gateway note: this is attempt 2 of 3 of the request below. "+
+				"The previous attempt was interrupted by a server restart while the model was running.") ||
+			!strings.HasSuffix(got[3], "Resumed fine") {
+			t.Fatalf("after restart %d the history reads:\n%s", restart, strings.Join(got, "\n"))
+		}
+		if n := strings.Count(p.log(), "is resumed"); n != map[int]int{1: 1, 2: 0}[restart] {
+			t.Errorf("restart %d logged %d resumed turns", restart, n)
+		}
+		stopClean(t, p)
+	}
+}
+
+// TestResumeAttemptsExhaustedTelegram: with two attempts, a Telegram turn
+// cut off twice (the model hangs each time) is resumed once — the chat
+// reads "resuming it (attempt 2 of 2)" — and then ended for good with the
+// usual interrupted notice and its Retry button. Each notice reaches the
+// chat once; a further restart sends nothing.
+func TestResumeAttemptsExhaustedTelegram(t *testing.T) {
+	dir := t.TempDir()
+	bot := fakebot.New(t)
+	cfg := withResume(telegramConfig(dir, bot), 2)
+	db := filepath.Join(dir, "gateway.db")
+	const within = 30 * time.Second
+	const resuming = "🔄 Your request was interrupted by a server problem while the model was running — resuming it (attempt 2 of 2)…"
+	const interrupted = "⚠️ Your request was interrupted by a server problem — last action was the model. Please send it again."
+
+	p := startGateway(t, dir, cfg)
+	msgID := bot.Say("/steps llm:hang")
+	run := fmt.Sprintf("tg-%d-%d", crashChat, msgID)
+	killIn(t, p, db, run, "demo")
+
+	p = startGateway(t, dir, cfg)
+	bot.WaitShown(within, "the resuming notice", func(s fakebot.Shown) bool { return s.Text == resuming })
+	killIn(t, p, db, store.ResumeRunID(run, 2), "demo")
+
+	p = startGateway(t, dir, cfg)
+	notice := bot.WaitShown(within, "the interrupted notice with Retry", func(s fakebot.Shown) bool {
+		return s.Text == interrupted && s.Buttons != nil
+	})
+	if got := notice.Labels(); !slices.Equal(got, []string{"🔁 Retry"}) {
+		t.Errorf("the interrupted notice's buttons %q, want [🔁 Retry]", got)
+	}
+	stopClean(t, p)
+
+	startGateway(t, dir, cfg)
+	bot.Say("/steps say:Marker")
+	bot.WaitShown(within, "the marker", func(s fakebot.Shown) bool { return s.Text == "Marker" })
+	for _, text := range []string{resuming, interrupted} {
+		if n := bot.Count(text); n != 1 {
+			t.Errorf("%q reached the chat %d times, want once:%s", text, n, bot)
+		}
+	}
+	if tr, err := storeTurn(t, db, store.ResumeRunID(run, 3)); err == nil {
+		t.Errorf("a third attempt ran: %+v", tr)
+	}
+}
+
+// TestResumeToolStepAsksTelegram: a Telegram turn cut off while a tool ran
+// (a possible side effect) is not run again at once: the chat reads why,
+// then a question with Resume and Cancel buttons. Resume runs it (the
+// reply once); Cancel does not (the tool's reply never comes, the person
+// reads that it was not resumed).
+func TestResumeToolStepAsksTelegram(t *testing.T) {
+	const within = 30 * time.Second
+	const why = "⚠️ Your request was interrupted by a server problem while shell was running. " +
+		"That step may already have had an effect, so I will ask before resuming it."
+	const question = "🔐 Approval needed: Resume your interrupted request? It stopped while shell was running, which may already have had an effect."
+	for _, tc := range []struct {
+		press, reply, absent string
+	}{
+		{messages.ResumeOption, "Shell done", messages.ResumeCancelled},
+		{messages.CancelOption, messages.ResumeCancelled, "Shell done"},
+	} {
+		t.Run(tc.press, func(t *testing.T) {
+			dir := t.TempDir()
+			bot := fakebot.New(t)
+			cfg := withResume(telegramConfig(dir, bot), 3)
+			db := filepath.Join(dir, "gateway.db")
+
+			p := startGateway(t, dir, cfg)
+			msgID := bot.Say("/steps shell:5s say:Shell_done")
+			killIn(t, p, db, fmt.Sprintf("tg-%d-%d", crashChat, msgID), "shell")
+
+			p = startGateway(t, dir, cfg)
+			bot.WaitShown(within, "why it asks", func(s fakebot.Shown) bool { return s.Text == why })
+			q := bot.WaitShown(within, "the question", func(s fakebot.Shown) bool {
+				return strings.HasPrefix(s.Text, question) && s.Buttons != nil
+			})
+			if got := q.Labels(); !slices.Equal(got, []string{messages.ResumeOption, messages.CancelOption}) {
+				t.Fatalf("the question's buttons %q, want [Resume Cancel]:%s", got, bot)
+			}
+			bot.WaitAnswer(within, bot.Press(fakebot.User{ID: fakebot.Chat, FirstName: "User"}, q.ID, q.Button(tc.press)))
+			bot.WaitShown(within, tc.reply, func(s fakebot.Shown) bool { return strings.Contains(s.Text, tc.reply) })
+			bot.Say("/steps say:Marker")
+			bot.WaitShown(within, "the marker", func(s fakebot.Shown) bool { return s.Text == "Marker" })
+			if n := bot.Count(tc.reply); n != 1 {
+				t.Errorf("%q reached the chat %d times, want once:%s", tc.reply, n, bot)
+			}
+			if n := bot.Count(tc.absent); n != 0 {
+				t.Errorf("%q reached the chat:%s", tc.absent, bot)
+			}
+			if t.Failed() {
+				t.Logf("gateway log:\n%s", p.log())
+			}
+		})
+	}
+}
+
+// storeTurn reads run's turn from the store file (the gateway may hold it).
+func storeTurn(t *testing.T, path, run string) (store.Turn, error) {
+	t.Helper()
+	st, err := store.Open(t.Context(), path, store.Options{Unlocked: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	return st.Turn(t.Context(), run)
+}
