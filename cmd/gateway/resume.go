@@ -78,10 +78,30 @@ func resumeTurn(ctx context.Context, st resumeStore, cfg *config.Config, t store
 	}
 	log.Warn("turn interrupted by the last stop is resumed", "run", t.RunID, "attempt", next.Attempt,
 		"next_run", next.RunID, "ask_first", next.Confirm)
+	return resumingNotice(next, rc)
+}
+
+// resumingNotice is the notice that ends an attempt whose next attempt
+// next is queued: it asks first (a tool call) or resumes at once.
+func resumingNotice(next store.Resume, rc config.Resume) string {
 	if next.Confirm {
 		return messages.ResumeAsk(next.Step)
 	}
 	return messages.Resuming(next.Step, next.Attempt, rc.MaxAttempts)
+}
+
+// takeoverResume is pgcoord's Options.Resume: a turn a dead replica was
+// running is resumed as the start-up recovery resumes one (planResume),
+// with agents.defaults.resume as it is at the takeover.
+func takeoverResume(cfg *config.Source) func(store.Turn, store.Resume, bool, string) (store.Resume, store.QueuedMessage, string, bool) {
+	return func(t store.Turn, prev store.Resume, found bool, text string) (store.Resume, store.QueuedMessage, string, bool) {
+		rc := cfg.Current().Agents.Defaults.Resume
+		next, m, ok := planResume(rc, t, prev, found, text, time.Now())
+		if !ok {
+			return store.Resume{}, store.QueuedMessage{}, "", false
+		}
+		return next, m, resumingNotice(next, rc), true
+	}
 }
 
 // resumeOf is the gateway's mark of a restored queued message that is a
