@@ -7,7 +7,10 @@ package main
 // TestCrashTelegramInterruptedNoticeOnce: today's notice, nothing run again.
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,9 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/internal/fakebot"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/store"
+	"github.com/turnguard/turnguard/store/storetest"
 )
 
 // withResume turns resume on, with maxAttempts attempts, in a crashConfig
@@ -192,4 +198,92 @@ func storeTurn(t *testing.T, path, run string) (store.Turn, error) {
 	}
 	defer st.Close()
 	return st.Turn(t.Context(), run)
+}
+
+// TestRecoverInterruptedResumes: the start-up recovery on SQLite and on
+// PostgreSQL, resume on with two attempts. A turn cut off in a model call
+// gets its attempt 2 queued with the person's text and sender, and ends
+// with the resuming notice (history and outbox); one cut off in a tool call
+// gets an attempt that asks first, and the notice that says so; one whose
+// first attempt is older than maxAgeSeconds ends with the interrupted
+// notice. When attempt 2 is cut off too, it was the last: the interrupted
+// notice, no attempt 3.
+func TestRecoverInterruptedResumes(t *testing.T) {
+	quiet := slog.New(slog.DiscardHandler)
+	cfg := config.Default()
+	cfg.Agents.Defaults.Resume = config.Resume{Enabled: true, MaxAttempts: 2, MaxAgeSeconds: 3600}
+	const interrupted = "⚠️ Your request was interrupted by a server problem"
+	llm, shell := event.Step{Kind: event.StepLLM, Name: "gpt"}, event.Step{Kind: event.StepTool, Name: "shell"}
+	for _, tc := range reopeners(quiet) {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			open := tc.open(t)
+			s := open()
+			now := time.Now()
+			cutOff := func(run, session, text string, at time.Time, step event.Step) {
+				tr := storetest.NewTurn(run, session)
+				storetest.HandleAll(s,
+					tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text, e.Sender, e.Time = text, "telegram-user:7", at }),
+					tr.Ev(event.StepStarted, 0, func(e *event.Event) { e.Step, e.Time = step, at }))
+			}
+			cutOff("run-llm", "telegram:1", "summarise", now, llm)
+			cutOff("run-tool", "telegram:2", "deploy", now, shell)
+			cutOff("run-old", "telegram:3", "ancient", now.Add(-2*time.Hour), llm)
+			storetest.Flush(t, s)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			s = open()
+			recoverInterrupted(ctx, s, cfg, quiet)
+			q, err := s.Queued(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, m := range q {
+				got = append(got, m.RunID+"="+m.Text+" by "+m.Owner)
+			}
+			slices.Sort(got)
+			storetest.EqStrings(t, "queued", got, []string{"run-llm-attempt-2=summarise by telegram-user:7", "run-tool-attempt-2=deploy by telegram-user:7"})
+			for run, confirm := range map[string]bool{"run-llm-attempt-2": false, "run-tool-attempt-2": true} {
+				if r, err := s.Resume(ctx, run); err != nil || r.Attempt != 2 || r.Confirm != confirm {
+					t.Errorf("Resume(%s) = %+v, %v; want attempt 2, confirm %v", run, r, err, confirm)
+				}
+			}
+			last := func(session string) string {
+				h := storetest.MustHistory(t, s, session)
+				return h[len(h)-1].Text
+			}
+			for session, want := range map[string]string{
+				"telegram:1": messages.Resuming(llm, 2, 2), "telegram:2": messages.ResumeAsk(shell),
+			} {
+				if got := last(session); got != want {
+					t.Errorf("%s's history ends %q, want %q", session, got, want)
+				}
+			}
+			if got := last("telegram:3"); !strings.HasPrefix(got, interrupted) {
+				t.Errorf("the too old turn's history ends %q, want the interrupted notice", got)
+			}
+			pending, err := s.Pending(ctx, "telegram", 10)
+			if err != nil || len(pending) != 3 {
+				t.Fatalf("outbox %+v, %v; want the 3 notices", pending, err)
+			}
+
+			// Attempt 2 of run-llm starts, and is cut off too: its last.
+			tr := storetest.NewTurn("run-llm-attempt-2", "telegram:1")
+			storetest.HandleAll(s,
+				tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text, e.Time = "summarise", now }),
+				tr.Ev(event.StepStarted, 0, func(e *event.Event) { e.Step, e.Time = llm, now }))
+			storetest.Flush(t, s)
+			recoverInterrupted(ctx, s, cfg, quiet)
+			if got := last("telegram:1"); !strings.HasPrefix(got, interrupted) {
+				t.Errorf("after the last attempt the history ends %q, want the interrupted notice", got)
+			}
+			if _, err := s.Resume(ctx, "run-llm-attempt-3"); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("an attempt 3: %v", err)
+			}
+			storetest.EqStrings(t, "queued after the last attempt", storetest.QueuedTexts(t, s), []string{"run-tool-attempt-2=deploy"})
+		})
+	}
 }
