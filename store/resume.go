@@ -20,6 +20,7 @@ import (
 // delivered once.
 type Resume struct {
 	RunID       string // the attempt's run id
+	PrevRunID   string // the attempt it replaces: the one cut off
 	OriginRunID string // the first attempt's run id
 	SessionKey  string
 	Attempt     int // 2 for the first resume
@@ -52,6 +53,10 @@ type Resumes interface {
 	// Resume returns the record of the attempt with run id runID, or an
 	// error wrapping ErrNotFound when that run is a first attempt.
 	Resume(ctx context.Context, runID string) (Resume, error)
+	// Resumed reports whether the turn runID was dispatched again (an
+	// attempt replaces it): its ending is not final, so its notice offers
+	// no Retry.
+	Resumed(ctx context.Context, runID string) (bool, error)
 }
 
 var _ Resumes = (*SQLite)(nil)
@@ -66,8 +71,8 @@ func CheckResume(r Resume, m QueuedMessage) (Resume, QueuedMessage, error) {
 		return r, m, err
 	case r.RunID != m.RunID || r.SessionKey != m.SessionKey:
 		return r, m, fmt.Errorf("resume %q: its message is run %q of session %q: %w", r.RunID, m.RunID, m.SessionKey, ErrInvalid)
-	case r.OriginRunID == "":
-		return r, m, fmt.Errorf("resume %q: no first run id: %w", r.RunID, ErrInvalid)
+	case r.OriginRunID == "" || r.PrevRunID == "":
+		return r, m, fmt.Errorf("resume %q: no first or previous run id: %w", r.RunID, ErrInvalid)
 	case r.Attempt < 2:
 		return r, m, fmt.Errorf("resume %q: attempt %d: %w", r.RunID, r.Attempt, ErrInvalid)
 	}
@@ -89,10 +94,10 @@ func (s *SQLite) QueueResume(ctx context.Context, r Resume, m QueuedMessage) err
 		return err
 	}
 	err = s.durably(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO resumes (run_id, origin_run_id, session_key, attempt, step_kind, step_name,
-				confirm, origin_started_at, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING`,
-			r.RunID, r.OriginRunID, r.SessionKey, r.Attempt, r.Step.Kind, r.Step.Name, r.Confirm,
+		res, err := tx.ExecContext(ctx, `INSERT INTO resumes (run_id, prev_run_id, origin_run_id, session_key, attempt, step_kind,
+				step_name, confirm, origin_started_at, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING`,
+			r.RunID, r.PrevRunID, r.OriginRunID, r.SessionKey, r.Attempt, r.Step.Kind, r.Step.Name, r.Confirm,
 			nanos(r.OriginStartedAt), nanos(r.CreatedAt))
 		if err != nil {
 			return err
@@ -123,9 +128,9 @@ func (s *SQLite) Resume(ctx context.Context, runID string) (Resume, error) {
 	defer release()
 	var r Resume
 	var origin, created int64
-	err = s.r.QueryRowContext(ctx, `SELECT run_id, origin_run_id, session_key, attempt, step_kind, step_name, confirm,
-			origin_started_at, created_at FROM resumes WHERE run_id = ?`, runID).
-		Scan(&r.RunID, &r.OriginRunID, &r.SessionKey, &r.Attempt, &r.Step.Kind, &r.Step.Name, &r.Confirm, &origin, &created)
+	err = s.r.QueryRowContext(ctx, `SELECT run_id, prev_run_id, origin_run_id, session_key, attempt, step_kind, step_name,
+			confirm, origin_started_at, created_at FROM resumes WHERE run_id = ?`, runID).
+		Scan(&r.RunID, &r.PrevRunID, &r.OriginRunID, &r.SessionKey, &r.Attempt, &r.Step.Kind, &r.Step.Name, &r.Confirm, &origin, &created)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return Resume{}, fmt.Errorf("resume of run %q: %w", runID, ErrNotFound)
@@ -134,4 +139,18 @@ func (s *SQLite) Resume(ctx context.Context, runID string) (Resume, error) {
 	}
 	r.OriginStartedAt, r.CreatedAt = fromNanos(origin), fromNanos(created)
 	return r, nil
+}
+
+// Resumed reports whether an attempt replaces the turn runID (see Resumes).
+func (s *SQLite) Resumed(ctx context.Context, runID string) (bool, error) {
+	release, err := s.acquire()
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	var yes bool
+	if err := s.r.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM resumes WHERE prev_run_id = ?)`, runID).Scan(&yes); err != nil {
+		return false, fmt.Errorf("resumed run %q: %w", runID, err)
+	}
+	return yes, nil
 }

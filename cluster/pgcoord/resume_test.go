@@ -30,7 +30,7 @@ func TestTakeoverQueuesTheNextAttempt(t *testing.T) {
 		if tr.RunID != "tg" {
 			return store.Resume{}, store.QueuedMessage{}, "", false
 		}
-		next := store.Resume{RunID: store.ResumeRunID(tr.RunID, 2), OriginRunID: tr.RunID, SessionKey: tr.SessionKey, Attempt: 2,
+		next := store.Resume{RunID: store.ResumeRunID(tr.RunID, 2), PrevRunID: tr.RunID, OriginRunID: tr.RunID, SessionKey: tr.SessionKey, Attempt: 2,
 			Step: tr.CurrentStep, OriginStartedAt: tr.StartedAt}
 		return next, store.QueuedMessage{RunID: next.RunID, SessionKey: tr.SessionKey, Channel: tr.Channel, ChatRef: tr.ChatRef,
 			Owner: tr.Sender, Text: text, QueuedAt: tr.StartedAt}, "🔄 resuming " + tr.RunID, true

@@ -40,7 +40,7 @@ func planResume(rc config.Resume, t store.Turn, prev store.Resume, found bool, t
 		return store.Resume{}, store.QueuedMessage{}, false
 	}
 	step := event.Step{Kind: t.CurrentStep.Kind, Name: t.CurrentStep.Name}
-	next := store.Resume{RunID: store.ResumeRunID(origin, attempt+1), OriginRunID: origin, SessionKey: t.SessionKey,
+	next := store.Resume{RunID: store.ResumeRunID(origin, attempt+1), PrevRunID: t.RunID, OriginRunID: origin, SessionKey: t.SessionKey,
 		Attempt: attempt + 1, Step: step, Confirm: step.Kind == event.StepTool, OriginStartedAt: started, CreatedAt: now}
 	// Queued at its predecessor's start: it goes before what waited behind it.
 	m := store.QueuedMessage{RunID: next.RunID, SessionKey: t.SessionKey, Channel: t.Channel, ChatRef: t.ChatRef,

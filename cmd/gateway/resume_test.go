@@ -96,7 +96,8 @@ func TestResumeAfterSIGKILL(t *testing.T) {
 // TestResumeAttemptsExhaustedTelegram: with two attempts, a Telegram turn
 // cut off twice (the model hangs each time) is resumed once — the chat
 // reads "resuming it (attempt 2 of 2)" — and then ended for good with the
-// usual interrupted notice and its Retry button. Each notice reaches the
+// usual interrupted notice and its Retry button; the resuming notice has
+// none (a tap would run the request twice). Each notice reaches the
 // chat once; a further restart sends nothing.
 func TestResumeAttemptsExhaustedTelegram(t *testing.T) {
 	dir := t.TempDir()
@@ -113,7 +114,9 @@ func TestResumeAttemptsExhaustedTelegram(t *testing.T) {
 	killIn(t, p, db, run, "demo")
 
 	p = startGateway(t, dir, cfg)
-	bot.WaitShown(within, "the resuming notice", func(s fakebot.Shown) bool { return s.Text == resuming })
+	if n := bot.WaitShown(within, "the resuming notice", func(s fakebot.Shown) bool { return s.Text == resuming }); n.Buttons != nil {
+		t.Errorf("the resuming notice offers %q: a tap would run the request a second time", n.Labels())
+	}
 	killIn(t, p, db, store.ResumeRunID(run, 2), "demo")
 
 	p = startGateway(t, dir, cfg)
@@ -165,7 +168,9 @@ func TestResumeToolStepAsksTelegram(t *testing.T) {
 			killIn(t, p, db, fmt.Sprintf("tg-%d-%d", crashChat, msgID), "shell")
 
 			p = startGateway(t, dir, cfg)
-			bot.WaitShown(within, "why it asks", func(s fakebot.Shown) bool { return s.Text == why })
+			if n := bot.WaitShown(within, "why it asks", func(s fakebot.Shown) bool { return s.Text == why }); n.Buttons != nil {
+				t.Errorf("the notice offers %q besides the question", n.Labels())
+			}
 			q := bot.WaitShown(within, "the question", func(s fakebot.Shown) bool {
 				return strings.HasPrefix(s.Text, question) && s.Buttons != nil
 			})

@@ -29,6 +29,19 @@ func (s *Store) QueueResume(ctx context.Context, r store.Resume, m store.QueuedM
 	return nil
 }
 
+// Resumed reports whether an attempt replaces the turn runID; see
+// store.Resumes.
+func (s *Store) Resumed(ctx context.Context, runID string) (bool, error) {
+	if err := s.live(); err != nil {
+		return false, err
+	}
+	var yes bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM resumes WHERE prev_run_id = $1)`, runID).Scan(&yes); err != nil {
+		return false, fmt.Errorf("resumed run %q: %w", runID, err)
+	}
+	return yes, nil
+}
+
 // Resume returns the record of the attempt runID; see store.Resumes.
 func (s *Store) Resume(ctx context.Context, runID string) (store.Resume, error) {
 	if err := s.live(); err != nil {
@@ -41,10 +54,10 @@ func (s *Store) Resume(ctx context.Context, runID string) (store.Resume, error) 
 // the cut-off attempt in the same transaction); r and m are checked
 // (store.CheckResume).
 func QueueResumeTx(ctx context.Context, tx pgx.Tx, r store.Resume, m store.QueuedMessage) error {
-	tag, err := tx.Exec(ctx, `INSERT INTO resumes (run_id, origin_run_id, session_key, attempt, step_kind, step_name,
-			confirm, origin_started_at, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (run_id) DO NOTHING`,
-		r.RunID, r.OriginRunID, r.SessionKey, r.Attempt, r.Step.Kind, r.Step.Name, r.Confirm, r.OriginStartedAt, r.CreatedAt)
+	tag, err := tx.Exec(ctx, `INSERT INTO resumes (run_id, prev_run_id, origin_run_id, session_key, attempt, step_kind,
+			step_name, confirm, origin_started_at, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (run_id) DO NOTHING`,
+		r.RunID, r.PrevRunID, r.OriginRunID, r.SessionKey, r.Attempt, r.Step.Kind, r.Step.Name, r.Confirm, r.OriginStartedAt, r.CreatedAt)
 	if err != nil || tag.RowsAffected() == 0 {
 		return err // recorded (and queued) by an earlier call
 	}
@@ -69,9 +82,9 @@ type Querier interface {
 // ReadResume is Resume through q (a takeover's transaction).
 func ReadResume(ctx context.Context, q Querier, runID string) (store.Resume, error) {
 	var r store.Resume
-	err := q.QueryRow(ctx, `SELECT run_id, origin_run_id, session_key, attempt, step_kind, step_name, confirm,
-			origin_started_at, created_at FROM resumes WHERE run_id = $1`, runID).
-		Scan(&r.RunID, &r.OriginRunID, &r.SessionKey, &r.Attempt, &r.Step.Kind, &r.Step.Name, &r.Confirm,
+	err := q.QueryRow(ctx, `SELECT run_id, prev_run_id, origin_run_id, session_key, attempt, step_kind, step_name,
+			confirm, origin_started_at, created_at FROM resumes WHERE run_id = $1`, runID).
+		Scan(&r.RunID, &r.PrevRunID, &r.OriginRunID, &r.SessionKey, &r.Attempt, &r.Step.Kind, &r.Step.Name, &r.Confirm,
 			&r.OriginStartedAt, &r.CreatedAt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

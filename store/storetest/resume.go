@@ -13,7 +13,8 @@ import (
 // testQueueResumeHeadsTheQueueOnce: a resumed attempt is recorded with its
 // number and the step its predecessor was cut off in, and its message is
 // queued ahead of the messages already waiting; a second call (a crash
-// between QueueResume and MarkInterrupted) changes nothing; both survive a
+// between QueueResume and MarkInterrupted) changes nothing; Resumed names
+// the attempt replaced, not the new one; both survive a
 // reopen; a first attempt has no record; a resume without what it needs
 // is refused and stores nothing.
 func testQueueResumeHeadsTheQueueOnce(t *testing.T, h *H) {
@@ -27,7 +28,7 @@ func testQueueResumeHeadsTheQueueOnce(t *testing.T, h *H) {
 		t.Fatal(err)
 	}
 	id := store.ResumeRunID("run-1", 2)
-	r := store.Resume{RunID: id, OriginRunID: "run-1", SessionKey: "ws:a", Attempt: 2,
+	r := store.Resume{RunID: id, PrevRunID: "run-1", OriginRunID: "run-1", SessionKey: "ws:a", Attempt: 2,
 		Step: event.Step{Kind: event.StepTool, Name: "shell"}, Confirm: true, OriginStartedAt: T0, CreatedAt: T0.Add(time.Minute)}
 	m := store.QueuedMessage{RunID: id, SessionKey: "ws:a", Channel: "ws", Owner: "alice", Text: "do it", QueuedAt: T0}
 	for i := range 2 {
@@ -36,6 +37,11 @@ func testQueueResumeHeadsTheQueueOnce(t *testing.T, h *H) {
 		}
 	}
 	EqStrings(t, "queued", QueuedTexts(t, s), []string{id + "=do it", "behind=later"})
+	for run, want := range map[string]bool{"run-1": true, id: false, "other": false} {
+		if got, err := s.Resumed(ctx, run); err != nil || got != want {
+			t.Errorf("Resumed(%s) = %v, %v; want %v", run, got, err, want)
+		}
+	}
 	if _, err := s.Resume(ctx, "run-1"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Resume of a first attempt = %v, want ErrNotFound", err)
 	}

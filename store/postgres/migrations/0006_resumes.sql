@@ -4,6 +4,7 @@
 -- is marked interrupted; retention deletes a row with its turn.
 CREATE TABLE resumes (
     run_id            text        PRIMARY KEY CHECK (run_id <> ''),
+    prev_run_id       text        NOT NULL CHECK (prev_run_id <> ''),
     origin_run_id     text        NOT NULL CHECK (origin_run_id <> ''),
     session_key       text        NOT NULL CHECK (session_key <> ''),
     attempt           integer     NOT NULL CHECK (attempt >= 2),
@@ -15,3 +16,4 @@ CREATE TABLE resumes (
 );
 
 CREATE INDEX resumes_created ON resumes (created_at);
+CREATE INDEX resumes_prev ON resumes (prev_run_id);
