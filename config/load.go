@@ -89,6 +89,8 @@ func defaults() map[string]any {
 		"agents.defaults.busy.mode":                  BusyQueue,
 		"agents.defaults.busy.maxQueued":             defaultMaxQueued,
 		"agents.defaults.busy.maxQueuedBytes":        defaultMaxQueuedBytes,
+		"agents.defaults.resume.maxAttempts":         3,
+		"agents.defaults.resume.maxAgeSeconds":       3600.0,
 		"agents.openai.maxSteps":                     8,
 		"agents.openai.llmIdleTimeoutSeconds":        120.0,
 		"agents.openai.tools.httpGet.maxBytes":       1 << 20,

@@ -51,7 +51,8 @@ func TestDefaults(t *testing.T) {
 			MaxSessions: 10000, SessionIdleSeconds: 3600, MaxStuckRuns: 16,
 		},
 		Agents: Agents{
-			Defaults: AgentDefaults{Runner: "demo", MaxReplyChars: 100000, Busy: Busy{Mode: "queue", MaxQueued: &five, MaxQueuedBytes: &mib}},
+			Defaults: AgentDefaults{Runner: "demo", MaxReplyChars: 100000, Busy: Busy{Mode: "queue", MaxQueued: &five, MaxQueuedBytes: &mib},
+				Resume: Resume{MaxAttempts: 3, MaxAgeSeconds: 3600}},
 			OpenAI: OpenAI{MaxSteps: 8, LLMIdleTimeoutSeconds: 120,
 				Tools: OpenAITools{HTTPGet: HTTPGetTool{MaxBytes: 1 << 20, TimeoutSeconds: 20}}},
 			Exec: Exec{Format: "jsonl"},

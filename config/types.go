@@ -70,7 +70,23 @@ type AgentDefaults struct {
 	Runner        string `koanf:"runner"`        // demo | openai | exec | acp; default demo
 	MaxReplyChars int    `koanf:"maxReplyChars"` // longest reply kept, in characters; default 100000, at most MaxReplyCharsLimit
 	Busy          Busy   `koanf:"busy"`          // what a message sent while its session is busy does
+	Resume        Resume `koanf:"resume"`        // turns cut off by a restart or a takeover dispatched again (opt-in)
 }
+
+// Resume says whether a turn cut off by a restart, a SIGKILL or a cluster
+// takeover is dispatched again at recovery (agents.defaults.resume): a
+// replay-safe one at once, one cut off in a tool call after the person
+// says Resume. MaxAttempts counts every attempt, the first included; a
+// turn whose first attempt started more than MaxAgeSeconds ago, or that
+// used its attempts, is ended for good as interrupted.
+type Resume struct {
+	Enabled       bool    `koanf:"enabled"`       // default false: an interrupted turn ends with a Retry
+	MaxAttempts   int     `koanf:"maxAttempts"`   // attempts of one turn, the first included; default 3, 2–MaxResumeAttemptsLimit
+	MaxAgeSeconds float64 `koanf:"maxAgeSeconds"` // no resume once the first attempt is older; default 3600, at most 7 days
+}
+
+// MaxResumeAttemptsLimit is the upper bound of agents.defaults.resume.maxAttempts.
+const MaxResumeAttemptsLimit = 10
 
 // Busy says what happens to a message that arrives while its session has a
 // running turn (agents.defaults.busy; channels.<name>.busy overrides it key

@@ -128,6 +128,8 @@ var bounds = map[string]bound{
 	"agents.acp.startTimeoutSeconds": {above: true, max: 600, maxText: "10m"},
 
 	"agents.defaults.busy.maxQueued":        {max: MaxQueuedLimit, zero: "nothing waits"},
+	"agents.defaults.resume.maxAttempts":    {min: 2, max: MaxResumeAttemptsLimit},
+	"agents.defaults.resume.maxAgeSeconds":  {above: true, max: 7 * 86400, maxText: "7 days"},
 	"channels.ws.busy.maxQueued":            {max: MaxQueuedLimit, zero: "nothing waits"},
 	"channels.telegram.busy.maxQueued":      {max: MaxQueuedLimit, zero: "nothing waits"},
 	"agents.defaults.busy.maxQueuedBytes":   {min: 1, max: MaxQueuedBytesLimit, maxText: "64 MiB"},
@@ -303,6 +305,8 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 	}
 
 	p.busy("agents.defaults.busy", c.Agents.Defaults.Busy, false)
+	p.wholeIn("agents.defaults.resume.maxAttempts", "agents.defaults.resume.maxAttempts", c.Agents.Defaults.Resume.MaxAttempts)
+	p.numberIn("agents.defaults.resume.maxAgeSeconds", c.Agents.Defaults.Resume.MaxAgeSeconds, bounds["agents.defaults.resume.maxAgeSeconds"])
 	p.busy("channels.ws.busy", c.Channels.WS.Busy, true)
 	p.busy("channels.telegram.busy", c.Channels.Telegram.Busy, true)
 

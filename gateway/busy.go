@@ -75,6 +75,9 @@ type QueuedMessage struct {
 	// 0: configured). Messages collected into one turn run with the first
 	// one's.
 	Timeout time.Duration `json:"-"`
+	// Resume, when set, makes the message's turn a resumed attempt of a
+	// turn cut off by a restart or a takeover (QueueStore restores it).
+	Resume *Resume `json:"-"`
 }
 
 // queued is one turn waiting in its session's queue: one message, or (busy
@@ -219,7 +222,7 @@ func (e *Engine) busyLocked(s *session, req SendRequest, mode BusyMode, maxQueue
 		fellBack = true
 	}
 	qm := QueuedMessage{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
-		Owner: req.Owner, Text: req.Text, QueuedAt: time.Now(), Timeout: req.Timeout}
+		Owner: req.Owner, Text: req.Text, QueuedAt: time.Now(), Timeout: req.Timeout, Resume: req.Resume}
 	q := e.enqueueLocked(s, qm, mode)
 	q.persisting++
 	var victim string
@@ -367,7 +370,7 @@ func (e *Engine) pumpLocked(s *session) func() {
 		q := s.queue[0]
 		first := q.msgs[0]
 		req := SendRequest{SessionKey: first.SessionKey, Channel: first.Channel, ChatRef: first.ChatRef,
-			RunID: first.RunID, Text: q.text(), Timeout: q.timeout, Owner: first.Owner}
+			RunID: first.RunID, Text: q.text(), Timeout: q.timeout, Owner: first.Owner, Resume: first.Resume}
 		start, err := e.beginLocked(e.cfg.Current(), s, req)
 		var stuck *RunnerStuckError
 		if errors.As(err, &stuck) {

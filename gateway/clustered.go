@@ -484,7 +484,7 @@ func (e *Engine) restoreClustered(ctx context.Context, only []string) error {
 			continue
 		}
 		if _, err := e.Send(ctx, SendRequest{SessionKey: m.SessionKey, Channel: m.Channel, ChatRef: m.ChatRef,
-			RunID: m.RunID, Text: m.Text, Owner: m.Owner, Timeout: m.Timeout}); err != nil {
+			RunID: m.RunID, Text: m.Text, Owner: m.Owner, Timeout: m.Timeout, Resume: m.Resume}); err != nil {
 			e.log.Warn("a stored queued message could not be sent again; it stays stored", "run", m.RunID,
 				"session", m.SessionKey, "err", err)
 			continue

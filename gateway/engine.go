@@ -294,6 +294,10 @@ type SendRequest struct {
 	// turns out to be running elsewhere by now, Send answers *BusyError
 	// rather than forwarding it again.
 	Forwarded bool
+	// Resume, when set, runs the turn as a resumed attempt of a turn cut
+	// off by a restart or a takeover (resume.go). Set by the engine for a
+	// restored queued message, never by a channel.
+	Resume *Resume
 }
 
 // Ack answers Send.

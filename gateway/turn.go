@@ -27,6 +27,9 @@ type turn struct {
 	run    *abort.Run
 	owner  string
 	runner string // the runner's name
+	// resume: a resumed attempt (resume.go); its runner reads the note and,
+	// with Confirm, the person is asked first. Set before the turn starts.
+	resume *Resume
 	// maxReply is the reply cap in characters (agents.defaults.maxReplyChars
 	// when the turn started), for streamed and final text alike.
 	maxReply int
@@ -125,6 +128,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	e.turns[req.RunID] = t
 	rt := runner.Turn{RunID: req.RunID, SessionKey: req.SessionKey, SessionID: s.id, Channel: req.Channel,
 		Message: req.Text, History: history, Inbox: t.inbox, Approver: &approver{e: e, t: t}}
+	t.resume = req.Resume
 	return func() { e.startTurn(rn, t, rt) }, nil
 }
 
@@ -167,6 +171,7 @@ func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 	run.Publish(e.publish, started)
 	close(t.started)
 	e.sched.Track(run)
+	rn, rt = resumed(rn, rt, t.resume) // after TurnStarted: the history keeps the person's words
 	go e.runTurn(rn, t, rt)
 }
 

@@ -47,7 +47,7 @@ func (r Retention) Enabled() bool {
 
 // PruneStats counts what one Prune deleted.
 type PruneStats struct {
-	Messages, Turns, Sessions, Journal, Outbox, Approvals, RetryTokens int64
+	Messages, Turns, Sessions, Journal, Outbox, Approvals, RetryTokens, Resumes int64
 }
 
 // notRunning excludes the rows of turns still running.
@@ -71,6 +71,13 @@ const pruneApprovals = `DELETE FROM approvals WHERE id IN (SELECT a.id FROM appr
 // pruneRetryTokens deletes up to ?2 Retry buttons' tokens created before
 // ?1 whose turn is pruned in the same pass or is gone, as pruneApprovals.
 const pruneRetryTokens = `DELETE FROM retry_tokens WHERE token_hash IN (SELECT r.token_hash FROM retry_tokens r
+	WHERE r.created_at < ?1 AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.run_id = r.run_id
+		AND (t.state = 'running' OR t.ended_at >= ?1))
+	ORDER BY r.created_at LIMIT ?2)`
+
+// pruneResumes deletes up to ?2 resumed attempts' records created before
+// ?1 whose turn is pruned in the same pass or is gone, as pruneApprovals.
+const pruneResumes = `DELETE FROM resumes WHERE run_id IN (SELECT r.run_id FROM resumes r
 	WHERE r.created_at < ?1 AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.run_id = r.run_id
 		AND (t.state = 'running' OR t.ended_at >= ?1))
 	ORDER BY r.created_at LIMIT ?2)`
@@ -129,6 +136,7 @@ func RunPrune(ctx context.Context, r Retention, now time.Time, b PruneBackend) (
 		// gone, once it is as old), never one of a turn kept.
 		{r.History > 0, &ps.Approvals, "approvals", pruneApprovals, []any{before(r.History)}},
 		{r.History > 0, &ps.RetryTokens, "retry tokens", pruneRetryTokens, []any{before(r.History)}},
+		{r.History > 0, &ps.Resumes, "resumes", pruneResumes, []any{before(r.History)}},
 		{r.History > 0, &ps.Turns, "turns", `DELETE FROM turns WHERE run_id IN (SELECT run_id FROM turns
 			WHERE state <> 'running' AND ended_at < ?1 LIMIT ?2)`, []any{before(r.History)}},
 		{r.Outbox > 0, &ps.Outbox, "outbox", `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox

@@ -163,6 +163,7 @@ type Backend interface {
 	RetryTokens
 	AgentSessions
 	TurnDetails
+	Resumes
 	Health() error
 	Prune(ctx context.Context, now time.Time) (PruneStats, error)
 	UserText(ctx context.Context, runID string) (string, error)

@@ -58,11 +58,13 @@ const (
 // A Retry button's data fits Telegram's limit.
 var _ [maxCallbackData - len(retryPrefix) - (retryTokenBytes*8+5)/6]struct{}
 
-// Runs looks up a past turn: its recorded state and the message its user
-// sent, and keeps the Retry buttons' tokens. store.Backend implements it.
+// Runs looks up a past turn: its recorded state, the message its user
+// sent and whether it was resumed (agents.defaults.resume), and keeps the
+// Retry buttons' tokens. store.Backend implements it.
 type Runs interface {
 	Turn(ctx context.Context, runID string) (store.Turn, error)
 	UserText(ctx context.Context, runID string) (string, error)
+	Resumed(ctx context.Context, runID string) (bool, error)
 	store.RetryTokens
 }
 
@@ -240,7 +242,7 @@ func (c *Channel) issueRetry(ctx context.Context, ch *chat, runID string) string
 	if sender == "" && !ch.group {
 		sender = senderRef(ch.id) // a private chat's id is its person's
 	}
-	if !retryable(reason) || sender == "" {
+	if !retryable(reason) || sender == "" || c.resumed(ctx, runID) {
 		return ""
 	}
 	var b [retryTokenBytes]byte
@@ -252,6 +254,20 @@ func (c *Channel) issueRetry(ctx context.Context, ch *chat, runID string) string
 		return ""
 	}
 	return retryPrefix + secret
+}
+
+// resumed reports whether an attempt replaces run runID (its notice says
+// "resuming it"): a Retry would run the request a second time. A failed
+// lookup offers the Retry, as before resume.
+func (c *Channel) resumed(ctx context.Context, runID string) bool {
+	if c.runs == nil {
+		return false
+	}
+	yes, err := c.runs.Resumed(ctx, runID)
+	if err != nil {
+		c.log.Warn("telegram: cannot tell whether a turn was resumed", "run", runID, "err", c.red.err(err))
+	}
+	return yes
 }
 
 // callbackMessage is the message a tapped button is under, or nil for a

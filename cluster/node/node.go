@@ -44,6 +44,9 @@ type Options struct {
 	// Notice renders the interrupted notice of a turn taken over from a
 	// dead replica (pgcoord.Options.Notice).
 	Notice func(store.Turn) string
+	// Resume, optional, dispatches a taken-over turn again
+	// (pgcoord.Options.Resume, agents.defaults.resume).
+	Resume func(t store.Turn, prev store.Resume, found bool, text string) (store.Resume, store.QueuedMessage, string, bool)
 	// OnFenced is called, on a goroutine of its own, each time this
 	// replica is fenced: it must stop its runs and publish nothing more of
 	// them. Then the node joins again (RejoinAfter) for the turns that
@@ -244,6 +247,7 @@ func (n *Node) join(ctx context.Context) (*pgcoord.Replica, error) {
 		OutboxChannels: n.opts.OutboxChannels,
 		OnOutbox:       n.opts.OnOutbox,
 		Notice:         n.opts.Notice,
+		Resume:         n.opts.Resume,
 		OnFenced:       n.fenced,
 		OnTakeover:     n.tookOver,
 		OnLeave:        n.left,

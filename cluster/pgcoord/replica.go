@@ -64,6 +64,17 @@ type Options struct {
 	// long it ran. It is called inside the takeover's transaction: it must
 	// be quick and must not call the database.
 	Notice func(t store.Turn) string
+	// Resume, when set, decides whether a turn taken over is dispatched
+	// again (agents.defaults.resume; the gateway's start-up recovery
+	// decides the same way): given the turn (Sender included), the record
+	// of its own attempt (found false: its first) and the person's text
+	// ("" when not kept), it returns the next attempt's record and queued
+	// message, and the notice that ends the turn instead of Notice's, with
+	// true. The takeover writes them in its transaction
+	// (postgres.QueueResumeTx), so the turn's ending and its next attempt
+	// commit together; the caller restores the sessions' queued messages
+	// after OnTakeover. Called inside that transaction: quick, no database.
+	Resume func(t store.Turn, prev store.Resume, found bool, text string) (store.Resume, store.QueuedMessage, string, bool)
 	// OnFenced, when set, is called once, on a goroutine of its own, when
 	// the replica is fenced, with the reason (wrapping ErrFenced).
 	OnFenced func(err error)

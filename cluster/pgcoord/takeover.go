@@ -117,6 +117,35 @@ func (r *Replica) takeOverNext(ctx context.Context) (Takeover, bool, error) {
 	return t, found, nil
 }
 
+// resume returns the notice that ends the taken-over turn tr: Notice's,
+// or, when Options.Resume dispatches it again, the resuming one, with its
+// next attempt queued in tx.
+func (r *Replica) resume(ctx context.Context, tx pgx.Tx, tr store.Turn) (string, error) {
+	if r.opts.Resume == nil {
+		return r.opts.Notice(tr), nil
+	}
+	prev, err := postgres.ReadResume(ctx, tx, tr.RunID)
+	found := err == nil
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return "", fmt.Errorf("resume: %w", err)
+	}
+	text, err := postgres.ReadUserText(ctx, tx, tr.RunID)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return "", fmt.Errorf("resume: %w", err)
+	}
+	next, m, notice, ok := r.opts.Resume(tr, prev, found, text)
+	if !ok {
+		return r.opts.Notice(tr), nil
+	}
+	if next, m, err = store.CheckResume(next, m); err != nil {
+		return "", fmt.Errorf("resume: %w", err)
+	}
+	if err := postgres.QueueResumeTx(ctx, tx, next, m); err != nil {
+		return "", fmt.Errorf("resume: %w", err)
+	}
+	return notice, nil
+}
+
 // takeOver ends epoch l's running turns and deletes its lease whether or
 // not it has expired (Leave: this replica's own).
 func (r *Replica) takeOver(ctx context.Context, l lease) (Takeover, error) {
@@ -152,7 +181,7 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, 
 	t := Takeover{Replica: l.replica, Epoch: l.epoch}
 	rows, err := tx.Query(ctx, `UPDATE turns SET state = 'aborted', stop_reason = $3, updated_at = now(), ended_at = now()
 		WHERE owner_replica = $1 AND owner_epoch = $2 AND state = 'running'
-		RETURNING run_id, session_key, channel, chat_ref, started_at,
+		RETURNING run_id, session_key, channel, chat_ref, sender, started_at,
 			greatest(started_at, (SELECT renewed_at FROM leases WHERE epoch = $2)),
 			coalesce(step_kind, ''), coalesce(step_name, ''), coalesce(step_seq, 0),
 			coalesce(last_step_kind, ''), coalesce(last_step_name, ''), coalesce(last_step_seq, 0),
@@ -164,7 +193,7 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, 
 	turns, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.Turn, error) {
 		var tr store.Turn
 		var curSeq, lastSeq, stepTimeout int64
-		err := row.Scan(&tr.RunID, &tr.SessionKey, &tr.Channel, &tr.ChatRef, &tr.StartedAt, &tr.UpdatedAt,
+		err := row.Scan(&tr.RunID, &tr.SessionKey, &tr.Channel, &tr.ChatRef, &tr.Sender, &tr.StartedAt, &tr.UpdatedAt,
 			&tr.CurrentStep.Kind, &tr.CurrentStep.Name, &curSeq, &tr.LastStep.Kind, &tr.LastStep.Name, &lastSeq, &stepTimeout)
 		tr.State, tr.StopReason = store.TurnAborted, event.ReasonInterrupted
 		tr.StartedAt, tr.UpdatedAt = tr.StartedAt.UTC(), tr.UpdatedAt.UTC()
@@ -183,7 +212,10 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, 
 	)
 	t.Turns = make([]TakenTurn, 0, n)
 	for _, tr := range turns {
-		notice := r.opts.Notice(tr)
+		notice, err := r.resume(ctx, tx, tr)
+		if err != nil {
+			return t, err
+		}
 		tt := TakenTurn{RunID: tr.RunID, SessionKey: tr.SessionKey, Channel: tr.Channel, ChatRef: tr.ChatRef, Notice: notice}
 		sessions, runIDs, notices = append(sessions, tr.SessionKey), append(runIDs, tr.RunID), append(notices, notice)
 		stepKinds, stepNames = append(stepKinds, tr.CurrentStep.Kind), append(stepNames, tr.CurrentStep.Name)

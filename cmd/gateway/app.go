@@ -128,7 +128,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// While the store cannot write, a turn would leave no trace: refuse new
 	// ones (retryable) until it can.
 	opts := gateway.Options{Config: a.cfg, Runners: a.runners.engineRunners(), Log: log, History: storeHistory(a.store),
-		TurnDetails: storeTurnDetails(a.store), Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store}}
+		TurnDetails: storeTurnDetails(a.store), Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store, a.cfg}}
 	if a.node != nil {
 		opts.Cluster = a.node
 	}
@@ -421,10 +421,16 @@ func storeTurnDetails(st interface {
 // was waiting on; then every approval still pending has no run left to
 // answer it and is expired too. Failures are logged; they do not stop the
 // gateway from starting.
+//
+// With agents.defaults.resume.enabled, a turn that has attempts left is
+// dispatched again (resumeTurn): its next attempt is queued durably,
+// ahead of the session's waiting messages, before the turn is marked, and
+// the turn ends with the resuming notice instead; restoreQueued runs it.
 func recoverInterrupted(ctx context.Context, st interface {
 	store.Reader
 	store.Outbox
 	store.ApprovalStore
+	resumeStore
 }, cfg *config.Config, log *slog.Logger) {
 	defer func() {
 		if n, err := st.ExpireOrphanApprovals(ctx); err != nil {
@@ -440,7 +446,7 @@ func recoverInterrupted(ctx context.Context, st interface {
 	}
 	msgs := cfg.MessageSet()
 	for _, t := range turns {
-		text := interruptedNotice(msgs, t)
+		text := resumeTurn(ctx, st, cfg, t, interruptedNotice(msgs, t), log)
 		if t.Channel != config.ChannelWS && t.ChatRef != "" {
 			if _, err := st.Enqueue(ctx, store.OutboxMessage{Channel: t.Channel, ChatRef: t.ChatRef, RunID: t.RunID,
 				Kind: store.OutboxNotice, Text: text}); err != nil && !errors.Is(err, store.ErrDuplicate) {

@@ -21,33 +21,7 @@ import (
 // questions read back expired, not answered.
 func TestRecoverInterruptedExpiresApprovals(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
-	for _, tc := range []struct {
-		name string
-		open func(t *testing.T) func() store.Backend // each call opens the same store anew
-	}{
-		{"sqlite", func(t *testing.T) func() store.Backend {
-			path := filepath.Join(t.TempDir(), "turnguard.db")
-			return func() store.Backend {
-				s, err := store.Open(context.Background(), path, store.Options{Logger: quiet})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = s.Close() })
-				return s
-			}
-		}},
-		{"postgres", func(t *testing.T) func() store.Backend {
-			url := pgtest.New(t)
-			return func() store.Backend {
-				s, err := postgres.Open(context.Background(), url, postgres.Options{Logger: quiet})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = s.Close() })
-				return s
-			}
-		}},
-	} {
+	for _, tc := range reopeners(quiet) {
 		t.Run(tc.name, func(t *testing.T) {
 			open := tc.open(t)
 			s := open()
@@ -75,5 +49,40 @@ func TestRecoverInterruptedExpiresApprovals(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// reopener opens a fresh store of one backend; each call of the function
+// it returns opens that same store anew (a restart).
+type reopener struct {
+	name string
+	open func(t *testing.T) func() store.Backend
+}
+
+// reopeners are SQLite (a file) and PostgreSQL (a database), logging to log.
+func reopeners(log *slog.Logger) []reopener {
+	return []reopener{
+		{"sqlite", func(t *testing.T) func() store.Backend {
+			path := filepath.Join(t.TempDir(), "turnguard.db")
+			return func() store.Backend {
+				s, err := store.Open(context.Background(), path, store.Options{Logger: log, OutboxChannels: []string{"telegram"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				return s
+			}
+		}},
+		{"postgres", func(t *testing.T) func() store.Backend {
+			url := pgtest.New(t)
+			return func() store.Backend {
+				s, err := postgres.Open(context.Background(), url, postgres.Options{Logger: log, OutboxChannels: []string{"telegram"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				return s
+			}
+		}},
 	}
 }

@@ -5,14 +5,22 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/store"
 )
 
 // storeQueue is the engine's QueueStore on the store: a message the engine
 // queues behind a running turn is committed durably before its sender is
-// told "queued", and is still there after a restart.
-type storeQueue struct{ st store.Queue }
+// told "queued", and is still there after a restart. A restored message
+// that is a resumed attempt (store.Resumes) carries its gateway.Resume.
+type storeQueue struct {
+	st interface {
+		store.Queue
+		store.Resumes
+	}
+	cfg *config.Source
+}
 
 var _ gateway.QueueStore = storeQueue{}
 
@@ -34,6 +42,9 @@ func (q storeQueue) Queued(ctx context.Context) ([]gateway.QueuedMessage, error)
 	for i, m := range ms {
 		out[i] = gateway.QueuedMessage{RunID: m.RunID, SessionKey: m.SessionKey, Channel: m.Channel,
 			ChatRef: m.ChatRef, Owner: m.Owner, Text: m.Text, QueuedAt: m.QueuedAt, Timeout: m.Timeout}
+		if out[i].Resume, err = resumeOf(ctx, q.st, q.cfg, m.RunID); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

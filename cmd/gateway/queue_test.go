@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/store"
 )
@@ -27,11 +28,11 @@ func TestStoreQueueAdapterRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range want {
-		if err := (storeQueue{st}).AddQueued(ctx, m); err != nil {
+		if err := (storeQueue{st, config.NewSource(config.Default())}).AddQueued(ctx, m); err != nil {
 			t.Fatalf("AddQueued(%s): %v", m.RunID, err)
 		}
 	}
-	if err := (storeQueue{st}).RemoveQueued(ctx, "q2"); err != nil {
+	if err := (storeQueue{st, config.NewSource(config.Default())}).RemoveQueued(ctx, "q2"); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Close(); err != nil {
@@ -42,7 +43,7 @@ func TestStoreQueueAdapterRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	got, err := storeQueue{st}.Queued(ctx)
+	got, err := storeQueue{st, config.NewSource(config.Default())}.Queued(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,6 +70,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/timeout"
 )
@@ -188,7 +189,10 @@ func ScriptOf(message string) (script string, ok bool) {
 // before any callback is made.
 func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
 	var steps []Step
-	msg := strings.TrimSpace(turn.Message)
+	// A note of the gateway's (a resumed attempt's) comes before the
+	// person's message: the reply shows it, as it shows a steered message.
+	note, msg := messages.SplitGatewayNote(turn.Message)
+	msg = strings.TrimSpace(msg)
 	if script, ok := ScriptOf(msg); ok {
 		var err error
 		if steps, err = Parse(script); err != nil {
@@ -203,6 +207,9 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		steps = r.scenario(msg)
 	}
 	t := &turnState{r: r, cb: cb, inbox: turn.Inbox, turn: turn}
+	if note != "" {
+		t.note([]string{note})
+	}
 	err := t.run(ctx, steps)
 	if err == nil && t.inbox != nil {
 		t.note(t.inbox.Close())

@@ -173,8 +173,13 @@ func (s *Store) UserText(ctx context.Context, runID string) (string, error) {
 	if err := s.live(); err != nil {
 		return "", err
 	}
+	return ReadUserText(ctx, s.pool, runID)
+}
+
+// ReadUserText is UserText through q (a takeover's transaction).
+func ReadUserText(ctx context.Context, q Querier, runID string) (string, error) {
 	var text string
-	err := s.pool.QueryRow(ctx, `SELECT text FROM messages
+	err := q.QueryRow(ctx, `SELECT text FROM messages
 		WHERE session_key = (SELECT session_key FROM turns WHERE run_id = $1) AND run_id = $1 AND role = 'user'
 		ORDER BY id DESC LIMIT 1`, runID).Scan(&text)
 	switch {

@@ -130,6 +130,7 @@ var cases = []testCase{
 	{"PruneKeepsQueued", testPruneKeepsQueued},
 	{"TurnStartedRemovesItsQueuedRows", testTurnStartedRemovesItsQueuedRows},
 	{"QueuedKeepsTimeout", testQueuedKeepsTimeout},
+	{"QueueResumeHeadsTheQueueOnce", testQueueResumeHeadsTheQueueOnce},
 	{"PruneSparesRunningTurnsAndPendingOutbox", testPruneSparesRunningTurnsAndPendingOutbox},
 	{"StallHistoryPairsEpisodes", testStallHistoryPairsEpisodes},
 	{"StallHistoryOfAnInterruptedTurn", testStallHistoryOfAnInterruptedTurn},
