@@ -7,10 +7,43 @@ import "sync"
 // (Put); the runner takes them (Take) at its next opportunity, for example
 // before its next model call. Safe for concurrent use; the zero value is
 // ready.
+//
+// It also carries the gateway's notes to the runner (Note, TakeNotes): a
+// budget warning, "N left, wrap up". A note is not a message of the
+// person: it is never queued as a turn, and one not taken when the turn
+// ends is dropped.
 type Inbox struct {
 	mu     sync.Mutex
 	msgs   []string
+	notes  []string
 	closed bool
+}
+
+// maxNotes bounds the notes waiting in one inbox (the gateway sends at
+// most one budget warning a turn; the bound only guards the contract).
+const maxNotes = 8
+
+// Note adds a note from the gateway for the runner and reports whether the
+// runner can still take it (false once the inbox is closed, or when
+// maxNotes are waiting).
+func (b *Inbox) Note(text string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || len(b.notes) >= maxNotes {
+		return false
+	}
+	b.notes = append(b.notes, text)
+	return true
+}
+
+// TakeNotes returns and forgets the gateway's notes added since the last
+// TakeNotes.
+func (b *Inbox) TakeNotes() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.notes
+	b.notes = nil
+	return n
 }
 
 // Put adds a message and reports whether the turn can still take it
@@ -46,18 +79,20 @@ func (b *Inbox) Take() []string {
 	return m
 }
 
-// Close stops the inbox taking messages and returns those never taken.
+// Close stops the inbox taking messages and returns those never taken;
+// notes never taken are dropped.
 func (b *Inbox) Close() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.closed = true
 	m := b.msgs
-	b.msgs = nil
+	b.msgs, b.notes = nil, nil
 	return m
 }
 
 // Steerer is a runner that reads Turn.Inbox: a message steered into one of
-// its turns reaches the model before the turn's next model call.
+// its turns reaches the model before the turn's next model call, and so
+// does a note of the gateway (TakeNotes).
 type Steerer interface {
 	Runner
 	// Steers reports whether this runner, as configured, reads the inbox.

@@ -125,8 +125,9 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(10)
 			},
 			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
-			want: []string{"⚠️ This request was stopped at its time limit of 10 s while build was running. " +
-				"Try again, or ask for something smaller."},
+			want: []string{"⏳ This will be stopped in 2 s unless it finishes.", // budgetWarningRatio 0.8
+				"⚠️ This request was stopped at its time limit of 10 s while build was running. " +
+					"Try again, or ask for something smaller."},
 		},
 		{
 			name: "ceiling",
@@ -135,8 +136,9 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(100)
 			},
 			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
-			want: []string{"⚠️ This request reached the maximum time of 8 s while build was running. " +
-				"It was stopped; please split it into smaller requests."},
+			want: []string{"⏳ This will be stopped in 1.6 s unless it finishes.", // budgetWarningRatio 0.8 of the ceiling
+				"⚠️ This request reached the maximum time of 8 s while build was running. " +
+					"It was stopped; please split it into smaller requests."},
 		},
 		{
 			name: "stuck runner: busy while stopping, free after the grace",
@@ -251,7 +253,7 @@ func TestConfiguredTexts(t *testing.T) {
 		want   []string
 	}{
 		{"step timeout", []step{say("/steps shell:hang"), wait(10 * time.Second)}, []string{"🛑 Nothing happened for 5 s (shell hung)."}},
-		{"wall clock", []step{say("/steps build:1m:hb=1s"), wait(25 * time.Second)}, []string{"🛑 Out of time after 20 s."}},
+		{"wall clock", []step{say("/steps build:1m:hb=1s"), wait(25 * time.Second)}, []string{"⌛ 4 s left.", "🛑 Out of time after 20 s."}},
 		{"stop", []step{say("/steps shell:hang"), wait(time.Second), say("/stop"), wait(time.Second)}, []string{"🛑 You stopped it."}},
 	}
 	for _, tc := range cases {

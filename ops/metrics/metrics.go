@@ -70,6 +70,7 @@ type Metrics struct {
 	abortLate         *prometheus.HistogramVec
 	progress          *prometheus.CounterVec
 	recovered         *prometheus.CounterVec
+	budgetWarnings    *prometheus.CounterVec
 	forceFinalized    *prometheus.CounterVec
 	telegramCalls     *prometheus.CounterVec
 	deliveries        *prometheus.CounterVec
@@ -105,6 +106,10 @@ func New(version string) *Metrics {
 		Namespace: Namespace, Name: "progress_recovered_total",
 		Help: "Slow steps that made progress again after a notice, by channel.",
 	}, []string{"channel"})
+	m.budgetWarnings = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "budget_warnings_total",
+		Help: "Turns warned that they will be stopped (budgetWarningRatio of their time limit used), by channel.",
+	}, []string{"channel"})
 	m.forceFinalized = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "force_finalized_total",
 		Help: "Turns whose runner ignored the abort past the grace period and were force-finalized, by the abort's stop reason.",
@@ -129,7 +134,7 @@ func New(version string) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		build, m.turnsStarted, m.turnsFinished, m.stepDuration, m.abortLate, m.progress, m.recovered,
-		m.forceFinalized, m.telegramCalls, m.deliveries,
+		m.budgetWarnings, m.forceFinalized, m.telegramCalls, m.deliveries,
 	)
 	return m
 }
@@ -274,6 +279,8 @@ func (m *Metrics) Handle(ev event.Event) {
 		m.progress.WithLabelValues(label(ev.Channel)).Inc()
 	case event.Recovered:
 		m.recovered.WithLabelValues(label(ev.Channel)).Inc()
+	case event.BudgetWarning:
+		m.budgetWarnings.WithLabelValues(label(ev.Channel)).Inc()
 	case event.Aborted, event.Finished:
 		m.turnsFinished.WithLabelValues(label(ev.Channel), reasonLabel(ev.StopReason)).Inc()
 	case event.ForceFinalized:
