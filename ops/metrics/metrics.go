@@ -169,6 +169,10 @@ type Sources struct {
 	ActiveTurns func() int
 	// WSClients is the number of open WebSocket connections.
 	WSClients func() int
+	// TurnClasses counts the live turns by stall class (working,
+	// long_running, stalled, stuck: the engine's TurnClasses, from the
+	// deadline scheduler's own decision).
+	TurnClasses func() map[string]int
 	// Store reports the event recorder's queue and overflow.
 	Store interface{ Stats() store.Stats }
 	// Outbox counts outbox messages by status. It is queried with a short
@@ -190,6 +194,13 @@ func (m *Metrics) AddSources(src Sources) {
 			Namespace: Namespace, Name: "active_turns",
 			Help: "Live turns: running, or aborted and waiting for their runner to return.",
 		}, func() float64 { return float64(f()) }))
+	}
+	if src.TurnClasses != nil {
+		m.reg.MustRegister(&classCollector{src: src.TurnClasses, desc: prometheus.NewDesc(
+			prometheus.BuildFQName(Namespace, "", "turns_by_class"),
+			"Live turns by stall class: working (steps completing), long_running (one step long, but heartbeating), "+
+				"stalled (no heartbeat, inside its liveness window), stuck (past its deadline, its runner not stopping).",
+			[]string{"class"}, nil)})
 	}
 	if src.WSClients != nil {
 		f := src.WSClients
@@ -223,6 +234,22 @@ func (m *Metrics) AddSources(src Sources) {
 			prometheus.BuildFQName(Namespace, "", "outbox_messages"),
 			"Outbox messages (final replies and notices) by status: pending, delivered, failed.",
 			[]string{"status"}, nil)})
+	}
+}
+
+// classCollector reads the turns by class at scrape time: one gauge per
+// class, every class of maintenance.Classes (0 when none).
+type classCollector struct {
+	src  func() map[string]int
+	desc *prometheus.Desc
+}
+
+func (c *classCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *classCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.src()
+	for _, cl := range maintenance.Classes {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n[cl.String()]), cl.String())
 	}
 }
 
