@@ -12,8 +12,9 @@ import (
 
 // warnRunner hands budget warning ev to its turn's runner as a note
 // (runner.Inbox.Note: the runners that steer — openai, demo — take it
-// before their next step) and sets ev.Text to the note; ev.Text stays ""
-// when the runner takes none (exec, acp: their protocols have no way to
+// before their next step; exec with permissions on writes it to the
+// agent's stdin) and sets ev.Text to the note; ev.Text stays "" when the
+// runner takes none (acp, exec without permissions: there is no way to
 // tell a running agent) or the turn is gone.
 //
 // Lock contract: called without e.mu; it takes it once.

@@ -17,6 +17,33 @@ type Inbox struct {
 	msgs   []string
 	notes  []string
 	closed bool
+	// notesOnly: the inbox of a runner that takes notes but does not
+	// steer (NotesOnly): Put refuses every message.
+	notesOnly bool
+	noted     chan struct{} // Noted's channel, made on first use
+}
+
+// NotesOnly returns an inbox for a runner that takes the gateway's notes
+// but not the person's messages (a NoteTaker that does not steer): Put
+// always refuses, so a message sent meanwhile is queued as a turn.
+func NotesOnly() *Inbox { return &Inbox{notesOnly: true} }
+
+// notedLocked returns the channel Noted hands out. Called with b.mu held.
+func (b *Inbox) notedLocked() chan struct{} {
+	if b.noted == nil {
+		b.noted = make(chan struct{}, 1)
+	}
+	return b.noted
+}
+
+// Noted returns a channel that receives when a note is added (at most one
+// wake-up waits: take every note with TakeNotes when it fires). For a
+// runner that waits for notes while it works instead of looking between
+// its steps.
+func (b *Inbox) Noted() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.notedLocked()
 }
 
 // maxNotes bounds the notes waiting in one inbox (the gateway sends at
@@ -33,6 +60,10 @@ func (b *Inbox) Note(text string) bool {
 		return false
 	}
 	b.notes = append(b.notes, text)
+	select {
+	case b.notedLocked() <- struct{}{}:
+	default: // a wake-up is already waiting
+	}
 	return true
 }
 
@@ -48,11 +79,11 @@ func (b *Inbox) TakeNotes() []string {
 
 // Put adds a message and reports whether the turn can still take it
 // (false once the runner closed the inbox: it returned, or will make no
-// more model calls).
+// more model calls; always false for a NotesOnly inbox).
 func (b *Inbox) Put(text string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed {
+	if b.closed || b.notesOnly {
 		return false
 	}
 	b.msgs = append(b.msgs, text)
@@ -97,4 +128,13 @@ type Steerer interface {
 	Runner
 	// Steers reports whether this runner, as configured, reads the inbox.
 	Steers() bool
+}
+
+// NoteTaker is a runner that reads the gateway's notes from Turn.Inbox
+// (TakeNotes, Noted) without steering: the engine gives its turns a
+// NotesOnly inbox. A Steerer that steers gets a full inbox instead.
+type NoteTaker interface {
+	Runner
+	// TakesNotes reports whether this runner, as configured, reads notes.
+	TakesNotes() bool
 }
