@@ -2,14 +2,20 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/demo"
+	"github.com/turnguard/turnguard/runner/openai"
 
 	"github.com/turnguard/turnguard/internal/faketime"
 )
@@ -94,4 +100,81 @@ func TestNoBudgetWarningWhenOffOrDoneFirst(t *testing.T) {
 			})
 		})
 	}
+}
+
+// roundTrip is an in-memory http.RoundTripper: no sockets, so it runs in
+// a synctest bubble.
+type roundTrip func(*http.Request) (*http.Response, error)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// sse is a Chat Completions stream of the given chunks' JSON.
+func sse(chunks ...string) *http.Response {
+	var b strings.Builder
+	for _, c := range chunks {
+		b.WriteString("data: " + c + "\n\n")
+	}
+	b.WriteString("data: [DONE]\n\n")
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
+		Body: io.NopCloser(strings.NewReader(b.String()))}
+}
+
+// TestBudgetWarningReachesTheModel: the openai runner gets the gateway's
+// note before its next model call, as a system message: a first call that
+// takes 9 s of a 10 s wall clock (a tool call) is followed by a call that
+// carries "2 s left, wrap up".
+func TestBudgetWarningReachesTheModel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu    sync.Mutex
+			calls [][]map[string]any
+		)
+		transport := roundTrip(func(r *http.Request) (*http.Response, error) {
+			var body struct {
+				Messages []map[string]any `json:"messages"`
+			}
+			if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			calls = append(calls, body.Messages)
+			n := len(calls)
+			mu.Unlock()
+			if n == 1 {
+				time.Sleep(9 * time.Second) // synctest: the model thinks for 9 s of fake time
+				return sse(`{"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"current_time","arguments":"{}"}}]},"finish_reason":null}]}`,
+					`{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`), nil
+			}
+			return sse(`{"id":"c2","choices":[{"index":0,"delta":{"role":"assistant","content":"Done."},"finish_reason":null}]}`,
+				`{"id":"c2","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`), nil
+		})
+		c := testConfig(t, func(c *config.Config) {
+			budget(nil)(c)
+			c.Agents.Defaults.Runner = config.RunnerOpenAI
+			c.Agents.OpenAI.BaseURL = "http://llm.test/v1"
+			c.Agents.OpenAI.Model = "fake-model"
+			c.Agents.OpenAI.Tools.CurrentTime = true
+		})
+		rn, err := openai.New(c.Agents.OpenAI, openai.WithHTTPClient(&http.Client{Transport: transport}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, _ := startEngine(t, c, map[string]runner.Runner{config.RunnerOpenAI: rn})
+		if _, err := e.Send(context.Background(), SendRequest{SessionKey: "s", Channel: "ws", RunID: "r1", Text: "what time is it?"}); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := e.Wait(context.Background(), "r1")
+		if out.Status != StatusOK || out.Text != "Done." {
+			t.Fatalf("outcome %+v", out)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(calls) != 2 {
+			t.Fatalf("%d model calls, want 2", len(calls))
+		}
+		last := calls[1][len(calls[1])-1]
+		if text, _ := last["content"].(string); last["role"] != "system" || !strings.HasPrefix(text, "Note from the gateway: 2 s left before this turn is stopped.") {
+			t.Errorf("the second call ends with %v, want the gateway's note as a system message", last)
+		}
+	})
 }
