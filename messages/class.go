@@ -6,7 +6,7 @@ package messages
 func TurnClass(class string) string {
 	switch class {
 	case "working":
-		return "🟢 Steps are completing."
+		return "🟢 Making progress."
 	case "long_running":
 		return "🟡 One step is taking long, but it still shows signs of life."
 	case "stalled":

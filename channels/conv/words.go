@@ -226,7 +226,9 @@ func turnText(b *strings.Builder, st gateway.TurnStatus) {
 		b.WriteString("⏳ Working — no step has started yet.")
 	}
 	fmt.Fprintf(b, "\nThe request has run for %s.", d(int64(s.Elapsed)))
-	class()
+	if !s.Paused { // a paused turn waits for a person: the next line says so
+		class()
+	}
 	if s.Paused {
 		b.WriteString("\n⏸️ Paused — waiting for a person; the no-progress clock is stopped.")
 	}

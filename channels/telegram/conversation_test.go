@@ -54,6 +54,7 @@ func TestConversations(t *testing.T) {
 			script: []step{say("/steps web_search:300ms shell:hang"), wait(10 * time.Second), say("/status")},
 			want: []string{"⏳ Working — step 2: shell, running for 9.7 s.\n" +
 				"The request has run for 10 s.\n" +
+				"🟢 Making progress.\n" +
 				"Time left:\n" +
 				"• 4 min 50 s before the no-progress limit (5 min)\n" +
 				"• about 30 min before the time limit (30 min)\n" +
@@ -166,7 +167,7 @@ func TestConversations(t *testing.T) {
 			script: []step{say("/steps shell:stuck"), wait(6 * time.Second), say("/status")},
 			want: []string{
 				"⚠️ No progress for 5 s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
-				"⏹️ Stopping (no progress) — waiting for the work to end; the request has run for 6 s.",
+				"⏹️ Stopping (no progress) — waiting for the work to end; the request has run for 6 s.\n🔴 Stuck: it is past its limit and the work has not stopped yet.",
 			},
 		},
 		{
