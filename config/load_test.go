@@ -403,12 +403,12 @@ func checkFull(t *testing.T, c *Config) {
 	eq(t, "ws settings", c.TurnSettings("ws", 0), timeout.Settings{
 		Timeout: 1800 * time.Second, StepTimeout: 600 * time.Second, MaxTurnTime: time.Hour,
 		ProgressNotifyAfter: 30 * time.Second, ProgressRepeat: time.Minute, AbortGrace: 10 * time.Second, ApprovalTimeout: 5 * time.Minute,
-		LivenessResetOn: timeout.LivenessStep,
+		LivenessResetOn: timeout.LivenessStep, BudgetWarningRatio: timeout.DefaultBudgetWarningRatio,
 	})
 	eq(t, "telegram settings", c.TurnSettings("telegram", 0), timeout.Settings{
 		Timeout: 600 * time.Second, StepTimeout: 300 * time.Second, MaxTurnTime: time.Hour,
 		ProgressNotifyAfter: 20 * time.Second, ProgressRepeat: time.Minute, AbortGrace: 10 * time.Second, ApprovalTimeout: 5 * time.Minute,
-		LivenessResetOn: timeout.LivenessActivity,
+		LivenessResetOn: timeout.LivenessActivity, BudgetWarningRatio: timeout.DefaultBudgetWarningRatio,
 	})
 	cmds := c.Agents.OpenAI.Tools.Commands
 	if len(cmds) != 1 || cmds[0].Name != "disk_usage" || !slices.Equal(cmds[0].Argv, []string{"/usr/local/bin/disk-usage"}) {

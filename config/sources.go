@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -136,10 +137,10 @@ func (c *Config) PrintConfig() string {
 	for _, ch := range []string{ChannelWS, ChannelTelegram} {
 		s := c.TurnSettings(ch, 0)
 		fmt.Fprintf(&b, "# %s: timeoutSeconds %s, stepTimeoutSeconds %s, maxTurnTimeSeconds %s, progressNotifyAfterSeconds %s, "+
-			"progressRepeatSeconds %s, abortGraceSeconds %s, approvalTimeoutSeconds %s, livenessResetOn %s\n", ch,
+			"progressRepeatSeconds %s, abortGraceSeconds %s, approvalTimeoutSeconds %s, livenessResetOn %s, budgetWarningRatio %s\n", ch,
 			seconds(s.Timeout.Seconds()), seconds(s.StepTimeout.Seconds()), seconds(s.MaxTurnTime.Seconds()),
 			seconds(s.ProgressNotifyAfter.Seconds()), seconds(s.ProgressRepeat.Seconds()), seconds(s.AbortGrace.Seconds()),
-			seconds(s.ApprovalTimeout.Seconds()), s.LivenessResetOn)
+			seconds(s.ApprovalTimeout.Seconds()), s.LivenessResetOn, strconv.FormatFloat(s.BudgetWarningRatio, 'f', -1, 64))
 	}
 	return b.String()
 }

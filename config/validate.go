@@ -75,6 +75,7 @@ func (p *problems) add(key, format string, args ...any) {
 type bound struct {
 	min, max float64
 	above    bool   // the value must be > min (else ≥ min)
+	below    bool   // the value must be < max (else ≤ max)
 	zero     string // what 0 means when it is allowed: "disabled"
 	maxText  string // the human form of max: "24h", "64 MiB"; "" for a plain number
 	why      string // said after the value: why the lower bound
@@ -97,6 +98,7 @@ var timeoutBounds = map[string]bound{
 	"progressRepeatSeconds":      {max: timeout.MaxProgress.Seconds(), above: true, maxText: "24h", why: "to turn progress notices off set progressNotifyAfterSeconds: 0"},
 	"abortGraceSeconds":          {max: timeout.MaxAbortGrace.Seconds(), above: true, maxText: "10m", why: "a stop always allows some grace"},
 	"approvalTimeoutSeconds":     {max: timeout.MaxApproval.Seconds(), above: true, maxText: "24h", why: "an unanswered question is always denied in the end"},
+	"budgetWarningRatio":         {max: 1, below: true, zero: "off", why: "a share of the time limit"},
 }
 
 // Bounds of the other numeric keys, by key path (list elements as []).
@@ -169,7 +171,7 @@ func (p *problems) wholeIn(name, key string, v int) {
 
 // numberIn checks a number key against b.
 func (p *problems) numberIn(key string, v float64, b bound) {
-	if (v > b.min || (!b.above && v == b.min)) && v <= b.max {
+	if (v > b.min || (!b.above && v == b.min)) && (v < b.max || (!b.below && v == b.max)) {
 		return
 	}
 	why := ""
@@ -184,7 +186,11 @@ func (p *problems) numberIn(key string, v float64, b bound) {
 	if b.zero != "" && b.min == 0 {
 		from += " (" + b.zero + ")"
 	}
-	p.add(key, "must be a number from %s to %s, got %s%s", from, b, number(v), why)
+	to := "to"
+	if b.below {
+		to = "to below"
+	}
+	p.add(key, "must be a number from %s %s %s, got %s%s", from, to, b, number(v), why)
 }
 
 // number prints a configured number as written: 99999999, 0.5, 1e+308, NaN.

@@ -20,6 +20,7 @@ func TestTurnSettings(t *testing.T) {
 	env := []string{
 		"GATEWAY_CHANNELS__TELEGRAM__TIMEOUTS__STEPTIMEOUTSECONDS=30",
 		"GATEWAY_CHANNELS__TELEGRAM__TIMEOUTS__MAXTURNTIMESECONDS=900",
+		"GATEWAY_CHANNELS__TELEGRAM__TIMEOUTS__BUDGETWARNINGRATIO=0.5",
 	}
 	c := mustLoad(t, "testdata/precedence.yaml", env...)
 	def := timeout.Defaults()
@@ -32,15 +33,15 @@ func TestTurnSettings(t *testing.T) {
 		{"ws: channel layer over defaults", "ws", 0, timeout.Settings{
 			Timeout: 600 * time.Second, StepTimeout: 60 * time.Second, MaxTurnTime: def.MaxTurnTime,
 			ProgressNotifyAfter: 5 * time.Second, ProgressRepeat: def.ProgressRepeat, AbortGrace: def.AbortGrace, ApprovalTimeout: def.ApprovalTimeout,
-			LivenessResetOn: timeout.LivenessStep}},
+			LivenessResetOn: timeout.LivenessStep, BudgetWarningRatio: def.BudgetWarningRatio}},
 		{"telegram: its own layer, not ws's", "telegram", 0, timeout.Settings{
 			Timeout: 600 * time.Second, StepTimeout: 30 * time.Second, MaxTurnTime: 900 * time.Second,
 			ProgressNotifyAfter: def.ProgressNotifyAfter, ProgressRepeat: def.ProgressRepeat, AbortGrace: def.AbortGrace, ApprovalTimeout: def.ApprovalTimeout,
-			LivenessResetOn: timeout.LivenessStep}},
+			LivenessResetOn: timeout.LivenessStep, BudgetWarningRatio: 0.5}},
 		{"unknown channel: agents.defaults only", "cli", 0, timeout.Settings{
 			Timeout: 600 * time.Second, StepTimeout: 60 * time.Second, MaxTurnTime: def.MaxTurnTime,
 			ProgressNotifyAfter: def.ProgressNotifyAfter, ProgressRepeat: def.ProgressRepeat, AbortGrace: def.AbortGrace, ApprovalTimeout: def.ApprovalTimeout,
-			LivenessResetOn: timeout.LivenessStep}},
+			LivenessResetOn: timeout.LivenessStep, BudgetWarningRatio: def.BudgetWarningRatio}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -97,6 +97,10 @@ const (
 	ApprovalRequested
 	// ApprovalResolved: a question was settled (Approval.Outcome says how).
 	ApprovalResolved
+	// BudgetWarning: the turn has used budgetWarningRatio of its time
+	// limit; the runner is told to wrap up and the person that the turn
+	// will be stopped. At most one per turn.
+	BudgetWarning
 )
 
 var kindNames = [...]string{
@@ -114,6 +118,7 @@ var kindNames = [...]string{
 	SessionReset:      "session_reset",
 	ApprovalRequested: "approval_requested",
 	ApprovalResolved:  "approval_resolved",
+	BudgetWarning:     "budget_warning",
 }
 
 func (k Kind) String() string {
@@ -153,6 +158,11 @@ func (k Kind) Terminal() bool { return k == Aborted || k == Finished }
 // exit of events (messages.Render), so every subscriber sees the same words;
 // the producers of events (the abort registry, the scheduler) leave it empty.
 // A runner's message written for the user (runner.UserError) is set as is.
+//   - BudgetWarning: Elapsed (turn age), Limit (the time left before the
+//     turn is stopped), Deadline (when: the earlier of the wall clock and
+//     the ceiling), Step (the running step, may be zero), Message (the
+//     notice to the person), Text (the note given to the runner; "" when
+//     its runner takes none).
 //   - SessionReset: SessionKey only (no RunID): earlier history is no longer
 //     part of the conversation.
 //   - ApprovalRequested: Approval (the question, its options, ExpiresAt),
@@ -176,7 +186,7 @@ type Event struct {
 	FullText   string
 	Message    string
 
-	Deadline    time.Time     // TurnStarted: the wall clock deadline
+	Deadline    time.Time     // TurnStarted: the wall clock deadline; BudgetWarning: when the turn will be stopped
 	Ceiling     time.Time     // TurnStarted: the hard ceiling (zero = none)
 	StepTimeout time.Duration // TurnStarted, Progress, Aborted: the liveness window (0 = disabled)
 	Limit       time.Duration // Aborted: the limit hit (wall clock, liveness window or ceiling); Progress: the wall clock

@@ -83,6 +83,9 @@ func (e *Engine) ErrorDetail(id string) (errlog.Record, bool) { return e.errs.Ge
 // takes e.mu only in separate short steps (messagesOf, recordOutcome,
 // ended), never across a call to the bus or the cluster.
 func (e *Engine) publish(ev event.Event) {
+	if ev.Kind == event.BudgetWarning {
+		e.warnRunner(&ev)
+	}
 	if ev.Message == "" && messages.Wordy(&ev) {
 		ev.Message = messages.Render(e.messagesOf(ev.RunID), ev)
 	}

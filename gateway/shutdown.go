@@ -71,12 +71,12 @@ func (e *Engine) Shutdown(ctx context.Context) {
 	}
 }
 
-// Live returns snapshots of the live turns.
+// Live returns snapshots of the live turns, each with its stall class.
 func (e *Engine) Live() []abort.Snapshot {
 	runs := e.reg.Runs()
 	out := make([]abort.Snapshot, 0, len(runs))
 	for _, r := range runs {
-		out = append(out, r.Snapshot())
+		out = append(out, e.snapshot(r))
 	}
 	sortSnapshots(out)
 	return out

@@ -11,6 +11,7 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
+	"github.com/turnguard/turnguard/gateway/maintenance"
 	"github.com/turnguard/turnguard/timeout"
 )
 
@@ -48,7 +49,7 @@ func (e *Engine) Status(sessionKey string) TurnStatus {
 	e.mu.Unlock()
 	st := TurnStatus{SessionKey: sessionKey, Queue: queue}
 	if run != nil {
-		st.Running, st.Turn, st.Limits = true, run.Snapshot(), run.Settings
+		st.Running, st.Turn, st.Limits = true, e.snapshot(run), run.Settings
 		st.Text = run.Text()
 		st.Approvals = e.PendingApprovals(sessionKey)
 	}
@@ -88,4 +89,31 @@ func (e *Engine) StatusOf(ctx context.Context, sessionKey string) (TurnStatus, e
 		return st, &UnavailableError{Cause: fmt.Errorf("status of session %q on replica %s: %w", sessionKey, replica, err)}
 	}
 	return remote, nil
+}
+
+// snapshot is r's Snapshot with its stall class (Snapshot.Class).
+func (e *Engine) snapshot(r *abort.Run) abort.Snapshot {
+	s := r.Snapshot()
+	s.Class = e.classOf(r).String()
+	return s
+}
+
+// classOf is what r is doing now — working, long-running, stalled or stuck
+// — as the deadline scheduler sees it: the class maintenance.Decide gives
+// with its decision, from the same deadlines and the policy in force.
+func (e *Engine) classOf(r *abort.Run) maintenance.Class {
+	return maintenance.Decide(e.reg.Now(), r.View(), e.sched.Policy()).Class
+}
+
+// TurnClasses counts this replica's live turns by stall class (every class
+// present, 0 when none), for the metrics and /api/turns.
+func (e *Engine) TurnClasses() map[string]int {
+	out := make(map[string]int, len(maintenance.Classes))
+	for _, c := range maintenance.Classes {
+		out[c.String()] = 0
+	}
+	for _, r := range e.reg.Runs() {
+		out[e.classOf(r).String()]++
+	}
+	return out
 }

@@ -42,8 +42,10 @@ type turn struct {
 	// aliases are the run ids of the messages collected into this turn
 	// besides its own (Engine.alias).
 	aliases []string
-	// inbox takes the messages steered into this turn (busy mode steer);
-	// nil when the runner is not a runner.Steerer that steers.
+	// inbox takes the messages steered into this turn (busy mode steer)
+	// and the gateway's notes to the runner (a budget warning); a
+	// NotesOnly inbox for a runner.NoteTaker that does not steer; nil when
+	// the runner is neither.
 	inbox *runner.Inbox
 	// steered are the messages steered into this turn, oldest first (under
 	// Engine.mu, like inbox.Put): the inbox's untaken texts are the last
@@ -123,6 +125,8 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 		maxReply: cfg.Agents.Defaults.MaxReplyChars, cut: replyCut(cfg.Agents.Defaults.MaxReplyChars), msgs: cfg.MessageSet(), clock: &livenessClock{run: run}, sessionID: s.id, fences: e.fences}
 	if st, ok := rn.(runner.Steerer); ok && st.Steers() {
 		t.inbox = &runner.Inbox{}
+	} else if nt, ok := rn.(runner.NoteTaker); ok && nt.TakesNotes() {
+		t.inbox = runner.NotesOnly() // the gateway's notes (a budget warning), no messages
 	}
 	t.pending.Store(2)
 	e.turns[req.RunID] = t

@@ -29,19 +29,23 @@ const (
 	User        Name = "user"
 	Error       Name = "error"
 	Superseded  Name = "superseded"
+	// BudgetWarning is the one notice before a turn reaches its time limit
+	// (budgetWarningRatio); Left is the time left.
+	BudgetWarning Name = "budgetWarning"
 )
 
 // Defaults are the built-in texts.
 var Defaults = map[Name]string{
-	Timeout:     `⚠️ This request was stopped at its time limit of {{.Limit}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Try again, or ask for something smaller.`,
-	StepTimeout: `⚠️ No progress for {{.StepTimeout}}{{if .CurrentStep}} — {{.CurrentStep}} never finished{{if .LastStep}} (last completed: {{.LastStep}}){{end}}{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. The task may be stuck. Retry or ask for a simpler approach.`,
-	MaxTurnTime: `⚠️ This request reached the maximum time of {{.Limit}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. It was stopped; please split it into smaller requests.`,
-	Progress:    `⏳ Still working — {{.CurrentStep}} has been running for {{.Elapsed}}…`,
-	Interrupted: `⚠️ Your request was interrupted by a server problem{{with or .CurrentStep .LastStep}} — last action was {{.}}{{end}}. Please send it again.`,
-	Shutdown:    `⚠️ The gateway is shutting down, so your request was stopped after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again in a minute.`,
-	User:        `⏹️ Stopped{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} after {{.Elapsed}}.`,
-	Superseded:  `⏭️ I stopped this request{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} because your newer message replaced it — working on that one now.`,
-	Error:       `❌ Something went wrong on my side{{if .Model}} while waiting for the model{{else if .CurrentStep}} during {{.CurrentStep}}{{end}} (error id {{.ErrorID}}) — try again, or tell the operator this id.`,
+	Timeout:       `⚠️ This request was stopped at its time limit of {{.Limit}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Try again, or ask for something smaller.`,
+	StepTimeout:   `⚠️ No progress for {{.StepTimeout}}{{if .CurrentStep}} — {{.CurrentStep}} never finished{{if .LastStep}} (last completed: {{.LastStep}}){{end}}{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. The task may be stuck. Retry or ask for a simpler approach.`,
+	MaxTurnTime:   `⚠️ This request reached the maximum time of {{.Limit}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. It was stopped; please split it into smaller requests.`,
+	Progress:      `⏳ Still working — {{.CurrentStep}} has been running for {{.Elapsed}}…`,
+	Interrupted:   `⚠️ Your request was interrupted by a server problem{{with or .CurrentStep .LastStep}} — last action was {{.}}{{end}}. Please send it again.`,
+	Shutdown:      `⚠️ The gateway is shutting down, so your request was stopped after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again in a minute.`,
+	User:          `⏹️ Stopped{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} after {{.Elapsed}}.`,
+	Superseded:    `⏭️ I stopped this request{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} because your newer message replaced it — working on that one now.`,
+	BudgetWarning: `⏳ This will be stopped in {{.Left}} unless it finishes.`,
+	Error:         `❌ Something went wrong on my side{{if .Model}} while waiting for the model{{else if .CurrentStep}} during {{.CurrentStep}}{{end}} (error id {{.ErrorID}}) — try again, or tell the operator this id.`,
 }
 
 // Fields are what a template can use. Durations render as a person writes
@@ -52,6 +56,7 @@ type Fields struct {
 	CurrentStep string   // the running step's name, or ""
 	StepTimeout Duration // the liveness window
 	Limit       Duration // the limit that was hit (wall clock or ceiling)
+	Left        Duration // for BudgetWarning: the time left before the turn is stopped
 	Model       bool     // the running step is a call to the model (CurrentStep is then "the model")
 	ErrorID     string   // for Error: the id under which the failure's details are logged and kept for operators
 	// Error is the error id too (kept for templates written before ErrorID).
@@ -156,7 +161,7 @@ func Parse(overrides map[string]string) (*Set, error) {
 			return nil, fmt.Errorf("messages.%s: %w", name, err)
 		}
 		sample := Fields{Elapsed: Duration(90 * time.Second), LastStep: "web_search", CurrentStep: "shell",
-			StepTimeout: Duration(5 * time.Minute), Limit: Duration(30 * time.Minute), ErrorID: "E7K2QX", Error: "E7K2QX"}
+			StepTimeout: Duration(5 * time.Minute), Limit: Duration(30 * time.Minute), Left: Duration(time.Minute), ErrorID: "E7K2QX", Error: "E7K2QX"}
 		if _, err := execute(t, sample); err != nil {
 			return nil, fmt.Errorf("messages.%s: %w", name, err)
 		}

@@ -8,7 +8,7 @@ import (
 
 // Render returns the words a person reads for ev, rendered with set (nil:
 // the built-in texts) from the facts the event carries, or "" for an event
-// that has none: a Progress notice, an Aborted turn's notice (by stop
+// that has none: a Progress notice, a BudgetWarning, an Aborted turn's notice (by stop
 // reason), a failed turn's (Finished with ReasonError). It is the one place
 // user texts are made; the engine calls it at its single exit of events, so
 // history, store and every channel show the same words.
@@ -31,6 +31,9 @@ func Render(set *Set, ev event.Event) string {
 		return ApprovalSettled(ev.Approval)
 	case ev.Kind == event.Progress:
 		return set.Render(Progress, f)
+	case ev.Kind == event.BudgetWarning:
+		f.Left = Duration(ev.Limit)
+		return set.Render(BudgetWarning, f)
 	case ev.Kind == event.Aborted:
 		return set.Render(ForReason(ev.StopReason), f)
 	case ev.Kind == event.Finished && ev.StopReason == event.ReasonError:
@@ -50,7 +53,7 @@ func ForReason(r event.StopReason) Name {
 	case event.ReasonMaxTurnTime:
 		return MaxTurnTime
 	}
-	if _, ok := Defaults[Name(r)]; ok && Name(r) != Progress {
+	if _, ok := Defaults[Name(r)]; ok && Name(r) != Progress && Name(r) != BudgetWarning {
 		return Name(r) // shutdown, interrupted, user, error, and reasons added with their template
 	}
 	return User
@@ -59,7 +62,7 @@ func ForReason(r event.StopReason) Name {
 // Wordy reports whether Render has words for an event of this kind and
 // stop reason: callers on a hot path test it before looking anything up.
 func Wordy(ev *event.Event) bool {
-	return ev.Kind == event.Progress || ev.Kind == event.Aborted ||
+	return ev.Kind == event.Progress || ev.Kind == event.Aborted || ev.Kind == event.BudgetWarning ||
 		ev.Kind == event.ApprovalRequested || ev.Kind == event.ApprovalResolved ||
 		(ev.Kind == event.Finished && ev.StopReason == event.ReasonError)
 }

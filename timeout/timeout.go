@@ -34,6 +34,9 @@ const (
 	DefaultProgressRepeatSeconds      = 60
 	DefaultAbortGraceSeconds          = 10
 	DefaultApprovalTimeoutSeconds     = 300
+	// DefaultBudgetWarningRatio is the share of a turn's time limit after
+	// which the runner and the person are warned (budgetWarningRatio).
+	DefaultBudgetWarningRatio = 0.8
 )
 
 // Clamping bounds. A positive duration below Min is raised to Min; each key
@@ -61,6 +64,9 @@ type Keys struct {
 	AbortGraceSeconds          *float64     `koanf:"abortGraceSeconds" json:"abortGraceSeconds,omitempty"`
 	ApprovalTimeoutSeconds     *float64     `koanf:"approvalTimeoutSeconds" json:"approvalTimeoutSeconds,omitempty"`
 	LivenessResetOn            LivenessMode `koanf:"livenessResetOn" json:"livenessResetOn,omitempty"`
+	// BudgetWarningRatio is a share, not seconds: in [0, 1), 0 = no
+	// warning.
+	BudgetWarningRatio *float64 `koanf:"budgetWarningRatio" json:"budgetWarningRatio,omitempty"`
 }
 
 // Settings are the effective durations of one turn. A zero StepTimeout,
@@ -78,6 +84,11 @@ type Settings struct {
 	// wall clock and ceiling still run meanwhile.
 	ApprovalTimeout time.Duration
 	LivenessResetOn LivenessMode
+	// BudgetWarningRatio is the share of the turn's time limit (the wall
+	// clock or the ceiling, whichever ends first) after which the runner
+	// is told to wrap up and the person that the turn will be stopped; in
+	// [0, 1), 0 = no warning.
+	BudgetWarningRatio float64
 }
 
 // Defaults returns the built-in settings.
@@ -103,6 +114,8 @@ func Defaults() Settings { return Resolve(0) }
 //   - the request override replaces the wall clock (shorter or longer) and is
 //     then clamped like timeoutSeconds, so never past the ceiling.
 //   - an unknown livenessResetOn value → "step".
+//   - budgetWarningRatio: 0 disables; NaN, negative, or 1 and above → the
+//     default 0.8 (a warning at or past the kill would say nothing).
 func Resolve(request time.Duration, layers ...Keys) Settings {
 	pick := func(get func(Keys) *float64, def float64) float64 {
 		for _, l := range layers {
@@ -120,6 +133,7 @@ func Resolve(request time.Duration, layers ...Keys) Settings {
 		AbortGrace:          clamp(pick(func(k Keys) *float64 { return k.AbortGraceSeconds }, DefaultAbortGraceSeconds), false, MaxAbortGrace),
 		ApprovalTimeout:     clamp(pick(func(k Keys) *float64 { return k.ApprovalTimeoutSeconds }, DefaultApprovalTimeoutSeconds), false, MaxApproval),
 		LivenessResetOn:     DefaultLiveness,
+		BudgetWarningRatio:  ratio(pick(func(k Keys) *float64 { return k.BudgetWarningRatio }, DefaultBudgetWarningRatio)),
 	}
 	for _, l := range layers {
 		if l.LivenessResetOn != "" {
@@ -138,6 +152,30 @@ func Resolve(request time.Duration, layers ...Keys) Settings {
 		s.Timeout = s.MaxTurnTime
 	}
 	return s
+}
+
+// ratio applies budgetWarningRatio's rule: in [0, 1), else the default.
+func ratio(v float64) float64 {
+	if math.IsNaN(v) || v < 0 || v >= 1 {
+		return DefaultBudgetWarningRatio
+	}
+	return v
+}
+
+// WarnAt returns when a turn that started at start (any time base) is due
+// its budget warning, in the same time base, and the deadline it warns of
+// (the earlier of the wall clock and the ceiling): start plus the ratio's
+// share of the time up to that deadline. ceiling is 0 when there is none.
+// ok is false when the warning is off (BudgetWarningRatio 0).
+func (s Settings) WarnAt(start, wall, ceiling time.Duration) (at, deadline time.Duration, ok bool) {
+	if s.BudgetWarningRatio <= 0 || s.BudgetWarningRatio >= 1 {
+		return 0, 0, false
+	}
+	deadline = wall
+	if ceiling > 0 && ceiling < deadline {
+		deadline = ceiling
+	}
+	return start + time.Duration(s.BudgetWarningRatio*float64(deadline-start)), deadline, true
 }
 
 // clamp converts seconds to a duration and applies the rules above.
@@ -198,7 +236,7 @@ func (k Keys) Named() []Named {
 
 // Check reports the first problem with the keys of one configuration layer,
 // for config validation: a negative or non-finite value, or an unknown
-// livenessResetOn. prefix names the layer in the error (e.g.
+// livenessResetOn, or a budgetWarningRatio outside [0, 1). prefix names the layer in the error (e.g.
 // "agents.defaults"). Resolve would clamp such values; Check lets the loader
 // refuse them instead, naming the key.
 func (k Keys) Check(prefix string) error {
@@ -209,6 +247,9 @@ func (k Keys) Check(prefix string) error {
 		if v := *f.V; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 			return fmt.Errorf("%s.%s: must be a number ≥ 0, got %v", prefix, f.Name, v)
 		}
+	}
+	if r := k.BudgetWarningRatio; r != nil && !(*r >= 0 && *r < 1) {
+		return fmt.Errorf("%s.budgetWarningRatio: must be a number from 0 (off) to below 1, got %v", prefix, *r)
 	}
 	switch k.LivenessResetOn {
 	case "", LivenessStep, LivenessActivity:

@@ -19,6 +19,7 @@ var builtin = Settings{
 	AbortGrace:          10 * time.Second,
 	ApprovalTimeout:     5 * time.Minute,
 	LivenessResetOn:     LivenessStep,
+	BudgetWarningRatio:  0.8,
 }
 
 // with returns builtin with f applied.
@@ -269,6 +270,12 @@ func TestCheck(t *testing.T) {
 		{"-Inf", Keys{ProgressNotifyAfterSeconds: p(math.Inf(-1))}, "agents.defaults.progressNotifyAfterSeconds: must be a number ≥ 0, got -Inf"},
 		{"progressRepeat", Keys{ProgressRepeatSeconds: p(-0.5)}, "agents.defaults.progressRepeatSeconds: must be a number ≥ 0, got -0.5"},
 		{"abortGrace", Keys{AbortGraceSeconds: p(-2)}, "agents.defaults.abortGraceSeconds: must be a number ≥ 0, got -2"},
+		{"budgetWarningRatio 0 (off)", Keys{BudgetWarningRatio: p(0)}, ""},
+		{"budgetWarningRatio just below 1", Keys{BudgetWarningRatio: p(0.99)}, ""},
+		{"budgetWarningRatio 1", Keys{BudgetWarningRatio: p(1)},
+			"agents.defaults.budgetWarningRatio: must be a number from 0 (off) to below 1, got 1"},
+		{"budgetWarningRatio negative", Keys{BudgetWarningRatio: p(-0.1)}, "agents.defaults.budgetWarningRatio:"},
+		{"budgetWarningRatio NaN", Keys{BudgetWarningRatio: p(math.NaN())}, "agents.defaults.budgetWarningRatio:"},
 		{"unknown livenessResetOn", Keys{LivenessResetOn: "tokens"},
 			`agents.defaults.livenessResetOn: must be "step" or "activity", got "tokens"`},
 		{"the first problem in key order", Keys{AbortGraceSeconds: p(-1), TimeoutSeconds: p(-1), LivenessResetOn: "x"},
@@ -288,5 +295,56 @@ func TestCheck(t *testing.T) {
 	if err := (Keys{StepTimeoutSeconds: p(-1)}).Check("channels.ws.timeouts"); err == nil ||
 		!strings.HasPrefix(err.Error(), "channels.ws.timeouts.stepTimeoutSeconds:") {
 		t.Errorf("Check does not use its prefix: %v", err)
+	}
+}
+
+// TestResolveBudgetWarningRatio: the ratio's precedence and clamping (0
+// off; out of [0, 1) the default).
+func TestResolveBudgetWarningRatio(t *testing.T) {
+	tests := []struct {
+		name   string
+		layers []Keys
+		want   float64
+	}{
+		{"default", nil, DefaultBudgetWarningRatio},
+		{"from defaults", []Keys{{}, {BudgetWarningRatio: p(0.5)}}, 0.5},
+		{"channel over defaults", []Keys{{BudgetWarningRatio: p(0.9)}, {BudgetWarningRatio: p(0.5)}}, 0.9},
+		{"0 turns it off", []Keys{{BudgetWarningRatio: p(0)}, {BudgetWarningRatio: p(0.5)}}, 0},
+		{"1 → the default", []Keys{{BudgetWarningRatio: p(1)}}, DefaultBudgetWarningRatio},
+		{"negative → the default", []Keys{{BudgetWarningRatio: p(-1)}}, DefaultBudgetWarningRatio},
+		{"NaN → the default", []Keys{{BudgetWarningRatio: p(math.NaN())}}, DefaultBudgetWarningRatio},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Resolve(0, tt.layers...).BudgetWarningRatio; got != tt.want {
+				t.Errorf("BudgetWarningRatio = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestWarnAt: the warning is due at the ratio's share of the time to the
+// earlier of the wall clock and the ceiling; never with ratio 0.
+func TestWarnAt(t *testing.T) {
+	const start = 10 * time.Second
+	tests := []struct {
+		name             string
+		ratio            float64
+		wall, ceiling    time.Duration
+		wantAt, wantDead time.Duration
+		wantOK           bool
+	}{
+		{"wall clock", 0.8, start + 100*time.Second, 0, start + 80*time.Second, start + 100*time.Second, true},
+		{"ceiling first", 0.5, start + 100*time.Second, start + 60*time.Second, start + 30*time.Second, start + 60*time.Second, true},
+		{"wall clock before the ceiling", 0.5, start + 60*time.Second, start + 100*time.Second, start + 30*time.Second, start + 60*time.Second, true},
+		{"off", 0, start + 100*time.Second, 0, 0, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			at, dead, ok := Settings{BudgetWarningRatio: tt.ratio}.WarnAt(start, tt.wall, tt.ceiling)
+			if at != tt.wantAt || dead != tt.wantDead || ok != tt.wantOK {
+				t.Errorf("WarnAt = %v, %v, %v; want %v, %v, %v", at, dead, ok, tt.wantAt, tt.wantDead, tt.wantOK)
+			}
+		})
 	}
 }

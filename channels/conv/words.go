@@ -170,7 +170,8 @@ func HelpText(c *config.Config, channel, progress string) string {
 const maxQueueShown = 3
 
 // StatusText describes a session (Engine.Status): its running turn's
-// current step and how long it has run, the time left before each
+// current step and how long it has run, what it is doing (its stall class:
+// working, long-running, stalled, stuck), the time left before each
 // deadline, and the messages waiting behind it; TextIdle when nothing runs
 // or waits.
 func StatusText(st gateway.TurnStatus) string {
@@ -206,8 +207,14 @@ func StatusText(st gateway.TurnStatus) string {
 func turnText(b *strings.Builder, st gateway.TurnStatus) {
 	s := st.Turn
 	d := func(x int64) messages.Duration { return messages.Duration(max(x, 0)) }
+	class := func() {
+		if w := messages.TurnClass(s.Class); w != "" {
+			b.WriteString("\n" + w)
+		}
+	}
 	if s.State != stateRunning {
 		fmt.Fprintf(b, "⏹️ Stopping (%s) — waiting for the work to end; the request has run for %s.", ReasonText(s.StopReason), d(int64(s.Elapsed)))
+		class()
 		return
 	}
 	switch {
@@ -219,6 +226,9 @@ func turnText(b *strings.Builder, st gateway.TurnStatus) {
 		b.WriteString("⏳ Working — no step has started yet.")
 	}
 	fmt.Fprintf(b, "\nThe request has run for %s.", d(int64(s.Elapsed)))
+	if !s.Paused { // a paused turn waits for a person: the next line says so
+		class()
+	}
 	if s.Paused {
 		b.WriteString("\n⏸️ Paused — waiting for a person; the no-progress clock is stopped.")
 	}

@@ -118,9 +118,30 @@ func TestStatusText(t *testing.T) {
 		{"stopping", gateway.TurnStatus{Running: true, Limits: limits,
 			Turn: abort.Snapshot{State: "aborted", StopReason: "superseded", Elapsed: 3 * time.Second}},
 			"⏹️ Stopping (replaced by a newer message) — waiting for the work to end; the request has run for 3 s."},
+		{"working, classed", gateway.TurnStatus{Running: true, Turn: classed(working, "working"), Limits: limits},
+			"⏳ Working — step 2: shell, running for 30 s.\nThe request has run for 1 min 15 s.\n🟢 Making progress.\nTime left:\n" +
+				"• 1 min 30 s before the no-progress limit (2 min)\n• 8 min 45 s before the time limit (10 min)\nSend /stop to stop it."},
+		{"long-running", gateway.TurnStatus{Running: true, Turn: classed(working, "long_running"), Limits: limits},
+			"⏳ Working — step 2: shell, running for 30 s.\nThe request has run for 1 min 15 s.\n🟡 One step is taking long, but it still shows signs of life.\nTime left:\n" +
+				"• 1 min 30 s before the no-progress limit (2 min)\n• 8 min 45 s before the time limit (10 min)\nSend /stop to stop it."},
+		{"stalled", gateway.TurnStatus{Running: true, Turn: classed(working, "stalled"), Limits: limits},
+			"⏳ Working — step 2: shell, running for 30 s.\nThe request has run for 1 min 15 s.\n🟠 No sign of progress lately; it will be stopped if none comes before the no-progress limit.\nTime left:\n" +
+				"• 1 min 30 s before the no-progress limit (2 min)\n• 8 min 45 s before the time limit (10 min)\nSend /stop to stop it."},
+		{"paused: no class line", gateway.TurnStatus{Running: true, Turn: classed(func() abort.Snapshot { p := working; p.Paused = true; return p }(), "working"), Limits: limits},
+			"⏳ Working — step 2: shell, running for 30 s.\nThe request has run for 1 min 15 s.\n⏸️ Paused — waiting for a person; the no-progress clock is stopped.\nTime left:\n" +
+				"• 8 min 45 s before the time limit (10 min)\nSend /stop to stop it."},
+		{"stuck", gateway.TurnStatus{Running: true, Limits: limits,
+			Turn: abort.Snapshot{State: "aborted", StopReason: "step_timeout", Elapsed: 3 * time.Minute, Class: "stuck"}},
+			"⏹️ Stopping (no progress) — waiting for the work to end; the request has run for 3 min.\n🔴 Stuck: it is past its limit and the work has not stopped yet."},
 	} {
 		if got := conv.StatusText(tc.st); got != tc.want {
 			t.Errorf("%s: StatusText =\n%s\nwant\n%s", tc.name, got, tc.want)
 		}
 	}
+}
+
+// classed is s with class.
+func classed(s abort.Snapshot, class string) abort.Snapshot {
+	s.Class = class
+	return s
 }

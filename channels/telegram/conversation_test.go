@@ -54,6 +54,7 @@ func TestConversations(t *testing.T) {
 			script: []step{say("/steps web_search:300ms shell:hang"), wait(10 * time.Second), say("/status")},
 			want: []string{"⏳ Working — step 2: shell, running for 9.7 s.\n" +
 				"The request has run for 10 s.\n" +
+				"🟢 Making progress.\n" +
 				"Time left:\n" +
 				"• 4 min 50 s before the no-progress limit (5 min)\n" +
 				"• about 30 min before the time limit (30 min)\n" +
@@ -125,8 +126,9 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(10)
 			},
 			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
-			want: []string{"⚠️ This request was stopped at its time limit of 10 s while build was running. " +
-				"Try again, or ask for something smaller."},
+			want: []string{"⏳ This will be stopped in 2 s unless it finishes.", // budgetWarningRatio 0.8
+				"⚠️ This request was stopped at its time limit of 10 s while build was running. " +
+					"Try again, or ask for something smaller."},
 		},
 		{
 			name: "ceiling",
@@ -135,8 +137,9 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(100)
 			},
 			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
-			want: []string{"⚠️ This request reached the maximum time of 8 s while build was running. " +
-				"It was stopped; please split it into smaller requests."},
+			want: []string{"⏳ This will be stopped in 1.6 s unless it finishes.", // budgetWarningRatio 0.8 of the ceiling
+				"⚠️ This request reached the maximum time of 8 s while build was running. " +
+					"It was stopped; please split it into smaller requests."},
 		},
 		{
 			name: "stuck runner: busy while stopping, free after the grace",
@@ -164,7 +167,7 @@ func TestConversations(t *testing.T) {
 			script: []step{say("/steps shell:stuck"), wait(6 * time.Second), say("/status")},
 			want: []string{
 				"⚠️ No progress for 5 s — shell never finished. The task may be stuck. Retry or ask for a simpler approach.",
-				"⏹️ Stopping (no progress) — waiting for the work to end; the request has run for 6 s.",
+				"⏹️ Stopping (no progress) — waiting for the work to end; the request has run for 6 s.\n🔴 Stuck: it is past its limit and the work has not stopped yet.",
 			},
 		},
 		{
@@ -251,7 +254,7 @@ func TestConfiguredTexts(t *testing.T) {
 		want   []string
 	}{
 		{"step timeout", []step{say("/steps shell:hang"), wait(10 * time.Second)}, []string{"🛑 Nothing happened for 5 s (shell hung)."}},
-		{"wall clock", []step{say("/steps build:1m:hb=1s"), wait(25 * time.Second)}, []string{"🛑 Out of time after 20 s."}},
+		{"wall clock", []step{say("/steps build:1m:hb=1s"), wait(25 * time.Second)}, []string{"⌛ 4 s left.", "🛑 Out of time after 20 s."}},
 		{"stop", []step{say("/steps shell:hang"), wait(time.Second), say("/stop"), wait(time.Second)}, []string{"🛑 You stopped it."}},
 	}
 	for _, tc := range cases {

@@ -60,6 +60,12 @@ func (c *Channel) onEvent(ev event.Event) {
 		t.progress(ev)
 	case event.Recovered:
 		t.closeNotice(true, ev.Time)
+	case event.BudgetWarning:
+		// Once per turn (the scheduler's word), before the stop: a message
+		// of its own, not an edit, so the person is notified.
+		if ev.Message != "" {
+			c.enqueueLocked(ch, &outItem{kind: itemReply, runID: ev.RunID, text: ev.Message})
+		}
 	case event.ApprovalRequested:
 		if ev.Approval != nil {
 			c.askLocked(ch, t, ev)

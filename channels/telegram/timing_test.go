@@ -382,3 +382,60 @@ func TestOrderPerChat(t *testing.T) {
 		}
 	})
 }
+
+// TestBudgetWarningOnceBeforeTheStop: at budgetWarningRatio (the default
+// 0.8) of the wall clock the person gets one message saying when the turn
+// will be stopped — a message of its own, before the stop notice; a runner
+// that takes the gateway's note (the demo) wraps up and finishes in time.
+func TestBudgetWarningOnceBeforeTheStop(t *testing.T) {
+	cases := []struct {
+		name   string
+		ratio  *float64
+		script string
+		want   []string
+	}{
+		{
+			name:   "stopped at the wall clock",
+			script: "/steps shell:hang",
+			want: []string{
+				"1m20s sendMessage #1 ⏳ This will be stopped in 20 s unless it finishes.",
+				"1m40s sendMessage #2 ⚠️ This request was stopped at its time limit of 1 min 40 s while shell was running. Try again, or ask for something smaller.",
+			},
+		},
+		{
+			name:   "the runner wraps up",
+			script: "/steps build:90s deploy:hang say:Built",
+			want: []string{
+				"1m20s sendMessage #1 ⏳ This will be stopped in 20 s unless it finishes.",
+				"1m30s sendMessage #2 🧭 Note from the gateway: 20 s left before this turn is stopped. Wrap up now: start no new long task and give your best answer with what you have. Built",
+			},
+		},
+		{
+			name:   "ratio 0: no warning",
+			ratio:  secs(0),
+			script: "/steps shell:hang",
+			want: []string{
+				"1m40s sendMessage #1 ⚠️ This request was stopped at its time limit of 1 min 40 s while shell was running. Try again, or ask for something smaller.",
+			},
+		},
+		{
+			name:   "a turn that finishes first is not warned",
+			script: "/steps build:70s say:Built",
+			want:   []string{"1m10s sendMessage #1 Built"},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, setup{adjust: func(c *config.Config) {
+					c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(100)
+					c.Channels.Telegram.Timeouts.ProgressNotifyAfterSeconds = secs(0)
+					c.Channels.Telegram.Timeouts.BudgetWarningRatio = tc.ratio
+				}})
+				h.say(alice, tc.script)
+				h.advance(3 * time.Minute)
+				wantLines(t, "messages", callLines(h.api.allCalls(), "sendMessage", "editMessageText"), tc.want)
+			})
+		})
+	}
+}

@@ -143,7 +143,7 @@ func encodeAgent(p *agentEvent) []byte {
 		w.obj("data").str("phase", d.Phase).intOmit("startedAt", d.StartedAt).intOmit("endedAt", d.EndedAt).
 			strOmit("stopReason", d.StopReason).boolOmit("aborted", d.Aborted).strOmit("error", d.Error).
 			strOmit("toolCallId", d.ToolCallID).strOmit("name", d.Name).intOmit("elapsedMs", d.ElapsedMs).
-			strOmit("userText", d.UserText).close()
+			strOmit("userText", d.UserText).strOmit("message", d.Message).intOmit("deadlineAt", d.DeadlineAt).close()
 	case toolData:
 		w.obj("data").str("phase", d.Phase).str("toolCallId", d.ToolCallID).str("name", d.Name)
 		if d.Args != nil {

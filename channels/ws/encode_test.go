@@ -25,6 +25,7 @@ func TestEncodersMatchEncodingJSON(t *testing.T) {
 	agents := []agentEvent{
 		{RunID: "r", Seq: 1, Stream: "lifecycle", Ts: 7, SessionKey: "k", AgentID: "main", Data: lifecycleData{Phase: "start", StartedAt: 7, UserText: "hi \"there\""}},
 		{RunID: "r", Seq: 2, Stream: "lifecycle", Ts: 7, SessionKey: "k", Data: lifecycleData{Phase: "end", EndedAt: 9, StopReason: "user", Aborted: true, Error: "e", ToolCallID: "r:1", Name: "shell", ElapsedMs: 3}},
+		{RunID: "r", Seq: 3, Stream: "lifecycle", Ts: 8, SessionKey: "k", Data: lifecycleData{Phase: "warning", Message: "⏳ \"soon\"", DeadlineAt: 10, ElapsedMs: 8}},
 		{RunID: "r", Seq: 3, Stream: "tool", Ts: 7, SessionKey: "k", Data: toolData{Phase: "start", ToolCallID: "r:1", Name: "shell", Args: &struct{}{}}},
 		{RunID: "r", Seq: 4, Stream: "tool", Ts: 7, SessionKey: "k", Data: toolData{Phase: "result", ToolCallID: "r:1", Name: "shell",
 			Result: &toolResult{Content: []contentBlock{{Type: "text", Text: "out"}, {Type: "text", Text: "more"}}}, IsError: true, Meta: &toolMeta{DurationMs: 12}}},

@@ -37,7 +37,7 @@ type agentEvent struct {
 }
 
 type lifecycleData struct {
-	Phase      string `json:"phase"` // start | running | end | error
+	Phase      string `json:"phase"` // start | running | warning | end | error
 	StartedAt  int64  `json:"startedAt,omitempty"`
 	EndedAt    int64  `json:"endedAt,omitempty"`
 	StopReason string `json:"stopReason,omitempty"`
@@ -51,6 +51,11 @@ type lifecycleData struct {
 	// (another tab, a page on another replica) can draw it; cut to an
 	// eighth of server.maxAnswerBytes, as in chat.history's activeRun.
 	UserText string `json:"userText,omitempty"`
+	// Message (warning only; turnguard's extension): the budget warning in
+	// words, "⏳ This will be stopped in 1 min unless it finishes.";
+	// DeadlineAt is when (unix ms).
+	Message    string `json:"message,omitempty"`
+	DeadlineAt int64  `json:"deadlineAt,omitempty"`
 }
 
 type toolData struct {
@@ -314,6 +319,10 @@ func (rs *runState) apply(ev event.Event) {
 			lc.ToolCallID = rs.toolCallID(ev.Step)
 		}
 		rs.lifecycle(t, lc)
+
+	case event.BudgetWarning:
+		rs.lifecycle(t, lifecycleData{Phase: "warning", Message: ev.Message, DeadlineAt: ms(ev.Deadline),
+			ElapsedMs: ev.Elapsed.Milliseconds()})
 
 	case event.Recovered:
 		if !rs.notice.IsZero() {

@@ -242,7 +242,8 @@ func TestCrashMetricsAfterRestart(t *testing.T) {
 	}
 	b, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	for _, want := range []string{"turnguard_active_turns 0", `turnguard_build_info{`, "turnguard_store_events_dropped_total 0"} {
+	for _, want := range []string{"turnguard_active_turns 0", `turnguard_build_info{`, "turnguard_store_events_dropped_total 0",
+		`turnguard_turns_by_class{class="stuck"} 0`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}

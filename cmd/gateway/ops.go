@@ -93,7 +93,7 @@ func (o *ops) wire(ctx context.Context, a *app, tg alerts.TelegramSender) error 
 	bus := a.eng.Bus()
 	o.unsub = append(o.unsub, bus.Subscribe("", o.metrics.Handle))
 	o.metrics.AddSources(metrics.Sources{
-		ActiveTurns: a.eng.Registry().Len, WSClients: a.ws.Clients, Store: a.store, Outbox: a.store,
+		ActiveTurns: a.eng.Registry().Len, TurnClasses: a.eng.TurnClasses, WSClients: a.ws.Clients, Store: a.store, Outbox: a.store,
 	})
 
 	al, err := alerts.New(alerts.Options{Config: o.cfg, Telegram: tg, Log: o.log.With("component", "alerts")})

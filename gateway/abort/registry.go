@@ -89,6 +89,9 @@ func (g *Registry) now() int64 { return int64(time.Since(g.epoch)) + 1 }
 // Now returns the registry clock as a duration since its epoch.
 func (g *Registry) Now() time.Duration { return time.Duration(g.now()) }
 
+// Wall returns the wall-clock time of registry time t.
+func (g *Registry) Wall(t time.Duration) time.Time { return g.wall(int64(t)) }
+
 func (g *Registry) wall(ns int64) time.Time { return g.epoch.Add(time.Duration(ns - 1)) }
 
 func (g *Registry) shardOf(id string) *shard {
@@ -200,6 +203,7 @@ type View struct {
 	StepStarted  time.Duration
 	NoticeSeq    uint32 // step with an open progress notice, 0 = none
 	LastNoticeAt time.Duration
+	Warned       bool // the budget warning is out
 	State        State
 	AbortedAt    time.Duration
 	Returned     bool
@@ -217,6 +221,7 @@ func (r *Run) View() View {
 		Paused:       r.pausedAt.Load() != 0,
 		NoticeSeq:    r.noticeSeq.Load(),
 		LastNoticeAt: time.Duration(r.lastNoticeAt.Load()),
+		Warned:       r.warned.Load(),
 		State:        r.State(),
 		AbortedAt:    time.Duration(r.abortedAt.Load()),
 		Returned:     r.returned.Load(),
@@ -246,6 +251,10 @@ func (r *Run) ClearNotice() bool {
 	return r.noticeSeq.Swap(0) != 0
 }
 
+// MarkWarned records that the budget warning is out and reports whether
+// this call did it (false: it was out already).
+func (r *Run) MarkWarned() bool { return r.warned.CompareAndSwap(false, true) }
+
 // Armed returns when the scheduler will next look at the run (0 = never).
 func (r *Run) Armed() time.Duration { return time.Duration(r.armed.Load()) }
 
@@ -259,23 +268,27 @@ func (r *Run) Slot() int { return int(r.slot) }
 
 // Snapshot is a run as operators and /status see it.
 type Snapshot struct {
-	RunID        string           `json:"runId"`
-	SessionKey   string           `json:"sessionKey"`
-	Channel      string           `json:"channel"`
-	ChatRef      string           `json:"chatRef,omitempty"`
-	State        string           `json:"state"`
-	StopReason   event.StopReason `json:"stopReason,omitempty"`
-	StartedAt    time.Time        `json:"startedAt"`
-	Elapsed      time.Duration    `json:"elapsedNs"`
-	CurrentStep  event.Step       `json:"currentStep,omitzero"`
-	StepElapsed  time.Duration    `json:"stepElapsedNs,omitempty"`
-	LastStep     event.Step       `json:"lastStep,omitzero"`
-	Paused       bool             `json:"paused"`
-	Stalled      bool             `json:"stalled"`
-	UntilStep    time.Duration    `json:"untilStepTimeoutNs,omitempty"` // 0 = disabled or paused
-	UntilWall    time.Duration    `json:"untilTimeoutNs"`
-	UntilCeiling time.Duration    `json:"untilMaxTurnTimeNs,omitempty"` // 0 = no ceiling
-	Returned     bool             `json:"returned"`
+	RunID       string           `json:"runId"`
+	SessionKey  string           `json:"sessionKey"`
+	Channel     string           `json:"channel"`
+	ChatRef     string           `json:"chatRef,omitempty"`
+	State       string           `json:"state"`
+	StopReason  event.StopReason `json:"stopReason,omitempty"`
+	StartedAt   time.Time        `json:"startedAt"`
+	Elapsed     time.Duration    `json:"elapsedNs"`
+	CurrentStep event.Step       `json:"currentStep,omitzero"`
+	StepElapsed time.Duration    `json:"stepElapsedNs,omitempty"`
+	LastStep    event.Step       `json:"lastStep,omitzero"`
+	Paused      bool             `json:"paused"`
+	Stalled     bool             `json:"stalled"`
+	// Class is what the turn is doing (working, long_running, stalled,
+	// stuck): set by whoever decides the run's deadlines (the gateway, from
+	// maintenance.Decide); Snapshot leaves it empty.
+	Class        string        `json:"class,omitempty"`
+	UntilStep    time.Duration `json:"untilStepTimeoutNs,omitempty"` // 0 = disabled or paused
+	UntilWall    time.Duration `json:"untilTimeoutNs"`
+	UntilCeiling time.Duration `json:"untilMaxTurnTimeNs,omitempty"` // 0 = no ceiling
+	Returned     bool          `json:"returned"`
 }
 
 // Snapshot returns the run as of now.

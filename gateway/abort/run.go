@@ -98,6 +98,7 @@ type Run struct {
 	seq          uint32        // per-run event sequence, guarded by mu
 	lastNoticeAt atomic.Int64
 	armed        atomic.Int64 // when the scheduler will next look at this run; 0 = not armed
+	warned       atomic.Bool  // the budget warning is out (at most one per run)
 
 	ID         string
 	SessionKey string

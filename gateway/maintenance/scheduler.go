@@ -87,6 +87,7 @@ type Stats struct {
 	Looks          atomic.Uint64 // runs examined (due or early)
 	Rearms         atomic.Uint64 // runs that surfaced early and were re-armed
 	Progress       atomic.Uint64
+	Warnings       atomic.Uint64 // budget warnings
 	ForceFinalized atomic.Uint64
 	aborts         [8]atomic.Uint64
 }
@@ -97,6 +98,7 @@ type StatsSnapshot struct {
 	Looks          uint64                      `json:"looks"`
 	Rearms         uint64                      `json:"rearms"`
 	Progress       uint64                      `json:"progressNotices"`
+	Warnings       uint64                      `json:"budgetWarnings"`
 	ForceFinalized uint64                      `json:"forceFinalized"`
 	Aborts         map[event.StopReason]uint64 `json:"aborts"`
 	Entries        int                         `json:"entries"`
@@ -317,6 +319,8 @@ func (s *Scheduler) look(r *abort.Run, now time.Duration) time.Duration {
 			return 0
 		case Progress:
 			s.progress(r, now)
+		case Warn:
+			s.warn(r, now)
 		case Abort:
 			if ev, ok := r.AbortDue(d.Reason); ok { // look decides the grace next: no Touch
 				s.stats.aborts[reasonIndex(d.Reason)].Add(1)
@@ -350,6 +354,21 @@ func (s *Scheduler) progress(r *abort.Run, now time.Duration) {
 		StepTimeout: r.Settings.StepTimeout, Limit: r.Settings.Timeout})
 }
 
+// warn publishes r's budget warning, once: how long is left before the
+// earlier of its wall clock and ceiling. The engine turns it into words for
+// the person and a note for the runner.
+func (s *Scheduler) warn(r *abort.Run, now time.Duration) {
+	if !r.MarkWarned() {
+		return
+	}
+	v := r.View()
+	_, deadline, _ := r.Settings.WarnAt(v.Start, v.WallDeadline, v.Ceiling)
+	cur, last := r.CurrentStep()
+	s.stats.Warnings.Add(1)
+	r.Publish(s.publish, event.Event{Kind: event.BudgetWarning, Step: cur, LastStep: last,
+		Elapsed: now - v.Start, Limit: deadline - now, Deadline: s.reg.Wall(deadline)})
+}
+
 func reasonIndex(r event.StopReason) int {
 	for i, x := range abortReasons {
 		if x == r {
@@ -363,7 +382,7 @@ func reasonIndex(r event.StopReason) int {
 func (s *Scheduler) Stats() StatsSnapshot {
 	out := StatsSnapshot{
 		Wakeups: s.stats.Wakeups.Load(), Looks: s.stats.Looks.Load(), Rearms: s.stats.Rearms.Load(),
-		Progress: s.stats.Progress.Load(), ForceFinalized: s.stats.ForceFinalized.Load(),
+		Progress: s.stats.Progress.Load(), Warnings: s.stats.Warnings.Load(), ForceFinalized: s.stats.ForceFinalized.Load(),
 		Aborts: map[event.StopReason]uint64{},
 	}
 	for i, r := range abortReasons {

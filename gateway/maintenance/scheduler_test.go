@@ -159,7 +159,7 @@ func TestRequestCannotExtendPastCeiling(t *testing.T) {
 		h.start(t, "r1", s)
 		faketime.Advance(time.Minute)
 		synctest.Wait()
-		equal(t, h.rec.kinds(), []string{"aborted:max_turn_time@20s", "force_finalized:max_turn_time@30s"})
+		equal(t, h.rec.kinds(), []string{"budget_warning@16s", "aborted:max_turn_time@20s", "force_finalized:max_turn_time@30s"})
 	})
 }
 
@@ -390,4 +390,66 @@ func TestLivenessResetsNeverMoveTheStepDeadlineEarlier(t *testing.T) {
 		synctest.Wait()
 		equal(t, h.rec.kinds(), []string{"aborted:step_timeout@27s", "force_finalized:step_timeout@30s"})
 	})
+}
+
+// TestBudgetWarningAtExactlyTheRatioOnce: the warning is published at
+// exactly 80 % of the wall clock (the scheduler wakes for it: no sweep),
+// once, with the time left and the running step; the turn is still stopped
+// at its wall clock.
+func TestBudgetWarningAtExactlyTheRatioOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, on)
+		set := st(0, 10*time.Second, time.Minute, 0)
+		set.BudgetWarningRatio = 0.8
+		r := h.start(t, "r1", set)
+		r.StepStarted("tool", "build")
+		faketime.Advance(time.Minute)
+		synctest.Wait()
+		equal(t, h.rec.kinds(), []string{"budget_warning@8s", "aborted:timeout@10s", "force_finalized:timeout@13s"})
+		h.rec.mu.Lock()
+		ev := h.rec.events[0]
+		h.rec.mu.Unlock()
+		if ev.Limit != 2*time.Second || ev.Elapsed != 8*time.Second || ev.Step.Name != "build" ||
+			!ev.Deadline.Equal(r.StartedAt().Add(10*time.Second)) {
+			t.Fatalf("warning %+v: want 2 s left of a 10 s wall clock, step build", ev)
+		}
+		if got := messages.Render(nil, ev); got != "⏳ This will be stopped in 2 s unless it finishes." {
+			t.Fatalf("the person reads %q", got)
+		}
+		if n := h.sched.Stats().Warnings; n != 1 {
+			t.Fatalf("Stats().Warnings = %d, want 1", n)
+		}
+	})
+}
+
+// TestNoBudgetWarning: ratio 0 warns of nothing, and a turn that finishes
+// before the ratio is never warned.
+func TestNoBudgetWarning(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		ratio  float64
+		finish time.Duration // 0: never
+		want   []string
+	}{
+		{"ratio 0", 0, 0, []string{"aborted:timeout@10s", "force_finalized:timeout@13s"}},
+		{"finished before the ratio", 0.8, 7 * time.Second, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, on)
+				set := st(0, 10*time.Second, time.Minute, 0)
+				set.BudgetWarningRatio = tt.ratio
+				r := h.start(t, "r1", set)
+				if tt.finish > 0 {
+					faketime.Advance(tt.finish)
+					r.Finish(event.ReasonStop)
+					r.MarkReturned()
+					h.reg.Release(r)
+				}
+				faketime.Advance(time.Minute)
+				synctest.Wait()
+				equal(t, h.rec.kinds(), tt.want)
+			})
+		})
+	}
 }

@@ -68,6 +68,12 @@ type TurnView struct {
 	Paused      bool      `json:"paused"`
 	// Stalled: the current step has run at least progressNotifyAfterSeconds.
 	Stalled bool `json:"stalled"`
+	// Class is what the turn is doing, as the deadline scheduler decides
+	// it (maintenance.Decide): working (steps completing), long_running (one
+	// step long, but heartbeating), stalled (no progress, inside its
+	// liveness window) or stuck (past a deadline, its runner not stopping);
+	// empty for a turn run elsewhere.
+	Class string `json:"class,omitempty"`
 	// Warning says, for a stalled turn, which step and for how long.
 	Warning        string    `json:"warning,omitempty"`
 	Deadlines      Deadlines `json:"deadlines"`
@@ -88,7 +94,7 @@ func turnView(s abort.Snapshot) TurnView {
 		RunID: s.RunID, SessionKey: s.SessionKey, Channel: s.Channel, ChatRef: s.ChatRef, State: s.State,
 		StopReason: string(s.StopReason), StartedAt: s.StartedAt, ElapsedMs: ms(s.Elapsed),
 		CurrentStep: stepView(s.CurrentStep), LastStep: stepView(s.LastStep), Paused: s.Paused, Stalled: s.Stalled,
-		RunnerReturned: s.Returned,
+		Class: s.Class, RunnerReturned: s.Returned,
 	}
 	if v.CurrentStep != nil {
 		e := ms(s.StepElapsed)
@@ -112,10 +118,13 @@ func turnView(s abort.Snapshot) TurnView {
 
 // TurnsResponse is the body of GET /api/turns.
 type TurnsResponse struct {
-	Now     time.Time  `json:"now"`
-	Count   int        `json:"count"`
-	Stalled int        `json:"stalled"`
-	Turns   []TurnView `json:"turns"` // oldest first (then by run id)
+	Now     time.Time `json:"now"`
+	Count   int       `json:"count"`
+	Stalled int       `json:"stalled"`
+	// Classes counts this replica's live turns by class (TurnView.Class),
+	// every class present.
+	Classes map[string]int `json:"classes"`
+	Turns   []TurnView     `json:"turns"` // oldest first (then by run id)
 }
 
 func (h *Handler) turns(w http.ResponseWriter, r *http.Request) {
@@ -126,8 +135,15 @@ func (h *Handler) turns(w http.ResponseWriter, r *http.Request) {
 		}
 		return strings.Compare(a.RunID, b.RunID)
 	})
-	out := TurnsResponse{Now: time.Now().UTC(), Count: len(live), Turns: make([]TurnView, 0, len(live))}
+	out := TurnsResponse{Now: time.Now().UTC(), Count: len(live), Turns: make([]TurnView, 0, len(live)),
+		Classes: map[string]int{}}
+	for _, c := range maintenance.Classes {
+		out.Classes[c.String()] = 0
+	}
 	for _, s := range live {
+		if s.Class != "" {
+			out.Classes[s.Class]++
+		}
 		tv := turnView(s)
 		if h.opts.TraceID != nil {
 			tv.TraceID = h.opts.TraceID(s.RunID)

@@ -70,6 +70,7 @@ type Metrics struct {
 	abortLate         *prometheus.HistogramVec
 	progress          *prometheus.CounterVec
 	recovered         *prometheus.CounterVec
+	budgetWarnings    *prometheus.CounterVec
 	forceFinalized    *prometheus.CounterVec
 	telegramCalls     *prometheus.CounterVec
 	deliveries        *prometheus.CounterVec
@@ -105,6 +106,10 @@ func New(version string) *Metrics {
 		Namespace: Namespace, Name: "progress_recovered_total",
 		Help: "Slow steps that made progress again after a notice, by channel.",
 	}, []string{"channel"})
+	m.budgetWarnings = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "budget_warnings_total",
+		Help: "Turns warned that they will be stopped (budgetWarningRatio of their time limit used), by channel.",
+	}, []string{"channel"})
 	m.forceFinalized = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "force_finalized_total",
 		Help: "Turns whose runner ignored the abort past the grace period and were force-finalized, by the abort's stop reason.",
@@ -129,7 +134,7 @@ func New(version string) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		build, m.turnsStarted, m.turnsFinished, m.stepDuration, m.abortLate, m.progress, m.recovered,
-		m.forceFinalized, m.telegramCalls, m.deliveries,
+		m.budgetWarnings, m.forceFinalized, m.telegramCalls, m.deliveries,
 	)
 	return m
 }
@@ -164,6 +169,10 @@ type Sources struct {
 	ActiveTurns func() int
 	// WSClients is the number of open WebSocket connections.
 	WSClients func() int
+	// TurnClasses counts the live turns by stall class (working,
+	// long_running, stalled, stuck: the engine's TurnClasses, from the
+	// deadline scheduler's own decision).
+	TurnClasses func() map[string]int
 	// Store reports the event recorder's queue and overflow.
 	Store interface{ Stats() store.Stats }
 	// Outbox counts outbox messages by status. It is queried with a short
@@ -185,6 +194,13 @@ func (m *Metrics) AddSources(src Sources) {
 			Namespace: Namespace, Name: "active_turns",
 			Help: "Live turns: running, or aborted and waiting for their runner to return.",
 		}, func() float64 { return float64(f()) }))
+	}
+	if src.TurnClasses != nil {
+		m.reg.MustRegister(&classCollector{src: src.TurnClasses, desc: prometheus.NewDesc(
+			prometheus.BuildFQName(Namespace, "", "turns_by_class"),
+			"Live turns by stall class: working (steps completing), long_running (one step long, but heartbeating), "+
+				"stalled (no heartbeat, inside its liveness window), stuck (past its deadline, its runner not stopping).",
+			[]string{"class"}, nil)})
 	}
 	if src.WSClients != nil {
 		f := src.WSClients
@@ -218,6 +234,22 @@ func (m *Metrics) AddSources(src Sources) {
 			prometheus.BuildFQName(Namespace, "", "outbox_messages"),
 			"Outbox messages (final replies and notices) by status: pending, delivered, failed.",
 			[]string{"status"}, nil)})
+	}
+}
+
+// classCollector reads the turns by class at scrape time: one gauge per
+// class, every class of maintenance.Classes (0 when none).
+type classCollector struct {
+	src  func() map[string]int
+	desc *prometheus.Desc
+}
+
+func (c *classCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *classCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.src()
+	for _, cl := range maintenance.Classes {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n[cl.String()]), cl.String())
 	}
 }
 
@@ -274,6 +306,8 @@ func (m *Metrics) Handle(ev event.Event) {
 		m.progress.WithLabelValues(label(ev.Channel)).Inc()
 	case event.Recovered:
 		m.recovered.WithLabelValues(label(ev.Channel)).Inc()
+	case event.BudgetWarning:
+		m.budgetWarnings.WithLabelValues(label(ev.Channel)).Inc()
 	case event.Aborted, event.Finished:
 		m.turnsFinished.WithLabelValues(label(ev.Channel), reasonLabel(ev.StopReason)).Inc()
 	case event.ForceFinalized:

@@ -424,3 +424,46 @@ func TestOutboxCountsDeliveries(t *testing.T) {
 		}
 	}
 }
+
+// TestTurnsByClass: a gauge per stall class, from the engine's decision:
+// a turn whose step completes is working; one whose step runs long but
+// heartbeats is long-running; one silent past progressNotifyAfterSeconds
+// is stalled; one that ignores its abort is stuck until force-finalized.
+func TestTurnsByClass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := config.Default()
+		c.Agents.Defaults.ProgressNotifyAfterSeconds = secs(5)
+		c.Agents.Defaults.StepTimeoutSeconds = secs(20)
+		c.Agents.Defaults.AbortGraceSeconds = secs(10)
+		m := metrics.New("test")
+		d := demo.New(demo.WithStuckFor(time.Hour))
+		eng, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Log: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		eng.Start(ctx)
+		defer func() { d.Release(); eng.Shutdown(context.Background()); cancel() }()
+		m.AddSources(metrics.Sources{TurnClasses: eng.TurnClasses})
+		for i, script := range []string{"/steps a:1s b:1s c:1s d:1s e:1s f:1s g:1s h:1s i:1s j:1s k:1s l:1s m:1s n:1s",
+			"/steps build:1m:hb=1s", "/steps shell:hang", "/steps shell:stuck"} {
+			if _, err := eng.Send(ctx, gateway.SendRequest{SessionKey: fmt.Sprint("s", i), Channel: "ws", Text: script}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		byClass := func() string {
+			s := series(scrape(t, m.Handler()))
+			return fmt.Sprintf("working %s, long_running %s, stalled %s, stuck %s", s[`turnguard_turns_by_class{class="working"}`],
+				s[`turnguard_turns_by_class{class="long_running"}`], s[`turnguard_turns_by_class{class="stalled"}`], s[`turnguard_turns_by_class{class="stuck"}`])
+		}
+		faketime.Advance(6500 * time.Millisecond)
+		if got, want := byClass(), "working 1, long_running 1, stalled 2, stuck 0"; got != want {
+			t.Errorf("at 6.5 s: %s, want %s", got, want)
+		}
+		faketime.Advance(15 * time.Second) // the silent ones pass their 20 s window: hang returns, stuck does not
+		synctest.Wait()
+		if got, want := byClass(), "working 0, long_running 1, stalled 0, stuck 1"; got != want {
+			t.Errorf("at 21.5 s: %s, want %s", got, want)
+		}
+	})
+}

@@ -34,6 +34,8 @@ const (
 	AttrOptionKind  = "turnguard.approval.option_kind"
 	AttrBy          = "turnguard.approval.by"
 	AttrReason      = "turnguard.reason"
+	AttrLeftMs      = "turnguard.left_ms"
+	AttrRunnerTold  = "turnguard.runner_told"
 )
 
 // turnSpans is one run's tracing state, in the run's Locals (event.Local):
@@ -112,6 +114,12 @@ func (t *Tracer) Handle(ev event.Event) {
 	case event.Progress:
 		s.root.AddEvent("progress", at, trace.WithAttributes(attribute.String(AttrStepName, ev.Step.Label()),
 			attribute.Int64(AttrElapsedMs, ms(ev.Elapsed))))
+	case event.BudgetWarning:
+		// The budget warning: how long was left, and whether the runner
+		// took the gateway's note (runners that steer do).
+		s.root.AddEvent("budget_warning", at, trace.WithAttributes(attribute.String(AttrStepName, ev.Step.Label()),
+			attribute.Int64(AttrElapsedMs, ms(ev.Elapsed)), attribute.Int64(AttrLeftMs, ms(ev.Limit)),
+			attribute.Bool(AttrRunnerTold, ev.Text != "")))
 	case event.Recovered:
 		s.root.AddEvent("recovered", at, trace.WithAttributes(attribute.String(AttrStepName, ev.Step.Label())))
 	case event.ApprovalRequested, event.ApprovalResolved:

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -218,7 +219,7 @@ func TestTurnTrace(t *testing.T) {
 			name: "wall clock", reason: event.ReasonTimeout, status: codes.Error,
 			adjust: func(c *config.Config) { c.Agents.Defaults.TimeoutSeconds = secs(3) },
 			rn:     script(nil, true, false),
-			events: []string{"aborted"},
+			events: []string{"budget_warning", "aborted"}, // the default budgetWarningRatio 0.8
 		},
 		{
 			name: "progress then user stop", reason: event.ReasonUser, status: codes.Unset,
@@ -524,4 +525,34 @@ func TestReceiverDownBlocksNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBudgetWarningEvent: the budget warning is a span event of the turn's
+// root: how long was left and whether the runner took the gateway's note
+// (the demo does, and wraps up).
+func TestBudgetWarningEvent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newTraced(t, demo.New(), func(c *config.Config) {
+			c.Agents.Defaults.TimeoutSeconds = secs(10)
+			c.Agents.Defaults.StepTimeoutSeconds = secs(0)
+		})
+		if _, err := v.eng.Send(context.Background(), gateway.SendRequest{SessionKey: "s", Channel: "ws", RunID: "run-1",
+			Text: "/steps build:9s deploy:hang say:Built"}); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := v.eng.Wait(context.Background(), "run-1")
+		if out.StopReason != event.ReasonStop || !strings.HasSuffix(out.Text, "Built") {
+			t.Fatalf("outcome %+v, want the demo to wrap up and finish", out)
+		}
+		synctest.Wait()
+		tr := spansOf(t, v.exp, "run-1")
+		if got := strings.Join(eventNames(tr.root), " "); got != "budget_warning" {
+			t.Fatalf("root events %q, want budget_warning", got)
+		}
+		want := []attribute.KeyValue{attribute.String(tracing.AttrStepName, "build"), attribute.Int64(tracing.AttrElapsedMs, 8000),
+			attribute.Int64(tracing.AttrLeftMs, 2000), attribute.Bool(tracing.AttrRunnerTold, true)}
+		if got := tr.root.Events[0].Attributes; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("budget_warning attributes %v, want %v", got, want)
+		}
+	})
 }

@@ -52,6 +52,12 @@
 // its steps (and before it returns) a turn shows each message steered into
 // it as reply text, "📨 Noted: TEXT", so the reply mentions it.
 //
+// Budget warnings: a note of the gateway in the inbox ("N left, wrap up",
+// runner.Inbox.TakeNotes) is taken at the same points. The turn shows it as
+// reply text, "🧭 " and the note (WrapUpPrefix), and wraps up: it starts no
+// further step of its script but still says its say texts, so it finishes
+// before the gateway stops it.
+//
 // Cancellation: every wait also waits for the context, except a stuck
 // step's: it ignores the cancellation for the runner's stuck time
 // (WithStuckFor; default DefaultStuckFor, a bit beyond the default abort
@@ -97,6 +103,10 @@ func (r *Runner) Steers() bool { return true }
 
 // NotedPrefix starts the reply text that shows a steered message.
 const NotedPrefix = "📨 Noted: "
+
+// WrapUpPrefix starts the reply text that shows a note of the gateway (a
+// budget warning) the turn took.
+const WrapUpPrefix = "🧭 "
 
 // Option configures a Runner.
 type Option func(*Runner)
@@ -253,6 +263,17 @@ type turnState struct {
 	inbox *runner.Inbox // nil: nothing is steered into this turn
 	turn  runner.Turn   // for its Approver
 	text  strings.Builder
+	// wrapUp: the gateway warned that time runs out; only say steps run.
+	wrapUp bool
+}
+
+// takeNotes shows the gateway's notes as reply text; any note means wrap
+// up.
+func (t *turnState) takeNotes() {
+	for _, n := range t.inbox.TakeNotes() {
+		t.say(WrapUpPrefix + n)
+		t.wrapUp = true
+	}
 }
 
 // note shows steered messages as reply text.
@@ -269,6 +290,10 @@ func (t *turnState) run(ctx context.Context, steps []Step) error {
 		}
 		if t.inbox != nil {
 			t.note(t.inbox.Take())
+			t.takeNotes()
+		}
+		if t.wrapUp && s.Kind != KindSay {
+			continue
 		}
 		var err error
 		switch s.Kind {

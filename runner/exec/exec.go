@@ -123,7 +123,13 @@ type Runner struct {
 	refused   atomic.Uint64 // permission requests refused without asking anyone
 }
 
-var _ runner.Runner = (*Runner)(nil)
+var _ runner.NoteTaker = (*Runner)(nil)
+
+// TakesNotes reports whether the agent gets the gateway's notes (a budget
+// warning) while it works: with agents.exec.permissions on, as a
+// {"type":"note"} line on its stdin, which then stays open; without it
+// stdin has ended and there is no way to tell the agent anything.
+func (r *Runner) TakesNotes() bool { return r.perms }
 
 // ExitError is the failure of a command that exited without a final or
 // error event. Its message names the exit status only: stderr may hold

@@ -187,7 +187,37 @@ func newAsker(ctx context.Context, turn runner.Turn, log *slog.Logger, w io.Writ
 	a := &asker{ctx: ctx, turn: turn, log: log, w: w, ready: ready,
 		answers: make(chan []byte, maxQueuedAnswers), open: map[string]bool{}}
 	a.wg.Go(a.write)
+	if turn.Inbox != nil {
+		a.wg.Go(func() { a.relayNotes(turn.Inbox) })
+	}
 	return a
+}
+
+// relayNotes writes the gateway's notes to the runner (a budget warning:
+// "N left, wrap up") to the agent's stdin, with the answers, as
+//
+//	{"type":"note","text":"Note from the gateway: 2 min left before this turn is stopped. …"}
+//
+// until the turn ends (a note queued then is not written).
+func (a *asker) relayNotes(in *runner.Inbox) {
+	for {
+		select {
+		case <-in.Noted():
+			for _, n := range in.TakeNotes() {
+				line, _ := json.Marshal(struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				}{"note", n})
+				select {
+				case a.answers <- append(line, '\n'):
+				case <-a.ctx.Done():
+					return
+				}
+			}
+		case <-a.ctx.Done():
+			return
+		}
+	}
 }
 
 // logf writes one log record about a permission request while the turn's

@@ -465,3 +465,35 @@ func TestPermissionFloodBounded(t *testing.T) {
 const maxOpenGoroutines = 30
 
 func cut(s string, n int) string { return s[:min(len(s), n)] }
+
+// TestGatewayNoteOnStdin: with permissions on, a note of the gateway (a
+// budget warning) reaches the agent as a {"type":"note"} line on its
+// stdin, while it works (here: while its question is open); without
+// permissions the runner takes no notes (stdin has ended).
+func TestGatewayNoteOnStdin(t *testing.T) {
+	r, _, out := permissionAgent(t, bashRequest, "1", true)
+	if !r.TakesNotes() {
+		t.Fatal("TakesNotes() = false with permissions on")
+	}
+	if off, _, _ := permissionAgent(t, bashRequest, "1", false); off.TakesNotes() {
+		t.Error("TakesNotes() = true with permissions off")
+	}
+	asked := make(chan runner.Question, 1)
+	a := blockUntilDone(asked)
+	inbox := runner.NotesOnly()
+	ch := make(chan outcome, 1)
+	go func() {
+		res, err := r.Run(t.Context(), runner.Turn{RunID: "run-1", Message: "clean up\nplease", Approver: a, Inbox: inbox}, newRecorder())
+		ch <- outcome{res: res, err: err}
+	}()
+	<-asked
+	inbox.Note("2 min left, wrap up")
+	o := await(t, ch)
+	if o.err != nil || o.res.Text != "denied" {
+		t.Fatalf("Run = %q, %v", o.res.Text, o.err)
+	}
+	want := []string{"perms=1", messageLine, `{"type":"note","text":"2 min left, wrap up"}`}
+	if got := readLinesOf(t, out); !slices.Equal(got, want) {
+		t.Errorf("the agent read %q, want %q", got, want)
+	}
+}

@@ -284,7 +284,9 @@ func (t *turnState) emit(s string) {
 
 // Steers reports true: messages steered into a turn (runner.Turn.Inbox)
 // reach the model as user messages before its next call — also after a
-// final answer, which then gets one more call while maxSteps allows.
+// final answer, which then gets one more call while maxSteps allows. The
+// gateway's notes (a budget warning) reach it as system messages before its
+// next call.
 func (r *Runner) Steers() bool { return true }
 
 var _ runner.Steerer = (*Runner)(nil)
@@ -328,8 +330,21 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		return len(more) > 0
 	}
 
+	// notes adds the gateway's notes (a budget warning: "N left, wrap
+	// up") as system messages; unlike a steered message a note never asks
+	// for one more call.
+	notes := func() {
+		if turn.Inbox == nil {
+			return
+		}
+		for _, n := range turn.Inbox.TakeNotes() {
+			msgs = append(msgs, chatMessage{Role: "system", Content: ptr(n)})
+		}
+	}
+
 	for step := 1; step <= r.maxSteps; step++ {
 		steered()
+		notes()
 		cb.StepStarted(event.StepLLM, r.model)
 		st.stepStart = true
 		reply, err := r.complete(ctx, turn.RunID, msgs, st)

@@ -59,3 +59,37 @@ func TestSteeredMessagesReachTheModel(t *testing.T) {
 		}
 	})
 }
+
+// TestGatewayNoteReachesTheModel: a note of the gateway (a budget warning)
+// put in during a model call reaches the next call as a system message; one
+// put in during the final answer asks for no further call.
+func TestGatewayNoteReachesTheModel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inbox := &runner.Inbox{}
+		noteThen := func(text string, h http.HandlerFunc) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) { inbox.Note(text); h(w, r) }
+		}
+		fake := newFake(t,
+			noteThen("1 min left, wrap up", callTool("call_a", "current_time", `{}`)),
+			noteThen("late note", answer("Noon.")),
+		)
+		r, _ := newTestRunner(t, config.OpenAI{Tools: config.OpenAITools{CurrentTime: true}}, fake)
+		tr := turn
+		tr.Inbox = inbox
+		res, err := r.Run(t.Context(), tr, newRecorder())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Text != "Noon." {
+			t.Errorf("text %q, want %q", res.Text, "Noon.")
+		}
+		reqs := fake.requests()
+		if len(reqs) != 2 {
+			t.Fatalf("%d requests, want 2 (a note after the final answer asks for no more)", len(reqs))
+		}
+		msgs := reqs[1].body.Messages
+		if last := msgs[len(msgs)-1]; last.Role != "system" || last.Content == nil || *last.Content != "1 min left, wrap up" {
+			t.Errorf("the second call ends with %+v, want the gateway's note as a system message", last)
+		}
+	})
+}

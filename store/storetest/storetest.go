@@ -137,6 +137,7 @@ var cases = []testCase{
 	{"StallHistoryAndJournalFilters", testStallHistoryAndJournalFilters},
 	{"AgentSessionsRecordReplaceForget", testAgentSessionsRecordReplaceForget},
 	{"SetAgentSessionRejectsBadInput", testSetAgentSessionRejectsBadInput},
+	{"BudgetWarningJournaled", testBudgetWarningJournaled},
 }
 
 // T0 is when the test turns start. Times are whole microseconds: every

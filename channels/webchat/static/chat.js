@@ -960,6 +960,11 @@
     const d = p.data || {};
     if (p.stream === "lifecycle") {
       if (d.phase === "start" && !v.done) setActive(p.runId);
+      // The budget warning: once per turn, in words, before the stop.
+      if (d.phase === "warning" && d.message && !v.done && !v.warned) {
+        v.warned = true;
+        notice("info", d.message, "", endOf(v));
+      }
       return;
     }
     if (v.done) return;

@@ -8,7 +8,7 @@
 //
 // Element ids, classes and data attributes are a contract with the
 // end-to-end test (e2e/admin.mjs): #status[data-state], tr.turn[data-run-id]
-// [data-stalled][data-state], .stall-warning, button.abort[data-run-id]
+// [data-stalled][data-state][data-class], .turn-class[data-class], .stall-warning, button.abort[data-run-id]
 // [data-armed], #aborts tr.abort-row[data-run-id][data-stop-reason],
 // #stalls tr.episode[data-run-id][data-outcome],
 // #approvals tr.approval[data-approval-id], button.answer[data-option-id].
@@ -140,14 +140,34 @@
     const st = $("#stalled-count");
     st.hidden = data.stalled === 0;
     st.textContent = `${data.stalled} stalled`;
+    // The stall classes (working, long-running, stalled, stuck) of the
+    // scheduler's own decision, with the turns in each.
+    const cl = $("#class-counts");
+    if (cl) {
+      const c = data.classes || {};
+      cl.replaceChildren(...CLASSES.filter(([k]) => c[k] > 0).map(([k, label]) =>
+        el("span", { class: `count class-${k}`, dataset: { class: k }, text: `${c[k]} ${label}` })));
+    }
     $("#no-turns").hidden = data.count > 0;
   }
+
+  // CLASSES are the stall classes of /api/turns (TurnView.class), in order,
+  // with the words the dashboard shows.
+  const CLASSES = [["working", "working"], ["long_running", "long-running"], ["stalled", "stalled"], ["stuck", "stuck"]];
+  const CLASS_TITLES = {
+    working: "Working: steps are completing",
+    long_running: "Long-running: one step runs long, but it heartbeats",
+    stalled: "Stalled: no heartbeat lately; it is still inside its no-progress window",
+    stuck: "Stuck: past its deadline, and its runner has not stopped",
+  };
 
   function turnRow(t) {
     const step = t.currentStep;
     const stepCell = el("td", {},
       step ? el("span", { class: "mono", text: `${stepLabel(step)} · ${dur(step.elapsedMs)}` }) : el("span", { class: "sub", text: "between steps" }),
       t.lastStep ? el("span", { class: "sub", text: `last: ${stepLabel(t.lastStep)}` }) : null,
+      t.class ? el("span", { class: `turn-class class-${t.class}`, dataset: { class: t.class }, title: CLASS_TITLES[t.class] || "",
+        text: (CLASSES.find(([k]) => k === t.class) || [t.class, t.class])[1] }) : null,
       t.stalled ? el("span", { class: "stall-warning", text: `⚠️ Stalled: ${t.warning}` }) : null,
       t.paused ? el("span", { class: "sub", text: "⏸ paused" }) : null);
     const d = t.deadlines;
@@ -166,7 +186,7 @@
     } else {
       actions.append(el("span", { class: "sub", text: `stopping (${t.stopReason})` }));
     }
-    return el("tr", { class: "turn", dataset: { runId: t.runId, stalled: String(t.stalled), state: t.state } },
+    return el("tr", { class: "turn", dataset: { runId: t.runId, stalled: String(t.stalled), state: t.state, class: t.class || "" } },
       el("td", {}, el("span", { text: t.sessionKey }), t.chatRef ? el("span", { class: "sub", text: `chat ${t.chatRef}` }) : null),
       el("td", { text: t.channel }),
       el("td", { class: "mono" }, el("span", { title: t.runId, text: short(t.runId) }),
