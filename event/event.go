@@ -97,6 +97,9 @@ const (
 	ApprovalRequested
 	// ApprovalResolved: a question was settled (Approval.Outcome says how).
 	ApprovalResolved
+	// Fallback: the runner moved the turn to another model provider
+	// (agents.openai.fallbacks) after a failure before any reply.
+	Fallback
 )
 
 var kindNames = [...]string{
@@ -114,6 +117,7 @@ var kindNames = [...]string{
 	SessionReset:      "session_reset",
 	ApprovalRequested: "approval_requested",
 	ApprovalResolved:  "approval_resolved",
+	Fallback:          "fallback",
 }
 
 func (k Kind) String() string {
@@ -159,6 +163,9 @@ func (k Kind) Terminal() bool { return k == Aborted || k == Finished }
 //     Step (the running step), Message (the question in words).
 //   - ApprovalResolved: Approval (as requested, plus Outcome, OptionID,
 //     OptionKind, By), Message (the settlement in words).
+//   - Fallback: Step (the step whose provider failed, named by its model),
+//     Text (the model the turn goes on with). The person reads the switch
+//     in the reply text (the runner's notice), not from this event.
 type Event struct {
 	Kind       Kind
 	RunID      string

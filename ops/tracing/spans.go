@@ -34,6 +34,7 @@ const (
 	AttrOptionKind  = "turnguard.approval.option_kind"
 	AttrBy          = "turnguard.approval.by"
 	AttrReason      = "turnguard.reason"
+	AttrFallbackTo  = "turnguard.fallback.to" // the model a fallback event moved the turn to
 )
 
 // turnSpans is one run's tracing state, in the run's Locals (event.Local):
@@ -114,6 +115,9 @@ func (t *Tracer) Handle(ev event.Event) {
 			attribute.Int64(AttrElapsedMs, ms(ev.Elapsed))))
 	case event.Recovered:
 		s.root.AddEvent("recovered", at, trace.WithAttributes(attribute.String(AttrStepName, ev.Step.Label())))
+	case event.Fallback:
+		s.root.AddEvent("fallback", at, trace.WithAttributes(attribute.String(AttrStepName, ev.Step.Label()),
+			attribute.String(AttrFallbackTo, ev.Text)))
 	case event.ApprovalRequested, event.ApprovalResolved:
 		if ev.Kind == event.ApprovalRequested {
 			s.asking++
