@@ -364,8 +364,9 @@ func (ag *agent) notification(m *message) {
 	}
 }
 
-// request handles a request of the agent. Permission requests go to the
-// turn running on their session (which asks the person); fs requests are
+// request handles a request of the agent. Permission requests and
+// elicitations go to the turn running on their session (which asks the
+// person); fs requests are
 // served here, in the workdir sandbox, and terminal requests too (see
 // terminal.go); everything else is method-not-found.
 // At most maxInflight are handled at once.
@@ -398,6 +399,20 @@ func (ag *agent) request(m *message) {
 			ag.refused.logAt(ag.log, slog.LevelInfo, "acp: permission request answered cancelled: no running turn can take it",
 				"session_id", cut(req.SessionID, 100))
 			_ = ag.c.reply(m.ID, permissionCancelled(), nil)
+		}
+	case "elicitation/create":
+		req, err := parseElicit(m.Params)
+		if err != nil {
+			done()
+			_ = ag.c.reply(m.ID, nil, &rpcError{Code: codeInvalidParams, Message: "invalid params: " + err.Error()})
+			return
+		}
+		t := ag.turn(req.SessionID)
+		if req.SessionID == "" || t == nil || !t.askPermission(permissionAsk{id: m.ID, elicit: &req, done: done}) {
+			done()
+			ag.refused.logAt(ag.log, slog.LevelInfo, "acp: elicitation answered cancel: no running turn can take it",
+				"session_id", cut(req.SessionID, 100))
+			_ = ag.c.reply(m.ID, elicitCancelled(), nil)
 		}
 	case "fs/read_text_file", "fs/write_text_file":
 		size := int64(maxRead)

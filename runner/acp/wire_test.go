@@ -184,6 +184,7 @@ var (
 		"terminal/wait_for_exit":     "WaitForTerminalExitResponse",
 		"terminal/kill":              "KillTerminalResponse",
 		"terminal/release":           "ReleaseTerminalResponse",
+		"elicitation/create":         "CreateElicitationResponse",
 	}
 )
 
@@ -268,7 +269,7 @@ func checkWire(t *testing.T, valid func(string, json.RawMessage) error, path str
 
 // TestWireMatchesSchema: every message the runner sends — initialize,
 // session/new, session/prompt, session/cancel, session/set_mode, and its answers to
-// permission, fs and terminal requests, results and errors alike — is valid ACP v1,
+// permission, elicitation, fs and terminal requests, results and errors alike — is valid ACP v1,
 // checked against the protocol's JSON schema. The agent here is the Node
 // test agent on the official SDK, which accepts much the schema does not
 // (it dropped the clientInfo without a version that OpenCode refuses).
@@ -281,7 +282,7 @@ func TestWireMatchesSchema(t *testing.T) {
 		return runner.Answer{Outcome: runner.Selected, OptionID: "yes", Kind: runner.AllowOnce}, nil
 	}}
 	for _, msg := range []string{"hello", "ask permission", "write file " + dir + "/a.txt x", "read file a.txt", "read file /etc/hostname",
-		"terminal run echo hi", "terminal kill", "terminal many 5"} {
+		"terminal run echo hi", "terminal kill", "terminal many 5", "elicit confirm", "elicit color", "elicit name", "elicit link"} {
 		turn := c.turn(msg)
 		turn.Approver = allow
 		mustSay(t, r, turn)
@@ -311,7 +312,7 @@ func TestWireMatchesSchema(t *testing.T) {
 	for _, want := range []string{"initialize", "session/new", "session/prompt", "session/cancel",
 		"session/request_permission result", "fs/write_text_file result", "fs/read_text_file result", "fs/read_text_file error",
 		"terminal/create result", "terminal/create error", "terminal/output result", "terminal/wait_for_exit result",
-		"terminal/kill result", "terminal/release result", "session/set_mode"} {
+		"terminal/kill result", "terminal/release result", "session/set_mode", "elicitation/create result"} {
 		if seen[want] == 0 {
 			t.Errorf("the runner sent no %s here (saw %v): the test does not cover it", want, seen)
 		}

@@ -13,6 +13,10 @@
 //                     honours session/cancel (stopReason cancelled)
 //   hang ignore cancel  never answers, ignores session/cancel
 //   ask permission    asks to run "Delete build/"; runs it when allowed
+//   elicit K          elicitation/create of kind K — color (one string
+//                     field of 3 choices), confirm (one boolean field),
+//                     ok (no field), name (a free-text field), link (url
+//                     mode) — then "elicited <the result as JSON>"
 //   write file P C    fs/write_text_file P with content C
 //   read file P       fs/read_text_file P
 //   think             a thought and a plan, then "thought done"
@@ -292,6 +296,20 @@ class TestAgent {
         await this.toolDone(sid, "del-1", "failed", "denied");
         await this.say(sid, `Permission denied (${res.outcome.optionId}).`);
       }
+    } else if ((m = text.match(/^elicit (\S+)$/))) {
+      const forms = {
+        color: { type: "object", properties: { color: { type: "string", title: "Color", enum: ["red", "green", "blue"] } }, required: ["color"] },
+        confirm: { type: "object", properties: { sure: { type: "boolean", title: "Deploy to production?" } } },
+        ok: { type: "object", properties: {} },
+        name: { type: "object", properties: { name: { type: "string", title: "Your name" } } },
+      };
+      const params =
+        m[1] === "link"
+          ? { sessionId: sid, mode: "url", message: "Sign in to the tracker", url: "https://tracker.example/login?code=42", elicitationId: "el-1" }
+          : { sessionId: sid, mode: "form", message: `Pick a ${m[1]}`, requestedSchema: forms[m[1]] };
+      const res = await Promise.race([this.conn.createElicitation(params), cancelled.then(() => null)]);
+      if (res === null) return { stopReason: "cancelled" };
+      await this.say(sid, `elicited ${JSON.stringify(res)}`);
     } else if ((m = text.match(/^write file (\S+) (.*)$/))) {
       try {
         await this.conn.writeTextFile({ sessionId: sid, path: m[1], content: m[2] });
