@@ -71,3 +71,22 @@ const MenuModeDescription = "List or switch the agent's modes"
 // MenuAgentCommand is the menu entry of an agent command the agent gave no
 // description.
 const MenuAgentCommand = "The agent's command"
+
+// AgentSessionsHeading starts /status's part about the agent's own
+// sessions (ACP session/list, where the agent supports it): n listed, more
+// when the agent has others not shown.
+func AgentSessionsHeading(n int, more bool) string {
+	if more {
+		return fmt.Sprintf("🗂 The agent's sessions (%d shown, it has more):", n)
+	}
+	return fmt.Sprintf("🗂 The agent's sessions (%d):", n)
+}
+
+// AgentSessionLine is one of them: its title (else its id), marked when it
+// is the one serving this conversation.
+func AgentSessionLine(name string, current bool) string {
+	if current {
+		return "• " + name + " ← this conversation"
+	}
+	return "• " + name
+}

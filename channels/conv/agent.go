@@ -39,6 +39,41 @@ func agentOf(eng Engine, channel string) Agent {
 	return a
 }
 
+// SessionLister is a runner that can list the agent's own sessions
+// (*acp.Runner, with an agent that advertises session/list).
+type SessionLister interface {
+	ListSessions(ctx context.Context, key string) (acp.AgentSessions, error)
+}
+
+// agentSessions is /status's part about the agent's sessions: "" when the
+// channel's runner cannot list them, the agent does not support it, no
+// session serves the conversation yet, or the agent failed to answer —
+// /status still answers about the turn.
+func agentSessions(ctx context.Context, eng Engine, in Inbound) string {
+	rs, ok := eng.(RunnerSource)
+	if !ok {
+		return ""
+	}
+	l, ok := rs.RunnerOf(in.Channel).(SessionLister)
+	if !ok {
+		return ""
+	}
+	list, err := l.ListSessions(ctx, in.SessionKey)
+	if err != nil || len(list.Sessions) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\n\n" + messages.AgentSessionsHeading(len(list.Sessions), list.More))
+	for _, s := range list.Sessions {
+		name := s.Title
+		if name == "" {
+			name = s.ID
+		}
+		b.WriteString("\n" + messages.AgentSessionLine(name, s.ID == list.Current))
+	}
+	return b.String()
+}
+
 // agentHelp is /help's part about the agent: /mode and the agent's
 // commands for the conversation of key ("" without an Agent).
 func agentHelp(a Agent, key string) string {

@@ -22,6 +22,13 @@ import (
 // installed.
 func acpEngine(t *testing.T) (*gateway.Engine, *config.Config) {
 	t.Helper()
+	return acpEngineWith(t, nil)
+}
+
+// acpEngineWith is acpEngine with env added to the agent's environment
+// (ACP_TEST_CAPS and the like).
+func acpEngineWith(t *testing.T, env map[string]string) (*gateway.Engine, *config.Config) {
+	t.Helper()
 	dir, err := filepath.Abs(filepath.Join("..", "..", "runner", "acp", "testdata", "agent"))
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +44,7 @@ func acpEngine(t *testing.T) (*gateway.Engine, *config.Config) {
 		t.Skip("the ACP test agent is not installed; run `make deps-node`")
 	}
 	r, err := acp.New(config.ACP{Command: node, Args: []string{filepath.Join(dir, "agent.mjs")}, Workdir: t.TempDir(),
-		IdleSeconds: 60, StartTimeoutSeconds: 20}, 0, nil)
+		IdleSeconds: 60, StartTimeoutSeconds: 20, Env: env}, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,5 +125,43 @@ func TestModeWithoutAnAgent(t *testing.T) {
 	a := conv.Handle(context.Background(), eng, config.Default(), conv.Inbound{SessionKey: "k", Channel: "ws", Text: "/mode code"})
 	if a.Command != conv.Mode || a.Text != messages.AgentNoModes || a.Ack.Status != "" {
 		t.Errorf("/mode without an agent: %+v", a)
+	}
+}
+
+// TestStatusListsTheAgentsSessions: with an agent that supports
+// session/list, /status ends with the agent's sessions, the
+// conversation's marked; before the agent serves the conversation, and
+// with an agent that cannot list, /status is only about the turn.
+func TestStatusListsTheAgentsSessions(t *testing.T) {
+	for _, caps := range []string{"list", ""} {
+		t.Run("caps="+caps, func(t *testing.T) {
+			eng, cfg := acpEngineWith(t, map[string]string{"ACP_TEST_CAPS": caps})
+			handle := func(key, text string) conv.Answer {
+				return conv.Handle(context.Background(), eng, cfg, conv.Inbound{SessionKey: key, Channel: config.ChannelWS, Text: text})
+			}
+			if a := handle("k", "/status"); a.Text != conv.TextIdle {
+				t.Errorf("/status before the first turn: %q", a.Text)
+			}
+			for _, key := range []string{"other", "k"} {
+				a := handle(key, "remember apples in "+key)
+				if a.Ack.Status != gateway.StatusStarted {
+					t.Fatalf("turn: %+v", a)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				out, ok := eng.Wait(ctx, a.Ack.RunID)
+				cancel()
+				if !ok || out.Status != gateway.StatusOK {
+					t.Fatalf("turn of %s: %+v", key, out)
+				}
+			}
+			want := conv.TextIdle
+			if caps == "list" {
+				want += "\n\n" + messages.AgentSessionsHeading(2, false) + "\n" + messages.AgentSessionLine("remember apples in other", false) +
+					"\n" + messages.AgentSessionLine("remember apples in k", true)
+			}
+			if a := handle("k", "/status"); a.Text != want {
+				t.Errorf("/status:\n%s\nwant\n%s", a.Text, want)
+			}
+		})
 	}
 }

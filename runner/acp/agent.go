@@ -59,9 +59,9 @@ type agent struct {
 
 // agentCaps is what initialize's agentCapabilities advertise, as far as the
 // runner uses it: session/load (loadSession), session/resume and
-// session/close (sessionCapabilities.resume and .close, present and not
-// null).
-type agentCaps struct{ load, resume, close bool }
+// session/close, session/list (sessionCapabilities.resume, .close and
+// .list, present and not null).
+type agentCaps struct{ load, resume, close, list bool }
 
 // parseCaps reads agentCapabilities leniently: a malformed field counts as
 // not advertised, as ACP's schema says (x-deserialize-default-on-error).
@@ -78,7 +78,7 @@ func parseCaps(raw json.RawMessage) agentCaps {
 			var m map[string]any
 			return json.Unmarshal(v, &m) == nil && m != nil
 		}
-		c.resume, c.close = present(sc["resume"]), present(sc["close"])
+		c.resume, c.close, c.list = present(sc["resume"]), present(sc["close"]), present(sc["list"])
 	}
 	return c
 }

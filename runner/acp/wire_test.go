@@ -173,6 +173,8 @@ var (
 		"authenticate":   "AuthenticateRequest",
 		// /mode <id> (modes.go)
 		"session/set_mode": "SetSessionModeRequest",
+		// /status (list.go)
+		"session/list": "ListSessionsRequest",
 	}
 	clientNotifications = map[string]string{"session/cancel": "CancelNotification", "$/cancel_request": "CancelRequestNotification"}
 	clientResults       = map[string]string{
@@ -319,14 +321,14 @@ func TestWireMatchesSchema(t *testing.T) {
 	}
 }
 
-// TestWireRestoreMatchesSchema: session/load, session/resume and
-// session/close, as the runner sends them to restore a conversation's
+// TestWireRestoreMatchesSchema: session/load, session/resume,
+// session/close and session/list, as the runner sends them to restore a conversation's
 // session after the agent crashed and to close it after /new, are valid
 // ACP v1.
 func TestWireRestoreMatchesSchema(t *testing.T) {
 	node, args := nodeAgent(t)
 	valid := acpSchema(t)
-	for _, caps := range []string{"load,close", "resume"} {
+	for _, caps := range []string{"load,close", "resume,list"} {
 		t.Run(caps, func(t *testing.T) {
 			st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
@@ -345,8 +347,11 @@ func TestWireRestoreMatchesSchema(t *testing.T) {
 			mustSay(t, r, c.turn("what did I say"))
 			c.id = "c2" // /new
 			mustSay(t, r, c.turn("hello"))
+			if _, err := r.(*acp.Runner).ListSessions(context.Background(), "k"); (err != nil) != (caps == "load,close") {
+				t.Errorf("ListSessions: %v", err)
+			}
 			seen := checkWire(t, valid, wire)
-			want := []string{"session/resume"}
+			want := []string{"session/resume", "session/list"}
 			if caps == "load,close" {
 				want = []string{"session/load", "session/close"}
 			}

@@ -45,7 +45,9 @@
 // after every turn. ACP_TEST_CAPS lists what initialize advertises,
 // comma-separated: "load" (loadSession: session/load replays the history
 // as session/update notifications, then answers), "resume"
-// (sessionCapabilities.resume) and "close" (sessionCapabilities.close).
+// (sessionCapabilities.resume), "close" (sessionCapabilities.close) and
+// "list" (sessionCapabilities.list: session/list lists this process's
+// sessions, titled by their first message).
 // Every session/load, session/resume and session/close is appended to
 // ACP_TEST_SESSIONS/calls.log as "<method> <sessionId>".
 import * as acp from "@agentclientprotocol/sdk";
@@ -86,6 +88,7 @@ class TestAgent {
         sessionCapabilities: {
           ...(caps.has("resume") ? { resume: {} } : {}),
           ...(caps.has("close") ? { close: {} } : {}),
+          ...(caps.has("list") ? { list: {} } : {}),
         },
       },
       agentInfo: { name: "test-agent", version: "1.0.0" },
@@ -96,6 +99,17 @@ class TestAgent {
           ]
         : [],
     };
+  }
+
+  // session/list (ACP_TEST_CAPS "list"): the sessions of this process in
+  // params.cwd, oldest first, titled by their first message.
+  async listSessions(params) {
+    const sessions = [];
+    for (const [sessionId, s] of this.sessions) {
+      if (params.cwd && s.cwd !== params.cwd) continue;
+      sessions.push({ sessionId, cwd: s.cwd, title: s.history.length ? s.history[0].text : null });
+    }
+    return { sessions };
   }
 
   async authenticate(params) {
