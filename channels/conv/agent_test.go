@@ -64,8 +64,10 @@ func acpEngineWith(t *testing.T, env map[string]string) (*gateway.Engine, *confi
 // TestAgentCommandsAndModesThroughConv: with the ACP runner, a typed
 // "/echo hi" (the agent's command, not the gateway's) reaches the agent
 // unchanged as its prompt; /help then lists the gateway's commands first
-// and the agent's after them; /mode lists the agent's modes, /mode code
-// switches (session/set_mode), an unknown id is refused in words; before
+// and the agent's after them; /mode lists the agent's modes and settings
+// (config options), /mode code switches (session/set_mode), /mode model
+// smart changes a setting (session/set_config_option), an unknown id or
+// value is refused in words; before
 // the agent serves the conversation /mode says so. The gateway's own
 // commands win over the agent's (the agent's "mode" command is the
 // gateway's /mode).
@@ -105,11 +107,21 @@ func TestAgentCommandsAndModesThroughConv(t *testing.T) {
 
 	modes := []messages.AgentMode{{ID: "ask", Name: "Ask", Description: "Answer questions without changing anything"},
 		{ID: "code", Name: "Code", Description: "Write and run code"}}
+	settings := func(model, verbose string) string {
+		return messages.AgentConfigOptions([]messages.AgentConfigOption{
+			{ID: "model", Name: "Model", Current: model, Values: []string{"fast", "smart"}},
+			{ID: "verbose", Name: "Verbose", Current: verbose, Boolean: true}})
+	}
 	for _, tc := range []struct{ text, want string }{
-		{"/mode", messages.AgentModes("ask", modes)},
+		{"/mode", messages.AgentModes("ask", modes) + "\n\n" + settings("fast", "off")},
 		{"/mode nope", messages.AgentModeUnknown("nope")},
 		{"/MODE   code ", messages.AgentModeSet("code")},
-		{"/mode", messages.AgentModes("code", modes)},
+		{"/mode model genius", messages.AgentConfigValueUnknown("model", "genius")},
+		{"/mode temperature hot", messages.AgentConfigUnknown("temperature")},
+		{"/mode model  smart", messages.AgentConfigSet("model", "smart")},
+		{"/mode verbose on", messages.AgentConfigSet("verbose", "on")},
+		{"/mode model", settings("smart", "on")},
+		{"/mode", messages.AgentModes("code", modes) + "\n\n" + settings("smart", "on")},
 	} {
 		if a := handle(tc.text); a.Command != conv.Mode || a.Text != tc.want || a.Failed {
 			t.Errorf("%q: %+v\nwant the words %q", tc.text, a, tc.want)

@@ -350,6 +350,7 @@ func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, c
 			err := ag.call(ctx, r.startTimeout, method, map[string]any{"sessionId": prevID, "cwd": r.dir, "mcpServers": []any{}}, &restored)
 			if err == nil && r.claim(ag, s, prevID) {
 				ag.keepModes(s.id, restored)
+				ag.keepConfigOptions(s.id, restored)
 				log.Info("acp: session restored", "method", method, "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 				if prevConv != conv {
 					r.record(ctx, log, key, conv, s.id)
@@ -418,6 +419,7 @@ func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, c
 		return false, &runner.UserError{Message: "The agent answered with another conversation's session, so your message was not sent to it. Try again later."}
 	}
 	ag.keepModes(s.id, answer)
+	ag.keepConfigOptions(s.id, answer)
 	log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 	r.record(ctx, log, key, conv, s.id)
 	return lost, nil

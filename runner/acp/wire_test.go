@@ -173,6 +173,8 @@ var (
 		"authenticate":   "AuthenticateRequest",
 		// /mode <id> (modes.go)
 		"session/set_mode": "SetSessionModeRequest",
+		// /mode <option> <value> (options.go)
+		"session/set_config_option": "SetSessionConfigOptionRequest",
 		// /status (list.go)
 		"session/list": "ListSessionsRequest",
 	}
@@ -270,7 +272,8 @@ func checkWire(t *testing.T, valid func(string, json.RawMessage) error, path str
 }
 
 // TestWireMatchesSchema: every message the runner sends — initialize,
-// session/new, session/prompt, session/cancel, session/set_mode, and its answers to
+// session/new, session/prompt, session/cancel, session/set_mode,
+// session/set_config_option, and its answers to
 // permission, elicitation, fs and terminal requests, results and errors alike — is valid ACP v1,
 // checked against the protocol's JSON schema. The agent here is the Node
 // test agent on the official SDK, which accepts much the schema does not
@@ -309,12 +312,18 @@ func TestWireMatchesSchema(t *testing.T) {
 	if err := r.(*acp.Runner).SetMode(context.Background(), "k", "code"); err != nil {
 		t.Fatalf("SetMode: %v", err)
 	}
+	for _, kv := range [][2]string{{"model", "smart"}, {"verbose", "on"}} {
+		if err := r.(*acp.Runner).SetConfigOption(context.Background(), "k", kv[0], kv[1]); err != nil {
+			t.Fatalf("SetConfigOption %s: %v", kv[0], err)
+		}
+	}
 
 	seen := checkWire(t, valid, wire)
 	for _, want := range []string{"initialize", "session/new", "session/prompt", "session/cancel",
 		"session/request_permission result", "fs/write_text_file result", "fs/read_text_file result", "fs/read_text_file error",
 		"terminal/create result", "terminal/create error", "terminal/output result", "terminal/wait_for_exit result",
-		"terminal/kill result", "terminal/release result", "session/set_mode", "elicitation/create result"} {
+		"terminal/kill result", "terminal/release result", "session/set_mode", "session/set_config_option",
+		"elicitation/create result"} {
 		if seen[want] == 0 {
 			t.Errorf("the runner sent no %s here (saw %v): the test does not cover it", want, seen)
 		}

@@ -19,6 +19,10 @@
 //                     mode) — then "elicited <the result as JSON>"
 //   write file P C    fs/write_text_file P with content C
 //   read file P       fs/read_text_file P
+//   settings          "model M verbose V": the session's config options
+//                     (session/new offers "model", a select, and
+//                     "verbose", a boolean; session/set_config_option sets
+//                     them)
 //   think             a thought and a plan, then "thought done"
 //   stop R            ends the turn with stopReason R after some text
 //   error             answers session/prompt with a JSON-RPC error
@@ -136,7 +140,37 @@ class TestAgent {
         },
       }),
     );
-    return { sessionId, modes: this.modes("ask") };
+    return { sessionId, modes: this.modes("ask"), configOptions: this.configOptions(this.sessions.get(sessionId)) };
+  }
+
+  // configOptions is the configOptions of session s: a select "model"
+  // (fast or smart, in two groups) and a boolean "verbose".
+  configOptions(s) {
+    s.config ??= { model: "fast", verbose: false };
+    return [
+      {
+        id: "model",
+        name: "Model",
+        type: "select",
+        category: "model",
+        currentValue: s.config.model,
+        options: [
+          { group: "quick", name: "Quick", options: [{ value: "fast", name: "Fast" }] },
+          { group: "deep", name: "Deep", options: [{ value: "smart", name: "Smart" }] },
+        ],
+      },
+      { id: "verbose", name: "Verbose", type: "boolean", currentValue: s.config.verbose },
+    ];
+  }
+
+  async setSessionConfigOption(params) {
+    const s = this.sessions.get(params.sessionId);
+    if (!s) throw acp.RequestError.invalidParams(`no session ${params.sessionId}`);
+    this.configOptions(s);
+    if (params.configId === "model" && ["fast", "smart"].includes(params.value)) s.config.model = params.value;
+    else if (params.configId === "verbose" && typeof params.value === "boolean") s.config.verbose = params.value;
+    else throw acp.RequestError.invalidParams(`no option ${params.configId}=${params.value}`);
+    return { configOptions: this.configOptions(s) };
   }
 
   // modes is the SessionModeState of a session in mode current.
@@ -258,6 +292,9 @@ class TestAgent {
       await this.say(sid, `echo: ${m[1]}`);
     } else if (text === "/mode") {
       await this.say(sid, `mode ${s.mode}`);
+    } else if (text === "settings") {
+      this.configOptions(s);
+      await this.say(sid, `model ${s.config.model} verbose ${s.config.verbose}`);
     } else if ((m = text.match(/^remember (.*)$/))) {
       s.memory = m[1];
       await this.say(sid, `OK, I will remember ${m[1]}.`);
