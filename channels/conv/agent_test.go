@@ -177,3 +177,53 @@ func TestStatusListsTheAgentsSessions(t *testing.T) {
 		})
 	}
 }
+
+// TestElicitationIsAQuestionInChat: the agent's elicitation/create reaches
+// the person as a question of the turn, in words with its choices as
+// buttons (the approvals machinery: the same event every channel renders);
+// the person's choice goes back to the agent, whose reply says what it got.
+func TestElicitationIsAQuestionInChat(t *testing.T) {
+	eng, cfg := acpEngine(t)
+	asked := make(chan event.Event, 1)
+	done := make(chan event.Event, 1)
+	defer eng.Bus().Subscribe("k", func(e event.Event) {
+		switch e.Kind {
+		case event.ApprovalRequested:
+			asked <- e
+		case event.Finished, event.Aborted:
+			done <- e
+		}
+	})()
+	a := conv.Handle(context.Background(), eng, cfg, conv.Inbound{SessionKey: "k", Channel: config.ChannelWS, Text: "elicit color"})
+	if a.Ack.Status != gateway.StatusStarted {
+		t.Fatalf("turn: %+v", a)
+	}
+	var q event.Event
+	select {
+	case q = <-asked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no question asked")
+	}
+	var labels []string
+	for _, o := range q.Approval.Options {
+		labels = append(labels, o.Label)
+	}
+	if q.Approval.Title != "Pick a color" || strings.Join(labels, ",") != "red,green,blue,Decline" || !strings.Contains(q.Message, "Pick a color") {
+		t.Errorf("question %q (%q) with %q", q.Approval.Title, q.Message, labels)
+	}
+	if got := eng.PendingApprovals("k"); len(got) != 1 {
+		t.Fatalf("pending questions %+v", got)
+	}
+	if _, err := eng.Resolve(context.Background(), gateway.ResolveRequest{ApprovalID: q.Approval.ID, OptionNumber: 3,
+		SessionKey: "k", By: "web chat"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-done:
+		if e.Kind != event.Finished || e.FullText != `elicited {"action":"accept","content":{"color":"blue"}}` {
+			t.Errorf("the turn ended %v with %q", e.Kind, e.FullText)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the turn did not finish")
+	}
+}
