@@ -161,7 +161,13 @@ func (r *Runner) complete(ctx context.Context, runID string, p *provider, msgs [
 					user:  fmt.Sprintf("The model provider is not responding (%d silent attempts in a row, nothing for %s each); not retrying until it answers again.", streak, idle),
 					cause: ErrBreakerOpen,
 				}
-			case idleRetried || canSwitch:
+			case canSwitch:
+				r.log.Warn("openai: model stream idle; not retrying, a fallback provider is next", "run_id", runID, "idle", r.idle, "model", p.model)
+				return llmReply{}, &failure{
+					user:  fmt.Sprintf("The model provider stopped responding (nothing for %s).", idle),
+					cause: ErrIdleTimeout,
+				}
+			case idleRetried:
 				r.log.Warn("openai: model stream idle again; giving up", "run_id", runID, "idle", r.idle, "model", p.model)
 				return llmReply{}, &failure{
 					user:  fmt.Sprintf("The model provider stopped responding (nothing for %s, twice).", idle),
@@ -173,7 +179,8 @@ func (r *Runner) complete(ctx context.Context, runID string, p *provider, msgs [
 		case errors.As(err, &re):
 			re.status.Attempts = attempt
 			if statusRetries >= r.retries || canSwitch {
-				r.log.Warn("openai: provider error; giving up", "run_id", runID, "status", re.status.StatusCode, "attempts", attempt, "message", re.status.Message)
+				r.log.Warn("openai: provider error; giving up on it", "run_id", runID, "model", p.model, "status", re.status.StatusCode,
+					"attempts", attempt, "fallback_next", canSwitch, "message", re.status.Message)
 				return llmReply{}, statusFailure(re.status, p.key)
 			}
 			wait := min(time.Second<<statusRetries, r.retryMaxWait)
