@@ -98,6 +98,15 @@ type Runner interface {
 	Run(ctx context.Context, turn Turn, cb Callbacks) (Result, error)
 }
 
+// Wrapper is implemented by a runner that stands for another: the gateway
+// binary's slot, which runs each turn on the runner built last from the
+// configuration. Unwrap returns that runner (nil before one is built), so
+// that what a runner knows beyond turns — an ACP agent's commands, modes,
+// settings and sessions — can be asked of it (gateway.Engine.RunnerOf).
+type Wrapper interface {
+	Unwrap() Runner
+}
+
 // Prober is implemented by a runner that can tell, without running a turn,
 // whether it can work at all — the openai runner: whether its model
 // provider answers. The gateway probes at start-up and after a rebuild,
