@@ -13,7 +13,8 @@ import (
 
 // Warnings are the values of a valid configuration that do not take effect
 // as written: a wall clock above the hard maximum (turns stop at the
-// maximum), a positive timeout below the 0.1 s minimum (raised to it). They
+// maximum), a positive timeout below the 0.1 s minimum (raised to it), a
+// model idle timeout that leaves agents.openai.fallbacks no time. They
 // are not errors — the gateway runs — but `gateway -check` and start-up say
 // them, each naming its key, so the clamp timeout.Resolve applies is never
 // a surprise. A warning holds no secret (only numbers).
@@ -71,6 +72,35 @@ func (c *Config) Warnings() []Problem {
 			"%s: %s (%s) is above the hard maximum of %s (%s, %s), so turns stop at %s; raise maxTurnTimeSeconds or lower timeoutSeconds",
 			wallKey, seconds(wall), messages.Duration(time.Duration(wall*float64(time.Second))),
 			seconds(s.MaxTurnTime.Seconds()), messages.Duration(s.MaxTurnTime), ceilKey, messages.Duration(s.MaxTurnTime))})
+	}
+	return append(out, c.fallbackWarnings()...)
+}
+
+// fallbackWarnings: with agents.openai.fallbacks, a channel on the openai
+// runner whose step timeout is not above agents.openai.llmIdleTimeoutSeconds
+// stops a turn (the liveness window ends) before the runner leaves a
+// silent provider for the next one.
+func (c *Config) fallbackWarnings() []Problem {
+	o := c.Agents.OpenAI
+	if len(o.Fallbacks) == 0 {
+		return nil
+	}
+	idle := o.LLMIdleTimeoutSeconds
+	if idle == 0 {
+		idle = 120 // the runner's default (runner/openai.DefaultLLMIdleTimeout)
+	}
+	var out []Problem
+	for _, ch := range []string{ChannelWS, ChannelTelegram} {
+		if c.RunnerFor(ch) != RunnerOpenAI || (ch == ChannelTelegram && !c.Channels.Telegram.Enabled) {
+			continue
+		}
+		step := c.TurnSettings(ch, 0).StepTimeout
+		if step <= 0 || idle < step.Seconds() {
+			continue
+		}
+		out = append(out, Problem{Key: "agents.openai.llmIdleTimeoutSeconds", Text: fmt.Sprintf(
+			"agents.openai.llmIdleTimeoutSeconds: %s (%s) is not below the %s channel's step timeout (%s), so a silent provider stops the turn before agents.openai.fallbacks are tried; lower llmIdleTimeoutSeconds",
+			seconds(idle), messages.Duration(time.Duration(idle*float64(time.Second))), ch, messages.Duration(step))})
 	}
 	return out
 }

@@ -128,6 +128,21 @@ type OpenAI struct {
 	MaxSteps              int         `koanf:"maxSteps"`              // default 8
 	LLMIdleTimeoutSeconds float64     `koanf:"llmIdleTimeoutSeconds"` // default 120
 	Tools                 OpenAITools `koanf:"tools"`
+	// Fallbacks are the providers tried, in order, when a turn's model
+	// call fails or times out before the turn streamed any text or ran any
+	// tool (at most MaxOpenAIFallbacks). Set in the file only.
+	Fallbacks []OpenAIFallback `koanf:"fallbacks"`
+}
+
+// MaxOpenAIFallbacks bounds agents.openai.fallbacks.
+const MaxOpenAIFallbacks = 8
+
+// OpenAIFallback is one provider of agents.openai.fallbacks: the same
+// tools, system prompt and timeouts as the main one, another endpoint.
+type OpenAIFallback struct {
+	BaseURL string `koanf:"baseURL"` // required
+	APIKey  string `koanf:"apiKey"`  // secret; optional (local servers need none)
+	Model   string `koanf:"model"`   // required
 }
 
 // OpenAITools enables the built-in tools; each is off unless enabled.

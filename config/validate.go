@@ -219,6 +219,29 @@ func (p *problems) token(key, v string) {
 }
 
 // httpURL checks an optional URL without echoing it (URLs can carry tokens).
+// fallbacks checks agents.openai.fallbacks: at most MaxOpenAIFallbacks,
+// each with an http(s) baseURL without credentials and a model. The
+// problems never quote a URL (its query may hold a secret) nor a key.
+func (p *problems) fallbacks(fbs []OpenAIFallback) {
+	if len(fbs) > MaxOpenAIFallbacks {
+		p.add("agents.openai.fallbacks", "lists %d providers; at most %d are tried", len(fbs), MaxOpenAIFallbacks)
+	}
+	for i, f := range fbs {
+		key := fmt.Sprintf("agents.openai.fallbacks[%d]", i)
+		switch u, err := url.Parse(f.BaseURL); {
+		case f.BaseURL == "":
+			p.add(key+".baseURL", "is required (e.g. http://127.0.0.1:11434/v1)")
+		case err == nil && u.User != nil:
+			p.add(key+".baseURL", "must not contain credentials; use %s.apiKey", key)
+		default:
+			p.httpURL(key+".baseURL", f.BaseURL)
+		}
+		if strings.TrimSpace(f.Model) == "" {
+			p.add(key+".model", "is required")
+		}
+	}
+}
+
 func (p *problems) httpURL(key, v string) {
 	if v == "" {
 		return
@@ -334,6 +357,7 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 		p.add("agents.openai.model", "is required when the openai runner is used")
 	}
 	p.httpURL("agents.openai.baseURL", o.BaseURL)
+	p.fallbacks(o.Fallbacks)
 	p.wholeIn("agents.openai.maxSteps", "agents.openai.maxSteps", o.MaxSteps)
 	p.numberIn("agents.openai.llmIdleTimeoutSeconds", o.LLMIdleTimeoutSeconds, bounds["agents.openai.llmIdleTimeoutSeconds"])
 	h := o.Tools.HTTPGet

@@ -114,10 +114,10 @@ const defaultMaxQueuedBytes = 1 << 20
 
 // Redacted returns a deep copy of c in which every non-empty secret is
 // replaced by Redaction: server.token, server.operatorToken,
-// agents.openai.apiKey, channels.telegram.token,
+// agents.openai.apiKey and each of agents.openai.fallbacks, channels.telegram.token,
 // channels.telegram.webhookSecret and the values of agents.exec.env and
 // agents.acp.env and telemetry.otlp.headers. In
-// URLs (agents.openai.baseURL, channels.telegram.apiURL and webhookURL,
+// URLs (agents.openai.baseURL and the fallbacks', channels.telegram.apiURL and webhookURL,
 // alerts.webhookURL, telemetry.otlp.endpoint) the user info, query string and fragment are
 // replaced; in store.url (which holds the database password) too. c is not
 // modified.
@@ -136,6 +136,11 @@ func (c *Config) Redacted() Config {
 	o := &r.Agents.OpenAI
 	o.APIKey = redact(o.APIKey)
 	o.BaseURL = redactURL(o.BaseURL)
+	o.Fallbacks = slices.Clone(o.Fallbacks)
+	for i := range o.Fallbacks {
+		o.Fallbacks[i].APIKey = redact(o.Fallbacks[i].APIKey)
+		o.Fallbacks[i].BaseURL = redactURL(o.Fallbacks[i].BaseURL)
+	}
 	o.Tools.HTTPGet.Allow = slices.Clone(o.Tools.HTTPGet.Allow)
 	o.Tools.Commands = slices.Clone(o.Tools.Commands)
 	for i := range o.Tools.Commands {
@@ -195,6 +200,9 @@ func (c *Config) Redacted() Config {
 func (c *Config) Secrets() []string {
 	out := []string{c.Server.Token, c.Server.OperatorToken, c.Agents.OpenAI.APIKey,
 		c.Channels.Telegram.Token, c.Channels.Telegram.WebhookSecret, c.Cluster.Secret, c.Cluster.NATS.Password}
+	for _, f := range c.Agents.OpenAI.Fallbacks {
+		out = append(out, f.APIKey)
+	}
 	for _, v := range c.Agents.Exec.Env {
 		out = append(out, v)
 	}

@@ -102,6 +102,7 @@ func TestMessageSet(t *testing.T) {
 var fullSecrets = []string{
 	"example-client-token", "example-operator-token", "sk-example-api-key", "example-exec-secret",
 	"example-telegram-token", "example_webhook_secret", "example-alert-secret", "example-otlp-secret",
+	"example-fallback-key", "example-fallback-query",
 }
 
 func TestRedactedAndStringHideSecrets(t *testing.T) {
@@ -115,6 +116,11 @@ func TestRedactedAndStringHideSecrets(t *testing.T) {
 	eq(t, "server.token", r.Server.Token, Redaction)
 	eq(t, "server.operatorToken", r.Server.OperatorToken, Redaction)
 	eq(t, "agents.openai.apiKey", r.Agents.OpenAI.APIKey, Redaction)
+	eq(t, "agents.openai.fallbacks", r.Agents.OpenAI.Fallbacks, []OpenAIFallback{
+		{BaseURL: "https://fallback.example/v1?" + Redaction, APIKey: Redaction, Model: "fallback-model"}})
+	if !slices.Contains(c.Secrets(), "example-fallback-key") {
+		t.Errorf("Secrets() = %q lacks the fallback's API key", c.Secrets())
+	}
 	eq(t, "channels.telegram.token", r.Channels.Telegram.Token, Redaction)
 	eq(t, "channels.telegram.webhookSecret", r.Channels.Telegram.WebhookSecret, Redaction)
 	eq(t, "agents.exec.env", r.Agents.Exec.Env, map[string]string{"MY_AGENT_TOKEN": Redaction})
@@ -130,6 +136,7 @@ func TestRedactedAndStringHideSecrets(t *testing.T) {
 	// The original is untouched, and the copy is deep.
 	eq(t, "original token", c.Server.Token, "example-client-token")
 	eq(t, "original env", c.Agents.Exec.Env["MY_AGENT_TOKEN"], "example-exec-secret")
+	eq(t, "original fallback key", c.Agents.OpenAI.Fallbacks[0].APIKey, "example-fallback-key")
 	r.Channels.Telegram.AllowedChatIDs[0] = 1
 	r.Agents.OpenAI.Tools.Commands[0].Parameters["type"] = "changed"
 	*r.Channels.WS.Timeouts.StepTimeoutSeconds = 1

@@ -101,6 +101,9 @@ const (
 	// limit; the runner is told to wrap up and the person that the turn
 	// will be stopped. At most one per turn.
 	BudgetWarning
+	// Fallback: the runner moved the turn to another model provider
+	// (agents.openai.fallbacks) after a failure before any reply.
+	Fallback
 )
 
 var kindNames = [...]string{
@@ -119,6 +122,7 @@ var kindNames = [...]string{
 	ApprovalRequested: "approval_requested",
 	ApprovalResolved:  "approval_resolved",
 	BudgetWarning:     "budget_warning",
+	Fallback:          "fallback",
 }
 
 func (k Kind) String() string {
@@ -169,6 +173,9 @@ func (k Kind) Terminal() bool { return k == Aborted || k == Finished }
 //     Step (the running step), Message (the question in words).
 //   - ApprovalResolved: Approval (as requested, plus Outcome, OptionID,
 //     OptionKind, By), Message (the settlement in words).
+//   - Fallback: Step (the step whose provider failed, named by its model),
+//     Text (the model the turn goes on with). The person reads the switch
+//     in the reply text (the runner's notice), not from this event.
 type Event struct {
 	Kind       Kind
 	RunID      string

@@ -72,6 +72,18 @@ func (c *callbacks) Heartbeat() { c.run.Heartbeat() }
 // words (an agent's thought or plan).
 func (c *callbacks) Activity() { c.run.Activity() }
 
+// Fallback implements runner.FallbackReporter: the runner moved the turn
+// to the model to after from failed; recorded for the trace and the journal.
+func (c *callbacks) Fallback(from, to string) {
+	if c.live() {
+		cur, last := c.run.CurrentStep()
+		if cur.IsZero() || cur.Name != from {
+			cur = event.Step{Kind: event.StepLLM, Name: from}
+		}
+		c.run.Publish(c.e.publish, event.Event{Kind: event.Fallback, Step: cur, LastStep: last, Text: to})
+	}
+}
+
 func (c *callbacks) Pause(reason string) {
 	c.clock.pause(pauseRunner)
 	if c.live() {

@@ -18,7 +18,7 @@ func AgentCommandLine(name, description string) string {
 }
 
 // HelpModeLine is /help's line for /mode when the runner is an ACP agent.
-const HelpModeLine = "/mode — the agent's modes; /mode <id> switches to one"
+const HelpModeLine = "/mode — the agent's modes and settings; /mode <id> switches to a mode, /mode <setting> <value> changes a setting"
 
 // AgentNoModes is /mode's answer when the agent (or the runner) has no
 // modes.
@@ -71,3 +71,75 @@ const MenuModeDescription = "List or switch the agent's modes"
 // MenuAgentCommand is the menu entry of an agent command the agent gave no
 // description.
 const MenuAgentCommand = "The agent's command"
+
+// AgentSessionsHeading starts /status's part about the agent's own
+// sessions (ACP session/list, where the agent supports it): n listed, more
+// when the agent has others not shown.
+func AgentSessionsHeading(n int, more bool) string {
+	if more {
+		return fmt.Sprintf("🗂 The agent's sessions (%d shown, it has more):", n)
+	}
+	return fmt.Sprintf("🗂 The agent's sessions (%d):", n)
+}
+
+// AgentSessionLine is one of them: its title (else its id), marked when it
+// is the one serving this conversation.
+func AgentSessionLine(name string, current bool) string {
+	if current {
+		return "• " + name + " ← this conversation"
+	}
+	return "• " + name
+}
+
+// AgentConfigOption is one of the agent's settings (ACP config options) in
+// AgentConfigOptions' list: a select with its value ids, or an on/off
+// boolean (Current "on" or "off").
+type AgentConfigOption struct {
+	ID, Name, Current string
+	Values            []string
+	Boolean           bool
+}
+
+// AgentConfigOptions lists the agent's settings for /mode, after its modes
+// (if any).
+func AgentConfigOptions(opts []AgentConfigOption) string {
+	var b strings.Builder
+	b.WriteString("The agent's settings:\n")
+	for _, o := range opts {
+		fmt.Fprintf(&b, "⚙️ %s", o.ID)
+		if o.Name != "" && o.Name != o.ID {
+			fmt.Fprintf(&b, " (%s)", o.Name)
+		}
+		fmt.Fprintf(&b, ": %s", o.Current)
+		switch {
+		case o.Boolean:
+			b.WriteString(" — on or off")
+		case len(o.Values) > 0:
+			b.WriteString(" — one of " + strings.Join(o.Values, ", "))
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\nSend /mode <setting> <value> to change one.")
+	return b.String()
+}
+
+// AgentConfigSet is /mode <setting> <value>'s answer when the agent took it.
+func AgentConfigSet(id, value string) string {
+	return fmt.Sprintf("✅ The agent's setting %s is now %s.", id, value)
+}
+
+// AgentConfigUnknown is /mode <setting> <value>'s answer when the agent
+// has no such setting.
+func AgentConfigUnknown(id string) string {
+	return fmt.Sprintf("The agent has no setting %q. Send /mode to see its settings.", id)
+}
+
+// AgentConfigValueUnknown is /mode <setting> <value>'s answer when value
+// is not one of the setting's.
+func AgentConfigValueUnknown(id, value string) string {
+	return fmt.Sprintf("%q is not a value of the agent's setting %s. Send /mode to see them.", value, id)
+}
+
+// AgentConfigFailed is /mode <setting> <value>'s answer when the agent did
+// not change the setting.
+const AgentConfigFailed = "The agent could not change the setting. Try again later."

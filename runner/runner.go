@@ -82,10 +82,29 @@ type ActivityReporter interface {
 	Activity()
 }
 
+// FallbackReporter is implemented by Callbacks that record a runner's move
+// to another model provider within a turn (the openai runner's
+// agents.openai.fallbacks): Fallback(from, to) names the model that failed
+// and the one the turn goes on with. It is for the trace and the journal;
+// the runner tells the person itself (reply text). The engine's Callbacks
+// implement it; a runner type-asserts.
+type FallbackReporter interface {
+	Fallback(from, to string)
+}
+
 // Runner does the work of one turn. Run blocks until the turn is done or
 // ctx is cancelled; it must not keep using cb after it returns.
 type Runner interface {
 	Run(ctx context.Context, turn Turn, cb Callbacks) (Result, error)
+}
+
+// Wrapper is implemented by a runner that stands for another: the gateway
+// binary's slot, which runs each turn on the runner built last from the
+// configuration. Unwrap returns that runner (nil before one is built), so
+// that what a runner knows beyond turns — an ACP agent's commands, modes,
+// settings and sessions — can be asked of it (gateway.Engine.RunnerOf).
+type Wrapper interface {
+	Unwrap() Runner
 }
 
 // Prober is implemented by a runner that can tell, without running a turn,

@@ -60,7 +60,7 @@ func JournalOf(ev *event.Event, at time.Time) JournalEntry {
 	msg := ev.Message
 	elapsed := ev.Elapsed
 	switch ev.Kind {
-	case event.Paused:
+	case event.Paused, event.Fallback:
 		msg = ev.Text
 	case event.Finished:
 		if ev.StopReason == event.ReasonStop {

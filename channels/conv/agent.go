@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -19,6 +20,14 @@ type Agent interface {
 	Commands(key string) []acp.Command
 	Modes(key string) (acp.Modes, bool)
 	SetMode(ctx context.Context, key, id string) error
+}
+
+// Configurer is an Agent with settings other than modes (*acp.Runner: the
+// agent's config options): /mode lists them after the modes and /mode
+// <setting> <value> changes one.
+type Configurer interface {
+	ConfigOptions(key string) ([]acp.ConfigOption, bool)
+	SetConfigOption(ctx context.Context, key, id, value string) error
 }
 
 // RunnerSource is an engine that names the runner a channel's turns run on
@@ -39,6 +48,41 @@ func agentOf(eng Engine, channel string) Agent {
 	return a
 }
 
+// SessionLister is a runner that can list the agent's own sessions
+// (*acp.Runner, with an agent that advertises session/list).
+type SessionLister interface {
+	ListSessions(ctx context.Context, key string) (acp.AgentSessions, error)
+}
+
+// agentSessions is /status's part about the agent's sessions: "" when the
+// channel's runner cannot list them, the agent does not support it, no
+// session serves the conversation yet, or the agent failed to answer —
+// /status still answers about the turn.
+func agentSessions(ctx context.Context, eng Engine, in Inbound) string {
+	rs, ok := eng.(RunnerSource)
+	if !ok {
+		return ""
+	}
+	l, ok := rs.RunnerOf(in.Channel).(SessionLister)
+	if !ok {
+		return ""
+	}
+	list, err := l.ListSessions(ctx, in.SessionKey)
+	if err != nil || len(list.Sessions) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\n\n" + messages.AgentSessionsHeading(len(list.Sessions), list.More))
+	for _, s := range list.Sessions {
+		name := s.Title
+		if name == "" {
+			name = s.ID
+		}
+		b.WriteString("\n" + messages.AgentSessionLine(name, s.ID == list.Current))
+	}
+	return b.String()
+}
+
 // agentHelp is /help's part about the agent: /mode and the agent's
 // commands for the conversation of key ("" without an Agent).
 func agentHelp(a Agent, key string) string {
@@ -56,27 +100,36 @@ func agentHelp(a Agent, key string) string {
 	return b.String()
 }
 
-// doMode carries out /mode (list the agent's modes) and /mode <id>
-// (switch to one with session/set_mode).
+// doMode carries out /mode (list the agent's modes and settings), /mode
+// <id> (switch to a mode with session/set_mode) and /mode <setting>
+// <value> (change a setting with session/set_config_option).
 func doMode(ctx context.Context, eng Engine, in Inbound) Answer {
 	a := agentOf(eng, in.Channel)
 	if a == nil {
 		return Answer{Command: Mode, Text: messages.AgentNoModes}
 	}
 	ms, ok := a.Modes(in.SessionKey)
-	switch {
-	case !ok:
+	if !ok {
 		return Answer{Command: Mode, Text: messages.AgentNoSessionYet}
-	case len(ms.Available) == 0:
+	}
+	cf, _ := a.(Configurer)
+	var opts []acp.ConfigOption
+	if cf != nil {
+		opts, _ = cf.ConfigOptions(in.SessionKey)
+	}
+	if len(ms.Available) == 0 && len(opts) == 0 {
 		return Answer{Command: Mode, Text: messages.AgentNoModes}
 	}
-	id := commandArg(in.Text)
-	if id == "" {
-		list := make([]messages.AgentMode, len(ms.Available))
-		for i, m := range ms.Available {
-			list[i] = messages.AgentMode{ID: m.ID, Name: m.Name, Description: m.Description}
-		}
-		return Answer{Command: Mode, Text: messages.AgentModes(ms.Current, list)}
+	id, value, _ := strings.Cut(commandArg(in.Text), " ")
+	value = strings.TrimSpace(value)
+	switch {
+	case id == "":
+		return Answer{Command: Mode, Text: modesText(ms, opts)}
+	case value != "" && cf != nil:
+		return doSetting(ctx, cf, in, id, value)
+	}
+	if len(ms.Available) == 0 || slices.ContainsFunc(opts, func(o acp.ConfigOption) bool { return o.ID == id }) {
+		return Answer{Command: Mode, Text: modesText(acp.Modes{}, opts)} // a setting named without a value: its values
 	}
 	err := a.SetMode(ctx, in.SessionKey, id)
 	switch {
@@ -90,6 +143,46 @@ func doMode(ctx context.Context, eng Engine, in Inbound) Answer {
 		return Answer{Command: Mode, Err: err, Text: messages.AgentNoModes}
 	}
 	return Answer{Command: Mode, Err: fmt.Errorf("setting mode of %s: %w", in.SessionKey, err), Failed: true, Text: messages.AgentModeFailed}
+}
+
+// modesText lists the agent's modes, then its settings (each part only
+// when there is any).
+func modesText(ms acp.Modes, opts []acp.ConfigOption) string {
+	var parts []string
+	if len(ms.Available) > 0 {
+		list := make([]messages.AgentMode, len(ms.Available))
+		for i, m := range ms.Available {
+			list[i] = messages.AgentMode{ID: m.ID, Name: m.Name, Description: m.Description}
+		}
+		parts = append(parts, messages.AgentModes(ms.Current, list))
+	}
+	if len(opts) > 0 {
+		list := make([]messages.AgentConfigOption, len(opts))
+		for i, o := range opts {
+			list[i] = messages.AgentConfigOption{ID: o.ID, Name: o.Name, Current: o.Current, Boolean: o.Boolean}
+			for _, v := range o.Values {
+				list[i].Values = append(list[i].Values, v.ID)
+			}
+		}
+		parts = append(parts, messages.AgentConfigOptions(list))
+	}
+	return strings.Join(parts, "\n\n")
+}
+
+// doSetting carries out /mode <setting> <value>.
+func doSetting(ctx context.Context, cf Configurer, in Inbound, id, value string) Answer {
+	err := cf.SetConfigOption(ctx, in.SessionKey, id, value)
+	switch {
+	case err == nil:
+		return Answer{Command: Mode, Text: messages.AgentConfigSet(id, value)}
+	case errors.Is(err, acp.ErrUnknownOption):
+		return Answer{Command: Mode, Err: err, Text: messages.AgentConfigUnknown(cutArg(id))}
+	case errors.Is(err, acp.ErrUnknownValue):
+		return Answer{Command: Mode, Err: err, Text: messages.AgentConfigValueUnknown(cutArg(id), cutArg(value))}
+	case errors.Is(err, acp.ErrNoSession):
+		return Answer{Command: Mode, Err: err, Text: messages.AgentNoSessionYet}
+	}
+	return Answer{Command: Mode, Err: fmt.Errorf("changing setting %s of %s: %w", cutArg(id), in.SessionKey, err), Failed: true, Text: messages.AgentConfigFailed}
 }
 
 // commandArg is the text after a command's first word, trimmed.

@@ -22,6 +22,13 @@ import (
 // installed.
 func acpEngine(t *testing.T) (*gateway.Engine, *config.Config) {
 	t.Helper()
+	return acpEngineWith(t, nil)
+}
+
+// acpEngineWith is acpEngine with env added to the agent's environment
+// (ACP_TEST_CAPS and the like).
+func acpEngineWith(t *testing.T, env map[string]string) (*gateway.Engine, *config.Config) {
+	t.Helper()
 	dir, err := filepath.Abs(filepath.Join("..", "..", "runner", "acp", "testdata", "agent"))
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +44,7 @@ func acpEngine(t *testing.T) (*gateway.Engine, *config.Config) {
 		t.Skip("the ACP test agent is not installed; run `make deps-node`")
 	}
 	r, err := acp.New(config.ACP{Command: node, Args: []string{filepath.Join(dir, "agent.mjs")}, Workdir: t.TempDir(),
-		IdleSeconds: 60, StartTimeoutSeconds: 20}, 0, nil)
+		IdleSeconds: 60, StartTimeoutSeconds: 20, Env: env}, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,8 +64,10 @@ func acpEngine(t *testing.T) (*gateway.Engine, *config.Config) {
 // TestAgentCommandsAndModesThroughConv: with the ACP runner, a typed
 // "/echo hi" (the agent's command, not the gateway's) reaches the agent
 // unchanged as its prompt; /help then lists the gateway's commands first
-// and the agent's after them; /mode lists the agent's modes, /mode code
-// switches (session/set_mode), an unknown id is refused in words; before
+// and the agent's after them; /mode lists the agent's modes and settings
+// (config options), /mode code switches (session/set_mode), /mode model
+// smart changes a setting (session/set_config_option), an unknown id or
+// value is refused in words; before
 // the agent serves the conversation /mode says so. The gateway's own
 // commands win over the agent's (the agent's "mode" command is the
 // gateway's /mode).
@@ -98,11 +107,21 @@ func TestAgentCommandsAndModesThroughConv(t *testing.T) {
 
 	modes := []messages.AgentMode{{ID: "ask", Name: "Ask", Description: "Answer questions without changing anything"},
 		{ID: "code", Name: "Code", Description: "Write and run code"}}
+	settings := func(model, verbose string) string {
+		return messages.AgentConfigOptions([]messages.AgentConfigOption{
+			{ID: "model", Name: "Model", Current: model, Values: []string{"fast", "smart"}},
+			{ID: "verbose", Name: "Verbose", Current: verbose, Boolean: true}})
+	}
 	for _, tc := range []struct{ text, want string }{
-		{"/mode", messages.AgentModes("ask", modes)},
+		{"/mode", messages.AgentModes("ask", modes) + "\n\n" + settings("fast", "off")},
 		{"/mode nope", messages.AgentModeUnknown("nope")},
 		{"/MODE   code ", messages.AgentModeSet("code")},
-		{"/mode", messages.AgentModes("code", modes)},
+		{"/mode model genius", messages.AgentConfigValueUnknown("model", "genius")},
+		{"/mode temperature hot", messages.AgentConfigUnknown("temperature")},
+		{"/mode model  smart", messages.AgentConfigSet("model", "smart")},
+		{"/mode verbose on", messages.AgentConfigSet("verbose", "on")},
+		{"/mode model", settings("smart", "on")},
+		{"/mode", messages.AgentModes("code", modes) + "\n\n" + settings("smart", "on")},
 	} {
 		if a := handle(tc.text); a.Command != conv.Mode || a.Text != tc.want || a.Failed {
 			t.Errorf("%q: %+v\nwant the words %q", tc.text, a, tc.want)
@@ -118,5 +137,93 @@ func TestModeWithoutAnAgent(t *testing.T) {
 	a := conv.Handle(context.Background(), eng, config.Default(), conv.Inbound{SessionKey: "k", Channel: "ws", Text: "/mode code"})
 	if a.Command != conv.Mode || a.Text != messages.AgentNoModes || a.Ack.Status != "" {
 		t.Errorf("/mode without an agent: %+v", a)
+	}
+}
+
+// TestStatusListsTheAgentsSessions: with an agent that supports
+// session/list, /status ends with the agent's sessions, the
+// conversation's marked; before the agent serves the conversation, and
+// with an agent that cannot list, /status is only about the turn.
+func TestStatusListsTheAgentsSessions(t *testing.T) {
+	for _, caps := range []string{"list", ""} {
+		t.Run("caps="+caps, func(t *testing.T) {
+			eng, cfg := acpEngineWith(t, map[string]string{"ACP_TEST_CAPS": caps})
+			handle := func(key, text string) conv.Answer {
+				return conv.Handle(context.Background(), eng, cfg, conv.Inbound{SessionKey: key, Channel: config.ChannelWS, Text: text})
+			}
+			if a := handle("k", "/status"); a.Text != conv.TextIdle {
+				t.Errorf("/status before the first turn: %q", a.Text)
+			}
+			for _, key := range []string{"other", "k"} {
+				a := handle(key, "remember apples in "+key)
+				if a.Ack.Status != gateway.StatusStarted {
+					t.Fatalf("turn: %+v", a)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				out, ok := eng.Wait(ctx, a.Ack.RunID)
+				cancel()
+				if !ok || out.Status != gateway.StatusOK {
+					t.Fatalf("turn of %s: %+v", key, out)
+				}
+			}
+			want := conv.TextIdle
+			if caps == "list" {
+				want += "\n\n" + messages.AgentSessionsHeading(2, false) + "\n" + messages.AgentSessionLine("remember apples in other", false) +
+					"\n" + messages.AgentSessionLine("remember apples in k", true)
+			}
+			if a := handle("k", "/status"); a.Text != want {
+				t.Errorf("/status:\n%s\nwant\n%s", a.Text, want)
+			}
+		})
+	}
+}
+
+// TestElicitationIsAQuestionInChat: the agent's elicitation/create reaches
+// the person as a question of the turn, in words with its choices as
+// buttons (the approvals machinery: the same event every channel renders);
+// the person's choice goes back to the agent, whose reply says what it got.
+func TestElicitationIsAQuestionInChat(t *testing.T) {
+	eng, cfg := acpEngine(t)
+	asked := make(chan event.Event, 1)
+	done := make(chan event.Event, 1)
+	defer eng.Bus().Subscribe("k", func(e event.Event) {
+		switch e.Kind {
+		case event.ApprovalRequested:
+			asked <- e
+		case event.Finished, event.Aborted:
+			done <- e
+		}
+	})()
+	a := conv.Handle(context.Background(), eng, cfg, conv.Inbound{SessionKey: "k", Channel: config.ChannelWS, Text: "elicit color"})
+	if a.Ack.Status != gateway.StatusStarted {
+		t.Fatalf("turn: %+v", a)
+	}
+	var q event.Event
+	select {
+	case q = <-asked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no question asked")
+	}
+	var labels []string
+	for _, o := range q.Approval.Options {
+		labels = append(labels, o.Label)
+	}
+	if q.Approval.Title != "Pick a color" || strings.Join(labels, ",") != "red,green,blue,Decline" || !strings.Contains(q.Message, "Pick a color") {
+		t.Errorf("question %q (%q) with %q", q.Approval.Title, q.Message, labels)
+	}
+	if got := eng.PendingApprovals("k"); len(got) != 1 {
+		t.Fatalf("pending questions %+v", got)
+	}
+	if _, err := eng.Resolve(context.Background(), gateway.ResolveRequest{ApprovalID: q.Approval.ID, OptionNumber: 3,
+		SessionKey: "k", By: "web chat"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-done:
+		if e.Kind != event.Finished || e.FullText != `elicited {"action":"accept","content":{"color":"blue"}}` {
+			t.Errorf("the turn ended %v with %q", e.Kind, e.FullText)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the turn did not finish")
 	}
 }

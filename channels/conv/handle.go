@@ -91,7 +91,7 @@ func Handle(ctx context.Context, eng Engine, cfg *config.Config, in Inbound) Ans
 			// replica that cannot be asked now.
 			return Answer{Command: Status, Err: fmt.Errorf("status of %s: %w", in.SessionKey, err), Text: ErrorText(err, 0, 0)}
 		}
-		return Answer{Command: Status, Text: StatusText(st)}
+		return Answer{Command: Status, Text: StatusText(st) + agentSessions(ctx, eng, in)}
 	case New:
 		return doNew(ctx, eng, in)
 	case Help:

@@ -201,6 +201,19 @@ func (r *runnerSlot) Run(ctx context.Context, turn runner.Turn, cb runner.Callba
 	return b.r.Run(ctx, turn, cb)
 }
 
+// Unwrap returns the runner built last (nil before one is built): the
+// engine's RunnerOf asks it, not the slot, what it knows beyond turns (an
+// ACP agent's commands, modes, settings and sessions for /help, /mode,
+// /status and Telegram's command menu).
+func (r *runnerSlot) Unwrap() runner.Runner {
+	if b := r.built.Load(); b != nil {
+		return b.r
+	}
+	return nil
+}
+
+var _ runner.Wrapper = (*runnerSlot)(nil)
+
 // Steers reports whether the runner built last reads Turn.Inbox (busy mode
 // steer): the engine asks the runner it holds, which is this slot.
 func (r *runnerSlot) Steers() bool {

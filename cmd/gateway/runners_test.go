@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/cluster/pgcoord"
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -157,6 +159,40 @@ func TestRunnerSetACP(t *testing.T) {
 		t.Errorf("a turn on the replaced acp runner: %v, want a message saying it is being restarted", err)
 	}
 	s.close()
+}
+
+// TestRunnerOfSeesTheAgentThroughItsSlot: the engine holds each runner
+// through its slot; RunnerOf gives the ACP runner built last, so /help,
+// /mode, /status and Telegram's command menu reach the agent (conv.Agent,
+// conv.Configurer, conv.SessionLister). Before, the slot was none of them
+// and the built binary answered /mode with "This assistant has no modes."
+func TestRunnerOfSeesTheAgentThroughItsSlot(t *testing.T) {
+	s := newRunnerSet(slog.New(slog.DiscardHandler), false)
+	defer s.close()
+	cfg := config.Default()
+	cfg.Agents.Defaults.Runner = config.RunnerACP
+	cfg.Agents.ACP.Command = "sh"
+	cfg.Agents.ACP.Workdir = t.TempDir()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	eng, err := gateway.New(gateway.Options{Config: config.NewSource(cfg), Runners: s.engineRunners()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := eng.RunnerOf(config.ChannelWS); r != s.engineRunners()[config.RunnerACP] {
+		t.Fatalf("before the runner is built RunnerOf = %T, want the slot", r)
+	}
+	if err := s.prepare(cfg); err != nil {
+		t.Fatal(err)
+	}
+	r := eng.RunnerOf(config.ChannelWS)
+	_, agent := r.(conv.Agent)
+	_, settings := r.(conv.Configurer)
+	_, sessions := r.(conv.SessionLister)
+	if !agent || !settings || !sessions {
+		t.Errorf("RunnerOf = %T: agent %v, settings %v, sessions %v", r, agent, settings, sessions)
+	}
 }
 
 // TestRunnerProbeAtStart: an openai runner whose provider does not answer

@@ -38,7 +38,8 @@ const opToken = "op-token-SECRET-2"
 
 // secrets are configured in every test gateway; none may appear in an
 // answer or a log line.
-var secrets = []string{"srv-token-SECRET-1", opToken, "sk-SECRET-3", "SECRET-4-bot", "SECRET-5-hook-value", "SECRET-6-alert", "SECRET-7-env"}
+var secrets = []string{"srv-token-SECRET-1", opToken, "sk-SECRET-3", "SECRET-4-bot", "SECRET-5-hook-value", "SECRET-6-alert", "SECRET-7-env",
+	"sk-SECRET-8-fallback", "SECRET-9-fallback-query"}
 
 func secs(v float64) *float64 { return &v }
 
@@ -55,6 +56,8 @@ func testConfig(t *testing.T) *config.Config {
 	c.Channels.Telegram.WebhookSecret = secrets[4]
 	c.Alerts.WebhookURL = "https://hooks.example.test/alert?key=" + secrets[5]
 	c.Agents.Exec.Env = map[string]string{"API_TOKEN": secrets[6]}
+	c.Agents.OpenAI.Fallbacks = []config.OpenAIFallback{{BaseURL: "https://backup.example.test/v1?key=" + secrets[8],
+		APIKey: secrets[7], Model: "backup-model"}}
 	d := &c.Agents.Defaults
 	d.TimeoutSeconds, d.MaxTurnTimeSeconds = secs(60), secs(120)
 	d.StepTimeoutSeconds, d.ProgressNotifyAfterSeconds, d.ProgressRepeatSeconds = secs(3), secs(1), secs(10)

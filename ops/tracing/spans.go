@@ -36,6 +36,7 @@ const (
 	AttrReason      = "turnguard.reason"
 	AttrLeftMs      = "turnguard.left_ms"
 	AttrRunnerTold  = "turnguard.runner_told"
+	AttrFallbackTo  = "turnguard.fallback.to" // the model a fallback event moved the turn to
 )
 
 // turnSpans is one run's tracing state, in the run's Locals (event.Local):
@@ -122,6 +123,9 @@ func (t *Tracer) Handle(ev event.Event) {
 			attribute.Bool(AttrRunnerTold, ev.Text != "")))
 	case event.Recovered:
 		s.root.AddEvent("recovered", at, trace.WithAttributes(attribute.String(AttrStepName, ev.Step.Label())))
+	case event.Fallback:
+		s.root.AddEvent("fallback", at, trace.WithAttributes(attribute.String(AttrStepName, ev.Step.Label()),
+			attribute.String(AttrFallbackTo, ev.Text)))
 	case event.ApprovalRequested, event.ApprovalResolved:
 		if ev.Kind == event.ApprovalRequested {
 			s.asking++

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -553,6 +554,36 @@ func TestBudgetWarningEvent(t *testing.T) {
 			attribute.Int64(tracing.AttrLeftMs, 2000), attribute.Bool(tracing.AttrRunnerTold, true)}
 		if got := tr.root.Events[0].Attributes; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("budget_warning attributes %v, want %v", got, want)
+		}
+	})
+}
+
+// TestFallbackEvent: a runner's move to another model provider
+// (runner.FallbackReporter, as the openai runner reports it) is a span
+// event on the turn's root, naming the failed step and the model the turn
+// goes on with.
+func TestFallbackEvent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rn := script(nil, false, false, start(event.StepLLM, "main-model"),
+			op{time.Second, func(cb runner.Callbacks) { cb.(runner.FallbackReporter).Fallback("main-model", "backup-model") }},
+			start(event.StepLLM, "backup-model"), done(event.StepLLM, "backup-model"))
+		v := newTraced(t, rn, nil)
+		v.send(t, "s", "run-1")
+		if out, _ := v.eng.Wait(context.Background(), "run-1"); out.Text != "done" {
+			t.Fatalf("outcome %+v", out)
+		}
+		synctest.Wait()
+		tr := spansOf(t, v.exp, "run-1")
+		if got := strings.Join(eventNames(tr.root), " "); got != "fallback" {
+			t.Fatalf("root events %q, want one fallback", got)
+		}
+		ev := tr.root.Events[0]
+		want := []attribute.KeyValue{attribute.String(tracing.AttrStepName, "main-model"), attribute.String(tracing.AttrFallbackTo, "backup-model")}
+		if !slices.Equal(ev.Attributes, want) {
+			t.Errorf("fallback attributes %v, want %v", ev.Attributes, want)
+		}
+		if len(tr.children) != 2 || tr.children[0].Name != "main-model" || tr.children[1].Name != "backup-model" {
+			t.Errorf("steps %+v, want main-model then backup-model", tr.children)
 		}
 	})
 }

@@ -350,6 +350,7 @@ func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, c
 			err := ag.call(ctx, r.startTimeout, method, map[string]any{"sessionId": prevID, "cwd": r.dir, "mcpServers": []any{}}, &restored)
 			if err == nil && r.claim(ag, s, prevID) {
 				ag.keepModes(s.id, restored)
+				ag.keepConfigOptions(s.id, restored)
 				log.Info("acp: session restored", "method", method, "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 				if prevConv != conv {
 					r.record(ctx, log, key, conv, s.id)
@@ -418,6 +419,7 @@ func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, c
 		return false, &runner.UserError{Message: "The agent answered with another conversation's session, so your message was not sent to it. Try again later."}
 	}
 	ag.keepModes(s.id, answer)
+	ag.keepConfigOptions(s.id, answer)
 	log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
 	r.record(ctx, log, key, conv, s.id)
 	return lost, nil
@@ -515,7 +517,7 @@ func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbac
 		for {
 			select {
 			case a := <-ts.perms:
-				_ = ag.c.reply(a.id, permissionCancelled(), nil)
+				_ = ag.c.reply(a.id, a.cancelled(), nil)
 				a.done()
 			default:
 				return
@@ -646,6 +648,10 @@ func stopMessage(reason string) string {
 // agent only ever gets a "once" option.
 func (r *Runner) answer(ctx context.Context, turn runner.Turn, ag *agent, s *session, a permissionAsk, log *slog.Logger) {
 	defer a.done()
+	if a.elicit != nil {
+		r.elicit(ctx, turn, ag, a, log)
+		return
+	}
 	if len(a.req.Options) == 0 {
 		_ = ag.c.reply(a.id, permissionCancelled(), nil)
 		return
@@ -671,6 +677,25 @@ func (r *Runner) answer(ctx context.Context, turn runner.Turn, ag *agent, s *ses
 	}
 	if err := ag.c.reply(a.id, permissionAnswer(ans, err), nil); err != nil {
 		log.Warn("acp: permission answer not sent", "err", err)
+	}
+}
+
+// elicit asks the person the agent's elicitation/create, when buttons can
+// answer it (elicit.go), and sends the agent the answer.
+func (r *Runner) elicit(ctx context.Context, turn runner.Turn, ag *agent, a permissionAsk, log *slog.Logger) {
+	ea, err := elicitQuestion(*a.elicit)
+	if err != nil {
+		log.Info("acp: elicitation declined: it cannot be asked in chat", "why", err.Error())
+		if err := ag.c.reply(a.id, elicitResponse{Action: "decline"}, nil); err != nil {
+			log.Warn("acp: elicitation answer not sent", "err", err)
+		}
+		return
+	}
+	ans, err := turn.Ask(ctx, ea.q)
+	res := ea.answer(ans, err)
+	log.Info("acp: elicitation answered", "action", res.Action, "outcome", ans.Outcome, "option", ans.OptionID, "err", err)
+	if err := ag.c.reply(a.id, res, nil); err != nil {
+		log.Warn("acp: elicitation answer not sent", "err", err)
 	}
 }
 
@@ -729,8 +754,9 @@ func (r *Runner) initialize(ag *agent) {
 	params := map[string]any{
 		"protocolVersion": ProtocolVersion,
 		"clientCapabilities": map[string]any{
-			"fs":       map[string]bool{"readTextFile": true, "writeTextFile": true},
-			"terminal": true,
+			"fs":          map[string]bool{"readTextFile": true, "writeTextFile": true},
+			"terminal":    true,
+			"elicitation": map[string]any{"form": struct{}{}, "url": struct{}{}},
 		},
 		"clientInfo": map[string]string{"name": "turnguard", "title": "turnguard", "version": r.version},
 	}

@@ -59,9 +59,9 @@ type agent struct {
 
 // agentCaps is what initialize's agentCapabilities advertise, as far as the
 // runner uses it: session/load (loadSession), session/resume and
-// session/close (sessionCapabilities.resume and .close, present and not
-// null).
-type agentCaps struct{ load, resume, close bool }
+// session/close, session/list (sessionCapabilities.resume, .close and
+// .list, present and not null).
+type agentCaps struct{ load, resume, close, list bool }
 
 // parseCaps reads agentCapabilities leniently: a malformed field counts as
 // not advertised, as ACP's schema says (x-deserialize-default-on-error).
@@ -78,7 +78,7 @@ func parseCaps(raw json.RawMessage) agentCaps {
 			var m map[string]any
 			return json.Unmarshal(v, &m) == nil && m != nil
 		}
-		c.resume, c.close = present(sc["resume"]), present(sc["close"])
+		c.resume, c.close, c.list = present(sc["resume"]), present(sc["close"]), present(sc["list"])
 	}
 	return c
 }
@@ -364,8 +364,9 @@ func (ag *agent) notification(m *message) {
 	}
 }
 
-// request handles a request of the agent. Permission requests go to the
-// turn running on their session (which asks the person); fs requests are
+// request handles a request of the agent. Permission requests and
+// elicitations go to the turn running on their session (which asks the
+// person); fs requests are
 // served here, in the workdir sandbox, and terminal requests too (see
 // terminal.go); everything else is method-not-found.
 // At most maxInflight are handled at once.
@@ -398,6 +399,20 @@ func (ag *agent) request(m *message) {
 			ag.refused.logAt(ag.log, slog.LevelInfo, "acp: permission request answered cancelled: no running turn can take it",
 				"session_id", cut(req.SessionID, 100))
 			_ = ag.c.reply(m.ID, permissionCancelled(), nil)
+		}
+	case "elicitation/create":
+		req, err := parseElicit(m.Params)
+		if err != nil {
+			done()
+			_ = ag.c.reply(m.ID, nil, &rpcError{Code: codeInvalidParams, Message: "invalid params: " + err.Error()})
+			return
+		}
+		t := ag.turn(req.SessionID)
+		if req.SessionID == "" || t == nil || !t.askPermission(permissionAsk{id: m.ID, elicit: &req, done: done}) {
+			done()
+			ag.refused.logAt(ag.log, slog.LevelInfo, "acp: elicitation answered cancel: no running turn can take it",
+				"session_id", cut(req.SessionID, 100))
+			_ = ag.c.reply(m.ID, elicitCancelled(), nil)
 		}
 	case "fs/read_text_file", "fs/write_text_file":
 		size := int64(maxRead)

@@ -36,6 +36,7 @@ type Command struct {
 type sessionMeta struct {
 	commands []Command
 	modes    Modes
+	options  []ConfigOption // config options (options.go)
 }
 
 // metas is an agent process's sessionMeta by ACP session id, bounded by
@@ -75,6 +76,7 @@ func (ms *metas) get(id string) sessionMeta {
 	return sessionMeta{
 		commands: append([]Command(nil), m.commands...),
 		modes:    Modes{Current: m.modes.Current, Available: append([]Mode(nil), m.modes.Available...)},
+		options:  append([]ConfigOption(nil), m.options...), // a value's Values are never changed in place
 	}
 }
 
@@ -123,13 +125,15 @@ func cutRunes(s string, n int) string {
 }
 
 // sessionUpdate keeps what a session/update of session id says about the
-// session itself (available_commands_update, current_mode_update),
+// session itself (available_commands_update, current_mode_update,
+// config_option_update),
 // whether or not a turn runs on it.
 func (ms *metas) sessionUpdate(id string, raw json.RawMessage) {
 	var u struct {
 		SessionUpdate     string          `json:"sessionUpdate"`
 		AvailableCommands json.RawMessage `json:"availableCommands"`
 		CurrentModeID     string          `json:"currentModeId"`
+		ConfigOptions     json.RawMessage `json:"configOptions"`
 	}
 	if json.Unmarshal(raw, &u) != nil {
 		return
@@ -143,6 +147,10 @@ func (ms *metas) sessionUpdate(id string, raw json.RawMessage) {
 			return
 		}
 		ms.with(id, func(m *sessionMeta) { m.modes.Current = cutRunes(u.CurrentModeID, maxModeID) })
+	case "config_option_update":
+		if opts, ok := parseConfigOptions(u.ConfigOptions); ok {
+			ms.with(id, func(m *sessionMeta) { m.options = opts })
+		}
 	}
 }
 

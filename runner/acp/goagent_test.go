@@ -278,3 +278,42 @@ func TestGoSDKAgentResumes(t *testing.T) {
 		t.Errorf("messages sent after the restart: %v, want one session/resume, session/close and session/new", seen)
 	}
 }
+
+// TestGoSDKAgentListsAndSettings: with the Go SDK's agent too, /status's
+// session/list and /mode's config options work — its list (ungrouped
+// options, sessions with titles) and its set_config_option answer are
+// read, and what the runner sends them is valid ACP v1.
+func TestGoSDKAgentListsAndSettings(t *testing.T) {
+	valid := acpSchema(t)
+	_, rr, _, wire := recorded(t, goAgent(t), nil, nil)
+	r := rr.(*acp.Runner)
+	ctx := context.Background()
+	a, b := &conv{key: "a", id: "ca"}, &conv{key: "b", id: "cb"}
+	mustSay(t, r, a.turn("hello"))
+	if got := mustSay(t, r, b.turn("effort")); got != "effort low" {
+		t.Fatalf("effort: %q", got)
+	}
+	list, err := r.ListSessions(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Sessions) != 2 || list.Sessions[0].Title != "go session 1" || list.Sessions[1].ID != list.Current {
+		t.Errorf("sessions %+v", list)
+	}
+	opts, ok := r.ConfigOptions("b")
+	if !ok || len(opts) != 1 || opts[0].ID != "effort" || opts[0].Current != "low" || len(opts[0].Values) != 2 {
+		t.Fatalf("config options %+v", opts)
+	}
+	if err := r.SetConfigOption(ctx, "b", "effort", "high"); err != nil {
+		t.Fatal(err)
+	}
+	if opts, _ := r.ConfigOptions("b"); opts[0].Current != "high" {
+		t.Errorf("after setting: %+v", opts)
+	}
+	if got := mustSay(t, r, b.turn("effort")); got != "effort high" {
+		t.Errorf("the agent's effort after setting it: %q", got)
+	}
+	if seen := checkWire(t, valid, wire); seen["session/list"] != 1 || seen["session/set_config_option"] != 1 {
+		t.Errorf("messages sent: %v", seen)
+	}
+}

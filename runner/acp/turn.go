@@ -334,9 +334,18 @@ func checkOptions(req permissionRequest) error {
 // permissionAsk is a permission request handed to the turn that must answer
 // it; done releases its in-flight slot.
 type permissionAsk struct {
-	id   json.RawMessage
-	req  permissionRequest
-	done func()
+	id     json.RawMessage
+	req    permissionRequest
+	elicit *elicitRequest // set for an elicitation/create instead of a permission
+	done   func()
+}
+
+// cancelled is the answer to the agent when nobody could be asked.
+func (a permissionAsk) cancelled() any {
+	if a.elicit != nil {
+		return elicitCancelled()
+	}
+	return permissionCancelled()
 }
 
 // askPermission hands a request to the turn; false when the turn cannot

@@ -173,6 +173,10 @@ var (
 		"authenticate":   "AuthenticateRequest",
 		// /mode <id> (modes.go)
 		"session/set_mode": "SetSessionModeRequest",
+		// /mode <option> <value> (options.go)
+		"session/set_config_option": "SetSessionConfigOptionRequest",
+		// /status (list.go)
+		"session/list": "ListSessionsRequest",
 	}
 	clientNotifications = map[string]string{"session/cancel": "CancelNotification", "$/cancel_request": "CancelRequestNotification"}
 	clientResults       = map[string]string{
@@ -184,6 +188,7 @@ var (
 		"terminal/wait_for_exit":     "WaitForTerminalExitResponse",
 		"terminal/kill":              "KillTerminalResponse",
 		"terminal/release":           "ReleaseTerminalResponse",
+		"elicitation/create":         "CreateElicitationResponse",
 	}
 )
 
@@ -267,8 +272,9 @@ func checkWire(t *testing.T, valid func(string, json.RawMessage) error, path str
 }
 
 // TestWireMatchesSchema: every message the runner sends — initialize,
-// session/new, session/prompt, session/cancel, session/set_mode, and its answers to
-// permission, fs and terminal requests, results and errors alike — is valid ACP v1,
+// session/new, session/prompt, session/cancel, session/set_mode,
+// session/set_config_option, and its answers to
+// permission, elicitation, fs and terminal requests, results and errors alike — is valid ACP v1,
 // checked against the protocol's JSON schema. The agent here is the Node
 // test agent on the official SDK, which accepts much the schema does not
 // (it dropped the clientInfo without a version that OpenCode refuses).
@@ -281,7 +287,7 @@ func TestWireMatchesSchema(t *testing.T) {
 		return runner.Answer{Outcome: runner.Selected, OptionID: "yes", Kind: runner.AllowOnce}, nil
 	}}
 	for _, msg := range []string{"hello", "ask permission", "write file " + dir + "/a.txt x", "read file a.txt", "read file /etc/hostname",
-		"terminal run echo hi", "terminal kill", "terminal many 5"} {
+		"terminal run echo hi", "terminal kill", "terminal many 5", "elicit confirm", "elicit color", "elicit name", "elicit link"} {
 		turn := c.turn(msg)
 		turn.Approver = allow
 		mustSay(t, r, turn)
@@ -306,26 +312,32 @@ func TestWireMatchesSchema(t *testing.T) {
 	if err := r.(*acp.Runner).SetMode(context.Background(), "k", "code"); err != nil {
 		t.Fatalf("SetMode: %v", err)
 	}
+	for _, kv := range [][2]string{{"model", "smart"}, {"verbose", "on"}} {
+		if err := r.(*acp.Runner).SetConfigOption(context.Background(), "k", kv[0], kv[1]); err != nil {
+			t.Fatalf("SetConfigOption %s: %v", kv[0], err)
+		}
+	}
 
 	seen := checkWire(t, valid, wire)
 	for _, want := range []string{"initialize", "session/new", "session/prompt", "session/cancel",
 		"session/request_permission result", "fs/write_text_file result", "fs/read_text_file result", "fs/read_text_file error",
 		"terminal/create result", "terminal/create error", "terminal/output result", "terminal/wait_for_exit result",
-		"terminal/kill result", "terminal/release result", "session/set_mode"} {
+		"terminal/kill result", "terminal/release result", "session/set_mode", "session/set_config_option",
+		"elicitation/create result"} {
 		if seen[want] == 0 {
 			t.Errorf("the runner sent no %s here (saw %v): the test does not cover it", want, seen)
 		}
 	}
 }
 
-// TestWireRestoreMatchesSchema: session/load, session/resume and
-// session/close, as the runner sends them to restore a conversation's
+// TestWireRestoreMatchesSchema: session/load, session/resume,
+// session/close and session/list, as the runner sends them to restore a conversation's
 // session after the agent crashed and to close it after /new, are valid
 // ACP v1.
 func TestWireRestoreMatchesSchema(t *testing.T) {
 	node, args := nodeAgent(t)
 	valid := acpSchema(t)
-	for _, caps := range []string{"load,close", "resume"} {
+	for _, caps := range []string{"load,close", "resume,list"} {
 		t.Run(caps, func(t *testing.T) {
 			st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
@@ -344,8 +356,11 @@ func TestWireRestoreMatchesSchema(t *testing.T) {
 			mustSay(t, r, c.turn("what did I say"))
 			c.id = "c2" // /new
 			mustSay(t, r, c.turn("hello"))
+			if _, err := r.(*acp.Runner).ListSessions(context.Background(), "k"); (err != nil) != (caps == "load,close") {
+				t.Errorf("ListSessions: %v", err)
+			}
 			seen := checkWire(t, valid, wire)
-			want := []string{"session/resume"}
+			want := []string{"session/resume", "session/list"}
 			if caps == "load,close" {
 				want = []string{"session/load", "session/close"}
 			}

@@ -50,8 +50,9 @@ func (f *failure) Unwrap() []error {
 	return []error{&runner.UserError{Message: f.user}, f.cause}
 }
 
-// statusFailure builds the user's error for a provider HTTP error.
-func statusFailure(se *StatusError) error {
+// statusFailure builds the user's error for a provider HTTP error of the
+// provider configured under key (agents.openai, agents.openai.fallbacks[i]).
+func statusFailure(se *StatusError, key string) error {
 	var b strings.Builder
 	switch {
 	case se.StatusCode == http.StatusTooManyRequests:
@@ -62,9 +63,9 @@ func statusFailure(se *StatusError) error {
 		fmt.Fprintf(&b, "The model provider rejected the request (HTTP %d %s).", se.StatusCode, http.StatusText(se.StatusCode))
 		switch se.StatusCode {
 		case http.StatusUnauthorized, http.StatusForbidden:
-			b.WriteString(" Check agents.openai.apiKey.")
+			b.WriteString(" Check " + key + ".apiKey.")
 		case http.StatusNotFound:
-			b.WriteString(" Check agents.openai.baseURL and agents.openai.model.")
+			b.WriteString(" Check " + key + ".baseURL and " + key + ".model.")
 		}
 	}
 	if se.Message != "" {

@@ -37,6 +37,15 @@
 //   - HTTP 408, 429 and 5xx: retried up to 3 times (WithRetries), waiting
 //     what Retry-After says (seconds or an HTTP date) or 1s, 2s, 4s; a wait
 //     longer than the cap (60s by default) is not made and the turn fails.
+//   - Fallback providers (agents.openai.fallbacks): a model call that fails
+//     in any way above, while the turn has streamed no reply text and run
+//     no tool (replay-safe), is not retried: the turn moves to the next
+//     provider at once, with one notice to the person
+//     (messages.ProviderSwitched, as reply text), a heartbeat (a fresh
+//     liveness window) and runner.FallbackReporter when cb implements it.
+//     Later calls of the turn stay on that provider; the next turn starts
+//     with the main one. After reply text or a tool run, a failure stops
+//     the turn as without fallbacks.
 //   - Other 4xx: the turn fails at once with a *StatusError whose message is
 //     meant for the user; the API key never appears in any error or log, even
 //     when the provider echoes it.
@@ -71,6 +80,7 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -94,10 +104,8 @@ const (
 // Runner runs turns against an OpenAI-compatible Chat Completions API. It is
 // safe for concurrent use by many turns.
 type Runner struct {
-	endpoint     string // …/chat/completions
-	endpointSafe string // endpoint without its query, for messages
-	apiKey       string
-	model        string
+	*provider                // agents.openai: the main provider
+	fallbacks    []*provider // agents.openai.fallbacks, in order
 	systemPrompt string
 	maxSteps     int
 	idle         time.Duration
@@ -109,8 +117,47 @@ type Runner struct {
 	toolDefs     []toolDef
 
 	toolClient *http.Client // for http_get; nil = a default client
+}
+
+// provider is one OpenAI-compatible endpoint with its key and model.
+type provider struct {
+	key          string // its configuration: agents.openai, agents.openai.fallbacks[0], …
+	endpoint     string // …/chat/completions
+	endpointSafe string // endpoint without its query, for messages
+	apiKey       string
+	model        string
 
 	idleStreak atomic.Int32 // consecutive idle timeouts without stream data
+}
+
+// newProvider checks and builds one provider; key names its configuration
+// ("agents.openai", "agents.openai.fallbacks[0]") in errors, which never
+// contain the URL (its query may hold a secret) nor the API key.
+func newProvider(key, baseURL, apiKey, model string) (*provider, error) {
+	p := &provider{key: key, apiKey: apiKey, model: strings.TrimSpace(model)}
+	base := strings.TrimSpace(baseURL)
+	if base == "" {
+		if key != "agents.openai" {
+			return nil, fmt.Errorf("%s.baseURL: required (e.g. http://127.0.0.1:11434/v1)", key)
+		}
+		base = DefaultBaseURL
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%s.baseURL: not an http(s) URL (e.g. https://api.openai.com/v1 or http://127.0.0.1:11434/v1)", key)
+	}
+	if u.User != nil {
+		return nil, fmt.Errorf("%s.baseURL: must not contain credentials; use %s.apiKey", key, key)
+	}
+	u.Fragment, u.RawFragment = "", ""
+	u.Path = strings.TrimRight(u.Path, "/") + "/chat/completions"
+	u.RawPath = ""
+	p.endpoint = u.String()
+	p.endpointSafe = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+	if p.model == "" {
+		return nil, fmt.Errorf("%s.model: required (e.g. gpt-4o-mini, or llama3.2 on Ollama)", key)
+	}
+	return p, nil
 }
 
 var _ runner.Runner = (*Runner)(nil)
@@ -196,8 +243,6 @@ func WithRetries(n int, maxWait time.Duration) Option {
 // name the offending key (agents.openai.…) and never contain the API key.
 func New(cfg config.OpenAI, opts ...Option) (*Runner, error) {
 	r := &Runner{
-		apiKey:       cfg.APIKey,
-		model:        strings.TrimSpace(cfg.Model),
 		systemPrompt: cfg.SystemPrompt,
 		maxSteps:     cfg.MaxSteps,
 		retries:      DefaultRetries,
@@ -213,26 +258,19 @@ func New(cfg config.OpenAI, opts ...Option) (*Runner, error) {
 		r.log = slog.New(slog.DiscardHandler)
 	}
 
-	base := strings.TrimSpace(cfg.BaseURL)
-	if base == "" {
-		base = DefaultBaseURL
+	var err error
+	if r.provider, err = newProvider("agents.openai", cfg.BaseURL, cfg.APIKey, cfg.Model); err != nil {
+		return nil, err
 	}
-	// The URL is not echoed: its query may hold a secret.
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, errors.New("agents.openai.baseURL: not an http(s) URL (e.g. https://api.openai.com/v1 or http://127.0.0.1:11434/v1)")
+	if len(cfg.Fallbacks) > config.MaxOpenAIFallbacks {
+		return nil, fmt.Errorf("agents.openai.fallbacks: lists %d providers; at most %d are tried", len(cfg.Fallbacks), config.MaxOpenAIFallbacks)
 	}
-	if u.User != nil {
-		return nil, errors.New("agents.openai.baseURL: must not contain credentials; use agents.openai.apiKey")
-	}
-	u.Fragment, u.RawFragment = "", ""
-	u.Path = strings.TrimRight(u.Path, "/") + "/chat/completions"
-	u.RawPath = ""
-	r.endpoint = u.String()
-	r.endpointSafe = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
-
-	if r.model == "" {
-		return nil, errors.New("agents.openai.model: required (e.g. gpt-4o-mini, or llama3.2 on Ollama)")
+	for i, f := range cfg.Fallbacks {
+		p, err := newProvider(fmt.Sprintf("agents.openai.fallbacks[%d]", i), f.BaseURL, f.APIKey, f.Model)
+		if err != nil {
+			return nil, err
+		}
+		r.fallbacks = append(r.fallbacks, p)
 	}
 	switch {
 	case r.maxSteps == 0:
@@ -265,6 +303,20 @@ type turnState struct {
 	cb        runner.Callbacks
 	text      strings.Builder
 	stepStart bool // no delta yet in the current LLM step
+	spoke     bool // a model's reply text has been streamed
+	toolRan   bool // a tool call has run
+}
+
+// replaySafe reports whether the turn could start over on another provider:
+// the person has seen no reply text and no tool has run.
+func (t *turnState) replaySafe() bool { return !t.spoke && !t.toolRan }
+
+// notice streams a line of the runner's own to the person, before the
+// reply text (it ends with a blank line, so no separator follows).
+func (t *turnState) notice(s string) {
+	s += "\n\n"
+	t.text.WriteString(s)
+	t.cb.Delta(s)
 }
 
 // emit streams reply text, separating the text of successive LLM calls.
@@ -278,6 +330,7 @@ func (t *turnState) emit(s string) {
 			s = "\n\n" + s
 		}
 	}
+	t.spoke = true
 	t.text.WriteString(s)
 	t.cb.Delta(s)
 }
@@ -342,16 +395,23 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		}
 	}
 
+	p, next := r.provider, r.fallbacks // the turn's provider, and those left
 	for step := 1; step <= r.maxSteps; step++ {
 		steered()
 		notes()
-		cb.StepStarted(event.StepLLM, r.model)
+		cb.StepStarted(event.StepLLM, p.model)
 		st.stepStart = true
-		reply, err := r.complete(ctx, turn.RunID, msgs, st)
+		reply, err := r.complete(ctx, turn.RunID, p, msgs, st, len(next) > 0 && st.replaySafe())
+		for err != nil && ctx.Err() == nil && len(next) > 0 && st.replaySafe() {
+			p, next = r.switchProvider(turn.RunID, st, p, next[0], err), next[1:]
+			cb.StepStarted(event.StepLLM, p.model)
+			st.stepStart = true
+			reply, err = r.complete(ctx, turn.RunID, p, msgs, st, len(next) > 0)
+		}
 		if err != nil {
 			return result(err)
 		}
-		cb.StepCompleted(event.StepLLM, r.model)
+		cb.StepCompleted(event.StepLLM, p.model)
 		if len(reply.toolCalls) == 0 {
 			// A message steered in during the final answer gets one more
 			// call (when the budget allows; otherwise the engine queues it).
@@ -386,6 +446,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 			out := denial
 			if denial == "" {
 				cb.StepStarted(event.StepTool, name)
+				st.toolRan = true
 				out, err = r.callTool(ctx, c.name, c.args)
 				if err != nil {
 					return result(err)
@@ -399,6 +460,22 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 		user:  fmt.Sprintf("The agent stopped after %d model calls without a final answer (agents.openai.maxSteps).", r.maxSteps),
 		cause: ErrMaxSteps,
 	})
+}
+
+// switchProvider moves a replay-safe turn from provider from, whose call
+// failed with err, to provider to: the person reads one notice, the trace
+// and the journal get the engine's Fallback record, and the liveness window
+// starts afresh for to (the switch is progress). It returns to.
+func (r *Runner) switchProvider(runID string, st *turnState, from, to *provider, err error) *provider {
+	timedOut := errors.Is(err, ErrIdleTimeout) || errors.Is(err, ErrBreakerOpen)
+	r.log.Warn("openai: model call failed before any reply; switching provider", "run_id", runID,
+		"from", from.model, "to", to.model, "timed_out", timedOut, "err", redact(err.Error(), from.apiKey))
+	if fr, ok := st.cb.(runner.FallbackReporter); ok {
+		fr.Fallback(from.model, to.model)
+	}
+	st.cb.Heartbeat()
+	st.notice(messages.ProviderSwitched(from.model, to.model, timedOut))
+	return to
 }
 
 // The tool results of calls the person did not allow.

@@ -117,16 +117,18 @@ const (
 	maxJSONBody  = 16 << 20 // longest non-streamed answer accepted
 )
 
-// complete makes one LLM call, with the idle and HTTP retries.
-func (r *Runner) complete(ctx context.Context, runID string, msgs []chatMessage, st *turnState) (llmReply, error) {
-	body, err := json.Marshal(chatRequest{Model: r.model, Messages: msgs, Stream: true, Tools: r.toolDefs})
+// complete makes one LLM call to provider p, with the idle and HTTP
+// retries — unless canSwitch (the turn may move to a fallback provider):
+// then a silent or 408/429/5xx attempt is not retried, the turn moves on.
+func (r *Runner) complete(ctx context.Context, runID string, p *provider, msgs []chatMessage, st *turnState, canSwitch bool) (llmReply, error) {
+	body, err := json.Marshal(chatRequest{Model: p.model, Messages: msgs, Stream: true, Tools: r.toolDefs})
 	if err != nil {
 		return llmReply{}, fmt.Errorf("openai: encode request: %w", err)
 	}
 	idleRetried := false
 	statusRetries := 0
 	for attempt := 1; ; attempt++ {
-		reply, err := r.attempt(ctx, body, st)
+		reply, err := r.attempt(ctx, p, body, st)
 		if err == nil {
 			return reply, nil
 		}
@@ -141,9 +143,9 @@ func (r *Runner) complete(ctx context.Context, runID string, msgs []chatMessage,
 		case errors.As(err, &fe): // already explained for the user
 			return llmReply{}, err
 		case errors.As(err, &ie):
-			streak := r.idleStreak.Load()
+			streak := p.idleStreak.Load()
 			if !ie.gotData {
-				streak = r.idleStreak.Add(1)
+				streak = p.idleStreak.Add(1)
 			}
 			idle := messages.Duration(r.idle)
 			switch {
@@ -159,8 +161,14 @@ func (r *Runner) complete(ctx context.Context, runID string, msgs []chatMessage,
 					user:  fmt.Sprintf("The model provider is not responding (%d silent attempts in a row, nothing for %s each); not retrying until it answers again.", streak, idle),
 					cause: ErrBreakerOpen,
 				}
+			case canSwitch:
+				r.log.Warn("openai: model stream idle; not retrying, a fallback provider is next", "run_id", runID, "idle", r.idle, "model", p.model)
+				return llmReply{}, &failure{
+					user:  fmt.Sprintf("The model provider stopped responding (nothing for %s).", idle),
+					cause: ErrIdleTimeout,
+				}
 			case idleRetried:
-				r.log.Warn("openai: model stream idle again; giving up", "run_id", runID, "idle", r.idle)
+				r.log.Warn("openai: model stream idle again; giving up", "run_id", runID, "idle", r.idle, "model", p.model)
 				return llmReply{}, &failure{
 					user:  fmt.Sprintf("The model provider stopped responding (nothing for %s, twice).", idle),
 					cause: ErrIdleTimeout,
@@ -170,9 +178,10 @@ func (r *Runner) complete(ctx context.Context, runID string, msgs []chatMessage,
 			r.log.Warn("openai: model stream idle; retrying once", "run_id", runID, "idle", r.idle, "streak", streak)
 		case errors.As(err, &re):
 			re.status.Attempts = attempt
-			if statusRetries >= r.retries {
-				r.log.Warn("openai: provider error; giving up", "run_id", runID, "status", re.status.StatusCode, "attempts", attempt, "message", re.status.Message)
-				return llmReply{}, statusFailure(re.status)
+			if statusRetries >= r.retries || canSwitch {
+				r.log.Warn("openai: provider error; giving up on it", "run_id", runID, "model", p.model, "status", re.status.StatusCode,
+					"attempts", attempt, "fallback_next", canSwitch, "message", re.status.Message)
+				return llmReply{}, statusFailure(re.status, p.key)
 			}
 			wait := min(time.Second<<statusRetries, r.retryMaxWait)
 			if re.hasAfter {
@@ -197,15 +206,16 @@ func (r *Runner) complete(ctx context.Context, runID string, msgs []chatMessage,
 		case errors.As(err, &se):
 			se.Attempts = attempt
 			r.log.Warn("openai: provider rejected the request", "run_id", runID, "status", se.StatusCode, "message", se.Message)
-			return llmReply{}, statusFailure(se)
+			return llmReply{}, statusFailure(se, p.key)
 		default:
 			return llmReply{}, err
 		}
 	}
 }
 
-// attempt makes one HTTP request and reads its answer, streaming text to st.
-func (r *Runner) attempt(ctx context.Context, body []byte, st *turnState) (reply llmReply, err error) {
+// attempt makes one HTTP request to p and reads its answer, streaming text
+// to st.
+func (r *Runner) attempt(ctx context.Context, p *provider, body []byte, st *turnState) (reply llmReply, err error) {
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	timer := time.AfterFunc(r.idle, func() { cancel(errIdle) })
@@ -218,14 +228,14 @@ func (r *Runner) attempt(ctx context.Context, body []byte, st *turnState) (reply
 		}
 	}()
 
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, r.endpoint, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, p.endpoint, bytes.NewReader(body))
 	if err != nil {
 		return llmReply{}, fmt.Errorf("openai: build request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
-	if r.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+r.apiKey)
+	if p.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
@@ -233,13 +243,13 @@ func (r *Runner) attempt(ctx context.Context, body []byte, st *turnState) (reply
 		if errors.As(err, &ue) {
 			err = ue.Err // without the URL, whose query may hold a secret
 		}
-		return llmReply{}, fmt.Errorf("openai: request to %s: %s", r.endpointSafe, redact(err.Error(), r.apiKey))
+		return llmReply{}, fmt.Errorf("openai: request to %s: %s", p.endpointSafe, redact(err.Error(), p.apiKey))
 	}
 	defer resp.Body.Close()
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		se := &StatusError{StatusCode: resp.StatusCode, Message: shorten(redact(providerMessage(raw), r.apiKey), maxProviderMessage)}
+		se := &StatusError{StatusCode: resp.StatusCode, Message: shorten(redact(providerMessage(raw), p.apiKey), maxProviderMessage)}
 		if c := resp.StatusCode; c == http.StatusTooManyRequests || c == http.StatusRequestTimeout || c >= 500 {
 			d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 			return llmReply{}, &retryableError{status: se, retryAfter: d, hasAfter: ok}
@@ -255,7 +265,7 @@ func (r *Runner) attempt(ctx context.Context, body []byte, st *turnState) (reply
 	data := func() {
 		if !gotData {
 			gotData = true
-			r.idleStreak.Store(0)
+			p.idleStreak.Store(0)
 		}
 	}
 
@@ -266,7 +276,7 @@ func (r *Runner) attempt(ctx context.Context, body []byte, st *turnState) (reply
 			return llmReply{}, fmt.Errorf("openai: read answer: %w", err)
 		}
 		data()
-		if err := acc.add(raw, r.apiKey); err != nil {
+		if err := acc.add(raw, p.apiKey); err != nil {
 			return llmReply{}, err
 		}
 		return acc.reply(), nil
@@ -284,7 +294,7 @@ func (r *Runner) attempt(ctx context.Context, body []byte, st *turnState) (reply
 			return true, nil
 		}
 		data()
-		return false, acc.add(payload, r.apiKey)
+		return false, acc.add(payload, p.apiKey)
 	}
 	for {
 		line, rerr := readLine(br)
@@ -319,7 +329,7 @@ func (r *Runner) attempt(ctx context.Context, body []byte, st *turnState) (reply
 			if errors.Is(rerr, errLineTooLong) {
 				return llmReply{}, fmt.Errorf("openai: stream line longer than %d bytes", maxLine)
 			}
-			return llmReply{}, fmt.Errorf("openai: read stream: %s", redact(rerr.Error(), r.apiKey))
+			return llmReply{}, fmt.Errorf("openai: read stream: %s", redact(rerr.Error(), p.apiKey))
 		}
 	}
 }

@@ -13,8 +13,16 @@
 //                     honours session/cancel (stopReason cancelled)
 //   hang ignore cancel  never answers, ignores session/cancel
 //   ask permission    asks to run "Delete build/"; runs it when allowed
+//   elicit K          elicitation/create of kind K — color (one string
+//                     field of 3 choices), confirm (one boolean field),
+//                     ok (no field), name (a free-text field), link (url
+//                     mode) — then "elicited <the result as JSON>"
 //   write file P C    fs/write_text_file P with content C
 //   read file P       fs/read_text_file P
+//   settings          "model M verbose V": the session's config options
+//                     (session/new offers "model", a select, and
+//                     "verbose", a boolean; session/set_config_option sets
+//                     them)
 //   think             a thought and a plan, then "thought done"
 //   stop R            ends the turn with stopReason R after some text
 //   error             answers session/prompt with a JSON-RPC error
@@ -41,7 +49,9 @@
 // after every turn. ACP_TEST_CAPS lists what initialize advertises,
 // comma-separated: "load" (loadSession: session/load replays the history
 // as session/update notifications, then answers), "resume"
-// (sessionCapabilities.resume) and "close" (sessionCapabilities.close).
+// (sessionCapabilities.resume), "close" (sessionCapabilities.close) and
+// "list" (sessionCapabilities.list: session/list lists this process's
+// sessions, titled by their first message).
 // Every session/load, session/resume and session/close is appended to
 // ACP_TEST_SESSIONS/calls.log as "<method> <sessionId>".
 import * as acp from "@agentclientprotocol/sdk";
@@ -82,6 +92,7 @@ class TestAgent {
         sessionCapabilities: {
           ...(caps.has("resume") ? { resume: {} } : {}),
           ...(caps.has("close") ? { close: {} } : {}),
+          ...(caps.has("list") ? { list: {} } : {}),
         },
       },
       agentInfo: { name: "test-agent", version: "1.0.0" },
@@ -92,6 +103,17 @@ class TestAgent {
           ]
         : [],
     };
+  }
+
+  // session/list (ACP_TEST_CAPS "list"): the sessions of this process in
+  // params.cwd, oldest first, titled by their first message.
+  async listSessions(params) {
+    const sessions = [];
+    for (const [sessionId, s] of this.sessions) {
+      if (params.cwd && s.cwd !== params.cwd) continue;
+      sessions.push({ sessionId, cwd: s.cwd, title: s.history.length ? s.history[0].text : null });
+    }
+    return { sessions };
   }
 
   async authenticate(params) {
@@ -118,7 +140,37 @@ class TestAgent {
         },
       }),
     );
-    return { sessionId, modes: this.modes("ask") };
+    return { sessionId, modes: this.modes("ask"), configOptions: this.configOptions(this.sessions.get(sessionId)) };
+  }
+
+  // configOptions is the configOptions of session s: a select "model"
+  // (fast or smart, in two groups) and a boolean "verbose".
+  configOptions(s) {
+    s.config ??= { model: "fast", verbose: false };
+    return [
+      {
+        id: "model",
+        name: "Model",
+        type: "select",
+        category: "model",
+        currentValue: s.config.model,
+        options: [
+          { group: "quick", name: "Quick", options: [{ value: "fast", name: "Fast" }] },
+          { group: "deep", name: "Deep", options: [{ value: "smart", name: "Smart" }] },
+        ],
+      },
+      { id: "verbose", name: "Verbose", type: "boolean", currentValue: s.config.verbose },
+    ];
+  }
+
+  async setSessionConfigOption(params) {
+    const s = this.sessions.get(params.sessionId);
+    if (!s) throw acp.RequestError.invalidParams(`no session ${params.sessionId}`);
+    this.configOptions(s);
+    if (params.configId === "model" && ["fast", "smart"].includes(params.value)) s.config.model = params.value;
+    else if (params.configId === "verbose" && typeof params.value === "boolean") s.config.verbose = params.value;
+    else throw acp.RequestError.invalidParams(`no option ${params.configId}=${params.value}`);
+    return { configOptions: this.configOptions(s) };
   }
 
   // modes is the SessionModeState of a session in mode current.
@@ -240,6 +292,9 @@ class TestAgent {
       await this.say(sid, `echo: ${m[1]}`);
     } else if (text === "/mode") {
       await this.say(sid, `mode ${s.mode}`);
+    } else if (text === "settings") {
+      this.configOptions(s);
+      await this.say(sid, `model ${s.config.model} verbose ${s.config.verbose}`);
     } else if ((m = text.match(/^remember (.*)$/))) {
       s.memory = m[1];
       await this.say(sid, `OK, I will remember ${m[1]}.`);
@@ -292,6 +347,20 @@ class TestAgent {
         await this.toolDone(sid, "del-1", "failed", "denied");
         await this.say(sid, `Permission denied (${res.outcome.optionId}).`);
       }
+    } else if ((m = text.match(/^elicit (\S+)$/))) {
+      const forms = {
+        color: { type: "object", properties: { color: { type: "string", title: "Color", enum: ["red", "green", "blue"] } }, required: ["color"] },
+        confirm: { type: "object", properties: { sure: { type: "boolean", title: "Deploy to production?" } } },
+        ok: { type: "object", properties: {} },
+        name: { type: "object", properties: { name: { type: "string", title: "Your name" } } },
+      };
+      const params =
+        m[1] === "link"
+          ? { sessionId: sid, mode: "url", message: "Sign in to the tracker", url: "https://tracker.example/login?code=42", elicitationId: "el-1" }
+          : { sessionId: sid, mode: "form", message: `Pick a ${m[1]}`, requestedSchema: forms[m[1]] };
+      const res = await Promise.race([this.conn.createElicitation(params), cancelled.then(() => null)]);
+      if (res === null) return { stopReason: "cancelled" };
+      await this.say(sid, `elicited ${JSON.stringify(res)}`);
     } else if ((m = text.match(/^write file (\S+) (.*)$/))) {
       try {
         await this.conn.writeTextFile({ sessionId: sid, path: m[1], content: m[2] });

@@ -19,7 +19,13 @@
 //	          no text at all when rejected
 //	pid       answers with its process id
 //	remember X  keeps X in the session; "what did I say" tells it back
+//	effort    "effort E": the session's config option "effort" (a select
+//	          of low and high, low at first; session/set_config_option
+//	          sets it)
 //	anything else  "echo: <text>"
+//
+// initialize advertises session/list: the sessions of this process in the
+// requested cwd, titled "go session N".
 //
 // GOAGENT_SESSIONS, a directory, makes sessions outlive the process: each
 // is a file there, and initialize advertises session/resume and
@@ -52,6 +58,15 @@ type agent struct {
 	n      int
 	always map[string]bool          // "always" grants by tool, for the whole process
 	memory map[acp.SessionId]string // what "remember" kept, by session
+	made   []made                   // the sessions session/new made, in order
+	effort map[acp.SessionId]string // the config option "effort", by session
+}
+
+// made is a session of this process, as session/list lists it.
+type made struct {
+	id    acp.SessionId
+	cwd   string
+	title string
 }
 
 // remembered is what session sid keeps, read from its file when the
@@ -90,6 +105,7 @@ func (a *agent) Initialize(ctx context.Context, p acp.InitializeRequest) (acp.In
 		ProtocolVersion: acp.ProtocolVersionNumber,
 		AgentInfo:       &acp.Implementation{Name: "go-agent", Version: "1.0.0"},
 	}
+	res.AgentCapabilities.SessionCapabilities.List = &acp.SessionListCapabilities{}
 	if a.dir != "" {
 		res.AgentCapabilities.SessionCapabilities.Resume = &acp.SessionResumeCapabilities{}
 		res.AgentCapabilities.SessionCapabilities.Close = &acp.SessionCloseCapabilities{}
@@ -102,11 +118,20 @@ func (a *agent) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.Ne
 	a.mu.Lock()
 	a.n++
 	id := acp.SessionId(fmt.Sprintf("go-%d-%d", os.Getpid(), a.n))
+	a.made = append(a.made, made{id: id, cwd: p.Cwd, title: fmt.Sprintf("go session %d", a.n)})
+	a.effort[id] = "low"
 	a.mu.Unlock()
 	if err := a.keep(id, ""); err != nil {
 		return acp.NewSessionResponse{}, err
 	}
-	return acp.NewSessionResponse{SessionId: id}, nil
+	return acp.NewSessionResponse{SessionId: id, ConfigOptions: effortOption("low")}, nil
+}
+
+// effortOption is the config options of a session whose effort is cur.
+func effortOption(cur string) []acp.SessionConfigOption {
+	values := acp.SessionConfigSelectOptionsUngrouped{{Value: "low", Name: "Low"}, {Value: "high", Name: "High"}}
+	return []acp.SessionConfigOption{{Select: &acp.SessionConfigOptionSelect{Id: "effort", Name: "Effort", Type: "select",
+		CurrentValue: acp.SessionConfigValueId(cur), Options: acp.SessionConfigSelectOptions{Ungrouped: &values}}}}
 }
 
 func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResponse, error) {
@@ -128,6 +153,11 @@ func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 			return end, err
 		}
 		return end, a.say(ctx, p.SessionId, "OK, I will remember "+strings.TrimPrefix(msg, "remember ")+".")
+	case msg == "effort":
+		a.mu.Lock()
+		e := a.effort[p.SessionId]
+		a.mu.Unlock()
+		return end, a.say(ctx, p.SessionId, "effort "+e)
 	case msg == "what did I say":
 		if text, _ := a.remembered(p.SessionId); text != "" {
 			return end, a.say(ctx, p.SessionId, "You said: "+text)
@@ -213,8 +243,16 @@ func (a *agent) CloseSession(_ context.Context, p acp.CloseSessionRequest) (acp.
 	return acp.CloseSessionResponse{}, os.Remove(filepath.Join(a.dir, filepath.Base(string(p.SessionId))))
 }
 
-func (a *agent) ListSessions(context.Context, acp.ListSessionsRequest) (acp.ListSessionsResponse, error) {
-	return acp.ListSessionsResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionList)
+func (a *agent) ListSessions(_ context.Context, p acp.ListSessionsRequest) (acp.ListSessionsResponse, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	res := acp.ListSessionsResponse{Sessions: []acp.SessionInfo{}}
+	for _, m := range a.made {
+		if p.Cwd == nil || *p.Cwd == m.cwd {
+			res.Sessions = append(res.Sessions, acp.SessionInfo{SessionId: m.id, Cwd: m.cwd, Title: acp.Ptr(m.title)})
+		}
+	}
+	return res, nil
 }
 
 func (a *agent) ResumeSession(_ context.Context, p acp.ResumeSessionRequest) (acp.ResumeSessionResponse, error) {
@@ -227,8 +265,15 @@ func (a *agent) ResumeSession(_ context.Context, p acp.ResumeSessionRequest) (ac
 	return acp.ResumeSessionResponse{}, nil
 }
 
-func (a *agent) SetSessionConfigOption(context.Context, acp.SetSessionConfigOptionRequest) (acp.SetSessionConfigOptionResponse, error) {
-	return acp.SetSessionConfigOptionResponse{}, acp.NewMethodNotFound(acp.AgentMethodSessionSetConfigOption)
+func (a *agent) SetSessionConfigOption(_ context.Context, p acp.SetSessionConfigOptionRequest) (acp.SetSessionConfigOptionResponse, error) {
+	v := p.ValueId
+	if v == nil || v.ConfigId != "effort" || (v.Value != "low" && v.Value != "high") {
+		return acp.SetSessionConfigOptionResponse{}, acp.NewInvalidParams(map[string]string{"configId": "only effort, low or high"})
+	}
+	a.mu.Lock()
+	a.effort[v.SessionId] = string(v.Value)
+	a.mu.Unlock()
+	return acp.SetSessionConfigOptionResponse{ConfigOptions: effortOption(string(v.Value))}, nil
 }
 
 func (a *agent) SetSessionMode(context.Context, acp.SetSessionModeRequest) (acp.SetSessionModeResponse, error) {
@@ -236,7 +281,7 @@ func (a *agent) SetSessionMode(context.Context, acp.SetSessionModeRequest) (acp.
 }
 
 func main() {
-	a := &agent{dir: os.Getenv("GOAGENT_SESSIONS"), memory: map[acp.SessionId]string{}}
+	a := &agent{dir: os.Getenv("GOAGENT_SESSIONS"), memory: map[acp.SessionId]string{}, effort: map[acp.SessionId]string{}}
 	if s := os.Getenv("GOAGENT_SLOW_START"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil {
