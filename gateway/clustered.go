@@ -199,7 +199,9 @@ func (e *Engine) releaseClaim(req SendRequest, cause error) {
 // session was claimed elsewhere in between (another replica took a message
 // of it first) or the cluster cannot decide, the turn starts and ends at
 // once with an error the user can act on: a queued message is never
-// dropped silently.
+// dropped silently. A claim whose answer is an error that does not say
+// what happened (its answer was lost after it committed) is read back
+// (claimReadBack): if it committed, the turn runs.
 //
 // Lock contract: called without e.mu, on its own goroutine (startTurn);
 // it claims unlocked and takes e.mu only to read the fence count.
@@ -208,6 +210,9 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	err := e.cluster.Claim(ctx, ClaimRequest{RunID: t.run.ID, SessionKey: t.run.SessionKey, Channel: t.run.Channel,
 		ChatRef: t.run.ChatRef, Text: rt.Message, Joined: t.joined})
 	cancel()
+	if err != nil && e.claimReadBack(t.run.ID, t.run.SessionKey, err) {
+		err = nil
+	}
 	e.mu.Lock()
 	fenced := e.fences != t.fences
 	e.mu.Unlock()
@@ -234,6 +239,32 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	e.log.Warn("a queued message could not be claimed in the cluster; it ends with an error the user sees", "run", t.run.ID,
 		"session", t.run.SessionKey, "err", err)
 	e.launch(refusedRunner{text: text}, t, rt)
+}
+
+// claimReadBack decides a claim of run runID in session key whose answer
+// was err: true when the claim committed all the same — the cluster holds
+// the session for runID on this replica (Holder) — though its answer was
+// lost (a request cancelled mid-COMMIT). Issue 20: guessed "not claimed",
+// the turn ended with an error while the cluster held its session for a
+// run nothing ran, and every later message of the session failed until the
+// replica's lease was taken over. Answers that say what happened (held by
+// another run, the run id known, the lease lost) are not read back, and a
+// read that fails too is "not committed": the caller tells the user.
+//
+// Lock contract: called without e.mu; it does not take it.
+func (e *Engine) claimReadBack(runID, key string, err error) bool {
+	var held *HeldError
+	var exists *RunExistsError
+	if errors.As(err, &held) || errors.As(err, &exists) || errors.Is(err, ErrLeaseLost) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(e.baseCtx, claimTimeout)
+	defer cancel()
+	holder, replica, ok, rerr := e.cluster.Holder(ctx, key)
+	mine := rerr == nil && ok && holder == runID && replica == e.cluster.Replica()
+	e.log.Warn("a claim's answer was an error; read back", "run", runID, "session", key, "err", err,
+		"committed", mine, "read_err", rerr)
+	return mine
 }
 
 // forgetUnstarted ends turn t, registered but never started (no event of it
@@ -428,40 +459,110 @@ func (e *Engine) RestoreQueuedOf(ctx context.Context, sessionKeys []string) erro
 	return e.restoreClustered(ctx, sessionKeys)
 }
 
-// restoreClustered sends the stored queued messages of the sessions in only
-// (nil: all) that no replica runs a turn of.
+// restoreClustered runs the stored queued messages of the sessions in only
+// (nil: all). A session no replica runs a turn of gets them sent as if
+// they had just arrived (Send: claimed here, the rest queued behind). A
+// session this replica runs a turn of gets those it does not know merged
+// at the head of its queue (mergeStoredLocked): they were sent before
+// anything queued here since it took the session. A session another
+// replica runs gets them sent too (Send forwards them there, where a
+// message that replica has queued already is answered as known). Issue
+// 20: a held session was skipped — assumed to have them queued — so the
+// messages a fenced replica left stored were lost when a new message
+// started their session elsewhere before the survivor restored them.
 func (e *Engine) restoreClustered(ctx context.Context, only []string) error {
 	msgs, err := e.qstore.Queued(ctx)
 	if err != nil {
 		return fmt.Errorf("restoring queued messages: %w", err)
 	}
-	held := map[string]bool{} // by session: a replica runs a turn of it (it has the queue)
+	here := map[string]bool{} // by session: this replica runs a turn of it
+	checked := map[string]bool{}
+	var merge []QueuedMessage
 	restored := 0
 	for _, m := range msgs {
 		if only != nil && !slices.Contains(only, m.SessionKey) {
 			continue
 		}
-		h, seen := held[m.SessionKey]
-		if !seen {
-			_, _, running, err := e.cluster.Holder(ctx, m.SessionKey)
+		if !checked[m.SessionKey] {
+			_, replica, running, err := e.cluster.Holder(ctx, m.SessionKey)
 			if err != nil {
 				return fmt.Errorf("restoring queued messages: %w", err)
 			}
-			h, held[m.SessionKey] = running, running
+			checked[m.SessionKey], here[m.SessionKey] = true, running && replica == e.cluster.Replica()
 		}
-		if h {
+		if here[m.SessionKey] {
+			merge = append(merge, m)
 			continue
 		}
-		if _, err := e.Send(ctx, SendRequest{SessionKey: m.SessionKey, Channel: m.Channel, ChatRef: m.ChatRef,
-			RunID: m.RunID, Text: m.Text, Owner: m.Owner, Timeout: m.Timeout}); err != nil {
-			e.log.Warn("a stored queued message could not be sent again; it stays stored", "run", m.RunID,
-				"session", m.SessionKey, "err", err)
-			continue
+		if e.resendStored(ctx, m) {
+			restored++
 		}
-		restored++
+	}
+	if len(merge) > 0 {
+		e.mu.Lock()
+		n, rest, starts := e.mergeStoredLocked(merge)
+		e.mu.Unlock()
+		for _, start := range starts {
+			start()
+		}
+		restored += n
+		for _, m := range rest { // its turn ended meanwhile: sent as if just arrived
+			if e.resendStored(ctx, m) {
+				restored++
+			}
+		}
 	}
 	if restored > 0 {
 		e.log.Info("restored stored queued messages", "messages", restored)
 	}
 	return nil
+}
+
+// resendStored sends the stored queued message m as if it had just
+// arrived; false (logged) when Send refused it: it stays stored.
+func (e *Engine) resendStored(ctx context.Context, m QueuedMessage) bool {
+	_, err := e.Send(ctx, SendRequest{SessionKey: m.SessionKey, Channel: m.Channel, ChatRef: m.ChatRef,
+		RunID: m.RunID, Text: m.Text, Owner: m.Owner, Timeout: m.Timeout})
+	if err != nil {
+		e.log.Warn("a stored queued message could not be sent again; it stays stored", "run", m.RunID,
+			"session", m.SessionKey, "err", err)
+	}
+	return err == nil
+}
+
+// mergeStoredLocked puts the stored messages msgs (oldest first) of
+// sessions this replica runs a turn of at the head of their queues, each a
+// turn of its own, in their order — all but those this replica knows
+// already (queued, running or ended here: repeatLocked). It returns how
+// many it merged, those of sessions no longer in memory here (rest: their
+// turn ended and the session was evicted meanwhile; the caller sends them)
+// and the pumps to call once e.mu is released (a session whose turn ended
+// meanwhile starts the first).
+//
+// Lock contract: called with e.mu held; it runs entirely under it.
+func (e *Engine) mergeStoredLocked(msgs []QueuedMessage) (n int, rest []QueuedMessage, starts []func()) {
+	heads := map[*session][]*queued{}
+	var order []*session
+	for _, m := range msgs {
+		if _, known, _ := e.repeatLocked(SendRequest{RunID: m.RunID, SessionKey: m.SessionKey}); known {
+			continue
+		}
+		s, ok := e.sessions[m.SessionKey]
+		if !ok {
+			rest = append(rest, m)
+			continue
+		}
+		q := &queued{msgs: []QueuedMessage{m}, timeout: m.Timeout, mode: BusyQueue, begun: make(chan struct{})}
+		e.waiting[m.RunID] = q
+		if _, seen := heads[s]; !seen {
+			order = append(order, s)
+		}
+		heads[s] = append(heads[s], q)
+	}
+	for _, s := range order {
+		s.queue = append(slices.Clone(heads[s]), s.queue...)
+		n += len(heads[s])
+		starts = append(starts, e.pumpLocked(s))
+	}
+	return n, rest, starts
 }

@@ -428,6 +428,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 			return Ack{}, err
 		}
 		err = e.cluster.Claim(ctx, c.req)
+		if err != nil && e.claimReadBack(req.RunID, req.SessionKey, err) {
+			err = nil // committed, its answer lost: this replica's claim
+		}
 		e.mu.Lock()
 		if effect := e.claimEndLocked(s, c, req, err); effect != nil {
 			e.mu.Unlock()
@@ -471,8 +474,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 // or a message collected or steered into another turn (that turn's). ok
 // false: a new run id.
 //
-// Lock contract: called with e.mu held (by Send only); it runs entirely
-// under it and neither releases nor re-takes it.
+// Lock contract: called with e.mu held (by Send, and by mergeStoredLocked
+// to skip what this replica knows); it runs entirely under it and neither
+// releases nor re-takes it.
 func (e *Engine) repeatLocked(req SendRequest) (Ack, bool, error) {
 	key := req.RunID // the run to answer for: a collected or steered message's is its turn's
 	if id, ok := e.alias[key]; ok {
