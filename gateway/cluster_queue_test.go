@@ -70,43 +70,116 @@ func TestClusterAmbiguousClaimOfAQueuedMessageIsReadBack(t *testing.T) {
 }
 
 // TestClusterStoredQueueMergesIntoAHeldSession: replica a runs r1 with r2
-// queued (stored) and loses its lease; before the survivor b restores a's
-// queue, a new message r3 starts the session on b, and r4 queues behind
-// it. The restore merges r2 into b's queue, ahead of r4 (it was sent
-// first). Skipping a held session (assumed to hold its queue), it left r2
-// stored and never run.
+// queued (stored) and loses its lease; before a survivor restores a's
+// queue, a new message r3 starts the session on b, and r4 queues behind it
+// (busy.maxQueued 1: b's queue is full). The restore merges r2 into b's
+// queue ahead of r4 (it was sent first) — restored on b itself, or on c,
+// which hands it to b — and no queue bound refuses it (it was accepted
+// already). Skipping a session some replica ran (assumed to hold its
+// queue), the restore left r2 stored and never run.
 func TestClusterStoredQueueMergesIntoAHeldSession(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		restorer int
+	}{{"restored by the holder", 1}, {"restored by another replica", 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rs := startClusterWith(t, 3, func(c *config.Config) { c.Agents.Defaults.Busy.MaxQueued = ptr(1) }, &memQueue{})
+				send(t, rs[0].e, "r1", "/steps shell:30s")
+				synctest.Wait()
+				if ack, err := send(t, rs[0].e, "r2", "/steps say:second"); err != nil || ack.Status != gateway.StatusQueued {
+					t.Fatalf("r2: %+v %v, want queued", ack, err)
+				}
+				rs[0].member.Kill() // r1 is taken over; r2 waits in a's memory and the store
+				rs[0].e.Fenced()
+				synctest.Wait()
+				if ack, err := send(t, rs[1].e, "r3", "/steps shell:5s say:third"); err != nil || ack.Status != gateway.StatusStarted {
+					t.Fatalf("r3 through the survivor: %+v %v, want started", ack, err)
+				}
+				if ack, err := send(t, rs[1].e, "r4", "/steps say:fourth"); err != nil || ack.Status != gateway.StatusQueued {
+					t.Fatalf("r4 through the survivor: %+v %v, want queued", ack, err)
+				}
+				if err := rs[tc.restorer].e.RestoreQueuedOf(context.Background(), []string{"main"}); err != nil {
+					t.Fatal(err)
+				}
+				faketime.Advance(10 * time.Second)
+				for _, id := range []string{"r2", "r4"} {
+					out, ok := rs[1].e.Wait(context.Background(), id)
+					if !ok || out.Status != gateway.StatusOK {
+						t.Fatalf("%s on the survivor: %+v %v, want it run", id, out, ok)
+					}
+				}
+				if got, want := startedOn(rs[1]), []string{"r3", "r2", "r4"}; tc.restorer == 1 && !slices.Equal(got, want) {
+					t.Fatalf("turns started on the survivor: %v, want %v", got, want)
+				}
+			})
+		})
+	}
+}
+
+// startedOn returns the run ids of the turns r's bus started, in order.
+func startedOn(r *replica) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []string
+	for _, ev := range r.local {
+		if ev.Kind == event.TurnStarted {
+			ids = append(ids, ev.RunID)
+		}
+	}
+	return ids
+}
+
+// TestClusterQueuedMessageOvertakenIsHandedToTheHolder: replica a's turn
+// r1 ends, but the answer to its Finish is lost, so a retries while the
+// session is already free in the cluster; a new message r3 starts it on b.
+// a's queued r2 then finds the session held by b: it is handed to b, where
+// it runs after r3. Ended on a with "another message started first … send
+// it again", the user was told to resend a message a survivor's restore
+// could run all the same (found by TestLifecycleModelCluster: a queued
+// message started twice, once as an error).
+func TestClusterQueuedMessageOvertakenIsHandedToTheHolder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rs := queuedBehind(t, "/steps shell:30s", 0, "/steps say:second")
-		rs[0].member.Kill() // r1 is taken over; r2 waits in a's memory and the store
-		rs[0].e.Fenced()
-		synctest.Wait()
-		if ack, err := send(t, rs[1].e, "r3", "/steps shell:5s say:third"); err != nil || ack.Status != gateway.StatusStarted {
-			t.Fatalf("r3 through the survivor: %+v %v, want started", ack, err)
-		}
-		if ack, err := send(t, rs[1].e, "r4", "/steps say:fourth"); err != nil || ack.Status != gateway.StatusQueued {
-			t.Fatalf("r4 through the survivor: %+v %v, want queued", ack, err)
-		}
-		if err := rs[1].e.RestoreQueuedOf(context.Background(), []string{"main"}); err != nil {
+		c := config.Default()
+		c.Agents.Defaults.Busy.Mode = config.BusyQueue
+		if err := c.Validate(); err != nil {
 			t.Fatal(err)
 		}
+		hub := inproc.NewHub()
+		la := &lossyMember{Member: hub.Join("a")}
+		var es []*gateway.Engine
+		for _, m := range []gateway.Cluster{la, hub.Join("b")} {
+			d := demo.New()
+			e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d},
+				Cluster: m, Queue: &memQueue{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.(interface{ Serve(inproc.Handler) }).Serve(e)
+			e.Start(t.Context())
+			t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()) })
+			es = append(es, e)
+		}
+		a, b := es[0], es[1]
+		send(t, a, "r1", "/steps shell:5s say:first")
+		synctest.Wait()
+		if ack, err := send(t, a, "r2", "/steps say:second"); err != nil || ack.Status != gateway.StatusQueued {
+			t.Fatalf("r2: %+v %v, want queued", ack, err)
+		}
+		la.mu.Lock()
+		la.loseFinish = true
+		la.mu.Unlock()
+		faketime.Advance(5*time.Second + 50*time.Millisecond) // r1 ends; its Finish committed, the answer lost: a retries 100 ms later
+		if ack, err := send(t, b, "r3", "/steps shell:1s say:third"); err != nil || ack.Status != gateway.StatusStarted {
+			t.Fatalf("r3 through b while a retries r1's ending: %+v %v, want started", ack, err)
+		}
 		faketime.Advance(10 * time.Second)
-		for _, id := range []string{"r2", "r4"} {
-			out, ok := rs[1].e.Wait(context.Background(), id)
-			if !ok || out.Status != gateway.StatusOK {
-				t.Fatalf("%s on the survivor: %+v %v, want it run", id, out, ok)
-			}
+		out, ok := b.Wait(context.Background(), "r2")
+		if !ok || out.Status != gateway.StatusOK || out.Text != "second" {
+			t.Fatalf("r2 on b: %+v %v, want it run there", out, ok)
 		}
-		var started []string
-		rs[1].mu.Lock()
-		for _, ev := range rs[1].local {
-			if ev.Kind == event.TurnStarted {
-				started = append(started, ev.RunID)
-			}
-		}
-		rs[1].mu.Unlock()
-		if want := []string{"r3", "r2", "r4"}; !slices.Equal(started, want) {
-			t.Fatalf("turns started on the survivor: %v, want %v", started, want)
+		if out, ok := a.Wait(context.Background(), "r2"); ok {
+			t.Fatalf("a answers r2 as %+v: it ran on b", out)
 		}
 	})
 }

@@ -234,11 +234,47 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	text := messages.NotClaimed
 	var held *HeldError
 	if errors.As(err, &held) {
+		if e.forwardQueued(t, rt, held) {
+			return
+		}
 		text = messages.OvertakenInCluster
 	}
 	e.log.Warn("a queued message could not be claimed in the cluster; it ends with an error the user sees", "run", t.run.ID,
 		"session", t.run.SessionKey, "err", err)
 	e.launch(refusedRunner{text: text}, t, rt)
+}
+
+// forwardQueued hands queued turn t (claim refused: held is the turn
+// that runs its session) to the replica that runs the session, as Send
+// does with a new message: that replica queues it by its busy mode, or
+// knows it already — a survivor that restored the stored queue while this
+// replica's turn was ending has it queued or ran it. true: the message is
+// that replica's now and t is forgotten here without a word. Issue 20
+// (found by TestLifecycleModelCluster): ending it here as "overtaken"
+// told the user to send again a message the survivor then ran. A turn
+// of collected messages, one of this replica's own earlier life, or a
+// forward that fails or is refused (busy, by that replica's mode) is not
+// handed over: the caller ends it with an error the user can act on.
+//
+// Lock contract: called without e.mu; it forwards unlocked and takes e.mu
+// only in forgetUnstarted.
+func (e *Engine) forwardQueued(t *turn, rt runner.Turn, held *HeldError) bool {
+	if len(t.joined) > 0 || held.Replica == e.cluster.Replica() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(e.baseCtx, claimTimeout)
+	defer cancel()
+	ack, err := e.cluster.Forward(ctx, held.Replica, SendRequest{SessionKey: t.run.SessionKey, Channel: t.run.Channel,
+		ChatRef: t.run.ChatRef, RunID: t.run.ID, Text: rt.Message, Owner: t.owner, Forwarded: true, Restored: true})
+	if err != nil {
+		e.log.Warn("a queued message whose session another replica took could not be handed to it", "run", t.run.ID,
+			"session", t.run.SessionKey, "replica", held.Replica, "err", err)
+		return false
+	}
+	e.log.Info("a queued message is handed to the replica that runs its session", "run", t.run.ID,
+		"session", t.run.SessionKey, "replica", held.Replica, "status", ack.Status)
+	e.forgetUnstarted(t)
+	return true
 }
 
 // claimReadBack decides a claim of run runID in session key whose answer
@@ -460,56 +496,35 @@ func (e *Engine) RestoreQueuedOf(ctx context.Context, sessionKeys []string) erro
 }
 
 // restoreClustered runs the stored queued messages of the sessions in only
-// (nil: all). A session no replica runs a turn of gets them sent as if
-// they had just arrived (Send: claimed here, the rest queued behind). A
-// session this replica runs a turn of gets those it does not know merged
-// at the head of its queue (mergeStoredLocked): they were sent before
-// anything queued here since it took the session. A session another
-// replica runs gets them sent too (Send forwards them there, where a
-// message that replica has queued already is answered as known). Issue
-// 20: a held session was skipped — assumed to have them queued — so the
-// messages a fenced replica left stored were lost when a new message
-// started their session elsewhere before the survivor restored them.
+// (nil: all). A session busy here (a turn running or ending, messages
+// queued, a claim in flight) gets those it does not know merged at the
+// head of its queue (mergeStoredLocked): they were sent before anything
+// queued here since, and they were accepted already (no queue bound
+// refuses them). Any other session's are sent as if they had just arrived
+// (Send: claimed here and the rest queued behind, or forwarded to the
+// replica that runs the session, where a message it has queued already is
+// answered as known). Issue 20: a session some replica ran was skipped —
+// assumed to have them queued — so the messages a fenced replica left
+// stored were lost when a new message started their session before the
+// survivor restored them.
 func (e *Engine) restoreClustered(ctx context.Context, only []string) error {
 	msgs, err := e.qstore.Queued(ctx)
 	if err != nil {
 		return fmt.Errorf("restoring queued messages: %w", err)
 	}
-	here := map[string]bool{} // by session: this replica runs a turn of it
-	checked := map[string]bool{}
-	var merge []QueuedMessage
-	restored := 0
-	for _, m := range msgs {
-		if only != nil && !slices.Contains(only, m.SessionKey) {
-			continue
-		}
-		if !checked[m.SessionKey] {
-			_, replica, running, err := e.cluster.Holder(ctx, m.SessionKey)
-			if err != nil {
-				return fmt.Errorf("restoring queued messages: %w", err)
-			}
-			checked[m.SessionKey], here[m.SessionKey] = true, running && replica == e.cluster.Replica()
-		}
-		if here[m.SessionKey] {
-			merge = append(merge, m)
-			continue
-		}
+	msgs = slices.DeleteFunc(msgs, func(m QueuedMessage) bool { return only != nil && !slices.Contains(only, m.SessionKey) })
+	if len(msgs) == 0 {
+		return nil
+	}
+	e.mu.Lock()
+	restored, rest, starts := e.mergeStoredLocked(msgs)
+	e.mu.Unlock()
+	for _, start := range starts {
+		start()
+	}
+	for _, m := range rest {
 		if e.resendStored(ctx, m) {
 			restored++
-		}
-	}
-	if len(merge) > 0 {
-		e.mu.Lock()
-		n, rest, starts := e.mergeStoredLocked(merge)
-		e.mu.Unlock()
-		for _, start := range starts {
-			start()
-		}
-		restored += n
-		for _, m := range rest { // its turn ended meanwhile: sent as if just arrived
-			if e.resendStored(ctx, m) {
-				restored++
-			}
 		}
 	}
 	if restored > 0 {
@@ -522,7 +537,7 @@ func (e *Engine) restoreClustered(ctx context.Context, only []string) error {
 // arrived; false (logged) when Send refused it: it stays stored.
 func (e *Engine) resendStored(ctx context.Context, m QueuedMessage) bool {
 	_, err := e.Send(ctx, SendRequest{SessionKey: m.SessionKey, Channel: m.Channel, ChatRef: m.ChatRef,
-		RunID: m.RunID, Text: m.Text, Owner: m.Owner, Timeout: m.Timeout})
+		RunID: m.RunID, Text: m.Text, Owner: m.Owner, Timeout: m.Timeout, Restored: true})
 	if err != nil {
 		e.log.Warn("a stored queued message could not be sent again; it stays stored", "run", m.RunID,
 			"session", m.SessionKey, "err", err)
@@ -531,13 +546,12 @@ func (e *Engine) resendStored(ctx context.Context, m QueuedMessage) bool {
 }
 
 // mergeStoredLocked puts the stored messages msgs (oldest first) of
-// sessions this replica runs a turn of at the head of their queues, each a
+// sessions busy here (busyHereLocked) at the head of their queues, each a
 // turn of its own, in their order — all but those this replica knows
 // already (queued, running or ended here: repeatLocked). It returns how
-// many it merged, those of sessions no longer in memory here (rest: their
-// turn ended and the session was evicted meanwhile; the caller sends them)
-// and the pumps to call once e.mu is released (a session whose turn ended
-// meanwhile starts the first).
+// many it merged, the messages of the other sessions (rest, in their
+// order: the caller sends them) and the pumps to call once e.mu is
+// released.
 //
 // Lock contract: called with e.mu held; it runs entirely under it.
 func (e *Engine) mergeStoredLocked(msgs []QueuedMessage) (n int, rest []QueuedMessage, starts []func()) {
@@ -548,7 +562,7 @@ func (e *Engine) mergeStoredLocked(msgs []QueuedMessage) (n int, rest []QueuedMe
 			continue
 		}
 		s, ok := e.sessions[m.SessionKey]
-		if !ok {
+		if !ok || !busyHereLocked(s) {
 			rest = append(rest, m)
 			continue
 		}
@@ -565,4 +579,10 @@ func (e *Engine) mergeStoredLocked(msgs []QueuedMessage) (n int, rest []QueuedMe
 		starts = append(starts, e.pumpLocked(s))
 	}
 	return n, rest, starts
+}
+
+// busyHereLocked reports whether s is busy on this replica: a turn running
+// or ending, messages queued, a claim in flight. Called with e.mu held.
+func busyHereLocked(s *session) bool {
+	return s.active != nil || len(s.queue) > 0 || s.ending > 0 || s.claiming != nil
 }

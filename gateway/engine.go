@@ -294,6 +294,13 @@ type SendRequest struct {
 	// turns out to be running elsewhere by now, Send answers *BusyError
 	// rather than forwarding it again.
 	Forwarded bool
+	// Restored: a message accepted earlier as queued — a stored queued
+	// message sent again by a restore, or a queued message handed to the
+	// replica that took its session (cluster mode). It is queued behind a
+	// running turn whatever the channel's busy mode, and no queue bound
+	// (busy.maxQueued, maxQueuedBytes) refuses it: it was within them when
+	// it was accepted.
+	Restored bool
 }
 
 // Ack answers Send.
@@ -406,6 +413,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		return Ack{}, ErrShutdown
 	}
 	mode, maxQueued := cfg.BusyFor(req.Channel)
+	if req.Restored {
+		mode = string(BusyQueue)
+	}
 	if s.active != nil || len(s.queue) > 0 {
 		if m := BusyMode(mode); m != BusyReject {
 			effect := e.busyLocked(s, req, m, maxQueued)
