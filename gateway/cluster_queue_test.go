@@ -183,3 +183,85 @@ func TestClusterQueuedMessageOvertakenIsHandedToTheHolder(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterRestoreOfEveryStoredMessageRunsEachOnce: a takeover restores
+// every stored queued message (cmd/gateway; a replica that died between a
+// turn's recorded ending and its next queued message's claim ran no turn
+// the takeover could name, and its stored queue was left to no one). The
+// messages a live replica has queued are among them: each still runs once
+// — whether that replica's turn runs (it answers them as queued), or its
+// ending is being retried while the session is already free in the
+// cluster (the restorer claims the first; the live replica forgets it and
+// hands the next over). Before, the live replica ended the next one as
+// "another message started first … send it again" while the restorer ran
+// it too.
+func TestClusterRestoreOfEveryStoredMessageRunsEachOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ending bool // a's Finish of r1 lost its answer: a retries as b restores
+	}{{"the owner's turn runs", false}, {"the owner's ending is retried", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := config.Default()
+				c.Agents.Defaults.Busy.Mode = config.BusyQueue
+				if err := c.Validate(); err != nil {
+					t.Fatal(err)
+				}
+				hub, store := inproc.NewHub(), &memQueue{}
+				la := &lossyMember{Member: hub.Join("a")}
+				var rs []*replica
+				for _, m := range []gateway.Cluster{la, hub.Join("b")} {
+					d := demo.New()
+					e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d},
+						Cluster: m, Queue: store})
+					if err != nil {
+						t.Fatal(err)
+					}
+					m.(interface{ Serve(inproc.Handler) }).Serve(e)
+					e.Start(t.Context())
+					r := &replica{e: e}
+					unsub := e.Bus().Subscribe("", func(ev event.Event) { r.mu.Lock(); r.local = append(r.local, ev); r.mu.Unlock() })
+					t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()); unsub() })
+					rs = append(rs, r)
+				}
+				send(t, rs[0].e, "r1", "/steps shell:5s say:first")
+				synctest.Wait()
+				for _, id := range []string{"r2", "r3"} {
+					if ack, err := send(t, rs[0].e, id, "/steps shell:1s say:"+id); err != nil || ack.Status != gateway.StatusQueued {
+						t.Fatalf("%s: %+v %v, want queued", id, ack, err)
+					}
+				}
+				if tc.ending {
+					la.mu.Lock()
+					la.loseFinish = true
+					la.mu.Unlock()
+					faketime.Advance(5*time.Second + 50*time.Millisecond) // r1's Finish committed, its answer lost
+				}
+				if err := rs[1].e.RestoreQueued(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				faketime.Advance(time.Minute)
+				started := map[string]int{}
+				for _, r := range rs {
+					for _, id := range startedOn(r) {
+						started[id]++
+					}
+				}
+				for _, id := range []string{"r1", "r2", "r3"} {
+					if started[id] != 1 {
+						t.Errorf("%s started %d times across the replicas, want once (started: %v)", id, started[id], started)
+					}
+				}
+				for _, r := range rs {
+					r.mu.Lock()
+					for _, ev := range r.local {
+						if ev.Kind.Terminal() && ev.StopReason != event.ReasonStop {
+							t.Errorf("%s ended %s: %q", ev.RunID, ev.StopReason, ev.Message)
+						}
+					}
+					r.mu.Unlock()
+				}
+			})
+		})
+	}
+}

@@ -156,13 +156,9 @@ type clusterModel struct {
 	sent     int
 	queued   map[string]string // run id → session, of messages answered queued
 	dropped  map[string]int    // by session: queued messages /stop said it dropped
-	takeover []string          // sessions of turns taken over, not yet restored by a survivor
-	// unrestored: run ids of messages stored when a replica lost its lease
-	// in sessions none of whose turns it lost was running (known defect,
-	// open: see finalCheck).
-	unrestored map[string]bool
-	step       time.Duration // the step timeout in force (hot reload)
-	reloads    []int         // log indexes of the reloads
+	takeover bool              // a replica's lease was lost; no survivor has restored the stored queue since
+	step     time.Duration     // the step timeout in force (hot reload)
+	reloads  []int             // log indexes of the reloads
 }
 
 var clusterSessions = []string{"s1", "s2"}
@@ -233,17 +229,9 @@ func (m *clusterModel) fence(r *modelReplica, tell bool) {
 	for _, tt := range taken {
 		m.log = append(m.log, logged{from: "hub", ev: event.Event{Kind: event.Aborted, RunID: tt.RunID,
 			SessionKey: tt.SessionKey, StopReason: event.ReasonInterrupted}})
-		if !slices.Contains(m.takeover, tt.SessionKey) {
-			m.takeover = append(m.takeover, tt.SessionKey)
-		}
 	}
+	m.takeover = true
 	m.mu.Unlock()
-	stored, _ := m.store.Queued(context.Background())
-	for _, q := range stored {
-		if !slices.ContainsFunc(taken, func(tt inproc.TakenTurn) bool { return tt.SessionKey == q.SessionKey }) {
-			m.unrestored[q.RunID] = true
-		}
-	}
 	if tell {
 		m.tell(r)
 	}
@@ -254,12 +242,11 @@ func (m *clusterModel) tell(r *modelReplica) {
 	r.e.Fenced()
 }
 
-// restore has a live replica take the fenced replicas' sessions over: it
-// runs their stored queued messages.
+// restore has a live replica take the fenced replicas' queues over, as
+// cmd/gateway does after a takeover: it runs the stored queued messages.
 func (m *clusterModel) restore(r *modelReplica) {
-	keys := m.takeover
-	m.takeover = nil
-	_ = r.e.RestoreQueuedOf(context.Background(), keys)
+	m.takeover = false
+	_ = r.e.RestoreQueued(context.Background())
 }
 
 func (m *clusterModel) doStep(t *rapid.T) string {
@@ -340,7 +327,7 @@ func (m *clusterModel) doStep(t *rapid.T) string {
 		}
 		m.tell(r)
 	case "takeover":
-		if r.killed >= 0 || len(m.takeover) == 0 {
+		if r.killed >= 0 || !m.takeover {
 			return "skip"
 		}
 		m.restore(r)
@@ -456,7 +443,7 @@ func (m *clusterModel) holdersRun(settled bool) string {
 // over, and every runner returns, until nothing runs.
 func (m *clusterModel) settle() {
 	for range 30 {
-		if live := m.live(); len(m.takeover) > 0 && len(live) > 0 {
+		if live := m.live(); m.takeover && len(live) > 0 {
 			m.restore(live[0])
 		}
 		busy := false
@@ -476,7 +463,7 @@ func (m *clusterModel) settle() {
 		// Settled once nothing ran before the sleep nor runs after it: a
 		// turn may start during the sleep (the one queued behind an ending
 		// that was retried).
-		if !busy && len(m.takeover) == 0 && !m.busy() {
+		if !busy && !m.takeover && !m.busy() {
 			return
 		}
 	}
@@ -517,13 +504,8 @@ func (m *clusterModel) finalCheck() string {
 	lost := map[string][]string{}
 	for id, key := range m.queued {
 		// Still stored counts as lost too: once everything settled, a
-		// survivor ran every message a fenced replica left stored — but
-		// for a known defect, open: a replica that loses its lease
-		// between a turn's committed ending and its next queued message's
-		// claim leaves that session's stored queue to no one (a takeover
-		// restores the sessions of the turns it ended, and there is none),
-		// until a replica restarts (RestoreQueued).
-		if !started[id] && !m.unrestored[id] {
+		// survivor ran every message a fenced replica left stored.
+		if !started[id] {
 			lost[key] = append(lost[key], id)
 		}
 	}
@@ -550,7 +532,7 @@ func TestLifecycleModelCluster(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		rapid.SyncTest(t, func(t *rapid.T) {
 			m := &clusterModel{hub: inproc.NewHub(), store: &memQueue{}, queued: map[string]string{},
-				dropped: map[string]int{}, unrestored: map[string]bool{}, step: 2 * time.Second}
+				dropped: map[string]int{}, step: 2 * time.Second}
 			defer func() { // also when a draw ends the run early
 				for _, r := range m.rs {
 					close(r.p.quit)
