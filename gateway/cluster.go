@@ -45,7 +45,7 @@ import (
 //
 // Every method is safe for concurrent use. The engine never calls Claim,
 // Finish, Forward, Holder or ForwardAbort with its own lock held; it calls
-// Export from its publisher (under one run's publish lock: it must not
+// Export from its publisher (serialised per run by its Publish: it must not
 // block).
 type Cluster interface {
 	// Replica is this replica's name, as HeldError.Replica and Holder
