@@ -56,7 +56,11 @@ type Cluster interface {
 	// Errors: *HeldError (the session runs a turn, here or elsewhere),
 	// *RunExistsError (the run id is known: running or ended), or an error
 	// wrapping ErrClusterUnavailable (fenced — then also ErrLeaseLost — or
-	// the database cannot be reached: retryable, nothing was claimed).
+	// the database cannot be reached: retryable). Any error but the first
+	// three may hide a claim that committed with its answer lost (a
+	// request cancelled mid-COMMIT whose own read-back failed too): the
+	// engine reads it back with Holder, and a session held for c.RunID on
+	// this replica is its claim.
 	Claim(ctx context.Context, c ClaimRequest) error
 	// Finish records ev, the terminal event (Finished or Aborted) of a
 	// turn this replica claimed: the turn's end, its history message and

@@ -69,6 +69,37 @@ func TestClusterAmbiguousClaimOfAQueuedMessageIsReadBack(t *testing.T) {
 	})
 }
 
+// TestClusterAmbiguousClaimOfASendIsReadBack: the same for a message that
+// starts a turn at once. Send's claim commits with its answer lost; read
+// back, the turn starts. Answered "unavailable", the client's retry was
+// "in flight" for a run nothing ran, and the session was busy for good.
+func TestClusterAmbiguousClaimOfASendIsReadBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := config.Default()
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		d := demo.New()
+		m := &lossyMember{Member: inproc.NewHub().Join("a"), loseClaim: true}
+		e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Cluster: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Serve(e)
+		e.Start(t.Context())
+		t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()) })
+		if ack, err := send(t, e, "r1", "/steps say:hello"); err != nil || ack.Status != gateway.StatusStarted {
+			t.Fatalf("r1, its claim's answer lost: %+v %v, want started", ack, err)
+		}
+		if out, ok := e.Wait(context.Background(), "r1"); !ok || out.Status != gateway.StatusOK || out.Text != "hello" {
+			t.Fatalf("r1: %+v %v", out, ok)
+		}
+		if ack, err := send(t, e, "r2", "/steps say:next"); err != nil || ack.Status != gateway.StatusStarted {
+			t.Fatalf("the next message: %+v %v, want started (the session free)", ack, err)
+		}
+	})
+}
+
 // TestClusterStoredQueueMergesIntoAHeldSession: replica a runs r1 with r2
 // queued (stored) and loses its lease; before a survivor restores a's
 // queue, a new message r3 starts the session on b, and r4 queues behind it

@@ -26,6 +26,7 @@ import (
 // Bounds of the engine's calls into the cluster.
 const (
 	claimTimeout     = 10 * time.Second       // one claim of a queued turn
+	readBackTimeout  = 5 * time.Second        // reading back a claim whose answer said nothing (claimReadBack)
 	finishTimeout    = 5 * time.Second        // one attempt at recording an ending
 	finishRetryFirst = 100 * time.Millisecond // the first wait after a failed attempt; doubles
 	finishRetryMax   = 2 * time.Second
@@ -294,7 +295,7 @@ func (e *Engine) claimReadBack(runID, key string, err error) bool {
 	if errors.As(err, &held) || errors.As(err, &exists) || errors.Is(err, ErrLeaseLost) {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(e.baseCtx, claimTimeout)
+	ctx, cancel := context.WithTimeout(e.baseCtx, readBackTimeout)
 	defer cancel()
 	holder, replica, ok, rerr := e.cluster.Holder(ctx, key)
 	mine := rerr == nil && ok && holder == runID && replica == e.cluster.Replica()
