@@ -29,20 +29,8 @@ import (
 // message of the session failed the same way.
 func TestClusterAmbiguousClaimOfAQueuedMessageIsReadBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := config.Default()
-		c.Agents.Defaults.Busy.Mode = config.BusyQueue
-		if err := c.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		d := demo.New()
 		m := &lossyMember{Member: inproc.NewHub().Join("a")}
-		e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Cluster: m})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.Serve(e)
-		e.Start(t.Context())
-		t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()) })
+		e := clusterEngine(t, clusterConfig(t, config.BusyQueue), m, nil)
 		send(t, e, "r1", "/steps shell:5s say:first")
 		synctest.Wait()
 		for _, id := range []string{"r2", "r3"} {
@@ -75,19 +63,8 @@ func TestClusterAmbiguousClaimOfAQueuedMessageIsReadBack(t *testing.T) {
 // "in flight" for a run nothing ran, and the session was busy for good.
 func TestClusterAmbiguousClaimOfASendIsReadBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := config.Default()
-		if err := c.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		d := demo.New()
 		m := &lossyMember{Member: inproc.NewHub().Join("a"), loseClaim: true}
-		e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Cluster: m})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.Serve(e)
-		e.Start(t.Context())
-		t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()) })
+		e := clusterEngine(t, clusterConfig(t, config.BusyQueue), m, nil)
 		if ack, err := send(t, e, "r1", "/steps say:hello"); err != nil || ack.Status != gateway.StatusStarted {
 			t.Fatalf("r1, its claim's answer lost: %+v %v, want started", ack, err)
 		}
@@ -171,27 +148,9 @@ func startedOn(r *replica) []string {
 // message started twice, once as an error).
 func TestClusterQueuedMessageOvertakenIsHandedToTheHolder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := config.Default()
-		c.Agents.Defaults.Busy.Mode = config.BusyQueue
-		if err := c.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		hub := inproc.NewHub()
+		c, hub := clusterConfig(t, config.BusyQueue), inproc.NewHub()
 		la := &lossyMember{Member: hub.Join("a")}
-		var es []*gateway.Engine
-		for _, m := range []gateway.Cluster{la, hub.Join("b")} {
-			d := demo.New()
-			e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d},
-				Cluster: m, Queue: &memQueue{}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.(interface{ Serve(inproc.Handler) }).Serve(e)
-			e.Start(t.Context())
-			t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()) })
-			es = append(es, e)
-		}
-		a, b := es[0], es[1]
+		a, b := clusterEngine(t, c, la, &memQueue{}), clusterEngine(t, c, hub.Join("b"), &memQueue{})
 		send(t, a, "r1", "/steps shell:5s say:first")
 		synctest.Wait()
 		if ack, err := send(t, a, "r2", "/steps say:second"); err != nil || ack.Status != gateway.StatusQueued {
@@ -233,26 +192,12 @@ func TestClusterRestoreOfEveryStoredMessageRunsEachOnce(t *testing.T) {
 	}{{"the owner's turn runs", false}, {"the owner's ending is retried", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				c := config.Default()
-				c.Agents.Defaults.Busy.Mode = config.BusyQueue
-				if err := c.Validate(); err != nil {
-					t.Fatal(err)
-				}
-				hub, store := inproc.NewHub(), &memQueue{}
+				c, hub, store := clusterConfig(t, config.BusyQueue), inproc.NewHub(), &memQueue{}
 				la := &lossyMember{Member: hub.Join("a")}
 				var rs []*replica
-				for _, m := range []gateway.Cluster{la, hub.Join("b")} {
-					d := demo.New()
-					e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d},
-						Cluster: m, Queue: store})
-					if err != nil {
-						t.Fatal(err)
-					}
-					m.(interface{ Serve(inproc.Handler) }).Serve(e)
-					e.Start(t.Context())
-					r := &replica{e: e}
-					unsub := e.Bus().Subscribe("", func(ev event.Event) { r.mu.Lock(); r.local = append(r.local, ev); r.mu.Unlock() })
-					t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()); unsub() })
+				for _, m := range []servedMember{la, hub.Join("b")} {
+					r := &replica{e: clusterEngine(t, c, m, store)}
+					t.Cleanup(r.e.Bus().Subscribe("", func(ev event.Event) { r.mu.Lock(); r.local = append(r.local, ev); r.mu.Unlock() }))
 					rs = append(rs, r)
 				}
 				send(t, rs[0].e, "r1", "/steps shell:5s say:first")
@@ -295,4 +240,37 @@ func TestClusterRestoreOfEveryStoredMessageRunsEachOnce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// servedMember is an inproc member the test wraps: it serves its engine.
+type servedMember interface {
+	gateway.Cluster
+	Serve(inproc.Handler)
+}
+
+// clusterEngine starts an engine on the demo runner as member m (serving
+// its requests), with config c and QueueStore q (nil: none), stopped at
+// the test's end.
+func clusterEngine(t *testing.T, c *config.Config, m servedMember, q gateway.QueueStore) *gateway.Engine {
+	t.Helper()
+	d := demo.New()
+	e, err := gateway.New(gateway.Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{"demo": d}, Cluster: m, Queue: q})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Serve(e)
+	e.Start(t.Context())
+	t.Cleanup(func() { d.Release(); e.Shutdown(context.Background()) })
+	return e
+}
+
+// clusterConfig is the default configuration with busy mode mode.
+func clusterConfig(t *testing.T, mode string) *config.Config {
+	t.Helper()
+	c := config.Default()
+	c.Agents.Defaults.Busy.Mode = mode
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
