@@ -519,6 +519,24 @@ func (r *Run) Text() string {
 // (issue 20: a lock held across those retries stalled the runner's
 // goroutine and every reader of the run's reply).
 func (r *Run) Publish(pub func(event.Event), ev event.Event) bool {
+	if ev.Kind.Terminal() || ev.Kind == event.ForceFinalized {
+		return r.publishEnd(pub, ev)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	side := r.sideLocked()
+	if side.ended {
+		return false
+	}
+	r.stampLocked(&ev, side)
+	pub(ev)
+	return true
+}
+
+// publishEnd is Publish of the terminal event, passed to pub without the
+// run's lock once the run is marked ended, and of ForceFinalized, which
+// waits until the terminal event is passed on.
+func (r *Run) publishEnd(pub func(event.Event), ev event.Event) bool {
 	r.mu.Lock()
 	side := r.sideLocked()
 	for ev.Kind == event.ForceFinalized && side.ending {
@@ -530,22 +548,17 @@ func (r *Run) Publish(pub func(event.Event), ev event.Event) bool {
 		<-w
 		r.mu.Lock()
 	}
-	if side.ended && ev.Kind != event.ForceFinalized {
-		r.mu.Unlock()
-		return false
-	}
-	r.seq++
-	ev.Seq = uint64(r.seq)
-	ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef = r.ID, r.SessionKey, r.Channel, r.ChatRef
-	ev.Locals = &side.locals
-	if ev.Time.IsZero() {
-		ev.Time = r.reg.wall(r.now()) // the registry's clock (as steps' StartedAt): one monotonic read, no wall clock read
-	}
-	if !ev.Kind.Terminal() {
+	if ev.Kind == event.ForceFinalized {
 		defer r.mu.Unlock()
+		r.stampLocked(&ev, side)
 		pub(ev)
 		return true
 	}
+	if side.ended {
+		r.mu.Unlock()
+		return false
+	}
+	r.stampLocked(&ev, side)
 	side.ended, side.ending = true, true
 	r.mu.Unlock()
 	defer func() {
@@ -560,6 +573,18 @@ func (r *Run) Publish(pub func(event.Event), ev event.Event) bool {
 	}()
 	pub(ev)
 	return true
+}
+
+// stampLocked gives ev the run's next sequence number, identity, Locals
+// and (unless set) time. Called with r.mu held.
+func (r *Run) stampLocked(ev *event.Event, side *runSide) {
+	r.seq++
+	ev.Seq = uint64(r.seq)
+	ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef = r.ID, r.SessionKey, r.Channel, r.ChatRef
+	ev.Locals = &side.locals
+	if ev.Time.IsZero() {
+		ev.Time = r.reg.wall(r.now()) // the registry's clock (as steps' StartedAt): one monotonic read, no wall clock read
+	}
 }
 
 // CurrentStep returns the running step (zero if none) and the last completed
