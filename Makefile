@@ -114,6 +114,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzAgentLine$$' -fuzztime $(FUZZTIME) ./runner/exec/
 	$(GO) test -run '^$$' -fuzz '^FuzzPermission$$' -fuzztime $(FUZZTIME) ./runner/exec/
 	$(GO) test -run '^TestLifecycleModel$$' ./gateway/ -args -rapid.checks=20000
+	$(GO) test -run '^TestLifecycleModelCluster$$' ./gateway/ -args -rapid.checks=10000
 
 ## e2e: the built binary against the real OpenClaw CLI/TUI (tmux) and the web chat in headless
 ## Chromium; installs chromium, tmux, Node 24, openclaw itself (e2e/run.sh). Artifacts: artifacts/e2e/.

@@ -198,7 +198,7 @@ func answer(ack Ack, err error) sendEffect {
 // Lock contract: called with e.mu held (by Send only); it runs entirely
 // under it and neither releases nor re-takes it.
 func (e *Engine) busyLocked(s *session, req SendRequest, mode BusyMode, maxQueued int) sendEffect {
-	if err := e.roomLocked(s, req, maxQueued); err != nil {
+	if err := e.roomLocked(s, req, maxQueued); err != nil && !req.Restored {
 		return answer(Ack{}, err)
 	}
 	fellBack := false

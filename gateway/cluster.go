@@ -45,7 +45,7 @@ import (
 //
 // Every method is safe for concurrent use. The engine never calls Claim,
 // Finish, Forward, Holder or ForwardAbort with its own lock held; it calls
-// Export from its publisher (under one run's publish lock: it must not
+// Export from its publisher (serialised per run by its Publish: it must not
 // block).
 type Cluster interface {
 	// Replica is this replica's name, as HeldError.Replica and Holder
@@ -56,7 +56,11 @@ type Cluster interface {
 	// Errors: *HeldError (the session runs a turn, here or elsewhere),
 	// *RunExistsError (the run id is known: running or ended), or an error
 	// wrapping ErrClusterUnavailable (fenced — then also ErrLeaseLost — or
-	// the database cannot be reached: retryable, nothing was claimed).
+	// the database cannot be reached: retryable). Any error but the first
+	// three may hide a claim that committed with its answer lost (a
+	// request cancelled mid-COMMIT whose own read-back failed too): the
+	// engine reads it back with Holder, and a session held for c.RunID on
+	// this replica is its claim.
 	Claim(ctx context.Context, c ClaimRequest) error
 	// Finish records ev, the terminal event (Finished or Aborted) of a
 	// turn this replica claimed: the turn's end, its history message and

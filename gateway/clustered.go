@@ -26,6 +26,7 @@ import (
 // Bounds of the engine's calls into the cluster.
 const (
 	claimTimeout     = 10 * time.Second       // one claim of a queued turn
+	readBackTimeout  = 5 * time.Second        // reading back a claim whose answer said nothing (claimReadBack)
 	finishTimeout    = 5 * time.Second        // one attempt at recording an ending
 	finishRetryFirst = 100 * time.Millisecond // the first wait after a failed attempt; doubles
 	finishRetryMax   = 2 * time.Second
@@ -199,7 +200,9 @@ func (e *Engine) releaseClaim(req SendRequest, cause error) {
 // session was claimed elsewhere in between (another replica took a message
 // of it first) or the cluster cannot decide, the turn starts and ends at
 // once with an error the user can act on: a queued message is never
-// dropped silently.
+// dropped silently. A claim whose answer is an error that does not say
+// what happened (its answer was lost after it committed) is read back
+// (claimReadBack): if it committed, the turn runs.
 //
 // Lock contract: called without e.mu, on its own goroutine (startTurn);
 // it claims unlocked and takes e.mu only to read the fence count.
@@ -208,6 +211,9 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	err := e.cluster.Claim(ctx, ClaimRequest{RunID: t.run.ID, SessionKey: t.run.SessionKey, Channel: t.run.Channel,
 		ChatRef: t.run.ChatRef, Text: rt.Message, Joined: t.joined})
 	cancel()
+	if err != nil && e.claimReadBack(t.run.ID, t.run.SessionKey, err) {
+		err = nil
+	}
 	e.mu.Lock()
 	fenced := e.fences != t.fences
 	e.mu.Unlock()
@@ -229,11 +235,73 @@ func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	text := messages.NotClaimed
 	var held *HeldError
 	if errors.As(err, &held) {
+		if e.forwardQueued(t, rt, held) {
+			return
+		}
 		text = messages.OvertakenInCluster
 	}
 	e.log.Warn("a queued message could not be claimed in the cluster; it ends with an error the user sees", "run", t.run.ID,
 		"session", t.run.SessionKey, "err", err)
 	e.launch(refusedRunner{text: text}, t, rt)
+}
+
+// forwardQueued hands queued turn t (claim refused: held is the turn
+// that runs its session) to the replica that runs the session, as Send
+// does with a new message: that replica queues it by its busy mode, or
+// knows it already — a survivor that restored the stored queue while this
+// replica's turn was ending has it queued or ran it. true: the message is
+// that replica's now and t is forgotten here without a word. Issue 20
+// (found by TestLifecycleModelCluster): ending it here as "overtaken"
+// told the user to send again a message the survivor then ran. A turn
+// of collected messages, one of this replica's own earlier life, or a
+// forward that fails or is refused (busy, by that replica's mode) is not
+// handed over: the caller ends it with an error the user can act on.
+//
+// Lock contract: called without e.mu; it forwards unlocked and takes e.mu
+// only in forgetUnstarted.
+func (e *Engine) forwardQueued(t *turn, rt runner.Turn, held *HeldError) bool {
+	if len(t.joined) > 0 || held.Replica == e.cluster.Replica() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(e.baseCtx, claimTimeout)
+	defer cancel()
+	ack, err := e.cluster.Forward(ctx, held.Replica, SendRequest{SessionKey: t.run.SessionKey, Channel: t.run.Channel,
+		ChatRef: t.run.ChatRef, RunID: t.run.ID, Text: rt.Message, Owner: t.owner, Forwarded: true, Restored: true})
+	if err != nil {
+		e.log.Warn("a queued message whose session another replica took could not be handed to it", "run", t.run.ID,
+			"session", t.run.SessionKey, "replica", held.Replica, "err", err)
+		return false
+	}
+	e.log.Info("a queued message is handed to the replica that runs its session", "run", t.run.ID,
+		"session", t.run.SessionKey, "replica", held.Replica, "status", ack.Status)
+	e.forgetUnstarted(t)
+	return true
+}
+
+// claimReadBack decides a claim of run runID in session key whose answer
+// was err: true when the claim committed all the same — the cluster holds
+// the session for runID on this replica (Holder) — though its answer was
+// lost (a request cancelled mid-COMMIT). Issue 20: guessed "not claimed",
+// the turn ended with an error while the cluster held its session for a
+// run nothing ran, and every later message of the session failed until the
+// replica's lease was taken over. Answers that say what happened (held by
+// another run, the run id known, the lease lost) are not read back, and a
+// read that fails too is "not committed": the caller tells the user.
+//
+// Lock contract: called without e.mu; it does not take it.
+func (e *Engine) claimReadBack(runID, key string, err error) bool {
+	var held *HeldError
+	var exists *RunExistsError
+	if errors.As(err, &held) || errors.As(err, &exists) || errors.Is(err, ErrLeaseLost) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(e.baseCtx, readBackTimeout)
+	defer cancel()
+	holder, replica, ok, rerr := e.cluster.Holder(ctx, key)
+	mine := rerr == nil && ok && holder == runID && replica == e.cluster.Replica()
+	e.log.Warn("a claim's answer was an error; read back", "run", runID, "session", key, "err", err,
+		"committed", mine, "read_err", rerr)
+	return mine
 }
 
 // forgetUnstarted ends turn t, registered but never started (no event of it
@@ -459,40 +527,94 @@ func (e *Engine) RestoreQueuedOf(ctx context.Context, sessionKeys []string) erro
 	return e.restoreClustered(ctx, sessionKeys)
 }
 
-// restoreClustered sends the stored queued messages of the sessions in only
-// (nil: all) that no replica runs a turn of.
+// restoreClustered runs the stored queued messages of the sessions in only
+// (nil: all). A session busy here (a turn running or ending, messages
+// queued, a claim in flight) gets those it does not know merged at the
+// head of its queue (mergeStoredLocked): they were sent before anything
+// queued here since, and they were accepted already (no queue bound
+// refuses them). Any other session's are sent as if they had just arrived
+// (Send: claimed here and the rest queued behind, or forwarded to the
+// replica that runs the session, where a message it has queued already is
+// answered as known). Issue 20: a session some replica ran was skipped —
+// assumed to have them queued — so the messages a fenced replica left
+// stored were lost when a new message started their session before the
+// survivor restored them.
 func (e *Engine) restoreClustered(ctx context.Context, only []string) error {
 	msgs, err := e.qstore.Queued(ctx)
 	if err != nil {
 		return fmt.Errorf("restoring queued messages: %w", err)
 	}
-	held := map[string]bool{} // by session: a replica runs a turn of it (it has the queue)
-	restored := 0
-	for _, m := range msgs {
-		if only != nil && !slices.Contains(only, m.SessionKey) {
-			continue
+	msgs = slices.DeleteFunc(msgs, func(m QueuedMessage) bool { return only != nil && !slices.Contains(only, m.SessionKey) })
+	if len(msgs) == 0 {
+		return nil
+	}
+	e.mu.Lock()
+	restored, rest, starts := e.mergeStoredLocked(msgs)
+	e.mu.Unlock()
+	for _, start := range starts {
+		start()
+	}
+	for _, m := range rest {
+		if e.resendStored(ctx, m) {
+			restored++
 		}
-		h, seen := held[m.SessionKey]
-		if !seen {
-			_, _, running, err := e.cluster.Holder(ctx, m.SessionKey)
-			if err != nil {
-				return fmt.Errorf("restoring queued messages: %w", err)
-			}
-			h, held[m.SessionKey] = running, running
-		}
-		if h {
-			continue
-		}
-		if _, err := e.Send(ctx, SendRequest{SessionKey: m.SessionKey, Channel: m.Channel, ChatRef: m.ChatRef,
-			RunID: m.RunID, Text: m.Text, Owner: m.Owner, Timeout: m.Timeout, Resume: m.Resume}); err != nil {
-			e.log.Warn("a stored queued message could not be sent again; it stays stored", "run", m.RunID,
-				"session", m.SessionKey, "err", err)
-			continue
-		}
-		restored++
 	}
 	if restored > 0 {
 		e.log.Info("restored stored queued messages", "messages", restored)
 	}
 	return nil
+}
+
+// resendStored sends the stored queued message m as if it had just
+// arrived; false (logged) when Send refused it: it stays stored.
+func (e *Engine) resendStored(ctx context.Context, m QueuedMessage) bool {
+	_, err := e.Send(ctx, SendRequest{SessionKey: m.SessionKey, Channel: m.Channel, ChatRef: m.ChatRef,
+		RunID: m.RunID, Text: m.Text, Owner: m.Owner, Timeout: m.Timeout, Resume: m.Resume, Restored: true})
+	if err != nil {
+		e.log.Warn("a stored queued message could not be sent again; it stays stored", "run", m.RunID,
+			"session", m.SessionKey, "err", err)
+	}
+	return err == nil
+}
+
+// mergeStoredLocked puts the stored messages msgs (oldest first) of
+// sessions busy here (busyHereLocked) at the head of their queues, each a
+// turn of its own, in their order — all but those this replica knows
+// already (queued, running or ended here: repeatLocked). It returns how
+// many it merged, the messages of the other sessions (rest, in their
+// order: the caller sends them) and the pumps to call once e.mu is
+// released.
+//
+// Lock contract: called with e.mu held; it runs entirely under it.
+func (e *Engine) mergeStoredLocked(msgs []QueuedMessage) (n int, rest []QueuedMessage, starts []func()) {
+	heads := map[*session][]*queued{}
+	var order []*session
+	for _, m := range msgs {
+		if _, known, _ := e.repeatLocked(SendRequest{RunID: m.RunID, SessionKey: m.SessionKey}); known {
+			continue
+		}
+		s, ok := e.sessions[m.SessionKey]
+		if !ok || !busyHereLocked(s) {
+			rest = append(rest, m)
+			continue
+		}
+		q := &queued{msgs: []QueuedMessage{m}, timeout: m.Timeout, mode: BusyQueue, begun: make(chan struct{})}
+		e.waiting[m.RunID] = q
+		if _, seen := heads[s]; !seen {
+			order = append(order, s)
+		}
+		heads[s] = append(heads[s], q)
+	}
+	for _, s := range order {
+		s.queue = append(slices.Clone(heads[s]), s.queue...)
+		n += len(heads[s])
+		starts = append(starts, e.pumpLocked(s))
+	}
+	return n, rest, starts
+}
+
+// busyHereLocked reports whether s is busy on this replica: a turn running
+// or ending, messages queued, a claim in flight. Called with e.mu held.
+func busyHereLocked(s *session) bool {
+	return s.active != nil || len(s.queue) > 0 || s.ending > 0 || s.claiming != nil
 }

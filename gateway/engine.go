@@ -298,6 +298,13 @@ type SendRequest struct {
 	// off by a restart or a takeover (resume.go). Set by the engine for a
 	// restored queued message, never by a channel.
 	Resume *Resume
+	// Restored: a message accepted earlier as queued — a stored queued
+	// message sent again by a restore, or a queued message handed to the
+	// replica that took its session (cluster mode). It is queued behind a
+	// running turn whatever the channel's busy mode, and no queue bound
+	// (busy.maxQueued, maxQueuedBytes) refuses it: it was within them when
+	// it was accepted.
+	Restored bool
 }
 
 // Ack answers Send.
@@ -410,6 +417,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		return Ack{}, ErrShutdown
 	}
 	mode, maxQueued := cfg.BusyFor(req.Channel)
+	if req.Restored {
+		mode = string(BusyQueue)
+	}
 	if s.active != nil || len(s.queue) > 0 {
 		if m := BusyMode(mode); m != BusyReject {
 			effect := e.busyLocked(s, req, m, maxQueued)
@@ -432,6 +442,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 			return Ack{}, err
 		}
 		err = e.cluster.Claim(ctx, c.req)
+		if err != nil && e.claimReadBack(req.RunID, req.SessionKey, err) {
+			err = nil // committed, its answer lost: this replica's claim
+		}
 		e.mu.Lock()
 		if effect := e.claimEndLocked(s, c, req, err); effect != nil {
 			e.mu.Unlock()
@@ -475,8 +488,9 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 // or a message collected or steered into another turn (that turn's). ok
 // false: a new run id.
 //
-// Lock contract: called with e.mu held (by Send only); it runs entirely
-// under it and neither releases nor re-takes it.
+// Lock contract: called with e.mu held (by Send, and by mergeStoredLocked
+// to skip what this replica knows); it runs entirely under it and neither
+// releases nor re-takes it.
 func (e *Engine) repeatLocked(req SendRequest) (Ack, bool, error) {
 	key := req.RunID // the run to answer for: a collected or steered message's is its turn's
 	if id, ok := e.alias[key]; ok {

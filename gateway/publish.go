@@ -73,13 +73,14 @@ func (e *Engine) Errors() []errlog.Record { return e.errs.List() }
 func (e *Engine) ErrorDetail(id string) (errlog.Record, bool) { return e.errs.Get(id) }
 
 // publish is the single exit of events: it records terminal outcomes and
-// history, then hands the event to the bus. Called under the run's publish
-// lock (abort.Run.Publish), so one run's events arrive in order. By the time
+// history, then hands the event to the bus. Called through
+// abort.Run.Publish, which serialises one run's events, so they arrive in
+// order (a terminal event without the run's lock: recording it may retry). By the time
 // any subscriber sees a terminal event, its outcome is recorded and (once
 // the runner returned) the session is free: a client that answers a final
 // reply at once is never told the session is busy.
 //
-// Lock contract: called without e.mu, under the run's publish lock; it
+// Lock contract: called without e.mu, through the run's Publish; it
 // takes e.mu only in separate short steps (messagesOf, recordOutcome,
 // ended), never across a call to the bus or the cluster.
 func (e *Engine) publish(ev event.Event) {

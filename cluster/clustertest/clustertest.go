@@ -286,7 +286,7 @@ func forwardReachesTheOtherEngine(s *suite, p Pair) {
 	e := &engine{send: func(gateway.SendRequest) (gateway.Ack, error) { return want, nil }}
 	p.ServeB(e)
 	req := gateway.SendRequest{SessionKey: s.key, Channel: "ws", ChatRef: "chat-1", RunID: "run-7", Text: "héllo\nworld",
-		Timeout: 90 * time.Second, Owner: "user-1"}
+		Timeout: 90 * time.Second, Owner: "user-1", Restored: true}
 	got, err := p.A.Forward(s.ctx(), p.B.Replica(), req)
 	if err != nil {
 		t.Fatalf("Forward: %v", err)

@@ -316,6 +316,41 @@ func (x *Exporter) renew(key string) {
 	x.mu.Unlock()
 }
 
+// AwaitEnded waits until the stream's last kept frame of sessionKey ends
+// a turn — a terminal event (Finished, Aborted) or ForceFinalized — or is
+// no event (a lost or sync frame, or there is none), or until ctx ends
+// (ctx's error). A replica that claims a session whose previous turn
+// another replica ran calls it before Renew: that turn's end is recorded
+// before its last event is exported, so a claim can come first, and a
+// renewal that read the stream then would number the new turn's events
+// over the previous owner's last one (issue 20: the exporter numbering
+// race). It looks the stream up, backing off from 2 ms to 50 ms; the
+// first look usually finds the end there.
+func (x *Exporter) AwaitEnded(ctx context.Context, sessionKey string) error {
+	subj := subjectsFor(x.opt.Prefix, sessionKey).kept
+	wait := 2 * time.Millisecond
+	for {
+		m, err := x.stream.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err == nil {
+			f, derr := decodeFrame(m.Data)
+			if derr != nil || f.kind != frameEvent || f.ev.Kind.Terminal() || f.ev.Kind == event.ForceFinalized {
+				return nil // a frame that does not decode is the watchers' to report, not a reason to wait
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("natsbus: await the end of session %q's last turn: %w", sessionKey, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
 // Forget drops the exporter's numbering of a session it no longer owns;
 // if it owns it again later, it continues from the stream (a new tenure).
 func (x *Exporter) Forget(sessionKey string) {

@@ -32,8 +32,11 @@
 // watches every session's events and delivers only those the other
 // replicas exported (the watcher skips this replica's exporter's frames
 // but keeps their place in each session's sequence). A successful Claim
-// renews the exporter's numbering of the session (natsbus Renew), so a
-// session whose turns move between replicas stays one sequence. When this
+// of a session whose previous turn another replica ran waits (up to 2 s)
+// for that turn's last event to reach the stream — its end is recorded
+// before it is exported — and then renews the exporter's numbering of the
+// session (natsbus AwaitEnded, Renew), so a session whose turns move
+// between replicas stays one sequence. When this
 // replica takes over a dead one's turns, it exports an Aborted event (stop
 // reason interrupted, the notice as its Message) for each through a second
 // exporter that its own Import does not skip, so the watchers on every

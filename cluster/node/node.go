@@ -24,6 +24,10 @@ import (
 // the ends it exported before it calls Options.OnTakeover.
 const takeoverFlush = 2 * time.Second
 
+// awaitPreviousEnd bounds how long a claim waits for the previous owner's
+// last event of the session to reach the stream (Exporter.AwaitEnded).
+const awaitPreviousEnd = 2 * time.Second
+
 // Options configure a replica. DatabaseURL, NATSURLs, ReplicaID, Lease,
 // Notice and Auth are required.
 type Options struct {
@@ -407,6 +411,16 @@ func (n *Node) Claim(ctx context.Context, c gateway.ClaimRequest) error {
 		// a renewal costs a stream lookup on the exporter's one goroutine
 		// (under load, one per claim made every replica's events late).
 		if !prevMine {
+			// The previous owner records its turn's end before it exports
+			// that end: wait until it is in the stream (bounded), or the
+			// renewal would read the stream before it and number this
+			// turn's first event over it.
+			wctx, cancel := context.WithTimeout(ctx, awaitPreviousEnd)
+			if err := n.exp.AwaitEnded(wctx, c.SessionKey); err != nil {
+				n.log.Warn("the previous turn's last event of a session this replica claimed is not in the stream yet; its watchers may see a gap",
+					"session", c.SessionKey, "run", c.RunID, "err", err)
+			}
+			cancel()
 			n.exp.Renew(c.SessionKey)
 		}
 		return nil

@@ -46,7 +46,8 @@ type sendBody struct {
 	Text       string        `json:"text"`
 	Timeout    time.Duration `json:"timeoutNs,omitempty"`
 	Owner      string        `json:"owner,omitempty"`
-	Budget     time.Duration `json:"budgetNs"` // how long the caller waits for the answer
+	Restored   bool          `json:"restored,omitempty"` // gateway.SendRequest.Restored
+	Budget     time.Duration `json:"budgetNs"`           // how long the caller waits for the answer
 }
 
 // abortBody is a forwarded gateway.AbortRequest.
@@ -189,7 +190,7 @@ func serveSend(ctx context.Context, h Handler, data []byte) answer {
 	ctx, cancel := budget(ctx, b.Budget)
 	defer cancel()
 	ack, err := h.Send(ctx, gateway.SendRequest{SessionKey: b.SessionKey, Channel: b.Channel, ChatRef: b.ChatRef,
-		RunID: b.RunID, Text: b.Text, Timeout: b.Timeout, Owner: b.Owner, Forwarded: true})
+		RunID: b.RunID, Text: b.Text, Timeout: b.Timeout, Owner: b.Owner, Forwarded: true, Restored: b.Restored})
 	if err != nil {
 		return answer{Err: encodeError(err)}
 	}
@@ -305,7 +306,7 @@ func (n *Node) ForwardResolve(ctx context.Context, replica string, req gateway.R
 func (n *Node) Forward(ctx context.Context, replica string, req gateway.SendRequest) (gateway.Ack, error) {
 	var a answer
 	b := sendBody{SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef, RunID: req.RunID,
-		Text: req.Text, Timeout: req.Timeout, Owner: req.Owner}
+		Text: req.Text, Timeout: req.Timeout, Owner: req.Owner, Restored: req.Restored}
 	if err := n.request(ctx, replica, "send", func(d time.Duration) any { b.Budget = d; return b }, &a); err != nil {
 		return gateway.Ack{}, fmt.Errorf("forward run %q of session %q: %w", req.RunID, req.SessionKey, err)
 	}

@@ -98,22 +98,27 @@ func (a *app) fenced(err error) {
 	}
 }
 
-// restoreTakenQueues runs the stored queued messages of the sessions whose
-// turns this replica just took over: the dead replica had them queued in
-// its memory. Before the engine runs, start's own restore does it.
-func (a *app) restoreTakenQueues(t pgcoord.Takeover) {
+// restoreTakenQueues runs the stored queued messages a replica this one
+// just took over had queued in its memory. Which those are the store does
+// not say, and they are not only in the sessions of the turns it took
+// over: a replica that dies between a turn's recorded ending and its next
+// queued message's claim runs no turn of that session (issue 20, found by
+// TestLifecycleModelCluster: those messages stayed stored until a
+// restart). So every stored queued message is restored
+// (Engine.RestoreQueued): one a live replica has queued is recognised by
+// its run id (it answers it as queued), or claimed here first, and the
+// live replica then hands its copy over or forgets it — a message runs
+// once whichever replica restores it. Before the engine runs, start's own
+// restore does it.
+func (a *app) restoreTakenQueues(pgcoord.Takeover) {
 	eng := a.live.Load()
-	if eng == nil || len(t.Turns) == 0 {
+	if eng == nil {
 		return
-	}
-	keys := make([]string, 0, len(t.Turns))
-	for _, tt := range t.Turns {
-		keys = append(keys, tt.SessionKey)
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), startupStoreWait)
 		defer cancel()
-		if err := eng.RestoreQueuedOf(ctx, keys); err != nil {
+		if err := eng.RestoreQueued(ctx); err != nil {
 			a.log.Error("cannot restore the messages a dead replica had queued; they stay stored", "err", err)
 		}
 	}()

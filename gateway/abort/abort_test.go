@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -344,5 +345,52 @@ func TestAbortTellsTheWatcherUnlessItIsTheWatcher(t *testing.T) {
 				t.Fatalf("a second abort won (%v) or called the watcher (%d)", ok, calls)
 			}
 		})
+	}
+}
+
+// TestTerminalPublishHoldsNoLockReadersWaitFor (issue 20: the hang of
+// TestLifecycleModelCluster): the terminal event's pub may block — in
+// cluster mode it records the ending in the database, retrying while the
+// database does not answer — and the run's readers and its runner's late
+// events must not wait for it: Text, a late delta (dropped) and a step
+// return at once. A ForceFinalized waits until the terminal event is
+// passed on, and comes after it. Under the run's lock, a runner's delta
+// stalled the runner's goroutine (and, under synctest, the whole bubble)
+// for as long as the ending retried.
+func TestTerminalPublishHoldsNoLockReadersWaitFor(t *testing.T) {
+	g := New(nil)
+	r := register(t, g, "t1")
+	r.AppendText("so far", 0, "")
+	var mu sync.Mutex
+	var got []event.Kind
+	record := func(ev event.Event) { mu.Lock(); got = append(got, ev.Kind); mu.Unlock() }
+	entered, release := make(chan struct{}), make(chan struct{})
+	go r.Publish(func(ev event.Event) { close(entered); <-release; record(ev) }, event.Event{Kind: event.Finished, StopReason: event.ReasonStop})
+	<-entered
+	readers := make(chan string, 1)
+	go func() {
+		text := r.Text()
+		r.Publish(record, event.Event{Kind: event.Delta, Text: "late"})
+		r.StepStarted(event.StepTool, "shell")
+		readers <- text
+	}()
+	select {
+	case text := <-readers:
+		if text != "so far" {
+			t.Fatalf("Text while the ending is recorded: %q", text)
+		}
+	case <-time.After(10 * time.Second): // a bound on a failure, not a wait for a timer
+		t.Fatal("Text and a late delta waited for the terminal event's pub")
+	}
+	forced := make(chan bool, 1)
+	go func() { forced <- r.Publish(record, event.Event{Kind: event.ForceFinalized}) }()
+	close(release)
+	if !<-forced {
+		t.Fatal("ForceFinalized was not passed on")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []event.Kind{event.Finished, event.ForceFinalized}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v", got, want)
 	}
 }

@@ -126,6 +126,12 @@ type runSide struct {
 	// ended: the run's terminal event (Aborted or Finished) is published;
 	// Publish drops every later event but ForceFinalized.
 	ended bool
+	// ending: the terminal event is being passed to pub, without r.mu (in
+	// cluster mode pub records the ending in the database first, retrying
+	// while it does not answer); waiter, when set, is closed once it is
+	// passed on (a ForceFinalized waits for it there).
+	ending bool
+	waiter chan struct{}
 }
 
 // sideLocked returns r's side, allocating it. Called with r.mu held.
@@ -497,24 +503,82 @@ func (r *Run) Text() string {
 // the time (unless set; on the registry's clock, as step start times) and the
 // run's Locals, and passes it to pub. Calls are serialised per run, so pub
 // sees one run's events in sequence order (and its handlers may use the
-// run's Locals without a lock). pub must not block.
+// run's Locals without a lock). A non-terminal event's pub must not block.
 //
 // The terminal event (Aborted or Finished) is the run's last: an event
 // published after it — a delta or step of a runner that passed its
 // liveness check as the turn was stopped, a late progress notice — is
 // dropped, under the same lock, so no subscriber sees it; ForceFinalized,
-// which follows an abort by design, is the one exception. Publish reports
-// whether ev was passed on.
+// which follows an abort by design, is the one exception, and it waits
+// until the terminal event is passed on. Publish reports whether ev was
+// passed on.
+//
+// The terminal event's pub may block (in cluster mode it records the
+// ending in the database, retrying while the database does not answer):
+// it is called without the run's lock, once the run is marked ended, so a
+// runner's late delta, Text and the run's other readers never wait for it
+// (issue 20: a lock held across those retries stalled the runner's
+// goroutine and every reader of the run's reply).
 func (r *Run) Publish(pub func(event.Event), ev event.Event) bool {
+	if ev.Kind.Terminal() || ev.Kind == event.ForceFinalized {
+		return r.publishEnd(pub, ev)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	side := r.sideLocked()
-	if side.ended && ev.Kind != event.ForceFinalized {
+	if side.ended {
 		return false
 	}
-	if ev.Kind.Terminal() {
-		side.ended = true
+	r.stampLocked(&ev, side)
+	pub(ev)
+	return true
+}
+
+// publishEnd is Publish of the terminal event, passed to pub without the
+// run's lock once the run is marked ended, and of ForceFinalized, which
+// waits until the terminal event is passed on.
+func (r *Run) publishEnd(pub func(event.Event), ev event.Event) bool {
+	r.mu.Lock()
+	side := r.sideLocked()
+	for ev.Kind == event.ForceFinalized && side.ending {
+		if side.waiter == nil {
+			side.waiter = make(chan struct{})
+		}
+		w := side.waiter
+		r.mu.Unlock()
+		<-w
+		r.mu.Lock()
 	}
+	if ev.Kind == event.ForceFinalized {
+		defer r.mu.Unlock()
+		r.stampLocked(&ev, side)
+		pub(ev)
+		return true
+	}
+	if side.ended {
+		r.mu.Unlock()
+		return false
+	}
+	r.stampLocked(&ev, side)
+	side.ended, side.ending = true, true
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		side.ending = false
+		w := side.waiter
+		side.waiter = nil
+		r.mu.Unlock()
+		if w != nil {
+			close(w)
+		}
+	}()
+	pub(ev)
+	return true
+}
+
+// stampLocked gives ev the run's next sequence number, identity, Locals
+// and (unless set) time. Called with r.mu held.
+func (r *Run) stampLocked(ev *event.Event, side *runSide) {
 	r.seq++
 	ev.Seq = uint64(r.seq)
 	ev.RunID, ev.SessionKey, ev.Channel, ev.ChatRef = r.ID, r.SessionKey, r.Channel, r.ChatRef
@@ -522,8 +586,6 @@ func (r *Run) Publish(pub func(event.Event), ev event.Event) bool {
 	if ev.Time.IsZero() {
 		ev.Time = r.reg.wall(r.now()) // the registry's clock (as steps' StartedAt): one monotonic read, no wall clock read
 	}
-	pub(ev)
-	return true
 }
 
 // CurrentStep returns the running step (zero if none) and the last completed
