@@ -41,7 +41,7 @@ func mustLoad(t *testing.T, path string, environ ...string) *Config {
 
 func TestDefaults(t *testing.T) {
 	c := Default()
-	five, mib := 5, 1<<20
+	five, mib, zero := 5, 1<<20, 0
 	want := Config{
 		Server: Server{
 			Listen: "127.0.0.1:18789", MaxConnsPerIP: 64, RequestsPerSecond: 50, RequestBurst: 100,
@@ -51,7 +51,7 @@ func TestDefaults(t *testing.T) {
 			MaxSessions: 10000, SessionIdleSeconds: 3600, MaxStuckRuns: 16,
 		},
 		Agents: Agents{
-			Defaults: AgentDefaults{Runner: "demo", MaxReplyChars: 100000, Busy: Busy{Mode: "queue", MaxQueued: &five, MaxQueuedBytes: &mib}},
+			Defaults: AgentDefaults{Runner: "demo", MaxReplyChars: 100000, Busy: Busy{Mode: "queue", MaxQueued: &five, MaxQueuedBytes: &mib, Overflow: "reject", DebounceMs: &zero}},
 			OpenAI: OpenAI{MaxSteps: 8, LLMIdleTimeoutSeconds: 120,
 				Tools: OpenAITools{HTTPGet: HTTPGetTool{MaxBytes: 1 << 20, TimeoutSeconds: 20}}},
 			Exec: Exec{Format: "jsonl"},
