@@ -30,7 +30,7 @@ type Migration struct {
 
 // SchemaVersion is the schema version this build writes: the number of
 // migrations.
-const SchemaVersion = 10
+const SchemaVersion = 11
 
 // migrations is the ordered list, loaded once.
 var migrations = LoadMigrations(migrationFS, "migrations", SchemaVersion)

@@ -162,6 +162,7 @@ type Backend interface {
 	ApprovalStore
 	RetryTokens
 	AgentSessions
+	SessionSettings
 	TurnDetails
 	Health() error
 	Prune(ctx context.Context, now time.Time) (PruneStats, error)

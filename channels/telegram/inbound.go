@@ -245,7 +245,7 @@ func isService(m *models.Message) bool {
 
 // ourCommands are the commands that, sent bare in a group, are taken as
 // addressed to this bot.
-var ourCommands = []string{"stop", "status", "new", "help", "start", "mode"}
+var ourCommands = []string{"stop", "status", "new", "help", "start", "mode", "queue"}
 
 // addressed reports whether a group message is meant for the bot — it
 // mentions the bot, replies to one of the bot's messages, or is one of the

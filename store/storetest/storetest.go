@@ -135,6 +135,7 @@ var cases = []testCase{
 	{"StallHistoryOfAnInterruptedTurn", testStallHistoryOfAnInterruptedTurn},
 	{"StallHistoryAndJournalFilters", testStallHistoryAndJournalFilters},
 	{"AgentSessionsRecordReplaceForget", testAgentSessionsRecordReplaceForget},
+	{"SessionBusyModeRecordReplaceForget", testSessionBusyModeRecordReplaceForget},
 	{"SetAgentSessionRejectsBadInput", testSetAgentSessionRejectsBadInput},
 }
 
