@@ -51,6 +51,8 @@ type envOpts struct {
 	history gateway.HistoryLoader
 	// details is gateway.Options.TurnDetails (the store's reader).
 	details gateway.TurnDetailsLoader
+	// queue is gateway.Options.Queue (the store's durable queue).
+	queue gateway.QueueStore
 }
 
 func baseConfig(adjust func(*config.Config)) *config.Config {
@@ -77,7 +79,7 @@ func newEngineEnv(t testing.TB, o envOpts) *env {
 		rn = o.runner
 	}
 	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": rn}, Log: log, Admit: o.admit,
-		History: o.history, TurnDetails: o.details})
+		History: o.history, TurnDetails: o.details, Queue: o.queue})
 	if err != nil {
 		t.Fatal(err)
 	}
