@@ -399,14 +399,15 @@ func TestWebChat(t *testing.T) {
 // gateway per busy mode other than the default queue (channels.ws.busy.mode):
 // interrupt (the running turn superseded, in words, with Retry; the new
 // message answered), collect (two messages wait for one follow-up turn:
-// webchat-collect.png) and steer (handed to the demo runner's running turn,
-// which notes it).
+// webchat-collect.png), steer (handed to the demo runner's running turn,
+// which notes it) and queue (a queued message's Cancel button:
+// webchat-cancel.png).
 func TestWebChatBusyModes(t *testing.T) {
 	script, err := filepath.Abs("webchat-busy.mjs")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"interrupt", "collect", "steer"} {
+	for _, mode := range []string{"interrupt", "collect", "steer", "queue"} {
 		t.Run(mode, func(t *testing.T) {
 			dir := t.TempDir()
 			g, err := launchGateway(dir, gatewayConfig(dir, "channels:\n  ws:\n    busy:\n      mode: "+mode+"\n      maxQueued: 5\n"))

@@ -10,6 +10,10 @@
 //   steer      the message is handed to the running turn ("Added to the
 //              running request"; the demo runner notes it in its reply);
 //              after a reload, Retry of that turn resends its own message.
+//   queue      two messages wait behind the running turn, each with a
+//              Cancel button; Cancel on the first shows it "cancelled — not
+//              sent", the second runs after the turn, the first never does
+//              (issue 23).
 //
 // Usage: node webchat-busy.mjs URL ARTIFACTS_DIR MODE
 // Env:   E2E_CHROMIUM, E2E_NODE_MODULES (as webchat.mjs)
@@ -150,7 +154,40 @@ async function steer(page) {
     null, { timeout: T.turn }); // the retried turn timed out too
 }
 
-const scenarios = { interrupt, collect, steer };
+async function queue(page) {
+  await startLong(page, VERY_LONG);
+  await send(page, "/steps say:Never_run");
+  await send(page, "/steps say:Kept_run");
+  for (const t of ["Never_run", "Kept_run"]) {
+    await page.waitForFunction((el) => el && el.dataset.status === "queued" && el.querySelector("button.msg-cancel"),
+      await bubble(page, t).elementHandle(), { timeout: T.turn });
+  }
+  ok("both messages sent while busy wait, each with a Cancel button");
+  const b = bubble(page, "Never_run");
+  await b.locator("button.msg-cancel").click();
+  await page.waitForFunction((el) => el && el.dataset.status === "dropped", await b.elementHandle(), { timeout: T.turn });
+  const label = await b.locator(".msg-status").textContent();
+  if (label !== "cancelled — not sent") throw new Error(`the cancelled message reads "${label}"`);
+  if (await b.locator("button.msg-cancel").count()) throw new Error("the cancelled message still has its Cancel button");
+  const kept = bubble(page, "Kept_run");
+  if ((await kept.getAttribute("data-status")) !== "queued") throw new Error("the other message is no longer queued");
+  const next = await kept.locator(".msg-status").textContent();
+  if (next !== "Queued — next") throw new Error(`the other message reads "${next}" after the cancel, want "Queued — next"`);
+  ok(`Cancel: "${label}"; the other message still waits`);
+  await page.screenshot({ path: path.join(artifacts, "webchat-cancel.png") });
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=First done", { timeout: T.turn });
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Kept run", { timeout: T.turn });
+  if (await page.$(".msg.assistant >> text=Never run")) throw new Error("the cancelled message ran");
+  if (await page.$("button.msg-cancel")) throw new Error("a Cancel button is left after the queue emptied");
+  ok("the other message ran after the turn; the cancelled one never did");
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  await page.waitForSelector(".msg.assistant >> text=Kept run", { timeout: T.turn });
+  if (await page.$(".msg.user >> text=Never_run")) throw new Error("after a reload the cancelled message is in the history");
+  ok("after a reload the history has no trace of the cancelled message");
+}
+
+const scenarios = { interrupt, collect, steer, queue };
 
 async function main() {
   if (!scenarios[mode]) throw new Error(`unknown mode ${mode}`);

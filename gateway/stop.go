@@ -172,10 +172,26 @@ func droppable(m QueuedMessage, requester string, operator bool) bool {
 	return operator || m.Owner == "" || m.Owner == requester
 }
 
+// CancelQueued cancels the queued message runID of sessionKey on behalf of
+// requester (a Cancel button under its "queued" answer): it leaves the
+// queue, and the QueueStore before CancelQueued returns, and never runs.
+// Unlike Abort it never stops a running turn: a run id that no longer
+// waits here (started, ended, dropped, unknown) is not an error, Aborted
+// is false. The owner and session rules are Abort's (ErrNotOwner,
+// ErrWrongSession).
+func (e *Engine) CancelQueued(ctx context.Context, sessionKey, runID, requester string, operator bool) (AbortResult, error) {
+	e.mu.Lock()
+	if _, ok := e.waiting[runID]; !ok || runID == "" {
+		e.mu.Unlock()
+		return AbortResult{RunIDs: []string{}}, nil
+	}
+	return e.dequeueLocked(ctx, sessionKey, runID, requester, operator)
+}
+
 // dequeueLocked cancels the queued message runID of sessionKey on behalf
-// of requester (Abort of a queued run id).
+// of requester (Abort or CancelQueued of a queued run id).
 //
-// Lock contract: called with e.mu held (by Abort only); it releases it,
+// Lock contract: called with e.mu held (by Abort and CancelQueued); it releases it,
 // then forgets the message in the QueueStore and starts the session's
 // next turn if removing it made the session's head startable.
 func (e *Engine) dequeueLocked(ctx context.Context, sessionKey, runID, requester string, operator bool) (AbortResult, error) {

@@ -128,6 +128,7 @@ const (
 	itemQuestion
 	itemQuestionEdit // edits a question message into its settlement (approvals.go)
 	itemDropButtons  // removes the buttons under message msgID (a question the gateway no longer knows)
+	itemEditReply    // edits a queued answer (message msgID) into text: its message was cancelled (queuecancel.go)
 )
 
 // outItem is one queued outgoing message (split into chunks when sent).
@@ -151,10 +152,12 @@ type outItem struct {
 	partsSent int
 	// approvalID: the question of an itemQuestion or itemQuestionEdit.
 	approvalID string
-	// msgID: the message of an itemDropButtons.
+	// msgID: the message of an itemDropButtons or itemEditReply.
 	msgID int
 	// retryData: a notice's Retry button (its callback data), once issued.
 	retryData string
+	// cancelData: a queued answer's Cancel button (its callback data).
+	cancelData string
 }
 
 // durable reports whether the item is a terminal message (it goes

@@ -15,6 +15,7 @@ import (
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/messages"
 )
 
 // handler serves one method. It returns the response payload or error; a
@@ -319,6 +320,10 @@ type chatAbortParams struct {
 	SessionKey       string `json:"sessionKey"`
 	RunID            string `json:"runId"`
 	PreserveSideRuns bool   `json:"preserveSideRuns"` // accepted; there are no side runs
+	// Queued (a turnguard extension; the web chat's Cancel button): runId
+	// is cancelled only while it waits in the queue; a run that started
+	// meanwhile is left running (aborted false).
+	Queued bool `json:"queued"`
 }
 
 func chatAbort(c *conn, req request) (any, *rpcError) {
@@ -331,7 +336,13 @@ func chatAbort(c *conn, req request) (any, *rpcError) {
 		return nil, rerr
 	}
 	c.s.watch(c, key) // the aborted event goes out before this response
-	res, err := c.s.eng.Abort(c.ctx, key, p.RunID, event.ReasonUser, c.owner, c.operator)
+	var res gateway.AbortResult
+	var err error
+	if p.Queued {
+		res, err = c.s.eng.CancelQueued(c.ctx, key, p.RunID, c.owner, c.operator)
+	} else {
+		res, err = c.s.eng.Abort(c.ctx, key, p.RunID, event.ReasonUser, c.owner, c.operator)
+	}
 	switch {
 	case errors.Is(err, gateway.ErrNotOwner):
 		return nil, &rpcError{Code: CodeForbidden, Message: "not allowed to abort this run: another client started it"}
@@ -346,7 +357,13 @@ func chatAbort(c *conn, req request) (any, *rpcError) {
 	if ids == nil {
 		ids = []string{}
 	}
-	return map[string]any{"ok": true, "aborted": res.Aborted, "runIds": ids}, nil
+	out := map[string]any{"ok": true, "aborted": res.Aborted, "runIds": ids}
+	if res.Dequeued {
+		// A queued message was cancelled before it ran: no chat event
+		// follows; text says so in words.
+		out["queued"], out["text"] = true, messages.QueueCancelled(res.Text)
+	}
+	return out, nil
 }
 
 type historyParams struct {

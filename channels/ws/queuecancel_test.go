@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/turnguard/turnguard/internal/storequeue"
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -55,7 +56,8 @@ func TestChatAbortCancelsAQueuedRun(t *testing.T) {
 		t.Fatalf("another client's cancel: %s", r.raw)
 	}
 	r := owner.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "r2"})
-	if !r.OK || r.get("ok") != true || r.get("aborted") != true || r.str("runIds") != "[r2]" {
+	if !r.OK || r.get("ok") != true || r.get("aborted") != true || r.str("runIds") != "[r2]" ||
+		r.str("text") != messages.QueueCancelled("/steps say:Reply_r2") {
 		t.Fatalf("chat.abort of the queued r2: %s", r.raw)
 	}
 	if got := stored(); !slices.Equal(got, []string{"r3"}) {
@@ -64,8 +66,14 @@ func TestChatAbortCancelsAQueuedRun(t *testing.T) {
 	if r := owner.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "r2"}); !r.OK || r.get("aborted") != false || r.str("runIds") != "[]" {
 		t.Fatalf("a second cancel of r2: %s", r.raw)
 	}
+	// The web chat's Cancel (queued: true) never stops a running turn.
+	if r := owner.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "r1", "queued": true}); !r.OK || r.get("aborted") != false {
+		t.Fatalf("a queued-only cancel of the running r1: %s", r.raw)
+	}
 	// The running turn is stopped (the TUI's Esc): r3 runs, r2 never does.
-	owner.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "r1"})
+	if r := owner.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "r1"}); !r.OK || r.get("aborted") != true {
+		t.Fatalf("chat.abort of the running r1 (still running after the queued-only cancel): %s", r.raw)
+	}
 	if f := owner.chat("r3", "final"); f.str("message.content.0.text") != "Reply r3" {
 		t.Fatalf("r3's final: %s", f.raw)
 	}
