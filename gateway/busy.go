@@ -178,6 +178,11 @@ func (e *Engine) roomLocked(s *session, req SendRequest, maxQueued int) error {
 
 // queuedAckLocked answers a message waiting in q. Called with e.mu held.
 func (e *Engine) queuedAckLocked(q *queued) Ack {
+	if q.holding {
+		// A burst being merged (busy.debounceMs): its turn starts by
+		// itself when the burst ends.
+		return Ack{RunID: q.runID(), Status: StatusStarted}
+	}
 	ack := Ack{RunID: q.runID(), Status: StatusQueued, Busy: q.mode}
 	if s := e.sessions[q.sessionKey()]; s != nil {
 		ack.Ahead = max(slices.Index(s.queue, q), 0)
@@ -341,10 +346,6 @@ func (e *Engine) storeQueued(ctx context.Context, s *session, q *queued, qm Queu
 	}
 	ack := e.queuedAckLocked(q)
 	ack.FellBack = fellBack
-	if q.holding {
-		// A burst being merged: its turn starts when the burst ends.
-		ack = Ack{RunID: q.runID(), Status: StatusStarted}
-	}
 	start := e.pumpLocked(s)
 	if _, ok := e.turns[q.runID()]; ok && q.begun != nil && isClosed(q.begun) {
 		ack = Ack{RunID: q.runID(), Status: StatusStarted} // the session was free: it started at once

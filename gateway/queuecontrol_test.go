@@ -35,6 +35,10 @@ func TestDebounceStartsWhenTheBurstEnds(t *testing.T) {
 				t.Fatalf("ack of %s = %+v, want started as r1", tc.id, ack)
 			}
 		}
+		// A repeated key (a client's retry) is answered the same, not joined twice.
+		if ack := v.send(t, "r2", "two"); ack.Status != StatusStarted || ack.RunID != "r1" {
+			t.Fatalf("repeated r2 = %+v, want started as r1", ack)
+		}
 		synctest.Wait()
 		if got := v.q.stored(); !slices.Equal(got, []string{"r1", "r2", "r3"}) {
 			t.Fatalf("stored while the burst lasts: %v", got)

@@ -37,6 +37,11 @@ type chat struct {
 
 	menu     string // menuKey of the command menu set for this chat ("" = the bot's default)
 	menuBusy bool   // a setMyCommands for it is under way (agentmenu.go)
+
+	// cancels are the Cancel buttons shown under queued answers, oldest
+	// first, at most maxCancelButtons (queuecancel.go): removed when their
+	// message starts or no longer waits.
+	cancels []cancelButton
 }
 
 type inMsg struct {

@@ -233,6 +233,9 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 	case ans.Failed:
 		c.log.Error("telegram: could not carry out a message", "chat", ch.id, "command", ans.Command, "err", c.red.err(ans.Err))
 	}
+	if (ans.Err == nil && (ans.Command == conv.Stop || ans.Command == conv.New)) || len(ans.Ack.Dropped) > 0 {
+		c.sweepCancels(ch) // what was dropped no longer waits: its Cancel button goes
+	}
 	switch {
 	case ans.Text != "" && ans.Err == nil && ans.Command == conv.None && ans.Ack.Status == gateway.StatusQueued:
 		c.replyQueued(ch, ans.Text, runID) // its own run id: a collected message's Ack names its turn's

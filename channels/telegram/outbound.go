@@ -185,6 +185,10 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 		c.editReply(ctx, ch, it)
 		return
 	}
+	if it.kind == itemReply && it.cancelData != "" && len(it.text) <= MaxMessageLen {
+		c.deliverQueued(ctx, ch, it)
+		return
+	}
 	if it.durable() && c.outbox != nil && it.outboxID == 0 {
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		id, err := c.outbox.Enqueue(octx, it.outboxMessage(ch))

@@ -63,3 +63,39 @@ func TestCancelButtonOnlyInItsChat(t *testing.T) {
 		}
 	})
 }
+
+// TestCancelButtonGoesWhenNoLongerWaiting (issue 23): the Cancel button
+// under a queued answer is removed when its message starts, and when /stop
+// drops the queue; a message that ran is never offered for cancelling.
+func TestCancelButtonGoesWhenNoLongerWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, setup{})
+		h.say(alice, "/steps work:10s say:First")
+		h.say(alice, "/steps say:Second")
+		h.advance(time.Second)
+		started := h.api.lastMsgID(alice)
+		if d := h.api.button(alice, started); !strings.HasPrefix(d, cancelPrefix) {
+			t.Fatalf("the queued answer has button data %q, want Cancel", d)
+		}
+		h.advance(15 * time.Second)
+		if scr := h.screen(alice); !slices.Contains(scr, "Second") {
+			t.Fatalf("the queued message did not run:\n%s", quoteAll(scr))
+		}
+		if k := h.api.keys(alice, started); k != nil {
+			t.Errorf("the answer of a message that ran still has %q", k)
+		}
+
+		h.say(alice, "/steps shell:hang")
+		h.say(alice, "/steps say:Dropped")
+		h.advance(time.Second)
+		dropped := h.api.lastMsgID(alice)
+		if d := h.api.button(alice, dropped); !strings.HasPrefix(d, cancelPrefix) {
+			t.Fatalf("the queued answer has button data %q, want Cancel", d)
+		}
+		h.say(alice, "/stop")
+		h.advance(5 * time.Second)
+		if k := h.api.keys(alice, dropped); k != nil {
+			t.Errorf("the answer of a message /stop dropped still has %q", k)
+		}
+	})
+}

@@ -204,8 +204,7 @@ func chatSend(c *conn, req request) (any, *rpcError) {
 	case gateway.StatusDropped:
 		// busy.overflow drop-new: nothing will run, so the answer is final
 		// (a client waiting for events would wait for ever).
-		return nil, &rpcError{Code: CodeUnavailable, Message: ans.Text,
-			Details: map[string]any{"code": "DROPPED", "limit": ack.Limit, "runId": ack.RunID}}
+		return nil, droppedError(ack, ans.Text)
 	}
 	return cachedAck(ack), nil
 }
@@ -245,7 +244,16 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 	if err != nil {
 		return ack, c.sendError(method, key, runID, text, err)
 	}
+	if ack.Status == gateway.StatusDropped {
+		return ack, droppedError(ack, conv.AckText(ack)) // nothing will run: no end to wait for
+	}
 	return ack, nil
+}
+
+// droppedError answers a message busy.overflow drop-new dropped: final
+// (no run follows), with the words in Message.
+func droppedError(ack gateway.Ack, words string) *rpcError {
+	return &rpcError{Code: CodeUnavailable, Message: words, Details: map[string]any{"code": "DROPPED", "limit": ack.Limit, "runId": ack.RunID}}
 }
 
 // sendError maps the engine's refusal or failure of a message to an error

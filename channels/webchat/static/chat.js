@@ -1315,6 +1315,14 @@
           if (state.activeRun === runId) setActive(before || ANY_RUN);
           markQueued(bubble, id, ack.fellBack ? "steer" : ack.busy, Number(ack.ahead) || 0, ack.text, runId);
         }
+      } else if (status === "started" && ack.runId && ack.runId !== runId) {
+        // Joined a burst being merged into one turn (busy.debounceMs): that
+        // turn's events carry the first message's run id.
+        v.block.remove();
+        state.runs.delete(runId);
+        if (state.activeRun === runId) setActive(before || ack.runId);
+        const joined = run(ack.runId);
+        joined.userText = joined.userText ? `${joined.userText}\n\n${text}` : text;
       } else if (status === "steered") {
         v.block.remove();
         state.runs.delete(runId);
