@@ -70,13 +70,20 @@ func TestCancelButtonOnlyInItsChat(t *testing.T) {
 func TestCancelButtonGoesWhenNoLongerWaiting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, setup{})
-		h.say(alice, "/steps work:10s say:First")
-		h.say(alice, "/steps say:Second")
-		h.advance(time.Second)
-		started := h.api.lastMsgID(alice)
-		if d := h.api.button(alice, started); !strings.HasPrefix(d, cancelPrefix) {
-			t.Fatalf("the queued answer has button data %q, want Cancel", d)
+		// queue sends running, then queued, and returns the queued answer's
+		// message, which must carry a Cancel button.
+		queue := func(running, queued string) int {
+			t.Helper()
+			h.say(alice, running)
+			h.say(alice, queued)
+			h.advance(time.Second)
+			id := h.api.lastMsgID(alice)
+			if d := h.api.button(alice, id); !strings.HasPrefix(d, cancelPrefix) {
+				t.Fatalf("the queued answer has button data %q, want Cancel", d)
+			}
+			return id
 		}
+		started := queue("/steps work:10s say:First", "/steps say:Second")
 		h.advance(15 * time.Second)
 		if scr := h.screen(alice); !slices.Contains(scr, "Second") {
 			t.Fatalf("the queued message did not run:\n%s", quoteAll(scr))
@@ -85,13 +92,7 @@ func TestCancelButtonGoesWhenNoLongerWaiting(t *testing.T) {
 			t.Errorf("the answer of a message that ran still has %q", k)
 		}
 
-		h.say(alice, "/steps shell:hang")
-		h.say(alice, "/steps say:Dropped")
-		h.advance(time.Second)
-		dropped := h.api.lastMsgID(alice)
-		if d := h.api.button(alice, dropped); !strings.HasPrefix(d, cancelPrefix) {
-			t.Fatalf("the queued answer has button data %q, want Cancel", d)
-		}
+		dropped := queue("/steps shell:hang", "/steps say:Dropped")
 		h.say(alice, "/stop")
 		h.advance(5 * time.Second)
 		if k := h.api.keys(alice, dropped); k != nil {
