@@ -176,13 +176,17 @@ func droppable(m QueuedMessage, requester string, operator bool) bool {
 // requester (a Cancel button under its "queued" answer): it leaves the
 // queue, and the QueueStore before CancelQueued returns, and never runs.
 // Unlike Abort it never stops a running turn: a run id that no longer
-// waits here (started, ended, dropped, unknown) is not an error, Aborted
-// is false. The owner and session rules are Abort's (ErrNotOwner,
-// ErrWrongSession).
+// waits (started, ended, dropped, unknown) is not an error, Aborted is
+// false. The owner and session rules are Abort's (ErrNotOwner,
+// ErrWrongSession). In cluster mode a run id not waiting here is passed to
+// the replica that runs the session's turn, where its queue lives.
 func (e *Engine) CancelQueued(ctx context.Context, sessionKey, runID, requester string, operator bool) (AbortResult, error) {
 	e.mu.Lock()
 	if _, ok := e.waiting[runID]; !ok || runID == "" {
 		e.mu.Unlock()
+		if e.cluster != nil && runID != "" {
+			return e.cancelElsewhere(ctx, sessionKey, runID, requester, operator)
+		}
 		return AbortResult{RunIDs: []string{}}, nil
 	}
 	return e.dequeueLocked(ctx, sessionKey, runID, requester, operator)
