@@ -185,6 +185,13 @@ async function queue(page) {
   await page.waitForSelector(".msg.assistant >> text=Kept run", { timeout: T.turn });
   if (await page.$(".msg.user >> text=Never_run")) throw new Error("after a reload the cancelled message is in the history");
   ok("after a reload the history has no trace of the cancelled message");
+  // /queue answers in words, like /status; /queue collect sets this session's mode.
+  await send(page, "/queue");
+  const view = await page.waitForSelector(".msg.assistant >> text=Busy mode: queue", { timeout: T.turn });
+  ok(`/queue: "${(await view.textContent()).split("\n")[0]}"`);
+  await send(page, "/queue collect");
+  await page.waitForSelector(".msg.assistant >> text=Busy mode for this chat: collect", { timeout: T.turn });
+  ok("/queue collect set this session's busy mode");
 }
 
 const scenarios = { interrupt, collect, steer, queue };

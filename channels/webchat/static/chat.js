@@ -1228,7 +1228,7 @@
   // COMMAND matches the conversation commands the gateway carries out
   // itself (docs/protocol.md, "Commands"): they start no turn, so the page
   // opens no run for them.
-  const COMMAND = /^\s*\/(stop|status|new|help|start)(\s|$)/i;
+  const COMMAND = /^\s*\/(stop|status|new|help|start|queue)(\s|$)/i;
 
   // command sends a command through chat.send. Its answer in words arrives
   // as a chat final on its id (drawn by onChat); a /stop that stopped the
