@@ -6,11 +6,37 @@ import (
 	"log/slog"
 
 	"github.com/turnguard/turnguard/gateway"
-	"github.com/turnguard/turnguard/internal/storequeue"
+	"github.com/turnguard/turnguard/store"
 )
 
-// storeQueue is the engine's QueueStore on the store (storequeue.Queue).
-type storeQueue = storequeue.Queue
+// storeQueue is the engine's QueueStore on the store: a message the engine
+// queues behind a running turn is committed durably before its sender is
+// told "queued", and is still there after a restart.
+type storeQueue struct{ st store.Queue }
+
+var _ gateway.QueueStore = storeQueue{}
+
+func (q storeQueue) AddQueued(ctx context.Context, m gateway.QueuedMessage) error {
+	return q.st.AddQueued(ctx, store.QueuedMessage{RunID: m.RunID, SessionKey: m.SessionKey, Channel: m.Channel,
+		ChatRef: m.ChatRef, Owner: m.Owner, Text: m.Text, QueuedAt: m.QueuedAt, Timeout: m.Timeout})
+}
+
+func (q storeQueue) RemoveQueued(ctx context.Context, runIDs ...string) error {
+	return q.st.RemoveQueued(ctx, runIDs...)
+}
+
+func (q storeQueue) Queued(ctx context.Context) ([]gateway.QueuedMessage, error) {
+	ms, err := q.st.Queued(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]gateway.QueuedMessage, len(ms))
+	for i, m := range ms {
+		out[i] = gateway.QueuedMessage{RunID: m.RunID, SessionKey: m.SessionKey, Channel: m.Channel,
+			ChatRef: m.ChatRef, Owner: m.Owner, Text: m.Text, QueuedAt: m.QueuedAt, Timeout: m.Timeout}
+	}
+	return out, nil
+}
 
 // restoreQueued runs the messages queued before the last stop. It is
 // called after recoverInterrupted, so each session's interrupted notice is

@@ -27,11 +27,11 @@ func TestStoreQueueAdapterRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range want {
-		if err := (storeQueue{St: st}).AddQueued(ctx, m); err != nil {
+		if err := (storeQueue{st}).AddQueued(ctx, m); err != nil {
 			t.Fatalf("AddQueued(%s): %v", m.RunID, err)
 		}
 	}
-	if err := (storeQueue{St: st}).RemoveQueued(ctx, "q2"); err != nil {
+	if err := (storeQueue{st}).RemoveQueued(ctx, "q2"); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Close(); err != nil {
@@ -42,7 +42,7 @@ func TestStoreQueueAdapterRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	got, err := storeQueue{St: st}.Queued(ctx)
+	got, err := storeQueue{st}.Queued(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
