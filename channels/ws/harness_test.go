@@ -45,14 +45,13 @@ type env struct {
 type envOpts struct {
 	adjust func(*config.Config)
 	opts   Options
-	admit  func() error  // gateway.Options.Admit
-	runner runner.Runner // instead of the demo runner (which is still built, unused)
+	admit  func() error       // gateway.Options.Admit
+	runner runner.Runner      // instead of the demo runner (which is still built, unused)
+	queue  gateway.QueueStore // gateway.Options.Queue (the store's durable queue)
 	// history is gateway.Options.History (the store's history loader).
 	history gateway.HistoryLoader
 	// details is gateway.Options.TurnDetails (the store's reader).
 	details gateway.TurnDetailsLoader
-	// queue is gateway.Options.Queue (the store's durable queue).
-	queue gateway.QueueStore
 }
 
 func baseConfig(adjust func(*config.Config)) *config.Config {

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/turnguard/turnguard/internal/storequeue"
+	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/store"
 )
@@ -24,7 +24,7 @@ func TestChatAbortCancelsAQueuedRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	e := newTCPEnv(t, envOpts{opts: Options{Token: "T"}, queue: storequeue.Queue{St: st}})
+	e := newTCPEnv(t, envOpts{opts: Options{Token: "T"}, queue: sqliteQueue{st}})
 	owner := e.connectDevice(deviceKey(21), "T", nil)
 	stranger := e.connectDevice(deviceKey(22), "T", nil)
 	send := func(id, text string) frame {
@@ -81,3 +81,19 @@ func TestChatAbortCancelsAQueuedRun(t *testing.T) {
 		t.Fatalf("the cancelled r2 ran: %v", got)
 	}
 }
+
+// sqliteQueue is the engine's QueueStore on a real SQLite store (as
+// cmd/gateway wires it), so a test sees what a queued message leaves on
+// disk. Queued is not used here: nothing is restored.
+type sqliteQueue struct{ st *store.SQLite }
+
+func (q sqliteQueue) AddQueued(ctx context.Context, m gateway.QueuedMessage) error {
+	return q.st.AddQueued(ctx, store.QueuedMessage{RunID: m.RunID, SessionKey: m.SessionKey, Channel: m.Channel,
+		ChatRef: m.ChatRef, Owner: m.Owner, Text: m.Text, QueuedAt: m.QueuedAt, Timeout: m.Timeout})
+}
+
+func (q sqliteQueue) RemoveQueued(ctx context.Context, runIDs ...string) error {
+	return q.st.RemoveQueued(ctx, runIDs...)
+}
+
+func (sqliteQueue) Queued(context.Context) ([]gateway.QueuedMessage, error) { return nil, nil }

@@ -128,10 +128,11 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	// While the store cannot write, a turn would leave no trace: refuse new
 	// ones (retryable) until it can.
 	opts := gateway.Options{Config: a.cfg, Runners: a.runners.engineRunners(), Log: log, History: storeHistory(a.store),
-		TurnDetails: storeTurnDetails(a.store), Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{St: a.store}, Settings: a.store}
+		TurnDetails: storeTurnDetails(a.store), Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store}}
 	if a.node != nil {
 		opts.Cluster = a.node
 	}
+	opts.Settings = a.store // a session's own busy mode (/queue <mode>), kept across restarts
 	a.eng, err = gateway.New(opts)
 	if err != nil {
 		return a, fmt.Errorf("engine: %w", err)
