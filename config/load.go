@@ -86,11 +86,11 @@ func defaults() map[string]any {
 
 		"agents.defaults.runner":                     RunnerDemo,
 		"agents.defaults.maxReplyChars":              100000,
+		"agents.defaults.busy.overflow":              OverflowReject,
+		"agents.defaults.busy.debounceMs":            0,
 		"agents.defaults.busy.mode":                  BusyQueue,
 		"agents.defaults.busy.maxQueued":             defaultMaxQueued,
 		"agents.defaults.busy.maxQueuedBytes":        defaultMaxQueuedBytes,
-		"agents.defaults.busy.overflow":              OverflowReject,
-		"agents.defaults.busy.debounceMs":            0,
 		"agents.openai.maxSteps":                     8,
 		"agents.openai.llmIdleTimeoutSeconds":        120.0,
 		"agents.openai.tools.httpGet.maxBytes":       1 << 20,

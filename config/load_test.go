@@ -51,7 +51,7 @@ func TestDefaults(t *testing.T) {
 			MaxSessions: 10000, SessionIdleSeconds: 3600, MaxStuckRuns: 16,
 		},
 		Agents: Agents{
-			Defaults: AgentDefaults{Runner: "demo", MaxReplyChars: 100000, Busy: Busy{Mode: "queue", MaxQueued: &five, MaxQueuedBytes: &mib, Overflow: "reject", DebounceMs: &zero}},
+			Defaults: AgentDefaults{Runner: "demo", MaxReplyChars: 100000, Busy: Busy{Mode: "queue", MaxQueued: &five, MaxQueuedBytes: &mib}},
 			OpenAI: OpenAI{MaxSteps: 8, LLMIdleTimeoutSeconds: 120,
 				Tools: OpenAITools{HTTPGet: HTTPGetTool{MaxBytes: 1 << 20, TimeoutSeconds: 20}}},
 			Exec: Exec{Format: "jsonl"},
@@ -65,6 +65,7 @@ func TestDefaults(t *testing.T) {
 		Alerts:    Alerts{StepTimeoutBurst: 5, Window: 10 * time.Minute},
 		Telemetry: Telemetry{ServiceName: "turnguard", SampleRatio: 1, OTLP: TelemetryOTLP{Protocol: OTLPGRPC}},
 	}
+	want.Agents.Defaults.Busy.Overflow, want.Agents.Defaults.Busy.DebounceMs = OverflowReject, &zero // issue 23
 	got := *c
 	got.msgs = nil
 	if !reflect.DeepEqual(got, want) {
