@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -64,6 +65,44 @@ func TestTelegramCancelQueuedAgainstBinary(t *testing.T) {
 		if s.Text == "Never" {
 			t.Fatalf("the cancelled message ran:%s\ngateway log:\n%s", bot, p.log())
 		}
+	}
+}
+
+// TestQueueModeSurvivesRestart (issue 23), the built gateway and the fake
+// Bot API: /queue reject sets the chat's busy mode; after a restart the
+// chat still has it — /queue says so, and a message sent while a request
+// runs is refused instead of queued — until /queue default.
+func TestQueueModeSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	bot := fakebot.New(t)
+	cfg := telegramConfig(dir, bot)
+	const within = 15 * time.Second
+	shown := func(what, text string) {
+		t.Helper()
+		bot.WaitShown(within, what, func(s fakebot.Shown) bool { return s.Text == text })
+	}
+
+	p := startGateway(t, dir, cfg)
+	bot.Say("/queue reject")
+	shown("the mode set", messages.QueueModeSet("reject"))
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(within); code != 0 {
+		t.Fatalf("the gateway exited with %d:\n%s", code, p.log())
+	}
+
+	p = startGateway(t, dir, cfg)
+	bot.Say("/queue")
+	bot.WaitShown(within, "/queue after the restart", func(s fakebot.Shown) bool {
+		return strings.HasPrefix(s.Text, "📥 Busy mode: reject (set for this chat) — ")
+	})
+	bot.Say("/steps work:5s say:First")
+	bot.Say("/steps say:Refused")
+	shown("the refusal", messages.Busy)
+	shown("the first reply", "First")
+	bot.Say("/queue default")
+	shown("the configured mode again", messages.QueueModeDefault("queue"))
+	if n := bot.Count("Refused"); n != 0 {
+		t.Errorf("the refused message ran:%s\ngateway log:\n%s", bot, p.log())
 	}
 }
 
