@@ -41,7 +41,7 @@ func doQueue(ctx context.Context, eng Engine, cfg *config.Config, in Inbound) An
 		if err != nil {
 			return Answer{Command: Queue, Err: fmt.Errorf("queue of %s: %w", in.SessionKey, err), Text: ErrorText(err, 0, 0)}
 		}
-		return Answer{Command: Queue, Text: QueueText(info)}
+		return Answer{Command: Queue, Text: queueText(info)}
 	}
 	mode := gateway.BusyMode(arg)
 	if arg == messages.BusyModeDefault {
@@ -64,8 +64,8 @@ func doQueue(ctx context.Context, eng Engine, cfg *config.Config, in Inbound) An
 	return Answer{Command: Queue, Text: messages.QueueModeSet(string(mode))}
 }
 
-// QueueText is the answer to /queue for info.
-func QueueText(info gateway.QueueInfo) string {
+// queueText is the answer to /queue for info.
+func queueText(info gateway.QueueInfo) string {
 	waiting := make([]string, len(info.Queue))
 	for i, m := range info.Queue {
 		waiting[i] = m.Text

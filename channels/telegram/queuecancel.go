@@ -107,6 +107,7 @@ func (c *Channel) deliverQueued(ctx context.Context, ch *chat, it *outItem) {
 		ch.trackCancelLocked(runID, id)
 		c.mu.Unlock()
 	}
+	c.record(ctx, ch, it, err) // a failure is logged, as for any answer
 	c.itemDone(it, err)
 }
 
