@@ -225,3 +225,39 @@ func (s *sink) find(kind event.Kind) *event.Event {
 	}
 	return nil
 }
+
+// TestOverflowDropOldInCollectMode: in busy mode collect the oldest
+// collected message is dropped from its follow-up turn, which then runs
+// under the next message's run id with the others' texts.
+func TestOverflowDropOldInCollectMode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newBusyEnv(t, nil, nil, busyMode(config.BusyCollect), func(c *config.Config) {
+			two := 2
+			c.Agents.Defaults.Busy.MaxQueued, c.Agents.Defaults.Busy.Overflow = &two, config.OverflowDropOld
+		})
+		v.send(t, "r1", "/steps shell:1s say:one")
+		v.send(t, "r2", "two")
+		v.send(t, "r3", "three")
+		ack := v.send(t, "r4", "four")
+		if ack.Status != StatusQueued || ack.RunID != "r3" || !slices.Equal(ack.Dropped, []string{"two"}) {
+			t.Fatalf("ack of r4 = %+v, want queued in r3's turn, two dropped", ack)
+		}
+		if got := v.q.stored(); !slices.Equal(got, []string{"r3", "r4"}) {
+			t.Fatalf("stored %v, want r3 r4", got)
+		}
+		if out := v.wait(t, "r4"); out.RunID != "r3" {
+			t.Fatalf("r4's outcome %+v, want r3's", out)
+		}
+		v.wantEnds(t, "r1 started", "r1 finished stop", "r3 started", "r3 finished stop")
+		v.sink.mu.Lock()
+		for _, ev := range v.sink.events {
+			if ev.Kind == event.TurnStarted && ev.RunID == "r3" && ev.Text != "three\n\nfour" {
+				t.Errorf("r3 started with %q, want the two texts left", ev.Text)
+			}
+		}
+		v.sink.mu.Unlock()
+		if _, ok := v.e.Wait(context.Background(), "r2"); ok {
+			t.Fatal("the dropped r2 has an outcome")
+		}
+	})
+}
