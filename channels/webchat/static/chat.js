@@ -1315,6 +1315,9 @@
           if (state.activeRun === runId) setActive(before || ANY_RUN);
           markQueued(bubble, id, ack.fellBack ? "steer" : ack.busy, Number(ack.ahead) || 0, ack.text, runId);
         }
+        // busy.overflow drop-old dropped older waiting messages to make
+        // room (ack.text names them): the queue check marks them dropped.
+        if (Number(ack.dropped) > 0) checkQueueSoon();
       } else if (status === "started" && ack.runId && ack.runId !== runId) {
         // Joined a burst being merged into one turn (busy.debounceMs): that
         // turn's events carry the first message's run id.
