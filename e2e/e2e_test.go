@@ -400,17 +400,21 @@ func TestWebChat(t *testing.T) {
 // interrupt (the running turn superseded, in words, with Retry; the new
 // message answered), collect (two messages wait for one follow-up turn:
 // webchat-collect.png), steer (handed to the demo runner's running turn,
-// which notes it) and queue (a queued message's Cancel button:
-// webchat-cancel.png).
+// which notes it), queue (a queued message's Cancel button:
+// webchat-cancel.png) and overflow (busy.overflow drop-old).
 func TestWebChatBusyModes(t *testing.T) {
 	script, err := filepath.Abs("webchat-busy.mjs")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"interrupt", "collect", "steer", "queue"} {
+	for _, mode := range []string{"interrupt", "collect", "steer", "queue", "overflow"} {
 		t.Run(mode, func(t *testing.T) {
 			dir := t.TempDir()
-			g, err := launchGateway(dir, gatewayConfig(dir, "channels:\n  ws:\n    busy:\n      mode: "+mode+"\n      maxQueued: 5\n"))
+			busy := "      mode: " + mode + "\n      maxQueued: 5\n"
+			if mode == "overflow" {
+				busy = "      mode: queue\n      maxQueued: 1\n      overflow: drop-old\n"
+			}
+			g, err := launchGateway(dir, gatewayConfig(dir, "channels:\n  ws:\n    busy:\n"+busy))
 			if err != nil {
 				t.Fatalf("gateway with busy mode %s: %v\n%s", mode, err, g.logs())
 			}

@@ -14,6 +14,9 @@
 //              Cancel button; Cancel on the first shows it "cancelled — not
 //              sent", the second runs after the turn, the first never does
 //              (issue 23).
+//   overflow   busy.maxQueued 1, busy.overflow drop-old: a second message
+//              while busy drops the first, which reads "dropped — not
+//              sent"; the second runs (issue 23).
 //
 // Usage: node webchat-busy.mjs URL ARTIFACTS_DIR MODE
 // Env:   E2E_CHROMIUM, E2E_NODE_MODULES (as webchat.mjs)
@@ -194,7 +197,29 @@ async function queue(page) {
   ok("/queue collect set this session's busy mode");
 }
 
-const scenarios = { interrupt, collect, steer, queue };
+// overflow: busy.maxQueued 1 and busy.overflow drop-old (issue 23).
+async function overflow(page) {
+  await startLong(page, VERY_LONG);
+  await send(page, "/steps say:Old_one");
+  const old = bubble(page, "Old_one");
+  await page.waitForFunction((el) => el && el.dataset.status === "queued", await old.elementHandle(), { timeout: T.turn });
+  await send(page, "/steps say:New_one");
+  await page.waitForFunction((el) => el && el.dataset.status === "dropped", await old.elementHandle(), { timeout: T.turn });
+  const words = await old.locator(".msg-status").textContent();
+  if (words !== "dropped — not sent") throw new Error(`the dropped message reads "${words}"`);
+  const nw = bubble(page, "New_one");
+  const label = await nw.locator(".msg-status").textContent();
+  const detail = await nw.locator(".msg-status").getAttribute("title");
+  if ((await nw.getAttribute("data-status")) !== "queued" || label !== "Queued — next" || !/dropped the oldest waiting message: “\/steps say:Old_one”/.test(detail || "")) {
+    throw new Error(`the new message reads "${label}" (${detail})`);
+  }
+  ok(`drop-old: the older message reads "${words}"; the new one "${label}": "${detail}"`);
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=New one", { timeout: 30000 });
+  if (await page.$(".msg.assistant >> text=Old one")) throw new Error("the dropped message ran");
+  ok("the new message ran after the turn; the dropped one never did");
+}
+
+const scenarios = { interrupt, collect, steer, queue, overflow };
 
 async function main() {
   if (!scenarios[mode]) throw new Error(`unknown mode ${mode}`);

@@ -279,7 +279,7 @@ func (e *Engine) busyLocked(s *session, req SendRequest, mode BusyMode, maxQueue
 		e.removeQueued(ctx, ids)
 		ack, err := e.storeQueued(ctx, s, q, qm, mode, fellBack, victim)
 		if err == nil && len(texts) > 0 {
-			ack.Dropped, ack.Limit = texts, maxQueued
+			ack.Dropped, ack.DroppedIDs, ack.Limit = texts, ids, maxQueued
 		}
 		return ack, err
 	}

@@ -322,6 +322,9 @@ type Ack struct {
 	// oldest waiting (drop-old; Status queued) or this one (drop-new;
 	// Status dropped). Empty when none was.
 	Dropped []string
+	// DroppedIDs are the run ids of Dropped (drop-old: the messages'
+	// own, as Send was given them).
+	DroppedIDs []string
 	// Limit is busy.maxQueued when Dropped is set.
 	Limit int
 }

@@ -200,7 +200,7 @@ func chatSend(c *conn, req request) (any, *rpcError) {
 		return sendAck{RunID: ack.RunID, Status: string(ack.Status)}, nil
 	case gateway.StatusQueued, gateway.StatusSteered:
 		return busyAck{RunID: ack.RunID, Status: string(ack.Status), Busy: string(ack.Busy), Ahead: ack.Ahead,
-			FellBack: ack.FellBack, Dropped: len(ack.Dropped), Text: ans.Text}, nil
+			FellBack: ack.FellBack, Dropped: ack.DroppedIDs, Text: ans.Text}, nil
 	case gateway.StatusDropped:
 		// busy.overflow drop-new: nothing will run, so the answer is final
 		// (a client waiting for events would wait for ever).
@@ -221,10 +221,10 @@ type busyAck struct {
 	Busy     string `json:"busy"`   // queue | collect | steer | interrupt
 	Ahead    int    `json:"ahead"`
 	FellBack bool   `json:"fellBack,omitempty"`
-	// Dropped counts the oldest waiting messages dropped to make room for
-	// this one (busy.overflow drop-old); text names them.
-	Dropped int    `json:"dropped,omitempty"`
-	Text    string `json:"text"`
+	// Dropped are the run ids of the oldest waiting messages dropped to
+	// make room for this one (busy.overflow drop-old); text names them.
+	Dropped []string `json:"dropped,omitempty"`
+	Text    string   `json:"text"`
 }
 
 const tooManyWatched = "this connection already watches too many sessions; open a new connection"

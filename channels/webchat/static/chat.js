@@ -610,23 +610,42 @@
       }
       b.remove();
       if (!res || !res.aborted) { checkQueueSoon(); return; }
-      const turn = bubble.dataset.runId;
-      const list = (state.queued.get(turn) || []).filter((x) => x !== bubble);
-      if (list.length) state.queued.set(turn, list); else state.queued.delete(turn);
-      setBubbleStatus(bubble, "dropped", "cancelled — not sent", res.text);
-      if (list.length) return;
-      // Its turn is gone from the queue: the turns after it move up.
-      const gone = Number(bubble.dataset.ahead || 0);
-      for (const others of state.queued.values()) {
-        for (const o of others) {
-          const ahead = Number(o.dataset.ahead || 0);
-          if (ahead <= gone) continue;
-          o.dataset.ahead = String(ahead - 1);
-          const line = o.querySelector(".msg-status");
-          setBubbleStatus(o, "queued", queueLabel(o.dataset.busy, ahead - 1), line && line.title);
-        }
-      }
+      unqueue(bubble, "cancelled — not sent", res.text);
     });
+  }
+
+  // unqueue marks one queued message (bubble) as not sent with words —
+  // cancelled, or dropped to make room (busy.overflow drop-old) — and,
+  // when its turn has no other message, moves the turns after it up.
+  function unqueue(bubble, words, detail) {
+    const c = bubble.querySelector(".msg-cancel");
+    if (c) c.remove();
+    const turn = bubble.dataset.runId;
+    const list = (state.queued.get(turn) || []).filter((x) => x !== bubble);
+    if (list.length) state.queued.set(turn, list); else state.queued.delete(turn);
+    setBubbleStatus(bubble, "dropped", words, detail);
+    if (list.length) return;
+    // Its turn is gone from the queue: the turns after it move up.
+    const gone = Number(bubble.dataset.ahead || 0);
+    for (const others of state.queued.values()) {
+      for (const o of others) {
+        const ahead = Number(o.dataset.ahead || 0);
+        if (ahead <= gone) continue;
+        o.dataset.ahead = String(ahead - 1);
+        const line = o.querySelector(".msg-status");
+        setBubbleStatus(o, "queued", queueLabel(o.dataset.busy, ahead - 1), line && line.title);
+      }
+    }
+  }
+
+  // dropQueued marks the queued messages whose own run ids are in ids
+  // dropped (busy.overflow drop-old made room for a newer one).
+  function dropQueued(ids) {
+    for (const list of [...state.queued.values()]) {
+      for (const b of [...list]) {
+        if (ids.includes(b.dataset.ownId)) unqueue(b, "dropped — not sent");
+      }
+    }
   }
 
   // started turns the queued messages of runId into sent ones (their turn
@@ -1315,9 +1334,7 @@
           if (state.activeRun === runId) setActive(before || ANY_RUN);
           markQueued(bubble, id, ack.fellBack ? "steer" : ack.busy, Number(ack.ahead) || 0, ack.text, runId);
         }
-        // busy.overflow drop-old dropped older waiting messages to make
-        // room (ack.text names them): the queue check marks them dropped.
-        if (Number(ack.dropped) > 0) checkQueueSoon();
+        if (Array.isArray(ack.dropped)) dropQueued(ack.dropped.map(String));
       } else if (status === "started" && ack.runId && ack.runId !== runId) {
         // Joined a burst being merged into one turn (busy.debounceMs): that
         // turn's events carry the first message's run id.
