@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestBusyFor: a channel's busy keys override agents.defaults.busy key by
@@ -40,6 +41,26 @@ func TestBusyFor(t *testing.T) {
 	if got := Default().QueuedBytesFor(ChannelWS); got != 1<<20 {
 		t.Errorf("default QueuedBytesFor = %d, want 1 MiB", got)
 	}
+	c.Agents.Defaults.Busy.Overflow, c.Agents.Defaults.Busy.DebounceMs = OverflowDropOld, n(500)
+	c.Channels.Telegram.Busy.Overflow, c.Channels.WS.Busy.DebounceMs = OverflowDropNew, n(0)
+	for _, tc := range []struct {
+		channel, overflow string
+		debounce          time.Duration
+	}{
+		{ChannelTelegram, OverflowDropNew, 500 * time.Millisecond},
+		{ChannelWS, OverflowDropOld, 0},
+		{"loopback", OverflowDropOld, 500 * time.Millisecond},
+	} {
+		if got := c.OverflowFor(tc.channel); got != tc.overflow {
+			t.Errorf("OverflowFor(%s) = %s, want %s", tc.channel, got, tc.overflow)
+		}
+		if got := c.DebounceFor(tc.channel); got != tc.debounce {
+			t.Errorf("DebounceFor(%s) = %v, want %v", tc.channel, got, tc.debounce)
+		}
+	}
+	if o, d := Default().OverflowFor(ChannelWS), Default().DebounceFor(ChannelWS); o != OverflowReject || d != 0 {
+		t.Errorf("default overflow, debounce = %s, %v; want reject, 0", o, d)
+	}
 }
 
 // TestBusyValidation: an unknown mode and an out-of-range maxQueued are
@@ -61,6 +82,13 @@ func TestBusyValidation(t *testing.T) {
 		{"channels.telegram.busy.maxQueuedBytes", "from 1 to 67108864 (64 MiB), got 67108865",
 			func(c *Config) { c.Channels.Telegram.Busy.MaxQueuedBytes = n(64<<20 + 1) }},
 		{"agents.defaults.busy.maxQueuedBytes", "must be set", func(c *Config) { c.Agents.Defaults.Busy.MaxQueuedBytes = nil }},
+		{"agents.defaults.busy.overflow", `must be one of reject, drop-old, drop-new, got "summarize"`,
+			func(c *Config) { c.Agents.Defaults.Busy.Overflow = "summarize" }},
+		{"channels.ws.busy.overflow", `got "old"`, func(c *Config) { c.Channels.WS.Busy.Overflow = "old" }},
+		{"agents.defaults.busy.debounceMs", "from 0 (off) to 10000 (10 s), got 10001",
+			func(c *Config) { c.Agents.Defaults.Busy.DebounceMs = n(10001) }},
+		{"channels.telegram.busy.debounceMs", "got -1", func(c *Config) { c.Channels.Telegram.Busy.DebounceMs = n(-1) }},
+		{"agents.defaults.busy.debounceMs", "must be set", func(c *Config) { c.Agents.Defaults.Busy.DebounceMs = nil }},
 	} {
 		c := Default()
 		tc.set(c)

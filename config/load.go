@@ -86,6 +86,8 @@ func defaults() map[string]any {
 
 		"agents.defaults.runner":                     RunnerDemo,
 		"agents.defaults.maxReplyChars":              100000,
+		"agents.defaults.busy.overflow":              OverflowReject,
+		"agents.defaults.busy.debounceMs":            0,
 		"agents.defaults.busy.mode":                  BusyQueue,
 		"agents.defaults.busy.maxQueued":             defaultMaxQueued,
 		"agents.defaults.busy.maxQueuedBytes":        defaultMaxQueuedBytes,

@@ -41,7 +41,7 @@ func mustLoad(t *testing.T, path string, environ ...string) *Config {
 
 func TestDefaults(t *testing.T) {
 	c := Default()
-	five, mib := 5, 1<<20
+	five, mib, zero := 5, 1<<20, 0
 	want := Config{
 		Server: Server{
 			Listen: "127.0.0.1:18789", MaxConnsPerIP: 64, RequestsPerSecond: 50, RequestBurst: 100,
@@ -66,6 +66,7 @@ func TestDefaults(t *testing.T) {
 		Alerts:    Alerts{StepTimeoutBurst: 5, Window: 10 * time.Minute},
 		Telemetry: Telemetry{ServiceName: "turnguard", SampleRatio: 1, OTLP: TelemetryOTLP{Protocol: OTLPGRPC}},
 	}
+	want.Agents.Defaults.Busy.Overflow, want.Agents.Defaults.Busy.DebounceMs = OverflowReject, &zero // issue 23
 	got := *c
 	got.msgs = nil
 	if !reflect.DeepEqual(got, want) {

@@ -99,7 +99,27 @@ type Busy struct {
 	// has not taken yet. Default 1 MiB, 1–MaxQueuedBytesLimit (unset in a
 	// channel: inherit).
 	MaxQueuedBytes *int `koanf:"maxQueuedBytes"`
+	// Overflow is what a message does when busy.maxQueued messages already
+	// wait: reject (refused, the default), drop-old (the oldest waiting
+	// message is dropped to make room) or drop-new (this message is
+	// dropped); the sender is told in words. "" in a channel: inherit.
+	Overflow string `koanf:"overflow"`
+	// DebounceMs merges a burst: a message that would start a turn waits
+	// this long for more, each joining it, and the window starts again
+	// with each. Default 0 (off), 0–MaxDebounceMsLimit (unset in a
+	// channel: inherit).
+	DebounceMs *int `koanf:"debounceMs"`
 }
+
+// Overflow policies (agents.defaults.busy.overflow, channels.*.busy.overflow).
+const (
+	OverflowReject  = "reject"
+	OverflowDropOld = "drop-old"
+	OverflowDropNew = "drop-new"
+)
+
+// MaxDebounceMsLimit is the upper bound of busy.debounceMs (10 s).
+const MaxDebounceMsLimit = 10000
 
 // Busy modes (agents.defaults.busy.mode, channels.*.busy.mode).
 const (

@@ -137,6 +137,9 @@ var bounds = map[string]bound{
 	"agents.defaults.busy.maxQueuedBytes":   {min: 1, max: MaxQueuedBytesLimit, maxText: "64 MiB"},
 	"channels.ws.busy.maxQueuedBytes":       {min: 1, max: MaxQueuedBytesLimit, maxText: "64 MiB"},
 	"channels.telegram.busy.maxQueuedBytes": {min: 1, max: MaxQueuedBytesLimit, maxText: "64 MiB"},
+	"agents.defaults.busy.debounceMs":       {max: MaxDebounceMsLimit, zero: "off", maxText: "10 s"},
+	"channels.ws.busy.debounceMs":           {max: MaxDebounceMsLimit, zero: "off", maxText: "10 s"},
+	"channels.telegram.busy.debounceMs":     {max: MaxDebounceMsLimit, zero: "off", maxText: "10 s"},
 	"channels.telegram.maxInputChars":       {min: 1, max: 1000000},
 	"store.queueSize":                       {min: 1, max: 1 << 20},
 	"store.retention.historyDays":           {max: 3650, zero: "kept forever"},
@@ -511,6 +514,14 @@ func (p *problems) busy(prefix string, b Busy, inherit bool) {
 		p.wholeIn(prefix+".maxQueuedBytes", prefix+".maxQueuedBytes", *b.MaxQueuedBytes)
 	} else if !inherit {
 		p.add(prefix+".maxQueuedBytes", "must be set (a whole number from 1 to %d)", MaxQueuedBytesLimit)
+	}
+	if b.Overflow != "" || !inherit {
+		p.oneOf(prefix+".overflow", b.Overflow, OverflowReject, OverflowDropOld, OverflowDropNew)
+	}
+	if b.DebounceMs != nil {
+		p.wholeIn(prefix+".debounceMs", prefix+".debounceMs", *b.DebounceMs)
+	} else if !inherit {
+		p.add(prefix+".debounceMs", "must be set (a whole number from 0 to %d)", MaxDebounceMsLimit)
 	}
 }
 

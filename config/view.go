@@ -80,6 +80,32 @@ func (c *Config) BusyFor(channel string) (mode string, maxQueued int) {
 	return mode, maxQueued
 }
 
+// OverflowFor returns busy.overflow of a turn on channel:
+// channels.<channel>.busy's when set, else agents.defaults.busy's, else
+// the built-in reject.
+func (c *Config) OverflowFor(channel string) string {
+	o := OverflowReject
+	for _, b := range c.busyLayers(channel) {
+		if b.Overflow != "" {
+			o = b.Overflow
+		}
+	}
+	return o
+}
+
+// DebounceFor returns busy.debounceMs of a turn on channel as a duration:
+// channels.<channel>.busy's when set, else agents.defaults.busy's, else 0
+// (off).
+func (c *Config) DebounceFor(channel string) time.Duration {
+	ms := 0
+	for _, b := range c.busyLayers(channel) {
+		if b.DebounceMs != nil {
+			ms = *b.DebounceMs
+		}
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
 // defaultMaxQueued is busy.maxQueued's built-in value.
 const defaultMaxQueued = 5
 
@@ -293,6 +319,10 @@ func cloneBusy(b Busy) Busy {
 	if b.MaxQueuedBytes != nil {
 		n := *b.MaxQueuedBytes
 		b.MaxQueuedBytes = &n
+	}
+	if b.DebounceMs != nil {
+		n := *b.DebounceMs
+		b.DebounceMs = &n
 	}
 	return b
 }

@@ -399,17 +399,22 @@ func TestWebChat(t *testing.T) {
 // gateway per busy mode other than the default queue (channels.ws.busy.mode):
 // interrupt (the running turn superseded, in words, with Retry; the new
 // message answered), collect (two messages wait for one follow-up turn:
-// webchat-collect.png) and steer (handed to the demo runner's running turn,
-// which notes it).
+// webchat-collect.png), steer (handed to the demo runner's running turn,
+// which notes it), queue (a queued message's Cancel button:
+// webchat-cancel.png) and overflow (busy.overflow drop-old).
 func TestWebChatBusyModes(t *testing.T) {
 	script, err := filepath.Abs("webchat-busy.mjs")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"interrupt", "collect", "steer"} {
+	for _, mode := range []string{"interrupt", "collect", "steer", "queue", "overflow"} {
 		t.Run(mode, func(t *testing.T) {
 			dir := t.TempDir()
-			g, err := launchGateway(dir, gatewayConfig(dir, "channels:\n  ws:\n    busy:\n      mode: "+mode+"\n      maxQueued: 5\n"))
+			busy := "      mode: " + mode + "\n      maxQueued: 5\n"
+			if mode == "overflow" {
+				busy = "      mode: queue\n      maxQueued: 1\n      overflow: drop-old\n"
+			}
+			g, err := launchGateway(dir, gatewayConfig(dir, "channels:\n  ws:\n    busy:\n"+busy))
 			if err != nil {
 				t.Fatalf("gateway with busy mode %s: %v\n%s", mode, err, g.logs())
 			}
@@ -485,5 +490,43 @@ func TestCLIResolvesAQuestionAsTheOperator(t *testing.T) {
 	b, _ := json.Marshal(hist["messages"])
 	if !strings.Contains(string(b), "Deployed by the CLI") {
 		t.Fatalf("chat.history %s lacks the reply the allowed step led to", b)
+	}
+}
+
+// TestCLICancelsAQueuedRun (issue 23): the real OpenClaw CLI cancels one
+// queued message by its runId — `gateway call chat.abort` answers
+// {ok: true, aborted: true, runIds: [id]} — and only that one: the running
+// turn runs on, the cancelled message's place is free for the next one,
+// and the cancelled one never runs.
+func TestCLICancelsAQueuedRun(t *testing.T) {
+	const key = "e2e-cli-cancel"
+	send := func(id, text string) map[string]any {
+		t.Helper()
+		return call(t, "chat.send", map[string]any{"sessionKey": key, "message": text, "idempotencyKey": id})
+	}
+	first, never, later := uuid.NewString(), uuid.NewString(), uuid.NewString()
+	// Steps under the e2e gateway's 2 s step timeout; 12 s in all: each CLI
+	// call starts a Node process, and the cancel must come while it runs.
+	send(first, "/steps"+strings.Repeat(" web_search:1500ms", 8)+" say:First_done")
+	if ack := send(never, "/steps say:Reply_never"); ack["status"] != "queued" {
+		t.Fatalf("chat.send while busy answered %v, want queued", ack)
+	}
+	res := call(t, "chat.abort", map[string]any{"sessionKey": key, "runId": never})
+	ids, _ := res["runIds"].([]any)
+	if res["ok"] != true || res["aborted"] != true || len(ids) != 1 || ids[0] != never {
+		t.Fatalf("chat.abort of the queued run answered %v, want {ok: true, aborted: true, runIds: [%s]}", res, never)
+	}
+	// The e2e gateway lets one message wait (busy.maxQueued 1): the cancel
+	// made room, while the first turn still runs.
+	if ack := send(later, "/steps say:Reply_later"); ack["status"] != "queued" {
+		t.Fatalf("chat.send after the cancel answered %v, want queued", ack)
+	}
+	if waited := call(t, "agent.wait", map[string]any{"runId": later, "timeoutMs": 30000}, "--timeout", "35000"); waited["status"] != "ok" {
+		t.Fatalf("agent.wait of the other queued run: %v, want ok", waited)
+	}
+	hist := call(t, "chat.history", map[string]any{"sessionKey": key, "limit": 20})
+	b, _ := json.Marshal(hist["messages"])
+	if !strings.Contains(string(b), "First done") || !strings.Contains(string(b), "Reply later") || strings.Contains(string(b), "Reply never") {
+		t.Fatalf("chat.history %s: want the first and the later reply, never the cancelled one", b)
 	}
 }

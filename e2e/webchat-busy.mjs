@@ -10,6 +10,13 @@
 //   steer      the message is handed to the running turn ("Added to the
 //              running request"; the demo runner notes it in its reply);
 //              after a reload, Retry of that turn resends its own message.
+//   queue      two messages wait behind the running turn, each with a
+//              Cancel button; Cancel on the first shows it "cancelled — not
+//              sent", the second runs after the turn, the first never does
+//              (issue 23).
+//   overflow   busy.maxQueued 1, busy.overflow drop-old: a second message
+//              while busy drops the first, which reads "dropped — not
+//              sent"; the second runs (issue 23).
 //
 // Usage: node webchat-busy.mjs URL ARTIFACTS_DIR MODE
 // Env:   E2E_CHROMIUM, E2E_NODE_MODULES (as webchat.mjs)
@@ -150,7 +157,69 @@ async function steer(page) {
     null, { timeout: T.turn }); // the retried turn timed out too
 }
 
-const scenarios = { interrupt, collect, steer };
+async function queue(page) {
+  await startLong(page, VERY_LONG);
+  await send(page, "/steps say:Never_run");
+  await send(page, "/steps say:Kept_run");
+  for (const t of ["Never_run", "Kept_run"]) {
+    await page.waitForFunction((el) => el && el.dataset.status === "queued" && el.querySelector("button.msg-cancel"),
+      await bubble(page, t).elementHandle(), { timeout: T.turn });
+  }
+  ok("both messages sent while busy wait, each with a Cancel button");
+  const b = bubble(page, "Never_run");
+  await b.locator("button.msg-cancel").click();
+  await page.waitForFunction((el) => el && el.dataset.status === "dropped", await b.elementHandle(), { timeout: T.turn });
+  const label = await b.locator(".msg-status").textContent();
+  if (label !== "cancelled — not sent") throw new Error(`the cancelled message reads "${label}"`);
+  if (await b.locator("button.msg-cancel").count()) throw new Error("the cancelled message still has its Cancel button");
+  const kept = bubble(page, "Kept_run");
+  if ((await kept.getAttribute("data-status")) !== "queued") throw new Error("the other message is no longer queued");
+  const next = await kept.locator(".msg-status").textContent();
+  if (next !== "Queued — next") throw new Error(`the other message reads "${next}" after the cancel, want "Queued — next"`);
+  ok(`Cancel: "${label}"; the other message still waits`);
+  await page.screenshot({ path: path.join(artifacts, "webchat-cancel.png") });
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=First done", { timeout: T.turn });
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Kept run", { timeout: T.turn });
+  if (await page.$(".msg.assistant >> text=Never run")) throw new Error("the cancelled message ran");
+  if (await page.$("button.msg-cancel")) throw new Error("a Cancel button is left after the queue emptied");
+  ok("the other message ran after the turn; the cancelled one never did");
+  await page.reload();
+  await page.waitForSelector('#status[data-state="connected"]', { timeout: T.connect });
+  await page.waitForSelector(".msg.assistant >> text=Kept run", { timeout: T.turn });
+  if (await page.$(".msg.user >> text=Never_run")) throw new Error("after a reload the cancelled message is in the history");
+  ok("after a reload the history has no trace of the cancelled message");
+  // /queue answers in words, like /status; /queue collect sets this session's mode.
+  await send(page, "/queue");
+  const view = await page.waitForSelector(".msg.assistant >> text=Busy mode: queue", { timeout: T.turn });
+  ok(`/queue: "${(await view.textContent()).split("\n")[0]}"`);
+  await send(page, "/queue collect");
+  await page.waitForSelector(".msg.assistant >> text=Busy mode for this chat: collect", { timeout: T.turn });
+  ok("/queue collect set this session's busy mode");
+}
+
+// overflow: busy.maxQueued 1 and busy.overflow drop-old (issue 23).
+async function overflow(page) {
+  await startLong(page, VERY_LONG);
+  await send(page, "/steps say:Old_one");
+  const old = bubble(page, "Old_one");
+  await page.waitForFunction((el) => el && el.dataset.status === "queued", await old.elementHandle(), { timeout: T.turn });
+  await send(page, "/steps say:New_one");
+  await page.waitForFunction((el) => el && el.dataset.status === "dropped", await old.elementHandle(), { timeout: T.turn });
+  const words = await old.locator(".msg-status").textContent();
+  if (words !== "dropped — not sent") throw new Error(`the dropped message reads "${words}"`);
+  const nw = bubble(page, "New_one");
+  const label = await nw.locator(".msg-status").textContent();
+  const detail = await nw.locator(".msg-status").getAttribute("title");
+  if ((await nw.getAttribute("data-status")) !== "queued" || label !== "Queued — next" || !/dropped the oldest waiting message: “\/steps say:Old_one”/.test(detail || "")) {
+    throw new Error(`the new message reads "${label}" (${detail})`);
+  }
+  ok(`drop-old: the older message reads "${words}"; the new one "${label}": "${detail}"`);
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=New one", { timeout: 30000 });
+  if (await page.$(".msg.assistant >> text=Old one")) throw new Error("the dropped message ran");
+  ok("the new message ran after the turn; the dropped one never did");
+}
+
+const scenarios = { interrupt, collect, steer, queue, overflow };
 
 async function main() {
   if (!scenarios[mode]) throw new Error(`unknown mode ${mode}`);

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway/abort"
 )
@@ -60,6 +61,10 @@ const (
 	// StatusSteered: the message was handed to the running turn, whose run
 	// id is Ack.RunID.
 	StatusSteered Status = "steered"
+	// StatusDropped: the message was dropped and will not run:
+	// busy.maxQueued messages already waited and busy.overflow is drop-new
+	// (Ack.Dropped holds its text).
+	StatusDropped Status = "dropped"
 )
 
 // QueuedMessage is a message waiting for its session's running turn to end.
@@ -91,6 +96,12 @@ type queued struct {
 	// waited; it starts and is stopped at once with reason superseded, so
 	// its sender hears what became of it and the newest message runs next.
 	superseded bool
+	// holding: a burst is being merged (busy.debounceMs): the session was
+	// idle when its first message came; every message until holdUntil
+	// joins it (and moves holdUntil on), and it does not start before.
+	// Only ever the session's only entry.
+	holding   bool
+	holdUntil time.Time
 	// persisting counts QueueStore.AddQueued calls in flight for its
 	// messages: the turn may not start before they are done.
 	persisting int
@@ -170,6 +181,11 @@ func (e *Engine) roomLocked(s *session, req SendRequest, maxQueued int) error {
 
 // queuedAckLocked answers a message waiting in q. Called with e.mu held.
 func (e *Engine) queuedAckLocked(q *queued) Ack {
+	if q.holding {
+		// A burst being merged (busy.debounceMs): its turn starts by
+		// itself when the burst ends.
+		return Ack{RunID: q.runID(), Status: StatusStarted}
+	}
 	ack := Ack{RunID: q.runID(), Status: StatusQueued, Busy: q.mode}
 	if s := e.sessions[q.sessionKey()]; s != nil {
 		ack.Ahead = max(slices.Index(s.queue, q), 0)
@@ -198,8 +214,27 @@ func answer(ack Ack, err error) sendEffect {
 // Lock contract: called with e.mu held (by Send only); it runs entirely
 // under it and neither releases nor re-takes it.
 func (e *Engine) busyLocked(s *session, req SendRequest, mode BusyMode, maxQueued int) sendEffect {
+	var dropped []QueuedMessage // drop-old: the messages dropped to make room
 	if err := e.roomLocked(s, req, maxQueued); err != nil && !req.Restored {
-		return answer(Ack{}, err)
+		var full *QueueFullError
+		if !errors.As(err, &full) || full.Bytes > 0 {
+			return answer(Ack{}, err)
+		}
+		switch e.cfg.Current().OverflowFor(req.Channel) {
+		case config.OverflowDropNew:
+			return answer(Ack{RunID: req.RunID, Status: StatusDropped, Busy: mode, Dropped: []string{req.Text}, Limit: maxQueued}, nil)
+		case config.OverflowDropOld:
+			if dropped = e.dropOldestLocked(s, req, maxQueued); dropped == nil {
+				return answer(Ack{}, err)
+			}
+		default:
+			return answer(Ack{}, err)
+		}
+	}
+	if n := len(s.queue); n > 0 && s.queue[n-1].holding {
+		// A burst being merged (busy.debounceMs): this message joins it,
+		// whatever the busy mode.
+		return e.joinHoldLocked(s, s.queue[n-1], req)
 	}
 	fellBack := false
 	if mode == BusySteer {
@@ -239,8 +274,45 @@ func (e *Engine) busyLocked(s *session, req SendRequest, mode BusyMode, maxQueue
 		}
 	}
 	return func(ctx context.Context) (Ack, error) {
-		return e.storeQueued(ctx, s, q, qm, mode, fellBack, victim)
+		texts := make([]string, len(dropped))
+		ids := make([]string, len(dropped))
+		for i, m := range dropped {
+			texts[i], ids[i] = m.Text, m.RunID
+		}
+		e.removeQueued(ctx, ids)
+		ack, err := e.storeQueued(ctx, s, q, qm, mode, fellBack, victim)
+		if err == nil && len(texts) > 0 {
+			ack.Dropped, ack.DroppedIDs, ack.Limit = texts, ids, maxQueued
+		}
+		return ack, err
 	}
+}
+
+// dropOldestLocked makes room for req in s (busy.overflow drop-old): it
+// drops the oldest waiting messages until fewer than maxQueued wait, and
+// returns them; nil, dropping nothing, when that cannot make room (only
+// messages steered into the running turn wait, or req's text would still
+// pass busy.maxQueuedBytes). The QueueStore is the caller's to tell.
+// Called with e.mu held.
+func (e *Engine) dropOldestLocked(s *session, req SendRequest, maxQueued int) []QueuedMessage {
+	n, bytes := e.waitingLocked(s)
+	var plan []QueuedMessage
+	for _, q := range s.queue {
+		for _, m := range q.msgs {
+			if n < maxQueued {
+				break
+			}
+			plan = append(plan, m)
+			n, bytes = n-1, bytes-len(m.Text)
+		}
+	}
+	if n >= maxQueued || bytes+len(req.Text) > e.cfg.Current().QueuedBytesFor(req.Channel) {
+		return nil
+	}
+	for _, m := range plan {
+		e.unqueueLocked(s, e.waiting[m.RunID], m.RunID)
+	}
+	return plan
 }
 
 // storeQueued stores qm, queued as q in s by busyLocked (q.persisting
@@ -268,8 +340,9 @@ func (e *Engine) storeQueued(ctx context.Context, s *session, q *queued, qm Queu
 		start()
 		return Ack{}, fmt.Errorf("queueing the message: %w", err)
 	}
-	if !slices.Contains(s.queue, q) {
-		// Dropped (/stop, /new) while it was being stored.
+	if !slices.Contains(s.queue, q) || e.waiting[qm.RunID] != q {
+		// Dropped (/stop, /new, busy.overflow drop-old, cancelled) while it
+		// was being stored.
 		e.mu.Unlock()
 		go e.removeQueued(context.WithoutCancel(ctx), []string{qm.RunID})
 		return Ack{RunID: qm.RunID, Status: StatusAborted, Busy: mode}, nil
@@ -366,7 +439,8 @@ func (e *Engine) pumpLocked(s *session) func() {
 	}
 	// Not while a claim of the session is in flight (cluster): it may win
 	// the session; claimEndLocked pumps when it did not.
-	for !e.closing && s.active == nil && s.ending == 0 && s.claiming == nil && len(s.queue) > 0 && s.queue[0].persisting == 0 {
+	for !e.closing && s.active == nil && s.ending == 0 && s.claiming == nil && len(s.queue) > 0 && s.queue[0].persisting == 0 &&
+		!s.queue[0].holding {
 		q := s.queue[0]
 		first := q.msgs[0]
 		req := SendRequest{SessionKey: first.SessionKey, Channel: first.Channel, ChatRef: first.ChatRef,
@@ -514,4 +588,68 @@ func (e *Engine) requeueLocked(s *session, msgs []QueuedMessage) func() {
 		start()
 		e.removeQueued(context.Background(), gone)
 	}
+}
+
+// debounceLocked holds a message that would start a turn in the idle
+// session s (busy.debounceMs d): it waits in s's queue, stored like a
+// queued message, and every message that arrives within d of the last
+// joins it (busyLocked); its turn starts when d passes without one
+// (debounced). Send answers StatusStarted: the turn will start by itself.
+// Called with e.mu held (by Send only); the effect runs after the unlock.
+func (e *Engine) debounceLocked(s *session, req SendRequest, d time.Duration) sendEffect {
+	now := time.Now()
+	qm := QueuedMessage{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
+		Owner: req.Owner, Text: req.Text, QueuedAt: now, Timeout: req.Timeout}
+	q := e.enqueueLocked(s, qm, BusyCollect)
+	q.holding, q.holdUntil = true, now.Add(d)
+	q.persisting++
+	time.AfterFunc(d, func() { e.debounced(s, q) })
+	return func(ctx context.Context) (Ack, error) {
+		return e.storeQueued(ctx, s, q, qm, BusyCollect, false, "")
+	}
+}
+
+// joinHoldLocked joins req to q, the burst s is merging, and moves its
+// start to busy.debounceMs from now. Called with e.mu held (by busyLocked).
+func (e *Engine) joinHoldLocked(s *session, q *queued, req SendRequest) sendEffect {
+	now := time.Now()
+	qm := QueuedMessage{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
+		Owner: req.Owner, Text: req.Text, QueuedAt: now, Timeout: req.Timeout}
+	q.msgs = append(q.msgs, qm)
+	e.waiting[qm.RunID] = q
+	q.holdUntil = now.Add(e.cfg.Current().DebounceFor(req.Channel))
+	q.persisting++
+	return func(ctx context.Context) (Ack, error) {
+		return e.storeQueued(ctx, s, q, qm, BusyCollect, false, "")
+	}
+}
+
+// holdingLocked reports whether s is merging a burst (busy.debounceMs).
+// Called with e.mu held.
+func (e *Engine) holdingLocked(s *session) bool {
+	n := len(s.queue)
+	return n > 0 && s.queue[n-1].holding
+}
+
+// debounced ends q's hold once its last message is busy.debounceMs old
+// (waiting again for the rest when one joined meanwhile) and starts it
+// if the session is free.
+//
+// Lock contract: called without e.mu (a timer's goroutine); it takes it
+// once and starts the turn after releasing it.
+func (e *Engine) debounced(s *session, q *queued) {
+	e.mu.Lock()
+	if !q.holding || !slices.Contains(s.queue, q) {
+		e.mu.Unlock()
+		return
+	}
+	if wait := time.Until(q.holdUntil); wait > 0 {
+		e.mu.Unlock()
+		time.AfterFunc(wait, func() { e.debounced(s, q) })
+		return
+	}
+	q.holding, q.collect = false, false
+	start := e.pumpLocked(s)
+	e.mu.Unlock()
+	start()
 }

@@ -668,3 +668,36 @@ func TestClusterStatusOfAnOwnerThatDoesNotAnswerIsUnavailable(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterCancelQueuedThroughAnyReplica (issue 23): a message queued on
+// the owner is cancelled through another replica (the Cancel button of a
+// chat handled there, chat.abort of its runId): it leaves the owner's
+// queue and never runs; CancelQueued of the running turn's id stops
+// nothing, through any replica.
+func TestClusterCancelQueuedThroughAnyReplica(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := queuedBehind(t, "/steps shell:30s say:one", 1, "/steps say:two")
+		ctx := context.Background()
+		if res, err := rs[1].e.CancelQueued(ctx, "main", "r1", "u1", false); err != nil || res.Aborted {
+			t.Fatalf("CancelQueued of the running r1 through b: %+v %v; want nothing stopped", res, err)
+		}
+		if _, err := rs[1].e.CancelQueued(ctx, "main", "r2", "intruder", false); !errors.Is(err, gateway.ErrNotOwner) {
+			t.Fatalf("another user's cancel through b: %v, want ErrNotOwner", err)
+		}
+		res, err := rs[1].e.CancelQueued(ctx, "main", "r2", "u1", false)
+		if err != nil || !res.Aborted || !res.Dequeued || !slices.Equal(res.RunIDs, []string{"r2"}) || res.Text != "/steps say:two" {
+			t.Fatalf("CancelQueued of r2 through b: %+v %v", res, err)
+		}
+		if st := rs[0].e.Status("main"); !st.Running || len(st.Queue) != 0 {
+			t.Fatalf("the owner's session after the cancel: %+v; want r1 running, nothing queued", st)
+		}
+		faketime.Advance(time.Minute)
+		synctest.Wait()
+		if ev, ok := rs[0].terminal(false, "r1"); !ok || ev.Kind != event.Finished {
+			t.Fatalf("r1 on the owner: %+v %v; want finished", ev, ok)
+		}
+		if got := rs[0].kinds(false, "r2"); len(got) != 0 {
+			t.Fatalf("the cancelled message ran on the owner: %v", got)
+		}
+	})
+}

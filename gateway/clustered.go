@@ -386,10 +386,32 @@ func (e *Engine) abortElsewhere(ctx context.Context, sessionKey, runID string, r
 	if err != nil {
 		return AbortResult{}, &UnavailableError{Cause: err}
 	}
-	if !ok || replica == e.cluster.Replica() || (runID != "" && runID != holder) {
+	if !ok || replica == e.cluster.Replica() {
 		return AbortResult{RunIDs: []string{}}, nil
 	}
-	return e.cluster.ForwardAbort(ctx, replica, AbortRequest{SessionKey: sessionKey, RunID: holder, Reason: reason,
+	// Another run id than the running one may be a message queued behind
+	// it there, where the session's queue lives: that replica cancels it
+	// (Abort of a queued run id) or answers that it knows no such run.
+	target := holder
+	if runID != "" {
+		target = runID
+	}
+	return e.cluster.ForwardAbort(ctx, replica, AbortRequest{SessionKey: sessionKey, RunID: target, Reason: reason,
+		Requester: requester, Operator: operator})
+}
+
+// cancelElsewhere passes CancelQueued of a run id not waiting here to the
+// replica that runs the session's turn, where its queue lives; the running
+// turn itself is never stopped by it.
+func (e *Engine) cancelElsewhere(ctx context.Context, sessionKey, runID, requester string, operator bool) (AbortResult, error) {
+	holder, replica, ok, err := e.cluster.Holder(ctx, sessionKey)
+	if err != nil {
+		return AbortResult{}, &UnavailableError{Cause: err}
+	}
+	if !ok || replica == e.cluster.Replica() || runID == holder {
+		return AbortResult{RunIDs: []string{}}, nil
+	}
+	return e.cluster.ForwardAbort(ctx, replica, AbortRequest{SessionKey: sessionKey, RunID: runID, Reason: event.ReasonUser,
 		Requester: requester, Operator: operator})
 }
 

@@ -116,6 +116,9 @@ type Options struct {
 	// StatusQueued only once Queue.AddQueued returned. nil: queued messages
 	// live in memory only.
 	Queue QueueStore
+	// Settings, optional, keeps a session's own busy mode (/queue <mode>,
+	// SetBusyMode) across restarts; read with the session's history.
+	Settings SessionSettings
 	// Cluster, when set, makes this engine one replica of several
 	// (cluster.go): sessions are claimed cluster-wide, turn endings are
 	// recorded through it before they are published, messages and aborts
@@ -136,6 +139,7 @@ type Engine struct {
 	onStuck  StuckRunsFunc
 	admit    func() error
 	qstore   QueueStore
+	settings SessionSettings
 	cluster  Cluster // nil: one process
 
 	errs  *errlog.Ring
@@ -218,7 +222,7 @@ func New(opts Options) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, details: opts.TurnDetails, onStuck: opts.StuckRuns,
-		admit: opts.Admit, qstore: opts.Queue, cluster: opts.Cluster, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stalled: map[*session]bool{}, alias: map[string]string{}, stuck: map[string]int{}, refusing: map[string]bool{},
+		admit: opts.Admit, qstore: opts.Queue, settings: opts.Settings, cluster: opts.Cluster, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stalled: map[*session]bool{}, alias: map[string]string{}, stuck: map[string]int{}, refusing: map[string]bool{},
 		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
 		approvals:  newApprovals(),
 		bus:        event.NewBus(), sessions: map[string]*session{}, lru: list.New(), turns: map[string]*turn{},
@@ -324,6 +328,16 @@ type Ack struct {
 	// FellBack: steer was asked but the running turn's runner cannot take
 	// a message, so it was queued.
 	FellBack bool
+	// Dropped are the texts of the messages dropped to answer this one
+	// when busy.maxQueued messages already waited (busy.overflow): the
+	// oldest waiting (drop-old; Status queued) or this one (drop-new;
+	// Status dropped). Empty when none was.
+	Dropped []string
+	// DroppedIDs are the run ids of Dropped (drop-old: the messages'
+	// own, as Send was given them).
+	DroppedIDs []string
+	// Limit is busy.maxQueued when Dropped is set.
+	Limit int
 }
 
 // Send starts a turn. The same RunID while it runs answers StatusInFlight;
@@ -417,11 +431,21 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		return Ack{}, ErrShutdown
 	}
 	mode, maxQueued := cfg.BusyFor(req.Channel)
+	if s.busyMode != "" {
+		mode = string(s.busyMode) // set for this session by /queue <mode>
+	}
 	if req.Restored {
-		mode = string(BusyQueue)
+		mode = string(BusyQueue) // accepted as queued once already
+	}
+	if s.active == nil && len(s.queue) == 0 && e.cluster == nil && !req.Restored {
+		if d := cfg.DebounceFor(req.Channel); d > 0 {
+			effect := e.debounceLocked(s, req, d)
+			e.mu.Unlock()
+			return effect(ctx)
+		}
 	}
 	if s.active != nil || len(s.queue) > 0 {
-		if m := BusyMode(mode); m != BusyReject {
+		if m := BusyMode(mode); m != BusyReject || e.holdingLocked(s) {
 			effect := e.busyLocked(s, req, m, maxQueued)
 			e.mu.Unlock()
 			return effect(ctx)

@@ -23,6 +23,8 @@ var (
 	ErrShutdown     = errors.New("gateway is shutting down")
 	ErrRunnerStuck  = errors.New("runner refuses new turns: too many of its runs ignore cancellation")
 	ErrUnavailable  = errors.New("gateway cannot start new turns right now")
+	// ErrInvalidBusyMode: SetBusyMode was given a mode that is not one.
+	ErrInvalidBusyMode = errors.New("not a busy mode")
 
 	// ErrReservedRunID: the run id lies in another channel's namespace
 	// (config.RunIDReserved).

@@ -46,6 +46,10 @@ type session struct {
 	// (Send, cluster mode) is decided; nil when none is. Sends meanwhile
 	// wait for it, so a replica claims a session once at a time.
 	claiming chan struct{}
+	// busyMode is the busy mode set for this session by /queue <mode>
+	// (SetBusyMode; "" = the channel's configured one), read from
+	// Options.Settings with the history.
+	busyMode BusyMode
 }
 
 // Active returns the session's active run, if any.
@@ -197,7 +201,8 @@ type resetID struct{ key, id string }
 // before it was evicted (derived from key, or kept since a reset). Its
 // history is yet to load (if there is a loader). Called with e.mu held.
 func (e *Engine) newSessionLocked(key string, now time.Time) *session {
-	s := &session{key: key, id: uuid.NewSHA1(e.idSpace, []byte(key)).String(), updated: now, loaded: e.loadHist == nil}
+	s := &session{key: key, id: uuid.NewSHA1(e.idSpace, []byte(key)).String(), updated: now,
+		loaded: e.loadHist == nil && e.settings == nil}
 	if el, ok := e.resetIDs[key]; ok {
 		s.id, s.reset = el.Value.(resetID).id, true
 		e.resetAge.Remove(el)
@@ -274,12 +279,20 @@ func (e *Engine) loadHistory(s *session, done chan struct{}) {
 	ctx, cancel := context.WithTimeout(base, historyLoadTimeout)
 	defer cancel()
 	limit := e.cfg.Current().Server.HistoryLimit
-	h, err := e.loadHist(ctx, s.key, limit)
+	var h []Message
+	var err error
+	if e.loadHist != nil {
+		h, err = e.loadHist(ctx, s.key, limit)
+	}
+	mode := e.loadBusyMode(ctx, s.key)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer close(done)
 	s.loading = nil
 	s.loadErr = err
+	if err == nil && mode != "" {
+		s.busyMode = mode // a /new keeps it: it is the chat's, not the conversation's
+	}
 	if err != nil {
 		e.log.Warn("loading history failed; the next message retries", "session", s.key, "err", err)
 		return

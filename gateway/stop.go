@@ -9,6 +9,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/turnguard/turnguard/event"
 )
@@ -17,6 +18,10 @@ import (
 type AbortResult struct {
 	Aborted bool
 	RunIDs  []string
+	// Dequeued: RunIDs names a queued message, removed from its session's
+	// queue (and the QueueStore) before it started; Text is its text.
+	Dequeued bool   `json:",omitempty"`
+	Text     string `json:",omitempty"`
 }
 
 // Abort stops a run of sessionKey with reason: runID, or the session's
@@ -26,11 +31,19 @@ type AbortResult struct {
 // published before Abort returns. A run whose TurnStarted is still being
 // published is aborted right after it (so Abort must not be called from a
 // bus handler, which must not block anyway).
+//
+// A runID of a message still waiting in its session's queue cancels that
+// message (Dequeued): it leaves the queue, and the QueueStore before Abort
+// returns, and never runs; the same owner rule applies (a message of no
+// owner anyone may cancel).
 func (e *Engine) Abort(ctx context.Context, sessionKey, runID string, reason event.StopReason, requester string, operator bool) (AbortResult, error) {
 	e.mu.Lock()
 	var t *turn
 	if runID != "" {
 		t = e.turns[runID]
+		if _, queued := e.waiting[runID]; t == nil && queued {
+			return e.dequeueLocked(ctx, sessionKey, runID, requester, operator)
+		}
 		if t == nil {
 			if el, ok := e.outcomes[runID]; ok && el.Value.(*cached).out.SessionKey != sessionKey {
 				e.mu.Unlock()
@@ -157,4 +170,58 @@ func (e *Engine) StopWith(ctx context.Context, req StopRequest) (StopResult, err
 // one's, or requester is an operator.
 func droppable(m QueuedMessage, requester string, operator bool) bool {
 	return operator || m.Owner == "" || m.Owner == requester
+}
+
+// CancelQueued cancels the queued message runID of sessionKey on behalf of
+// requester (a Cancel button under its "queued" answer): it leaves the
+// queue, and the QueueStore before CancelQueued returns, and never runs.
+// Unlike Abort it never stops a running turn: a run id that no longer
+// waits (started, ended, dropped, unknown) is not an error, Aborted is
+// false. The owner and session rules are Abort's (ErrNotOwner,
+// ErrWrongSession). In cluster mode a run id not waiting here is passed to
+// the replica that runs the session's turn, where its queue lives.
+func (e *Engine) CancelQueued(ctx context.Context, sessionKey, runID, requester string, operator bool) (AbortResult, error) {
+	e.mu.Lock()
+	if _, ok := e.waiting[runID]; !ok || runID == "" {
+		e.mu.Unlock()
+		if e.cluster != nil && runID != "" {
+			return e.cancelElsewhere(ctx, sessionKey, runID, requester, operator)
+		}
+		return AbortResult{RunIDs: []string{}}, nil
+	}
+	return e.dequeueLocked(ctx, sessionKey, runID, requester, operator)
+}
+
+// dequeueLocked cancels the queued message runID of sessionKey on behalf
+// of requester (Abort or CancelQueued of a queued run id).
+//
+// Lock contract: called with e.mu held (by Abort and CancelQueued); it releases it,
+// then forgets the message in the QueueStore and starts the session's
+// next turn if removing it made the session's head startable.
+func (e *Engine) dequeueLocked(ctx context.Context, sessionKey, runID, requester string, operator bool) (AbortResult, error) {
+	q := e.waiting[runID]
+	if q.sessionKey() != sessionKey {
+		e.mu.Unlock()
+		return AbortResult{}, ErrWrongSession
+	}
+	i := slices.IndexFunc(q.msgs, func(m QueuedMessage) bool { return m.RunID == runID })
+	if i < 0 {
+		e.mu.Unlock()
+		return AbortResult{RunIDs: []string{}}, nil
+	}
+	m := q.msgs[i]
+	if !droppable(m, requester, operator) {
+		e.mu.Unlock()
+		return AbortResult{}, ErrNotOwner
+	}
+	s := e.sessions[sessionKey]
+	e.unqueueLocked(s, q, runID)
+	start := func() {}
+	if s != nil {
+		start = e.pumpLocked(s)
+	}
+	e.mu.Unlock()
+	e.removeQueued(ctx, []string{runID})
+	start()
+	return AbortResult{Aborted: true, RunIDs: []string{runID}, Dequeued: true, Text: m.Text}, nil
 }

@@ -30,7 +30,7 @@ type Migration struct {
 
 // SchemaVersion is the schema version this build writes: the number of
 // migrations.
-const SchemaVersion = 11
+const SchemaVersion = 12
 
 // migrations is the ordered list, loaded once.
 var migrations = LoadMigrations(migrationFS, "migrations", SchemaVersion)

@@ -162,6 +162,7 @@ type Backend interface {
 	ApprovalStore
 	RetryTokens
 	AgentSessions
+	SessionSettings
 	TurnDetails
 	Resumes
 	Health() error

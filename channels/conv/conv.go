@@ -40,10 +40,13 @@ const (
 	Help   Command = "help"
 	// Mode lists or sets the agent's session modes (see Agent).
 	Mode Command = "mode"
+	// Queue shows the session's busy mode and queue, or sets its busy
+	// mode (see QueueControl).
+	Queue Command = "queue"
 )
 
 // Parse returns the command a message is: its first word, after any
-// surrounding spaces, is /stop, /status, /new, /help, /start or /mode, in any case,
+// surrounding spaces, is /stop, /status, /new, /help, /start, /mode or /queue, in any case,
 // optionally addressed as /cmd@botname (Telegram's form). forOther is true
 // when the first word is a command (ours or not) addressed to another bot
 // (any @name when botname is ""): the message is not for this one. Other text, including other
@@ -72,6 +75,8 @@ func Parse(text, botname string) (cmd Command, forOther bool) {
 		return Help, false
 	case "mode":
 		return Mode, false
+	case "queue":
+		return Queue, false
 	}
 	return None, false
 }

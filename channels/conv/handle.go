@@ -98,6 +98,8 @@ func Handle(ctx context.Context, eng Engine, cfg *config.Config, in Inbound) Ans
 		return Answer{Command: Help, Text: HelpText(cfg, in.Channel, in.Progress) + agentHelp(agentOf(eng, in.Channel), in.SessionKey)}
 	case Mode:
 		return doMode(ctx, eng, in)
+	case Queue:
+		return doQueue(ctx, eng, cfg, in)
 	}
 	text := in.Text
 	if in.Bot != "" && strings.HasPrefix(text, "/") {

@@ -50,10 +50,20 @@ func AckText(ack gateway.Ack) string {
 	switch ack.Status {
 	case gateway.StatusSteered:
 		return TextSteered
+	case gateway.StatusDropped:
+		return messages.QueueDroppedNew(ack.Limit, strings.Join(ack.Dropped, " "))
 	case gateway.StatusQueued:
 	default:
 		return ""
 	}
+	if len(ack.Dropped) > 0 {
+		return strings.TrimSpace(queuedText(ack) + " " + messages.QueueDroppedOldest(ack.Dropped))
+	}
+	return queuedText(ack)
+}
+
+// queuedText is AckText of a queued message.
+func queuedText(ack gateway.Ack) string {
 	when := "right after the current request"
 	if ack.Ahead > 0 {
 		when = fmt.Sprintf("after the current request and %d queued before it", ack.Ahead)
@@ -153,6 +163,7 @@ func HelpText(c *config.Config, channel, progress string) string {
 	b.WriteString("/stop — stop the request that is running (and drop the messages waiting behind it)\n")
 	b.WriteString("/status — what is running, the time left before each limit, and what is waiting\n")
 	b.WriteString("/new — start a new conversation (earlier messages are forgotten)\n")
+	b.WriteString("/queue — what happens to messages sent while I work, and what waits (/queue <mode> changes it)\n")
 	b.WriteString("/help — this help\n\n")
 	fmt.Fprintf(&b, "A request is stopped after %s", messages.Duration(s.Timeout))
 	if s.StepTimeout > 0 {

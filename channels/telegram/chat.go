@@ -37,6 +37,11 @@ type chat struct {
 
 	menu     string // menuKey of the command menu set for this chat ("" = the bot's default)
 	menuBusy bool   // a setMyCommands for it is under way (agentmenu.go)
+
+	// cancels are the Cancel buttons shown under queued answers, oldest
+	// first, at most maxCancelButtons (queuecancel.go): removed when their
+	// message starts or no longer waits.
+	cancels []cancelButton
 }
 
 type inMsg struct {
@@ -128,6 +133,7 @@ const (
 	itemQuestion
 	itemQuestionEdit // edits a question message into its settlement (approvals.go)
 	itemDropButtons  // removes the buttons under message msgID (a question the gateway no longer knows)
+	itemEditReply    // edits a queued answer (message msgID) into text: its message was cancelled (queuecancel.go)
 )
 
 // outItem is one queued outgoing message (split into chunks when sent).
@@ -151,10 +157,12 @@ type outItem struct {
 	partsSent int
 	// approvalID: the question of an itemQuestion or itemQuestionEdit.
 	approvalID string
-	// msgID: the message of an itemDropButtons.
+	// msgID: the message of an itemDropButtons or itemEditReply.
 	msgID int
 	// retryData: a notice's Retry button (its callback data), once issued.
 	retryData string
+	// cancelData: a queued answer's Cancel button (its callback data).
+	cancelData string
 }
 
 // durable reports whether the item is a terminal message (it goes

@@ -1,6 +1,7 @@
 package telegram
 
 import (
+	"slices"
 	"strconv"
 	"time"
 
@@ -44,6 +45,8 @@ func (c *Channel) onEvent(ev event.Event) {
 	switch ev.Kind {
 	case event.TurnStarted:
 		t.active, t.typingDue = true, now
+		// Its messages no longer wait: their Cancel buttons go.
+		c.dropCancelsLocked(ch, func(id string) bool { return id == ev.RunID || slices.Contains(ev.Joined, id) })
 	case event.StepStarted:
 		if showSteps && ev.Step.Kind != event.StepLLM {
 			t.stepStarted(ev.Step)

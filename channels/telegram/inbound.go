@@ -152,9 +152,12 @@ func (c *Channel) reply(ch *chat, text string) {
 // handle acts on one incoming message.
 func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 	if in.cb != nil {
-		if strings.HasPrefix(in.cb.Data, approvalPrefix) {
+		switch {
+		case strings.HasPrefix(in.cb.Data, approvalPrefix):
 			c.handleApproval(ctx, ch, in.cb)
-		} else {
+		case strings.HasPrefix(in.cb.Data, cancelPrefix):
+			c.handleCancel(ctx, ch, in.cb)
+		default:
 			c.handleRetry(ctx, ch, in.cb)
 		}
 		return
@@ -230,7 +233,13 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 	case ans.Failed:
 		c.log.Error("telegram: could not carry out a message", "chat", ch.id, "command", ans.Command, "err", c.red.err(ans.Err))
 	}
-	if ans.Text != "" {
+	if (ans.Err == nil && (ans.Command == conv.Stop || ans.Command == conv.New)) || len(ans.Ack.Dropped) > 0 {
+		c.sweepCancels(ch) // what was dropped no longer waits: its Cancel button goes
+	}
+	switch {
+	case ans.Text != "" && ans.Err == nil && ans.Command == conv.None && ans.Ack.Status == gateway.StatusQueued:
+		c.replyQueued(ch, ans.Text, runID) // its own run id: a collected message's Ack names its turn's
+	case ans.Text != "":
 		c.reply(ch, ans.Text)
 	}
 }
@@ -245,7 +254,7 @@ func isService(m *models.Message) bool {
 
 // ourCommands are the commands that, sent bare in a group, are taken as
 // addressed to this bot.
-var ourCommands = []string{"stop", "status", "new", "help", "start", "mode"}
+var ourCommands = []string{"stop", "status", "new", "help", "start", "mode", "queue"}
 
 // addressed reports whether a group message is meant for the bot — it
 // mentions the bot, replies to one of the bot's messages, or is one of the

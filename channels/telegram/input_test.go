@@ -223,7 +223,7 @@ func TestStartupCalls(t *testing.T) {
 		for _, c := range h.api.commands {
 			names = append(names, c.Command)
 		}
-		if want := []string{"stop", "status", "new", "help"}; !slices.Equal(names, want) {
+		if want := []string{"stop", "status", "new", "queue", "help"}; !slices.Equal(names, want) {
 			t.Errorf("commands %v, want %v", names, want)
 		}
 	})

@@ -181,6 +181,13 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 	case itemDropButtons:
 		c.dropButtons(ctx, ch, it)
 		return
+	case itemEditReply:
+		c.editReply(ctx, ch, it)
+		return
+	}
+	if it.kind == itemReply && it.cancelData != "" && len(it.text) <= MaxMessageLen {
+		c.deliverQueued(ctx, ch, it)
+		return
 	}
 	if it.durable() && c.outbox != nil && it.outboxID == 0 {
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -203,7 +210,11 @@ func (c *Channel) deliver(ctx context.Context, ch *chat, it *outItem) {
 		}
 	}
 	mayGo := func() bool { return c.mayDeliver(ctx, ch, it) }
-	err := c.sendText(ctx, ch, it.text, it.html(), c.retryMarkup(ctx, ch, it), it.partsSent, mayGo, func(n int) { c.partSent(ch, it, n) })
+	markup := c.retryMarkup(ctx, ch, it)
+	if m := cancelMarkup(it); m != nil {
+		markup = m
+	}
+	err := c.sendText(ctx, ch, it.text, it.html(), markup, it.partsSent, mayGo, func(n int) { c.partSent(ch, it, n) })
 	if errors.Is(err, errNotOurs) {
 		c.itemDone(it, nil) // the row is another replica's now, or later
 		return
@@ -313,7 +324,7 @@ func (k itemKind) String() string {
 		return "notice"
 	case itemQuestion:
 		return "question"
-	case itemQuestionEdit, itemDropButtons:
+	case itemQuestionEdit, itemDropButtons, itemEditReply:
 		return "question edit"
 	}
 	return "reply"

@@ -27,6 +27,7 @@ var botCommands = []models.BotCommand{
 	{Command: "stop", Description: "Stop the request that is running"},
 	{Command: "status", Description: "Show the running step and the time left"},
 	{Command: "new", Description: "Start a new conversation"},
+	{Command: "queue", Description: "What happens to messages sent while it works"},
 	{Command: "help", Description: "How this bot works"},
 }
 

@@ -92,7 +92,7 @@ func TestRealHTTP(t *testing.T) {
 	for _, c := range api.commands {
 		names = append(names, c.Command)
 	}
-	if !slices.Equal(names, []string{"stop", "status", "new", "help"}) {
+	if !slices.Equal(names, []string{"stop", "status", "new", "queue", "help"}) {
 		t.Errorf("setMyCommands over multipart registered %v", names)
 	}
 	// Real SQLite I/O with a full sync: give a loaded machine time.

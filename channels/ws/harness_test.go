@@ -45,8 +45,9 @@ type env struct {
 type envOpts struct {
 	adjust func(*config.Config)
 	opts   Options
-	admit  func() error  // gateway.Options.Admit
-	runner runner.Runner // instead of the demo runner (which is still built, unused)
+	admit  func() error       // gateway.Options.Admit
+	runner runner.Runner      // instead of the demo runner (which is still built, unused)
+	queue  gateway.QueueStore // gateway.Options.Queue (the store's durable queue)
 	// history is gateway.Options.History (the store's history loader).
 	history gateway.HistoryLoader
 	// details is gateway.Options.TurnDetails (the store's reader).
@@ -79,7 +80,7 @@ func newEngineEnv(t testing.TB, o envOpts) *env {
 		rn = o.runner
 	}
 	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{"demo": rn}, Log: log, Admit: o.admit,
-		History: o.history, TurnDetails: o.details, Cluster: o.cluster})
+		History: o.history, TurnDetails: o.details, Cluster: o.cluster, Queue: o.queue})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/messages"
 )
 
 // handler serves one method. It returns the response payload or error; a
@@ -199,7 +200,11 @@ func chatSend(c *conn, req request) (any, *rpcError) {
 		return sendAck{RunID: ack.RunID, Status: string(ack.Status)}, nil
 	case gateway.StatusQueued, gateway.StatusSteered:
 		return busyAck{RunID: ack.RunID, Status: string(ack.Status), Busy: string(ack.Busy), Ahead: ack.Ahead,
-			FellBack: ack.FellBack, Text: ans.Text}, nil
+			FellBack: ack.FellBack, Dropped: ack.DroppedIDs, Text: ans.Text}, nil
+	case gateway.StatusDropped:
+		// busy.overflow drop-new: nothing will run, so the answer is final
+		// (a client waiting for events would wait for ever).
+		return nil, droppedError(ack, ans.Text)
 	}
 	return cachedAck(ack), nil
 }
@@ -216,7 +221,10 @@ type busyAck struct {
 	Busy     string `json:"busy"`   // queue | collect | steer | interrupt
 	Ahead    int    `json:"ahead"`
 	FellBack bool   `json:"fellBack,omitempty"`
-	Text     string `json:"text"`
+	// Dropped are the run ids of the oldest waiting messages dropped to
+	// make room for this one (busy.overflow drop-old); text names them.
+	Dropped []string `json:"dropped,omitempty"`
+	Text    string   `json:"text"`
 }
 
 const tooManyWatched = "this connection already watches too many sessions; open a new connection"
@@ -236,7 +244,16 @@ func (c *conn) send(method, key, runID, text string, timeout time.Duration) (gat
 	if err != nil {
 		return ack, c.sendError(method, key, runID, text, err)
 	}
+	if ack.Status == gateway.StatusDropped {
+		return ack, droppedError(ack, conv.AckText(ack)) // nothing will run: no end to wait for
+	}
 	return ack, nil
+}
+
+// droppedError answers a message busy.overflow drop-new dropped: final
+// (no run follows), with the words in Message.
+func droppedError(ack gateway.Ack, words string) *rpcError {
+	return &rpcError{Code: CodeUnavailable, Message: words, Details: map[string]any{"code": "DROPPED", "limit": ack.Limit, "runId": ack.RunID}}
 }
 
 // sendError maps the engine's refusal or failure of a message to an error
@@ -311,6 +328,10 @@ type chatAbortParams struct {
 	SessionKey       string `json:"sessionKey"`
 	RunID            string `json:"runId"`
 	PreserveSideRuns bool   `json:"preserveSideRuns"` // accepted; there are no side runs
+	// Queued (a turnguard extension; the web chat's Cancel button): runId
+	// is cancelled only while it waits in the queue; a run that started
+	// meanwhile is left running (aborted false).
+	Queued bool `json:"queued"`
 }
 
 func chatAbort(c *conn, req request) (any, *rpcError) {
@@ -323,7 +344,13 @@ func chatAbort(c *conn, req request) (any, *rpcError) {
 		return nil, rerr
 	}
 	c.s.watch(c, key) // the aborted event goes out before this response
-	res, err := c.s.eng.Abort(c.ctx, key, p.RunID, event.ReasonUser, c.owner, c.operator)
+	var res gateway.AbortResult
+	var err error
+	if p.Queued {
+		res, err = c.s.eng.CancelQueued(c.ctx, key, p.RunID, c.owner, c.operator)
+	} else {
+		res, err = c.s.eng.Abort(c.ctx, key, p.RunID, event.ReasonUser, c.owner, c.operator)
+	}
 	switch {
 	case errors.Is(err, gateway.ErrNotOwner):
 		return nil, &rpcError{Code: CodeForbidden, Message: "not allowed to abort this run: another client started it"}
@@ -338,7 +365,13 @@ func chatAbort(c *conn, req request) (any, *rpcError) {
 	if ids == nil {
 		ids = []string{}
 	}
-	return map[string]any{"ok": true, "aborted": res.Aborted, "runIds": ids}, nil
+	out := map[string]any{"ok": true, "aborted": res.Aborted, "runIds": ids}
+	if res.Dequeued {
+		// A queued message was cancelled before it ran: no chat event
+		// follows; text says so in words.
+		out["queued"], out["text"] = true, messages.QueueCancelled(res.Text)
+	}
+	return out, nil
 }
 
 type historyParams struct {

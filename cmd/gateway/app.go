@@ -132,6 +132,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	if a.node != nil {
 		opts.Cluster = a.node
 	}
+	opts.Settings = a.store // a session's own busy mode (/queue <mode>), kept across restarts
 	a.eng, err = gateway.New(opts)
 	if err != nil {
 		return a, fmt.Errorf("engine: %w", err)

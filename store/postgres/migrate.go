@@ -20,7 +20,7 @@ var migrationFS embed.FS
 
 // SchemaVersion is the schema version this build writes: the number of
 // migrations.
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // migrationLock is the advisory lock key under which Open migrates
 // ("turnguard" in ASCII, truncated to 64 bits), so replicas starting

@@ -136,6 +136,7 @@ var cases = []testCase{
 	{"StallHistoryOfAnInterruptedTurn", testStallHistoryOfAnInterruptedTurn},
 	{"StallHistoryAndJournalFilters", testStallHistoryAndJournalFilters},
 	{"AgentSessionsRecordReplaceForget", testAgentSessionsRecordReplaceForget},
+	{"SessionBusyModeRecordReplaceForget", testSessionBusyModeRecordReplaceForget},
 	{"SetAgentSessionRejectsBadInput", testSetAgentSessionRejectsBadInput},
 	{"BudgetWarningJournaled", testBudgetWarningJournaled},
 }

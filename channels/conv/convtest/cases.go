@@ -7,6 +7,7 @@ import (
 	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/messages"
 )
 
 // A case is a conversation: what the person sends and must see.
@@ -40,6 +41,11 @@ func both(fs ...func(*config.Config)) func(*config.Config) {
 }
 
 func seconds(v float64) *float64 { return &v }
+
+// overflow sets agents.defaults.busy.overflow.
+func overflow(policy string) func(*config.Config) {
+	return func(c *config.Config) { c.Agents.Defaults.Busy.Overflow = policy }
+}
 
 // queuedAck is the answer to a message queued behind the running turn
 // with ahead queued messages before it.
@@ -229,5 +235,70 @@ var cases = []tcase{
 		p.send("/stop")
 		p.see("⏹️ Stopped")
 		p.quiet(time.Minute, "Refused")
+	}},
+
+	// Queue controls (issue 23): busy.overflow, busy.debounceMs, /queue.
+	{name: "overflow/drop-old", adjust: both(busy(config.BusyQueue, 1), overflow(config.OverflowDropOld)), run: func(p *person) {
+		p.send(slowDone)
+		p.send("/steps say:Dropped_one")
+		p.seeExactly(queuedAck(0))
+		p.send("/steps say:Kept_one")
+		p.seeExactly(queuedAck(0) + " " + messages.QueueDroppedOldest([]string{"/steps say:Dropped_one"}))
+		p.see("First reply", "Dropped one")
+		p.see("Kept one", "Dropped one")
+		p.quiet(time.Minute, "Dropped one")
+	}},
+	{name: "overflow/drop-new", adjust: both(busy(config.BusyQueue, 1), overflow(config.OverflowDropNew)), run: func(p *person) {
+		p.send(slowDone)
+		p.send("/steps say:Kept_one")
+		p.seeExactly(queuedAck(0))
+		p.send("/steps say:Dropped_one")
+		p.seeExactly(messages.QueueDroppedNew(1, "/steps say:Dropped_one"))
+		p.see("First reply", "Dropped one")
+		p.see("Kept one", "Dropped one")
+		p.quiet(time.Minute, "Dropped one")
+	}},
+	{name: "overflow/reject", adjust: busy(config.BusyQueue, 1), run: func(p *person) {
+		p.send(slowDone)
+		p.send("/steps say:Kept_one")
+		p.seeExactly(queuedAck(0))
+		p.send("/steps say:Refused_one")
+		p.seeExactly(messages.QueueFull(1))
+		p.see("First reply")
+		p.see("Kept one", "Refused one")
+	}},
+	{name: "debounce/merges-a-burst", adjust: func(c *config.Config) {
+		ms := 2000
+		c.Agents.Defaults.Busy.DebounceMs = &ms
+	}, run: func(p *person) {
+		p.send("alpha")
+		p.send("beta")
+		p.send("gamma")
+		p.see(`"alpha beta gamma"`, "📥", `"alpha"`)
+		p.quiet(time.Minute, `"beta"`, `"gamma"`)
+	}},
+	{name: "queue/show-and-set", adjust: busy(config.BusyQueue, 5), run: func(p *person) {
+		p.send(hang)
+		p.send("/steps say:Waiting_one")
+		p.seeExactly(queuedAck(0))
+		p.send("/queue")
+		s := p.see("📥 Busy mode: queue — ")
+		for _, w := range []string{"When 5 wait, one more is refused.", "1 message waiting:\n1. “/steps say:Waiting_one”", "/queue <mode>"} {
+			if !strings.Contains(s, w) {
+				p.t.Errorf("/queue does not say %q:\n%s", w, s)
+			}
+		}
+		p.send("/queue collect")
+		p.seeExactly(messages.QueueModeSet(config.BusyCollect))
+		p.send("/steps say:Collected")
+		p.see("📥 Noted")
+		p.send("/queue")
+		p.see("📥 Busy mode: collect (set for this chat) — ")
+		p.send("/queue sideways")
+		p.seeExactly(messages.QueueModeUnknown("sideways"))
+		p.send("/queue default")
+		p.seeExactly(messages.QueueModeDefault(config.BusyQueue))
+		p.send("/stop")
+		p.see("⏹️ Stopped")
 	}},
 }

@@ -574,14 +574,78 @@
 
   // markQueued marks bubble as waiting to run as runId; ahead counts the
   // queued messages before it; detail is the gateway's sentence for it.
-  function markQueued(bubble, runId, busy, ahead, detail) {
+  // ownId is the message's own run id (its idempotency key; in collect
+  // mode not its turn's): its Cancel button cancels that message only.
+  function markQueued(bubble, runId, busy, ahead, detail, ownId) {
     bubble.dataset.runId = runId;
+    bubble.dataset.ownId = ownId || runId;
     bubble.dataset.busy = busy || "queue";
     bubble.dataset.ahead = String(ahead || 0);
     setBubbleStatus(bubble, "queued", queueLabel(bubble.dataset.busy, ahead || 0), detail);
+    cancelButton(bubble);
     const list = state.queued.get(runId) || [];
     if (!list.includes(bubble)) list.push(bubble);
     state.queued.set(runId, list);
+  }
+
+  // cancelButton adds a queued message's Cancel button: chat.abort of its
+  // own run id, only while it waits (queued: true — a message that started
+  // meanwhile keeps running). A cancelled message is shown dropped, with
+  // the gateway's words; one that no longer waits just loses the button.
+  function cancelButton(bubble) {
+    if (bubble.querySelector(".msg-cancel")) return;
+    const b = bubble.appendChild(el("button", "msg-cancel", "Cancel"));
+    b.type = "button";
+    b.title = "Cancel this message before it runs";
+    b.addEventListener("click", async () => {
+      b.disabled = true;
+      const own = bubble.dataset.ownId;
+      let res;
+      try {
+        res = await request("chat.abort", { sessionKey: state.sessionKey, runId: own, queued: true });
+      } catch (err) {
+        b.disabled = false;
+        notice("error", err.message);
+        return;
+      }
+      b.remove();
+      if (!res || !res.aborted) { checkQueueSoon(); return; }
+      unqueue(bubble, "cancelled — not sent", res.text);
+    });
+  }
+
+  // unqueue marks one queued message (bubble) as not sent with words —
+  // cancelled, or dropped to make room (busy.overflow drop-old) — and,
+  // when its turn has no other message, moves the turns after it up.
+  function unqueue(bubble, words, detail) {
+    const c = bubble.querySelector(".msg-cancel");
+    if (c) c.remove();
+    const turn = bubble.dataset.runId;
+    const list = (state.queued.get(turn) || []).filter((x) => x !== bubble);
+    if (list.length) state.queued.set(turn, list); else state.queued.delete(turn);
+    setBubbleStatus(bubble, "dropped", words, detail);
+    if (list.length) return;
+    // Its turn is gone from the queue: the turns after it move up.
+    const gone = Number(bubble.dataset.ahead || 0);
+    for (const others of state.queued.values()) {
+      for (const o of others) {
+        const ahead = Number(o.dataset.ahead || 0);
+        if (ahead <= gone) continue;
+        o.dataset.ahead = String(ahead - 1);
+        const line = o.querySelector(".msg-status");
+        setBubbleStatus(o, "queued", queueLabel(o.dataset.busy, ahead - 1), line && line.title);
+      }
+    }
+  }
+
+  // dropQueued marks the queued messages whose own run ids are in ids
+  // dropped (busy.overflow drop-old made room for a newer one).
+  function dropQueued(ids) {
+    for (const list of [...state.queued.values()]) {
+      for (const b of [...list]) {
+        if (ids.includes(b.dataset.ownId)) unqueue(b, "dropped — not sent");
+      }
+    }
   }
 
   // started turns the queued messages of runId into sent ones (their turn
@@ -590,7 +654,11 @@
     const list = state.queued.get(runId);
     if (!list) return;
     state.queued.delete(runId);
-    for (const b of list) setBubbleStatus(b, "", "");
+    for (const b of list) {
+      setBubbleStatus(b, "", "");
+      const c = b.querySelector(".msg-cancel");
+      if (c) c.remove();
+    }
     for (const others of state.queued.values()) {
       for (const b of others) {
         const ahead = Math.max(0, Number(b.dataset.ahead || 0) - 1);
@@ -607,7 +675,11 @@
   function dropQueue(runIds) {
     for (const [runId, list] of [...state.queued]) {
       if (runIds && !runIds.includes(runId)) continue;
-      for (const b of list) setBubbleStatus(b, "dropped", "dropped — not sent");
+      for (const b of list) {
+        setBubbleStatus(b, "dropped", "dropped — not sent");
+        const c = b.querySelector(".msg-cancel");
+        if (c) c.remove();
+      }
       const v = state.runs.get(runId);
       if (v && !v.reply && v.stepsById.size === 0) {
         v.block.remove();
@@ -1089,7 +1161,7 @@
       const bubble = userMessage(text);
       const v = run(turn); // Retry of that turn resends its messages (collect: joined)
       v.userText = v.userText ? `${v.userText}\n\n${text}` : text;
-      markQueued(bubble, turn, String(q.busy || "queue"), Number(q.ahead) || 0);
+      markQueued(bubble, turn, String(q.busy || "queue"), Number(q.ahead) || 0, undefined, String(q.runId));
     }
     showWelcome();
     ui.messages.scrollTop = ui.messages.scrollHeight;
@@ -1180,7 +1252,7 @@
   // COMMAND matches the conversation commands the gateway carries out
   // itself (docs/protocol.md, "Commands"): they start no turn, so the page
   // opens no run for them.
-  const COMMAND = /^\s*\/(stop|status|new|help|start)(\s|$)/i;
+  const COMMAND = /^\s*\/(stop|status|new|help|start|queue)(\s|$)/i;
 
   // command sends a command through chat.send. Its answer in words arrives
   // as a chat final on its id (drawn by onChat); a /stop that stopped the
@@ -1265,8 +1337,17 @@
         // this answer was on its way): then it is simply sent.
         if (!run(id).started) {
           if (state.activeRun === runId) setActive(before || ANY_RUN);
-          markQueued(bubble, id, ack.fellBack ? "steer" : ack.busy, Number(ack.ahead) || 0, ack.text);
+          markQueued(bubble, id, ack.fellBack ? "steer" : ack.busy, Number(ack.ahead) || 0, ack.text, runId);
         }
+        if (Array.isArray(ack.dropped)) dropQueued(ack.dropped.map(String));
+      } else if (status === "started" && ack.runId && ack.runId !== runId) {
+        // Joined a burst being merged into one turn (busy.debounceMs): that
+        // turn's events carry the first message's run id.
+        v.block.remove();
+        state.runs.delete(runId);
+        if (state.activeRun === runId) setActive(before || ack.runId);
+        const joined = run(ack.runId);
+        joined.userText = joined.userText ? `${joined.userText}\n\n${text}` : text;
       } else if (status === "steered") {
         v.block.remove();
         state.runs.delete(runId);
