@@ -288,33 +288,6 @@ func (e *Engine) busyLocked(s *session, req SendRequest, mode BusyMode, maxQueue
 	}
 }
 
-// dropOldestLocked makes room for req in s (busy.overflow drop-old): it
-// drops the oldest waiting messages until fewer than maxQueued wait, and
-// returns them; nil, dropping nothing, when that cannot make room (only
-// messages steered into the running turn wait, or req's text would still
-// pass busy.maxQueuedBytes). The QueueStore is the caller's to tell.
-// Called with e.mu held.
-func (e *Engine) dropOldestLocked(s *session, req SendRequest, maxQueued int) []QueuedMessage {
-	n, bytes := e.waitingLocked(s)
-	var plan []QueuedMessage
-	for _, q := range s.queue {
-		for _, m := range q.msgs {
-			if n < maxQueued {
-				break
-			}
-			plan = append(plan, m)
-			n, bytes = n-1, bytes-len(m.Text)
-		}
-	}
-	if n >= maxQueued || bytes+len(req.Text) > e.cfg.Current().QueuedBytesFor(req.Channel) {
-		return nil
-	}
-	for _, m := range plan {
-		e.unqueueLocked(s, e.waiting[m.RunID], m.RunID)
-	}
-	return plan
-}
-
 // storeQueued stores qm, queued as q in s by busyLocked (q.persisting
 // counts it), then answers Send: queued (Ahead, FellBack), started (the
 // session was free by then and the pump started it), aborted (dropped by
@@ -588,68 +561,4 @@ func (e *Engine) requeueLocked(s *session, msgs []QueuedMessage) func() {
 		start()
 		e.removeQueued(context.Background(), gone)
 	}
-}
-
-// debounceLocked holds a message that would start a turn in the idle
-// session s (busy.debounceMs d): it waits in s's queue, stored like a
-// queued message, and every message that arrives within d of the last
-// joins it (busyLocked); its turn starts when d passes without one
-// (debounced). Send answers StatusStarted: the turn will start by itself.
-// Called with e.mu held (by Send only); the effect runs after the unlock.
-func (e *Engine) debounceLocked(s *session, req SendRequest, d time.Duration) sendEffect {
-	now := time.Now()
-	qm := QueuedMessage{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
-		Owner: req.Owner, Text: req.Text, QueuedAt: now, Timeout: req.Timeout}
-	q := e.enqueueLocked(s, qm, BusyCollect)
-	q.holding, q.holdUntil = true, now.Add(d)
-	q.persisting++
-	time.AfterFunc(d, func() { e.debounced(s, q) })
-	return func(ctx context.Context) (Ack, error) {
-		return e.storeQueued(ctx, s, q, qm, BusyCollect, false, "")
-	}
-}
-
-// joinHoldLocked joins req to q, the burst s is merging, and moves its
-// start to busy.debounceMs from now. Called with e.mu held (by busyLocked).
-func (e *Engine) joinHoldLocked(s *session, q *queued, req SendRequest) sendEffect {
-	now := time.Now()
-	qm := QueuedMessage{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
-		Owner: req.Owner, Text: req.Text, QueuedAt: now, Timeout: req.Timeout}
-	q.msgs = append(q.msgs, qm)
-	e.waiting[qm.RunID] = q
-	q.holdUntil = now.Add(e.cfg.Current().DebounceFor(req.Channel))
-	q.persisting++
-	return func(ctx context.Context) (Ack, error) {
-		return e.storeQueued(ctx, s, q, qm, BusyCollect, false, "")
-	}
-}
-
-// holdingLocked reports whether s is merging a burst (busy.debounceMs).
-// Called with e.mu held.
-func (e *Engine) holdingLocked(s *session) bool {
-	n := len(s.queue)
-	return n > 0 && s.queue[n-1].holding
-}
-
-// debounced ends q's hold once its last message is busy.debounceMs old
-// (waiting again for the rest when one joined meanwhile) and starts it
-// if the session is free.
-//
-// Lock contract: called without e.mu (a timer's goroutine); it takes it
-// once and starts the turn after releasing it.
-func (e *Engine) debounced(s *session, q *queued) {
-	e.mu.Lock()
-	if !q.holding || !slices.Contains(s.queue, q) {
-		e.mu.Unlock()
-		return
-	}
-	if wait := time.Until(q.holdUntil); wait > 0 {
-		e.mu.Unlock()
-		time.AfterFunc(wait, func() { e.debounced(s, q) })
-		return
-	}
-	q.holding, q.collect = false, false
-	start := e.pumpLocked(s)
-	e.mu.Unlock()
-	start()
 }
