@@ -12,7 +12,11 @@ import (
 // onEvent is the bus handler. It never blocks: it updates the chat's state
 // under the lock and pokes the chat's outgoing worker.
 func (c *Channel) onEvent(ev event.Event) {
-	if ev.Channel != config.ChannelTelegram || ev.Kind == event.Delta {
+	if ev.Channel != config.ChannelTelegram {
+		return
+	}
+	if ev.Kind == event.Delta {
+		c.onDelta(ev)
 		return
 	}
 	chatID, err := strconv.ParseInt(ev.ChatRef, 10, 64)
@@ -44,6 +48,13 @@ func (c *Channel) onEvent(ev event.Event) {
 	switch ev.Kind {
 	case event.TurnStarted:
 		t.active, t.typingDue = true, now
+		switch c.streamingLocked(ch) {
+		case config.TelegramStreamDraft:
+			t.draft = &draftView{id: draftIDOf(ev.RunID)}
+			t.refreshDraft()
+		case config.TelegramStreamOff:
+			t.quiet = true
+		}
 	case event.StepStarted:
 		if showSteps && ev.Step.Kind != event.StepLLM {
 			t.stepStarted(ev.Step)
@@ -75,6 +86,29 @@ func (c *Channel) onEvent(ev event.Event) {
 		c.syncMenuLocked(ch)
 	}
 	c.kickLocked(ch)
+}
+
+// onDelta shows the reply so far in the running turn's draft (draft
+// mode; the other modes show the reply when the turn ends).
+func (c *Channel) onDelta(ev event.Event) {
+	chatID, err := strconv.ParseInt(ev.ChatRef, 10, 64)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := c.chats[chatID]
+	if ch == nil || c.closed {
+		return
+	}
+	for _, t := range ch.turns {
+		if t.runID == ev.RunID && t.active && t.draft != nil {
+			t.draft.reply = ev.FullText
+			t.refreshDraft()
+			c.kickLocked(ch)
+			return
+		}
+	}
 }
 
 // enqueueEnding queues what a user reads when a turn ends (messages.Ending):
