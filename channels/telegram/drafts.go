@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-telegram/bot"
 	"github.com/go-telegram/bot/models"
 
 	"github.com/turnguard/turnguard/channels/delivery"
@@ -24,8 +25,9 @@ import (
 // preview of about 30 seconds, so one that did not change is sent again
 // every draftRefresh while the turn runs; when the turn ends the reply and
 // any notice go as real messages (the outbox, as in every mode), and the
-// draft is not updated again. Groups, and a chat where Telegram refused a
-// draft, get edited messages instead (edit mode).
+// draft is not updated again. Groups, a chat where Telegram refused a
+// draft, and every chat of a Bot API server that has no sendMessageDraft
+// (404) get edited messages instead (edit mode).
 //
 // A tap on the draft's Stop button comes back as a
 // stopped_message_generation update, which the bot library cannot decode:
@@ -158,7 +160,7 @@ func (c *Channel) streamingLocked(ch *chat) string {
 	switch m := c.cfg.Current().Channels.Telegram.Streaming; {
 	case m == config.TelegramStreamOff:
 		return m
-	case m == config.TelegramStreamDraft && !ch.group && !ch.noDrafts:
+	case m == config.TelegramStreamDraft && !ch.group && !ch.noDrafts && !c.noDrafts.Load():
 		return m
 	}
 	return config.TelegramStreamEdit
@@ -264,7 +266,10 @@ func (c *Channel) updateDraft(ctx context.Context, ch *chat, t *turnView) {
 	d.failures++
 	d.retryAt = now.Add(viewRetry)
 	if class == delivery.Permanent || d.failures >= maxViewFailures {
-		if class == delivery.Permanent {
+		switch {
+		case errors.Is(err, bot.ErrorNotFound):
+			c.noDrafts.Store(true) // the Bot API server has no sendMessageDraft (before 10.3)
+		case class == delivery.Permanent:
 			ch.noDrafts = true
 		}
 		c.log.Warn("telegram: drafts failed; showing the turn with edited messages instead", "chat", ch.id, "run", t.runID, "err", c.red.err(err))

@@ -204,6 +204,7 @@ type Channel struct {
 	delivered    keySet                       // outbox ids delivered whose recording failed: marked, never resent; guarded by mu
 	claimMu      sync.RWMutex                 // a claim (write) vs. recording a delivery (read): see claim
 	questions    map[string]*question         // runners' questions shown in chats, by approval id (approvals.go); guarded by mu
+	noDrafts     atomic.Bool                  // the Bot API server has no sendMessageDraft: edit mode everywhere (drafts.go)
 	stops        map[int64]*stoppedGeneration // Stop taps peeked in getUpdates answers, by update id (drafts.go); guarded by mu
 
 	apiURL      string       // the Bot API's base URL, without a trailing slash
