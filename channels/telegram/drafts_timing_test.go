@@ -1,6 +1,8 @@
 package telegram
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -118,4 +120,62 @@ func TestStreamingOffShowsOnlyTyping(t *testing.T) {
 		}
 		h.wantScreen(alice, "Done")
 	})
+}
+
+// TestDraftStopTapByWebhook: in webhook mode a Stop tap comes in the
+// webhook's body (stopped_message_generation, which the client library
+// does not decode) and stops the draft's turn as /stop does.
+func TestDraftStopTapByWebhook(t *testing.T) {
+	const secret = "s3cret_webhook-token"
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, setup{prepare: knowsDrafts, adjust: func(c *config.Config) {
+			tg := &c.Channels.Telegram
+			tg.Mode, tg.WebhookSecret, tg.Streaming = config.TelegramWebhook, secret, config.TelegramStreamDraft
+		}})
+		post := func(body string) {
+			req := httptest.NewRequest(http.MethodPost, "/telegram/webhook", strings.NewReader(body))
+			req.Header.Set(SecretHeader, secret)
+			rec := httptest.NewRecorder()
+			h.ch.WebhookHandler().ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK {
+				t.Fatalf("webhook answered %d", rec.Code)
+			}
+			synctest.Wait()
+		}
+		post(`{"update_id":5,"message":{"message_id":9,"date":1,"chat":{"id":1001,"type":"private"},"from":{"id":1001,"first_name":"A"},"text":"/steps say:Half shell:hang"}}`)
+		h.advance(2 * time.Second)
+		drafts := h.api.callsTo("sendMessageDraft", alice)
+		if len(drafts) == 0 {
+			t.Fatalf("no draft:\n%s", strings.Join(callLines(h.api.allCalls()), "\n"))
+		}
+		post(`{"update_id":6,"stopped_message_generation":{"chat":{"id":1001,"type":"private","first_name":"A"},"draft_id":` + drafts[0].Draft + `}}`)
+		h.advance(2 * time.Second)
+		h.wantScreen(alice, "Half", "⏹️ Stopped while shell was running after 2 s.")
+	})
+}
+
+// TestStopTapUpdateKey: in a cluster a Stop tap is stored in its chat's
+// partition like a message (updateKey), and a stored one is read back.
+func TestStopTapUpdateKey(t *testing.T) {
+	cases := []struct {
+		name string
+		raw  string
+		chat int64
+		ok   bool
+	}{
+		{"stop tap", `{"update_id":7,"stopped_message_generation":{"chat":{"id":1001,"type":"private"},"draft_id":42}}`, 1001, true},
+		{"stop tap without a chat", `{"update_id":8,"stopped_message_generation":{"draft_id":42}}`, 0, false},
+		{"message", `{"update_id":9,"message":{"message_id":1,"date":1,"chat":{"id":1002,"type":"private"},"text":"hi"}}`, 1002, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, chat, ok, err := updateKey([]byte(tc.raw))
+			if err != nil || chat != tc.chat || ok != tc.ok {
+				t.Errorf("updateKey = chat %d, ok %v, err %v; want chat %d, ok %v", chat, ok, err, tc.chat, tc.ok)
+			}
+			if s := stopOf([]byte(tc.raw)); (s != nil && s.DraftID == 42) != (tc.ok && tc.name == "stop tap") {
+				t.Errorf("stopOf = %+v", s)
+			}
+		})
+	}
 }
