@@ -171,8 +171,9 @@ type draftView struct {
 	id       int64
 	reply    string // the reply so far
 	status   string // the "still working" notice, "" when none
-	want     string // the draft's text (HTML)
-	sent     string // what the draft shows
+	shownSt  string // the status shown: the step lines and the notice (refreshDraft)
+	rev      uint64 // counts the changes of reply and shownSt
+	sentRev  uint64 // the rev the draft shows
 	shown    bool   // sent once at least
 	sentAt   time.Time
 	stopped  bool // the user tapped Stop: Telegram removed it
@@ -186,15 +187,16 @@ func (d *draftView) due() (at time.Time, ok bool) {
 	switch {
 	case d.stopped:
 		return time.Time{}, false
-	case !d.shown || d.want != d.sent:
+	case !d.shown || d.rev != d.sentRev:
 		return d.retryAt, true
 	}
 	return d.sentAt.Add(draftRefresh), true
 }
 
-// refreshDraft recomposes the draft's text: the tail of the reply so far
-// (rendered as a reply is), then the status — the step lines and the
-// notice. Empty: "Thinking…".
+// refreshDraft notes that the draft changed (its reply, steps or notice)
+// and updates its status: the step lines and the notice, the newest
+// maxDraftStatus runes. Cheap: the text is composed when it is sent
+// (draftText), at most once per pacing slot however often it changes.
 func (t *turnView) refreshDraft() {
 	d := t.draft
 	var status []string
@@ -204,20 +206,27 @@ func (t *turnView) refreshDraft() {
 	if d.status != "" {
 		status = append(status, d.status)
 	}
-	st := tail(strings.Join(status, "\n"), maxDraftStatus)
+	d.shownSt = tail(strings.Join(status, "\n"), maxDraftStatus)
+	d.rev++
+}
+
+// draftText is a draft's text (HTML): the end of the reply so far,
+// rendered as a reply is and within Telegram's 4096 characters with the
+// status, then the status. "" shows Telegram's "Thinking…".
+func draftText(reply, status string) string {
 	var parts []string
-	if strings.TrimSpace(d.reply) != "" {
-		chunks := splitReplyWithin(strings.ToValidUTF8(d.reply, "\uFFFD"), MaxMessageLen-fenceReserve-textLen(st)-8)
+	if strings.TrimSpace(reply) != "" {
+		chunks := splitReplyWithin(strings.ToValidUTF8(reply, "\uFFFD"), MaxMessageLen-fenceReserve-textLen(status)-8)
 		last := toHTML(chunks[len(chunks)-1])
 		if len(chunks) > 1 {
 			last = "…\n" + last
 		}
 		parts = append(parts, last)
 	}
-	if st != "" {
-		parts = append(parts, escapeHTML(st))
+	if status != "" {
+		parts = append(parts, escapeHTML(status))
 	}
-	d.want = strings.Join(parts, "\n\n")
+	return strings.Join(parts, "\n\n")
 }
 
 // tail is the last n runes of s, starting with "…" when cut.
@@ -240,8 +249,9 @@ func (c *Channel) updateDraft(ctx context.Context, ch *chat, t *turnView) {
 		c.mu.Unlock()
 		return
 	}
-	text, id := d.want, d.id
+	reply, status, rev, id := d.reply, d.shownSt, d.rev, d.id
 	c.mu.Unlock()
+	text := draftText(reply, status) // outside the lock: a long reply takes a while
 
 	err := c.liveCall(ctx, ch, func(ctx context.Context) error { return c.api.draft(ctx, ch.id, id, text, true, true) })
 
@@ -250,7 +260,7 @@ func (c *Channel) updateDraft(ctx context.Context, ch *chat, t *turnView) {
 	now := time.Now()
 	switch {
 	case err == nil:
-		d.sent, d.shown, d.sentAt, d.failures = text, true, now, 0
+		d.sentRev, d.shown, d.sentAt, d.failures = rev, true, now, 0
 		return
 	case errors.Is(err, delivery.ErrSaturated):
 		d.retryAt = now.Add(viewRetry)

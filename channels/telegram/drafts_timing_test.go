@@ -179,3 +179,47 @@ func TestStopTapUpdateKey(t *testing.T) {
 		})
 	}
 }
+
+// TestDraftText: a draft's text is valid Telegram HTML within 4096
+// characters whatever the reply and status: the reply's end (a code block
+// cut open is closed), then the status; empty is "Thinking…".
+func TestDraftText(t *testing.T) {
+	long := strings.Repeat("word ", 3000)
+	fenced := "```go\n" + strings.Repeat("x := 1 // <ok> & more\n", 400) + "```\nafter"
+	status := strings.Repeat("🔧 shell…\n", 200)
+	cases := []struct {
+		name, reply, status string
+		want                string // the visible text, "" to check only validity and length
+	}{
+		{"thinking", "", "", ""},
+		{"reply and status", "**Hi** <you>", "⏳ Still working — shell has been running for 30 s…", "Hi <you>\n\n⏳ Still working — shell has been running for 30 s…"},
+		{"status alone", "", "✅ web_search · 2 s", "✅ web_search · 2 s"},
+		{"long reply", long, "", ""},
+		{"long reply and long status", long, tail(status, maxDraftStatus), ""},
+		{"code block cut", fenced, "⏳ Still working", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			text := draftText(tc.reply, tc.status)
+			if text == "" {
+				if tc.reply != "" || tc.status != "" {
+					t.Fatal("empty draft for a reply or status")
+				}
+				return
+			}
+			visible, err := checkText(text, "HTML")
+			if err != nil {
+				t.Fatalf("Telegram would refuse the draft: %v\n%s", err, text)
+			}
+			if tc.want != "" && visible != tc.want {
+				t.Errorf("draft shows %q, want %q", visible, tc.want)
+			}
+			if len(tc.reply) > MaxMessageLen && !strings.HasPrefix(visible, "…\n") {
+				t.Errorf("a long reply's draft does not show it was cut: %.40q", visible)
+			}
+			if tc.status != "" && !strings.HasSuffix(strings.TrimSpace(visible), strings.TrimSpace(tc.status)) {
+				t.Errorf("the status is not at the end: %.80q", visible[max(0, len(visible)-80):])
+			}
+		})
+	}
+}
