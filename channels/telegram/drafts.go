@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/fnv"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,7 +55,20 @@ const (
 type stoppedGeneration struct {
 	Chat     models.Chat `json:"chat"`
 	ThreadID int         `json:"message_thread_id,omitempty"`
-	DraftID  int64       `json:"draft_id"`
+	DraftID  draftID     `json:"draft_id"`
+}
+
+// draftID is a draft_id as an update carries it: an integer (a quoted one
+// is read too).
+type draftID int64
+
+func (d *draftID) UnmarshalJSON(b []byte) error {
+	n, err := strconv.ParseInt(strings.Trim(string(b), `"`), 10, 64)
+	if err != nil {
+		return fmt.Errorf("draft_id %s: %w", b, err)
+	}
+	*d = draftID(n)
+	return nil
 }
 
 var stopField = []byte(`"stopped_message_generation"`)
@@ -139,7 +154,7 @@ func draftIDOf(runID string) int64 {
 func (c *Channel) handleStopTap(ctx context.Context, ch *chat, s *stoppedGeneration) {
 	c.mu.Lock()
 	for _, t := range ch.turns {
-		if t.draft != nil && t.draft.id == s.DraftID && t.active {
+		if t.draft != nil && t.draft.id == int64(s.DraftID) && t.active {
 			t.draft.stopped = true // Telegram took the draft away: it is not sent again
 		}
 	}
@@ -147,7 +162,7 @@ func (c *Channel) handleStopTap(ctx context.Context, ch *chat, s *stoppedGenerat
 	st, err := c.eng.StatusOf(ctx, ch.key)
 	if err != nil {
 		c.log.Warn("telegram: a Stop tap could not be matched with the running turn; stopping it as /stop", "chat", ch.id, "err", c.red.err(err))
-	} else if !st.Running || draftIDOf(st.Turn.RunID) != s.DraftID {
+	} else if !st.Running || draftIDOf(st.Turn.RunID) != int64(s.DraftID) {
 		c.log.Info("telegram: a Stop tap on the draft of a turn that has ended; nothing to stop", "chat", ch.id, "draft", s.DraftID)
 		return
 	}
