@@ -14,8 +14,10 @@ import (
 	"github.com/go-telegram/bot"
 	"github.com/go-telegram/bot/models"
 
+	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/channels/delivery"
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/gateway"
 )
 
 // Drafts (channels.telegram.streaming: draft). In a private chat a running
@@ -150,7 +152,9 @@ func draftIDOf(runID string) int64 {
 // the session's running turn's, exactly as /stop (stop reason user, the
 // queue dropped, the same words); a tap on the draft of a turn that has
 // ended — it raced the turn's reply — stops nothing, so the next turn is
-// not stopped by it.
+// not stopped by it (the stop names its turn: gateway.StopRequest.RunID).
+// Drafts are shown in private chats only, where the chat is the turn's
+// owner: the tap is the owner's.
 func (c *Channel) handleStopTap(ctx context.Context, ch *chat, s *stoppedGeneration) {
 	c.mu.Lock()
 	for _, t := range ch.turns {
@@ -159,14 +163,29 @@ func (c *Channel) handleStopTap(ctx context.Context, ch *chat, s *stoppedGenerat
 		}
 	}
 	c.mu.Unlock()
-	st, err := c.eng.StatusOf(ctx, ch.key)
+	st, err := c.eng.StatusOf(ctx, ch.key) // the running turn may be another replica's
 	if err != nil {
-		c.log.Warn("telegram: a Stop tap could not be matched with the running turn; stopping it as /stop", "chat", ch.id, "err", c.red.err(err))
-	} else if !st.Running || draftIDOf(st.Turn.RunID) != int64(s.DraftID) {
-		c.log.Info("telegram: a Stop tap on the draft of a turn that has ended; nothing to stop", "chat", ch.id, "draft", s.DraftID)
+		c.log.Warn("telegram: a Stop tap could not be matched with the running turn", "chat", ch.id, "err", c.red.err(err))
+		c.reply(ch, conv.TextCannotStop)
 		return
 	}
-	c.handle(ctx, ch, inMsg{msg: &models.Message{Chat: s.Chat, Text: "/stop"}})
+	if !st.Running || draftIDOf(st.Turn.RunID) != int64(s.DraftID) {
+		c.log.Info("telegram: a Stop tap on the draft of a turn that has ended; nothing to stop", "chat", ch.id, "draft", int64(s.DraftID))
+		return
+	}
+	res, err := c.eng.StopWith(ctx, gateway.StopRequest{SessionKey: ch.key, RunID: st.Turn.RunID})
+	switch {
+	case err != nil:
+		c.log.Error("telegram: a Stop tap could not stop the turn", "chat", ch.id, "run", st.Turn.RunID, "err", c.red.err(err))
+	case !res.Aborted && !res.Stopping && res.Dropped == 0:
+		c.log.Info("telegram: a Stop tap came as its turn ended; nothing to stop", "chat", ch.id, "run", st.Turn.RunID)
+		return
+	default:
+		c.queueDropped(ch)
+	}
+	if text := conv.StopText(res, err); text != "" {
+		c.reply(ch, text)
+	}
 }
 
 // streamingLocked is how a turn starting now in ch is shown

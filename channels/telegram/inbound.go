@@ -221,12 +221,7 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		c.mu.Unlock()
 		c.releaseRetry(ch, heldToken{in.token, runID})
 	case (ans.Command == conv.Stop || ans.Command == conv.New) && ans.Err == nil:
-		c.mu.Lock()
-		held := c.recent.dropQueued(ch.id) // the queue is gone: its retries are no longer running
-		c.mu.Unlock()
-		for _, h := range held {
-			c.releaseRetry(ch, h)
-		}
+		c.queueDropped(ch)
 	}
 	var unavail *gateway.UnavailableError
 	switch {
@@ -243,6 +238,17 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 	}
 	if ans.Text != "" {
 		c.reply(ch, ans.Text)
+	}
+}
+
+// queueDropped notes that a stop dropped the chat's queue: the Retry
+// buttons held by queued retries are given back.
+func (c *Channel) queueDropped(ch *chat) {
+	c.mu.Lock()
+	held := c.recent.dropQueued(ch.id) // the queue is gone: its retries are no longer running
+	c.mu.Unlock()
+	for _, h := range held {
+		c.releaseRetry(ch, h)
 	}
 }
 
