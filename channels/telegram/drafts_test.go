@@ -158,7 +158,9 @@ func (r *draftRig) noOpenDrafts() {
 // message after it. A group falls back to edited messages, as edit mode
 // does everywhere; streaming off shows nothing live.
 func TestStreamingModes(t *testing.T) {
-	const script = "/steps web_search:1200ms say:Working_on_it build:2500ms say:All_done"
+	// The notice comes after a step has run 1 s: web_search runs less
+	// (the draft stays Thinking… until the text), build more.
+	const script = "/steps web_search:900ms say:Working_on_it build:2500ms say:All_done"
 	cases := []struct {
 		name       string
 		streaming  string
@@ -173,7 +175,9 @@ func TestStreamingModes(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newDraftRig(t, func(c *config.Config) { c.Channels.Telegram.Streaming = tc.streaming })
+			r := newDraftRig(t, func(c *config.Config) {
+				c.Channels.Telegram.Streaming, c.Channels.Telegram.Timeouts.ProgressNotifyAfterSeconds = tc.streaming, secs(1)
+			})
 			text := script
 			if tc.chat < 0 {
 				text = "@" + fakebot.Username + " " + script
