@@ -224,3 +224,24 @@ func TestDraftText(t *testing.T) {
 		})
 	}
 }
+
+// TestHelpSaysHowATurnIsShown: /help describes what a turn shows in each
+// streaming mode.
+func TestHelpSaysHowATurnIsShown(t *testing.T) {
+	cases := []struct{ streaming, want string }{
+		{config.TelegramStreamDraft, "While it works you see its answer being written and a “⏳ Still working” note if one step takes long; Telegram's Stop button stops it as /stop does."},
+		{config.TelegramStreamEdit, "While it works you see “typing…”, and a “⏳ Still working” note if one step takes long."},
+		{config.TelegramStreamOff, "While it works you see “typing…”."},
+	}
+	for _, tc := range cases {
+		t.Run(tc.streaming, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, setup{adjust: func(c *config.Config) { c.Channels.Telegram.Streaming = tc.streaming }})
+				h.say(alice, "/help")
+				if !strings.Contains(h.last(alice), tc.want) {
+					t.Errorf("/help says:\n%s\nwant it to say %q", h.last(alice), tc.want)
+				}
+			})
+		})
+	}
+}
