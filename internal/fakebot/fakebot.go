@@ -344,16 +344,26 @@ func (b *Bot) Shown() []Shown {
 // returns it; it fails the test after within.
 func (b *Bot) WaitShown(within time.Duration, what string, match func(Shown) bool) Shown {
 	b.t.Helper()
+	return waitFor(b, within, b.Shown, match, func() {
+		b.t.Fatalf("fakebot: the chat shows no message %s after %v:%s", what, within, b)
+	})
+}
+
+// waitFor polls items until one satisfies match and returns it; after
+// within it calls fail (which fails the test).
+func waitFor[T any](b *Bot, within time.Duration, items func() []T, match func(T) bool, fail func()) T {
+	b.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		shown := b.Shown()
-		for _, m := range shown {
-			if match(m) {
-				return m
+		for _, x := range items() {
+			if match(x) {
+				return x
 			}
 		}
 		if time.Now().After(deadline) {
-			b.t.Fatalf("fakebot: the chat shows no message %s after %v:%s", what, within, b)
+			fail()
+			var zero T
+			return zero
 		}
 		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
 	}
@@ -400,18 +410,9 @@ func (b *Bot) Count(s string) int {
 // it fails the test after within.
 func (b *Bot) WaitSent(within time.Duration, what string, match func(text string) bool) string {
 	b.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		for _, t := range b.Sent() {
-			if match(t) {
-				return t
-			}
-		}
-		if time.Now().After(deadline) {
-			b.t.Fatalf("fakebot: no message %s reached the chat within %v; delivered %q", what, within, b.Sent())
-		}
-		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
-	}
+	return waitFor(b, within, b.Sent, match, func() {
+		b.t.Fatalf("fakebot: no message %s reached the chat within %v; delivered %q", what, within, b.Sent())
+	})
 }
 
 // ServeHTTP is the Bot API.
@@ -770,18 +771,9 @@ func (b *Bot) Drafts() []Draft {
 // the test after within.
 func (b *Bot) WaitDraft(within time.Duration, what string, match func(Draft) bool) Draft {
 	b.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		for _, d := range b.Drafts() {
-			if match(d) {
-				return d
-			}
-		}
-		if time.Now().After(deadline) {
-			b.t.Fatalf("fakebot: the chat shows no draft %s after %v; drafts %+v:%s", what, within, b.Drafts(), b)
-		}
-		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
-	}
+	return waitFor(b, within, b.Drafts, match, func() {
+		b.t.Fatalf("fakebot: the chat shows no draft %s after %v; drafts %+v:%s", what, within, b.Drafts(), b)
+	})
 }
 
 // TapStop queues a tap on the Stop button of draft draftID in the test's
