@@ -104,6 +104,7 @@ func defaults() map[string]any {
 		"channels.telegram.apiURL":        "https://api.telegram.org",
 		"channels.telegram.mode":          TelegramPolling,
 		"channels.telegram.maxInputChars": 8000,
+		"channels.telegram.streaming":     TelegramStreamDraft,
 
 		"watchdog.enabled":   true,
 		"watchdog.autoAbort": true,

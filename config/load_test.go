@@ -58,7 +58,7 @@ func TestDefaults(t *testing.T) {
 			Exec: Exec{Format: "jsonl"},
 			ACP:  ACP{IdleSeconds: 1800, StartTimeoutSeconds: 60},
 		},
-		Channels: Channels{Telegram: Telegram{APIURL: "https://api.telegram.org", Mode: "polling", MaxInputChars: 8000}},
+		Channels: Channels{Telegram: Telegram{APIURL: "https://api.telegram.org", Mode: "polling", MaxInputChars: 8000, Streaming: "draft"}},
 		Watchdog: Watchdog{Enabled: true, AutoAbort: true},
 		Store: Store{Driver: StoreSQLite, Path: "turnguard.db", QueueSize: 4096, Retention: StoreRetention{
 			HistoryDays: 90, MaxMessagesPerSession: 5000, JournalDays: 30, OutboxDays: 7, IntervalMinutes: 60, BatchRows: 500}},

@@ -246,6 +246,7 @@ type Telegram struct {
 	WebhookURL     string  `koanf:"webhookURL"`    // public URL registered with setWebhook
 	AllowedChatIDs []int64 `koanf:"allowedChatIDs"`
 	ShowSteps      bool    `koanf:"showSteps"`
+	Streaming      string  `koanf:"streaming"`     // draft | edit | off; default draft (TelegramStreaming*)
 	MaxInputChars  int     `koanf:"maxInputChars"` // longer messages are refused; default 8000
 }
 

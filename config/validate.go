@@ -34,6 +34,19 @@ const (
 	TelegramWebhook = "webhook"
 )
 
+// How a running Telegram turn is shown (channels.telegram.streaming).
+const (
+	// TelegramStreamDraft: in private chats the turn streams into a
+	// Telegram draft (sendMessageDraft) with a Stop button; elsewhere as
+	// TelegramStreamEdit.
+	TelegramStreamDraft = "draft"
+	// TelegramStreamEdit: the step lines and the "still working" notice
+	// are messages edited in place.
+	TelegramStreamEdit = "edit"
+	// TelegramStreamOff: nothing live but the typing indicator.
+	TelegramStreamOff = "off"
+)
+
 // Exec output formats (agents.exec.format).
 const (
 	ExecFormatJSONL            = "jsonl"
@@ -413,6 +426,7 @@ func (c *Config) validate() (*messages.Set, []Problem) {
 
 	tg := c.Channels.Telegram
 	p.oneOf("channels.telegram.mode", tg.Mode, TelegramPolling, TelegramWebhook)
+	p.oneOf("channels.telegram.streaming", tg.Streaming, TelegramStreamDraft, TelegramStreamEdit, TelegramStreamOff)
 	if tg.Enabled && tg.Token == "" {
 		p.add("channels.telegram.token", "is required when channels.telegram.enabled is true")
 	}

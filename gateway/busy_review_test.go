@@ -340,3 +340,30 @@ func TestStopDropsOnlyTheRequestersQueued(t *testing.T) {
 		v.wantEnds(t, "b1 started", "b1 aborted user", "a1 started", "a1 finished stop")
 	})
 }
+
+// A stop meant for one turn (StopRequest.RunID: a Stop button under it)
+// stops nothing and drops nothing once that turn has ended — the stop
+// raced its reply — and stops it as /stop does while it runs.
+func TestStopForOneTurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newBusyEnv(t, nil, nil)
+		ctx := context.Background()
+		v.send(t, "a1", "/steps shell:1s say:A")
+		v.send(t, "b1", "/steps shell:hang")
+		v.send(t, "c1", "/steps say:C")
+		faketime.Advance(2 * time.Second)
+		synctest.Wait()
+		res, err := v.e.StopWith(ctx, StopRequest{SessionKey: "main", Requester: "conn1", RunID: "a1"})
+		if err != nil || res.Aborted || res.Stopping || res.Dropped != 0 {
+			t.Fatalf("a stop for the ended turn a1: %+v, %v; want nothing done", res, err)
+		}
+		if q := v.e.Status("main").Queue; len(q) != 1 || q[0].RunID != "c1" {
+			t.Fatalf("queue %+v after a stop for an ended turn, want c1 still waiting", q)
+		}
+		res, err = v.e.StopWith(ctx, StopRequest{SessionKey: "main", Requester: "conn1", RunID: "b1"})
+		if err != nil || !res.Aborted || res.Dropped != 1 {
+			t.Fatalf("a stop for the running turn b1: %+v, %v; want it aborted and c1 dropped", res, err)
+		}
+		v.wantEnds(t, "a1 started", "a1 finished stop", "b1 started", "b1 aborted user")
+	})
+}

@@ -114,6 +114,11 @@ type StopRequest struct {
 	Requester  string
 	Operator   bool
 	Forwarded  bool
+	// RunID, if set, is the turn the stop is meant for (a Stop button
+	// under that turn, e.g. Telegram's on its draft): unless it is the
+	// session's running turn, nothing is stopped and nothing dropped — a
+	// tap that raced its turn's end does not stop the next one.
+	RunID string
 }
 
 // StopWith is Stop with a StopRequest (the cluster's forwarded stops).
@@ -132,6 +137,10 @@ func (e *Engine) StopWith(ctx context.Context, req StopRequest) (StopResult, err
 	}
 	e.mu.Lock()
 	s := e.sessions[sessionKey]
+	if req.RunID != "" && (s == nil || s.active == nil || s.active.ID != req.RunID) {
+		e.mu.Unlock()
+		return StopResult{AbortResult: AbortResult{RunIDs: []string{}}}, nil
+	}
 	running := false
 	var t *turn
 	if s != nil && s.active != nil {
@@ -158,7 +167,7 @@ func (e *Engine) StopWith(ctx context.Context, req StopRequest) (StopResult, err
 	}
 	e.mu.Unlock()
 	go e.removeQueued(context.WithoutCancel(ctx), dropped)
-	res, err := e.Abort(ctx, sessionKey, "", event.ReasonUser, requester, operator)
+	res, err := e.Abort(ctx, sessionKey, req.RunID, event.ReasonUser, requester, operator)
 	go requeue() // stores others' steered messages: never waits for a disk
 	if err != nil {
 		return StopResult{Dropped: n}, err

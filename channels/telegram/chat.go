@@ -35,6 +35,8 @@ type chat struct {
 	turns      []*turnView // the running turn, and ended ones with an edit left
 	outRunning bool
 
+	noDrafts bool // Telegram refused a draft here: turns are shown in edit mode (drafts.go)
+
 	menu     string // menuKey of the command menu set for this chat ("" = the bot's default)
 	menuBusy bool   // a setMyCommands for it is under way (agentmenu.go)
 
@@ -48,6 +50,7 @@ type inMsg struct {
 	msg    *models.Message
 	edited bool
 	cb     *models.CallbackQuery // a button was tapped (msg is the message it is under)
+	stop   *stoppedGeneration    // a draft's Stop button was tapped (msg holds only the chat)
 	retry  bool                  // msg is a person's earlier message sent again by Retry
 	runID  string                // the run id of a Retry (each tap its own); "" derives it from msg
 	token  string                // a Retry: the secret of the button's token the run holds
@@ -216,6 +219,12 @@ type turnView struct {
 	asking    int  // questions of the turn open in the chat: no typing either
 	typingDue time.Time
 
+	// How the turn is shown (channels.telegram.streaming, fixed when it
+	// starts): draft is its draft in draft mode (drafts.go); quiet:
+	// streaming off, nothing but typing. Otherwise (edit mode) its views.
+	draft *draftView
+	quiet bool
+
 	views      []*view    // every view of the turn, in creation order
 	steps      *view      // the step lines (when showSteps), or nil
 	lines      []stepLine //
@@ -261,6 +270,13 @@ func (t *turnView) stepCompleted(s event.Step, at time.Time) {
 }
 
 func (t *turnView) refreshSteps() {
+	switch {
+	case t.draft != nil:
+		t.refreshDraft()
+		return
+	case t.quiet:
+		return
+	}
 	if t.steps == nil {
 		t.steps = t.newView()
 	}
@@ -294,6 +310,14 @@ func (t *turnView) stepsText() string {
 
 // progress opens or updates the "still working" notice.
 func (t *turnView) progress(ev event.Event) {
+	switch {
+	case t.draft != nil:
+		t.noticeStep, t.draft.status = ev.Step, ev.Message
+		t.refreshDraft()
+		return
+	case t.quiet:
+		return
+	}
 	if t.notice != nil && t.noticeStep.Seq != ev.Step.Seq {
 		t.closeNotice(true, ev.Time) // a different step: the old one is over
 	}
@@ -308,6 +332,10 @@ func (t *turnView) progress(ev event.Event) {
 // 1m40s." when the turn was stopped first. A notice never sent is simply
 // dropped (closed views are not sent anew).
 func (t *turnView) closeNotice(finished bool, at time.Time) {
+	if t.draft != nil && t.draft.status != "" {
+		t.draft.status = "" // the status is live only
+		t.refreshDraft()
+	}
 	if t.notice == nil {
 		return
 	}

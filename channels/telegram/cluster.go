@@ -325,7 +325,7 @@ func updateKey(raw []byte) (id, chat int64, ok bool, err error) {
 		}
 		return *bare.ID, 0, false, nil // an update the library cannot read: not for this bot
 	}
-	in, ok := updateInput(&u)
+	in, ok := updateInput(&u, stopOf(raw))
 	if !ok {
 		return u.ID, 0, false, nil
 	}
@@ -368,7 +368,7 @@ func (c *Channel) getUpdates(ctx context.Context, offset int64) ([]json.RawMessa
 		return nil, fmt.Errorf("getUpdates: %w", c.red.err(err))
 	}
 	req.Header.Set("Content-Type", w.FormDataContentType())
-	resp, err := doer{c.hc}.Do(req)
+	resp, err := doer{c: c.hc}.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("getUpdates: %w", c.red.err(err))
 	}
@@ -401,7 +401,7 @@ func (c *Channel) handleStored(ctx context.Context, su tgupdates.Update) error {
 		return nil
 	}
 	done := make(chan error, 1)
-	if err := c.dispatchDone(&u, done); err != nil {
+	if err := c.dispatchDone(&u, stopOf(su.Raw), done); err != nil {
 		return fmt.Errorf("telegram: update %d of chat %d: %w", su.ID, su.ChatID, err)
 	}
 	select {

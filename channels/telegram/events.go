@@ -13,7 +13,11 @@ import (
 // onEvent is the bus handler. It never blocks: it updates the chat's state
 // under the lock and pokes the chat's outgoing worker.
 func (c *Channel) onEvent(ev event.Event) {
-	if ev.Channel != config.ChannelTelegram || ev.Kind == event.Delta {
+	if ev.Channel != config.ChannelTelegram {
+		return
+	}
+	if ev.Kind == event.Delta {
+		c.onDelta(ev)
 		return
 	}
 	chatID, err := strconv.ParseInt(ev.ChatRef, 10, 64)
@@ -47,6 +51,13 @@ func (c *Channel) onEvent(ev event.Event) {
 		t.active, t.typingDue = true, now
 		// Its messages no longer wait: their Cancel buttons go.
 		c.dropCancelsLocked(ch, func(id string) bool { return id == ev.RunID || slices.Contains(ev.Joined, id) })
+		switch c.streamingLocked(ch) {
+		case config.TelegramStreamDraft:
+			t.draft = &draftView{id: draftIDOf(ev.RunID)}
+			t.refreshDraft()
+		case config.TelegramStreamOff:
+			t.quiet = true
+		}
 	case event.StepStarted:
 		if showSteps && ev.Step.Kind != event.StepLLM {
 			t.stepStarted(ev.Step)
@@ -84,6 +95,29 @@ func (c *Channel) onEvent(ev event.Event) {
 		c.syncMenuLocked(ch)
 	}
 	c.kickLocked(ch)
+}
+
+// onDelta shows the reply so far in the running turn's draft (draft
+// mode; the other modes show the reply when the turn ends).
+func (c *Channel) onDelta(ev event.Event) {
+	chatID, err := strconv.ParseInt(ev.ChatRef, 10, 64)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := c.chats[chatID]
+	if ch == nil || c.closed {
+		return
+	}
+	for _, t := range ch.turns {
+		if t.runID == ev.RunID && t.active && t.draft != nil {
+			t.draft.reply = ev.FullText
+			t.refreshDraft()
+			c.kickLocked(ch)
+			return
+		}
+	}
 }
 
 // enqueueEnding queues what a user reads when a turn ends (messages.Ending):

@@ -45,6 +45,7 @@ type fakeAPI struct {
 	offsets    []int64       // the offset of each getUpdates call, in order
 	allowed    string        // allowed_updates of the last getUpdates that gave it
 	notify     chan struct{} // signalled (non-blocking) after every call and when a long poll waits; for real-time tests
+	drafts     bool          // sendMessageDraft is known (Bot API 10.3); otherwise 404 as from an older server
 }
 
 type fakeMsg struct {
@@ -67,6 +68,7 @@ type apiCall struct {
 	Fault     string // the scripted failure answered, if any
 	Markup    string // reply_markup (JSON) of a sendMessage or an edit
 	Callback  string // answerCallbackQuery: the query id
+	Draft     string // sendMessageDraft: the draft_id
 }
 
 // fault is a scripted failure: the next Times calls of Method (to Chat, or
@@ -308,6 +310,38 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.record(apiCall{Method: method, Chat: chat, MsgID: id, Text: visible, Raw: form["text"], ParseMode: form["parse_mode"],
 			Markup: form["reply_markup"]})
 		writeOK(w, models.Message{ID: id, Date: 1, Chat: models.Chat{ID: chat, Type: models.ChatTypePrivate}, Text: visible})
+	case "sendMessageDraft":
+		// Private chats only, a non-zero draft_id; "" is "Thinking…".
+		f.mu.Lock()
+		known := f.drafts
+		f.mu.Unlock()
+		c := apiCall{Method: method, Chat: chat, Raw: form["text"], ParseMode: form["parse_mode"], Draft: form["draft_id"]}
+		visible, err := "", error(nil)
+		if form["text"] != "" {
+			visible, err = checkText(form["text"], form["parse_mode"])
+		}
+		switch {
+		case !known:
+			err = errors.New("Not Found: method sendMessageDraft")
+		case err != nil:
+		case chat <= 0:
+			err = errors.New("Bad Request: TEXTDRAFT_PEER_INVALID")
+		case form["draft_id"] == "" || form["draft_id"] == "0":
+			err = errors.New("Bad Request: draft_id must be non-zero")
+		}
+		if err != nil {
+			c.Fault = err.Error()
+			f.record(c)
+			code := 400
+			if !known {
+				code = 404
+			}
+			writeErr(w, code, err.Error(), 0)
+			return
+		}
+		c.Text = visible
+		f.record(c)
+		writeOK(w, true)
 	case "editMessageText":
 		// As Telegram: an edit without reply_markup removes the inline
 		// keyboard.

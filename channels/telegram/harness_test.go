@@ -199,11 +199,12 @@ type setup struct {
 }
 
 // testConfig is the default configuration with Telegram enabled against
-// the fake API.
+// the fake API, in edit mode (the in-package fake has no drafts: the draft
+// mode is tested against internal/fakebot, drafts_test.go).
 func testConfig(adjust func(*config.Config)) *config.Config {
 	c := config.Default()
 	tg := &c.Channels.Telegram
-	tg.Enabled, tg.Token, tg.APIURL = true, testToken, testAPIURL
+	tg.Enabled, tg.Token, tg.APIURL, tg.Streaming = true, testToken, testAPIURL, config.TelegramStreamEdit
 	if adjust != nil {
 		adjust(c)
 	}
@@ -219,6 +220,7 @@ func newHarness(t *testing.T, s setup) *harness {
 		if c, err = config.Load(filepath.Join("testdata", s.file)); err != nil {
 			t.Fatal(err)
 		}
+		c.Channels.Telegram.Streaming = config.TelegramStreamEdit
 	} else {
 		c = testConfig(s.adjust)
 	}

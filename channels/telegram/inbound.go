@@ -23,7 +23,10 @@ const maxRejectedLogged = 10000
 // (it runs on the library's update loop or a webhook request): updates of
 // one chat are handled in arrival order by one goroutine at a time, those
 // of different chats in parallel.
-func (c *Channel) dispatch(u *models.Update) { _ = c.dispatchDone(u, nil) }
+// A tap on a draft's Stop button (stopped_message_generation, which the
+// library does not know) was read from the getUpdates answer by
+// peekUpdates and comes here as an update with nothing the library knows.
+func (c *Channel) dispatch(u *models.Update) { _ = c.dispatchDone(u, c.takeStop(u.ID), nil) }
 
 // errNotQueued: dispatchDone could not take an update in (the channel is
 // closing, or the chat's inbox is full).
@@ -32,9 +35,12 @@ var errNotQueued = errors.New("telegram: update not taken in (closing, or the ch
 // updateInput is what an update says to the channel: the message it is
 // about (a message, an edit, or the message under a tapped button), or
 // ok false for updates that are not for this bot (channel posts,
-// reactions, …).
-func updateInput(u *models.Update) (in inMsg, ok bool) {
+// reactions, …). stop, if not nil, is the update's
+// stopped_message_generation (stopOf): a tap on a draft's Stop button.
+func updateInput(u *models.Update, stop *stoppedGeneration) (in inMsg, ok bool) {
 	switch {
+	case stop != nil:
+		in.msg, in.stop = &models.Message{Chat: stop.Chat}, stop
 	case u.Message != nil:
 		in.msg = u.Message
 	case u.EditedMessage != nil:
@@ -51,15 +57,16 @@ func updateInput(u *models.Update) (in inMsg, ok bool) {
 // (capacity 1) once the update has been handled (nil), or that it will not
 // be (ErrClosed). It returns errNotQueued, and reports nothing, when the
 // update was not taken in; an update ignored on purpose (not for this bot,
-// a chat outside the allow-list) returns nil and reports nil at once.
-func (c *Channel) dispatchDone(u *models.Update, done chan error) error {
+// a chat outside the allow-list) returns nil and reports nil at once. stop
+// is the update's stopped_message_generation, nil when it has none.
+func (c *Channel) dispatchDone(u *models.Update, stop *stoppedGeneration, done chan error) error {
 	ignored := func() error {
 		if done != nil {
 			done <- nil
 		}
 		return nil
 	}
-	in, ok := updateInput(u)
+	in, ok := updateInput(u, stop)
 	if !ok {
 		return ignored()
 	}
@@ -151,6 +158,10 @@ func (c *Channel) reply(ch *chat, text string) {
 
 // handle acts on one incoming message.
 func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
+	if in.stop != nil {
+		c.handleStopTap(ctx, ch, in.stop)
+		return
+	}
 	if in.cb != nil {
 		switch {
 		case strings.HasPrefix(in.cb.Data, approvalPrefix):
@@ -213,12 +224,7 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		c.mu.Unlock()
 		c.releaseRetry(ch, heldToken{in.token, runID})
 	case (ans.Command == conv.Stop || ans.Command == conv.New) && ans.Err == nil:
-		c.mu.Lock()
-		held := c.recent.dropQueued(ch.id) // the queue is gone: its retries are no longer running
-		c.mu.Unlock()
-		for _, h := range held {
-			c.releaseRetry(ch, h)
-		}
+		c.queueDropped(ch)
 	}
 	var unavail *gateway.UnavailableError
 	switch {
@@ -241,6 +247,17 @@ func (c *Channel) handle(ctx context.Context, ch *chat, in inMsg) {
 		c.replyQueued(ch, ans.Text, runID) // its own run id: a collected message's Ack names its turn's
 	case ans.Text != "":
 		c.reply(ch, ans.Text)
+	}
+}
+
+// queueDropped notes that a stop dropped the chat's queue: the Retry
+// buttons held by queued retries are given back.
+func (c *Channel) queueDropped(ch *chat) {
+	c.mu.Lock()
+	held := c.recent.dropQueued(ch.id) // the queue is gone: its retries are no longer running
+	c.mu.Unlock()
+	for _, h := range held {
+		c.releaseRetry(ch, h)
 	}
 }
 

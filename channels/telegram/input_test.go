@@ -432,7 +432,7 @@ func TestWebhook(t *testing.T) {
 			h.advance(time.Minute)
 			wh := h.api.webhook
 			if wh["url"] != "https://bot.example.com/telegram/webhook" || wh["secret_token"] != secret ||
-				wh["allowed_updates"] != `["message","edited_message","callback_query"]` {
+				wh["allowed_updates"] != `["message","edited_message","callback_query","stopped_message_generation"]` {
 				t.Errorf("setWebhook got %v", wh)
 			}
 			if h.api.getUpdates != 0 {

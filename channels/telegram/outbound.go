@@ -35,6 +35,7 @@ const (
 	actItem
 	actView
 	actTyping
+	actDraft
 	actExit
 )
 
@@ -68,6 +69,8 @@ func (c *Channel) runOut(ch *chat) {
 			c.updateView(ctx, ch, act.turn, act.view)
 		case actTyping:
 			c.sendTyping(ctx, ch, act.turn)
+		case actDraft:
+			c.updateDraft(ctx, ch, act.turn)
 		}
 	}
 }
@@ -127,6 +130,18 @@ func (c *Channel) nextLocked(ch *chat, now time.Time) action {
 	}
 	if !c.closing {
 		for _, t := range ch.turns {
+			if d := t.draft; d != nil && t.active {
+				switch at, ok := d.due(); {
+				case !ok:
+				case now.Before(at):
+					consider(at)
+				case !paced:
+					consider(ready)
+				default:
+					ch.pace.Take(now)
+					return action{kind: actDraft, turn: t}
+				}
+			}
 			for _, v := range t.views {
 				switch {
 				case !v.dirty(t.active):
@@ -140,7 +155,7 @@ func (c *Channel) nextLocked(ch *chat, now time.Time) action {
 				}
 			}
 		}
-		if t := ch.activeTurn(); t != nil && !t.paused && t.asking == 0 {
+		if t := ch.activeTurn(); t != nil && !t.paused && t.asking == 0 && (t.draft == nil || t.draft.stopped) {
 			if !now.Before(t.typingDue) {
 				t.typingDue = now.Add(typingEvery)
 				return action{kind: actTyping, turn: t}
@@ -479,6 +494,21 @@ func (c *Channel) sentMessage(ch *chat) {
 	}
 }
 
+// liveCall makes a call that shows a running turn (a view, a draft): it
+// waits for the shared limiter at most progressMaxWait (else
+// delivery.ErrSaturated: the caller tries later with the then-latest
+// text), restarts the chat's spacing and calls fn within callTimeout. The
+// chat's pacing slot was taken by nextLocked.
+func (c *Channel) liveCall(ctx context.Context, ch *chat, fn func(context.Context) error) error {
+	if err := c.global.Wait(ctx, progressMaxWait); err != nil {
+		return err
+	}
+	c.holdChat(ch)
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	return fn(cctx)
+}
+
 // updateView sends or edits a view with its latest wanted text. The chat's
 // pacing slot was taken by nextLocked.
 func (c *Channel) updateView(ctx context.Context, ch *chat, t *turnView, v *view) {
@@ -486,23 +516,18 @@ func (c *Channel) updateView(ctx context.Context, ch *chat, t *turnView, v *view
 	text, id := v.want, v.msgID
 	c.mu.Unlock()
 
-	var err error
-	if err = c.global.Wait(ctx, progressMaxWait); err == nil {
-		c.holdChat(ch)
-		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		if id == 0 {
-			var newID int
-			newID, err = c.api.send(cctx, ch.id, text, false, nil)
-			if err == nil {
-				c.mu.Lock()
-				v.msgID = newID
-				c.mu.Unlock()
-			}
-		} else {
-			err = c.api.edit(cctx, ch.id, id, text)
+	err := c.liveCall(ctx, ch, func(ctx context.Context) error {
+		if id != 0 {
+			return c.api.edit(ctx, ch.id, id, text)
 		}
-		cancel()
-	}
+		newID, err := c.api.send(ctx, ch.id, text, false, nil)
+		if err == nil {
+			c.mu.Lock()
+			v.msgID = newID
+			c.mu.Unlock()
+		}
+		return err
+	})
 
 	c.mu.Lock()
 	defer c.mu.Unlock()

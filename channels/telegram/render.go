@@ -91,8 +91,12 @@ func splitText(text string, limit int) []string {
 // a closing ``` and the next chunk reopens it with the same language, so
 // each chunk renders on its own. Every chunk is at most MaxMessageLen units
 // both as plain text and as rendered HTML.
-func splitReply(text string) []string {
-	chunks := splitText(text, MaxMessageLen-fenceReserve)
+func splitReply(text string) []string { return splitReplyWithin(text, MaxMessageLen-fenceReserve) }
+
+// splitReplyWithin is splitReply with chunks of at most limit units before
+// the fences it adds (at most fenceReserve more).
+func splitReplyWithin(text string, limit int) []string {
+	chunks := splitText(text, limit)
 	open, lang := false, ""
 	for i, c := range chunks {
 		if open {

@@ -89,7 +89,7 @@ const (
 )
 
 // allowedUpdates are the update types asked of Telegram.
-var allowedUpdates = []string{"message", "edited_message", "callback_query"}
+var allowedUpdates = []string{"message", "edited_message", "callback_query", "stopped_message_generation"}
 
 // ErrClosed is returned by SendText after Close.
 var ErrClosed = errors.New("telegram channel closed")
@@ -192,18 +192,20 @@ type Channel struct {
 
 	secretLogged atomic.Int64 // unix seconds of the last bad-secret log line
 
-	runs         Runs                        // Options.Runs
-	tokens       store.RetryTokens           // Retry buttons' tokens: Options.Runs, or kept in memory without it
-	recent       recentRuns                  // recent runs' texts and endings, for Retry; guarded by mu
-	durable      bool                        // Options.DurableEndings
-	sync         func(context.Context) error // Options.Sync
-	claimWake    chan struct{}               // 1-buffered: Claim was called
-	awaiting     map[string]*outItem         // durable endings waiting for their outbox row, by key; guarded by mu
-	sentMem      keySet                      // durable endings sent from memory before their row came; guarded by mu
-	claimedEarly keySet                      // durable endings claim queued before their onEvent came; guarded by mu
-	delivered    keySet                      // outbox ids delivered whose recording failed: marked, never resent; guarded by mu
-	claimMu      sync.RWMutex                // a claim (write) vs. recording a delivery (read): see claim
-	questions    map[string]*question        // runners' questions shown in chats, by approval id (approvals.go); guarded by mu
+	runs         Runs                         // Options.Runs
+	tokens       store.RetryTokens            // Retry buttons' tokens: Options.Runs, or kept in memory without it
+	recent       recentRuns                   // recent runs' texts and endings, for Retry; guarded by mu
+	durable      bool                         // Options.DurableEndings
+	sync         func(context.Context) error  // Options.Sync
+	claimWake    chan struct{}                // 1-buffered: Claim was called
+	awaiting     map[string]*outItem          // durable endings waiting for their outbox row, by key; guarded by mu
+	sentMem      keySet                       // durable endings sent from memory before their row came; guarded by mu
+	claimedEarly keySet                       // durable endings claim queued before their onEvent came; guarded by mu
+	delivered    keySet                       // outbox ids delivered whose recording failed: marked, never resent; guarded by mu
+	claimMu      sync.RWMutex                 // a claim (write) vs. recording a delivery (read): see claim
+	questions    map[string]*question         // runners' questions shown in chats, by approval id (approvals.go); guarded by mu
+	noDrafts     atomic.Bool                  // the Bot API server has no sendMessageDraft: edit mode everywhere (drafts.go)
+	stops        map[int64]*stoppedGeneration // Stop taps peeked in getUpdates answers, by update id (drafts.go); guarded by mu
 
 	apiURL      string       // the Bot API's base URL, without a trailing slash
 	hc          *http.Client // the Bot API's HTTP client
@@ -290,7 +292,7 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	b, err := bot.New(tg.Token,
 		bot.WithSkipGetMe(),
 		bot.WithServerURL(c.apiURL),
-		bot.WithHTTPClient(poll, doer{hc}),
+		bot.WithHTTPClient(poll, doer{c: hc, peek: c.peekUpdates}),
 		bot.WithDefaultHandler(func(_ context.Context, _ *bot.Bot, u *models.Update) { c.dispatch(u) }),
 		bot.WithNotAsyncHandlers(), // dispatch only queues: order is kept, nothing blocks
 		bot.WithAllowedUpdates(allowedUpdates),
@@ -302,7 +304,7 @@ func New(eng *gateway.Engine, cfg *config.Source, opts Options) (*Channel, error
 	if err != nil {
 		return nil, fmt.Errorf("telegram: %w", c.red.err(err))
 	}
-	c.bot, c.api = b, api{b: b}
+	c.bot, c.api = b, api{b: b, url: c.apiURL, hc: hc}
 	c.baseCtx, c.cancel = context.WithCancel(context.Background())
 	c.markCtx, c.stopMarks = context.WithCancel(c.baseCtx)
 	if c.outbox != nil {

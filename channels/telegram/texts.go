@@ -5,6 +5,7 @@ import (
 
 	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/messages"
 )
 
 // The texts a user reads that are not engine messages and are Telegram's
@@ -35,11 +36,8 @@ var tooLongText = conv.TooLongText
 
 // helpProgress is what /help says a Telegram user sees while a turn works.
 func helpProgress(c *config.Config) string {
-	progress := "While it works you see “typing…”"
-	if c.Channels.Telegram.ShowSteps {
-		progress += ", a line for each tool it uses"
-	}
-	return progress + ", and a “⏳ Still working” note if one step takes long."
+	tg := c.Channels.Telegram
+	return messages.TelegramProgress(tg.Streaming, tg.ShowSteps)
 }
 
 // helpText describes the bot, its commands and the turn limits in force.

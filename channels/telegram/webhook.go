@@ -71,7 +71,7 @@ func (c *Channel) WebhookHandler() http.Handler {
 			return
 		}
 		if c.cl == nil {
-			c.dispatch(&u)
+			_ = c.dispatchDone(&u, stopOf(raw), nil)
 			w.WriteHeader(http.StatusOK)
 			return
 		}

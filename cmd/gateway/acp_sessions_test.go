@@ -90,17 +90,19 @@ func TestTelegramACPSessionSurvivesRestart(t *testing.T) {
 }
 
 // TestTelegramACPPlanProgress: while the agent works on its plan, the
-// person's "⏳ Still working" notice names the plan's entry in progress.
+// person's "⏳ Still working" notice — the live status of the turn's draft
+// (channels.telegram.streaming: draft, the default) — names the plan's
+// entry in progress.
 func TestTelegramACPPlanProgress(t *testing.T) {
 	dir := t.TempDir()
 	bot := fakebot.New(t)
 	p := startGateway(t, dir, acpChatConfig(t, dir, bot, "", "    progressNotifyAfterSeconds: 0.5\n    stepTimeoutSeconds: 60"))
 	bot.Say("plan hang")
-	n := bot.WaitShown(30*time.Second, "the progress notice", func(s fakebot.Shown) bool {
-		return strings.HasPrefix(s.Text, "⏳ Still working")
+	d := bot.WaitDraft(30*time.Second, "with the progress notice", func(d fakebot.Draft) bool {
+		return strings.Contains(d.Text, "⏳ Still working")
 	})
-	if want := "⏳ Still working — 📋 2/5: Run tests has been running for"; !strings.HasPrefix(n.Text, want) {
-		t.Errorf("the progress notice %q, want it to start %q:\n%s", n.Text, want, p.log())
+	if want := "⏳ Still working — 📋 2/5: Run tests has been running for"; !strings.Contains(d.Text, want) {
+		t.Errorf("the draft %q, want the notice %q in it:\n%s", d.Text, want, p.log())
 	}
 	bot.Say("/stop")
 	bot.WaitShown(30*time.Second, "the stop notice", func(s fakebot.Shown) bool { return strings.HasPrefix(s.Text, "⏹️ Stopped") })

@@ -368,6 +368,11 @@ func TestCrashTelegramInterruptedNoticeOnce(t *testing.T) {
 	if n := waitSent(bot, notice, 30*time.Second); n != 1 {
 		t.Fatalf("the interrupted notice reached the chat %d times", n)
 	}
+	for _, d := range bot.Drafts() {
+		if !d.Followed { // a draft is a preview: the notice must follow the killed turn's
+			t.Errorf("draft %d (%q) was not followed by a message:%s", d.DraftID, d.Text, bot)
+		}
+	}
 	waitOutbox(t, db, "the notice delivered", func(pending []store.OutboxMessage, c store.OutboxCounts) bool {
 		return len(pending) == 0 && c.Delivered == 1
 	})

@@ -10,6 +10,16 @@
 // gateways; each may be given its own base URL (URLFor) so that the fake
 // knows which one polled and which one sent.
 //
+// Drafts (Bot API 10.3): sendMessageDraft is answered as Telegram does —
+// private chats only, a non-zero integer draft_id, at most 4096 characters
+// (empty shows Telegram's "Thinking…") — and counted against the chat's
+// rate like any message (Message.Method "sendMessageDraft"; MaxInWindow).
+// Drafts returns each draft as the chat shows it, and whether a real
+// sendMessage followed it (a draft is only a preview: one left open is a
+// reply the user never got). TapStop delivers a tap on a draft's Stop
+// button (the stopped_message_generation update). SayIn speaks in Group, a
+// supergroup, where drafts are refused.
+//
 // (cmd/gateway's crash tests carry an older copy of this server; it can move
 // onto this package.)
 package fakebot
@@ -24,6 +34,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf16"
 
 	"github.com/turnguard/turnguard/internal/tb"
 )
@@ -33,7 +44,33 @@ import (
 const (
 	Token = "4240001:fakebot-token"
 	Chat  = int64(4242)
+	// Group is a supergroup the test's user speaks in (SayIn).
+	Group = int64(-1004242)
+	// Username is the bot's username (getMe), without the @.
+	Username = "fake_test_bot"
 )
+
+// MaxDraftLen is the longest draft text the fake accepts, in UTF-16 code
+// units after entity parsing, as Telegram counts.
+const MaxDraftLen = 4096
+
+// Draft is a message draft (sendMessageDraft) as the chat shows it.
+type Draft struct {
+	ChatID     string
+	DraftID    int64
+	Text       string // the latest text, entities parsed ("" = Telegram's "Thinking…")
+	ParseMode  string
+	CanStop    bool // the latest update showed the Stop button
+	KeepOnStop bool
+	Updates    int       // sendMessageDraft calls answered 200 for it
+	Texts      []string  // every text it showed, in order
+	First, At  time.Time // the first and the latest update
+	// Followed: a real sendMessage reached the chat after the draft's
+	// latest update (the preview was followed by a message).
+	Followed bool
+	// Stopped: TapStop was delivered for it.
+	Stopped bool
+}
 
 // Message is a sendMessage, editMessageText or editMessageReplyMarkup call
 // the fake answered.
@@ -120,6 +157,7 @@ type Bot struct {
 	conflicts int // getUpdates answered 409 because another was in flight
 	polls     []Poll
 	hold      *hold // the next send to hold (Hold), nil when none
+	drafts    []*Draft
 }
 
 // hold is a send the fake keeps waiting (Hold).
@@ -187,19 +225,44 @@ func (b *Bot) SetFail(fail bool) {
 
 // Say queues a private message from the test's chat and returns its
 // update id.
-func (b *Bot) Say(text string) int64 {
+func (b *Bot) Say(text string) int64 { return b.SayIn(Chat, text) }
+
+// SayIn queues a message from the test's user in chat (Chat, or Group:
+// there a message is for the bot when it mentions "@"+Username or is a
+// command) and returns its update id. Text is ASCII.
+func (b *Bot) SayIn(chat int64, text string) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.nextID++
 	msg := map[string]any{"message_id": b.nextID, "date": time.Now().Unix(), "text": text,
-		"chat": map[string]any{"id": Chat, "type": "private"},
+		"chat": chatJSON(strconv.FormatInt(chat, 10)),
 		"from": map[string]any{"id": Chat, "is_bot": false, "first_name": "User"}}
+	var entities []map[string]any
 	if strings.HasPrefix(text, "/") {
 		n := strings.IndexByte(text+" ", ' ')
-		msg["entities"] = []map[string]any{{"type": "bot_command", "offset": 0, "length": n}}
+		entities = append(entities, map[string]any{"type": "bot_command", "offset": 0, "length": n})
+	}
+	if i := strings.Index(text, "@"+Username); i >= 0 {
+		entities = append(entities, map[string]any{"type": "mention", "offset": i, "length": len(Username) + 1})
+	}
+	if entities != nil {
+		msg["entities"] = entities
 	}
 	b.pushLocked(map[string]any{"update_id": b.nextID, "message": msg})
 	return b.nextID
+}
+
+// chatJSON is the Chat object of chat id (Group is a supergroup, any other
+// negative id a group, a positive one a private chat).
+func chatJSON(id string) map[string]any {
+	n, _ := strconv.ParseInt(id, 10, 64)
+	switch {
+	case n == Group:
+		return map[string]any{"id": n, "type": "supergroup", "title": "Fake group"}
+	case n < 0:
+		return map[string]any{"id": n, "type": "group", "title": "Fake group"}
+	}
+	return map[string]any{"id": n, "type": "private", "first_name": "User"}
 }
 
 // pushLocked queues an update and wakes the long polls. Called with b.mu
@@ -281,16 +344,26 @@ func (b *Bot) Shown() []Shown {
 // returns it; it fails the test after within.
 func (b *Bot) WaitShown(within time.Duration, what string, match func(Shown) bool) Shown {
 	b.t.Helper()
+	return waitFor(b, within, b.Shown, match, func() {
+		b.t.Fatalf("fakebot: the chat shows no message %s after %v:%s", what, within, b)
+	})
+}
+
+// waitFor polls items until one satisfies match and returns it; after
+// within it calls fail (which fails the test).
+func waitFor[T any](b *Bot, within time.Duration, items func() []T, match func(T) bool, fail func()) T {
+	b.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		shown := b.Shown()
-		for _, m := range shown {
-			if match(m) {
-				return m
+		for _, x := range items() {
+			if match(x) {
+				return x
 			}
 		}
 		if time.Now().After(deadline) {
-			b.t.Fatalf("fakebot: the chat shows no message %s after %v:%s", what, within, b)
+			fail()
+			var zero T
+			return zero
 		}
 		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
 	}
@@ -337,18 +410,9 @@ func (b *Bot) Count(s string) int {
 // it fails the test after within.
 func (b *Bot) WaitSent(within time.Duration, what string, match func(text string) bool) string {
 	b.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		for _, t := range b.Sent() {
-			if match(t) {
-				return t
-			}
-		}
-		if time.Now().After(deadline) {
-			b.t.Fatalf("fakebot: no message %s reached the chat within %v; delivered %q", what, within, b.Sent())
-		}
-		time.Sleep(10 * time.Millisecond) // real time: waiting for another process
-	}
+	return waitFor(b, within, b.Sent, match, func() {
+		b.t.Fatalf("fakebot: no message %s reached the chat within %v; delivered %q", what, within, b.Sent())
+	})
 }
 
 // ServeHTTP is the Bot API.
@@ -371,7 +435,7 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	switch method {
 	case "getMe":
-		answer(w, 200, map[string]any{"id": 4240001, "is_bot": true, "first_name": "Fake", "username": "fake_test_bot"}, "")
+		answer(w, 200, map[string]any{"id": 4240001, "is_bot": true, "first_name": "Fake", "username": Username}, "")
 	case "setMyCommands", "deleteWebhook", "setWebhook", "sendChatAction", "deleteMessage":
 		answer(w, 200, true, "")
 	case "answerCallbackQuery":
@@ -387,6 +451,8 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.serveEdit(w, r, via, method)
 	case "getUpdates":
 		b.serveUpdates(w, r, via)
+	case "sendMessageDraft":
+		b.serveDraft(w, r, via)
 	case "sendMessage":
 		m := Message{Via: via, Method: method, ChatID: r.FormValue("chat_id"), Text: r.FormValue("text"), At: time.Now(),
 			Markup: r.FormValue("reply_markup")}
@@ -402,6 +468,7 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				m.ID = len(b.msgs)
 				b.msgs[m.ID-1].ID = m.ID
 				b.shown = append(b.shown, &Shown{ID: m.ID, Text: m.Text, Buttons: keyboard(m.Markup)})
+				b.followLocked(m.ChatID)
 			}
 			b.mu.Unlock()
 			b.wait(r, h, via)
@@ -413,6 +480,7 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if m.OK {
 			b.msgs[id-1].ID = id
 			b.shown = append(b.shown, &Shown{ID: id, Text: m.Text, Buttons: keyboard(m.Markup)})
+			b.followLocked(m.ChatID)
 		}
 		b.mu.Unlock()
 		if !m.OK {
@@ -421,7 +489,7 @@ func (b *Bot) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		answer(w, 200, map[string]any{"message_id": id, "date": time.Now().Unix(), "text": m.Text,
-			"chat": map[string]any{"id": Chat, "type": "private"}}, "")
+			"chat": chatJSON(m.ChatID)}, "")
 	default:
 		answer(w, http.StatusNotFound, nil, "Not Found: method "+method)
 	}
@@ -505,7 +573,7 @@ func (b *Bot) serveEdit(w http.ResponseWriter, r *http.Request, via, method stri
 		return
 	}
 	answer(w, 200, map[string]any{"message_id": id, "date": time.Now().Unix(), "edit_date": time.Now().Unix(), "text": m.Text,
-		"chat": map[string]any{"id": Chat, "type": "private"}}, "")
+		"chat": chatJSON(m.ChatID)}, "")
 }
 
 // badMarkup is the Bot API's refusal of an inline keyboard, "" for a good
@@ -629,4 +697,168 @@ func (b *Bot) String() string {
 		}
 	}
 	return s.String()
+}
+
+// serveDraft answers sendMessageDraft as Telegram does: only in a private
+// chat, with a non-zero integer draft_id and at most MaxDraftLen
+// characters (empty: "Thinking…"); each call counts against the chat's
+// rate (it is recorded with the messages).
+func (b *Bot) serveDraft(w http.ResponseWriter, r *http.Request, via string) {
+	chat := r.FormValue("chat_id")
+	m := Message{Via: via, Method: "sendMessageDraft", ChatID: chat, Text: visibleText(r.FormValue("text"), r.FormValue("parse_mode")), At: time.Now()}
+	n, _ := strconv.ParseInt(chat, 10, 64)
+	draftID, err := strconv.ParseInt(r.FormValue("draft_id"), 10, 64)
+	desc := ""
+	switch {
+	case n <= 0:
+		desc = "Bad Request: TEXTDRAFT_PEER_INVALID" // drafts are for private chats only
+	case err != nil || draftID == 0:
+		desc = "Bad Request: draft_id must be a non-zero integer"
+	case utf16Len(m.Text) > MaxDraftLen:
+		desc = "Bad Request: text is too long"
+	}
+	b.mu.Lock()
+	m.OK = desc == ""
+	b.msgs = append(b.msgs, m)
+	if m.OK {
+		var d *Draft
+		for _, x := range b.drafts {
+			if x.ChatID == chat && x.DraftID == draftID {
+				d = x
+			}
+		}
+		if d == nil {
+			d = &Draft{ChatID: chat, DraftID: draftID, First: m.At}
+			b.drafts = append(b.drafts, d)
+		}
+		d.Text, d.ParseMode, d.At, d.Followed = m.Text, r.FormValue("parse_mode"), m.At, false
+		d.CanStop, d.KeepOnStop = r.FormValue("can_stop") == "true", r.FormValue("keep_on_stop") == "true"
+		d.Texts = append(d.Texts, m.Text)
+		d.Updates++
+	}
+	b.mu.Unlock()
+	if desc != "" {
+		answer(w, http.StatusBadRequest, nil, desc)
+		return
+	}
+	answer(w, 200, true, "")
+}
+
+// followLocked records that a real message reached chat: its drafts were
+// followed by one. Called with b.mu held.
+func (b *Bot) followLocked(chat string) {
+	for _, d := range b.drafts {
+		if d.ChatID == chat {
+			d.Followed = true
+		}
+	}
+}
+
+// Drafts returns the drafts shown so far, oldest first, as the chat shows
+// them now.
+func (b *Bot) Drafts() []Draft {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]Draft, len(b.drafts))
+	for i, d := range b.drafts {
+		out[i] = *d
+		out[i].Texts = append([]string(nil), d.Texts...)
+	}
+	return out
+}
+
+// WaitDraft waits until a draft satisfies match and returns it; it fails
+// the test after within.
+func (b *Bot) WaitDraft(within time.Duration, what string, match func(Draft) bool) Draft {
+	b.t.Helper()
+	return waitFor(b, within, b.Drafts, match, func() {
+		b.t.Fatalf("fakebot: the chat shows no draft %s after %v; drafts %+v:%s", what, within, b.Drafts(), b)
+	})
+}
+
+// TapStop queues a tap on the Stop button of draft draftID in the test's
+// chat (the stopped_message_generation update, as Telegram sends it) and
+// returns its update id.
+func (b *Bot) TapStop(draftID int64) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	chat := strconv.FormatInt(Chat, 10)
+	for _, d := range b.drafts {
+		if d.ChatID == chat && d.DraftID == draftID {
+			d.Stopped = true
+		}
+	}
+	b.nextID++
+	b.pushLocked(map[string]any{"update_id": b.nextID, "stopped_message_generation": map[string]any{
+		"chat": chatJSON(chat), "draft_id": draftID}})
+	return b.nextID
+}
+
+// MaxInWindow is the largest number of calls that sent, edited or drafted
+// a message in chat (answered or not) within any span of window: what
+// Telegram's per-chat rate limit counts.
+func (b *Bot) MaxInWindow(chat int64, window time.Duration) int {
+	id := strconv.FormatInt(chat, 10)
+	var at []time.Time
+	for _, m := range b.Messages() {
+		if m.ChatID == id {
+			at = append(at, m.At)
+		}
+	}
+	most := 0
+	for i := range at {
+		n := 0
+		for j := i; j < len(at) && at[j].Sub(at[i]) < window; j++ {
+			n++
+		}
+		most = max(most, n)
+	}
+	return most
+}
+
+// visibleText is text as the chat shows it: with parse_mode HTML, the tags
+// dropped and the entities &lt; &gt; &amp; &quot; decoded.
+func visibleText(text, parseMode string) string {
+	if parseMode != "HTML" {
+		return text
+	}
+	var out strings.Builder
+	for i := 0; i < len(text); {
+		switch {
+		case text[i] == '<':
+			j := strings.IndexByte(text[i:], '>')
+			if j < 0 {
+				out.WriteString(text[i:])
+				return out.String()
+			}
+			i += j + 1
+		case text[i] == '&':
+			done := false
+			for ent, r := range map[string]string{"&lt;": "<", "&gt;": ">", "&amp;": "&", "&quot;": `"`} {
+				if strings.HasPrefix(text[i:], ent) {
+					out.WriteString(r)
+					i += len(ent)
+					done = true
+					break
+				}
+			}
+			if !done {
+				out.WriteByte('&')
+				i++
+			}
+		default:
+			out.WriteByte(text[i])
+			i++
+		}
+	}
+	return out.String()
+}
+
+// utf16Len is the length of s in UTF-16 code units (Telegram's unit).
+func utf16Len(s string) int {
+	n := 0
+	for _, r := range s {
+		n += utf16.RuneLen(r)
+	}
+	return n
 }

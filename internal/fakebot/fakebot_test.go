@@ -157,3 +157,58 @@ func TestButtons(t *testing.T) {
 func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
 
 func jsonNum(n int64) string { return mustJSON(n) }
+
+// TestDrafts: sendMessageDraft is refused outside private chats, with a
+// zero or non-integer draft_id and past 4096 characters; an empty draft is
+// accepted (Telegram's "Thinking…"); updates of one draft_id are one draft,
+// shown with its HTML parsed, and stay visible as not followed until a
+// real sendMessage reaches the chat; TapStop delivers
+// stopped_message_generation; every draft counts against the chat's rate.
+func TestDrafts(t *testing.T) {
+	b := New(t)
+	for _, tc := range []struct {
+		name string
+		form url.Values
+		want string
+	}{
+		{"group", url.Values{"chat_id": {jsonNum(Group)}, "draft_id": {"7"}, "text": {"x"}}, "TEXTDRAFT_PEER_INVALID"},
+		{"zero id", url.Values{"chat_id": {"4242"}, "draft_id": {"0"}, "text": {"x"}}, "non-zero"},
+		{"string id", url.Values{"chat_id": {"4242"}, "draft_id": {"abc"}, "text": {"x"}}, "non-zero"},
+		{"too long", url.Values{"chat_id": {"4242"}, "draft_id": {"7"}, "text": {strings.Repeat("é", MaxDraftLen+1)}}, "too long"},
+	} {
+		if code, v := call(t, b, "sendMessageDraft", tc.form); code != 400 || !strings.Contains(mustJSON(v), tc.want) {
+			t.Errorf("%s: %d %v, want 400 %q", tc.name, code, v, tc.want)
+		}
+	}
+	if d := b.Drafts(); len(d) != 0 {
+		t.Fatalf("refused drafts are shown: %+v", d)
+	}
+	for _, form := range []url.Values{
+		{"chat_id": {"4242"}, "draft_id": {"7"}, "text": {""}, "can_stop": {"true"}},
+		{"chat_id": {"4242"}, "draft_id": {"7"}, "text": {"<b>Hello</b> &amp; more"}, "parse_mode": {"HTML"}, "can_stop": {"true"}},
+	} {
+		if code, v := call(t, b, "sendMessageDraft", form); code != 200 || v["result"] != true {
+			t.Fatalf("sendMessageDraft %v: %d %v", form, code, v)
+		}
+	}
+	d := b.Drafts()
+	if len(d) != 1 || d[0].DraftID != 7 || d[0].Text != "Hello & more" || d[0].Updates != 2 || !d[0].CanStop || d[0].Followed ||
+		mustJSON(d[0].Texts) != `["","Hello \u0026 more"]` {
+		t.Fatalf("drafts %+v", d)
+	}
+	b.TapStop(7)
+	_, v := call(t, b, "getUpdates", url.Values{"timeout": {"0"}})
+	res, _ := v["result"].([]any)
+	if len(res) != 1 || !strings.Contains(mustJSON(res[0]), `"stopped_message_generation":{"chat":{"first_name":"User","id":4242,"type":"private"},"draft_id":7}`) {
+		t.Fatalf("the Stop tap's update: %v", v)
+	}
+	if code, _ := call(t, b, "sendMessage", url.Values{"chat_id": {"4242"}, "text": {"Hello & more, in full"}}); code != 200 {
+		t.Fatalf("sendMessage: %d", code)
+	}
+	if d := b.WaitDraft(time.Second, "followed", func(d Draft) bool { return d.Followed }); !d.Stopped {
+		t.Fatalf("draft %+v: not marked stopped", d)
+	}
+	if n := b.MaxInWindow(Chat, time.Second); n != 6 {
+		t.Fatalf("MaxInWindow = %d, want 6: the 3 refused and 2 accepted drafts and the message", n)
+	}
+}
