@@ -73,7 +73,10 @@ func measureDB(t *testing.T, p *pgxpool.Pool, work func()) dbCost {
 // replica writes it (Claim, the recorder's TurnStarted, three steps and
 // ending, Finish), 20 turns at a time. Its figures are docs/performance.md's ("Cluster cost
 // per turn"); it fails when the coordination takes more than one commit and
-// one statement for the claim, and the same for the finish.
+// one statement for the claim, and the same for the finish, and when the
+// whole turn takes more than 5 statements besides BEGIN, COMMIT and SET
+// (claim, finish, the TurnStarted's limits, and the recorder's batches'
+// step update and journal statement shared by the batch's turns).
 //
 //	TURNGUARD_REQUIRE_POSTGRES=1 go test -count=1 -run TestTurnDatabaseCost -v ./cluster/pgcoord/
 func TestTurnDatabaseCost(t *testing.T) {
@@ -138,6 +141,9 @@ func TestTurnDatabaseCost(t *testing.T) {
 	t.Logf("per turn, whole turn with the recorder (3 steps): %s", whole)
 	if coord.commits > 2.1 || coord.work > 2.1 {
 		t.Errorf("claim + finish cost %s per turn; want ≤ 2 commits and ≤ 2 statements", coord)
+	}
+	if whole.work > 5 {
+		t.Errorf("the whole turn cost %s; want ≤ 5 statements without BEGIN/COMMIT/SET", whole)
 	}
 }
 

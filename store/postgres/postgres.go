@@ -88,6 +88,7 @@ type Store struct {
 	owner     *pgx.Conn
 	ownerLost bool // another gateway took ownerLock: the store is held unwritable
 	shared    bool
+	claimed   claimedRuns // the writer goroutine's: runs it saw claimed, not yet ended
 
 	*store.EventRecorder
 	rec store.RecorderControl
