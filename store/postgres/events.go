@@ -17,9 +17,10 @@ import (
 // event (see store.EventRecorder.Handle for what each records).
 type writer struct{ s *Store }
 
-// WriteBatch applies evs in one transaction; a batch with an ending of an
-// outbox channel's turn (its terminal messages go into the outbox with it)
-// commits with synchronous_commit on.
+// WriteBatch applies evs in one transaction; a batch that wrote outbox rows
+// (an ending of an outbox channel's turn: its terminal messages go into
+// the outbox with it) commits with synchronous_commit on, and in shared
+// mode one that wrote only claimed turns' shadows with it off (commitMode).
 func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 	s := w.s
 	err := RetryConflicts(ctx, func() error { return w.writeBatch(ctx, evs) })
@@ -52,15 +53,15 @@ func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 		if err := b.steps.flush(ctx, tx); err != nil {
 			return err
 		}
-		if err := b.journal.flush(ctx, tx, b.keys, b.ats); err != nil {
+		if err := b.journal.flush(ctx, tx, b.keys, b.ats, s.commitMode(&b)); err != nil {
 			return err
 		}
-		if b.outbox {
-			// Only a batch that wrote outbox rows commits durably (a
-			// claimed turn's ending writes none: its Finish did).
-			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
+		if s.commitCheck != nil {
+			var mode string
+			if err := tx.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&mode); err != nil {
 				return err
 			}
+			s.commitCheck(mode)
 		}
 		if s.beforeCommit != nil {
 			s.beforeCommit()
@@ -80,6 +81,25 @@ type batch struct {
 	ats     []time.Time
 	ensured bool // ensureSessions ran
 	outbox  bool // an outbox row was written: the commit is durable
+	primary bool // a record only the recorder writes: a turn's row, its history, an approval, a reset
+}
+
+// commitMode is the batch's synchronous_commit: on when it wrote outbox
+// rows (a crash must not lose a message the outbox owes); off in shared
+// mode when it wrote only what shadows claimed turns — their limits, steps,
+// journal, the approvals' cancellations and sessions' times, whose claims
+// and endings (cluster/pgcoord) commit durably themselves, so a database
+// crash loses at most the last moments of them and no promise (issue 21:
+// a flush of the write-ahead log per batch); otherwise nil, the
+// database's setting.
+func (s *Store) commitMode(b *batch) any {
+	switch {
+	case b.outbox:
+		return "on"
+	case s.shared && !b.primary:
+		return "off"
+	}
+	return nil
 }
 
 // ensureSessions makes the rows of the batch's sessions that are new,
@@ -143,12 +163,14 @@ const (
 	// updated_at of sessions $15 to the last of their times $16 (never
 	// back, locking the rows in key order), and inserts the journal rows.
 	// A data-modifying WITH runs whether or not it is referenced.
+	// With a $17 it sets synchronous_commit for the transaction to it.
 	flushJournal = `WITH cancelled AS (UPDATE approvals SET status = 'cancelled', resolved_at = c.a
 			FROM unnest($13::text[], $14::timestamptz[]) AS c (r, a) WHERE approvals.run_id = c.r AND approvals.status = 'pending'),
 		touched AS (UPDATE sessions SET updated_at = greatest(sessions.updated_at, t.a)
 			FROM (SELECT k, max(a) AS a FROM unnest($15::text[], $16::timestamptz[]) AS u (k, a) GROUP BY k) AS t
-			WHERE sessions.key = t.k AND sessions.key IN (SELECT key FROM sessions WHERE key = ANY ($15) ORDER BY key FOR UPDATE))
-		` + insertJournal
+			WHERE sessions.key = t.k AND sessions.key IN (SELECT key FROM sessions WHERE key = ANY ($15) ORDER BY key FOR UPDATE)),
+		journal AS (` + insertJournal + `)
+		SELECT $17::text IS NULL OR set_config('synchronous_commit', $17, true) IS NOT NULL`
 )
 
 // journalRows are the journal rows of a batch not inserted yet, a slice
@@ -180,14 +202,15 @@ func (jr *journalRows) cancel(run string, at time.Time) {
 }
 
 // flush inserts the rows added since the last flush, in order, cancels the
-// ended runs' pending approvals and touches sessions keys at ats, in one
+// ended runs' pending approvals, touches sessions keys at ats and, with a
+// mode (commitMode), sets the transaction's synchronous_commit, in one
 // statement; none when there is nothing to do.
-func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, keys []string, ats []time.Time) error {
-	if len(jr.run) == 0 && len(jr.cancelRun) == 0 && len(keys) == 0 {
+func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, keys []string, ats []time.Time, mode any) error {
+	if len(jr.run) == 0 && len(jr.cancelRun) == 0 && len(keys) == 0 && mode == nil {
 		return nil
 	}
 	if _, err := tx.Exec(ctx, flushJournal, jr.run, jr.session, jr.seq, jr.kind, jr.reason, jr.stepKind, jr.stepName,
-		jr.stepSeq, jr.lastStep, jr.elapsed, jr.message, jr.at, jr.cancelRun, jr.cancelAt, keys, ats); err != nil {
+		jr.stepSeq, jr.lastStep, jr.elapsed, jr.message, jr.at, jr.cancelRun, jr.cancelAt, keys, ats, mode); err != nil {
 		return fmt.Errorf("journal %s: %w", strings.Join(slices.Compact(slices.Clone(jr.kind)), ", "), err)
 	}
 	*jr = journalRows{}
@@ -210,6 +233,7 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 	}
 	switch ev.Kind {
 	case event.SessionReset:
+		b.primary = true
 		if _, err := tx.Exec(ctx, upsertSession, ev.SessionKey, at); err != nil {
 			return fmt.Errorf("upsert session: %w", err)
 		}
@@ -245,6 +269,7 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 		// claimed turn (cluster/pgcoord: owner_epoch set) is never
 		// restarted here: its claim wrote the row and the user's message,
 		// and its end (Finish or a takeover) may already be committed.
+		b.primary = true
 		if err := b.ensureSessions(ctx, tx); err != nil {
 			return err
 		}
@@ -292,10 +317,11 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 			return err
 		}
 	case event.ApprovalRequested, event.ApprovalResolved:
+		b.primary = true
 		if len(jr.cancelRun) > 0 {
 			// An ending before it in the batch cancels its run's pending
 			// approvals first, as one ending at a time did.
-			if err := jr.flush(ctx, tx, nil, nil); err != nil {
+			if err := jr.flush(ctx, tx, nil, nil, nil); err != nil {
 				return err
 			}
 		}
@@ -330,6 +356,7 @@ func (s *Store) endTurn(ctx context.Context, tx pgx.Tx, ev *event.Event, at time
 		// no row (its end is its owner's Finish or a takeover's).
 		return nil
 	}
+	b.primary = true
 	if err := b.ensureSessions(ctx, tx); err != nil {
 		return err
 	}

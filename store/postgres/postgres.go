@@ -64,6 +64,10 @@ type Options struct {
 	// the writer goroutine inside a batch's transaction just before its
 	// commit and just after the commit: a test kills the process there.
 	beforeCommit, afterCommit func()
+	// commitCheck, when set (tests only), is called by the writer
+	// goroutine inside each batch's transaction just before its commit
+	// with the transaction's synchronous_commit.
+	commitCheck func(synchronousCommit string)
 }
 
 const (
@@ -80,7 +84,8 @@ type Store struct {
 	retention store.Retention
 	where     string // the redacted URL, for errors and logs
 
-	beforeCommit, afterCommit func() // tests: see Options.beforeCommit
+	beforeCommit, afterCommit func()                         // tests: see Options.beforeCommit
+	commitCheck               func(synchronousCommit string) // tests: see Options.commitCheck
 
 	// owner holds ownerLock (Options.Shared false); only the writer
 	// goroutine (Check) replaces it, and Close closes it.
@@ -131,7 +136,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (_ *Store, err error
 		opts.Logger = slog.Default()
 	}
 	s := &Store{log: opts.Logger, retention: opts.Retention, where: where, shared: opts.Shared,
-		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit}
+		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit, commitCheck: opts.commitCheck}
 	s.EventRecorder, s.rec, err = store.NewEventRecorder(writer{s}, store.RecorderOptions{
 		QueueSize: opts.QueueSize, BatchSize: opts.BatchSize, Logger: opts.Logger, OnHealth: opts.OnHealth,
 		OutboxChannels: opts.OutboxChannels, OnOutbox: opts.OnOutbox, BeforeBatch: opts.beforeBatch,
