@@ -17,6 +17,15 @@ const maxGroup = 64
 // groupTimeout bounds a group's round trip (its statements and commit).
 const groupTimeout = 30 * time.Second
 
+// groupLockTimeout bounds each lock wait of a group: a group holds the
+// locks of all its statements until its commit, so it could wait in a
+// cycle with a transaction no single statement would (the recorder's
+// batch updating turn rows in another order; another replica's group
+// claiming the same sessions crosswise) until the server's deadlock
+// timeout (1 s); past this the group fails, commits nothing, and its
+// statements run alone, as without group commit.
+const groupLockTimeout = "50ms"
+
 // errAlone says a group failed for one of its statements: nothing of it
 // was committed, and each statement runs again alone.
 var errAlone = errors.New("the group's transaction failed: run alone")
@@ -121,10 +130,12 @@ func (g *committer) send(group []*groupReq) {
 		return
 	}
 	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, groupLockTimeout)
 	for _, q := range group {
 		b.Queue(q.sql, q.args...)
 	}
 	br := g.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
 	errs := make([]error, len(group))
 	for i, q := range group {
 		errs[i] = br.QueryRow().Scan(q.dest...)
@@ -132,7 +143,7 @@ func (g *committer) send(group []*groupReq) {
 	// The results count only once the transaction committed (Close reads
 	// up to the pipeline's end): a statement that failed rolled back the
 	// others' too.
-	err := br.Close()
+	err = cmpErr(err, br.Close())
 	for _, e := range errs {
 		err = cmpErr(err, e)
 	}
