@@ -24,7 +24,7 @@ const groupTimeout = 30 * time.Second
 // claiming the same sessions crosswise) until the server's deadlock
 // timeout (1 s); past this the group fails, commits nothing, and its
 // statements run alone, as without group commit.
-const groupLockTimeout = "50ms"
+const groupLockTimeout = `SET LOCAL lock_timeout = '50ms'`
 
 // errAlone says a group failed for one of its statements: nothing of it
 // was committed, and each statement runs again alone.
@@ -130,7 +130,7 @@ func (g *committer) send(group []*groupReq) {
 		return
 	}
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, groupLockTimeout)
+	b.Queue(groupLockTimeout)
 	for _, q := range group {
 		b.Queue(q.sql, q.args...)
 	}
