@@ -145,6 +145,12 @@ const (
 	// startClaimed gives a claimed running turn ($1) its limits and sender.
 	startClaimed = `UPDATE turns SET deadline_at = $2, ceiling_at = $3, step_timeout_ns = $4, sender = $5
 		WHERE run_id = $1 AND state = 'running' AND owner_epoch IS NOT NULL`
+	// startIfClaimed is startClaimed that says whether the turn is a
+	// claimed one, running or ended (its owner's Finish may come before
+	// the recorder writes its start).
+	startIfClaimed = `WITH c AS (SELECT owner_epoch IS NOT NULL AS claimed FROM turns WHERE run_id = $1),
+		u AS (` + startClaimed + `)
+		SELECT coalesce((SELECT claimed FROM c), false)`
 	// insertJournalRow inserts one journal row.
 	insertJournalRow = `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
 			step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
@@ -225,8 +231,8 @@ func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, keys []string, ats 
 func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch) (err error) {
 	at := store.EventTime(ev)
 	jr, st := &b.journal, &b.steps
-	if ev.Kind != event.StepStarted && ev.Kind != event.StepCompleted && st.pending(ev.RunID) {
-		// The run's steps are written before anything else of the run.
+	if st.pending(ev.RunID) && s.writesTurn(ev) {
+		// The run's steps are written before anything else writes its row.
 		if err := st.flush(ctx, tx); err != nil {
 			return err
 		}
@@ -248,13 +254,15 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 		if s.shared {
 			// With several gateways a turn is claimed (cluster/pgcoord): its
 			// claim wrote the row and the user's message and removed its
-			// queued row, so one statement gives it its limits and sender.
-			tag, err := tx.Exec(ctx, startClaimed, ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling),
-				nullDuration(ev.StepTimeout), ev.Sender)
+			// queued row, so one statement gives it its limits and sender
+			// (none if it has ended already: its Finish came first).
+			var claimed bool
+			err := tx.QueryRow(ctx, startIfClaimed, ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling),
+				nullDuration(ev.StepTimeout), ev.Sender).Scan(&claimed)
 			if err != nil {
 				return fmt.Errorf("start claimed turn: %w", err)
 			}
-			if tag.RowsAffected() == 1 {
+			if claimed {
 				s.claimed.add(ev.RunID)
 				if len(ev.Joined) > 0 {
 					if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, ev.Joined); err != nil {
@@ -345,6 +353,19 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 		jr.cancel(ev.RunID, at)
 	}
 	return nil
+}
+
+// writesTurn reports whether apply writes ev's turn row: a start, or an
+// ending of a turn not seen claimed (a claimed turn's ending writes none).
+// Other events write other tables.
+func (s *Store) writesTurn(ev *event.Event) bool {
+	switch ev.Kind {
+	case event.TurnStarted:
+		return true
+	case event.Aborted, event.Finished:
+		return !s.claimed.has(ev.RunID)
+	}
+	return false
 }
 
 // endTurn records an Aborted or Finished event: the turn's final state and,
@@ -461,6 +482,12 @@ func (c *claimedRuns) add(run string) {
 		c.runs = make(map[string]struct{})
 	}
 	c.runs[run] = struct{}{}
+}
+
+// has reports whether run was seen claimed.
+func (c *claimedRuns) has(run string) bool {
+	_, ok := c.runs[run]
+	return ok
 }
 
 // ended reports whether run was seen claimed, and forgets it.

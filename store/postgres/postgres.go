@@ -103,6 +103,17 @@ type Store struct {
 
 var _ store.Backend = (*Store)(nil)
 
+// sharedLinger is the recorder's store.RecorderOptions.Linger: in shared
+// mode its batches mostly shadow claimed turns (commitMode), and waiting
+// 10 ms for fuller batches saves statements and commits (issue 21); with
+// one gateway the recorder writes the turns' only record, at once.
+func sharedLinger(shared bool) time.Duration {
+	if shared {
+		return 10 * time.Millisecond
+	}
+	return 0
+}
+
 // Open connects to the database at rawURL (postgres://user:password@host:
 // port/database?…), migrates its schema and starts the event writer (and,
 // with a retention policy, the pruner). The caller must call Close.
@@ -140,6 +151,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (_ *Store, err error
 	s.EventRecorder, s.rec, err = store.NewEventRecorder(writer{s}, store.RecorderOptions{
 		QueueSize: opts.QueueSize, BatchSize: opts.BatchSize, Logger: opts.Logger, OnHealth: opts.OnHealth,
 		OutboxChannels: opts.OutboxChannels, OnOutbox: opts.OnOutbox, BeforeBatch: opts.beforeBatch,
+		Linger: sharedLinger(opts.Shared),
 	})
 	if err != nil {
 		return nil, err
