@@ -88,16 +88,7 @@ func TestGroupWithAFailingStatementRunsTheOthersAlone(t *testing.T) {
 			errs[i] = g.queryRow(ctx, `WITH w AS (INSERT INTO g VALUES ($1)) SELECT $1::text`, []any{v}, &got)
 		})
 	}
-	for {
-		g.mu.Lock()
-		queued := len(g.queue)
-		g.mu.Unlock()
-		if queued == n {
-			break
-		}
-		time.Sleep(time.Millisecond) // real goroutines queueing; no timer under test
-	}
-	g.run()
+	sendGroup(g, n)
 	wg.Wait()
 	for i, err := range errs {
 		_, isPg := errors.AsType[*pgconn.PgError](err)
@@ -108,4 +99,51 @@ func TestGroupWithAFailingStatementRunsTheOthersAlone(t *testing.T) {
 	if got := count(t, p, `SELECT count(*) FROM g`); got != n-1 {
 		t.Errorf("%d rows written, want %d", got, n-1)
 	}
+}
+
+// A group's statements wait at most groupLockTimeout for a lock; alone, a
+// statement waits as the server's setting says.
+func TestGroupBoundsItsLockWaits(t *testing.T) {
+	ctx := context.Background()
+	p := db(t, pgtest.New(t))
+	g := &committer{pool: p, running: true} // no group is sent until run below
+	const n = 3
+	got := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			if err := g.queryRow(ctx, `SELECT current_setting('lock_timeout')`, nil, &got[i]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	sendGroup(g, n)
+	wg.Wait()
+	var alone string
+	if err := g.queryRow(ctx, `SELECT current_setting('lock_timeout')`, nil, &alone); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		if v != "50ms" {
+			t.Errorf("statement %d of a group: lock_timeout %q, want 50ms", i, v)
+		}
+	}
+	if alone != "0" {
+		t.Errorf("a statement alone: lock_timeout %q, want the server's 0", alone)
+	}
+}
+
+// sendGroup sends g's queue as one group once n statements are queued (g
+// made with running set, so nothing is sent before).
+func sendGroup(g *committer, n int) {
+	for {
+		g.mu.Lock()
+		queued := len(g.queue)
+		g.mu.Unlock()
+		if queued == n {
+			break
+		}
+		time.Sleep(time.Millisecond) // real goroutines queueing; no timer under test
+	}
+	g.run()
 }
