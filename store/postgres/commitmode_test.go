@@ -25,19 +25,22 @@ func TestBatchCommitsDurablyOnlyWhenItMust(t *testing.T) {
 		name    string
 		shared  bool
 		claimed bool   // the turn's row was written by a claim (cluster/pgcoord)
+		ended   bool   // and its owner's Finish ended it before the recorder wrote its start
 		channel string // telegram is an outbox channel
 		batches [][]event.Kind
 		want    []string // synchronous_commit of each batch
 	}{
-		{"claimed turn", true, true, "telegram",
+		{"claimed turn", true, true, false, "telegram",
 			[][]event.Kind{{event.TurnStarted, event.StepStarted, event.StepCompleted}, {event.Finished}}, []string{"off", "off"}},
-		{"claimed turn's ending, its start unseen", true, true, "telegram",
+		{"claimed turn ended before its start was written", true, true, true, "telegram",
+			[][]event.Kind{{event.TurnStarted, event.StepStarted}, {event.Finished}}, []string{"off", "off"}},
+		{"claimed turn's ending, its start unseen", true, true, false, "telegram",
 			[][]event.Kind{{event.Finished}}, []string{"on"}},
-		{"unclaimed turn", true, false, "ws",
+		{"unclaimed turn", true, false, false, "ws",
 			[][]event.Kind{{event.TurnStarted}, {event.StepStarted}, {event.Finished}}, []string{"on", "off", "on"}},
-		{"unclaimed turn of an outbox channel", true, false, "telegram",
+		{"unclaimed turn of an outbox channel", true, false, false, "telegram",
 			[][]event.Kind{{event.TurnStarted, event.Finished}}, []string{"on"}},
-		{"one gateway", false, false, "ws",
+		{"one gateway", false, false, false, "ws",
 			[][]event.Kind{{event.TurnStarted, event.StepStarted}, {event.Finished}}, []string{"on", "on"}},
 	}
 	for i, tc := range cases {
@@ -54,7 +57,7 @@ func TestBatchCommitsDurablyOnlyWhenItMust(t *testing.T) {
 			if tc.claimed {
 				if _, err := c.Exec(ctx, `WITH s AS (INSERT INTO sessions (key, created_at, updated_at) VALUES ($1, now(), now()))
 					INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at, owner_replica, owner_epoch)
-					VALUES ($2, $1, $3, $4, 'running', now(), now(), 'r1', 1)`, tr.Session, tr.Run, tr.Channel, tr.Chat); err != nil {
+					VALUES ($2, $1, $3, $4, $5, now(), now(), 'r1', 1)`, tr.Session, tr.Run, tr.Channel, tr.Chat, state(tc.ended)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -77,12 +80,21 @@ func TestBatchCommitsDurablyOnlyWhenItMust(t *testing.T) {
 				t.Errorf("synchronous_commit of the batches: %q, want %q", got, tc.want)
 			}
 			if tc.claimed {
-				// The recorder never ends a claimed turn: its owner does.
-				var state string
-				if err := c.QueryRow(ctx, `SELECT state FROM turns WHERE run_id = $1`, tr.Run).Scan(&state); err != nil || state != "running" {
-					t.Errorf("the claimed turn's state: %q (%v), want running", state, err)
+				// The recorder never ends nor restarts a claimed turn: its
+				// owner does.
+				var got string
+				if err := c.QueryRow(ctx, `SELECT state FROM turns WHERE run_id = $1`, tr.Run).Scan(&got); err != nil || got != state(tc.ended) {
+					t.Errorf("the claimed turn's state: %q (%v), want %s", got, err, state(tc.ended))
 				}
 			}
 		})
 	}
+}
+
+// state is a claimed turn's state: finished when ended, else running.
+func state(ended bool) string {
+	if ended {
+		return "finished"
+	}
+	return "running"
 }
