@@ -261,7 +261,8 @@ func (c RecorderControl) AnyToOutbox(evs []event.Event) bool {
 // counted.
 //
 // The writer goroutine applies queued events in order, in batches of up to
-// BatchSize per transaction:
+// BatchSize per transaction (with a Linger, a smaller batch waits that long
+// for more):
 //   - TurnStarted creates the session if new, the turn (state running) and
 //     the user's message in the history.
 //   - StepStarted / StepCompleted update the turn's current and last step.
