@@ -70,6 +70,12 @@ type RecorderOptions struct {
 	// BeforeBatch, when set (tests only), is called by the writer
 	// goroutine before it writes each batch.
 	BeforeBatch func()
+	// Linger, when positive, is how long the writer waits for more events
+	// after taking a batch smaller than BatchSize, before writing it: fewer,
+	// fuller batches for a store whose recorder writes only what other
+	// writes already made durable (a shared PostgreSQL's claimed turns),
+	// where a batch's cost is its statements and commit, not its delay.
+	Linger time.Duration
 }
 
 // EventRecorder is the recording half of a store (see Handle). Its zero
@@ -84,6 +90,7 @@ type EventRecorder struct {
 	spillN      atomic.Int64  // len(spill), read without qmu: while 0, Handle takes no lock
 	wake        chan struct{} // 1-buffered: the queue has something
 	batchSize   int
+	linger      time.Duration // RecorderOptions.Linger
 	beforeBatch func()
 	dropped     atomic.Uint64
 	spilled     atomic.Uint64
@@ -132,7 +139,7 @@ func NewEventRecorder(w BatchWriter, o RecorderOptions) (*EventRecorder, Recorde
 	}
 	r := &EventRecorder{
 		w: w, log: o.Logger,
-		ring: newEvQueue(o.QueueSize), wake: make(chan struct{}, 1), batchSize: o.BatchSize,
+		ring: newEvQueue(o.QueueSize), wake: make(chan struct{}, 1), batchSize: o.BatchSize, linger: o.Linger,
 		beforeBatch: o.BeforeBatch, onHealth: o.OnHealth, poke: make(chan struct{}, 1), onOutbox: o.OnOutbox,
 		stop: make(chan struct{}), done: make(chan struct{}), progress: make(chan struct{}),
 	}
@@ -254,7 +261,8 @@ func (c RecorderControl) AnyToOutbox(evs []event.Event) bool {
 // counted.
 //
 // The writer goroutine applies queued events in order, in batches of up to
-// BatchSize per transaction:
+// BatchSize per transaction (with a Linger, a smaller batch waits that long
+// for more):
 //   - TurnStarted creates the session if new, the turn (state running) and
 //     the user's message in the history.
 //   - StepStarted / StepCompleted update the turn's current and last step.
@@ -398,6 +406,9 @@ func (r *EventRecorder) run() {
 			return
 		}
 		if batch = r.take(batch); len(batch) > 0 {
+			if r.linger > 0 && !stopping {
+				batch = r.fill(batch, &stopping)
+			}
 			r.writeUntilDone(batch, &stopping)
 			clear(batch) // do not keep the texts alive until the slots are reused
 			batch = batch[:0]
@@ -423,6 +434,26 @@ func (r *EventRecorder) run() {
 			check.Reset(checkInterval)
 		}
 	}
+}
+
+// fill waits up to the linger for more queued events after batch's, until
+// the batch is full, Stop is called (stopping set) or events spill beyond
+// the queue (those come in take's order, next).
+func (r *EventRecorder) fill(batch []event.Event, stopping *bool) []event.Event {
+	t := time.NewTimer(r.linger)
+	defer t.Stop()
+	for len(batch) < r.batchSize && r.spillN.Load() == 0 {
+		select {
+		case <-r.wake:
+			batch = r.ring.pop(batch, r.batchSize-len(batch))
+		case <-r.stop:
+			*stopping = true
+			return batch
+		case <-t.C:
+			return batch
+		}
+	}
+	return batch
 }
 
 // abandonQueue counts every queued event failed, without writing it: Close

@@ -192,8 +192,8 @@ func (r *Replica) insertClaim(ctx context.Context, c Claim) (won, prevMine bool,
 		var sync, leaseOK bool
 		var runID, session, state, reason, owner *string
 		var same *bool
-		err := r.pool.QueryRow(ctx, claimSQL, c.RunID, c.SessionKey, c.Channel, c.ChatRef, r.id, r.epoch, c.Text,
-			append([]string{c.RunID}, c.Joined...)).Scan(&sync, &leaseOK, &won, &prevMine,
+		err := r.group.queryRow(ctx, claimSQL, []any{c.RunID, c.SessionKey, c.Channel, c.ChatRef, r.id, r.epoch, c.Text,
+			append([]string{c.RunID}, c.Joined...)}, &sync, &leaseOK, &won, &prevMine,
 			&runID, &session, &state, &reason, &owner, &same)
 		switch {
 		case err != nil:
@@ -301,8 +301,8 @@ func (r *Replica) finish(ctx context.Context, ev event.Event, checkFence bool) e
 	var session, channel, chatRef *string
 	err := postgres.RetryConflicts(ctx, func() error {
 		var sync bool
-		return r.pool.QueryRow(ctx, finishSQL, ev.RunID, string(end.State), string(ev.StopReason), ck, cn, cq, lk, ln, lq, r.epoch,
-			kinds, texts, r.opts.OutboxChannels, end.Text).Scan(&sync, &leaseOK, &session, &channel, &chatRef)
+		return r.group.queryRow(ctx, finishSQL, []any{ev.RunID, string(end.State), string(ev.StopReason), ck, cn, cq, lk, ln, lq, r.epoch,
+			kinds, texts, r.opts.OutboxChannels, end.Text}, &sync, &leaseOK, &session, &channel, &chatRef)
 	})
 	switch {
 	case err != nil:

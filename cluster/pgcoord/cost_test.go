@@ -73,7 +73,13 @@ func measureDB(t *testing.T, p *pgxpool.Pool, work func()) dbCost {
 // replica writes it (Claim, the recorder's TurnStarted, three steps and
 // ending, Finish), 20 turns at a time. Its figures are docs/performance.md's ("Cluster cost
 // per turn"); it fails when the coordination takes more than one commit and
-// one statement for the claim, and the same for the finish.
+// one statement for the claim, and the same for the finish, and when the
+// whole turn takes more than 4 statements besides BEGIN, COMMIT and SET
+// (claim, finish, the TurnStarted's limits, and the recorder's batches'
+// step update and journal statement shared by the batch's turns) or more
+// than 2.3 commits (claim and finish, here one after another and so not
+// grouped, Join/Leave, and the recorder's few batches). It lists the
+// statements by calls.
 //
 //	TURNGUARD_REQUIRE_POSTGRES=1 go test -count=1 -run TestTurnDatabaseCost -v ./cluster/pgcoord/
 func TestTurnDatabaseCost(t *testing.T) {
@@ -136,8 +142,24 @@ func TestTurnDatabaseCost(t *testing.T) {
 	whole := measureDB(t, p, func() { run(true) }).per(turns)
 	t.Logf("per turn, claim + finish: %s", coord)
 	t.Logf("per turn, whole turn with the recorder (3 steps): %s", whole)
+	rows, err := p.Query(ctx, `SELECT calls, left(regexp_replace(query, '\s+', ' ', 'g'), 70) FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY calls DESC LIMIT 10`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var calls int64
+		var q string
+		if err := rows.Scan(&calls, &q); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%6d (all runs) %s", calls, q)
+	}
 	if coord.commits > 2.1 || coord.work > 2.1 {
 		t.Errorf("claim + finish cost %s per turn; want ≤ 2 commits and ≤ 2 statements", coord)
+	}
+	if whole.work > 4 || whole.commits > 2.3 {
+		t.Errorf("the whole turn cost %s; want ≤ 4 statements without BEGIN/COMMIT/SET and ≤ 2.3 commits", whole)
 	}
 }
 

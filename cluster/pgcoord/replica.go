@@ -108,6 +108,7 @@ type Replica struct {
 	opts    Options
 	outbox  map[string]bool
 	log     *slog.Logger
+	group   committer // claims' and finishes' group commit
 
 	fenced    chan struct{}
 	fenceOnce sync.Once
@@ -175,7 +176,7 @@ func Join(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Replica, erro
 		return nil, fmt.Errorf("join the cluster as %q: %w", opts.ReplicaID, err)
 	}
 	r := &Replica{pool: pool, id: opts.ReplicaID, lease: opts.Lease, opts: opts, outbox: map[string]bool{},
-		log: opts.Logger.With("replica", opts.ReplicaID), fenced: make(chan struct{})}
+		log: opts.Logger.With("replica", opts.ReplicaID), fenced: make(chan struct{}), group: committer{pool: pool}}
 	for _, c := range opts.OutboxChannels {
 		r.outbox[c] = true
 	}

@@ -17,9 +17,10 @@ import (
 // event (see store.EventRecorder.Handle for what each records).
 type writer struct{ s *Store }
 
-// WriteBatch applies evs in one transaction; a batch with an ending of an
-// outbox channel's turn (its terminal messages go into the outbox with it)
-// commits with synchronous_commit on.
+// WriteBatch applies evs in one transaction; a batch that wrote outbox rows
+// (an ending of an outbox channel's turn: its terminal messages go into
+// the outbox with it) commits with synchronous_commit on, and in shared
+// mode one that wrote only claimed turns' shadows with it off (commitMode).
 func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 	s := w.s
 	err := RetryConflicts(ctx, func() error { return w.writeBatch(ctx, evs) })
@@ -33,49 +34,85 @@ func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 	s := w.s
 	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-		if s.rec.AnyToOutbox(evs) {
-			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
-				return err
-			}
-		}
 		// The sessions of the batch's turn starts and endings: their rows
-		// exist before the turns' (one statement), and are updated after
-		// them, in key order (the order takeovers lock them in).
-		var keys []string
-		var ats []time.Time
+		// exist before the turns' (one statement, only when a turn of the
+		// batch was not claimed: a claim makes its session's row), and are
+		// updated after them, in key order (the order takeovers lock them
+		// in), in the batch's last statement.
+		b := batch{}
 		for i := range evs {
 			if k := evs[i].Kind; k == event.TurnStarted || k.Terminal() {
-				keys, ats = append(keys, evs[i].SessionKey), append(ats, store.EventTime(&evs[i]))
+				b.keys, b.ats = append(b.keys, evs[i].SessionKey), append(b.ats, store.EventTime(&evs[i]))
 			}
 		}
-		if len(keys) > 0 {
-			if _, err := tx.Exec(ctx, ensureSessions, keys, ats); err != nil {
-				return fmt.Errorf("upsert sessions: %w", err)
-			}
-		}
-		var jr journalRows
-		var st stepRows
 		for i := range evs {
-			if err := s.apply(ctx, tx, &evs[i], &jr, &st); err != nil {
+			if err := s.apply(ctx, tx, &evs[i], &b); err != nil {
 				return err
 			}
 		}
-		if err := st.flush(ctx, tx); err != nil {
+		if err := b.steps.flush(ctx, tx); err != nil {
 			return err
 		}
-		if err := jr.flush(ctx, tx, "", time.Time{}); err != nil {
+		if err := b.journal.flush(ctx, tx, b.keys, b.ats, s.commitMode(&b)); err != nil {
 			return err
 		}
-		if len(keys) > 0 {
-			if _, err := tx.Exec(ctx, touchSessions, keys, ats); err != nil {
-				return fmt.Errorf("update sessions: %w", err)
+		if s.commitCheck != nil {
+			var mode string
+			if err := tx.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&mode); err != nil {
+				return err
 			}
+			s.commitCheck(mode)
 		}
 		if s.beforeCommit != nil {
 			s.beforeCommit()
 		}
 		return nil
 	})
+}
+
+// batch is what one attempt of writeBatch has pending: the folded step
+// changes, the journal rows and endings' approval cancellations, the
+// sessions to touch, and whether the sessions' rows are ensured and an
+// outbox row was written.
+type batch struct {
+	steps   stepRows
+	journal journalRows
+	keys    []string
+	ats     []time.Time
+	ensured bool // ensureSessions ran
+	outbox  bool // an outbox row was written: the commit is durable
+	primary bool // a record only the recorder writes: a turn's row, its history, an approval, a reset
+}
+
+// commitMode is the batch's synchronous_commit: on when it wrote outbox
+// rows (a crash must not lose a message the outbox owes); off in shared
+// mode when it wrote only what shadows claimed turns — their limits, steps,
+// journal, the approvals' cancellations and sessions' times, whose claims
+// and endings (cluster/pgcoord) commit durably themselves, so a database
+// crash loses at most the last moments of them and no promise (issue 21:
+// a flush of the write-ahead log per batch); otherwise nil, the
+// database's setting.
+func (s *Store) commitMode(b *batch) any {
+	switch {
+	case b.outbox:
+		return "on"
+	case s.shared && !b.primary:
+		return "off"
+	}
+	return nil
+}
+
+// ensureSessions makes the rows of the batch's sessions that are new,
+// once per batch, before the first turn row the recorder itself inserts.
+func (b *batch) ensureSessions(ctx context.Context, tx pgx.Tx) error {
+	if b.ensured || len(b.keys) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, ensureSessions, b.keys, b.ats); err != nil {
+		return fmt.Errorf("upsert sessions: %w", err)
+	}
+	b.ensured = true
+	return nil
 }
 
 func (w writer) Classify(err error) store.Failure { return classify(err) }
@@ -90,11 +127,6 @@ const (
 	ensureSessions = `INSERT INTO sessions (key, created_at, updated_at)
 		SELECT k, min(a), min(a) FROM unnest($1::text[], $2::timestamptz[]) AS u (k, a) GROUP BY k ORDER BY k
 		ON CONFLICT (key) DO NOTHING`
-	// touchSessions moves the updated_at of sessions $1 to the last of
-	// their times $2 (never back), locking the rows in key order.
-	touchSessions = `UPDATE sessions SET updated_at = greatest(sessions.updated_at, t.a)
-		FROM (SELECT k, max(a) AS a FROM unnest($1::text[], $2::timestamptz[]) AS u (k, a) GROUP BY k) AS t
-		WHERE sessions.key = t.k AND sessions.key IN (SELECT key FROM sessions WHERE key = ANY ($1) ORDER BY key FOR UPDATE)`
 	insertMessage = `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6)`
 	insertOutbox = `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
@@ -113,6 +145,12 @@ const (
 	// startClaimed gives a claimed running turn ($1) its limits and sender.
 	startClaimed = `UPDATE turns SET deadline_at = $2, ceiling_at = $3, step_timeout_ns = $4, sender = $5
 		WHERE run_id = $1 AND state = 'running' AND owner_epoch IS NOT NULL`
+	// startIfClaimed is startClaimed that says whether the turn is a
+	// claimed one, running or ended (its owner's Finish may come before
+	// the recorder writes its start).
+	startIfClaimed = `WITH c AS (SELECT owner_epoch IS NOT NULL AS claimed FROM turns WHERE run_id = $1),
+		u AS (` + startClaimed + `)
+		SELECT coalesce((SELECT claimed FROM c), false)`
 	// insertJournalRow inserts one journal row.
 	insertJournalRow = `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
 			step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
@@ -125,20 +163,32 @@ const (
 		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
 			$9::text[], $10::bigint[], $11::text[], $12::timestamptz[]) WITH ORDINALITY AS j (r, s, q, k, sr, sk, sn, sq, ls, e, m, a, ord)
 		ORDER BY ord`
-	// insertJournal that also cancels the pending approvals of run $13 at
-	// $14: a data-modifying WITH runs whether or not it is referenced.
-	cancelApprovalsJournal = `WITH cancelled AS (UPDATE approvals SET status = 'cancelled', resolved_at = $14
-			WHERE run_id = $13 AND status = 'pending')
-		` + insertJournal
+	// flushJournal is a batch's last statement (or one before an
+	// approval event, without sessions): it cancels the pending approvals
+	// of the ended runs $13 at their ending's time $14, moves the
+	// updated_at of sessions $15 to the last of their times $16 (never
+	// back, locking the rows in key order), and inserts the journal rows.
+	// A data-modifying WITH runs whether or not it is referenced.
+	// With a $17 it sets synchronous_commit for the transaction to it.
+	flushJournal = `WITH cancelled AS (UPDATE approvals SET status = 'cancelled', resolved_at = c.a
+			FROM unnest($13::text[], $14::timestamptz[]) AS c (r, a) WHERE approvals.run_id = c.r AND approvals.status = 'pending'),
+		touched AS (UPDATE sessions SET updated_at = greatest(sessions.updated_at, t.a)
+			FROM (SELECT k, max(a) AS a FROM unnest($15::text[], $16::timestamptz[]) AS u (k, a) GROUP BY k) AS t
+			WHERE sessions.key = t.k AND sessions.key IN (SELECT key FROM sessions WHERE key = ANY ($15) ORDER BY key FOR UPDATE)),
+		journal AS (` + insertJournal + `)
+		SELECT $17::text IS NULL OR set_config('synchronous_commit', $17, true) IS NOT NULL`
 )
 
 // journalRows are the journal rows of a batch not inserted yet, a slice
-// per column: one statement inserts them all (issue 21: one per event was
-// most of a turn's statements).
+// per column, and the ended runs whose pending approvals are cancelled:
+// one statement inserts and cancels them all (issue 21: one per event,
+// then one per ending, was most of a turn's statements).
 type journalRows struct {
 	run, session, kind, reason, stepKind, stepName, lastStep, message []string
 	seq, stepSeq, elapsed                                             []int64
 	at                                                                []time.Time
+	cancelRun                                                         []string
+	cancelAt                                                          []time.Time
 }
 
 func (jr *journalRows) add(j store.JournalEntry) {
@@ -149,38 +199,47 @@ func (jr *journalRows) add(j store.JournalEntry) {
 	jr.at = append(jr.at, j.Time)
 }
 
-// flush inserts the rows added since the last flush, in order; with a
-// cancelRun it also cancels that run's pending approvals at cancelAt, in
-// the same statement.
-func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, cancelRun string, cancelAt time.Time) error {
-	if len(jr.run) == 0 {
+// cancel has the pending approvals of run cancelled at at by the flush
+// (the first ending of a run in the batch gives the time).
+func (jr *journalRows) cancel(run string, at time.Time) {
+	if !slices.Contains(jr.cancelRun, run) {
+		jr.cancelRun, jr.cancelAt = append(jr.cancelRun, run), append(jr.cancelAt, at)
+	}
+}
+
+// flush inserts the rows added since the last flush, in order, cancels the
+// ended runs' pending approvals, touches sessions keys at ats and, with a
+// mode (commitMode), sets the transaction's synchronous_commit, in one
+// statement; none when there is nothing to do.
+func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, keys []string, ats []time.Time, mode any) error {
+	if len(jr.run) == 0 && len(jr.cancelRun) == 0 && len(keys) == 0 && mode == nil {
 		return nil
 	}
-	args := []any{jr.run, jr.session, jr.seq, jr.kind, jr.reason, jr.stepKind, jr.stepName, jr.stepSeq, jr.lastStep,
-		jr.elapsed, jr.message, jr.at}
-	q := insertJournal
-	if cancelRun != "" {
-		q, args = cancelApprovalsJournal, append(args, cancelRun, cancelAt)
-	}
-	if _, err := tx.Exec(ctx, q, args...); err != nil {
+	if _, err := tx.Exec(ctx, flushJournal, jr.run, jr.session, jr.seq, jr.kind, jr.reason, jr.stepKind, jr.stepName,
+		jr.stepSeq, jr.lastStep, jr.elapsed, jr.message, jr.at, jr.cancelRun, jr.cancelAt, keys, ats, mode); err != nil {
 		return fmt.Errorf("journal %s: %w", strings.Join(slices.Compact(slices.Clone(jr.kind)), ", "), err)
 	}
 	*jr = journalRows{}
 	return nil
 }
 
-// apply records one valid event inside tx; its journal row goes into jr,
-// inserted with the rows before it when the event is an ending (whose
-// statement also cancels the run's pending approvals) or at the batch's end.
-func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, jr *journalRows, st *stepRows) (err error) {
+// apply records one valid event inside tx; its journal row goes into
+// b.journal, inserted with the batch's others at its end (or before an
+// approval event, whose run's pending approvals an ending before it
+// cancels); an ending's cancellation of its run's pending approvals goes
+// with them.
+func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch) (err error) {
 	at := store.EventTime(ev)
-	if ev.Kind != event.StepStarted && ev.Kind != event.StepCompleted {
+	jr, st := &b.journal, &b.steps
+	if st.pending(ev.RunID) && s.writesTurn(ev) {
+		// The run's steps are written before anything else writes its row.
 		if err := st.flush(ctx, tx); err != nil {
 			return err
 		}
 	}
 	switch ev.Kind {
 	case event.SessionReset:
+		b.primary = true
 		if _, err := tx.Exec(ctx, upsertSession, ev.SessionKey, at); err != nil {
 			return fmt.Errorf("upsert session: %w", err)
 		}
@@ -190,18 +249,21 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, jr *journ
 		}
 		return nil // not a turn event: nothing to journal
 	case event.TurnStarted:
-		// The session row exists first, and is updated after the turn's
-		// row (writeBatch: ensureSessions, touchSessions).
+		// The session row exists first (a claim's, or batch.ensureSessions),
+		// and is updated after the turn's row (flushJournal).
 		if s.shared {
 			// With several gateways a turn is claimed (cluster/pgcoord): its
 			// claim wrote the row and the user's message and removed its
-			// queued row, so one statement gives it its limits and sender.
-			tag, err := tx.Exec(ctx, startClaimed, ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling),
-				nullDuration(ev.StepTimeout), ev.Sender)
+			// queued row, so one statement gives it its limits and sender
+			// (none if it has ended already: its Finish came first).
+			var claimed bool
+			err := tx.QueryRow(ctx, startIfClaimed, ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling),
+				nullDuration(ev.StepTimeout), ev.Sender).Scan(&claimed)
 			if err != nil {
 				return fmt.Errorf("start claimed turn: %w", err)
 			}
-			if tag.RowsAffected() == 1 {
+			if claimed {
+				s.claimed.add(ev.RunID)
 				if len(ev.Joined) > 0 {
 					if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, ev.Joined); err != nil {
 						return fmt.Errorf("forget the started turn's queued messages: %w", err)
@@ -215,6 +277,10 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, jr *journ
 		// claimed turn (cluster/pgcoord: owner_epoch set) is never
 		// restarted here: its claim wrote the row and the user's message,
 		// and its end (Finish or a takeover) may already be committed.
+		b.primary = true
+		if err := b.ensureSessions(ctx, tx); err != nil {
+			return err
+		}
 		tag, err := tx.Exec(ctx, `INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at,
 				deadline_at, ceiling_at, step_timeout_ns, sender)
 			VALUES ($1, $2, $3, $4, 'running', $5, $5, $6, $7, $8, $9)
@@ -255,10 +321,18 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, jr *journ
 			st.add(ev, at)
 		}
 	case event.Aborted, event.Finished:
-		if err := s.endTurn(ctx, tx, ev, at); err != nil {
+		if err := s.endTurn(ctx, tx, ev, at, b); err != nil {
 			return err
 		}
 	case event.ApprovalRequested, event.ApprovalResolved:
+		b.primary = true
+		if len(jr.cancelRun) > 0 {
+			// An ending before it in the batch cancels its run's pending
+			// approvals first, as one ending at a time did.
+			if err := jr.flush(ctx, tx, nil, nil, nil); err != nil {
+				return err
+			}
+		}
 		a := store.ApprovalOf(ev, at)
 		q := requestApproval
 		if ev.Kind == event.ApprovalResolved {
@@ -276,17 +350,38 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, jr *journ
 		// turn's is its owner's Finish), no question of an ended turn
 		// waits for an answer: its pending approvals are cancelled, in
 		// the journal's statement (no round trip of their own).
-		return jr.flush(ctx, tx, ev.RunID, at)
+		jr.cancel(ev.RunID, at)
 	}
 	return nil
+}
+
+// writesTurn reports whether apply writes ev's turn row: a start, or an
+// ending of a turn not seen claimed (a claimed turn's ending writes none).
+// Other events write other tables.
+func (s *Store) writesTurn(ev *event.Event) bool {
+	switch ev.Kind {
+	case event.TurnStarted:
+		return true
+	case event.Aborted, event.Finished:
+		return !s.claimed.has(ev.RunID)
+	}
+	return false
 }
 
 // endTurn records an Aborted or Finished event: the turn's final state and,
 // if this is the turn's first ending, the assistant message and (for an
 // outbox channel) its terminal messages in the outbox.
-func (s *Store) endTurn(ctx context.Context, tx pgx.Tx, ev *event.Event, at time.Time) (err error) {
+func (s *Store) endTurn(ctx context.Context, tx pgx.Tx, ev *event.Event, at time.Time, b *batch) (err error) {
+	if s.claimed.ended(ev.RunID) {
+		// A turn this store saw claimed: the statement below would change
+		// no row (its end is its owner's Finish or a takeover's).
+		return nil
+	}
+	b.primary = true
+	if err := b.ensureSessions(ctx, tx); err != nil {
+		return err
+	}
 	end := store.EndingOf(ev, at)
-	// The session row exists (writeBatch: ensureSessions, touchSessions).
 	ck, cn, cq := store.StepColumns(end.Current)
 	lk, ln, lq := store.StepColumns(ev.LastStep)
 	// Ends a running turn, or creates the ended turn if its TurnStarted
@@ -321,6 +416,7 @@ func (s *Store) endTurn(ctx context.Context, tx pgx.Tx, ev *event.Event, at time
 			if _, err := tx.Exec(ctx, insertOutbox, m.Channel, m.ChatRef, m.RunID, string(m.Kind), m.Text, at); err != nil {
 				return fmt.Errorf("outbox %s message: %w", m.Kind, err)
 			}
+			b.outbox = true
 		}
 	}
 	if end.Text == "" {
@@ -368,4 +464,35 @@ func timeOf(t *time.Time) time.Time {
 		return time.Time{}
 	}
 	return t.UTC()
+}
+
+// maxClaimed bounds claimedRuns: a replica's running turns, with room.
+const maxClaimed = 1 << 17
+
+// claimedRuns are the runs whose TurnStarted found their turn claimed
+// (cluster/pgcoord: owner_epoch set, which nothing clears) and whose ending
+// the writer has not seen yet: that ending's turn statement would change no
+// row, so it is skipped (issue 21). Only the writer goroutine uses it. A run
+// it does not hold (a restart, the bound reached: it starts afresh) has its
+// ending written as any other's, which is only dearer.
+type claimedRuns struct{ runs map[string]struct{} }
+
+func (c *claimedRuns) add(run string) {
+	if c.runs == nil || len(c.runs) >= maxClaimed {
+		c.runs = make(map[string]struct{})
+	}
+	c.runs[run] = struct{}{}
+}
+
+// has reports whether run was seen claimed.
+func (c *claimedRuns) has(run string) bool {
+	_, ok := c.runs[run]
+	return ok
+}
+
+// ended reports whether run was seen claimed, and forgets it.
+func (c *claimedRuns) ended(run string) bool {
+	_, ok := c.runs[run]
+	delete(c.runs, run)
+	return ok
 }

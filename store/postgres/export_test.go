@@ -14,6 +14,14 @@ func WithCommitHooks(o Options, before, after func()) Options {
 	return o
 }
 
+// WithCommitCheck returns o with a hook the writer goroutine calls inside
+// each batch's transaction just before its commit, with the transaction's
+// synchronous_commit.
+func WithCommitCheck(o Options, check func(synchronousCommit string)) Options {
+	o.commitCheck = check
+	return o
+}
+
 // OwnerLock is the advisory lock key a gateway holds on its database.
 const OwnerLock = ownerLock
 

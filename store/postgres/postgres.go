@@ -64,6 +64,10 @@ type Options struct {
 	// the writer goroutine inside a batch's transaction just before its
 	// commit and just after the commit: a test kills the process there.
 	beforeCommit, afterCommit func()
+	// commitCheck, when set (tests only), is called by the writer
+	// goroutine inside each batch's transaction just before its commit
+	// with the transaction's synchronous_commit.
+	commitCheck func(synchronousCommit string)
 }
 
 const (
@@ -80,7 +84,8 @@ type Store struct {
 	retention store.Retention
 	where     string // the redacted URL, for errors and logs
 
-	beforeCommit, afterCommit func() // tests: see Options.beforeCommit
+	beforeCommit, afterCommit func()                         // tests: see Options.beforeCommit
+	commitCheck               func(synchronousCommit string) // tests: see Options.commitCheck
 
 	// owner holds ownerLock (Options.Shared false); only the writer
 	// goroutine (Check) replaces it, and Close closes it.
@@ -88,6 +93,7 @@ type Store struct {
 	owner     *pgx.Conn
 	ownerLost bool // another gateway took ownerLock: the store is held unwritable
 	shared    bool
+	claimed   claimedRuns // the writer goroutine's: runs it saw claimed, not yet ended
 
 	*store.EventRecorder
 	rec store.RecorderControl
@@ -96,6 +102,17 @@ type Store struct {
 }
 
 var _ store.Backend = (*Store)(nil)
+
+// sharedLinger is the recorder's store.RecorderOptions.Linger: in shared
+// mode its batches mostly shadow claimed turns (commitMode), and waiting
+// 10 ms for fuller batches saves statements and commits (issue 21); with
+// one gateway the recorder writes the turns' only record, at once.
+func sharedLinger(shared bool) time.Duration {
+	if shared {
+		return 10 * time.Millisecond
+	}
+	return 0
+}
 
 // Open connects to the database at rawURL (postgres://user:password@host:
 // port/database?…), migrates its schema and starts the event writer (and,
@@ -130,10 +147,11 @@ func Open(ctx context.Context, rawURL string, opts Options) (_ *Store, err error
 		opts.Logger = slog.Default()
 	}
 	s := &Store{log: opts.Logger, retention: opts.Retention, where: where, shared: opts.Shared,
-		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit}
+		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit, commitCheck: opts.commitCheck}
 	s.EventRecorder, s.rec, err = store.NewEventRecorder(writer{s}, store.RecorderOptions{
 		QueueSize: opts.QueueSize, BatchSize: opts.BatchSize, Logger: opts.Logger, OnHealth: opts.OnHealth,
 		OutboxChannels: opts.OutboxChannels, OnOutbox: opts.OnOutbox, BeforeBatch: opts.beforeBatch,
+		Linger: sharedLinger(opts.Shared),
 	})
 	if err != nil {
 		return nil, err

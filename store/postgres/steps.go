@@ -13,10 +13,11 @@ import (
 // stepRows are a batch's StepStarted and StepCompleted events not written
 // yet, folded per run into the one change they make to the run's row: one
 // statement (updateSteps) writes every run's (issue 21: one UPDATE per
-// step event was a third of a turn's statements). writeBatch flushes them
-// before any other event is applied, so a run's steps are written before
-// its ending or anything else that reads or writes its row, in the order
-// the events came.
+// step event was a third of a turn's statements). apply flushes them
+// before any other event of a run with pending steps is applied, so a
+// run's steps are written before its ending or anything else that reads or
+// writes its row, in the order the events came (the other events of a
+// batch touch no run's row but their own).
 type stepRows struct {
 	byRun map[string]int // index into runs
 	runs  []stepRun
@@ -69,6 +70,12 @@ func (sr *stepRows) add(ev *event.Event, at time.Time) bool {
 	}
 	r.at = at
 	return true
+}
+
+// pending reports whether run has step changes not written yet.
+func (sr *stepRows) pending(run string) bool {
+	_, ok := sr.byRun[run]
+	return ok
 }
 
 // stepSeq is a step's seq column: nil for no step.
