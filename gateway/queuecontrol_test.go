@@ -45,7 +45,7 @@ func TestDebounceStartsWhenTheBurstEnds(t *testing.T) {
 		}
 		time.Sleep(499 * time.Millisecond) // fake time: 1 ms before the window ends
 		v.wantEnds(t)
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // fake time: the window ends
 		synctest.Wait()
 		started := v.sink.find(event.TurnStarted)
 		if started == nil || started.RunID != "r1" || started.Text != "/steps say:one\n\ntwo\n\nthree" {

@@ -143,7 +143,7 @@ func sendGroup(g *committer, n int) {
 		if queued == n {
 			break
 		}
-		time.Sleep(time.Millisecond) // real goroutines queueing; no timer under test
+		time.Sleep(time.Millisecond) // real time: polls until the real goroutines have queued; no timer under test
 	}
 	g.run()
 }
