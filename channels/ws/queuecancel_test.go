@@ -19,11 +19,7 @@ import (
 // cancel finds nothing.
 func TestChatAbortCancelsAQueuedRun(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "gateway.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openSQLite(t)
 	e := newTCPEnv(t, envOpts{opts: Options{Token: "T"}, queue: sqliteQueue{st}})
 	owner := e.connectDevice(deviceKey(21), "T", nil)
 	stranger := e.connectDevice(deviceKey(22), "T", nil)
@@ -97,3 +93,15 @@ func (q sqliteQueue) RemoveQueued(ctx context.Context, runIDs ...string) error {
 }
 
 func (sqliteQueue) Queued(context.Context) ([]gateway.QueuedMessage, error) { return nil, nil }
+
+// openSQLite opens a real SQLite store in a temporary directory, closed
+// when the test ends.
+func openSQLite(t *testing.T) *store.SQLite {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "gateway.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}

@@ -81,6 +81,10 @@ type Options struct {
 	// every chunk at once (the old behaviour, kept as the benchmark's
 	// baseline).
 	DeltaInterval time.Duration
+	// Resumed, optional, reports whether the interrupted turn runID was
+	// dispatched again (store.Resumes.Resumed): chat.history marks its
+	// notice resumed so that no Retry is offered. nil: never.
+	Resumed func(ctx context.Context, runID string) (bool, error)
 }
 
 // Server is the WebSocket endpoint. Create with NewServer; it is an

@@ -152,6 +152,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	a.ws = ws.NewServer(a.eng, a.cfg, ws.Options{
 		Token: cfg.Server.Token, OperatorToken: cfg.Server.OperatorToken,
 		Version: "turnguard " + version, Log: log.With("channel", "ws"),
+		Resumed: a.store.Resumed, // a resumed turn's notice offers no Retry
 	})
 	// Telegram, when enabled: it follows the engine's events now; it takes
 	// updates from receive on (webhook updates once the router serves

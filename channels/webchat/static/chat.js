@@ -1142,7 +1142,9 @@
         shown = text.slice(cut + 2);
       }
       if (partial) assistantMessage(partial, block);
-      if (shown) notice(reason === "error" ? "error" : "warning", shown, reason, block, lastUser);
+      // A resumed turn's notice ("resuming it") offers no Retry: its next
+      // attempt runs the request already.
+      if (shown) notice(reason === "error" ? "error" : "warning", shown, reason, block, m.resumed ? "" : lastUser);
     }
     // Retry resends the running turn's own message (activeRun.userText), not
     // the history's last user message, which may have been steered into it.
