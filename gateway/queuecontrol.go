@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -189,4 +190,57 @@ func (e *Engine) debounced(s *session, q *queued) {
 	start := e.pumpLocked(s)
 	e.mu.Unlock()
 	start()
+}
+
+// QueueCancel is a queued message cancelled before it ran: by a Cancel
+// button (CancelQueued, Telegram's and the web chat's) or by Abort of its
+// run id (chat.abort).
+type QueueCancel struct {
+	SessionKey string
+	RunID      string
+	Text       string // the person's message
+}
+
+// cancelSubs are the functions OnQueueCancel registered.
+type cancelSubs struct {
+	mu   sync.Mutex
+	next int
+	fns  map[int]func(QueueCancel)
+}
+
+// OnQueueCancel registers f to be told of each queued message cancelled on
+// this engine, once it has left the queue (and the QueueStore), so that the
+// session's other clients can update at once. In cluster mode a cancel is
+// told on the replica that holds the session's queue (where the cancel
+// runs). f runs on the canceller's goroutine, without the engine's lock:
+// it must not block. The returned function unregisters f.
+func (e *Engine) OnQueueCancel(f func(QueueCancel)) (unregister func()) {
+	c := &e.cancelSubs
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fns == nil {
+		c.fns = make(map[int]func(QueueCancel))
+	}
+	id := c.next
+	c.next++
+	c.fns[id] = f
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.fns, id)
+	}
+}
+
+// tellCancel tells the OnQueueCancel functions of qc. Called without e.mu.
+func (e *Engine) tellCancel(qc QueueCancel) {
+	c := &e.cancelSubs
+	c.mu.Lock()
+	fns := make([]func(QueueCancel), 0, len(c.fns))
+	for _, f := range c.fns {
+		fns = append(fns, f)
+	}
+	c.mu.Unlock()
+	for _, f := range fns {
+		f(qc)
+	}
 }

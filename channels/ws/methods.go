@@ -37,7 +37,7 @@ var methodNames = []string{
 
 // eventNames are the events this server sends.
 var eventNames = []string{"connect.challenge", "tick", "chat", "agent", "shutdown", "approval",
-	"plugin.approval.requested", "plugin.approval.resolved"}
+	"plugin.approval.requested", "plugin.approval.resolved", "queue"}
 
 func init() {
 	methods = map[string]handler{

@@ -255,7 +255,8 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 	// Cluster mode: the turns other replicas run reach their watchers here
 	// too; a session whose events were lost closes its watchers with 1012.
 	unimport := eng.Import(s.onEvent, s.onGap)
-	s.unsub = func() { unimport(); unsub() }
+	uncancel := eng.OnQueueCancel(s.onQueueCancel)
+	s.unsub = func() { uncancel(); unimport(); unsub() }
 	return s
 }
 
