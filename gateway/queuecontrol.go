@@ -33,7 +33,7 @@ type QueueInfo struct {
 	Own       bool
 	Overflow  string // busy.overflow
 	MaxQueued int
-	Debounce  time.Duration
+	Debounce  time.Duration // busy.debounceMs in force: 0 in cluster mode, where it is ignored
 	// Queue lists the waiting messages, oldest first (StatusOf's).
 	Queue []QueuedMessage
 }
@@ -49,6 +49,9 @@ func (e *Engine) QueueInfo(ctx context.Context, sessionKey, channel string) (Que
 	cfg := e.cfg.Current()
 	mode, maxQueued := cfg.BusyFor(channel)
 	info := QueueInfo{Mode: BusyMode(mode), Overflow: cfg.OverflowFor(channel), MaxQueued: maxQueued, Debounce: cfg.DebounceFor(channel)}
+	if e.cluster != nil {
+		info.Debounce = 0 // ignored in cluster mode (Send; config.Warnings says so)
+	}
 	e.mu.Lock()
 	if s.busyMode != "" {
 		info.Mode, info.Own = s.busyMode, true
