@@ -53,7 +53,7 @@ type lifecycleData struct {
 	// eighth of server.maxAnswerBytes, as in chat.history's activeRun.
 	UserText string `json:"userText,omitempty"`
 	// Message (warning only; turnguard's extension): the budget warning in
-	// words, "⏳ This will be stopped in 1 min unless it finishes.";
+	// words, "⏳ Your request will be stopped in 1 min unless it finishes.";
 	// DeadlineAt is when (unix ms).
 	Message    string `json:"message,omitempty"`
 	DeadlineAt int64  `json:"deadlineAt,omitempty"`
