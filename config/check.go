@@ -14,7 +14,8 @@ import (
 // Warnings are the values of a valid configuration that do not take effect
 // as written: a wall clock above the hard maximum (turns stop at the
 // maximum), a positive timeout below the 0.1 s minimum (raised to it), a
-// model idle timeout that leaves agents.openai.fallbacks no time. They
+// model idle timeout that leaves agents.openai.fallbacks no time, a
+// busy.debounceMs in cluster mode (ignored there). They
 // are not errors — the gateway runs — but `gateway -check` and start-up say
 // them, each naming its key, so the clamp timeout.Resolve applies is never
 // a surprise. A warning holds no secret (only numbers).
@@ -73,7 +74,30 @@ func (c *Config) Warnings() []Problem {
 			wallKey, seconds(wall), messages.Duration(time.Duration(wall*float64(time.Second))),
 			seconds(s.MaxTurnTime.Seconds()), messages.Duration(s.MaxTurnTime), ceilKey, messages.Duration(s.MaxTurnTime))})
 	}
-	return append(out, c.fallbackWarnings()...)
+	out = append(out, c.fallbackWarnings()...)
+	return append(out, c.debounceWarnings()...)
+}
+
+// debounceWarnings: in cluster mode busy.debounceMs is ignored — a message
+// to an idle session claims it and starts its turn at once (a burst held
+// on one replica could not hold a message another replica takes, so the
+// burst is not merged there).
+func (c *Config) debounceWarnings() []Problem {
+	if !c.Cluster.Enabled {
+		return nil
+	}
+	var out []Problem
+	for _, l := range []struct {
+		key string
+		b   Busy
+	}{{"agents.defaults.busy.debounceMs", c.Agents.Defaults.Busy}, {"channels.ws.busy.debounceMs", c.Channels.WS.Busy},
+		{"channels.telegram.busy.debounceMs", c.Channels.Telegram.Busy}} {
+		if l.b.DebounceMs != nil && *l.b.DebounceMs > 0 {
+			out = append(out, Problem{Key: l.key, Text: fmt.Sprintf(
+				"%s: %d ms is ignored in cluster mode (cluster.enabled): each message starts its turn, or queues, at once", l.key, *l.b.DebounceMs)})
+		}
+	}
+	return out
 }
 
 // fallbackWarnings: with agents.openai.fallbacks, a channel on the openai

@@ -154,11 +154,17 @@ func redactArgs(args []string) []string {
 // decodes the JSON it prints.
 func call(t *testing.T, method string, params any, extra ...string) map[string]any {
 	t.Helper()
+	return callAt(t, wsURL(), method, params, extra...)
+}
+
+// callAt is call against the gateway at url (one a test launched).
+func callAt(t *testing.T, url, method string, params any, extra ...string) map[string]any {
+	t.Helper()
 	p := []byte("{}")
 	if params != nil {
 		p, _ = json.Marshal(params)
 	}
-	args := append([]string{"gateway", "call", method, "--url", wsURL(), "--token", token, "--json", "--params", string(p)}, extra...)
+	args := append([]string{"gateway", "call", method, "--url", url, "--token", token, "--json", "--params", string(p)}, extra...)
 	stdout, stderr, code := openclaw(t, nil, args...)
 	if code != 0 {
 		t.Fatalf("openclaw gateway call %s: exit %d\n%s%s", method, code, stdout, stderr)

@@ -17,6 +17,8 @@
 //   overflow   busy.maxQueued 1, busy.overflow drop-old: a second message
 //              while busy drops the first, which reads "dropped — not
 //              sent"; the second runs (issue 23).
+//   resumed    (not a busy mode) after a SIGKILL and a restart with resume
+//              on, the "resuming it" notice has no Retry (issue 23).
 //
 // Usage: node webchat-busy.mjs URL ARTIFACTS_DIR MODE
 // Env:   E2E_CHROMIUM, E2E_NODE_MODULES (as webchat.mjs)
@@ -219,7 +221,22 @@ async function overflow(page) {
   ok("the new message ran after the turn; the dropped one never did");
 }
 
-const scenarios = { interrupt, collect, steer, queue, overflow };
+// resumed: the gateway was killed during a turn of session main and
+// restarted with agents.defaults.resume on (the Go test did both): the
+// history's "resuming it" notice offers no Retry (the next attempt runs the
+// request already), and the resumed attempt's reply follows (issue 23).
+async function resumed(page) {
+  const n = await page.waitForSelector('.notice.warning[data-stop-reason="interrupted"]', { timeout: T.turn });
+  const text = await n.textContent();
+  if (!/resuming it \(attempt 2 of 3\)/.test(text)) throw new Error(`the interrupted notice reads "${text}"`);
+  if (await n.$("button.retry")) throw new Error("Retry on the resuming notice: a tap would run the request twice");
+  ok(`the resuming notice, without Retry: "${text}"`);
+  await page.waitForSelector(".msg.assistant:not(.streaming) >> text=Resumed fine", { timeout: 30000 });
+  await page.screenshot({ path: path.join(artifacts, "webchat-resumed.png") });
+  ok("the resumed attempt was answered");
+}
+
+const scenarios = { interrupt, collect, steer, queue, overflow, resumed };
 
 async function main() {
   if (!scenarios[mode]) throw new Error(`unknown mode ${mode}`);

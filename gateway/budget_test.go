@@ -65,7 +65,7 @@ func TestBudgetWarningReachesTheRunnerAndThePerson(t *testing.T) {
 			t.Fatalf("%d warnings, want 1", len(warnings))
 		}
 		w := warnings[0]
-		if w.Message != "⏳ This will be stopped in 2 s unless it finishes." || w.Limit != 2*time.Second ||
+		if w.Message != "⏳ Your request will be stopped in 2 s unless it finishes." || w.Limit != 2*time.Second ||
 			!strings.HasPrefix(w.Text, "Note from the gateway: 2 s left") {
 			t.Errorf("warning: message %q, left %v, runner's note %q", w.Message, w.Limit, w.Text)
 		}

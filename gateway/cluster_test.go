@@ -184,6 +184,28 @@ func TestClusterForwardedMessageQueuesOnTheOwner(t *testing.T) {
 	})
 }
 
+// TestClusterIgnoresDebounce: busy.debounceMs is ignored in cluster mode
+// (`-check` warns of it: config.Warnings) — a message to an idle session
+// claims it and starts its turn at once, and /queue shows no debounce —
+// since a burst held on one replica could not hold a message another
+// replica takes.
+func TestClusterIgnoresDebounce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rs := startCluster(t, 2, func(c *config.Config) { c.Agents.Defaults.Busy.DebounceMs = ptr(500) })
+		if ack, err := send(t, rs[0].e, "r1", "/steps shell:2s say:one"); err != nil || ack.Status != gateway.StatusStarted {
+			t.Fatalf("first send: %+v %v", ack, err)
+		}
+		synctest.Wait()
+		if st, err := rs[1].e.StatusOf(context.Background(), "main"); err != nil || !st.Running || st.Turn.RunID != "r1" {
+			t.Fatalf("right after the send, before any debounce: %+v %v; want r1 running", st, err)
+		}
+		info, err := rs[1].e.QueueInfo(context.Background(), "main", "ws")
+		if err != nil || info.Debounce != 0 {
+			t.Fatalf("/queue in cluster mode: debounce %v, %v; want none", info.Debounce, err)
+		}
+	})
+}
+
 // An abort sent to a replica that does not run the turn stops it on the
 // replica that does; both see the stop.
 func TestClusterAbortIsForwardedToTheOwner(t *testing.T) {

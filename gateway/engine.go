@@ -142,6 +142,8 @@ type Engine struct {
 	settings SessionSettings
 	cluster  Cluster // nil: one process
 
+	cancelSubs cancelSubs // OnQueueCancel
+
 	errs  *errlog.Ring
 	reg   *abort.Registry
 	sched *maintenance.Scheduler

@@ -123,7 +123,7 @@ func TestProviderFallbackWhatTheUserSees(t *testing.T) {
 	if !ok {
 		t.Fatal("no outcome within 20s")
 	}
-	want := "↪️ main-model did not answer in time; switched to backup-model.\n\nParis is at UTC+1."
+	want := "↪️ The model `main-model` did not answer in time; switched to `backup-model`.\n\nParis is at UTC+1."
 	if out.Status != StatusOK || out.Text != want {
 		t.Fatalf("outcome %+v, want the reply %q", out, want)
 	}

@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -32,7 +33,7 @@ type QueueInfo struct {
 	Own       bool
 	Overflow  string // busy.overflow
 	MaxQueued int
-	Debounce  time.Duration
+	Debounce  time.Duration // busy.debounceMs in force: 0 in cluster mode, where it is ignored
 	// Queue lists the waiting messages, oldest first (StatusOf's).
 	Queue []QueuedMessage
 }
@@ -48,6 +49,9 @@ func (e *Engine) QueueInfo(ctx context.Context, sessionKey, channel string) (Que
 	cfg := e.cfg.Current()
 	mode, maxQueued := cfg.BusyFor(channel)
 	info := QueueInfo{Mode: BusyMode(mode), Overflow: cfg.OverflowFor(channel), MaxQueued: maxQueued, Debounce: cfg.DebounceFor(channel)}
+	if e.cluster != nil {
+		info.Debounce = 0 // ignored in cluster mode (Send; config.Warnings says so)
+	}
 	e.mu.Lock()
 	if s.busyMode != "" {
 		info.Mode, info.Own = s.busyMode, true
@@ -189,4 +193,57 @@ func (e *Engine) debounced(s *session, q *queued) {
 	start := e.pumpLocked(s)
 	e.mu.Unlock()
 	start()
+}
+
+// QueueCancel is a queued message cancelled before it ran: by a Cancel
+// button (CancelQueued, Telegram's and the web chat's) or by Abort of its
+// run id (chat.abort).
+type QueueCancel struct {
+	SessionKey string
+	RunID      string
+	Text       string // the person's message
+}
+
+// cancelSubs are the functions OnQueueCancel registered.
+type cancelSubs struct {
+	mu   sync.Mutex
+	next int
+	fns  map[int]func(QueueCancel)
+}
+
+// OnQueueCancel registers f to be told of each queued message cancelled on
+// this engine, once it has left the queue (and the QueueStore), so that the
+// session's other clients can update at once. In cluster mode a cancel is
+// told on the replica that holds the session's queue (where the cancel
+// runs). f runs on the canceller's goroutine, without the engine's lock:
+// it must not block. The returned function unregisters f.
+func (e *Engine) OnQueueCancel(f func(QueueCancel)) (unregister func()) {
+	c := &e.cancelSubs
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fns == nil {
+		c.fns = make(map[int]func(QueueCancel))
+	}
+	id := c.next
+	c.next++
+	c.fns[id] = f
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.fns, id)
+	}
+}
+
+// tellCancel tells the OnQueueCancel functions of qc. Called without e.mu.
+func (e *Engine) tellCancel(qc QueueCancel) {
+	c := &e.cancelSubs
+	c.mu.Lock()
+	fns := make([]func(QueueCancel), 0, len(c.fns))
+	for _, f := range c.fns {
+		fns = append(fns, f)
+	}
+	c.mu.Unlock()
+	for _, f := range fns {
+		f(qc)
+	}
 }

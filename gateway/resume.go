@@ -25,6 +25,14 @@ type Resume struct {
 	Confirm bool
 }
 
+// attempt is r's attempt number: 1 for a first attempt (r nil).
+func (r *Resume) attempt() int {
+	if r == nil {
+		return 1
+	}
+	return r.Attempt
+}
+
 // resumed returns the runner and the turn of a resumed attempt: the note
 // (messages.ResumeNote) before the person's message, and rn behind the
 // Resume / Cancel question when r.Confirm. The history keeps the person's

@@ -231,6 +231,7 @@ func (e *Engine) dequeueLocked(ctx context.Context, sessionKey, runID, requester
 	}
 	e.mu.Unlock()
 	e.removeQueued(ctx, []string{runID})
+	e.tellCancel(QueueCancel{SessionKey: sessionKey, RunID: runID, Text: m.Text})
 	start()
 	return AbortResult{Aborted: true, RunIDs: []string{runID}, Dequeued: true, Text: m.Text}, nil
 }

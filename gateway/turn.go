@@ -111,7 +111,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	}
 	run, err := e.reg.Register(e.baseCtx, abort.Spec{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
-		Settings: cfg.TurnSettings(req.Channel, req.Timeout),
+		Settings: cfg.TurnSettings(req.Channel, req.Timeout), Attempt: req.Resume.attempt(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("send: %w", err)

@@ -44,7 +44,7 @@ var Defaults = map[Name]string{
 	Shutdown:      `⚠️ The gateway is shutting down, so your request was stopped after {{.Elapsed}}{{if .CurrentStep}} while {{.CurrentStep}} was running{{else if .LastStep}} — last action was {{.LastStep}}{{end}}. Please send it again in a minute.`,
 	User:          `⏹️ Stopped{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} after {{.Elapsed}}.`,
 	Superseded:    `⏭️ I stopped this request{{if .CurrentStep}} while {{.CurrentStep}} was running{{end}} because your newer message replaced it — working on that one now.`,
-	BudgetWarning: `⏳ This will be stopped in {{.Left}} unless it finishes.`,
+	BudgetWarning: `⏳ Your request will be stopped in {{.Left}} unless it finishes.`,
 	Error:         `❌ Something went wrong on my side{{if .Model}} while waiting for the model{{else if .CurrentStep}} during {{.CurrentStep}}{{end}} (error id {{.ErrorID}}) — try again, or tell the operator this id.`,
 }
 

@@ -1,6 +1,9 @@
 package messages
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // The texts of the model runner (runner/openai) about its providers.
 
@@ -9,11 +12,21 @@ import "fmt"
 // call and the turn moved to the next of agents.openai.fallbacks: from is
 // the model that failed, to the one that answers from now on; timedOut
 // says whether from sent nothing in time (else it failed outright). Said
-// once per switch, so normally once per turn.
+// once per switch, so normally once per turn. It is the first line of the
+// reply, which Telegram and the web chat render as Markdown: the model
+// names are code spans, shown as code whatever characters they hold (a
+// `*` is no emphasis), apart from the sentence around them (a plain
+// client shows the backticks).
 func ProviderSwitched(from, to string, timedOut bool) string {
 	why := "failed"
 	if timedOut {
 		why = "did not answer in time"
 	}
-	return fmt.Sprintf("↪️ %s %s; switched to %s.", from, why, to)
+	return fmt.Sprintf("↪️ The model %s %s; switched to %s.", codeSpan(from), why, codeSpan(to))
+}
+
+// codeSpan is s as a Markdown code span: a backtick in s (no model name
+// has one) becomes a quote, so the span cannot end early.
+func codeSpan(s string) string {
+	return "`" + strings.ReplaceAll(s, "`", "'") + "`"
 }

@@ -26,7 +26,7 @@ func TestNoGoDurationReachesPeople(t *testing.T) {
 		time.Hour, 90 * time.Minute, 2*time.Hour + 5*time.Minute + 10*time.Second} {
 		for name := range messages.Defaults {
 			got := set.Render(name, messages.Fields{Elapsed: messages.Duration(d), StepTimeout: messages.Duration(d),
-				Limit: messages.Duration(d), CurrentStep: "shell", LastStep: "web_search", ErrorID: "E7K2QX"})
+				Limit: messages.Duration(d), Left: messages.Duration(d), CurrentStep: "shell", LastStep: "web_search", ErrorID: "E7K2QX"})
 			if m := goDuration.FindString(got); m != "" {
 				t.Errorf("%s with %v shows %q: %q", name, d, m, got)
 			}
@@ -38,10 +38,40 @@ func TestNoGoDurationReachesPeople(t *testing.T) {
 			{Kind: event.ApprovalResolved, Approval: &event.Approval{Title: a.Title, CreatedAt: a.CreatedAt, ExpiresAt: a.ExpiresAt,
 				Outcome: event.ApprovalTimeout}},
 			{Kind: event.Progress, Step: shell, Elapsed: d},
+			{Kind: event.BudgetWarning, Step: shell, Elapsed: d, Limit: d},
 		} {
 			if got := messages.Render(nil, ev); goDuration.MatchString(got) {
 				t.Errorf("%v with %v shows a Go duration: %q", ev.Kind, d, got)
 			}
+		}
+		if got := messages.RunnerBudgetNote(d); goDuration.MatchString(got) {
+			t.Errorf("the runner's budget note with %v shows a Go duration: %q", d, got)
+		}
+	}
+}
+
+// TestIssue23Words: how the budget warning and the provider switch read
+// (issue 23). The warning names what will be stopped ("Your request", as
+// the other notices do: on Telegram it is a message of its own, with no
+// "this" to point at) and the time in words; the switch names the models
+// as Markdown code spans, shown as code by Telegram and the web chat
+// whatever characters they hold.
+func TestIssue23Words(t *testing.T) {
+	if got, want := messages.Render(nil, event.Event{Kind: event.BudgetWarning, Limit: 90 * time.Second}),
+		"⏳ Your request will be stopped in 1 min 30 s unless it finishes."; got != want {
+		t.Errorf("budget warning %q, want %q", got, want)
+	}
+	for _, tc := range []struct {
+		from, to string
+		timedOut bool
+		want     string
+	}{
+		{"gpt-4o-mini", "llama3.2", true, "↪️ The model `gpt-4o-mini` did not answer in time; switched to `llama3.2`."},
+		{"my*model*v2", "backup_v1", false, "↪️ The model `my*model*v2` failed; switched to `backup_v1`."},
+		{"odd`name", "b", false, "↪️ The model `odd'name` failed; switched to `b`."},
+	} {
+		if got := messages.ProviderSwitched(tc.from, tc.to, tc.timedOut); got != tc.want {
+			t.Errorf("ProviderSwitched(%q, %q) = %q, want %q", tc.from, tc.to, got, tc.want)
 		}
 	}
 }

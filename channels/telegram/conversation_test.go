@@ -126,7 +126,7 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(10)
 			},
 			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
-			want: []string{"⏳ This will be stopped in 2 s unless it finishes.", // budgetWarningRatio 0.8
+			want: []string{"⏳ Your request will be stopped in 2 s unless it finishes.", // budgetWarningRatio 0.8
 				"⚠️ This request was stopped at its time limit of 10 s while build was running. " +
 					"Try again, or ask for something smaller."},
 		},
@@ -137,7 +137,7 @@ func TestConversations(t *testing.T) {
 				c.Channels.Telegram.Timeouts.TimeoutSeconds = secs(100)
 			},
 			script: []step{say("/steps build:1m:hb=1s"), wait(15 * time.Second)},
-			want: []string{"⏳ This will be stopped in 1.6 s unless it finishes.", // budgetWarningRatio 0.8 of the ceiling
+			want: []string{"⏳ Your request will be stopped in 1.6 s unless it finishes.", // budgetWarningRatio 0.8 of the ceiling
 				"⚠️ This request reached the maximum time of 8 s while build was running. " +
 					"It was stopped; please split it into smaller requests."},
 		},

@@ -57,6 +57,9 @@ func TestToHTML(t *testing.T) {
 		{"snake_case_name", "snake_case_name"},
 		{"<script>alert(1)</script>", "&lt;script&gt;alert(1)&lt;/script&gt;"},
 		{"&amp; stays text", "&amp;amp; stays text"},
+		// The provider switch (messages.ProviderSwitched): its model names as code.
+		{"↪️ The model `my_model_v2` did not answer in time; switched to `llama3.2`.",
+			"↪️ The model <code>my_model_v2</code> did not answer in time; switched to <code>llama3.2</code>."},
 	}
 	for _, tc := range cases {
 		if got := toHTML(tc.md); got != tc.want {

@@ -398,7 +398,7 @@ func TestBudgetWarningOnceBeforeTheStop(t *testing.T) {
 			name:   "stopped at the wall clock",
 			script: "/steps shell:hang",
 			want: []string{
-				"1m20s sendMessage #1 ⏳ This will be stopped in 20 s unless it finishes.",
+				"1m20s sendMessage #1 ⏳ Your request will be stopped in 20 s unless it finishes.",
 				"1m40s sendMessage #2 ⚠️ This request was stopped at its time limit of 1 min 40 s while shell was running. Try again, or ask for something smaller.",
 			},
 		},
@@ -406,7 +406,7 @@ func TestBudgetWarningOnceBeforeTheStop(t *testing.T) {
 			name:   "the runner wraps up",
 			script: "/steps build:90s deploy:hang say:Built",
 			want: []string{
-				"1m20s sendMessage #1 ⏳ This will be stopped in 20 s unless it finishes.",
+				"1m20s sendMessage #1 ⏳ Your request will be stopped in 20 s unless it finishes.",
 				"1m30s sendMessage #2 🧭 Note from the gateway: 20 s left before this turn is stopped. Wrap up now: start no new long task and give your best answer with what you have. Built",
 			},
 		},

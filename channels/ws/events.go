@@ -8,6 +8,7 @@ import (
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/messages"
 )
 
 // chatEvent is the payload of a `chat` event.
@@ -52,7 +53,7 @@ type lifecycleData struct {
 	// eighth of server.maxAnswerBytes, as in chat.history's activeRun.
 	UserText string `json:"userText,omitempty"`
 	// Message (warning only; turnguard's extension): the budget warning in
-	// words, "⏳ This will be stopped in 1 min unless it finishes.";
+	// words, "⏳ Your request will be stopped in 1 min unless it finishes.";
 	// DeadlineAt is when (unix ms).
 	Message    string `json:"message,omitempty"`
 	DeadlineAt int64  `json:"deadlineAt,omitempty"`
@@ -611,4 +612,23 @@ func (s *Server) onGap(sessionKey string) {
 	for _, c := range victims {
 		c.closeWith(websocket.CloseServiceRestart, "events were lost; reload the history", true)
 	}
+}
+
+// queuePayload is the payload of a "queue" event (turnguard's extension):
+// a message queued behind a session's running turn left the queue without
+// running. State is "cancelled"; Text says so in words
+// (messages.QueueCancelled).
+type queuePayload struct {
+	SessionKey string `json:"sessionKey"`
+	RunID      string `json:"runId"` // the message's own run id (its idempotencyKey)
+	State      string `json:"state"`
+	Text       string `json:"text"`
+}
+
+// onQueueCancel is the engine's OnQueueCancel function: every connection
+// watching the session — the web chat's other tabs, the canceller too —
+// learns at once that the queued message qc will not run. It never blocks.
+func (s *Server) onQueueCancel(qc gateway.QueueCancel) {
+	p := queuePayload{SessionKey: qc.SessionKey, RunID: qc.RunID, State: "cancelled", Text: messages.QueueCancelled(qc.Text)}
+	s.fanout(qc.SessionKey, []outFrame{{data: eventHead("queue", mustJSON(p)), seq: true}})
 }

@@ -37,7 +37,7 @@ var methodNames = []string{
 
 // eventNames are the events this server sends.
 var eventNames = []string{"connect.challenge", "tick", "chat", "agent", "shutdown", "approval",
-	"plugin.approval.requested", "plugin.approval.resolved"}
+	"plugin.approval.requested", "plugin.approval.resolved", "queue"}
 
 func init() {
 	methods = map[string]handler{
@@ -389,7 +389,14 @@ type historyMessage struct {
 	// Turnguard: on a finished turn's first assistant message, its steps and
 	// settled approvals (turndetails.go); chat.history only.
 	Turnguard *turnView `json:"turnguard,omitempty"`
-	runID     string    // the turn the message belongs to ("" unknown)
+	// RunID is the turn the message belongs to ("" unknown); chat.history
+	// only.
+	RunID string `json:"runId,omitempty"`
+	// Resumed marks the notice of an interrupted turn that was dispatched
+	// again (agents.defaults.resume: its words say "resuming it"): a Retry
+	// would run the request a second time, so a client offers none.
+	// chat.history only.
+	Resumed bool `json:"resumed,omitempty"`
 }
 
 type contentBlock struct {
@@ -435,6 +442,7 @@ func chatHistory(c *conn, req request) (any, *rpcError) {
 	turns, turnsUsed := c.s.finishedTurns(c.ctx, key, msgs, budget)
 	out, omitted := fitHistory(msgs, budget-used-turnsUsed)
 	attachTurns(out, turns)
+	c.s.markResumed(c.ctx, out)
 	res := map[string]any{
 		"sessionKey": key, "sessionId": id, "messages": out, "thinkingLevel": "off", "verboseLevel": "on",
 	}
@@ -485,7 +493,7 @@ func fitHistory(msgs []gateway.Message, budget int) ([]*historyMessage, int) {
 		first--
 		m := msgs[first]
 		cut = textMessage(m.Role, cutText(m.Text, budget-2*historyOverhead-200), m.Time, m.StopReason)
-		cut.runID = m.RunID
+		cut.RunID = m.RunID
 	}
 	out := make([]*historyMessage, 0, len(msgs)-first+1)
 	if first > 0 {
@@ -496,7 +504,7 @@ func fitHistory(msgs []gateway.Message, budget int) ([]*historyMessage, int) {
 	}
 	for _, m := range msgs[first:] {
 		hm := textMessage(m.Role, m.Text, m.Time, m.StopReason)
-		hm.runID = m.RunID
+		hm.RunID = m.RunID
 		out = append(out, hm)
 	}
 	return out, first

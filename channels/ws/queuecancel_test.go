@@ -19,11 +19,7 @@ import (
 // cancel finds nothing.
 func TestChatAbortCancelsAQueuedRun(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "gateway.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openSQLite(t)
 	e := newTCPEnv(t, envOpts{opts: Options{Token: "T"}, queue: sqliteQueue{st}})
 	owner := e.connectDevice(deviceKey(21), "T", nil)
 	stranger := e.connectDevice(deviceKey(22), "T", nil)
@@ -97,3 +93,78 @@ func (q sqliteQueue) RemoveQueued(ctx context.Context, runIDs ...string) error {
 }
 
 func (sqliteQueue) Queued(context.Context) ([]gateway.QueuedMessage, error) { return nil, nil }
+
+// openSQLite opens a real SQLite store in a temporary directory, closed
+// when the test ends.
+func openSQLite(t *testing.T) *store.SQLite {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "gateway.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// TestQueueCancelReachesTheSessionsOtherClients: when a queued message is
+// cancelled — by chat.abort of its runId from one gorilla client, or by
+// Telegram's Cancel button (the engine's CancelQueued, as the Telegram
+// channel calls it) — every other client watching the session gets a
+// "queue" event at once (state "cancelled", the message's runId, the
+// words), so a second web chat tab marks it not sent without a reload. A
+// client watching another session gets nothing.
+func TestQueueCancelReachesTheSessionsOtherClients(t *testing.T) {
+	e := newTCPEnv(t, envOpts{opts: Options{Token: "T"}})
+	owner := e.connectDevice(deviceKey(31), "T", nil)
+	tab := e.connectDevice(deviceKey(31), "T", nil) // the same person's second tab
+	other := e.connectDevice(deviceKey(32), "T", nil)
+	for _, c := range []*client{tab, other} {
+		key := map[*client]string{tab: "main", other: "elsewhere"}[c]
+		if r := c.call("chat.history", map[string]any{"sessionKey": key}); !r.OK {
+			t.Fatalf("chat.history: %s", r.raw)
+		}
+	}
+	send := func(id, text string) {
+		t.Helper()
+		if r := owner.call("chat.send", map[string]any{"sessionKey": "main", "message": text, "idempotencyKey": id}); !r.OK {
+			t.Fatalf("chat.send %s: %s", id, r.raw)
+		}
+	}
+	send("q1", "/steps shell:hang")
+	send("q2", "first queued")
+	send("q3", "second queued")
+	cancelled := func(c *client, run string) frame {
+		t.Helper()
+		return c.until("the queue event of "+run, func(f frame) bool { return f.Event == "queue" && f.str("runId") == run })
+	}
+
+	if r := owner.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "q2", "queued": true}); !r.OK || r.get("aborted") != true {
+		t.Fatalf("chat.abort of the queued q2: %s", r.raw)
+	}
+	f := cancelled(tab, "q2")
+	if f.str("state") != "cancelled" || f.str("sessionKey") != "agent:main:main" || f.str("text") != messages.QueueCancelled("first queued") {
+		t.Fatalf("the other tab's queue event: %s", f.raw)
+	}
+
+	// Telegram's Cancel button goes through the engine's CancelQueued.
+	if res, err := e.eng.CancelQueued(context.Background(), "agent:main:main", "q3", "", true); err != nil || !res.Aborted {
+		t.Fatalf("CancelQueued(q3) = %+v, %v", res, err)
+	}
+	if f := cancelled(tab, "q3"); f.str("text") != messages.QueueCancelled("second queued") {
+		t.Fatalf("the queue event of q3: %s", f.raw)
+	}
+	cancelled(owner, "q3")
+
+	if r := owner.call("chat.abort", map[string]any{"sessionKey": "main", "runId": "q1"}); !r.OK || r.get("aborted") != true {
+		t.Fatalf("chat.abort of the running q1: %s", r.raw)
+	}
+	owner.chat("q1", "aborted")
+	if r := other.call("status", nil); !r.OK {
+		t.Fatalf("status: %s", r.raw)
+	}
+	for _, f := range other.all {
+		if f.Event == "queue" {
+			t.Fatalf("a client of another session got %s", f.raw)
+		}
+	}
+}

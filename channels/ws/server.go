@@ -81,6 +81,10 @@ type Options struct {
 	// every chunk at once (the old behaviour, kept as the benchmark's
 	// baseline).
 	DeltaInterval time.Duration
+	// Resumed, optional, reports whether the interrupted turn runID was
+	// dispatched again (store.Resumes.Resumed): chat.history marks its
+	// notice resumed so that no Retry is offered. nil: never.
+	Resumed func(ctx context.Context, runID string) (bool, error)
 }
 
 // Server is the WebSocket endpoint. Create with NewServer; it is an
@@ -251,7 +255,8 @@ func NewServer(eng *gateway.Engine, cfg *config.Source, opts Options) *Server {
 	// Cluster mode: the turns other replicas run reach their watchers here
 	// too; a session whose events were lost closes its watchers with 1012.
 	unimport := eng.Import(s.onEvent, s.onGap)
-	s.unsub = func() { unimport(); unsub() }
+	uncancel := eng.OnQueueCancel(s.onQueueCancel)
+	s.unsub = func() { uncancel(); unimport(); unsub() }
 	return s
 }
 

@@ -131,9 +131,42 @@ func unfinishedStep(stop event.StopReason) string {
 // turn's steps and cards above it, where they were live.
 func attachTurns(out []*historyMessage, views map[string]*turnView) {
 	for _, m := range out {
-		if v, ok := views[m.runID]; ok && m.Role == "assistant" {
+		if v, ok := views[m.RunID]; ok && m.Role == "assistant" {
 			m.Turnguard = v
-			delete(views, m.runID)
+			delete(views, m.RunID)
 		}
+	}
+}
+
+// maxResumedLookups bounds the store lookups of one chat.history answer
+// (markResumed): the newest interrupted turns are asked about, older ones
+// keep their Retry as before resume.
+const maxResumedLookups = 32
+
+// markResumed sets Resumed on the notices in out of interrupted turns that
+// were dispatched again (Options.Resumed), newest first, at most
+// maxResumedLookups turns. A lookup that fails leaves the notice with its
+// Retry (logged), as Telegram does.
+func (s *Server) markResumed(ctx context.Context, out []*historyMessage) {
+	if s.opts.Resumed == nil {
+		return
+	}
+	asked := make(map[string]bool)
+	for _, m := range slices.Backward(out) {
+		if m.Role != "assistant" || m.RunID == "" || m.StopReason != string(event.ReasonInterrupted) {
+			continue
+		}
+		yes, seen := asked[m.RunID]
+		if !seen {
+			if len(asked) == maxResumedLookups {
+				return
+			}
+			var err error
+			if yes, err = s.opts.Resumed(ctx, m.RunID); err != nil {
+				s.log.Warn("chat.history: cannot tell whether an interrupted turn was resumed", "run", m.RunID, "err", err)
+			}
+			asked[m.RunID] = yes
+		}
+		m.Resumed = yes
 	}
 }

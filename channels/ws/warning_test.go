@@ -29,7 +29,7 @@ func TestBudgetWarningFrame(t *testing.T) {
 		}
 		for _, f := range c.all {
 			if f.Event == "agent" && f.str("data.phase") == "warning" {
-				if f.str("data.message") != "⏳ This will be stopped in 2 s unless it finishes." ||
+				if f.str("data.message") != "⏳ Your request will be stopped in 2 s unless it finishes." ||
 					f.get("data.deadlineAt") != float64(start.Add(10*time.Second).UnixMilli()) {
 					t.Errorf("warning frame %s", f.raw)
 				}

@@ -90,6 +90,9 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 			"sampleRatio", cfg.Telemetry.SampleRatio)
 	}
 
+	// Metrics first: the store's recovery counts its resume decisions.
+	a.ops = newOps(a.cfg, log)
+
 	// Store: open, end the turns a previous process was cut off in, and
 	// feed the engine's history from it.
 	sctx, cancel := context.WithTimeout(ctx, startupStoreWait)
@@ -114,7 +117,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 			return a, err
 		}
 	} else {
-		recoverInterrupted(sctx, a.store, cfg, log)
+		recoverInterrupted(sctx, a.store, cfg, log, a.ops.metrics.ResumeDecision)
 	}
 	killLeftoverAgents(cfg, log)
 
@@ -124,7 +127,6 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	if err := a.runners.prepare(cfg); err != nil {
 		return a, err
 	}
-	a.ops = newOps(a.cfg, log)
 	// While the store cannot write, a turn would leave no trace: refuse new
 	// ones (retryable) until it can.
 	opts := gateway.Options{Config: a.cfg, Runners: a.runners.engineRunners(), Log: log, History: storeHistory(a.store),
@@ -152,6 +154,7 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	a.ws = ws.NewServer(a.eng, a.cfg, ws.Options{
 		Token: cfg.Server.Token, OperatorToken: cfg.Server.OperatorToken,
 		Version: "turnguard " + version, Log: log.With("channel", "ws"),
+		Resumed: a.store.Resumed, // a resumed turn's notice offers no Retry
 	})
 	// Telegram, when enabled: it follows the engine's events now; it takes
 	// updates from receive on (webhook updates once the router serves
@@ -432,7 +435,7 @@ func recoverInterrupted(ctx context.Context, st interface {
 	store.Outbox
 	store.ApprovalStore
 	resumeStore
-}, cfg *config.Config, log *slog.Logger) {
+}, cfg *config.Config, log *slog.Logger, count func(outcome string)) {
 	defer func() {
 		if n, err := st.ExpireOrphanApprovals(ctx); err != nil {
 			log.Error("store: cannot expire the approvals left pending by the last stop", "error", err)
@@ -447,7 +450,7 @@ func recoverInterrupted(ctx context.Context, st interface {
 	}
 	msgs := cfg.MessageSet()
 	for _, t := range turns {
-		text := resumeTurn(ctx, st, cfg, t, interruptedNotice(msgs, t), log)
+		text := resumeTurn(ctx, st, cfg, t, interruptedNotice(msgs, t), log, count)
 		if t.Channel != config.ChannelWS && t.ChatRef != "" {
 			if _, err := st.Enqueue(ctx, store.OutboxMessage{Channel: t.Channel, ChatRef: t.ChatRef, RunID: t.RunID,
 				Kind: store.OutboxNotice, Text: text}); err != nil && !errors.Is(err, store.ErrDuplicate) {

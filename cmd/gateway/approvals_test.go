@@ -38,7 +38,7 @@ func TestRecoverInterruptedExpiresApprovals(t *testing.T) {
 			}
 
 			s = open()
-			recoverInterrupted(context.Background(), s, config.Default(), quiet)
+			recoverInterrupted(context.Background(), s, config.Default(), quiet, nil)
 			if got := storetest.MustTurn(t, s, "run-1"); got.StopReason != event.ReasonInterrupted {
 				t.Errorf("turn after recovery: %s %s, want interrupted", got.State, got.StopReason)
 			}

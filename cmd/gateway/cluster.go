@@ -69,7 +69,7 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 		OutboxChannels: outboxChannels(cfg),
 		OnOutbox:       a.outboxWritten,
 		Notice:         func(t store.Turn) string { return interruptedNotice(msgs, t) },
-		Resume:         takeoverResume(a.cfg),
+		Resume:         takeoverResume(a.cfg, a.ops.metrics.ResumeDecision),
 		OnFenced:       a.fenced,
 		OnTakeover: func(t pgcoord.Takeover) {
 			a.log.Warn("took over the turns of a replica that stopped renewing its lease", takeoverAttrs(t)...)

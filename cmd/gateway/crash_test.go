@@ -19,6 +19,7 @@ import (
 
 	"github.com/turnguard/turnguard/internal/fakebot"
 	"github.com/turnguard/turnguard/store"
+	"github.com/turnguard/turnguard/store/storetest"
 )
 
 const crashOpToken = "crash-operator-token"
@@ -91,28 +92,14 @@ func waitCurrentStep(t *testing.T, path, runID, current string) {
 // runID satisfies ok, for at most 10 s.
 func waitTurn(t *testing.T, path, runID, what string, ok func(store.Turn) bool) {
 	t.Helper()
-	ctx := context.Background()
-	st, err := store.Open(ctx, path, store.Options{Unlocked: true}) // the gateway holds the lock
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	waitTurnIn(t, st, runID, what, ok)
+	storetest.WaitTurnFile(t, path, runID, what, ok)
 }
 
 // waitTurnIn polls st (written by another process) until the turn runID
 // satisfies ok, for at most 10 s.
 func waitTurnIn(t *testing.T, st store.Reader, runID, what string, ok func(store.Turn) bool) {
 	t.Helper()
-	ctx := context.Background()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if turn, err := st.Turn(ctx, runID); err == nil && ok(turn) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond) // real time: polling another process's database
-	}
-	t.Fatalf("turn %s never recorded %s", runID, what)
+	storetest.WaitTurn(t, st, runID, what, ok)
 }
 
 // operatorGet GETs an operator API path with the operator token.

@@ -11,6 +11,7 @@ import (
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/ops/metrics"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -48,34 +49,65 @@ func planResume(rc config.Resume, t store.Turn, prev store.Resume, found bool, t
 	return next, m, true
 }
 
+// resumeOutcome names planResume's decision (prev, found: the cut-off
+// turn's own record; next, ok: its result) for the resume_decisions_total
+// metric: asked, resumed, exhausted (the cut-off attempt was its turn's
+// last) or skipped (too old, or its message unknown).
+func resumeOutcome(rc config.Resume, prev store.Resume, found bool, next store.Resume, ok bool) string {
+	attempt := 1
+	if found {
+		attempt = prev.Attempt
+	}
+	switch {
+	case ok && next.Confirm:
+		return metrics.ResumeAsked
+	case ok:
+		return metrics.ResumeResumed
+	case attempt >= rc.MaxAttempts:
+		return metrics.ResumeExhausted
+	}
+	return metrics.ResumeSkipped
+}
+
 // resumeTurn queues the next attempt of the cut-off turn t when planResume
 // says so, and returns the notice that ends t: messages.Resuming or
 // messages.ResumeAsk when an attempt is queued, interrupted otherwise (resume off,
-// attempts used, too old, or a store failure — logged).
-func resumeTurn(ctx context.Context, st resumeStore, cfg *config.Config, t store.Turn, interrupted string, log *slog.Logger) string {
+// attempts used, too old, or a store failure — logged). With resume on,
+// count (nil: none) is told the decision's outcome (resumeOutcome; a store
+// failure is skipped).
+func resumeTurn(ctx context.Context, st resumeStore, cfg *config.Config, t store.Turn, interrupted string, log *slog.Logger,
+	count func(outcome string)) string {
 	rc := cfg.Agents.Defaults.Resume
 	if !rc.Enabled {
 		return interrupted
+	}
+	if count == nil {
+		count = func(string) {}
 	}
 	prev, err := st.Resume(ctx, t.RunID)
 	found := err == nil
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		log.Error("store: cannot read an interrupted turn's attempts; it is not resumed", "run", t.RunID, "error", err)
+		count(metrics.ResumeSkipped)
 		return interrupted
 	}
 	text, err := st.UserText(ctx, t.RunID)
 	if err != nil {
 		log.Warn("store: an interrupted turn's message is not kept; it is not resumed", "run", t.RunID, "error", err)
+		count(metrics.ResumeSkipped)
 		return interrupted
 	}
 	next, m, ok := planResume(rc, t, prev, found, text, time.Now())
 	if !ok {
+		count(resumeOutcome(rc, prev, found, next, ok))
 		return interrupted
 	}
 	if err := st.QueueResume(ctx, next, m); err != nil {
 		log.Error("store: cannot queue an interrupted turn's next attempt; it ends as interrupted", "run", t.RunID, "error", err)
+		count(metrics.ResumeSkipped)
 		return interrupted
 	}
+	count(resumeOutcome(rc, prev, found, next, ok))
 	log.Warn("turn interrupted by the last stop is resumed", "run", t.RunID, "attempt", next.Attempt,
 		"next_run", next.RunID, "ask_first", next.Confirm)
 	return resumingNotice(next, rc)
@@ -92,11 +124,15 @@ func resumingNotice(next store.Resume, rc config.Resume) string {
 
 // takeoverResume is pgcoord's Options.Resume: a turn a dead replica was
 // running is resumed as the start-up recovery resumes one (planResume),
-// with agents.defaults.resume as it is at the takeover.
-func takeoverResume(cfg *config.Source) func(store.Turn, store.Resume, bool, string) (store.Resume, store.QueuedMessage, string, bool) {
+// with agents.defaults.resume as it is at the takeover. With resume on,
+// count is told each decision's outcome (resumeOutcome).
+func takeoverResume(cfg *config.Source, count func(outcome string)) func(store.Turn, store.Resume, bool, string) (store.Resume, store.QueuedMessage, string, bool) {
 	return func(t store.Turn, prev store.Resume, found bool, text string) (store.Resume, store.QueuedMessage, string, bool) {
 		rc := cfg.Current().Agents.Defaults.Resume
 		next, m, ok := planResume(rc, t, prev, found, text, time.Now())
+		if rc.Enabled {
+			count(resumeOutcome(rc, prev, found, next, ok))
+		}
 		if !ok {
 			return store.Resume{}, store.QueuedMessage{}, "", false
 		}

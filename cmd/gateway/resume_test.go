@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/internal/fakebot"
 	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/ops/metrics"
 	"github.com/turnguard/turnguard/store"
 	"github.com/turnguard/turnguard/store/storetest"
 )
@@ -211,7 +213,9 @@ func storeTurn(t *testing.T, path, run string) (store.Turn, error) {
 // with the resuming notice (history and outbox); one cut off in a tool call
 // gets an attempt that asks first, and the notice that says so; one whose
 // first attempt is older than maxAgeSeconds ends with the interrupted
-// notice. When attempt 2 is cut off too, it was the last: the interrupted
+// notice. Each decision is counted in resume_decisions_total by outcome
+// (resumed, asked, skipped; exhausted after the last attempt).
+// When attempt 2 is cut off too, it was the last: the interrupted
 // notice, no attempt 3.
 func TestRecoverInterruptedResumes(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
@@ -240,7 +244,16 @@ func TestRecoverInterruptedResumes(t *testing.T) {
 			}
 
 			s = open()
-			recoverInterrupted(ctx, s, cfg, quiet)
+			m := metrics.New("test")
+			decisions := func(want map[string]float64) {
+				t.Helper()
+				got, err := m.Values("turnguard_resume_decisions_total", "outcome")
+				if err != nil || !maps.Equal(got, want) {
+					t.Errorf("resume_decisions_total %v, %v; want %v", got, err, want)
+				}
+			}
+			recoverInterrupted(ctx, s, cfg, quiet, m.ResumeDecision)
+			decisions(map[string]float64{"resumed": 1, "asked": 1, "exhausted": 0, "skipped": 1})
 			q, err := s.Queued(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -281,7 +294,8 @@ func TestRecoverInterruptedResumes(t *testing.T) {
 				tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text, e.Time = "summarise", now }),
 				tr.Ev(event.StepStarted, 0, func(e *event.Event) { e.Step, e.Time = llm, now }))
 			storetest.Flush(t, s)
-			recoverInterrupted(ctx, s, cfg, quiet)
+			recoverInterrupted(ctx, s, cfg, quiet, m.ResumeDecision)
+			decisions(map[string]float64{"resumed": 1, "asked": 1, "exhausted": 1, "skipped": 1})
 			if got := last("telegram:1"); !strings.HasPrefix(got, interrupted) {
 				t.Errorf("after the last attempt the history ends %q, want the interrupted notice", got)
 			}

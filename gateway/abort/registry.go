@@ -107,6 +107,10 @@ type Spec struct {
 	Channel    string
 	ChatRef    string
 	Settings   timeout.Settings
+	// Attempt is the turn's attempt number (agents.defaults.resume): 2 and
+	// up for a turn dispatched again after a restart or a takeover; 0 or 1
+	// for a first attempt (Run.Attempt is then 1).
+	Attempt int
 }
 
 // Register creates the Run for spec. Its context derives from ctx, which must
@@ -125,7 +129,7 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 	}
 	now := g.now()
 	r := &Run{
-		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef,
+		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef, Attempt: max(spec.Attempt, 1),
 		Settings: spec.Settings, reg: g, start: now, slot: slot,
 	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
@@ -272,6 +276,7 @@ type Snapshot struct {
 	SessionKey  string           `json:"sessionKey"`
 	Channel     string           `json:"channel"`
 	ChatRef     string           `json:"chatRef,omitempty"`
+	Attempt     int              `json:"attempt"` // Run.Attempt
 	State       string           `json:"state"`
 	StopReason  event.StopReason `json:"stopReason,omitempty"`
 	StartedAt   time.Time        `json:"startedAt"`
@@ -297,7 +302,7 @@ func (r *Run) Snapshot() Snapshot {
 	v := r.View()
 	cur, last := r.steps2()
 	s := Snapshot{
-		RunID: r.ID, SessionKey: r.SessionKey, Channel: r.Channel, ChatRef: r.ChatRef,
+		RunID: r.ID, SessionKey: r.SessionKey, Channel: r.Channel, ChatRef: r.ChatRef, Attempt: r.Attempt,
 		State: r.State().String(), StopReason: r.StopReason(), StartedAt: r.StartedAt(),
 		Elapsed: time.Duration(now - r.start), CurrentStep: cur, LastStep: last, Paused: v.Paused,
 		UntilWall: time.Duration(r.wallDeadline() - now), Returned: v.Returned,

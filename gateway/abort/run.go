@@ -104,6 +104,7 @@ type Run struct {
 	SessionKey string
 	Channel    string
 	ChatRef    string
+	Attempt    int // 1 for a first attempt, 2 and up for a resumed one (Spec.Attempt)
 	Settings   timeout.Settings
 
 	ctx    context.Context

@@ -413,7 +413,7 @@ func TestBudgetWarningAtExactlyTheRatioOnce(t *testing.T) {
 			!ev.Deadline.Equal(r.StartedAt().Add(10*time.Second)) {
 			t.Fatalf("warning %+v: want 2 s left of a 10 s wall clock, step build", ev)
 		}
-		if got := messages.Render(nil, ev); got != "⏳ This will be stopped in 2 s unless it finishes." {
+		if got := messages.Render(nil, ev); got != "⏳ Your request will be stopped in 2 s unless it finishes." {
 			t.Fatalf("the person reads %q", got)
 		}
 		if n := h.sched.Stats().Warnings; n != 1 {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -466,6 +467,33 @@ func TestTurnsShowTraceID(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTurnsShowTheAttempt: /api/turns gives each live turn its attempt
+// number — 1 for a first attempt, 2 for a turn dispatched again after a
+// restart (agents.defaults.resume: a queued message with its Resume mark).
+func TestTurnsShowTheAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnvRunner(t, testConfig(t), demo.New())
+		e.send(t, "r-first", "agent:main:a", "ws", "", "/steps shell:hang")
+		if _, err := e.eng.Send(context.Background(), gateway.SendRequest{SessionKey: "agent:main:b", Channel: "ws", RunID: "r-attempt-2",
+			Text: "/steps shell:hang", Resume: &gateway.Resume{Attempt: 2, MaxAttempts: 3}}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		code, body := e.do(t, http.MethodGet, "/api/turns")
+		var resp admin.TurnsResponse
+		if err := json.Unmarshal([]byte(body), &resp); code != http.StatusOK || err != nil || len(resp.Turns) != 2 {
+			t.Fatalf("GET /api/turns: %d %v %s", code, err, body)
+		}
+		got := map[string]int{}
+		for _, v := range resp.Turns {
+			got[v.RunID] = v.Attempt
+		}
+		if want := map[string]int{"r-first": 1, "r-attempt-2": 2}; !maps.Equal(got, want) {
+			t.Errorf("attempts %v, want %v", got, want)
+		}
+	})
 }
 
 // TestDashboardTakesNoTokenFromTheQuery: the served admin.js reads the

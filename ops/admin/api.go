@@ -55,10 +55,14 @@ type Deadlines struct {
 
 // TurnView is one live turn of /api/turns.
 type TurnView struct {
-	RunID       string    `json:"runId"`
-	SessionKey  string    `json:"sessionKey"`
-	Channel     string    `json:"channel"`
-	ChatRef     string    `json:"chatRef,omitempty"`
+	RunID      string `json:"runId"`
+	SessionKey string `json:"sessionKey"`
+	Channel    string `json:"channel"`
+	ChatRef    string `json:"chatRef,omitempty"`
+	// Attempt is the turn's attempt number: 1, or 2 and up for a turn
+	// dispatched again after a restart or a takeover
+	// (agents.defaults.resume); omitted for a turn run elsewhere.
+	Attempt     int       `json:"attempt,omitempty"`
 	State       string    `json:"state"`                // running | aborted (stopping: the runner has not returned yet)
 	StopReason  string    `json:"stopReason,omitempty"` // of an aborted turn
 	StartedAt   time.Time `json:"startedAt"`
@@ -91,7 +95,7 @@ type TurnView struct {
 
 func turnView(s abort.Snapshot) TurnView {
 	v := TurnView{
-		RunID: s.RunID, SessionKey: s.SessionKey, Channel: s.Channel, ChatRef: s.ChatRef, State: s.State,
+		RunID: s.RunID, SessionKey: s.SessionKey, Channel: s.Channel, ChatRef: s.ChatRef, Attempt: s.Attempt, State: s.State,
 		StopReason: string(s.StopReason), StartedAt: s.StartedAt, ElapsedMs: ms(s.Elapsed),
 		CurrentStep: stepView(s.CurrentStep), LastStep: stepView(s.LastStep), Paused: s.Paused, Stalled: s.Stalled,
 		Class: s.Class, RunnerReturned: s.Returned,

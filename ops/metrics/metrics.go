@@ -17,7 +17,8 @@
 // Channels report their own I/O through hooks: TelegramCall (or the
 // TelegramTransport round tripper) counts Bot API calls by method and
 // result, and Outbox wraps a channel's outbox to count deliveries, retries
-// and failures.
+// and failures. The start-up recovery and a cluster takeover count their
+// resume decisions through ResumeDecision.
 //
 // Every metric name starts with "turnguard_"; docs/operations.md lists
 // them. Label values are bounded: stop reasons and results are fixed sets,
@@ -30,6 +31,7 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -74,6 +76,7 @@ type Metrics struct {
 	forceFinalized    *prometheus.CounterVec
 	telegramCalls     *prometheus.CounterVec
 	deliveries        *prometheus.CounterVec
+	resumes           *prometheus.CounterVec
 }
 
 // New returns the metrics with a fresh registry that already holds the Go
@@ -122,6 +125,15 @@ func New(version string) *Metrics {
 		Namespace: Namespace, Name: "deliveries_total",
 		Help: "Outbox deliveries of final replies and notices, by channel and result (delivered, retry, failed).",
 	}, []string{"channel", "result"})
+	m.resumes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "resume_decisions_total",
+		Help: "Turns cut off by a restart or a takeover with agents.defaults.resume on, by outcome: " +
+			"resumed (dispatched again), asked (the person is asked first: a tool call was cut off), " +
+			"exhausted (its last attempt: ended for good), skipped (too old, or its message or attempts unreadable).",
+	}, []string{"outcome"})
+	for _, o := range ResumeOutcomes {
+		m.resumes.WithLabelValues(o) // every outcome present from the start, at 0
+	}
 
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
@@ -134,7 +146,7 @@ func New(version string) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		build, m.turnsStarted, m.turnsFinished, m.stepDuration, m.abortLate, m.progress, m.recovered,
-		m.budgetWarnings, m.forceFinalized, m.telegramCalls, m.deliveries,
+		m.budgetWarnings, m.forceFinalized, m.telegramCalls, m.deliveries, m.resumes,
 	)
 	return m
 }
@@ -344,6 +356,31 @@ func (m *Metrics) Observer() maintenance.Observer {
 // its deadline.
 func (m *Metrics) AbortLate(reason event.StopReason, late time.Duration) {
 	m.abortLate.WithLabelValues(reasonLabel(reason)).Observe(max(late, 0).Seconds())
+}
+
+// The outcomes of ResumeDecision.
+const (
+	ResumeResumed   = "resumed"
+	ResumeAsked     = "asked"
+	ResumeExhausted = "exhausted"
+	ResumeSkipped   = "skipped"
+)
+
+// ResumeOutcomes are the outcome label's values.
+var ResumeOutcomes = []string{ResumeResumed, ResumeAsked, ResumeExhausted, ResumeSkipped}
+
+// ResumeDecision counts one decision about a turn cut off by a restart or
+// a takeover (agents.defaults.resume on): outcome is one of
+// ResumeOutcomes (anything else counts as skipped). Safe for concurrent
+// use; nil m counts nothing.
+func (m *Metrics) ResumeDecision(outcome string) {
+	if m == nil {
+		return
+	}
+	if !slices.Contains(ResumeOutcomes, outcome) {
+		outcome = ResumeSkipped
+	}
+	m.resumes.WithLabelValues(outcome).Inc()
 }
 
 // label bounds a label value: "" is "none", anything that is not a short

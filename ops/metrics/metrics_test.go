@@ -186,6 +186,10 @@ func TestTurnMetrics(t *testing.T) {
 			`turnguard_outbox_messages{status="pending"}`:                                   "1",
 			`turnguard_outbox_messages{status="delivered"}`:                                 "5",
 			`turnguard_outbox_messages{status="failed"}`:                                    "2",
+			`turnguard_resume_decisions_total{outcome="resumed"}`:                           "0",
+			`turnguard_resume_decisions_total{outcome="asked"}`:                             "0",
+			`turnguard_resume_decisions_total{outcome="exhausted"}`:                         "0",
+			`turnguard_resume_decisions_total{outcome="skipped"}`:                           "0",
 		}
 		for k, v := range want {
 			if got[k] != v {

@@ -210,7 +210,7 @@ func TestFallbackAfterIdleTimeout(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := messages.ProviderSwitched("main-model", "backup-model", true) + "\n\nok"
-			if res.Text != want || !strings.Contains(want, "did not answer in time; switched to backup-model") {
+			if res.Text != want || !strings.Contains(want, "did not answer in time; switched to `backup-model`") {
 				t.Errorf("turn %d: the person read %q, want %q", i+1, res.Text, want)
 			}
 			if el := time.Since(start); el != idle {

@@ -16,7 +16,7 @@ func testBudgetWarningJournaled(t *testing.T, h *H) {
 	s := h.Open(t, h.New(t), Config{})
 	tr := NewTurn("run-1", "telegram:42")
 	tool := Step(event.StepTool, "build", 1, time.Second)
-	const words = "⏳ This will be stopped in 20 s unless it finishes."
+	const words = "⏳ Your request will be stopped in 20 s unless it finishes."
 	HandleAll(s,
 		tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Text = "build it" }),
 		tr.Ev(event.StepStarted, time.Second, func(e *event.Event) { e.Step = tool }),

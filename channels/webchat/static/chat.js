@@ -614,13 +614,28 @@
     });
   }
 
+  // onQueue takes the gateway's "queue" event: a queued message of this
+  // session was cancelled (here, in another tab, or by its Telegram Cancel
+  // button), so its bubble reads not sent at once.
+  function onQueue(p) {
+    if (!p || p.state !== "cancelled" || !p.runId || !mine(p)) return;
+    for (const list of [...state.queued.values()]) {
+      for (const b of [...list]) {
+        if (b.dataset.ownId === String(p.runId)) unqueue(b, "cancelled — not sent", p.text);
+      }
+    }
+  }
+
   // unqueue marks one queued message (bubble) as not sent with words —
   // cancelled, or dropped to make room (busy.overflow drop-old) — and,
-  // when its turn has no other message, moves the turns after it up.
+  // when its turn has no other message, moves the turns after it up. A
+  // bubble already unqueued (its "queue" event came before the answer)
+  // is left as it is.
   function unqueue(bubble, words, detail) {
     const c = bubble.querySelector(".msg-cancel");
     if (c) c.remove();
     const turn = bubble.dataset.runId;
+    if (!(state.queued.get(turn) || []).includes(bubble)) return;
     const list = (state.queued.get(turn) || []).filter((x) => x !== bubble);
     if (list.length) state.queued.set(turn, list); else state.queued.delete(turn);
     setBubbleStatus(bubble, "dropped", words, detail);
@@ -905,6 +920,7 @@
         if (state.loading && mine(payload)) state.loading.held.push([f.event, payload]);
         else runEvent(f.event, payload);
         break;
+      case "queue": onQueue(payload); break;
       case "sessions.changed": refreshSessionsSoon(); break;
       case "shutdown": setStatus("disconnected", "gateway shutting down…"); break;
       default: break; // tick, presence, …
@@ -1142,7 +1158,9 @@
         shown = text.slice(cut + 2);
       }
       if (partial) assistantMessage(partial, block);
-      if (shown) notice(reason === "error" ? "error" : "warning", shown, reason, block, lastUser);
+      // A resumed turn's notice ("resuming it") offers no Retry: its next
+      // attempt runs the request already.
+      if (shown) notice(reason === "error" ? "error" : "warning", shown, reason, block, m.resumed ? "" : lastUser);
     }
     // Retry resends the running turn's own message (activeRun.userText), not
     // the history's last user message, which may have been steered into it.
