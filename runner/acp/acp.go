@@ -95,6 +95,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/turnguard/turnguard/config"
@@ -124,7 +125,9 @@ type Runner struct {
 	inst         string
 	redact       *strings.Replacer
 	box          *sandbox
-	sessions     SessionStore // nil: sessions do not outlive the agent process
+	sessions     SessionStore        // nil: sessions do not outlive the agent process
+	signInAlert  func(problem error) // nil: none; see WithSignInAlert
+	signInState  atomic.Int32        // signInUnknown, signInOK or signInNeeded: what signInAlert was told last
 
 	mu       sync.Mutex
 	cur      *agent // the agent new turns go to; nil before the first
@@ -154,6 +157,17 @@ func WithVersion(v string) Option {
 			r.version = v
 		}
 	}
+}
+
+// WithSignInAlert tells alert when the agent's sign-in state changes: a
+// non-nil error the first time a turn fails because the agent needs a
+// sign-in turnguard cannot do (see auth.go; the error says why, never a
+// secret), nil the first time a prompt succeeds after that — and on the
+// runner's first successful prompt, so that a rebuilt runner closes what
+// the previous one opened. alert must not block. The gateway raises an
+// operator alert and shows the runner's problem on the dashboard with it.
+func WithSignInAlert(alert func(problem error)) Option {
+	return func(r *Runner) { r.signInAlert = alert }
 }
 
 // SessionStore keeps, per session key, the agent session of its current
