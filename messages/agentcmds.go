@@ -64,6 +64,11 @@ func AgentModeUnknown(id string) string {
 // AgentModeFailed is /mode <id>'s answer when the agent did not switch.
 const AgentModeFailed = "The agent could not switch modes. Try again later."
 
+// AgentBusyElsewhere is /mode's answer to a change of mode or setting
+// while the conversation's turn runs on another server of the cluster:
+// its modes are listed from there, but only that server changes them.
+const AgentBusyElsewhere = "The agent is working on this conversation on another server right now. Change its mode or settings when its reply is done."
+
 // MenuModeDescription is /mode's entry in Telegram's command menu of a
 // chat whose runner is an ACP agent.
 const MenuModeDescription = "List or switch the agent's modes"
