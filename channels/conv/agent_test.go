@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -168,6 +169,12 @@ func TestHelpAndModeReadTheSameFromEveryReplica(t *testing.T) {
 	}
 	if help := handle(b, "/help").Text; !strings.Contains(help, echo) || !strings.Contains(help, messages.HelpModeLine) {
 		t.Errorf("/help through b lacks the agent's commands:\n%s", help)
+	}
+	// The suggestions (commands.list, Telegram's menu) read the same too.
+	in := conv.Inbound{SessionKey: "k", Channel: config.ChannelWS}
+	if owner, other := conv.Menu(context.Background(), a, in, 0), conv.Menu(context.Background(), b, in, 0); !slices.Equal(owner, other) ||
+		!slices.Contains(other, conv.MenuEntry{Name: "echo", Description: "Say the input back"}) || other[0].Name != "stop" {
+		t.Errorf("suggestions through b %v, want a's %v with the agent's echo", other, owner)
 	}
 	for _, text := range []string{"/mode code", "/mode model smart"} {
 		if ans := handle(b, text); ans.Text != messages.AgentBusyElsewhere || ans.Failed {

@@ -24,13 +24,13 @@ const (
 )
 
 // botCommands is the command menu registered with setMyCommands.
-var botCommands = []models.BotCommand{
-	{Command: "stop", Description: "Stop the request that is running"},
-	{Command: "status", Description: "Show the running step and the time left"},
-	{Command: "new", Description: "Start a new conversation"},
-	{Command: "queue", Description: "What happens to messages sent while it works"},
-	{Command: "help", Description: "How this bot works"},
-}
+var botCommands = func() []models.BotCommand {
+	out := make([]models.BotCommand, len(conv.GatewayMenu))
+	for i, m := range conv.GatewayMenu {
+		out[i] = models.BotCommand{Command: m.Name, Description: m.Description}
+	}
+	return out
+}()
 
 var tooLongText = conv.TooLongText
 
