@@ -36,13 +36,20 @@ var GatewayMenu = []MenuEntry{
 // at most limit entries in all (limit ≤ 0: no limit beyond the agent's
 // own bound on its commands).
 func Menu(ctx context.Context, eng Engine, in Inbound, limit int) []MenuEntry {
-	menu := slices.Clone(GatewayMenu)
 	a := agentFor(ctx, eng, in)
 	if a == nil {
-		return menu
+		return slices.Clone(GatewayMenu)
 	}
-	menu = append(menu, MenuEntry{Name: string(Mode), Description: messages.MenuModeDescription})
-	for _, c := range a.Commands(in.SessionKey) {
+	return AgentMenu(a, in.SessionKey, limit)
+}
+
+// AgentMenu is Menu for a conversation (session key key) whose runner has
+// the agent a (Telegram's per-chat command menu too): GatewayMenu, /mode,
+// then a's commands not named like one of those (nor "start", Telegram's),
+// at most limit entries (limit ≤ 0: no limit).
+func AgentMenu(a Agent, key string, limit int) []MenuEntry {
+	menu := append(slices.Clone(GatewayMenu), MenuEntry{Name: string(Mode), Description: messages.MenuModeDescription})
+	for _, c := range a.Commands(key) {
 		if limit > 0 && len(menu) >= limit {
 			break
 		}

@@ -1,8 +1,6 @@
 package telegram
 
 import (
-	"github.com/go-telegram/bot/models"
-
 	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/messages"
@@ -24,13 +22,7 @@ const (
 )
 
 // botCommands is the command menu registered with setMyCommands.
-var botCommands = func() []models.BotCommand {
-	out := make([]models.BotCommand, len(conv.GatewayMenu))
-	for i, m := range conv.GatewayMenu {
-		out[i] = models.BotCommand{Command: m.Name, Description: m.Description}
-	}
-	return out
-}()
+var botCommands = botMenu(conv.GatewayMenu)
 
 var tooLongText = conv.TooLongText
 
