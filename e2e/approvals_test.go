@@ -115,6 +115,29 @@ func TestWebChatApproval(t *testing.T) {
 	}
 }
 
+// TestWebChatCommandSuggestions drives the web chat's command suggestions
+// in headless Chromium (webchat-commands.mjs) against the ACP gateway:
+// "/" lists the gateway's commands, then, once the agent has a session,
+// its /echo with its description; typing filters, Tab fills, Escape
+// closes (webchat-commands.png).
+func TestWebChatCommandSuggestions(t *testing.T) {
+	script, err := filepath.Abs("webchat-commands.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := acpGateway(t).addr
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, env.node, script, "http://"+addr+"/#token="+token, env.artifacts)
+	cmd.Env = append(os.Environ(), "E2E_CHROMIUM="+env.chromium, "E2E_NODE_MODULES="+env.nodeModules, "HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	t.Logf("webchat-commands.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("web chat command suggestions in Chromium failed: %v (screenshot: %s)", err,
+			filepath.Join(env.artifacts, "webchat-commands-failure.png"))
+	}
+}
+
 // TestTUIApproval: the real OpenClaw TUI shows turnguard's question as its
 // own approval prompt (plugin.approval.requested: "plugin approval: <title>",
 // Allow once / Deny) and answers it with plugin.approval.resolve; the turn

@@ -32,6 +32,9 @@ type TurnStatus struct {
 	// Approvals are the running turn's open questions, oldest first (their
 	// run is Turn.RunID): a client that (re)opens the session shows them.
 	Approvals []event.Approval `json:",omitempty"`
+	// Agent is what the running turn's agent offers the conversation
+	// (agentview.go): /help and /mode on another replica read it.
+	Agent *AgentView `json:",omitempty"`
 }
 
 // Status returns a snapshot of the session's running turn and queue.
@@ -52,6 +55,7 @@ func (e *Engine) Status(sessionKey string) TurnStatus {
 		st.Running, st.Turn, st.Limits = true, e.snapshot(run), run.Settings
 		st.Text = run.Text()
 		st.Approvals = e.PendingApprovals(sessionKey)
+		st.Agent = e.agentView(run.Channel, sessionKey)
 	}
 	return st
 }

@@ -64,6 +64,21 @@ func AgentModeUnknown(id string) string {
 // AgentModeFailed is /mode <id>'s answer when the agent did not switch.
 const AgentModeFailed = "The agent could not switch modes. Try again later."
 
+// AgentBusyElsewhere is /mode's answer to a change of mode or setting
+// while the conversation's turn runs on another server of the cluster:
+// its modes are listed from there, but only that server changes them.
+const AgentBusyElsewhere = "The agent is working on this conversation on another server right now. Change its mode or settings when its reply is done."
+
+// The gateway's commands as a menu lists them (Telegram's command menu,
+// the web chat's suggestions).
+const (
+	MenuStop   = "Stop the request that is running"
+	MenuStatus = "Show the running step and the time left"
+	MenuNew    = "Start a new conversation"
+	MenuQueue  = "What happens to messages sent while it works"
+	MenuHelp   = "How this bot works"
+)
+
 // MenuModeDescription is /mode's entry in Telegram's command menu of a
 // chat whose runner is an ACP agent.
 const MenuModeDescription = "List or switch the agent's modes"

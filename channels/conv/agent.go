@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/turnguard/turnguard/gateway"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/acp"
@@ -46,6 +47,43 @@ func agentOf(eng Engine, channel string) Agent {
 	}
 	a, _ := rs.RunnerOf(channel).(Agent)
 	return a
+}
+
+// agentFor returns the Agent that answers /help and /mode for in's
+// conversation: the local runner's when its agent has a session for it;
+// else, when the session's turn runs on another replica (StatusOf asks
+// the owner: gateway.TurnStatus.Agent), a view of the owner's agent, which
+// lists but does not set (errElsewhere); else the local one (nil when the
+// channel's runner has no agent).
+func agentFor(ctx context.Context, eng Engine, in Inbound) Agent {
+	local := agentOf(eng, in.Channel)
+	if local != nil {
+		if _, ok := local.Modes(in.SessionKey); ok {
+			return local
+		}
+	}
+	if st, err := eng.StatusOf(ctx, in.SessionKey); err == nil && st.Agent != nil {
+		return remoteAgent{*st.Agent}
+	}
+	return local
+}
+
+// errElsewhere: the conversation's agent runs its turn on another replica,
+// whose agent alone can change its mode or settings.
+var errElsewhere = errors.New("the agent's session runs on another replica")
+
+// remoteAgent is the view of an agent that runs the conversation's turn
+// on another replica (an Agent and a Configurer that only list).
+type remoteAgent struct{ v gateway.AgentView }
+
+func (r remoteAgent) Commands(string) []acp.Command                 { return r.v.Commands }
+func (r remoteAgent) Modes(string) (acp.Modes, bool)                { return r.v.Modes, true }
+func (r remoteAgent) SetMode(context.Context, string, string) error { return errElsewhere }
+func (r remoteAgent) ConfigOptions(string) ([]acp.ConfigOption, bool) {
+	return r.v.Options, true
+}
+func (r remoteAgent) SetConfigOption(context.Context, string, string, string) error {
+	return errElsewhere
 }
 
 // SessionLister is a runner that can list the agent's own sessions
@@ -104,7 +142,7 @@ func agentHelp(a Agent, key string) string {
 // <id> (switch to a mode with session/set_mode) and /mode <setting>
 // <value> (change a setting with session/set_config_option).
 func doMode(ctx context.Context, eng Engine, in Inbound) Answer {
-	a := agentOf(eng, in.Channel)
+	a := agentFor(ctx, eng, in)
 	if a == nil {
 		return Answer{Command: Mode, Text: messages.AgentNoModes}
 	}
@@ -141,6 +179,8 @@ func doMode(ctx context.Context, eng Engine, in Inbound) Answer {
 		return Answer{Command: Mode, Err: err, Text: messages.AgentNoSessionYet}
 	case errors.Is(err, acp.ErrNoModes):
 		return Answer{Command: Mode, Err: err, Text: messages.AgentNoModes}
+	case errors.Is(err, errElsewhere):
+		return Answer{Command: Mode, Err: err, Text: messages.AgentBusyElsewhere}
 	}
 	return Answer{Command: Mode, Err: fmt.Errorf("setting mode of %s: %w", in.SessionKey, err), Failed: true, Text: messages.AgentModeFailed}
 }
@@ -181,6 +221,8 @@ func doSetting(ctx context.Context, cf Configurer, in Inbound, id, value string)
 		return Answer{Command: Mode, Err: err, Text: messages.AgentConfigValueUnknown(cutArg(id), cutArg(value))}
 	case errors.Is(err, acp.ErrNoSession):
 		return Answer{Command: Mode, Err: err, Text: messages.AgentNoSessionYet}
+	case errors.Is(err, errElsewhere):
+		return Answer{Command: Mode, Err: err, Text: messages.AgentBusyElsewhere}
 	}
 	return Answer{Command: Mode, Err: fmt.Errorf("changing setting %s of %s: %w", cutArg(id), in.SessionKey, err), Failed: true, Text: messages.AgentConfigFailed}
 }

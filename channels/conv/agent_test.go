@@ -4,14 +4,17 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/turnguard/turnguard/channels/conv"
+	"github.com/turnguard/turnguard/cluster/inproc"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
+	"github.com/turnguard/turnguard/internal/testwait"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 	"github.com/turnguard/turnguard/runner/acp"
@@ -22,12 +25,13 @@ import (
 // installed.
 func acpEngine(t *testing.T) (*gateway.Engine, *config.Config) {
 	t.Helper()
-	return acpEngineWith(t, nil)
+	return acpEngineWith(t, nil, nil)
 }
 
 // acpEngineWith is acpEngine with env added to the agent's environment
-// (ACP_TEST_CAPS and the like).
-func acpEngineWith(t *testing.T, env map[string]string) (*gateway.Engine, *config.Config) {
+// (ACP_TEST_CAPS and the like), and a replica of an in-process cluster
+// when member is not nil (it then serves the engine).
+func acpEngineWith(t *testing.T, env map[string]string, member *inproc.Member) (*gateway.Engine, *config.Config) {
 	t.Helper()
 	dir, err := filepath.Abs(filepath.Join("..", "..", "runner", "acp", "testdata", "agent"))
 	if err != nil {
@@ -52,9 +56,16 @@ func acpEngineWith(t *testing.T, env map[string]string) (*gateway.Engine, *confi
 	cfg := config.Default()
 	cfg.Agents.Defaults.Runner = config.RunnerACP
 	src := config.NewSource(cfg)
-	eng, err := gateway.New(gateway.Options{Config: src, Runners: map[string]runner.Runner{config.RunnerACP: r}})
+	opts := gateway.Options{Config: src, Runners: map[string]runner.Runner{config.RunnerACP: r}}
+	if member != nil {
+		opts.Cluster = member
+	}
+	eng, err := gateway.New(opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if member != nil {
+		member.Serve(eng)
 	}
 	eng.Start(context.Background())
 	t.Cleanup(func() { eng.Shutdown(context.Background()) })
@@ -129,6 +140,52 @@ func TestAgentCommandsAndModesThroughConv(t *testing.T) {
 	}
 }
 
+// TestHelpAndModeReadTheSameFromEveryReplica: in a cluster (two engines of
+// cluster/inproc, each with its own agent process), the conversation's
+// turn runs on replica a ("tool hang": it stays running). /help and /mode
+// through replica b, whose agent never saw the conversation, list what a's
+// agent offers — the same words as through a; a change of mode through b
+// says the agent works on another server instead of "send it a message
+// first". Before, b answered from its own agent: no commands, no modes.
+func TestHelpAndModeReadTheSameFromEveryReplica(t *testing.T) {
+	hub := inproc.NewHub()
+	a, cfg := acpEngineWith(t, nil, hub.Join("a"))
+	b, _ := acpEngineWith(t, nil, hub.Join("b"))
+	handle := func(eng *gateway.Engine, text string) conv.Answer {
+		return conv.Handle(context.Background(), eng, cfg, conv.Inbound{SessionKey: "k", Channel: config.ChannelWS, Text: text})
+	}
+	if ans := handle(a, "tool hang"); ans.Ack.Status != gateway.StatusStarted {
+		t.Fatalf("tool hang through a: %+v", ans)
+	}
+	echo := messages.AgentCommandLine("echo", "Say the input back")
+	testwait.Until(t, 30*time.Second, "a's agent to list its commands", func() bool {
+		return strings.Contains(handle(a, "/help").Text, echo)
+	})
+	for _, cmd := range []string{"/help", "/mode"} {
+		owner, other := handle(a, cmd), handle(b, cmd)
+		if other.Text != owner.Text || other.Command != owner.Command {
+			t.Errorf("%s through b:\n%s\nwant a's:\n%s", cmd, other.Text, owner.Text)
+		}
+	}
+	if help := handle(b, "/help").Text; !strings.Contains(help, echo) || !strings.Contains(help, messages.HelpModeLine) {
+		t.Errorf("/help through b lacks the agent's commands:\n%s", help)
+	}
+	// The suggestions (commands.list, Telegram's menu) read the same too.
+	in := conv.Inbound{SessionKey: "k", Channel: config.ChannelWS}
+	if owner, other := conv.Menu(context.Background(), a, in, 0), conv.Menu(context.Background(), b, in, 0); !slices.Equal(owner, other) ||
+		!slices.Contains(other, conv.MenuEntry{Name: "echo", Description: "Say the input back"}) || other[0].Name != "stop" {
+		t.Errorf("suggestions through b %v, want a's %v with the agent's echo", other, owner)
+	}
+	for _, text := range []string{"/mode code", "/mode model smart"} {
+		if ans := handle(b, text); ans.Text != messages.AgentBusyElsewhere || ans.Failed {
+			t.Errorf("%s through b: %+v, want %q", text, ans, messages.AgentBusyElsewhere)
+		}
+	}
+	if _, err := a.Stop(context.Background(), "k", "", true); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestModeWithoutAnAgent: with a runner that has no modes (the demo
 // runner), /mode is still the gateway's command, says so and starts no
 // turn.
@@ -147,7 +204,7 @@ func TestModeWithoutAnAgent(t *testing.T) {
 func TestStatusListsTheAgentsSessions(t *testing.T) {
 	for _, caps := range []string{"list", ""} {
 		t.Run("caps="+caps, func(t *testing.T) {
-			eng, cfg := acpEngineWith(t, map[string]string{"ACP_TEST_CAPS": caps})
+			eng, cfg := acpEngineWith(t, map[string]string{"ACP_TEST_CAPS": caps}, nil)
 			handle := func(key, text string) conv.Answer {
 				return conv.Handle(context.Background(), eng, cfg, conv.Inbound{SessionKey: key, Channel: config.ChannelWS, Text: text})
 			}

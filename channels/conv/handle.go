@@ -95,7 +95,7 @@ func Handle(ctx context.Context, eng Engine, cfg *config.Config, in Inbound) Ans
 	case New:
 		return doNew(ctx, eng, in)
 	case Help:
-		return Answer{Command: Help, Text: HelpText(cfg, in.Channel, in.Progress) + agentHelp(agentOf(eng, in.Channel), in.SessionKey)}
+		return Answer{Command: Help, Text: HelpText(cfg, in.Channel, in.Progress) + agentHelp(agentFor(ctx, eng, in), in.SessionKey)}
 	case Mode:
 		return doMode(ctx, eng, in)
 	case Queue:

@@ -2,7 +2,6 @@ package telegram
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 
 	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
-	"github.com/turnguard/turnguard/messages"
 )
 
 // maxMenu is how many commands Telegram takes in one menu.
@@ -26,23 +24,17 @@ const menuTimeout = 30 * time.Second
 // at most maxMenu in all. nil when the agent has none for key (the chat
 // keeps the bot's default menu).
 func agentMenu(a conv.Agent, key string) []models.BotCommand {
-	cmds := a.Commands(key)
-	if len(cmds) == 0 {
+	if len(a.Commands(key)) == 0 {
 		return nil
 	}
-	menu := append(slices.Clone(botCommands), models.BotCommand{Command: "mode", Description: messages.MenuModeDescription})
-	for _, c := range cmds {
-		if len(menu) == maxMenu {
-			break
-		}
-		if c.Name == "start" || slices.ContainsFunc(menu, func(m models.BotCommand) bool { return m.Command == c.Name }) {
-			continue // the gateway's command wins
-		}
-		desc := c.Description
-		if desc == "" {
-			desc = messages.MenuAgentCommand
-		}
-		menu = append(menu, models.BotCommand{Command: c.Name, Description: desc})
+	return botMenu(conv.AgentMenu(a, key, maxMenu))
+}
+
+// botMenu is entries as Telegram's command menu.
+func botMenu(entries []conv.MenuEntry) []models.BotCommand {
+	menu := make([]models.BotCommand, len(entries))
+	for i, m := range entries {
+		menu[i] = models.BotCommand{Command: m.Name, Description: m.Description}
 	}
 	return menu
 }

@@ -1,8 +1,6 @@
 package telegram
 
 import (
-	"github.com/go-telegram/bot/models"
-
 	"github.com/turnguard/turnguard/channels/conv"
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/messages"
@@ -24,13 +22,7 @@ const (
 )
 
 // botCommands is the command menu registered with setMyCommands.
-var botCommands = []models.BotCommand{
-	{Command: "stop", Description: "Stop the request that is running"},
-	{Command: "status", Description: "Show the running step and the time left"},
-	{Command: "new", Description: "Start a new conversation"},
-	{Command: "queue", Description: "What happens to messages sent while it works"},
-	{Command: "help", Description: "How this bot works"},
-}
+var botCommands = botMenu(conv.GatewayMenu)
 
 var tooLongText = conv.TooLongText
 

@@ -339,7 +339,7 @@ func TestMethodsAnswerTruthfully(t *testing.T) {
 		{"sessions.subscribe", map[string]any{}, map[string]any{"subscribed": true}},
 		{"agents.list", map[string]any{}, map[string]any{"defaultId": "main", "agents.0.id": "main", "mainKey": "main"}},
 		{"question.list", map[string]any{}, map[string]any{"questions": []any{}}},
-		{"commands.list", map[string]any{"agentId": "main", "scope": "text", "includeArgs": false}, map[string]any{"commands": []any{}}},
+		{"commands.list", map[string]any{"agentId": "main", "scope": "text", "includeArgs": false}, map[string]any{"commands.0.name": "stop", "commands.4.name": "help"}},
 		{"models.list", map[string]any{}, map[string]any{"models.0.id": "demo", "models.0.provider": "turnguard"}},
 		{"sessions.list", map[string]any{"agentId": "main", "limit": 1}, map[string]any{"defaults.model": "demo", "defaults.contextTokens": float64(100000)}},
 		{"sessions.describe", map[string]any{"key": "agent:main:main"}, map[string]any{"session.key": "agent:main:main", "session.verboseLevel": "on", "session.kind": "direct"}},

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/channels/conv"
+	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/gateway"
 )
@@ -51,4 +52,32 @@ func commandAnswer(c *conn, req request, key, runID string, ans conv.Answer) (an
 			seq: true, runID: runID, terminal: true})
 	}
 	return deferred, nil
+}
+
+// maxSuggested bounds commands.list: the gateway's commands, /mode and
+// the agent's (whose runner keeps at most 100 per session).
+const maxSuggested = 110
+
+// commandsListParams are commands.list's: the session whose commands are
+// listed (default the main session).
+type commandsListParams struct {
+	SessionKey string `json:"sessionKey"`
+}
+
+// commandsList answers commands.list with the commands a person can type
+// in the session (conv.Menu): the gateway's first, then /mode and the
+// agent's own when the ws channel's runner has an agent — in cluster mode
+// the agent of the replica that runs the session's turn. The web chat
+// suggests them when the person types "/".
+func commandsList(c *conn, req request) (any, *rpcError) {
+	var p commandsListParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return nil, rerr
+	}
+	key, rerr := canonicalKey(req.Method, p.SessionKey)
+	if rerr != nil {
+		return nil, rerr
+	}
+	menu := conv.Menu(c.ctx, c.s.eng, conv.Inbound{SessionKey: key, Channel: config.ChannelWS, ChatRef: c.id, Sender: c.owner}, maxSuggested)
+	return map[string]any{"commands": menu}, nil
 }

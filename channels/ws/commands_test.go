@@ -1,10 +1,17 @@
 package ws
 
 import (
+	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/turnguard/turnguard/channels/conv"
+	"github.com/turnguard/turnguard/messages"
+	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/runner/acp"
+	"github.com/turnguard/turnguard/runner/demo"
 )
 
 // words waits for the chat "final" event that carries a command's answer
@@ -115,5 +122,56 @@ func TestChatSendStopOwnership(t *testing.T) {
 	}
 	if r := op.call("chat.send", map[string]any{"sessionKey": "main", "message": "/stop", "idempotencyKey": "s2"}); !r.OK || r.get("aborted") != true {
 		t.Fatalf("operator /stop %s", r.raw)
+	}
+}
+
+// agentDemo is the demo runner with an agent's commands and modes (what
+// conv.Agent asks of *acp.Runner), for the protocol's part of the
+// suggestions; channels/conv tests the real agent's.
+type agentDemo struct {
+	runner.Runner
+	cmds []acp.Command
+}
+
+func (a agentDemo) Commands(string) []acp.Command                 { return a.cmds }
+func (a agentDemo) Modes(string) (acp.Modes, bool)                { return acp.Modes{}, true }
+func (a agentDemo) SetMode(context.Context, string, string) error { return acp.ErrNoModes }
+
+// TestCommandsListSuggestsTheAgentsCommands: commands.list (what the web
+// chat suggests when the person types "/") lists the gateway's commands
+// first, then /mode and the agent's — one named like a gateway command
+// left out, one without a description described as the agent's; with a
+// runner that has no agent, the gateway's only. Before, it answered
+// {commands:[]}.
+func TestCommandsListSuggestsTheAgentsCommands(t *testing.T) {
+	names := func(f frame) (out []string) {
+		for i := range 20 {
+			if n := f.str(fmt.Sprintf("commands.%d.name", i)); n != "" {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	gateway := []string{"stop", "status", "new", "queue", "help"}
+	c, _ := newTCPEnv(t, envOpts{}).connect("tui", "")
+	if r := c.call("commands.list", map[string]any{"agentId": "main", "scope": "text"}); !r.OK || !slices.Equal(names(r), gateway) ||
+		r.str("commands.0.description") != messages.MenuStop {
+		t.Errorf("commands.list without an agent: %s, want the gateway's %v", r.raw, gateway)
+	}
+	ag := agentDemo{Runner: demo.New(), cmds: []acp.Command{{Name: "echo", Description: "Say the input back"},
+		{Name: "stop", Description: "The agent's own stop"}, {Name: "review"}}}
+	c, _ = newTCPEnv(t, envOpts{runner: ag}).connect("tui", "")
+	r := c.call("commands.list", map[string]any{"sessionKey": "main"})
+	if want := append(slices.Clone(gateway), "mode", "echo", "review"); !r.OK || !slices.Equal(names(r), want) {
+		t.Fatalf("commands.list: %s, want %v", r.raw, want)
+	}
+	for path, want := range map[string]string{"commands.5.description": messages.MenuModeDescription,
+		"commands.6.description": "Say the input back", "commands.7.description": messages.MenuAgentCommand} {
+		if got := r.str(path); got != want {
+			t.Errorf("%s = %q, want %q", path, got, want)
+		}
+	}
+	if r := c.call("commands.list", map[string]any{"sessionKey": 7}); r.OK {
+		t.Errorf("a sessionKey that is not a string: %s", r.raw)
 	}
 }

@@ -57,7 +57,7 @@ func init() {
 		"sessions.reset":          sessionsReset,
 		"sessions.create":         sessionsCreate,
 		"agents.list":             agentsList,
-		"commands.list":           func(*conn, request) (any, *rpcError) { return map[string]any{"commands": []any{}}, nil },
+		"commands.list":           commandsList,
 		"models.list":             modelsList,
 		"question.list":           func(*conn, request) (any, *rpcError) { return map[string]any{"questions": []any{}}, nil },
 		"plugin.approval.list":    pluginApprovalList,

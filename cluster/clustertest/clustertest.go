@@ -10,6 +10,7 @@ package clustertest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -472,8 +473,8 @@ func forwardStop(s *suite, p Pair) {
 }
 
 // forwardStatus: a session's status on the replica that runs its turn —
-// the turn with its steps and limits, its reply so far, its queue and open
-// questions — comes back whole (issue 20: one view from every replica).
+// the turn with its steps and limits, its reply so far, its queue, open
+// questions and what its agent offers — comes back whole (issue 20: one view from every replica).
 func forwardStatus(s *suite, p Pair) {
 	t := s.t
 	at := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
@@ -490,6 +491,15 @@ func forwardStatus(s *suite, p Pair) {
 	tr.CurrentStep = event.Step{Kind: "tool", Name: "shell", Seq: 2, StartedAt: at.Add(time.Second)}
 	tr.LastStep = event.Step{Kind: "tool", Name: "web_search", Seq: 1, StartedAt: at}
 	want.Limits.Timeout, want.Limits.StepTimeout, want.Limits.ApprovalTimeout = 10*time.Minute, 5*time.Minute, time.Minute
+	// What the owner's agent offers (/help and /mode through another
+	// replica), decoded: this suite does not import the runner's types.
+	want.Agent = &gateway.AgentView{}
+	if err := json.Unmarshal([]byte(`{"Commands": [{"Name": "echo", "Description": "Say the input back"}],
+		"Modes": {"Current": "ask", "Available": [{"ID": "ask", "Name": "Ask"}, {"ID": "code", "Name": "Code", "Description": "Write code"}]},
+		"Options": [{"ID": "model", "Name": "Model", "Current": "fast", "Values": [{"ID": "fast"}, {"ID": "smart", "Name": "Smart"}]},
+			{"ID": "verbose", "Boolean": true, "Current": "off"}]}`), want.Agent); err != nil {
+		t.Fatal(err)
+	}
 	e := &engine{status: func(key string) (gateway.TurnStatus, error) {
 		if key != s.key {
 			return gateway.TurnStatus{SessionKey: key}, nil

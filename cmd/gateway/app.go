@@ -124,6 +124,11 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 	a.runners = newRunnerSet(log, cfg.Channels.Telegram.Enabled)
 	a.runners.sessions = a.store // an ACP conversation resumes its agent session after a restart
 	a.runners.probing = true
+	a.runners.alertSignIn = func(runner string, problem error) {
+		if al := a.alerter.Load(); al != nil {
+			al.AgentSignIn(runner, problem)
+		}
+	}
 	if err := a.runners.prepare(cfg); err != nil {
 		return a, err
 	}

@@ -35,10 +35,14 @@ type runnerSet struct {
 
 	// probing: probe each runner built that can be (set by the app; off in
 	// tests of the set, which must not reach a real provider).
-	probing  bool
-	healthMu sync.Mutex
-	health   map[string]admin.RunnerHealth // the last probe of each runner that can be probed
-	probes   sync.WaitGroup                // probes under way
+	probing bool
+	// alertSignIn, set by the app (nil: no alert), raises and closes the
+	// operator alert of an ACP agent that needs a sign-in (ops/alerts
+	// AgentSignIn); the runner's health shows it too (signIn).
+	alertSignIn func(runner string, problem error)
+	healthMu    sync.Mutex
+	health      map[string]admin.RunnerHealth // the last probe of each runner that can be probed, or its sign-in state
+	probes      sync.WaitGroup                // probes under way
 }
 
 // probeTimeout bounds one runner probe (runner.Prober).
@@ -104,7 +108,7 @@ func (s *runnerSet) prepare(cfg *config.Config) error {
 		if b := slot.built.Load(); b != nil && reflect.DeepEqual(b.spec, spec) {
 			continue
 		}
-		r, err := buildRunner(name, cfg, s.log, s.sessions)
+		r, err := buildRunner(name, cfg, s.log, s.sessions, s.signIn(name))
 		if err != nil {
 			return err
 		}
@@ -150,6 +154,28 @@ func (s *runnerSet) probe(name string, r runner.Runner) {
 		}
 		s.health[name] = h
 	}()
+}
+
+// signIn is runner name's acp.WithSignInAlert: a problem (the agent needs
+// the operator to sign it in) makes the runner's health failing with it,
+// for /api/diagnose and the dashboard, and raises the operator alert; nil
+// (a prompt succeeded) makes it healthy again and closes the alert.
+func (s *runnerSet) signIn(name string) func(problem error) {
+	return func(problem error) {
+		h := admin.RunnerHealth{Runner: name, OK: problem == nil, CheckedAt: time.Now().UTC()}
+		if problem != nil {
+			h.Problem = problem.Error()
+		}
+		s.healthMu.Lock()
+		if s.health == nil {
+			s.health = map[string]admin.RunnerHealth{}
+		}
+		s.health[name] = h
+		s.healthMu.Unlock()
+		if s.alertSignIn != nil {
+			s.alertSignIn(name, problem)
+		}
+	}
 }
 
 // healthOf lists the last probe of each probed runner, by name.
@@ -269,8 +295,9 @@ func execGrace(cfg *config.Config) time.Duration {
 
 // buildRunner constructs one runner: openai needs a model, exec and acp a
 // command, which a demo set-up does not have. sessions is where acp keeps
-// the conversations' agent sessions (nil: nowhere).
-func buildRunner(name string, cfg *config.Config, log *slog.Logger, sessions acp.SessionStore) (runner.Runner, error) {
+// the conversations' agent sessions (nil: nowhere); signIn is told of the
+// acp agent's sign-in state (acp.WithSignInAlert).
+func buildRunner(name string, cfg *config.Config, log *slog.Logger, sessions acp.SessionStore, signIn func(error)) (runner.Runner, error) {
 	switch name {
 	case config.RunnerDemo:
 		// A stuck step outlasts the abort grace (the turn is force-finalized)
@@ -290,7 +317,7 @@ func buildRunner(name string, cfg *config.Config, log *slog.Logger, sessions acp
 		}
 		return r, nil
 	case config.RunnerACP:
-		opts := []acp.Option{acp.WithInstance(execrunner.InstanceID(storeInstance(cfg))), acp.WithVersion(version)}
+		opts := []acp.Option{acp.WithInstance(execrunner.InstanceID(storeInstance(cfg))), acp.WithVersion(version), acp.WithSignInAlert(signIn)}
 		if sessions != nil {
 			opts = append(opts, acp.WithSessions(sessions))
 		}

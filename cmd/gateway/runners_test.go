@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -159,6 +160,57 @@ func TestRunnerSetACP(t *testing.T) {
 		t.Errorf("a turn on the replaced acp runner: %v, want a message saying it is being restarted", err)
 	}
 	s.close()
+}
+
+// TestRunnerSetACPSignInAlert: the ACP test agent needs a sign-in and
+// agents.acp.authMethod is not set. The person reads the sign-in words;
+// the operator gets one alert naming the runner and the same reference,
+// however many turns fail, and the runner's health (/api/diagnose, the
+// dashboard) fails with it. Before, only a log line told the operator.
+func TestRunnerSetACPSignInAlert(t *testing.T) {
+	node, script := acpTestAgent(t)
+	s := newRunnerSet(slog.New(slog.DiscardHandler), false)
+	defer s.close()
+	var mu sync.Mutex
+	var alerts []string
+	s.alertSignIn = func(runner string, problem error) {
+		mu.Lock()
+		defer mu.Unlock()
+		alerts = append(alerts, fmt.Sprintf("%s: %v", runner, problem))
+	}
+	cfg := config.Default()
+	cfg.Agents.Defaults.Runner = config.RunnerACP
+	cfg.Agents.ACP.Command = node
+	cfg.Agents.ACP.Args = []string{script}
+	cfg.Agents.ACP.Workdir = t.TempDir()
+	cfg.Agents.ACP.Env = map[string]string{"ACP_TEST_AUTH": "1"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.prepare(cfg); err != nil {
+		t.Fatal(err)
+	}
+	r := s.slots[config.RunnerACP].built.Load().r
+	var refs []string
+	for i := range 2 {
+		_, err := r.Run(t.Context(), runner.Turn{RunID: fmt.Sprint("r", i), SessionKey: "k", SessionID: "c", Message: "whoami"}, nil)
+		u, ok := runner.AsUserError(err)
+		if !ok || !strings.Contains(u.Message, "The operator needs to sign it in") {
+			t.Fatalf("turn %d: %v, want the sign-in words", i, err)
+		}
+		refs = append(refs, u.Message[strings.Index(u.Message, "auth-"):][:len("auth-01234567")])
+	}
+	mu.Lock()
+	got := slices.Clone(alerts)
+	mu.Unlock()
+	if len(got) != 1 || !strings.HasPrefix(got[0], "acp: the ACP agent needs the operator to sign in") ||
+		!strings.Contains(got[0], refs[0]) || !strings.Contains(got[0], "agents.acp.authMethod is not set") {
+		t.Errorf("alerts %q, want one for acp naming %s", got, refs[0])
+	}
+	h := s.healthOf()
+	if len(h) != 1 || h[0].Runner != config.RunnerACP || h[0].OK || !strings.Contains(h[0].Problem, refs[0]) {
+		t.Errorf("health %+v, want acp failing with the sign-in problem", h)
+	}
 }
 
 // TestRunnerOfSeesTheAgentThroughItsSlot: the engine holds each runner

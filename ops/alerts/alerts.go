@@ -67,6 +67,7 @@ const (
 	KindStoreUnwritable  Kind = "store_unwritable"   // the store cannot write: new turns are refused
 	KindRecovered        Kind = "recovered"          // the episode of Alert.Episode ended
 	KindStuckRuns        Kind = "stuck_runs"         // a runner reached server.maxStuckRuns: its new turns are refused
+	KindAgentSignIn      Kind = "agent_sign_in"      // an ACP agent needs the operator to sign it in (signin.go)
 )
 
 // Alert is one message to the operator. It is the JSON body POSTed to
@@ -132,6 +133,9 @@ type Alerter struct {
 
 	storeMu sync.Mutex
 	store   episode // the store_unwritable episode, guarded by storeMu
+
+	signInMu sync.Mutex
+	signIn   map[string]*episode // by runner: the agent_sign_in episodes (signin.go), guarded by signInMu
 }
 
 // New returns an alerter. It starts nothing.

@@ -484,15 +484,49 @@ func TestStuckRunsAlert(t *testing.T) {
 		h.a.StuckRuns("exec", 15, 16, false)
 		synctest.Wait()
 		got := op.deliveries()
-		var lines []string
-		for _, d := range got {
-			lines = append(lines, d.String())
-		}
-		if strings.Join(lines, "; ") != "0s webhook stuck_runs count=16; 1m0s webhook recovered count=16" {
-			t.Fatalf("deliveries %v", lines)
+		if lines := deliveryLines(got); lines != "0s webhook stuck_runs count=16; 1m0s webhook recovered count=16" {
+			t.Fatalf("deliveries %s", lines)
 		}
 		if a := got[0].alert; !strings.Contains(a.Text, "runner exec has 16 turns") || !strings.Contains(a.Text, "refused") ||
 			got[1].alert.Episode != a.Episode || !strings.Contains(got[1].alert.Text, "accepts new turns again") {
+			t.Fatalf("alerts %+v", got)
+		}
+	})
+}
+
+// deliveryLines is got, one delivery per "; "-separated part.
+func deliveryLines(got []delivery) string {
+	var lines []string
+	for _, d := range got {
+		lines = append(lines, d.String())
+	}
+	return strings.Join(lines, "; ")
+}
+
+// TestAgentSignInAlert: runner acp's agent needs a sign-in (twice: one
+// alert naming the runner and the reference; another runner's is its own
+// episode), then it answers again (one recovered message closing that
+// episode); a success with no episode open says nothing.
+func TestAgentSignInAlert(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		op := &operator{}
+		h := newHarness(t, config.Alerts{WebhookURL: hookURL, Window: 10 * time.Minute}, op, nil)
+		need := errors.New("the ACP agent needs the operator to sign in (reference auth-0123abcd)")
+		h.a.AgentSignIn("other", nil)
+		h.a.AgentSignIn("acp", need)
+		h.a.AgentSignIn("acp", need)
+		synctest.Wait()
+		faketime.Advance(2 * time.Minute)
+		h.a.AgentSignIn("acp", nil)
+		h.a.AgentSignIn("acp", nil)
+		synctest.Wait()
+		got := op.deliveries()
+		if lines := deliveryLines(got); lines != "0s webhook agent_sign_in count=1; 2m0s webhook recovered count=1" {
+			t.Fatalf("deliveries %s", lines)
+		}
+		if a := got[0].alert; !strings.Contains(a.Text, "runner acp") || !strings.Contains(a.Text, "auth-0123abcd") ||
+			!strings.Contains(a.Text, "agents.acp.authMethod") || got[1].alert.Episode != a.Episode ||
+			!strings.Contains(got[1].alert.Text, "after 2 min") {
 			t.Fatalf("alerts %+v", got)
 		}
 	})

@@ -76,11 +76,17 @@
 // (the first maxLogged of each kind per process, the rest counted). A
 // sessionId that session/new answers for a second live conversation fails
 // that turn in words instead of mixing the two.
+//
+// Files: acp.go owns the Runner, its options and Run; lifecycle.go the
+// agent process as turns see it (start, initialize, retire, idle sweep);
+// restore.go a conversation's agent session (new, resume or load, record,
+// close); prompt.go one turn's session/prompt and the agent's requests
+// while it runs; agent.go and conn.go the process and its JSON-RPC wire;
+// turn.go the session/update notifications of a turn.
 package acp
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -89,6 +95,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/turnguard/turnguard/config"
@@ -118,7 +125,9 @@ type Runner struct {
 	inst         string
 	redact       *strings.Replacer
 	box          *sandbox
-	sessions     SessionStore // nil: sessions do not outlive the agent process
+	sessions     SessionStore        // nil: sessions do not outlive the agent process
+	signInAlert  func(problem error) // nil: none; see WithSignInAlert
+	signInState  atomic.Int32        // signInUnknown, signInOK or signInNeeded: what signInAlert was told last
 
 	mu       sync.Mutex
 	cur      *agent // the agent new turns go to; nil before the first
@@ -148,6 +157,17 @@ func WithVersion(v string) Option {
 			r.version = v
 		}
 	}
+}
+
+// WithSignInAlert tells alert when the agent's sign-in state changes: a
+// non-nil error the first time a turn fails because the agent needs a
+// sign-in turnguard cannot do (see auth.go; the error says why, never a
+// secret), nil the first time a prompt succeeds after that — and on the
+// runner's first successful prompt, so that a rebuilt runner closes what
+// the previous one opened. alert must not block. The gateway raises an
+// operator alert and shows the runner's problem on the dashboard with it.
+func WithSignInAlert(alert func(problem error)) Option {
+	return func(r *Runner) { r.signInAlert = alert }
 }
 
 // SessionStore keeps, per session key, the agent session of its current
@@ -316,536 +336,6 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 	res, err := r.promptSigned(ctx, turn, cb, ag, s, log)
 	res.Text = notice + res.Text
 	return res, err
-}
-
-// open gives the fresh session s of conversation conv (of session key key)
-// its agent session. The one the store recorded for the key is restored
-// when it is this conversation's — recorded for conv, or for another
-// SessionID while the conversation continues (its history is not empty:
-// the engine's SessionIDs change with a gateway restart): session/resume
-// when the agent advertises sessionCapabilities.resume, else session/load
-// when it advertises loadSession (the history that session/load replays as
-// session/update notifications reaches no turn — none runs on the session
-// yet — so it is dropped). Otherwise, or when restoring fails, session/new
-// opens a new one, which the store records; lost then reports that the
-// conversation had a session the agent could not restore. The session of
-// the key's previous conversation (after /new, a new SessionID with no
-// history: gone, or the one the store recorded for another conversation)
-// is closed with session/close when the agent advertises
-// sessionCapabilities.close.
-func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, continues bool, ag *agent, s *session, gone *session) (lost bool, err error) {
-	prevConv, prevID := r.recorded(ctx, log, key)
-	ours := prevID != "" && (prevConv == conv || continues)
-	if gone != nil && gone.ag == ag && gone.id != "" && !continues {
-		r.closeSession(ctx, ag, gone.id, log)
-	}
-	if prevID != "" && !ours && (gone == nil || gone.id != prevID) {
-		r.closeSession(ctx, ag, prevID, log)
-	}
-	if ours {
-		if method := ag.caps.restore(); method == "" {
-			log.Info("acp: the agent cannot load or resume sessions; the conversation gets a new one", "session_id", cut(prevID, 200))
-		} else {
-			var restored json.RawMessage
-			err := ag.call(ctx, r.startTimeout, method, map[string]any{"sessionId": prevID, "cwd": r.dir, "mcpServers": []any{}}, &restored)
-			if err == nil && r.claim(ag, s, prevID) {
-				ag.keepModes(s.id, restored)
-				ag.keepConfigOptions(s.id, restored)
-				log.Info("acp: session restored", "method", method, "session_id", s.id, "conversation", conv, "agent_process", ag.n)
-				if prevConv != conv {
-					r.record(ctx, log, key, conv, s.id)
-				}
-				return false, nil
-			}
-			if err == nil {
-				err = errors.New("acp: the session is another live conversation's")
-			}
-			if ctx.Err() != nil {
-				return false, ctx.Err()
-			}
-			if ag.isDead() {
-				return false, &runner.UserError{Message: ag.death}
-			}
-			var te *timeoutError
-			if errors.As(err, &te) {
-				r.retire(ag, method+" unanswered")
-				return false, startFailure(method, err)
-			}
-			log.Warn("acp: the agent could not restore the conversation's session; it gets a new one",
-				"method", method, "session_id", cut(prevID, 200), "err", err)
-		}
-		lost = true
-	}
-
-	var res struct {
-		SessionID string `json:"sessionId"`
-	}
-	var answer json.RawMessage
-	err = ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &answer)
-	if err == nil {
-		err = json.Unmarshal(answer, &res)
-	}
-	if retry, uerr := r.signIn(ctx, log, ag, "session/new", err); uerr != nil {
-		return false, uerr
-	} else if retry {
-		err = ag.call(ctx, r.startTimeout, "session/new", map[string]any{"cwd": r.dir, "mcpServers": []any{}}, &answer)
-		if err == nil {
-			err = json.Unmarshal(answer, &res)
-		}
-		if ag.authRequired(err) {
-			return false, r.signInNeeded(log, ag, "session/new", errors.New("auth_required again after authenticate"))
-		}
-	}
-	if err == nil && res.SessionID == "" {
-		err = errors.New("acp: session/new answered no sessionId")
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		log.Warn("acp: session/new failed", "err", err, "agent_process", ag.n)
-		var te *timeoutError
-		if errors.As(err, &te) {
-			r.retire(ag, "session/new unanswered")
-		}
-		if ag.isDead() {
-			return false, &runner.UserError{Message: ag.death}
-		}
-		return false, startFailure("session/new", err)
-	}
-	if !r.claim(ag, s, res.SessionID) {
-		log.Error("acp: session/new answered the sessionId of another live conversation; turn refused",
-			"session_id", cut(res.SessionID, 200), "agent_process", ag.n)
-		return false, &runner.UserError{Message: "The agent answered with another conversation's session, so your message was not sent to it. Try again later."}
-	}
-	ag.keepModes(s.id, answer)
-	ag.keepConfigOptions(s.id, answer)
-	log.Info("acp: session opened", "session_id", s.id, "conversation", conv, "agent_process", ag.n)
-	r.record(ctx, log, key, conv, s.id)
-	return lost, nil
-}
-
-// claim gives s the agent's session id, unless another live conversation
-// on ag already has it (an agent that answers with it again would mix the
-// two).
-func (r *Runner) claim(ag *agent, s *session, id string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.tab.held(ag, id) {
-		return false
-	}
-	s.id = id
-	return true
-}
-
-// recorded returns the conversation and agent session id the store
-// recorded for session key key ("", "" without a store, or when reading
-// fails: the conversation then gets a new session).
-func (r *Runner) recorded(ctx context.Context, log *slog.Logger, key string) (conv, id string) {
-	if r.sessions == nil {
-		return "", ""
-	}
-	ctx, cancel := context.WithTimeout(ctx, r.startTimeout)
-	defer cancel()
-	conv, id, err := r.sessions.AgentSession(ctx, key)
-	if err != nil {
-		log.Warn("acp: the conversation's agent session could not be read; it gets a new one", "err", err)
-		return "", ""
-	}
-	return conv, id
-}
-
-// record stores id as the agent session of conversation conv of key; a
-// failure is logged (the conversation keeps its session while the agent
-// runs, and gets a new one after a restart).
-func (r *Runner) record(ctx context.Context, log *slog.Logger, key, conv, id string) {
-	if r.sessions == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.startTimeout)
-	defer cancel()
-	if err := r.sessions.SetAgentSession(ctx, key, conv, id); err != nil {
-		log.Warn("acp: the conversation's agent session was not recorded", "err", err)
-	}
-}
-
-// closeSession sends session/close for id, when the agent advertises it
-// and no live conversation on ag has the session; the answer is awaited
-// (bounded by the start-up timeout) so that the old session's work stops
-// before the new one starts, and a failure is only logged.
-func (r *Runner) closeSession(ctx context.Context, ag *agent, id string, log *slog.Logger) {
-	if !ag.caps.close {
-		return
-	}
-	r.mu.Lock()
-	held := r.tab.held(ag, id)
-	r.mu.Unlock()
-	if held {
-		return
-	}
-	err := ag.call(ctx, r.startTimeout, "session/close", map[string]string{"sessionId": id}, nil)
-	ag.meta.forget(id)
-	log.Info("acp: old session closed (a new conversation replaced it)", "session_id", cut(id, 200), "err", err)
-}
-
-// prompt runs session/prompt on session id and serves the turn's
-// permission requests until the agent answers, dies or ignores a cancel.
-func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbacks, ag *agent, s *session, log *slog.Logger) (runner.Result, error) {
-	id := s.id
-	ts := newTurnState(turn.RunID, cb)
-	// ctx ends with the turn (ts.end) or the agent: the fs requests of the
-	// turn's session stop then.
-	ts.ctx, ts.cancel = context.WithCancel(ag.ctx)
-	ts.begin(ag.name) // before the prompt is sent: its updates may come at once
-	ag.mu.Lock()
-	ag.turns[id] = ts
-	ag.mu.Unlock()
-	askCtx, cancelAsks := context.WithCancel(ctx)
-	var asks sync.WaitGroup
-	defer func() {
-		ts.end()
-		if n := ts.ignored(); n > 0 {
-			log.Warn("acp: tool calls over the limit of open ones not followed", "count", n, "limit", maxOpenTools)
-		}
-		ag.mu.Lock()
-		if ag.turns[id] == ts {
-			delete(ag.turns, id)
-		}
-		ag.mu.Unlock()
-		cancelAsks()
-		asks.Wait()
-		for {
-			select {
-			case a := <-ts.perms:
-				_ = ag.c.reply(a.id, a.cancelled(), nil)
-				a.done()
-			default:
-				return
-			}
-		}
-	}()
-
-	params := map[string]any{"sessionId": id, "prompt": []map[string]string{{"type": "text", "text": turn.Message}}}
-	reqID, respC, err := ag.c.request("session/prompt", params)
-	if err != nil {
-		log.Warn("acp: session/prompt not sent", "err", err)
-		if ag.isDead() {
-			return runner.Result{}, &runner.UserError{Message: ag.death}
-		}
-		r.retire(ag, "cannot write to it")
-		return runner.Result{}, &runner.UserError{Message: "The agent could not be reached. Send your message again to start it anew."}
-	}
-	defer ag.c.forget(reqID)
-
-	var (
-		ctxDone  = ctx.Done()
-		giveUp   <-chan time.Time
-		canceled bool
-	)
-	for {
-		select {
-		case resp := <-respC:
-			text, _ := ts.end()
-			return r.finish(ctx, ag, resp, text, log)
-		case <-ag.dead:
-			select {
-			case resp := <-respC: // answered before it died
-				text, _ := ts.end()
-				return r.finish(ctx, ag, resp, text, log)
-			default:
-			}
-			text, _ := ts.end()
-			if canceled {
-				return runner.Result{Text: text}, ctx.Err()
-			}
-			log.Warn("acp: the agent stopped during the turn", "reason", ag.death, "agent_process", ag.n)
-			return runner.Result{Text: text}, &runner.UserError{Message: ag.death}
-		case a := <-ts.perms:
-			asks.Go(func() { r.answer(askCtx, turn, ag, s, a, log) })
-		case <-ctxDone:
-			ctxDone, canceled = nil, true
-			log.Info("acp: turn aborted; sending session/cancel", "session_id", id, "wait", r.cancelWait)
-			if err := ag.c.notify("session/cancel", map[string]string{"sessionId": id}); err != nil {
-				log.Warn("acp: session/cancel not sent", "err", err)
-			}
-			t := time.NewTimer(r.cancelWait)
-			defer t.Stop()
-			giveUp = t.C
-		case <-giveUp:
-			log.Warn("acp: the agent did not answer session/cancel; stopping it", "after", r.cancelWait, "agent_process", ag.n)
-			ag.abandon(reqID, "session/prompt")
-			r.retire(ag, "ignored session/cancel")
-			text, _ := ts.end()
-			return runner.Result{Text: text}, ctx.Err()
-		}
-	}
-}
-
-// finish turns the prompt's answer into the turn's result.
-func (r *Runner) finish(ctx context.Context, ag *agent, resp response, text string, log *slog.Logger) (runner.Result, error) {
-	res := runner.Result{Text: text}
-	if err := ctx.Err(); err != nil {
-		return res, err
-	}
-	if resp.err != nil {
-		if ag.authRequired(resp.err) {
-			return res, &authNeeded{err: resp.err} // promptSigned signs in
-		}
-		var re *rpcError
-		if errors.As(resp.err, &re) {
-			log.Warn("acp: session/prompt failed", "code", re.Code, "message", cut(re.Message, 500))
-			return res, &runner.UserError{Message: "The agent could not answer: " + cut(oneLine(re.Message), 300)}
-		}
-		if ag.isDead() {
-			log.Warn("acp: the agent stopped during the turn", "reason", ag.death, "agent_process", ag.n)
-			return res, &runner.UserError{Message: ag.death}
-		}
-		return res, fmt.Errorf("acp: session/prompt: %w", resp.err)
-	}
-	var out struct {
-		StopReason string `json:"stopReason"`
-	}
-	if err := json.Unmarshal(resp.result, &out); err != nil {
-		log.Warn("acp: session/prompt answer unreadable", "err", err)
-		return res, &runner.UserError{Message: "The agent's answer could not be read."}
-	}
-	if msg := stopMessage(out.StopReason); msg != "" {
-		log.Info("acp: turn ended early", "stop_reason", cut(out.StopReason, 50))
-		return res, &runner.UserError{Message: msg}
-	}
-	if strings.TrimSpace(text) == "" {
-		// An agent may just stop, say after the person denied its tool: the
-		// person reads a sentence, not an empty reply.
-		log.Info("acp: turn ended without any text")
-		res.Text = messages.AgentNoReply
-	}
-	return res, nil
-}
-
-// stopMessage words a stopReason other than end_turn for the user ("" for
-// end_turn).
-func stopMessage(reason string) string {
-	switch reason {
-	case "end_turn":
-		return ""
-	case "max_tokens":
-		return "The agent stopped: it reached its output limit (max tokens) before finishing."
-	case "max_turn_requests":
-		return "The agent stopped: it reached its limit of model requests for one turn."
-	case "refusal":
-		return "The agent refused to continue with this request."
-	case "cancelled":
-		return "The agent cancelled the turn."
-	}
-	return fmt.Sprintf("The agent stopped early (%s).", cut(oneLine(reason), 50))
-}
-
-// answer asks the person a permission request of the agent and replies
-// with the chosen option; a stopped turn (ctx done) or a request without
-// options is answered cancelled. "Always" answers are the conversation's,
-// never the shared agent process's (see grants): a request the
-// conversation answered "always" before is answered at once, and the
-// agent only ever gets a "once" option.
-func (r *Runner) answer(ctx context.Context, turn runner.Turn, ag *agent, s *session, a permissionAsk, log *slog.Logger) {
-	defer a.done()
-	if a.elicit != nil {
-		r.elicit(ctx, turn, ag, a, log)
-		return
-	}
-	if len(a.req.Options) == 0 {
-		_ = ag.c.reply(a.id, permissionCancelled(), nil)
-		return
-	}
-	q := question(a.req)
-	if opt, ok := s.grants.recall(q); ok {
-		log.Info("acp: permission answered by the conversation's earlier \"always\" answer", "tool", q.Tool, "option", opt)
-		if err := ag.c.reply(a.id, permissionAnswer(runner.Answer{OptionID: opt}, nil), nil); err != nil {
-			log.Warn("acp: permission answer not sent", "err", err)
-		}
-		return
-	}
-	q.Options = scopedOptions(q.Options)
-	if len(q.Options) == 0 {
-		log.Warn("acp: permission request offers only \"always\" options, which would hold for every conversation; answered cancelled", "tool", q.Tool)
-		_ = ag.c.reply(a.id, permissionCancelled(), nil)
-		return
-	}
-	ans, err := turn.Ask(ctx, q)
-	log.Info("acp: permission answered", "tool", q.Tool, "outcome", ans.Outcome, "option", ans.OptionID, "err", err)
-	if err == nil {
-		ans.OptionID = s.grants.settle(q, ans.OptionID)
-	}
-	if err := ag.c.reply(a.id, permissionAnswer(ans, err), nil); err != nil {
-		log.Warn("acp: permission answer not sent", "err", err)
-	}
-}
-
-// elicit asks the person the agent's elicitation/create, when buttons can
-// answer it (elicit.go), and sends the agent the answer.
-func (r *Runner) elicit(ctx context.Context, turn runner.Turn, ag *agent, a permissionAsk, log *slog.Logger) {
-	ea, err := elicitQuestion(*a.elicit)
-	if err != nil {
-		log.Info("acp: elicitation declined: it cannot be asked in chat", "why", err.Error())
-		if err := ag.c.reply(a.id, elicitResponse{Action: "decline"}, nil); err != nil {
-			log.Warn("acp: elicitation answer not sent", "err", err)
-		}
-		return
-	}
-	ans, err := turn.Ask(ctx, ea.q)
-	res := ea.answer(ans, err)
-	log.Info("acp: elicitation answered", "action", res.Action, "outcome", ans.Outcome, "option", ans.OptionID, "err", err)
-	if err := ag.c.reply(a.id, res, nil); err != nil {
-		log.Warn("acp: elicitation answer not sent", "err", err)
-	}
-}
-
-// agentFor returns the agent new turns go to, starting one when there is
-// none (or it died, or is retiring), once it has answered initialize;
-// waiting is called first when it has not answered yet.
-func (r *Runner) agentFor(ctx context.Context, log *slog.Logger, waiting func()) (*agent, error) {
-	r.mu.Lock()
-	if r.retired {
-		r.mu.Unlock()
-		return nil, &runner.UserError{Message: "The agent is being restarted. Send your message again."}
-	}
-	ag := r.cur
-	if ag == nil || ag.isDead() || r.retiring[ag] {
-		r.started++
-		var err error
-		ag, err = r.start(r.started)
-		if err != nil {
-			r.mu.Unlock()
-			log.Error("acp: agent not started", "err", err)
-			return nil, &runner.UserError{Message: "The agent could not be started. Try again later."}
-		}
-		r.cur, r.curUsed = ag, time.Now()
-		go r.initialize(ag)
-	}
-	r.mu.Unlock()
-	select {
-	case <-ag.ready:
-	default:
-		waiting()
-		select {
-		case <-ag.ready:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	if ag.startErr != nil {
-		return nil, ag.startErr
-	}
-	return ag, nil
-}
-
-// initialize sends initialize, bounded by the start-up timeout, and closes
-// ag.ready; an agent that fails it is stopped.
-func (r *Runner) initialize(ag *agent) {
-	defer close(ag.ready)
-	var res struct {
-		ProtocolVersion int `json:"protocolVersion"`
-		AgentInfo       *struct {
-			Name  string `json:"name"`
-			Title string `json:"title"`
-		} `json:"agentInfo"`
-		AgentCapabilities json.RawMessage `json:"agentCapabilities"`
-		AuthMethods       json.RawMessage `json:"authMethods"`
-	}
-	params := map[string]any{
-		"protocolVersion": ProtocolVersion,
-		"clientCapabilities": map[string]any{
-			"fs":          map[string]bool{"readTextFile": true, "writeTextFile": true},
-			"terminal":    true,
-			"elicitation": map[string]any{"form": struct{}{}, "url": struct{}{}},
-		},
-		"clientInfo": map[string]string{"name": "turnguard", "title": "turnguard", "version": r.version},
-	}
-	err := ag.call(context.Background(), r.startTimeout, "initialize", params, &res)
-	if err == nil && res.ProtocolVersion != ProtocolVersion {
-		ag.log.Error("acp: the agent speaks another protocol version", "version", res.ProtocolVersion)
-		ag.startErr = &runner.UserError{Message: fmt.Sprintf("The agent speaks ACP version %d; turnguard speaks version %d.", res.ProtocolVersion, ProtocolVersion)}
-		ag.kill("The agent was stopped.")
-		return
-	}
-	if err != nil {
-		ag.log.Error("acp: initialize failed; stopping the agent", "err", err)
-		ag.startErr = startFailure("initialize", err)
-		ag.kill("The agent was stopped.")
-		return
-	}
-	if i := res.AgentInfo; i != nil {
-		if n := strings.TrimSpace(i.Name); n != "" {
-			ag.name = cut(n, 100)
-		}
-	}
-	ag.caps = parseCaps(res.AgentCapabilities)
-	ag.authIDs = authMethods(res.AuthMethods)
-	ag.log.Info("acp: agent initialized", "agent", ag.name, "load_session", ag.caps.load,
-		"resume_session", ag.caps.resume, "close_session", ag.caps.close, "auth_methods", ag.authIDs)
-}
-
-// retire stops new turns from going to ag and stops it — now if no turn
-// runs on it, else when the last one ends.
-func (r *Runner) retire(ag *agent, why string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.retireLocked(ag, why)
-}
-
-func (r *Runner) retireLocked(ag *agent, why string) {
-	if r.running[ag] == 0 {
-		delete(r.retiring, ag)
-		ag.log.Info("acp: stopping agent", "reason", why)
-		ag.kill("The agent was stopped. Send your message again to start it anew.")
-		return
-	}
-	ag.log.Info("acp: agent retiring: stopped when its running turns end", "reason", why, "running", r.running[ag])
-	r.retiring[ag] = true
-}
-
-// release ends a turn's use of s on ag.
-func (r *Runner) release(ag *agent, s *session) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	r.tab.release(s, now)
-	if r.running[ag]--; r.running[ag] <= 0 {
-		delete(r.running, ag)
-		if r.retiring[ag] {
-			r.retireLocked(ag, "its last turn ended")
-		}
-	}
-	if ag == r.cur {
-		r.curUsed = now
-	}
-	r.sweepLocked(now)
-}
-
-// sweep forgets idle sessions and stops an idle agent; it runs on a timer
-// set for the next expiry.
-func (r *Runner) sweep() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.sweepLocked(time.Now())
-}
-
-func (r *Runner) sweepLocked(now time.Time) {
-	next := r.tab.expire(now)
-	if ag := r.cur; ag != nil && !ag.isDead() && r.running[ag] == 0 && r.tab.uses(ag) == 0 {
-		if at := r.curUsed.Add(r.idle); !now.Before(at) {
-			ag.stop("idle")
-			r.cur = nil
-		} else if next.IsZero() || at.Before(next) {
-			next = at
-		}
-	}
-	if r.timer != nil {
-		r.timer.Stop()
-		r.timer = nil
-	}
-	if !next.IsZero() {
-		r.timer = time.AfterFunc(next.Sub(now), r.sweep)
-	}
 }
 
 // Retire stops the runner taking turns (a rebuilt runner replaces it): its

@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
@@ -94,7 +96,29 @@ func (r *Runner) signInNeeded(log *slog.Logger, ag *agent, method string, why er
 	ref := "auth-" + hex.EncodeToString(b[:])
 	log.Warn("acp: the agent needs the operator to sign in", "error_id", ref, "method", method,
 		"auth_methods", ag.authIDs, "auth_method", r.authMethod, "err", why, "agent_process", ag.n)
+	r.signInChanged(signInNeeded, fmt.Errorf("the ACP agent needs the operator to sign in (%s answered auth_required; agents.acp.authMethod %q: %v; the agent lists %s; reference %s)",
+		method, r.authMethod, why, strings.Join(ag.authIDs, ", "), ref))
 	return &runner.UserError{Message: messages.AgentSignInNeeded(ref)}
+}
+
+// The sign-in states signInAlert was told last.
+const (
+	signInUnknown int32 = iota // nothing yet
+	signInOK                   // a prompt succeeded
+	signInNeeded               // a turn failed for a sign-in turnguard cannot do
+)
+
+// signInChanged tells signInAlert the state to, with problem when it is
+// signInNeeded, unless it was told that state last.
+func (r *Runner) signInChanged(to int32, problem error) {
+	if r.signInAlert == nil || r.signInState.Swap(to) == to {
+		return
+	}
+	if to == signInNeeded {
+		r.signInAlert(problem)
+		return
+	}
+	r.signInAlert(nil)
 }
 
 // authNeeded is a prompt's auth_required answer (see finish), handled by
@@ -111,6 +135,9 @@ func (r *Runner) promptSigned(ctx context.Context, turn runner.Turn, cb runner.C
 	res, err := r.prompt(ctx, turn, cb, ag, s, log)
 	var an *authNeeded
 	if !errors.As(err, &an) {
+		if err == nil {
+			r.signInChanged(signInOK, nil)
+		}
 		return res, err
 	}
 	cb.Pause(messages.AgentSigningIn)
@@ -126,6 +153,9 @@ func (r *Runner) promptSigned(ctx context.Context, turn runner.Turn, cb runner.C
 	again.Text = res.Text + again.Text
 	if errors.As(err, &an) {
 		return again, r.signInNeeded(log, ag, "session/prompt", errors.New("auth_required again after authenticate"))
+	}
+	if err == nil {
+		r.signInChanged(signInOK, nil)
 	}
 	return again, err
 }

@@ -2,10 +2,13 @@ package acp_test
 
 import (
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/turnguard/turnguard/config"
+	"github.com/turnguard/turnguard/runner/acp"
 )
 
 // TestSignIn: the Node agent lists auth methods and answers session/new
@@ -30,10 +33,21 @@ func TestSignIn(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run("method="+tc.method, func(t *testing.T) {
+			var alertMu sync.Mutex
+			var alerts []error
+			alerted := func() []error {
+				alertMu.Lock()
+				defer alertMu.Unlock()
+				return slices.Clone(alerts)
+			}
 			logs, r, _, wire := recorded(t, node, args, func(c *config.ACP) {
 				c.Env["ACP_TEST_AUTH"] = "1"
 				c.AuthMethod = tc.method
-			})
+			}, acp.WithSignInAlert(func(problem error) {
+				alertMu.Lock()
+				defer alertMu.Unlock()
+				alerts = append(alerts, problem)
+			}))
 			c := &conv{key: "k", id: "c"}
 			if tc.why == "" {
 				for _, step := range []struct{ msg, reply string }{
@@ -47,6 +61,10 @@ func TestSignIn(t *testing.T) {
 				}
 				if seen := checkWire(t, valid, wire); seen["authenticate"] != 2 {
 					t.Errorf("sent %v, want 2 authenticate", seen)
+				}
+				// Signed in each time: the operator is told only that it works.
+				if got := alerted(); len(got) != 1 || got[0] != nil {
+					t.Errorf("sign-in alerts %v, want one nil (signed in)", got)
 				}
 				return
 			}
@@ -67,6 +85,15 @@ func TestSignIn(t *testing.T) {
 				t.Errorf("the operator's log line %q lacks the reference %s, the methods or %q", warn, m[1], tc.why)
 			}
 			checkWire(t, valid, wire)
+			// The operator's alert: once, however many turns fail, with
+			// the reason and the reference the person quotes.
+			if _, err := say(t, r, c.turn("whoami")); err == nil {
+				t.Error("the second turn worked without a sign-in")
+			}
+			got := alerted()
+			if len(got) != 1 || got[0] == nil || !strings.Contains(got[0].Error(), tc.why) || !strings.Contains(got[0].Error(), m[1]) {
+				t.Errorf("sign-in alerts %v, want one naming %q and %s", got, tc.why, m[1])
+			}
 		})
 	}
 }

@@ -56,7 +56,7 @@
   const ui = {
     messages: $("messages"), input: $("input"), send: $("send"), stop: $("stop"),
     session: $("session"), newSession: $("new-session"), status: $("status"), tokenForm: $("token-form"),
-    token: $("token"), tokenReason: $("token-reason"), composer: $("composer"),
+    token: $("token"), tokenReason: $("token-reason"), composer: $("composer"), suggest: $("suggest"),
   };
 
   const state = {
@@ -78,6 +78,8 @@
     commands: new Set(), // idempotency keys of the commands sent (their answers are not runs)
     device: null, // Promise of this browser's device key (null inside: none)
     approvals: new Map(), // approval id → card view
+    suggestions: null, // {key, list: Promise of [{name, description}]}: commands.list of the session, asked when "/" is typed
+    picked: 0, // the highlighted suggestion
   };
 
   // ---- helpers -----------------------------------------------------------
@@ -1399,9 +1401,81 @@
     await command("/stop", true);
   }
 
-  ui.composer.addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  // ---- command suggestions ------------------------------------------------
+
+  // While the textbox holds "/" and a command name being typed (no space
+  // yet), the session's commands (commands.list: the gateway's, then the
+  // agent's) whose names start with it are listed above it; a click, Tab or
+  // Enter on one fills "/name ", Escape closes the list. The list is asked
+  // once per "/" typed at the start, so a turn that changed the agent's
+  // commands shows at the next one.
+  function suggestions() {
+    const key = state.sessionKey;
+    if (!state.suggestions || state.suggestions.key !== key) {
+      const list = request("commands.list", { sessionKey: key }).then((r) => r.commands || [], () => []);
+      state.suggestions = { key, list };
+    }
+    return state.suggestions.list;
+  }
+
+  function hideSuggestions() {
+    ui.suggest.hidden = true;
+    ui.suggest.replaceChildren();
+  }
+
+  async function suggest() {
+    const m = /^\/([a-z0-9_]*)$/i.exec(ui.input.value);
+    if (!m || !state.connected) { hideSuggestions(); return; }
+    if (ui.input.value === "/") state.suggestions = null; // asked anew each time a command starts
+    const list = (await suggestions()).filter((c) => c.name.startsWith(m[1].toLowerCase()));
+    if (ui.input.value !== "/" + m[1]) return; // typed on meanwhile: the next input event shows it
+    if (list.length === 0) { hideSuggestions(); return; }
+    state.picked = Math.min(state.picked, list.length - 1);
+    ui.suggest.replaceChildren(...list.map((c, i) => {
+      const li = el("li");
+      li.setAttribute("role", "option");
+      li.setAttribute("aria-selected", String(i === state.picked));
+      li.dataset.name = c.name;
+      li.append(el("span", "name", "/" + c.name), el("span", "desc", c.description));
+      li.addEventListener("mousedown", (e) => { e.preventDefault(); pick(c.name); });
+      return li;
+    }));
+    ui.suggest.hidden = false;
+  }
+
+  function pick(name) {
+    ui.input.value = `/${name} `;
+    hideSuggestions();
+    ui.input.focus();
+  }
+
+  // moveSuggestion handles the keys of an open list; true when it took the key.
+  function moveSuggestion(e) {
+    const items = [...ui.suggest.children];
+    if (ui.suggest.hidden || items.length === 0) return false;
+    if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+      state.picked = (state.picked + (e.key === "ArrowDown" ? 1 : items.length - 1)) % items.length;
+      items.forEach((li, i) => li.setAttribute("aria-selected", String(i === state.picked)));
+      items[state.picked].scrollIntoView({ block: "nearest" });
+    } else if (e.key === "Tab" || (e.key === "Enter" && !e.shiftKey && !e.isComposing)) {
+      const name = items[state.picked].dataset.name;
+      if (e.key === "Enter" && ui.input.value.toLowerCase() === "/" + name) { hideSuggestions(); return false; } // typed whole: send it
+      pick(name);
+    } else if (e.key === "Escape") {
+      hideSuggestions();
+    } else {
+      return false;
+    }
+    e.preventDefault();
+    return true;
+  }
+
+  ui.composer.addEventListener("submit", (e) => { e.preventDefault(); hideSuggestions(); send(); });
+  ui.input.addEventListener("input", () => { state.picked = 0; suggest(); });
+  ui.input.addEventListener("blur", hideSuggestions);
   ui.input.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
+    if (moveSuggestion(e)) return;
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); hideSuggestions(); send(); }
   });
   ui.stop.addEventListener("click", stop);
   ui.session.addEventListener("change", () => switchSession(ui.session.value));

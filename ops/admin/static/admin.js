@@ -260,6 +260,11 @@
     const aborts = Object.entries(c.abortsByReason).filter(([, n]) => n > 0).map(([r, n]) => `${r} ${n}`).join(", ") || "none";
     $("#figures").textContent = `aborts: ${aborts} · force-finalized ${c.forceFinalizations} · progress notices ${c.progressNotices}` +
       ` · delivery retries ${c.deliveryRetries}, failures ${c.deliveryFailures} · ${d.build.version}`;
+    // What needs the operator: a runner that cannot work (its probe failed,
+    // or its ACP agent needs a sign-in), a part that could not be read.
+    const problems = d.problems || [];
+    $("#problems").replaceChildren(...problems.map((p) => el("li", { text: p })));
+    $("#problems").hidden = problems.length === 0;
   }
 
   // Open questions.
