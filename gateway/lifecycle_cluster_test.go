@@ -40,57 +40,6 @@ import (
 // is not durably blocked under synctest, so the fake clock never advanced
 // to the retry. The run's lock is no longer held there (abort.Run.Publish).
 
-// clusterPuppet is a replica's runner the model drives: each turn's
-// runner goroutine carries out the commands the test sends it.
-type clusterPuppet struct {
-	mu    sync.Mutex
-	turns map[string]*clusterTurn // runner calls that have not returned, by run id
-	quit  chan struct{}
-}
-
-type clusterTurn struct {
-	cmds   chan func(runner.Callbacks)
-	ret    chan error
-	ignore bool // ignores its context's cancellation
-}
-
-func (p *clusterPuppet) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
-	ct := &clusterTurn{cmds: make(chan func(runner.Callbacks), 16), ret: make(chan error, 1)}
-	p.mu.Lock()
-	p.turns[turn.RunID] = ct
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		delete(p.turns, turn.RunID)
-		p.mu.Unlock()
-	}()
-	done := ctx.Done()
-	for {
-		select {
-		case f := <-ct.cmds:
-			f(cb)
-		case err := <-ct.ret:
-			return runner.Result{Text: "reply to " + turn.Message}, err
-		case <-done:
-			p.mu.Lock()
-			ignore := ct.ignore
-			p.mu.Unlock()
-			if !ignore {
-				return runner.Result{}, ctx.Err()
-			}
-			done = nil
-		case <-p.quit:
-			return runner.Result{}, context.Canceled
-		}
-	}
-}
-
-func (p *clusterPuppet) turn(runID string) *clusterTurn {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.turns[runID]
-}
-
 // lossyMember is an inproc member whose next claim or finish, when armed,
 // commits and then loses its answer (a client disconnect cancelling the
 // request mid-COMMIT): the caller gets an error for what the cluster did.
@@ -133,7 +82,7 @@ type modelReplica struct {
 	name   string
 	e      *gateway.Engine
 	member *lossyMember
-	p      *clusterPuppet
+	p      *gateway.ModelPuppet
 	src    *config.Source
 	killed int // index in the log at which its lease was lost; -1 while it holds it
 	told   int // index in the log at which Fenced was called; -1 before
@@ -163,24 +112,22 @@ type clusterModel struct {
 
 var clusterSessions = []string{"s1", "s2"}
 
-func modelConfig(step float64) *config.Config {
-	c := config.Default()
-	d := &c.Agents.Defaults
-	d.Runner, d.StepTimeoutSeconds, d.TimeoutSeconds = config.RunnerDemo, ptr(step), ptr(30.0)
-	d.AbortGraceSeconds, d.ProgressNotifyAfterSeconds = ptr(1.0), ptr(0.0)
-	d.Busy.Mode = config.BusyQueue
-	c.Server.MaxStuckRuns = 1000
+// replicaConfig is the model replicas' configuration: busy mode queue (the
+// cluster's queue is the seam under test).
+func replicaConfig(step float64) *config.Config {
+	c := gateway.ModelConfig(step)
+	c.Agents.Defaults.Busy.Mode = config.BusyQueue
 	return c
 }
 
 func (m *clusterModel) join(t *rapid.T) {
 	name := string(rune('a' + len(m.rs)))
-	c := modelConfig(m.step.Seconds())
+	c := replicaConfig(m.step.Seconds())
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	r := &modelReplica{name: name, member: &lossyMember{Member: m.hub.Join(name)}, src: config.NewSource(c),
-		p: &clusterPuppet{turns: map[string]*clusterTurn{}, quit: make(chan struct{})}, killed: -1, told: -1}
+		p: gateway.NewModelPuppet(false), killed: -1, told: -1}
 	e, err := gateway.New(gateway.Options{Config: r.src, Runners: map[string]runner.Runner{config.RunnerDemo: r.p},
 		Cluster: r.member, Queue: m.store})
 	if err != nil {
@@ -214,13 +161,7 @@ func (m *clusterModel) mark() int {
 }
 
 // running returns the puppet turn of session key's active run on r.
-func (r *modelReplica) running(key string) (string, *clusterTurn) {
-	run, ok := r.e.Active(key)
-	if !ok {
-		return "", nil
-	}
-	return run.ID, r.p.turn(run.ID)
-}
+func (r *modelReplica) running(key string) (string, *gateway.ModelTurn) { return r.p.Active(r.e, key) }
 
 func (m *clusterModel) fence(r *modelReplica, tell bool) {
 	taken := r.member.Kill()
@@ -279,32 +220,12 @@ func (m *clusterModel) doStep(t *rapid.T) string {
 		if ct == nil {
 			return "skip"
 		}
-		switch action {
-		case "delta":
-			ct.cmds <- func(cb runner.Callbacks) { cb.Delta("x") }
-		case "stepStart":
-			ct.cmds <- func(cb runner.Callbacks) { cb.StepStarted(event.StepTool, "shell") }
-		case "ignoreCancel":
-			r.p.mu.Lock()
-			ct.ignore = true
-			r.p.mu.Unlock()
-		default:
-			var err error
-			if action == "fail" {
-				err = &runner.UserError{Message: "model failure"}
-			}
-			select {
-			case ct.ret <- err:
-			default:
-			}
-		}
+		r.p.Do(ct, action)
 	case "elapse":
-		d := rapid.SampledFrom([]time.Duration{500 * time.Millisecond, 2500 * time.Millisecond, 6 * time.Second}).Draw(t, "for")
-		time.Sleep(d) // real time: no — inside the synctest bubble this advances the fake clock
-		return fmt.Sprintf("elapse %v", d)
+		return gateway.ModelElapse(t, 500*time.Millisecond, 2500*time.Millisecond, 6*time.Second)
 	case "reload":
 		step := rapid.SampledFrom([]float64{2, 5}).Draw(t, "stepTimeout")
-		c := modelConfig(step)
+		c := replicaConfig(step)
 		if err := c.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -359,7 +280,7 @@ func (m *clusterModel) check() string {
 	for _, r := range m.rs {
 		byName[r.name] = r
 	}
-	ended := map[string]string{} // run id → who published its terminal event
+	order := gateway.TerminalOrder{}
 	for i, l := range log {
 		ev := l.ev
 		if r := byName[l.from]; r != nil {
@@ -380,14 +301,8 @@ func (m *clusterModel) check() string {
 		if ev.Kind == event.TurnStarted && len(m.reloads) > 0 && i >= m.reloads[len(m.reloads)-1] && ev.StepTimeout != m.step {
 			return fmt.Sprintf("run %s started with step timeout %v after the reload to %v", ev.RunID, ev.StepTimeout, m.step)
 		}
-		switch {
-		case ev.RunID == "" || ev.Kind == event.ForceFinalized:
-		case ended[ev.RunID] != "" && ev.Kind.Terminal():
-			return fmt.Sprintf("run %s: a second terminal event (%s from %s, after %s's)", ev.RunID, ev.Kind, l.from, ended[ev.RunID])
-		case ended[ev.RunID] != "":
-			return fmt.Sprintf("run %s: %s from %s after its terminal event", ev.RunID, ev.Kind, l.from)
-		case ev.Kind.Terminal():
-			ended[ev.RunID] = l.from
+		if v := order.See(l.from, ev); v != "" {
+			return v
 		}
 	}
 	// A queued message runs at most once, anywhere.
@@ -448,15 +363,7 @@ func (m *clusterModel) settle() {
 		}
 		busy := false
 		for _, r := range m.rs {
-			r.p.mu.Lock()
-			for _, ct := range r.p.turns {
-				busy = true
-				select {
-				case ct.ret <- nil:
-				default:
-				}
-			}
-			r.p.mu.Unlock()
+			busy = r.p.ReturnAll() || busy
 		}
 		time.Sleep(10 * time.Second) // real time: no — inside the synctest bubble this advances the fake clock
 		synctest.Wait()
@@ -473,10 +380,7 @@ func (m *clusterModel) settle() {
 // replica.
 func (m *clusterModel) busy() bool {
 	for _, r := range m.rs {
-		r.p.mu.Lock()
-		n := len(r.p.turns)
-		r.p.mu.Unlock()
-		if n > 0 {
+		if r.p.Running() > 0 {
 			return true
 		}
 	}
@@ -535,23 +439,14 @@ func TestLifecycleModelCluster(t *testing.T) {
 				dropped: map[string]int{}, step: 2 * time.Second}
 			defer func() { // also when a draw ends the run early
 				for _, r := range m.rs {
-					close(r.p.quit)
+					r.p.Quit()
 					r.e.Shutdown(context.Background())
 					r.member.Close()
 				}
 			}()
 			m.join(t)
 			m.join(t)
-			n := rapid.IntRange(1, 50).Draw(t, "steps")
-			var trail []string
-			violation := ""
-			for range n {
-				trail = append(trail, m.doStep(t))
-				synctest.Wait()
-				if violation = m.check(); violation != "" {
-					break
-				}
-			}
+			trail, violation := gateway.RunModel(t, 50, m.doStep, m.check)
 			if violation == "" {
 				m.settle()
 				if violation = m.check(); violation == "" {

@@ -215,65 +215,6 @@ func TestResetDuringATurnKeepsItsReplyOut(t *testing.T) {
 // The budget is rapid's default (100 interleavings; -rapid.checks=N for a
 // longer run).
 
-// puppet is a runner the model test drives: each turn's runner goroutine
-// carries out the commands the test sends it, in order, from its own
-// goroutine (as a real runner calls its callbacks).
-type puppet struct {
-	mu    sync.Mutex
-	turns map[string]*puppetTurn // runner calls that have not returned, by run id
-	heard []runner.Turn          // every turn's input, in start order
-	quit  chan struct{}          // closed at the end: every runner returns
-	// steers: the puppet is a runner.Steerer that steers (busy mode steer
-	// puts messages in its turns' inboxes; action "take" takes them).
-	steers bool
-	taken  map[string][]string // steered texts each turn took, by run id
-}
-
-func (p *puppet) Steers() bool { return p.steers }
-
-type puppetTurn struct {
-	ctx    context.Context
-	turn   runner.Turn
-	cmds   chan func(runner.Callbacks)
-	ret    chan error
-	ignore bool // ignores its context's cancellation
-	// The model of its liveness clock's reasons.
-	paused bool
-	asking int
-}
-
-func (p *puppet) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks) (runner.Result, error) {
-	pt := &puppetTurn{ctx: ctx, turn: turn, cmds: make(chan func(runner.Callbacks), 16), ret: make(chan error, 1)}
-	p.mu.Lock()
-	p.turns[turn.RunID] = pt
-	p.heard = append(p.heard, turn)
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		delete(p.turns, turn.RunID)
-		p.mu.Unlock()
-	}()
-	done := ctx.Done()
-	for {
-		select {
-		case f := <-pt.cmds:
-			f(cb)
-		case err := <-pt.ret:
-			return runner.Result{Text: "reply to " + turn.Message}, err
-		case <-done:
-			p.mu.Lock()
-			ignore := pt.ignore
-			p.mu.Unlock()
-			if !ignore {
-				return runner.Result{}, ctx.Err()
-			}
-			done = nil // goes on until told to return
-		case <-p.quit:
-			return runner.Result{}, context.Canceled
-		}
-	}
-}
-
 // modelSessions are the sessions the model test uses.
 var modelSessions = []string{"a", "b"}
 
@@ -281,26 +222,21 @@ var modelSessions = []string{"a", "b"}
 // and the model's own state.
 type modelRun struct {
 	e    *Engine
-	p    *puppet
+	p    *ModelPuppet
 	sink *sink
 	gen  map[string]int // conversation generation by session (bumped by /new)
 	sent int
 }
 
 func newModelRun(t *rapid.T) *modelRun {
-	c := config.Default()
-	// Every deadline within the reach of the drawn waits.
-	d := &c.Agents.Defaults
-	d.Runner, d.StepTimeoutSeconds, d.TimeoutSeconds = config.RunnerDemo, secs(2), secs(30)
-	d.AbortGraceSeconds, d.ApprovalTimeoutSeconds, d.ProgressNotifyAfterSeconds = secs(1), secs(10), secs(0)
-	c.Server.MaxStuckRuns = 1000 // a runner ignoring cancellation is drawn often
-	d.Busy.Mode = rapid.SampledFrom([]string{config.BusyQueue, config.BusyCollect, config.BusySteer,
+	c := ModelConfig(2)
+	c.Agents.Defaults.ApprovalTimeoutSeconds = secs(10)
+	c.Agents.Defaults.Busy.Mode = rapid.SampledFrom([]string{config.BusyQueue, config.BusyCollect, config.BusySteer,
 		config.BusyInterrupt, config.BusyReject}).Draw(t, "busy")
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p := &puppet{turns: map[string]*puppetTurn{}, quit: make(chan struct{}), taken: map[string][]string{},
-		steers: rapid.Bool().Draw(t, "steers")}
+	p := NewModelPuppet(rapid.Bool().Draw(t, "steers"))
 	e, err := New(Options{Config: config.NewSource(c), Runners: map[string]runner.Runner{config.RunnerDemo: p}})
 	if err != nil {
 		t.Fatal(err)
@@ -312,18 +248,10 @@ func newModelRun(t *rapid.T) *modelRun {
 }
 
 // active returns the puppet turn running session key's active run, if any.
-func (m *modelRun) active(key string) (string, *puppetTurn) {
-	run, ok := m.e.Active(key)
-	if !ok {
-		return "", nil
-	}
-	m.p.mu.Lock()
-	defer m.p.mu.Unlock()
-	return run.ID, m.p.turns[run.ID]
-}
+func (m *modelRun) active(key string) (string, *ModelTurn) { return m.p.Active(m.e, key) }
 
 // tell has session key's running runner do f (no-op when none runs).
-func (m *modelRun) tell(key string, f func(pt *puppetTurn, cb runner.Callbacks)) {
+func (m *modelRun) tell(key string, f func(pt *ModelTurn, cb runner.Callbacks)) {
 	if _, pt := m.active(key); pt != nil {
 		pt.cmds <- func(cb runner.Callbacks) { f(pt, cb) }
 	}
@@ -346,27 +274,27 @@ func (m *modelRun) step(t *rapid.T) string {
 		m.e.Reset(key)
 		m.gen[key]++
 	case "pause":
-		m.tell(key, func(pt *puppetTurn, cb runner.Callbacks) {
+		m.tell(key, func(pt *ModelTurn, cb runner.Callbacks) {
 			m.p.mu.Lock()
 			pt.paused = true
 			m.p.mu.Unlock()
 			cb.Pause("model")
 		})
 	case "resume":
-		m.tell(key, func(pt *puppetTurn, cb runner.Callbacks) {
+		m.tell(key, func(pt *ModelTurn, cb runner.Callbacks) {
 			m.p.mu.Lock()
 			pt.paused = false
 			m.p.mu.Unlock()
 			cb.Resume()
 		})
 	case "ask":
-		m.tell(key, func(pt *puppetTurn, _ runner.Callbacks) { pt.ask(m.p) })
+		m.tell(key, func(pt *ModelTurn, _ runner.Callbacks) { pt.ask(m.p) })
 	case "answer":
 		if open := m.e.PendingApprovals(key); len(open) > 0 {
 			_, _ = m.e.Resolve(ctx, ResolveRequest{ApprovalID: open[0].ID, OptionID: "yes", SessionKey: key, By: "model"})
 		}
 	case "take":
-		m.tell(key, func(pt *puppetTurn, _ runner.Callbacks) {
+		m.tell(key, func(pt *ModelTurn, _ runner.Callbacks) {
 			if pt.turn.Inbox != nil {
 				texts := pt.turn.Inbox.Take()
 				m.p.mu.Lock()
@@ -374,33 +302,12 @@ func (m *modelRun) step(t *rapid.T) string {
 				m.p.mu.Unlock()
 			}
 		})
-	case "delta":
-		m.tell(key, func(_ *puppetTurn, cb runner.Callbacks) { cb.Delta("x") })
-	case "stepStart":
-		m.tell(key, func(_ *puppetTurn, cb runner.Callbacks) { cb.StepStarted(event.StepTool, "shell") })
-	case "stepDone":
-		m.tell(key, func(_ *puppetTurn, cb runner.Callbacks) { cb.StepCompleted(event.StepTool, "shell") })
-	case "return", "fail":
+	case "delta", "stepStart", "stepDone", "return", "fail", "ignoreCancel":
 		if _, pt := m.active(key); pt != nil {
-			var err error
-			if action == "fail" {
-				err = &runner.UserError{Message: "model failure"}
-			}
-			select {
-			case pt.ret <- err:
-			default:
-			}
-		}
-	case "ignoreCancel":
-		if _, pt := m.active(key); pt != nil {
-			m.p.mu.Lock()
-			pt.ignore = true
-			m.p.mu.Unlock()
+			m.p.Do(pt, action)
 		}
 	case "elapse":
-		d := rapid.SampledFrom([]time.Duration{200 * time.Millisecond, time.Second, 2500 * time.Millisecond, 11 * time.Second}).Draw(t, "for")
-		time.Sleep(d) // real time: no — inside the synctest bubble this advances the fake clock
-		return fmt.Sprintf("elapse %v", d)
+		return ModelElapse(t, 200*time.Millisecond, time.Second, 2500*time.Millisecond, 11*time.Second)
 	}
 	return action + " " + key
 }
@@ -409,18 +316,11 @@ func (m *modelRun) step(t *rapid.T) string {
 func (m *modelRun) check() string {
 	// One terminal event per turn, and it is the turn's last (ForceFinalized aside).
 	m.sink.mu.Lock()
-	ended := map[string]bool{}
+	order := TerminalOrder{}
 	for _, ev := range m.sink.events {
-		switch {
-		case ev.RunID == "" || ev.Kind == event.ForceFinalized:
-		case ended[ev.RunID] && ev.Kind.Terminal():
+		if v := order.See("the engine", ev); v != "" {
 			m.sink.mu.Unlock()
-			return fmt.Sprintf("run %s: a second terminal event (%s)", ev.RunID, ev.Kind)
-		case ended[ev.RunID]:
-			m.sink.mu.Unlock()
-			return fmt.Sprintf("run %s: %s after its terminal event", ev.RunID, ev.Kind)
-		case ev.Kind.Terminal():
-			ended[ev.RunID] = true
+			return v
 		}
 	}
 	m.sink.mu.Unlock()
@@ -468,35 +368,12 @@ func (m *modelRun) check() string {
 	return ""
 }
 
-// ask has the runner ask a question in the background, as runner/exec
-// does, counting it open in the model until Ask returns.
-func (pt *puppetTurn) ask(p *puppet) {
-	p.mu.Lock()
-	pt.asking++
-	p.mu.Unlock()
-	go func() {
-		_, _ = pt.turn.Ask(pt.ctx, deployQuestion)
-		p.mu.Lock()
-		pt.asking--
-		p.mu.Unlock()
-	}()
-}
-
 func TestLifecycleModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		rapid.SyncTest(t, func(t *rapid.T) {
 			m := newModelRun(t)
-			n := rapid.IntRange(1, 60).Draw(t, "steps")
-			var trail []string
-			violation := ""
-			for range n {
-				trail = append(trail, m.step(t))
-				synctest.Wait()
-				if violation = m.check(); violation != "" {
-					break
-				}
-			}
-			close(m.p.quit)
+			trail, violation := RunModel(t, 60, m.step, m.check)
+			m.p.Quit()
 			m.e.Shutdown(context.Background())
 			if violation != "" {
 				t.Fatalf("%s\nafter: %s\ntranscript:\n%s", violation, strings.Join(trail, ", "), m.sink.transcript())

@@ -11,30 +11,9 @@ import (
 	"github.com/turnguard/turnguard/event"
 )
 
-// TurnStep is one step of a finished turn as its history shows it.
-type TurnStep struct {
-	Kind string
-	Name string
-	Seq  uint32
-	// Completed: the step's completion was recorded; a step still running
-	// when its turn ended was not.
-	Completed bool
-	Elapsed   time.Duration // the step's duration when Completed
-}
-
-// TurnDetail is what a finished turn's history shows besides its texts
-// (issue 22: a reload shows what the live page showed): its steps in order
-// (bounded by the loader; StepsOmitted more) and its settled approvals,
-// oldest first, with their outcome and who answered.
-type TurnDetail struct {
-	Steps        []TurnStep
-	StepsOmitted int
-	Approvals    []event.Approval
-}
-
 // TurnDetailsLoader reads the details of finished turns from the store:
 // only runs that have any are in the map. It must bound what it reads.
-type TurnDetailsLoader func(ctx context.Context, runIDs []string) (map[string]TurnDetail, error)
+type TurnDetailsLoader func(ctx context.Context, runIDs []string) (map[string]event.TurnDetail, error)
 
 // turnDetailsTimeout bounds one TurnDetails read: a slow store delays a
 // history by at most this long (the history is then answered without
@@ -46,7 +25,7 @@ const turnDetailsTimeout = 5 * time.Second
 // (Options.TurnDetails nil) it returns nil, nil: the in-memory history has
 // the texts only. An error means the details are unknown; the caller
 // answers the history without them.
-func (e *Engine) TurnDetails(ctx context.Context, runIDs []string) (map[string]TurnDetail, error) {
+func (e *Engine) TurnDetails(ctx context.Context, runIDs []string) (map[string]event.TurnDetail, error) {
 	if e.details == nil || len(runIDs) == 0 {
 		return nil, nil
 	}

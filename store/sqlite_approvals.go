@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/turnguard/turnguard/event"
 )
 
 // approvalColumns are the approvals table's columns, in the order of the
@@ -163,10 +165,10 @@ func (s *SQLite) expire(ctx context.Context, runIDs []string) (int, error) {
 // TurnDetails returns the steps and settled approvals of the finished
 // turns runIDs (see store.TurnDetails). Events still in the recorder's
 // queue are not seen; see Flush.
-func (s *SQLite) TurnDetails(ctx context.Context, runIDs []string) (map[string]TurnDetail, error) {
+func (s *SQLite) TurnDetails(ctx context.Context, runIDs []string) (map[string]event.TurnDetail, error) {
 	runIDs = TurnDetailRuns(runIDs)
 	if len(runIDs) == 0 {
-		return map[string]TurnDetail{}, nil
+		return map[string]event.TurnDetail{}, nil
 	}
 	release, err := s.acquire()
 	if err != nil {

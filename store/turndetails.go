@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"time"
 
 	"github.com/turnguard/turnguard/event"
 )
@@ -17,34 +16,16 @@ const (
 	MaxTurnDetailRuns = 200
 )
 
-// TurnStep is one step of a finished turn as its history shows it.
-type TurnStep struct {
-	Kind string
-	Name string
-	Seq  uint32
-	// Completed: the step's completion was recorded; a step that was
-	// running when its turn ended was not.
-	Completed bool
-	Elapsed   time.Duration // the step's duration when Completed
-}
-
-// TurnDetail is what a finished turn's history shows besides its texts:
-// its steps (in order, at most MaxTurnSteps; StepsOmitted more) and its
-// settled approvals (oldest first, at most MaxTurnApprovals).
-type TurnDetail struct {
-	Steps        []TurnStep
-	StepsOmitted int
-	Approvals    []ApprovalRecord
-}
-
 // TurnDetails reads the steps and settled approvals of finished turns
-// (issue 22: a reload shows them as the live page did). SQLite and the
+// (event.TurnDetail: its steps in order, at most MaxTurnSteps, StepsOmitted
+// more; its settled approvals oldest first, at most MaxTurnApprovals; issue
+// 22: a reload shows them as the live page did). SQLite and the
 // PostgreSQL store implement it (Backend); store/storetest checks both.
 type TurnDetails interface {
 	// TurnDetails returns the details of runIDs (the first
 	// MaxTurnDetailRuns) that have any; a run with no recorded step and no
 	// settled approval is absent from the map.
-	TurnDetails(ctx context.Context, runIDs []string) (map[string]TurnDetail, error)
+	TurnDetails(ctx context.Context, runIDs []string) (map[string]event.TurnDetail, error)
 }
 
 // TurnDetailRuns is runIDs without empty ids, cut to MaxTurnDetailRuns.
@@ -61,8 +42,8 @@ func TurnDetailRuns(runIDs []string) []string {
 // AssembleTurnDetails builds TurnDetails' answer from the runs' step
 // journal entries (StepStarted, StepCompleted; oldest first) and settled
 // approvals (oldest first), applying the bounds.
-func AssembleTurnDetails(entries []JournalEntry, approvals []ApprovalRecord) map[string]TurnDetail {
-	out := make(map[string]TurnDetail)
+func AssembleTurnDetails(entries []JournalEntry, approvals []ApprovalRecord) map[string]event.TurnDetail {
+	out := make(map[string]event.TurnDetail)
 	type key struct {
 		run string
 		seq uint32
@@ -81,7 +62,7 @@ func AssembleTurnDetails(entries []JournalEntry, approvals []ApprovalRecord) map
 			at[k] = -1
 		default:
 			at[k] = len(d.Steps)
-			st := TurnStep{Kind: e.Step.Kind, Name: e.Step.Name, Seq: e.Step.Seq}
+			st := event.TurnStep{Kind: e.Step.Kind, Name: e.Step.Name, Seq: e.Step.Seq}
 			if e.Kind == event.StepCompleted { // a completion without a recorded start
 				st.Completed, st.Elapsed = true, e.Elapsed
 			}
@@ -95,9 +76,17 @@ func AssembleTurnDetails(entries []JournalEntry, approvals []ApprovalRecord) map
 		}
 		d := out[a.RunID]
 		if len(d.Approvals) < MaxTurnApprovals {
-			d.Approvals = append(d.Approvals, a)
+			d.Approvals = append(d.Approvals, settled(a))
 		}
 		out[a.RunID] = d
 	}
 	return out
+}
+
+// settled is a settled approval as a history shows it: the question without
+// its detail, the outcome and who answered.
+func settled(a ApprovalRecord) event.Approval {
+	return event.Approval{ID: a.ID, Title: a.Title, Tool: a.Tool, Options: a.Options,
+		CreatedAt: a.CreatedAt, ExpiresAt: a.ExpiresAt, Outcome: a.Status, OptionID: a.OptionID,
+		OptionKind: a.OptionKind, By: a.AnsweredBy, ResolvedAt: a.ResolvedAt}
 }

@@ -91,7 +91,7 @@ func (s *Server) finishedTurns(ctx context.Context, key string, msgs []gateway.M
 // newTurnView is the view of run id's details; the turn ended with stop.
 // nil when there is nothing to show (its steps were LLM calls only, which
 // the live page does not draw).
-func newTurnView(id string, d gateway.TurnDetail, stop event.StopReason) *turnView {
+func newTurnView(id string, d event.TurnDetail, stop event.StopReason) *turnView {
 	v := &turnView{RunID: id, StepsOmitted: d.StepsOmitted}
 	for _, st := range d.Steps {
 		step := event.Step{Kind: st.Kind, Name: st.Name, Seq: st.Seq}

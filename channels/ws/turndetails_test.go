@@ -10,22 +10,21 @@ import (
 
 	"github.com/turnguard/turnguard/config"
 	"github.com/turnguard/turnguard/event"
-	"github.com/turnguard/turnguard/gateway"
 )
 
 // detailsOf is a TurnDetails loader answering d for every run it is asked
 // about, and recording the ids it was asked.
 type detailsOf struct {
-	d     gateway.TurnDetail
+	d     event.TurnDetail
 	mu    sync.Mutex
 	asked []string
 }
 
-func (l *detailsOf) load(_ context.Context, runIDs []string) (map[string]gateway.TurnDetail, error) {
+func (l *detailsOf) load(_ context.Context, runIDs []string) (map[string]event.TurnDetail, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.asked = append(l.asked, runIDs...)
-	out := make(map[string]gateway.TurnDetail)
+	out := make(map[string]event.TurnDetail)
 	for _, id := range runIDs {
 		out[id] = l.d
 	}
@@ -48,8 +47,8 @@ func allowedDeploy(title string) event.Approval {
 // `turnguard`; the user's message carries none. The details are asked for
 // the turns the history holds.
 func TestChatHistoryShowsFinishedTurnsStepsAndApprovals(t *testing.T) {
-	l := &detailsOf{d: gateway.TurnDetail{
-		Steps: []gateway.TurnStep{
+	l := &detailsOf{d: event.TurnDetail{
+		Steps: []event.TurnStep{
 			{Kind: "tool", Name: "deploy", Seq: 1, Completed: true, Elapsed: 1200 * time.Millisecond},
 			{Kind: "llm", Name: "demo", Seq: 2, Completed: true},
 			{Kind: "tool", Name: "shell", Seq: 3},
@@ -107,7 +106,7 @@ func TestChatHistoryShowsFinishedTurnsStepsAndApprovals(t *testing.T) {
 // answer stays within the budget.
 func TestChatHistoryFinishedTurnsFitTheAnswerBudget(t *testing.T) {
 	const budget = 16 << 10
-	l := &detailsOf{d: gateway.TurnDetail{Approvals: []event.Approval{allowedDeploy(strings.Repeat("deploy ", 150))}}}
+	l := &detailsOf{d: event.TurnDetail{Approvals: []event.Approval{allowedDeploy(strings.Repeat("deploy ", 150))}}}
 	e := newTCPEnv(t, envOpts{details: l.load, adjust: func(c *config.Config) { c.Server.MaxAnswerBytes = budget }})
 	c, _ := e.connect("webchat", "")
 	for i := range 4 {

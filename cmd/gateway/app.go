@@ -395,28 +395,11 @@ func storeTurnDetails(st interface {
 	store.TurnDetails
 	store.Recorder
 }) gateway.TurnDetailsLoader {
-	return func(ctx context.Context, runIDs []string) (map[string]gateway.TurnDetail, error) {
+	return func(ctx context.Context, runIDs []string) (map[string]event.TurnDetail, error) {
 		fctx, cancel := context.WithTimeout(ctx, detailsFlushWait)
 		_ = st.Flush(fctx) // not flushed in time: what is written is shown
 		cancel()
-		in, err := st.TurnDetails(ctx, runIDs)
-		if err != nil {
-			return nil, err
-		}
-		out := make(map[string]gateway.TurnDetail, len(in))
-		for id, d := range in {
-			g := gateway.TurnDetail{StepsOmitted: d.StepsOmitted}
-			for _, s := range d.Steps {
-				g.Steps = append(g.Steps, gateway.TurnStep{Kind: s.Kind, Name: s.Name, Seq: s.Seq, Completed: s.Completed, Elapsed: s.Elapsed})
-			}
-			for _, a := range d.Approvals {
-				g.Approvals = append(g.Approvals, event.Approval{ID: a.ID, Title: a.Title, Tool: a.Tool, Options: a.Options,
-					CreatedAt: a.CreatedAt, ExpiresAt: a.ExpiresAt, Outcome: a.Status, OptionID: a.OptionID,
-					OptionKind: a.OptionKind, By: a.AnsweredBy, ResolvedAt: a.ResolvedAt})
-			}
-			out[id] = g
-		}
-		return out, nil
+		return st.TurnDetails(ctx, runIDs)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/store"
 )
 
@@ -132,10 +133,10 @@ func (s *Store) expire(ctx context.Context, runIDs []string) (int, error) {
 
 // TurnDetails returns the steps and settled approvals of the finished
 // turns runIDs (see store.TurnDetails).
-func (s *Store) TurnDetails(ctx context.Context, runIDs []string) (map[string]store.TurnDetail, error) {
+func (s *Store) TurnDetails(ctx context.Context, runIDs []string) (map[string]event.TurnDetail, error) {
 	ids := store.TurnDetailRuns(runIDs)
 	if len(ids) == 0 {
-		return map[string]store.TurnDetail{}, nil
+		return map[string]event.TurnDetail{}, nil
 	}
 	if err := s.live(); err != nil {
 		return nil, err

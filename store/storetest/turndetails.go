@@ -50,16 +50,16 @@ func testTurnDetails(t *testing.T, h *H) {
 		t.Fatalf("TurnDetails: %v", err)
 	}
 	da := got["run-a"]
-	wantSteps := []store.TurnStep{
+	wantSteps := []event.TurnStep{
 		{Kind: "tool", Name: "web_search", Seq: 1, Completed: true, Elapsed: time.Second},
 		{Kind: "tool", Name: "shell", Seq: 2},
 	}
 	if !reflect.DeepEqual(da.Steps, wantSteps) || da.StepsOmitted != 0 {
 		t.Errorf("run-a steps = %+v (%d omitted), want %+v", da.Steps, da.StepsOmitted, wantSteps)
 	}
-	if len(da.Approvals) != 1 || da.Approvals[0].ID != "ap_1" || da.Approvals[0].Status != event.ApprovalSelected ||
-		da.Approvals[0].AnsweredBy != "web chat" || da.Approvals[0].Title != ap.Title {
-		t.Errorf("run-a approvals = %+v, want ap_1 allowed by web chat", da.Approvals)
+	if len(da.Approvals) != 1 || da.Approvals[0].ID != "ap_1" || da.Approvals[0].Outcome != event.ApprovalSelected ||
+		da.Approvals[0].By != "web chat" || da.Approvals[0].Title != ap.Title || da.Approvals[0].Detail != "" {
+		t.Errorf("run-a approvals = %+v, want ap_1 allowed by web chat, without its detail", da.Approvals)
 	}
 	// run-b's question is still pending: nothing to show of it yet.
 	if d, ok := got["run-b"]; ok {
