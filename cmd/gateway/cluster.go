@@ -74,7 +74,11 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 		OnTakeover: func(t pgcoord.Takeover) {
 			a.log.Warn("took over the turns of a replica that stopped renewing its lease", takeoverAttrs(t)...)
 			a.telegramTookOver(t) // their Telegram notices go out at once
-			a.restoreTakenQueues(t)
+			if !t.More {
+				// After the last batch: the sessions of the later
+				// batches were still held by the dead replica's turns.
+				a.restoreTakenQueues(t)
+			}
 		},
 		Logger: a.log.With("cluster", "node"),
 	})
