@@ -262,65 +262,56 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease, limit int) 
 		}
 		t.Turns = append(t.Turns, tt)
 	}
+	// The rest is written in one round trip (a pgx batch, run in order
+	// inside tx): a batch of a large takeover costs two round trips more
+	// than the lock, not eight.
+	b := &pgx.Batch{}
 	if n > 0 {
-		if _, err := tx.Exec(ctx, `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
+		b.Queue(`INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
 				step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
 			SELECT r, s, 0, $7, $8, sk, sn, sq, ls, el, x, now()
 			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $9::bigint[], $10::text[])
 				AS u(r, s, sk, sn, sq, ls, el, x)`,
 			runIDs, sessions, stepKinds, stepNames, stepSeqs, lastSteps, event.Aborted.String(),
-			string(event.ReasonInterrupted), elapsed, notices); err != nil {
-			return t, fmt.Errorf("journal: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
+			string(event.ReasonInterrupted), elapsed, notices)
+		b.Queue(`INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
 			SELECT s, r, 'assistant', x, $4, now() FROM unnest($1::text[], $2::text[], $3::text[]) AS u(s, r, x)
-			WHERE x <> ''`, sessions, runIDs, notices, string(event.ReasonInterrupted)); err != nil {
-			return t, fmt.Errorf("history: %w", err)
-		}
+			WHERE x <> ''`, sessions, runIDs, notices, string(event.ReasonInterrupted))
 		if len(obRunIDs) > 0 {
-			if _, err := tx.Exec(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
+			b.Queue(`INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
 				SELECT c, cr, r, 'notice', x, now() FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(c, cr, r, x)
-				ON CONFLICT (run_id, kind) DO NOTHING`, obChannels, obChatRefs, obRunIDs, obNotices); err != nil {
-				return t, fmt.Errorf("outbox: %w", err)
-			}
+				ON CONFLICT (run_id, kind) DO NOTHING`, obChannels, obChatRefs, obRunIDs, obNotices)
 		}
 		// The questions (approvals) they waited on: nobody can answer
 		// them any more.
-		if _, err := tx.Exec(ctx, `UPDATE approvals SET status = 'expired', resolved_at = now()
-			WHERE run_id = ANY($1) AND status = 'pending'`, runIDs); err != nil {
-			return t, fmt.Errorf("expire their questions: %w", err)
-		}
+		b.Queue(`UPDATE approvals SET status = 'expired', resolved_at = now()
+			WHERE run_id = ANY($1) AND status = 'pending'`, runIDs)
 		// Sessions locked in key order: no deadlock with another writer
 		// that locks several.
-		if _, err := tx.Exec(ctx, `UPDATE sessions SET updated_at = greatest(updated_at, now())
-			WHERE key IN (SELECT key FROM sessions WHERE key = ANY($1) ORDER BY key FOR UPDATE)`, sessions); err != nil {
-			return t, fmt.Errorf("sessions: %w", err)
-		}
-	}
-	if limit > 0 && n == limit {
-		// A batch: the lease stays (expired, under this lock until the
-		// commit) for the next one.
-		var overdue float64
-		if err := tx.QueryRow(ctx, `SELECT extract(epoch FROM clock_timestamp() - expires_at)::float8
-			FROM leases WHERE epoch = $1`, l.epoch).Scan(&overdue); err != nil {
-			return t, fmt.Errorf("read the lease: %w", err)
-		}
-		t.Overdue, t.More = time.Duration(overdue*float64(time.Second)), true
-		return t, nil
-	}
-	// The outbox rows the dead epoch had claimed and not sent are
-	// claimable at once, not when their hold ends: a reply it was sending
-	// when it died reaches its chat a lease after the death, not a hold
-	// (a minute) after. (Delivered twice only if Telegram had accepted it.)
-	if _, err := tx.Exec(ctx, `UPDATE outbox SET claimed_by = NULL, claimed_until = NULL
-		WHERE delivered_at IS NULL AND failed_at IS NULL AND claimed_by = $1`,
-		ownerOf(l.replica, l.epoch)); err != nil {
-		return t, fmt.Errorf("release its outbox claims: %w", err)
+		b.Queue(`UPDATE sessions SET updated_at = greatest(updated_at, now())
+			WHERE key IN (SELECT key FROM sessions WHERE key = ANY($1) ORDER BY key FOR UPDATE)`, sessions)
 	}
 	var overdue float64
-	if err := tx.QueryRow(ctx, `DELETE FROM leases WHERE epoch = $1
-		RETURNING extract(epoch FROM clock_timestamp() - expires_at)::float8`, l.epoch).Scan(&overdue); err != nil {
-		return t, fmt.Errorf("delete the lease: %w", err)
+	scanOverdue := func(row pgx.Row) error { return row.Scan(&overdue) }
+	t.More = limit > 0 && n == limit
+	if t.More {
+		// A batch: the lease stays (expired, under this lock until the
+		// commit) for the next one.
+		b.Queue(`SELECT extract(epoch FROM clock_timestamp() - expires_at)::float8
+			FROM leases WHERE epoch = $1`, l.epoch).QueryRow(scanOverdue)
+	} else {
+		// The outbox rows the dead epoch had claimed and not sent are
+		// claimable at once, not when their hold ends: a reply it was
+		// sending when it died reaches its chat a lease after the death,
+		// not a hold (a minute) after. (Delivered twice only if Telegram
+		// had accepted it.)
+		b.Queue(`UPDATE outbox SET claimed_by = NULL, claimed_until = NULL
+			WHERE delivered_at IS NULL AND failed_at IS NULL AND claimed_by = $1`, ownerOf(l.replica, l.epoch))
+		b.Queue(`DELETE FROM leases WHERE epoch = $1
+			RETURNING extract(epoch FROM clock_timestamp() - expires_at)::float8`, l.epoch).QueryRow(scanOverdue)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return t, fmt.Errorf("write the ends (history, journal, outbox, questions, sessions) and the lease: %w", err)
 	}
 	t.Overdue = time.Duration(overdue * float64(time.Second))
 	return t, nil
