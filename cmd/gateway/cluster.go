@@ -161,12 +161,17 @@ const maxLoggedRuns = 10
 
 // takeoverAttrs are the log fields of a takeover: the replica and epoch it
 // took over, how late, how many turns and (the first maxLoggedRuns of)
-// their run ids — not the struct, whose %v dump carried every notice.
+// their run ids, and more=true on a batch that more of its turns follow —
+// not the struct, whose %v dump carried every notice.
 func takeoverAttrs(t pgcoord.Takeover) []any {
 	runs := make([]string, 0, min(len(t.Turns), maxLoggedRuns))
 	for _, tt := range t.Turns[:min(len(t.Turns), maxLoggedRuns)] {
 		runs = append(runs, tt.RunID)
 	}
-	return []any{"from_replica", t.Replica, "from_epoch", t.Epoch, "overdue_ms", t.Overdue.Milliseconds(),
+	attrs := []any{"from_replica", t.Replica, "from_epoch", t.Epoch, "overdue_ms", t.Overdue.Milliseconds(),
 		"turns", len(t.Turns), "runs", strings.Join(runs, ",")}
+	if t.More {
+		attrs = append(attrs, "more", true) // one batch of a large takeover; more of its turns follow
+	}
+	return attrs
 }
