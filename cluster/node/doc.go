@@ -39,7 +39,8 @@
 // between replicas stays one sequence. When this
 // replica takes over a dead one's turns, it exports an Aborted event (stop
 // reason interrupted, the notice as its Message) for each through a second
-// exporter that its own Import does not skip, so the watchers on every
+// exporter that its own Import does not skip (numbered after the stream's
+// last frame of its session, looked up 32 sessions at a time), so the watchers on every
 // replica, this one included, see the turn end; then it calls
 // Options.OnTakeover. A fenced replica exports nothing more: its turns'
 // ends are the survivor's to publish.

@@ -193,28 +193,63 @@ func (n *Node) left(t pgcoord.Takeover) {
 // every turn t ended, and waits until the stream has stored them (or
 // takeoverFlush passed): a turn started at once in one of the sessions
 // (OnTakeover runs the queued messages) is numbered after these ends.
+//
+// Each end continues its session's sequence after the stream's last frame
+// of it, which takes one stream lookup per session: they are made
+// takeoverLookups at a time (adoptEnds), not one after another on the
+// exporter's goroutine, and the ends are published as their lookups
+// return, the exporter's acknowledgements pipelined (its MaxInFlight).
 func (n *Node) exportEnds(t pgcoord.Takeover) {
 	now := time.Now()
-	for i, tt := range t.Turns {
-		if i > 0 && i%takeoverChunk == 0 {
-			// Each end takes two places in the exporter's buffer (the
-			// renewal and the event): a takeover of thousands of turns
-			// waits for a chunk to be stored before the next, instead of
-			// overflowing it (its watchers would see gaps).
+	for start := 0; start < len(t.Turns); start += takeoverChunk {
+		if start > 0 {
+			// A takeover of thousands of turns waits for a chunk to be
+			// stored before the next, instead of overflowing the
+			// exporter's buffer (its watchers would see gaps).
 			n.flushEnds(takeoverChunkFlush)
 		}
-		n.tkx.Renew(tt.SessionKey)
-		n.tkx.Publish(event.Event{Kind: event.Aborted, RunID: tt.RunID, SessionKey: tt.SessionKey, Channel: tt.Channel,
-			ChatRef: tt.ChatRef, StopReason: event.ReasonInterrupted, Message: tt.Notice, Time: now})
+		n.adoptEnds(t.Turns[start:min(start+takeoverChunk, len(t.Turns))], now)
 	}
 	n.flushEnds(takeoverFlush)
 }
 
+// adoptEnds numbers and publishes the ends of turns, takeoverLookups
+// sessions at a time: each worker adopts a session (natsbus Adopt: the
+// stream lookup and a new tenure after it) and publishes its end. A
+// session whose lookup fails is renewed instead, and the exporter's
+// goroutine looks it up again (retrying while NATS does not answer).
+func (n *Node) adoptEnds(turns []pgcoord.TakenTurn, now time.Time) {
+	next := make(chan pgcoord.TakenTurn)
+	var wg sync.WaitGroup
+	for range min(takeoverLookups, len(turns)) {
+		wg.Go(func() {
+			for tt := range next {
+				ctx, cancel := context.WithTimeout(context.Background(), takeoverLookupTimeout)
+				if _, err := n.tkx.Adopt(ctx, tt.SessionKey, 0); err != nil {
+					n.tkx.Renew(tt.SessionKey)
+				}
+				cancel()
+				n.tkx.Publish(event.Event{Kind: event.Aborted, RunID: tt.RunID, SessionKey: tt.SessionKey,
+					Channel: tt.Channel, ChatRef: tt.ChatRef, StopReason: event.ReasonInterrupted, Message: tt.Notice, Time: now})
+			}
+		})
+	}
+	for _, tt := range turns {
+		next <- tt
+	}
+	close(next)
+	wg.Wait()
+}
+
 // Chunks of a takeover's ends (exportEnds): at most takeoverChunk ends are
-// in the takeover exporter's buffer (4096 places) at once.
+// in the takeover exporter's buffer (4096 places; two per end when a
+// lookup failed and the end was renewed) at once, their stream lookups
+// takeoverLookups at a time.
 const (
-	takeoverChunk      = 1500
-	takeoverChunkFlush = 30 * time.Second
+	takeoverChunk         = 1500
+	takeoverChunkFlush    = 30 * time.Second
+	takeoverLookups       = 32
+	takeoverLookupTimeout = 5 * time.Second
 )
 
 // flushEnds waits until the takeover exporter stored what it was given,

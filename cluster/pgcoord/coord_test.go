@@ -579,3 +579,74 @@ func TestFinishRetriedAcrossAFenceIsDone(t *testing.T) {
 		t.Fatalf("a Finish first tried after the fence: %v; want ErrStale", err)
 	}
 }
+
+// A dead replica's thousands of turns are taken over in batches of at most
+// takeoverBatch, each committed and handed to OnTakeover on its own (More
+// on all but the last, which deletes the lease), while three survivors
+// survey: every turn is ended exactly once, in exactly one batch.
+func TestLargeTakeoverCommitsInBatchesExactlyOnce(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	const lease = time.Second
+	const turns = 2*takeoverBatch + 500
+	var seen takeovers
+	dead := join(t, url, "dead", lease)
+	for i := range 3 {
+		join(t, url, fmt.Sprintf("survivor-%d", i), lease, func(o *Options) { o.OnTakeover = seen.add })
+	}
+	p := db(t, url)
+	if _, err := p.Exec(ctx, `INSERT INTO sessions (key, created_at, updated_at)
+		SELECT 's-' || i, now(), now() FROM generate_series(0, $1 - 1) i`, turns); err != nil {
+		t.Fatal(err)
+	}
+	if err := insertTurns(ctx, p, dead, turns); err != nil {
+		t.Fatal(err)
+	}
+	die(dead)
+	testwait.Until(t, lease+30*time.Second, "the survivors take every turn over", func() bool {
+		_, _, taken := seen.of(dead.Epoch())
+		return len(taken) >= turns
+	})
+	seen.mu.Lock()
+	var batches []Takeover
+	for _, tk := range seen.all {
+		if tk.Epoch == dead.Epoch() {
+			batches = append(batches, tk)
+		}
+	}
+	seen.mu.Unlock()
+	if len(batches) < 3 {
+		t.Fatalf("%d takeovers of %d turns, want batches of at most %d", len(batches), turns, takeoverBatch)
+	}
+	runs := map[string]bool{}
+	for i, tk := range batches {
+		if len(tk.Turns) > takeoverBatch {
+			t.Errorf("batch %d ended %d turns, want at most %d", i, len(tk.Turns), takeoverBatch)
+		}
+		if last := i == len(batches)-1; tk.More == last {
+			t.Errorf("batch %d of %d: More = %v", i+1, len(batches), tk.More)
+		}
+		for _, tt := range tk.Turns {
+			if runs[tt.RunID] {
+				t.Errorf("%s taken over twice", tt.RunID)
+			}
+			runs[tt.RunID] = true
+		}
+	}
+	if len(runs) != turns {
+		t.Errorf("%d turns taken over, want %d", len(runs), turns)
+	}
+	if n := count(t, p, `SELECT count(*) FROM (SELECT run_id FROM messages WHERE stop_reason = 'interrupted'
+		GROUP BY run_id HAVING count(*) = 1) o`); n != turns {
+		t.Errorf("%d runs with exactly one interrupted notice in the history, want %d", n, turns)
+	}
+	if n := count(t, p, `SELECT count(*) FROM journal WHERE stop_reason = 'interrupted'`); n != turns {
+		t.Errorf("%d interrupted endings journaled, want %d", n, turns)
+	}
+	if n := count(t, p, `SELECT count(*) FROM turns WHERE state = 'running'`); n != 0 {
+		t.Errorf("%d turns still running", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM leases WHERE epoch = $1`, dead.Epoch()); n != 0 {
+		t.Errorf("the dead epoch's lease is still there")
+	}
+}

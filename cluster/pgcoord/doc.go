@@ -6,7 +6,7 @@
 // history message and its outbox rows in one transaction, refused to a
 // stale owner), what happens to a dead replica's turns (Survey: a survivor
 // ends them as interrupted, with the notice in the history and the outbox,
-// in one transaction per dead epoch) and which replica delivers an outbox
+// in one transaction per dead epoch, or per batch of a large one) and which replica delivers an outbox
 // row (ClaimOutbox). It builds on store/postgres's schema (migration 2) and
 // imports no gateway package: the interrupted notice's words come from the
 // caller (Options.Notice).
@@ -81,6 +81,9 @@
 // epoch's rows, never a sweep), appends each notice to its session's
 // history, journals it, enqueues it in the outbox for an out-of-band
 // channel (UNIQUE (run_id, kind): one notice per run) and deletes the
-// lease. Claim and Finish hold the owner's lease row FOR KEY SHARE, so a
+// lease. An epoch with more than takeoverBatch running turns is ended in
+// batches, a transaction each under the lease's row lock, the lease
+// deleted with the last (Takeover.More on the others); each batch goes to
+// OnTakeover while the next commits. Claim and Finish hold the owner's lease row FOR KEY SHARE, so a
 // claim can never commit under a lease a survivor is taking over.
 package pgcoord

@@ -24,7 +24,18 @@ type Takeover struct {
 	// with stop reason interrupted, its notice in the history (and, for an
 	// outbox channel, in the outbox).
 	Turns []TakenTurn
+	// More is true when this is one batch of a survey's takeover of the
+	// epoch (at most takeoverBatch turns, committed on its own) and more of
+	// its turns follow in the next; the last batch, which deletes the
+	// lease, has More false.
+	More bool
 }
+
+// takeoverBatch bounds the turns one takeover transaction of a survey
+// ends: a dead replica's thousands of turns commit in batches, and each
+// batch is handed on (OnTakeover: its notices published) while the next
+// commits, instead of all of them after one long transaction.
+const takeoverBatch = 1000
 
 // TakenTurn is one turn a takeover ended.
 type TakenTurn struct {
@@ -46,42 +57,51 @@ type lease struct {
 // and that no other survivor is taking over right now (FOR UPDATE SKIP
 // LOCKED), one transaction per dead epoch (see takeOver), and returns what
 // it took over: tell the sessions' watchers and run their queued messages.
+// An epoch with more than takeoverBatch running turns is taken over in
+// batches, one Takeover each (More set on all but the last), each its own
+// transaction under the lease's row lock; the turns of a batch are ended
+// once whichever survivor commits it, and the lease, expired, can no
+// longer be renewed nor finish a turn in between.
 // With nothing expired it costs one read. A fenced replica surveys nothing
 // (ErrFenced): it is no longer the one to act on what it would find.
 func (r *Replica) Survey(ctx context.Context) ([]Takeover, error) {
-	out, _, err := r.survey(ctx)
+	var out []Takeover
+	_, err := r.survey(ctx, func(t Takeover) { out = append(out, t) })
 	return out, err
 }
 
-// survey is Survey that also says how long until the next lease of another
-// epoch expires (0 if there is none), on the database's clock.
-func (r *Replica) survey(ctx context.Context) ([]Takeover, time.Duration, error) {
+// survey is Survey that hands each takeover (or batch of one) to emit as
+// soon as it is committed, and says how long until the next lease of
+// another epoch expires (0 if there is none), on the database's clock.
+func (r *Replica) survey(ctx context.Context, emit func(Takeover)) (time.Duration, error) {
 	if err := r.live(); err != nil {
-		return nil, 0, fmt.Errorf("survey: %w", err)
+		return 0, fmt.Errorf("survey: %w", err)
 	}
 	var expired int
 	var nextSecs *float64
 	if err := r.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE expires_at <= now()),
 			extract(epoch FROM min(expires_at) FILTER (WHERE epoch <> $1 AND expires_at > now()) - now())::float8
 		FROM leases`, r.epoch).Scan(&expired, &nextSecs); err != nil {
-		return nil, 0, fmt.Errorf("survey the leases: %w", err)
+		return 0, fmt.Errorf("survey the leases: %w", err)
 	}
 	var next time.Duration
 	if nextSecs != nil {
 		next = time.Duration(*nextSecs * float64(time.Second))
 	}
-	var out []Takeover
-	for range expired {
+	for done := 0; done < expired; {
 		t, ok, err := r.takeOverNext(ctx)
 		if err != nil {
-			return out, next, err
+			return next, err
 		}
 		if !ok {
 			break
 		}
-		out = append(out, t)
+		emit(t)
+		if !t.More {
+			done++
+		}
 	}
-	return out, next, nil
+	return next, nil
 }
 
 // takeOverNext takes over one expired lease no one else holds; ok false
@@ -103,7 +123,7 @@ func (r *Replica) takeOverNext(ctx context.Context) (Takeover, bool, error) {
 				return fmt.Errorf("lock an expired lease: %w", err)
 			}
 			found = true
-			t, err = r.interrupt(ctx, tx, l)
+			t, err = r.interrupt(ctx, tx, l, takeoverBatch)
 			return err
 		})
 		return err
@@ -160,7 +180,7 @@ func (r *Replica) takeOver(ctx context.Context, l lease) (Takeover, error) {
 			if err != nil {
 				return fmt.Errorf("lock the lease: %w", err)
 			}
-			t, err = r.interrupt(ctx, tx, l)
+			t, err = r.interrupt(ctx, tx, l, 0)
 			return err
 		})
 	})
@@ -176,17 +196,31 @@ func (r *Replica) takeOver(ctx context.Context, l lease) (Takeover, error) {
 // that epoch's rows), appends their notices to the history, journals them,
 // enqueues them for outbox channels (one per run: UNIQUE (run_id, kind)),
 // expires the questions (approvals) they waited on, touches their sessions
-// and deletes the lease.
-func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, error) {
+// and deletes the lease. With limit > 0 it ends at most limit turns, and
+// when it ended limit it leaves the lease (and the release of its outbox
+// claims) to the next batch: the Takeover has More set.
+func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease, limit int) (Takeover, error) {
 	t := Takeover{Replica: l.replica, Epoch: l.epoch}
+	// The batch's run ids first, through turns_by_owner (LIMIT NULL: all),
+	// then each row by its key: one plan for any size.
+	var batch []string
+	idRows, err := tx.Query(ctx, `SELECT run_id FROM turns WHERE owner_replica = $1 AND owner_epoch = $2 AND state = 'running'
+		LIMIT nullif($3::int, 0)`, l.replica, l.epoch, max(limit, 0))
+	if err == nil {
+		batch, err = pgx.CollectRows(idRows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return t, fmt.Errorf("find the turns: %w", err)
+	}
 	rows, err := tx.Query(ctx, `UPDATE turns SET state = 'aborted', stop_reason = $3, updated_at = now(), ended_at = now()
-		WHERE owner_replica = $1 AND owner_epoch = $2 AND state = 'running'
-		RETURNING run_id, session_key, channel, chat_ref, sender, started_at,
+		FROM unnest($4::text[]) AS batch(run_id)
+		WHERE turns.run_id = batch.run_id AND owner_replica = $1 AND owner_epoch = $2 AND state = 'running'
+		RETURNING turns.run_id, session_key, channel, chat_ref, sender, started_at,
 			greatest(started_at, (SELECT renewed_at FROM leases WHERE epoch = $2)),
 			coalesce(step_kind, ''), coalesce(step_name, ''), coalesce(step_seq, 0),
 			coalesce(last_step_kind, ''), coalesce(last_step_name, ''), coalesce(last_step_seq, 0),
 			coalesce(step_timeout_ns, 0)`,
-		l.replica, l.epoch, string(event.ReasonInterrupted))
+		l.replica, l.epoch, string(event.ReasonInterrupted), batch)
 	if err != nil {
 		return t, fmt.Errorf("end the turns: %w", err)
 	}
@@ -228,54 +262,56 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease) (Takeover, 
 		}
 		t.Turns = append(t.Turns, tt)
 	}
+	// The rest is written in one round trip (a pgx batch, run in order
+	// inside tx): a batch of a large takeover costs two round trips more
+	// than the lock, not eight.
+	b := &pgx.Batch{}
 	if n > 0 {
-		if _, err := tx.Exec(ctx, `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
+		b.Queue(`INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
 				step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
 			SELECT r, s, 0, $7, $8, sk, sn, sq, ls, el, x, now()
 			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $9::bigint[], $10::text[])
 				AS u(r, s, sk, sn, sq, ls, el, x)`,
 			runIDs, sessions, stepKinds, stepNames, stepSeqs, lastSteps, event.Aborted.String(),
-			string(event.ReasonInterrupted), elapsed, notices); err != nil {
-			return t, fmt.Errorf("journal: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
+			string(event.ReasonInterrupted), elapsed, notices)
+		b.Queue(`INSERT INTO messages (session_key, run_id, role, text, stop_reason, created_at)
 			SELECT s, r, 'assistant', x, $4, now() FROM unnest($1::text[], $2::text[], $3::text[]) AS u(s, r, x)
-			WHERE x <> ''`, sessions, runIDs, notices, string(event.ReasonInterrupted)); err != nil {
-			return t, fmt.Errorf("history: %w", err)
-		}
+			WHERE x <> ''`, sessions, runIDs, notices, string(event.ReasonInterrupted))
 		if len(obRunIDs) > 0 {
-			if _, err := tx.Exec(ctx, `INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
+			b.Queue(`INSERT INTO outbox (channel, chat_ref, run_id, kind, text, created_at)
 				SELECT c, cr, r, 'notice', x, now() FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(c, cr, r, x)
-				ON CONFLICT (run_id, kind) DO NOTHING`, obChannels, obChatRefs, obRunIDs, obNotices); err != nil {
-				return t, fmt.Errorf("outbox: %w", err)
-			}
+				ON CONFLICT (run_id, kind) DO NOTHING`, obChannels, obChatRefs, obRunIDs, obNotices)
 		}
 		// The questions (approvals) they waited on: nobody can answer
 		// them any more.
-		if _, err := tx.Exec(ctx, `UPDATE approvals SET status = 'expired', resolved_at = now()
-			WHERE run_id = ANY($1) AND status = 'pending'`, runIDs); err != nil {
-			return t, fmt.Errorf("expire their questions: %w", err)
-		}
+		b.Queue(`UPDATE approvals SET status = 'expired', resolved_at = now()
+			WHERE run_id = ANY($1) AND status = 'pending'`, runIDs)
 		// Sessions locked in key order: no deadlock with another writer
 		// that locks several.
-		if _, err := tx.Exec(ctx, `UPDATE sessions SET updated_at = greatest(updated_at, now())
-			WHERE key IN (SELECT key FROM sessions WHERE key = ANY($1) ORDER BY key FOR UPDATE)`, sessions); err != nil {
-			return t, fmt.Errorf("sessions: %w", err)
-		}
-	}
-	// The outbox rows the dead epoch had claimed and not sent are
-	// claimable at once, not when their hold ends: a reply it was sending
-	// when it died reaches its chat a lease after the death, not a hold
-	// (a minute) after. (Delivered twice only if Telegram had accepted it.)
-	if _, err := tx.Exec(ctx, `UPDATE outbox SET claimed_by = NULL, claimed_until = NULL
-		WHERE delivered_at IS NULL AND failed_at IS NULL AND claimed_by = $1`,
-		ownerOf(l.replica, l.epoch)); err != nil {
-		return t, fmt.Errorf("release its outbox claims: %w", err)
+		b.Queue(`UPDATE sessions SET updated_at = greatest(updated_at, now())
+			WHERE key IN (SELECT key FROM sessions WHERE key = ANY($1) ORDER BY key FOR UPDATE)`, sessions)
 	}
 	var overdue float64
-	if err := tx.QueryRow(ctx, `DELETE FROM leases WHERE epoch = $1
-		RETURNING extract(epoch FROM clock_timestamp() - expires_at)::float8`, l.epoch).Scan(&overdue); err != nil {
-		return t, fmt.Errorf("delete the lease: %w", err)
+	scanOverdue := func(row pgx.Row) error { return row.Scan(&overdue) }
+	t.More = limit > 0 && n == limit
+	if t.More {
+		// A batch: the lease stays (expired, under this lock until the
+		// commit) for the next one.
+		b.Queue(`SELECT extract(epoch FROM clock_timestamp() - expires_at)::float8
+			FROM leases WHERE epoch = $1`, l.epoch).QueryRow(scanOverdue)
+	} else {
+		// The outbox rows the dead epoch had claimed and not sent are
+		// claimable at once, not when their hold ends: a reply it was
+		// sending when it died reaches its chat a lease after the death,
+		// not a hold (a minute) after. (Delivered twice only if Telegram
+		// had accepted it.)
+		b.Queue(`UPDATE outbox SET claimed_by = NULL, claimed_until = NULL
+			WHERE delivered_at IS NULL AND failed_at IS NULL AND claimed_by = $1`, ownerOf(l.replica, l.epoch))
+		b.Queue(`DELETE FROM leases WHERE epoch = $1
+			RETURNING extract(epoch FROM clock_timestamp() - expires_at)::float8`, l.epoch).QueryRow(scanOverdue)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return t, fmt.Errorf("write the ends (history, journal, outbox, questions, sessions) and the lease: %w", err)
 	}
 	t.Overdue = time.Duration(overdue * float64(time.Second))
 	return t, nil
@@ -299,6 +335,10 @@ func (r *Replica) afterTakeover(t Takeover) {
 	}
 }
 
+// takeoverQueue bounds the takeovers (batches) committed and not yet
+// handed to OnTakeover.
+const takeoverQueue = 4
+
 // retryConflicts runs fn again when the server aborted its transaction for
 // a deadlock or a serialization failure (postgres.RetryConflicts).
 func (r *Replica) retryConflicts(ctx context.Context, fn func() error) error {
@@ -309,14 +349,28 @@ func (r *Replica) retryConflicts(ctx context.Context, fn func() error) error {
 // SurveyEvery, and as soon as the next lease of another epoch is due to
 // expire (a wait measured by the database, as an interval), so a dead
 // replica's turns are taken over within moments of its lease's end.
+//
+// OnTakeover is called on a goroutine of its own, in commit order, so a
+// takeover's batches are handed on while the next commits; at most
+// takeoverQueue wait for it (then the survey waits).
 func (r *Replica) surveyLoop(ctx context.Context) {
 	const (
 		minWait = 5 * time.Millisecond // between two surveys, at least
 		margin  = 2 * time.Millisecond // past the next expiry, so it has passed on the server
 	)
+	taken := make(chan Takeover, takeoverQueue)
+	delivered := make(chan struct{})
+	go func() {
+		defer close(delivered)
+		for t := range taken {
+			r.opts.OnTakeover(t)
+		}
+	}()
+	defer func() { close(taken); <-delivered }() // committed takeovers are all handed on
+	emit := func(t Takeover) { taken <- t }
 	for {
 		wait := r.opts.SurveyEvery
-		out, next, err := r.survey(ctx)
+		next, err := r.survey(ctx, emit)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -324,9 +378,6 @@ func (r *Replica) surveyLoop(ctx context.Context) {
 			return
 		case err != nil:
 			r.log.Warn("cluster: survey failed", "error", err)
-		}
-		for _, t := range out {
-			r.opts.OnTakeover(t)
 		}
 		if next > 0 && next+margin < wait {
 			wait = next + margin

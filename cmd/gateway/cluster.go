@@ -74,7 +74,11 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 		OnTakeover: func(t pgcoord.Takeover) {
 			a.log.Warn("took over the turns of a replica that stopped renewing its lease", takeoverAttrs(t)...)
 			a.telegramTookOver(t) // their Telegram notices go out at once
-			a.restoreTakenQueues(t)
+			if !t.More {
+				// After the last batch: the sessions of the later
+				// batches were still held by the dead replica's turns.
+				a.restoreTakenQueues(t)
+			}
 		},
 		Logger: a.log.With("cluster", "node"),
 	})
@@ -157,12 +161,17 @@ const maxLoggedRuns = 10
 
 // takeoverAttrs are the log fields of a takeover: the replica and epoch it
 // took over, how late, how many turns and (the first maxLoggedRuns of)
-// their run ids — not the struct, whose %v dump carried every notice.
+// their run ids, and more=true on a batch that more of its turns follow —
+// not the struct, whose %v dump carried every notice.
 func takeoverAttrs(t pgcoord.Takeover) []any {
 	runs := make([]string, 0, min(len(t.Turns), maxLoggedRuns))
 	for _, tt := range t.Turns[:min(len(t.Turns), maxLoggedRuns)] {
 		runs = append(runs, tt.RunID)
 	}
-	return []any{"from_replica", t.Replica, "from_epoch", t.Epoch, "overdue_ms", t.Overdue.Milliseconds(),
+	attrs := []any{"from_replica", t.Replica, "from_epoch", t.Epoch, "overdue_ms", t.Overdue.Milliseconds(),
 		"turns", len(t.Turns), "runs", strings.Join(runs, ",")}
+	if t.More {
+		attrs = append(attrs, "more", true) // one batch of a large takeover; more of its turns follow
+	}
+	return attrs
 }

@@ -307,4 +307,11 @@ func TestTakeoverLogFields(t *testing.T) {
 	if got := b.String(); !strings.HasSuffix(got, want) || strings.Contains(got, "{") || strings.Contains(got, "interrupted") {
 		t.Errorf("log line %q, want it to end %q", got, want)
 	}
+	// One batch of a large takeover says that more follow.
+	b.Reset()
+	tk.More = true
+	slog.New(slog.NewTextHandler(&b, nil)).Warn("took over", takeoverAttrs(tk)...)
+	if got := b.String(); !strings.HasSuffix(got, strings.TrimSuffix(want, "\n")+" more=true\n") {
+		t.Errorf("a batch's log line %q, want it to end with more=true", got)
+	}
 }
