@@ -58,3 +58,38 @@ func AgentSignInNeeded(ref string) string {
 // agent signs in (ACP's authenticate, bounded by
 // agents.acp.startTimeoutSeconds instead).
 const AgentSigningIn = "signing the agent in"
+
+// AgentRestarting: the agent process is being replaced (a configuration
+// change, a stuck process) as the message arrives.
+const AgentRestarting = "The agent is being restarted. Send your message again."
+
+// AgentCannotStart: the agent process could not be started (the command
+// failed, or it exited during start-up).
+const AgentCannotStart = "The agent could not be started. Try again later."
+
+// AgentUnreachable: the agent's connection broke before the prompt reached
+// it.
+const AgentUnreachable = "The agent could not be reached. Send your message again to start it anew."
+
+// AgentCouldNotAnswer: the agent answered the prompt with an error; why is
+// its own message, on one line and cut short by the caller.
+func AgentCouldNotAnswer(why string) string { return "The agent could not answer: " + why }
+
+// AgentAnswerUnreadable: the agent's answer to the prompt was not valid.
+const AgentAnswerUnreadable = "The agent's answer could not be read."
+
+// AgentForeignSession: the agent resumed or loaded a session that is not
+// this conversation's, so the message was kept from it.
+const AgentForeignSession = "The agent answered with another conversation's session, so your message was not sent to it. Try again later."
+
+// AgentOtherVersion: the agent answered initialize with a protocol version
+// the gateway does not speak.
+func AgentOtherVersion(agent, ours int) string {
+	return fmt.Sprintf("The agent speaks ACP version %d; turnguard speaks version %d.", agent, ours)
+}
+
+// AgentStartTimedOut: the agent did not finish starting within
+// agents.acp.startTimeoutSeconds (after).
+func AgentStartTimedOut(after Duration) string {
+	return fmt.Sprintf("The agent did not answer within %s while starting, so it was stopped. Try again later.", after)
+}

@@ -308,7 +308,7 @@ func (r *Runner) Run(ctx context.Context, turn runner.Turn, cb runner.Callbacks)
 			break
 		}
 		if attempt == 2 {
-			return runner.Result{}, &runner.UserError{Message: "The agent could not be started. Try again later."}
+			return runner.Result{}, &runner.UserError{Message: messages.AgentCannotStart}
 		}
 	}
 	defer r.release(ag, s)

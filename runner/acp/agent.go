@@ -543,13 +543,13 @@ func startFailure(method string, err error) *runner.UserError {
 	var re *rpcError
 	switch {
 	case errors.As(err, &te):
-		return &runner.UserError{Message: fmt.Sprintf("The agent did not answer within %s while starting, so it was stopped. Try again later.", messages.Duration(te.after))}
+		return &runner.UserError{Message: messages.AgentStartTimedOut(messages.Duration(te.after))}
 	case errors.As(err, &re) && method == "initialize":
 		return &runner.UserError{Message: messages.AgentStartFailed(cut(oneLine(re.Message), 300))}
 	case errors.As(err, &re):
 		return &runner.UserError{Message: messages.AgentSessionRefused(cut(oneLine(re.Message), 300))}
 	}
-	return &runner.UserError{Message: "The agent could not be started. Try again later."}
+	return &runner.UserError{Message: messages.AgentCannotStart}
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

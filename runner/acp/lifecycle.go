@@ -8,11 +8,11 @@ package acp
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -23,7 +23,7 @@ func (r *Runner) agentFor(ctx context.Context, log *slog.Logger, waiting func())
 	r.mu.Lock()
 	if r.retired {
 		r.mu.Unlock()
-		return nil, &runner.UserError{Message: "The agent is being restarted. Send your message again."}
+		return nil, &runner.UserError{Message: messages.AgentRestarting}
 	}
 	ag := r.cur
 	if ag == nil || ag.isDead() || r.retiring[ag] {
@@ -33,7 +33,7 @@ func (r *Runner) agentFor(ctx context.Context, log *slog.Logger, waiting func())
 		if err != nil {
 			r.mu.Unlock()
 			log.Error("acp: agent not started", "err", err)
-			return nil, &runner.UserError{Message: "The agent could not be started. Try again later."}
+			return nil, &runner.UserError{Message: messages.AgentCannotStart}
 		}
 		r.cur, r.curUsed = ag, time.Now()
 		go r.initialize(ag)
@@ -80,7 +80,7 @@ func (r *Runner) initialize(ag *agent) {
 	err := ag.call(context.Background(), r.startTimeout, "initialize", params, &res)
 	if err == nil && res.ProtocolVersion != ProtocolVersion {
 		ag.log.Error("acp: the agent speaks another protocol version", "version", res.ProtocolVersion)
-		ag.startErr = &runner.UserError{Message: fmt.Sprintf("The agent speaks ACP version %d; turnguard speaks version %d.", res.ProtocolVersion, ProtocolVersion)}
+		ag.startErr = &runner.UserError{Message: messages.AgentOtherVersion(res.ProtocolVersion, ProtocolVersion)}
 		ag.kill("The agent was stopped.")
 		return
 	}

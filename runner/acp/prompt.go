@@ -63,7 +63,7 @@ func (r *Runner) prompt(ctx context.Context, turn runner.Turn, cb runner.Callbac
 			return runner.Result{}, &runner.UserError{Message: ag.death}
 		}
 		r.retire(ag, "cannot write to it")
-		return runner.Result{}, &runner.UserError{Message: "The agent could not be reached. Send your message again to start it anew."}
+		return runner.Result{}, &runner.UserError{Message: messages.AgentUnreachable}
 	}
 	defer ag.c.forget(reqID)
 
@@ -124,7 +124,7 @@ func (r *Runner) finish(ctx context.Context, ag *agent, resp response, text stri
 		var re *rpcError
 		if errors.As(resp.err, &re) {
 			log.Warn("acp: session/prompt failed", "code", re.Code, "message", cut(re.Message, 500))
-			return res, &runner.UserError{Message: "The agent could not answer: " + cut(oneLine(re.Message), 300)}
+			return res, &runner.UserError{Message: messages.AgentCouldNotAnswer(cut(oneLine(re.Message), 300))}
 		}
 		if ag.isDead() {
 			log.Warn("acp: the agent stopped during the turn", "reason", ag.death, "agent_process", ag.n)
@@ -137,7 +137,7 @@ func (r *Runner) finish(ctx context.Context, ag *agent, resp response, text stri
 	}
 	if err := json.Unmarshal(resp.result, &out); err != nil {
 		log.Warn("acp: session/prompt answer unreadable", "err", err)
-		return res, &runner.UserError{Message: "The agent's answer could not be read."}
+		return res, &runner.UserError{Message: messages.AgentAnswerUnreadable}
 	}
 	if msg := stopMessage(out.StopReason); msg != "" {
 		log.Info("acp: turn ended early", "stop_reason", cut(out.StopReason, 50))

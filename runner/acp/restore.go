@@ -11,6 +11,7 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
 )
 
@@ -112,7 +113,7 @@ func (r *Runner) open(ctx context.Context, log *slog.Logger, key, conv string, c
 	if !r.claim(ag, s, res.SessionID) {
 		log.Error("acp: session/new answered the sessionId of another live conversation; turn refused",
 			"session_id", cut(res.SessionID, 200), "agent_process", ag.n)
-		return false, &runner.UserError{Message: "The agent answered with another conversation's session, so your message was not sent to it. Try again later."}
+		return false, &runner.UserError{Message: messages.AgentForeignSession}
 	}
 	ag.keepModes(s.id, answer)
 	ag.keepConfigOptions(s.id, answer)
