@@ -141,7 +141,7 @@ func TestBudgetWarningReachesTheModel(t *testing.T) {
 			n := len(calls)
 			mu.Unlock()
 			if n == 1 {
-				time.Sleep(9 * time.Second) // synctest: the model thinks for 9 s of fake time
+				time.Sleep(9 * time.Second) // real time: no — inside the synctest bubble: the model thinks for 9 s of fake time
 				return sse(`{"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"current_time","arguments":"{}"}}]},"finish_reason":null}]}`,
 					`{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`), nil
 			}

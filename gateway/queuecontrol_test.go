@@ -29,7 +29,7 @@ func TestDebounceStartsWhenTheBurstEnds(t *testing.T) {
 		start := time.Now()
 		for i, tc := range []struct{ id, text string }{{"r1", "/steps say:one"}, {"r2", "two"}, {"r3", "three"}} {
 			if i > 0 {
-				time.Sleep(400 * time.Millisecond) // fake time: inside the window
+				time.Sleep(400 * time.Millisecond) // real time: no — inside the synctest bubble: 400 ms of fake time, inside the window
 			}
 			if ack := v.send(t, tc.id, tc.text); ack.Status != StatusStarted || ack.RunID != "r1" {
 				t.Fatalf("ack of %s = %+v, want started as r1", tc.id, ack)
@@ -43,9 +43,9 @@ func TestDebounceStartsWhenTheBurstEnds(t *testing.T) {
 		if got := v.q.stored(); !slices.Equal(got, []string{"r1", "r2", "r3"}) {
 			t.Fatalf("stored while the burst lasts: %v", got)
 		}
-		time.Sleep(499 * time.Millisecond) // fake time: 1 ms before the window ends
+		time.Sleep(499 * time.Millisecond) // real time: no — inside the synctest bubble: 1 ms before the window ends
 		v.wantEnds(t)
-		time.Sleep(time.Millisecond) // fake time: the window ends
+		time.Sleep(time.Millisecond) // real time: no — inside the synctest bubble: the window ends
 		synctest.Wait()
 		started := v.sink.find(event.TurnStarted)
 		if started == nil || started.RunID != "r1" || started.Text != "/steps say:one\n\ntwo\n\nthree" {

@@ -60,7 +60,7 @@ func TestLingerFillsBatches(t *testing.T) {
 					tr := storetest.NewTurn(fmt.Sprintf("run-%d", i), "ws:1")
 					r.Handle(tr.Ev(event.StepStarted, 0, nil))
 					synctest.Wait()
-					time.Sleep(tc.gap) // the fake clock: the events' spacing
+					time.Sleep(tc.gap) // real time: no — inside the synctest bubble: the events' spacing
 				}
 				if err := r.Flush(context.Background()); err != nil {
 					t.Fatal(err)

@@ -81,7 +81,7 @@ func BenchmarkTakeoverNotices(b *testing.B) {
 					} else if time.Now().After(deadline) {
 						b.Fatalf("death %d: %d turns still running", i, running)
 					}
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // real time: polls the real PostgreSQL until the takeover committed
 				}
 				committed = append(committed, done)
 				for ends[0].Load()-before[0] < int64(turns) || ends[1].Load()-before[1] < int64(turns) {
@@ -89,7 +89,7 @@ func BenchmarkTakeoverNotices(b *testing.B) {
 						b.Fatalf("death %d: the survivors imported %d and %d of %d ends", i,
 							ends[0].Load()-before[0], ends[1].Load()-before[1], turns)
 					}
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // real time: polls until the survivors imported the ends over the real NATS
 				}
 				noticed = append(noticed, time.Since(expires))
 			}

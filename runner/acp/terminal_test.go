@@ -120,7 +120,7 @@ func TestTerminalKilledWithTheTurn(t *testing.T) {
 		if time.Now().After(gone) {
 			t.Fatalf("the terminal's command %d still runs after its turn ended\n%s", pid, cutLog(logs.String()))
 		}
-		time.Sleep(10 * time.Millisecond) // polling a real process's exit
+		time.Sleep(10 * time.Millisecond) // real time: polling a real process's exit
 	}
 	if got := mustSay(t, r, c.turn("hello")); got != "echo: hello" {
 		t.Errorf("next turn: %q", got)
