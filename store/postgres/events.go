@@ -37,8 +37,8 @@ func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 		// The sessions of the batch's turn starts and endings: their rows
 		// exist before the turns' (one statement, only when a turn of the
 		// batch was not claimed: a claim makes its session's row), and are
-		// updated after them, in key order (the order takeovers lock them
-		// in), in the batch's last statement.
+		// touched after them, without waiting for any lock
+		// (touchSessions), in the batch's last statement.
 		b := batch{}
 		for i := range evs {
 			if k := evs[i].Kind; k == event.TurnStarted || k.Terminal() {
@@ -53,7 +53,7 @@ func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 		if err := b.steps.flush(ctx, tx); err != nil {
 			return err
 		}
-		if err := b.journal.flush(ctx, tx, b.keys, b.ats, s.commitMode(&b)); err != nil {
+		if err := b.journal.flush(ctx, tx, b.keys, b.ats, touchBound(s.shared), s.commitMode(&b)); err != nil {
 			return err
 		}
 		if s.commitCheck != nil {
@@ -165,19 +165,46 @@ const (
 		ORDER BY ord`
 	// flushJournal is a batch's last statement (or one before an
 	// approval event, without sessions): it cancels the pending approvals
-	// of the ended runs $13 at their ending's time $14, moves the
-	// updated_at of sessions $15 to the last of their times $16 (never
-	// back, locking the rows in key order), and inserts the journal rows.
-	// A data-modifying WITH runs whether or not it is referenced.
-	// With a $17 it sets synchronous_commit for the transaction to it.
+	// of the ended runs $13 at their ending's time $14, touches sessions
+	// $15 at their times $16 (touchSessions, $18 its bound in seconds),
+	// and inserts the journal rows. A data-modifying WITH runs whether or
+	// not it is referenced. With a $17 it sets synchronous_commit for the
+	// transaction to it.
 	flushJournal = `WITH cancelled AS (UPDATE approvals SET status = 'cancelled', resolved_at = c.a
 			FROM unnest($13::text[], $14::timestamptz[]) AS c (r, a) WHERE approvals.run_id = c.r AND approvals.status = 'pending'),
-		touched AS (UPDATE sessions SET updated_at = greatest(sessions.updated_at, t.a)
-			FROM (SELECT k, max(a) AS a FROM unnest($15::text[], $16::timestamptz[]) AS u (k, a) GROUP BY k) AS t
-			WHERE sessions.key = t.k AND sessions.key IN (SELECT key FROM sessions WHERE key = ANY ($15) ORDER BY key FOR UPDATE)),
+		touched AS (` + touchSessions + `),
 		journal AS (` + insertJournal + `)
 		SELECT $17::text IS NULL OR set_config('synchronous_commit', $17, true) IS NOT NULL`
+	// touchSessions moves the updated_at of sessions $15 to the last of
+	// their times $16 — never back, and only when that is more than $18
+	// seconds later (touchBound) — without ever waiting for a lock (issue
+	// 21: with three replicas this was the slowest statement, 12–22 ms,
+	// all lock waits). It locks FOR NO KEY UPDATE, which a claim's or
+	// finish's foreign-key check (FOR KEY SHARE on the session's row, held
+	// until their group commits) does not conflict with, where FOR UPDATE
+	// did; and SKIP LOCKED leaves a row another writer holds (another
+	// replica's recorder, a takeover, a reset) to that writer, which is
+	// moving the same session's time forward: the session's next start or
+	// ending touches it again.
+	touchSessions = `UPDATE sessions SET updated_at = greatest(sessions.updated_at, l.a)
+		FROM (SELECT s.key, t.a FROM sessions AS s
+			JOIN (SELECT k, max(a) AS a FROM unnest($15::text[], $16::timestamptz[]) AS u (k, a) GROUP BY k) AS t ON s.key = t.k
+			WHERE s.updated_at < t.a - $18::float8 * interval '1 second'
+			FOR NO KEY UPDATE OF s SKIP LOCKED) AS l
+		WHERE sessions.key = l.key`
 )
+
+// touchBound is how far behind a session's last recorded turn start or
+// ending its sessions.updated_at may stay (touchSessions): in shared mode
+// (cluster/pgcoord) the row is written only when its time moves by more
+// than a second, so the replicas' recorders and the claims of a busy
+// session rarely meet on it; with one gateway it is exact.
+func touchBound(shared bool) float64 {
+	if shared {
+		return 1
+	}
+	return 0
+}
 
 // journalRows are the journal rows of a batch not inserted yet, a slice
 // per column, and the ended runs whose pending approvals are cancelled:
@@ -208,15 +235,15 @@ func (jr *journalRows) cancel(run string, at time.Time) {
 }
 
 // flush inserts the rows added since the last flush, in order, cancels the
-// ended runs' pending approvals, touches sessions keys at ats and, with a
-// mode (commitMode), sets the transaction's synchronous_commit, in one
-// statement; none when there is nothing to do.
-func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, keys []string, ats []time.Time, mode any) error {
+// ended runs' pending approvals, touches sessions keys at ats (bound:
+// touchBound) and, with a mode (commitMode), sets the transaction's
+// synchronous_commit, in one statement; none when there is nothing to do.
+func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, keys []string, ats []time.Time, bound float64, mode any) error {
 	if len(jr.run) == 0 && len(jr.cancelRun) == 0 && len(keys) == 0 && mode == nil {
 		return nil
 	}
 	if _, err := tx.Exec(ctx, flushJournal, jr.run, jr.session, jr.seq, jr.kind, jr.reason, jr.stepKind, jr.stepName,
-		jr.stepSeq, jr.lastStep, jr.elapsed, jr.message, jr.at, jr.cancelRun, jr.cancelAt, keys, ats, mode); err != nil {
+		jr.stepSeq, jr.lastStep, jr.elapsed, jr.message, jr.at, jr.cancelRun, jr.cancelAt, keys, ats, mode, bound); err != nil {
 		return fmt.Errorf("journal %s: %w", strings.Join(slices.Compact(slices.Clone(jr.kind)), ", "), err)
 	}
 	*jr = journalRows{}
@@ -329,7 +356,7 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 		if len(jr.cancelRun) > 0 {
 			// An ending before it in the batch cancels its run's pending
 			// approvals first, as one ending at a time did.
-			if err := jr.flush(ctx, tx, nil, nil, nil); err != nil {
+			if err := jr.flush(ctx, tx, nil, nil, 0, nil); err != nil {
 				return err
 			}
 		}
