@@ -38,7 +38,7 @@ func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 		// exist before the turns' (one statement, only when a turn of the
 		// batch was not claimed: a claim makes its session's row), and are
 		// touched after them, without waiting for any lock
-		// (touchSessions), in the batch's last statement.
+		// (touchSessions), in the journal's statement at the batch's end.
 		b := batch{}
 		for i := range evs {
 			if k := evs[i].Kind; k == event.TurnStarted || k.Terminal() {
@@ -50,10 +50,12 @@ func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 				return err
 			}
 		}
-		if err := b.steps.flush(ctx, tx); err != nil {
+		// The turns' rows last: the batch holds their locks from there to
+		// its commit only (a claimed turn's Finish waits for them).
+		if err := b.journal.flush(ctx, tx, b.keys, b.ats, touchBound(s.shared), s.commitMode(&b)); err != nil {
 			return err
 		}
-		if err := b.journal.flush(ctx, tx, b.keys, b.ats, touchBound(s.shared), s.commitMode(&b)); err != nil {
+		if err := b.steps.flush(ctx, tx); err != nil {
 			return err
 		}
 		if s.commitCheck != nil {
@@ -145,12 +147,10 @@ const (
 	// startClaimed gives a claimed running turn ($1) its limits and sender.
 	startClaimed = `UPDATE turns SET deadline_at = $2, ceiling_at = $3, step_timeout_ns = $4, sender = $5
 		WHERE run_id = $1 AND state = 'running' AND owner_epoch IS NOT NULL`
-	// startIfClaimed is startClaimed that says whether the turn is a
-	// claimed one, running or ended (its owner's Finish may come before
-	// the recorder writes its start).
-	startIfClaimed = `WITH c AS (SELECT owner_epoch IS NOT NULL AS claimed FROM turns WHERE run_id = $1),
-		u AS (` + startClaimed + `)
-		SELECT coalesce((SELECT claimed FROM c), false)`
+	// isClaimed says whether the turn $1 is a claimed one, running or
+	// ended (its owner's Finish may come before the recorder writes its
+	// start), and locks nothing.
+	isClaimed = `SELECT coalesce((SELECT owner_epoch IS NOT NULL FROM turns WHERE run_id = $1), false)`
 	// insertJournalRow inserts one journal row.
 	insertJournalRow = `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
 			step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
@@ -163,8 +163,8 @@ const (
 		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
 			$9::text[], $10::bigint[], $11::text[], $12::timestamptz[]) WITH ORDINALITY AS j (r, s, q, k, sr, sk, sn, sq, ls, e, m, a, ord)
 		ORDER BY ord`
-	// flushJournal is a batch's last statement (or one before an
-	// approval event, without sessions): it cancels the pending approvals
+	// flushJournal is a batch's last statement but its steps' (or one
+	// before an approval event, without sessions): it cancels the pending approvals
 	// of the ended runs $13 at their ending's time $14, touches sessions
 	// $15 at their times $16 (touchSessions, $18 its bound in seconds),
 	// and inserts the journal rows. A data-modifying WITH runs whether or
@@ -281,16 +281,16 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 		if s.shared {
 			// With several gateways a turn is claimed (cluster/pgcoord): its
 			// claim wrote the row and the user's message and removed its
-			// queued row, so one statement gives it its limits and sender
-			// (none if it has ended already: its Finish came first).
+			// queued row, so it only learns its limits and sender, with
+			// the batch's steps (stepRows.limits; none if it has ended
+			// already: its Finish came first).
 			var claimed bool
-			err := tx.QueryRow(ctx, startIfClaimed, ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling),
-				nullDuration(ev.StepTimeout), ev.Sender).Scan(&claimed)
-			if err != nil {
+			if err := tx.QueryRow(ctx, isClaimed, ev.RunID).Scan(&claimed); err != nil {
 				return fmt.Errorf("start claimed turn: %w", err)
 			}
 			if claimed {
 				s.claimed.add(ev.RunID)
+				st.limits(ev, at)
 				if len(ev.Joined) > 0 {
 					if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, ev.Joined); err != nil {
 						return fmt.Errorf("forget the started turn's queued messages: %w", err)

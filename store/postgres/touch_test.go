@@ -82,11 +82,12 @@ func TestSessionTouchNeverWaits(t *testing.T) {
 	}
 }
 
-// A batch's steps never wait for a running turn's row that another
-// transaction holds: that transaction ends the turn (its owner's Finish in
-// a group commit, a takeover) and writes its steps itself; the batch skips
-// the row (issue 21: waiting for it held the batch's other rows, and the
-// next group's finishes waited for those). A row no one holds is written.
+// A batch's claimed turn starts and steps never wait for a running turn's
+// row that another transaction holds: that transaction ends the turn (its
+// owner's Finish in a group commit, a takeover) and writes its steps
+// itself; the batch skips the row (issue 21: waiting for it held the
+// batch's other rows, and the next group's finishes waited for those). A
+// row no one holds gets its limits, sender and steps.
 func TestStepsNeverWaitForATurnBeingEnded(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.New(t)
@@ -108,12 +109,14 @@ func TestStepsNeverWaitForATurnBeingEnded(t *testing.T) {
 	if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'finished', step_kind = NULL WHERE run_id = $1`, ended.Run); err != nil {
 		t.Fatal(err)
 	}
-	step := func(tr *storetest.Turn) event.Event {
-		return tr.Ev(event.StepStarted, time.Second, func(e *event.Event) { e.Step = storetest.Step("tool", "shell", 1, time.Second) })
+	var evs []event.Event
+	for _, tr := range []*storetest.Turn{ended, free} {
+		evs = append(evs, tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Sender, e.Deadline = "u1", storetest.T0.Add(time.Minute) }),
+			tr.Ev(event.StepStarted, time.Second, func(e *event.Event) { e.Step = storetest.Step("tool", "shell", 1, time.Second) }))
 	}
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Second) // what waits for the Finish never returns before it
 	defer cancel()
-	if err := postgres.WriteBatch(wctx, s, []event.Event{step(ended), step(free)}); err != nil {
+	if err := postgres.WriteBatch(wctx, s, evs); err != nil {
 		t.Fatalf("the batch waited for the Finish's lock: %v", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -121,21 +124,15 @@ func TestStepsNeverWaitForATurnBeingEnded(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		tr   *storetest.Turn
-		want *string
-	}{{ended, nil}, {free, new("shell")}} {
-		var got *string
-		if err := c.QueryRow(ctx, `SELECT step_name FROM turns WHERE run_id = $1`, tc.tr.Run).Scan(&got); err != nil {
+		want string // step, sender, deadline
+	}{{ended, "NULL  NULL"}, {free, "shell u1 " + storetest.T0.Add(time.Minute).Format(time.RFC3339)}} {
+		var got string
+		if err := c.QueryRow(ctx, `SELECT concat_ws(' ', coalesce(step_name, 'NULL'), sender,
+				coalesce(to_char(deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), 'NULL')) FROM turns WHERE run_id = $1`, tc.tr.Run).Scan(&got); err != nil {
 			t.Fatal(err)
 		}
-		if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
-			t.Errorf("%s: step_name %v, want %v", tc.tr.Run, deref(got), deref(tc.want))
+		if got != tc.want {
+			t.Errorf("%s: step, sender, deadline %q, want %q", tc.tr.Run, got, tc.want)
 		}
 	}
-}
-
-func deref(p *string) string {
-	if p == nil {
-		return "NULL"
-	}
-	return *p
 }
