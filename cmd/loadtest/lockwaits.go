@@ -24,31 +24,30 @@ const lockSampleEvery = 10 * time.Millisecond
 // lockSampler counts, per statement (pg_stat_statements' queryid), the
 // samples in which one of its executions waited for a lock.
 type lockSampler struct {
-	cancel  context.CancelFunc
+	quit    chan struct{}
 	done    chan struct{}
 	rounds  int
 	samples map[int64]int
 	err     error // the first failed sample (sampling stops there)
 }
 
-// startLockSampler samples the database db's connection reaches until stop.
+// startLockSampler samples the database db's connection reaches until
+// stop. A sample is never cancelled: pgx closes a connection whose query
+// is, and db is the cost report's.
 func startLockSampler(db *pgx.Conn) *lockSampler {
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &lockSampler{cancel: cancel, done: make(chan struct{}), samples: map[int64]int{}}
+	l := &lockSampler{quit: make(chan struct{}), done: make(chan struct{}), samples: map[int64]int{}}
 	go func() {
 		defer close(l.done)
 		tick := time.NewTicker(lockSampleEvery)
 		defer tick.Stop()
 		for {
 			select {
-			case <-ctx.Done():
+			case <-l.quit:
 				return
 			case <-tick.C:
 			}
-			if err := l.sample(ctx, db); err != nil {
-				if ctx.Err() == nil {
-					l.err = err
-				}
+			if err := l.sample(context.Background(), db); err != nil {
+				l.err = err
 				return
 			}
 		}
@@ -74,9 +73,9 @@ func (l *lockSampler) sample(ctx context.Context, db *pgx.Conn) error {
 	return nil
 }
 
-// stop ends the sampling and waits for it.
+// stop ends the sampling and waits for it (its sample in flight ends).
 func (l *lockSampler) stop() {
-	l.cancel()
+	close(l.quit)
 	<-l.done
 }
 
