@@ -23,23 +23,34 @@ type writer struct{ s *Store }
 // mode one that wrote only claimed turns' shadows with it off (commitMode).
 func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 	s := w.s
-	err := RetryConflicts(ctx, func() error { return w.writeBatch(ctx, evs) })
+	var skipped []stepRun
+	err := RetryConflicts(ctx, func() (err error) {
+		skipped, err = w.writeBatch(ctx, evs)
+		return err
+	})
+	if err == nil {
+		s.carried = skipped
+	}
 	if err == nil && s.afterCommit != nil {
 		s.afterCommit()
 	}
 	return err
 }
 
-// writeBatch is one attempt of WriteBatch.
-func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
+// writeBatch is one attempt of WriteBatch; it returns the step changes it
+// skipped (stepRows.skipped), which the next batch carries.
+func (w writer) writeBatch(ctx context.Context, evs []event.Event) ([]stepRun, error) {
 	s := w.s
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	b := batch{}
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		// The sessions of the batch's turn starts and endings: their rows
 		// exist before the turns' (one statement, only when a turn of the
 		// batch was not claimed: a claim makes its session's row), and are
 		// touched after them, without waiting for any lock
 		// (touchSessions), in the journal's statement at the batch's end.
-		b := batch{}
+		// The last committed batch's skipped step changes go first.
+		b = batch{}
+		b.steps.carry(s.carried)
 		for i := range evs {
 			if k := evs[i].Kind; k == event.TurnStarted || k.Terminal() {
 				b.keys, b.ats = append(b.keys, evs[i].SessionKey), append(b.ats, store.EventTime(&evs[i]))
@@ -70,6 +81,7 @@ func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 		}
 		return nil
 	})
+	return b.steps.skipped, err
 }
 
 // batch is what one attempt of writeBatch has pending: the folded step

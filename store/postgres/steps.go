@@ -21,6 +21,18 @@ import (
 type stepRows struct {
 	byRun map[string]int // index into runs
 	runs  []stepRun
+	// skipped are the changes flush could not write: their run's row was
+	// running and held by another transaction (updateSteps). The writer
+	// carries them into its next batch (carry): that transaction ends the
+	// turn, and then they change nothing, or rolls back.
+	skipped []stepRun
+}
+
+// carry puts changes a committed batch skipped before any of this batch's.
+func (sr *stepRows) carry(runs []stepRun) {
+	for _, r := range runs {
+		*sr.run(r.run) = r
+	}
 }
 
 // stepRun is what a run's step events of one flush do to its row, as the
@@ -117,9 +129,10 @@ func stepSeq(st event.Step) *int64 {
 // steps itself, so the row is skipped (SKIP LOCKED), where waiting for it
 // held the batch's other rows and made the next group of finishes wait in
 // turn (with one replica 18 ms a call of lock waits, sampled). Should that
-// ending roll back, the steps skipped stay unwritten until the run's next
-// step event or its ending.
-const updateSteps = `UPDATE turns SET
+// ending roll back, the changes skipped are written by the writer's next
+// batch (stepRows.skipped: the runs its snapshot saw running that it did
+// not update).
+const updateSteps = `WITH upd AS (UPDATE turns SET
 		step_kind = CASE WHEN u.known THEN u.ck WHEN u.clr AND turns.step_seq IS NOT DISTINCT FROM u.clrq THEN NULL ELSE turns.step_kind END,
 		step_name = CASE WHEN u.known THEN u.cn WHEN u.clr AND turns.step_seq IS NOT DISTINCT FROM u.clrq THEN NULL ELSE turns.step_name END,
 		step_seq = CASE WHEN u.known THEN u.cq WHEN u.clr AND turns.step_seq IS NOT DISTINCT FROM u.clrq THEN NULL ELSE turns.step_seq END,
@@ -135,9 +148,13 @@ const updateSteps = `UPDATE turns SET
 		$9::text[], $10::text[], $11::bigint[], $12::timestamptz[], $13::bool[], $14::timestamptz[], $15::timestamptz[],
 		$16::bigint[], $17::text[]) AS u (run, known, ck, cn, cq, clr, clrq, ls, lk, ln, lq, at, lim, dl, cl, sto, snd)
 	WHERE turns.run_id = u.run AND turns.state = 'running'
-		AND turns.run_id IN (SELECT run_id FROM turns WHERE run_id = ANY ($1) AND state = 'running' FOR NO KEY UPDATE SKIP LOCKED)`
+		AND turns.run_id IN (SELECT run_id FROM turns WHERE run_id = ANY ($1) AND state = 'running' FOR NO KEY UPDATE SKIP LOCKED)
+	RETURNING turns.run_id)
+	SELECT coalesce(array_agg(t.run_id), '{}') FROM turns AS t
+	WHERE t.run_id = ANY ($1) AND t.state = 'running' AND NOT EXISTS (SELECT FROM upd WHERE upd.run_id = t.run_id)`
 
-// flush writes the pending step changes, if any, in one statement.
+// flush writes the pending step changes, if any, in one statement, and
+// keeps those it skipped in sr.skipped.
 func (sr *stepRows) flush(ctx context.Context, tx pgx.Tx) error {
 	n := len(sr.runs)
 	if n == 0 {
@@ -156,10 +173,14 @@ func (sr *stepRows) flush(ctx context.Context, tx pgx.Tx) error {
 		lim[i], snd[i] = r.lim, r.limits.Sender
 		dl[i], cl[i], sto[i] = nullTime(r.limits.Deadline), nullTime(r.limits.Ceiling), nullDuration(r.limits.StepTimeout)
 	}
-	if _, err := tx.Exec(ctx, updateSteps, runs, known, ck, cn, cq, clr, clrq, ls, lk, ln, lq, at, lim, dl, cl, sto, snd); err != nil {
+	var skipped []string
+	if err := tx.QueryRow(ctx, updateSteps, runs, known, ck, cn, cq, clr, clrq, ls, lk, ln, lq, at, lim, dl, cl, sto, snd).Scan(&skipped); err != nil {
 		return fmt.Errorf("steps: %w", err)
 	}
-	*sr = stepRows{}
+	for _, run := range skipped {
+		sr.skipped = append(sr.skipped, sr.runs[sr.byRun[run]])
+	}
+	*sr = stepRows{skipped: sr.skipped}
 	return nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/internal/pgtest"
 	"github.com/turnguard/turnguard/store/postgres"
@@ -87,52 +89,78 @@ func TestSessionTouchNeverWaits(t *testing.T) {
 // owner's Finish in a group commit, a takeover) and writes its steps
 // itself; the batch skips the row (issue 21: waiting for it held the
 // batch's other rows, and the next group's finishes waited for those). A
-// row no one holds gets its limits, sender and steps.
+// row no one holds gets its limits, sender and steps; should the ending
+// roll back, the next batch writes what was skipped.
 func TestStepsNeverWaitForATurnBeingEnded(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.New(t)
 	c, other := connect(t, url), connect(t, url)
 	s := open(t, url, postgres.Options{Shared: true})
-	ended, free := storetest.NewTurn("run-ending", "ws:1"), storetest.NewTurn("run-free", "ws:2")
-	for _, tr := range []*storetest.Turn{ended, free} {
-		if _, err := c.Exec(ctx, `WITH s AS (INSERT INTO sessions (key, created_at, updated_at) VALUES ($2, $5, $5))
-			INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at, owner_replica, owner_epoch)
-			VALUES ($1, $2, $3, $4, 'running', $5, $5, 'r1', 1)`, tr.Run, tr.Session, tr.Channel, tr.Chat, storetest.T0); err != nil {
-			t.Fatal(err)
-		}
+	limits := "shell u1 " + storetest.T0.Add(time.Minute).Format(time.RFC3339)
+	cases := []struct {
+		name       string
+		commit     bool   // the ending commits, else rolls back
+		wantEnding string // the held turn's step, sender and deadline after the next batch
+	}{
+		{"the ending commits", true, "NULL  NULL"},
+		{"the ending rolls back", false, limits},
 	}
-	tx, err := other.Begin(ctx) // the owner's Finish of run-ending, not committed yet
-	if err != nil {
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ending, free := storetest.NewTurn(fmt.Sprint("run-ending-", i), fmt.Sprint("ws:e", i)), storetest.NewTurn(fmt.Sprint("run-free-", i), fmt.Sprint("ws:f", i))
+			for _, tr := range []*storetest.Turn{ending, free} {
+				if _, err := c.Exec(ctx, `WITH s AS (INSERT INTO sessions (key, created_at, updated_at) VALUES ($2, $5, $5))
+					INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at, owner_replica, owner_epoch)
+					VALUES ($1, $2, $3, $4, 'running', $5, $5, 'r1', 1)`, tr.Run, tr.Session, tr.Channel, tr.Chat, storetest.T0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tx, err := other.Begin(ctx) // the owner's Finish of the ending turn, not committed yet
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'finished', step_kind = NULL WHERE run_id = $1`, ending.Run); err != nil {
+				t.Fatal(err)
+			}
+			var evs []event.Event
+			for _, tr := range []*storetest.Turn{ending, free} {
+				evs = append(evs, tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Sender, e.Deadline = "u1", storetest.T0.Add(time.Minute) }),
+					tr.Ev(event.StepStarted, time.Second, func(e *event.Event) { e.Step = storetest.Step("tool", "shell", 1, time.Second) }))
+			}
+			wctx, cancel := context.WithTimeout(ctx, 3*time.Second) // what waits for the Finish never returns before it
+			defer cancel()
+			if err := postgres.WriteBatch(wctx, s, evs); err != nil {
+				t.Fatalf("the batch waited for the Finish's lock: %v", err)
+			}
+			if got := turnLimits(t, c, free.Run); got != limits {
+				t.Errorf("the free turn: step, sender, deadline %q, want %q", got, limits)
+			}
+			end := tx.Rollback
+			if tc.commit {
+				end = tx.Commit
+			}
+			if err := end(ctx); err != nil {
+				t.Fatal(err)
+			}
+			next := free.Ev(event.StepCompleted, 2*time.Second, func(e *event.Event) { e.Step = storetest.Step("tool", "shell", 1, time.Second) })
+			if err := postgres.WriteBatch(ctx, s, []event.Event{next}); err != nil {
+				t.Fatal(err)
+			}
+			if got := turnLimits(t, c, ending.Run); got != tc.wantEnding {
+				t.Errorf("the turn being ended: step, sender, deadline %q, want %q", got, tc.wantEnding)
+			}
+		})
+	}
+}
+
+// turnLimits is a turn's step name, sender and deadline, NULL for none.
+func turnLimits(t *testing.T, c *pgx.Conn, run string) string {
+	t.Helper()
+	var got string
+	if err := c.QueryRow(context.Background(), `SELECT concat_ws(' ', coalesce(step_name, 'NULL'), sender,
+			coalesce(to_char(deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), 'NULL')) FROM turns WHERE run_id = $1`, run).Scan(&got); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'finished', step_kind = NULL WHERE run_id = $1`, ended.Run); err != nil {
-		t.Fatal(err)
-	}
-	var evs []event.Event
-	for _, tr := range []*storetest.Turn{ended, free} {
-		evs = append(evs, tr.Ev(event.TurnStarted, 0, func(e *event.Event) { e.Sender, e.Deadline = "u1", storetest.T0.Add(time.Minute) }),
-			tr.Ev(event.StepStarted, time.Second, func(e *event.Event) { e.Step = storetest.Step("tool", "shell", 1, time.Second) }))
-	}
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Second) // what waits for the Finish never returns before it
-	defer cancel()
-	if err := postgres.WriteBatch(wctx, s, evs); err != nil {
-		t.Fatalf("the batch waited for the Finish's lock: %v", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		tr   *storetest.Turn
-		want string // step, sender, deadline
-	}{{ended, "NULL  NULL"}, {free, "shell u1 " + storetest.T0.Add(time.Minute).Format(time.RFC3339)}} {
-		var got string
-		if err := c.QueryRow(ctx, `SELECT concat_ws(' ', coalesce(step_name, 'NULL'), sender,
-				coalesce(to_char(deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), 'NULL')) FROM turns WHERE run_id = $1`, tc.tr.Run).Scan(&got); err != nil {
-			t.Fatal(err)
-		}
-		if got != tc.want {
-			t.Errorf("%s: step, sender, deadline %q, want %q", tc.tr.Run, got, tc.want)
-		}
-	}
+	return got
 }
