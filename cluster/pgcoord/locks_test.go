@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/turnguard/turnguard/internal/pgtest"
+	"github.com/turnguard/turnguard/internal/testwait"
 )
 
 // A claim and a finish never wait for the writers of their session's row
@@ -41,4 +42,34 @@ func TestClaimAndFinishDoNotWaitForTheSessionsWriters(t *testing.T) {
 	if err := a.Finish(wctx, finished("run-2", "hello again")); err != nil {
 		t.Fatalf("the finish waited for the session's writer: %v", err)
 	}
+}
+
+// A takeover locks its sessions FOR NO KEY UPDATE, as its update needs:
+// a transaction holding a session's row FOR KEY SHARE (a foreign key's
+// check: a message or a turn of the session being written) does not hold
+// it up, as FOR UPDATE did.
+func TestTakeoverDoesNotWaitForASessionsForeignKeyLock(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	const lease = time.Second
+	var seen takeovers
+	dead := join(t, url, "dead", lease)
+	join(t, url, "survivor", lease, func(o *Options) { o.OnTakeover = seen.add })
+	p := db(t, url)
+	if err := dead.Claim(ctx, Claim{RunID: "run-1", SessionKey: "ws:1", Channel: "ws", Text: "work"}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `INSERT INTO messages (session_key, role, text, created_at) VALUES ('ws:1', 'user', 'hi', now())`); err != nil {
+		t.Fatal(err)
+	}
+	die(dead)
+	testwait.Until(t, lease+3*time.Second, "the survivor takes the dead replica over while the session's row is held FOR KEY SHARE", func() bool {
+		n, _, _ := seen.of(dead.Epoch())
+		return n > 0
+	})
 }
