@@ -202,7 +202,7 @@ type Message struct {
 type Session struct {
 	Key       string    `json:"key"`
 	CreatedAt time.Time `json:"createdAt"`
-	UpdatedAt time.Time `json:"updatedAt"` // last turn start or end
+	UpdatedAt time.Time `json:"updatedAt"` // last turn start or end (a shared PostgreSQL store's: up to 1 s earlier, see docs/scaling.md)
 	Messages  int       `json:"messages"`  // history length
 }
 

@@ -153,9 +153,12 @@ func (r *Replica) Holder(ctx context.Context, sessionKey string) (runID, replica
 // lease FOR KEY SHARE if it has not expired on the database's clock ($6)
 // (the busy answer writes nothing, not even a row lock: the condition on
 // held is a one-time filter above the lease's scan), and only when the
-// lease holds does it write the claim — the session's row if it is
-// new (never an update of an existing one: a claim takes no lock on the
-// sessions row, which the recorder's batches update), the turn (ON CONFLICT
+// lease holds does it write the claim — the session's row if its snapshot
+// has none (never an update of an existing one, nor an insert that would
+// find it: ON CONFLICT waits for a writer of the row it conflicts with,
+// and the recorders' batches, resets and takeovers update it; the turn's
+// and message's foreign keys lock it only FOR KEY SHARE, which they do not
+// conflict with: TestClaimAndFinishDoNotWaitForTheSessionsWriters), the turn (ON CONFLICT
 // DO NOTHING: the unique indexes decide between concurrent claims), the
 // user's message and the queued messages' removal, these three only when
 // the turn's row was inserted. It also says whether the session's previous
@@ -168,7 +171,7 @@ const claimSQL = `WITH held AS (SELECT run_id, session_key, state, stop_reason, 
 		ORDER BY run_id = $1 DESC LIMIT 1),
 	free AS (SELECT 1 FROM leases WHERE epoch = $6 AND expires_at > now() AND NOT EXISTS (SELECT FROM held) FOR KEY SHARE),
 	sess AS (INSERT INTO sessions (key, created_at, updated_at) SELECT $2, now(), now() FROM free
-		ON CONFLICT (key) DO NOTHING),
+		WHERE NOT EXISTS (SELECT FROM sessions WHERE key = $2) ON CONFLICT (key) DO NOTHING),
 	turn AS (INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at, owner_replica, owner_epoch)
 		SELECT $1, $2, $3, $4, 'running', now(), now(), $5, $6 FROM free ON CONFLICT DO NOTHING RETURNING run_id),
 	msg AS (INSERT INTO messages (session_key, run_id, role, text, created_at)

@@ -287,9 +287,11 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease, limit int) 
 		b.Queue(`UPDATE approvals SET status = 'expired', resolved_at = now()
 			WHERE run_id = ANY($1) AND status = 'pending'`, runIDs)
 		// Sessions locked in key order: no deadlock with another writer
-		// that locks several.
+		// that locks several. FOR NO KEY UPDATE, as the update itself:
+		// a claim's foreign-key lock on a session (FOR KEY SHARE) does not
+		// wait for it, nor it for the claim.
 		b.Queue(`UPDATE sessions SET updated_at = greatest(updated_at, now())
-			WHERE key IN (SELECT key FROM sessions WHERE key = ANY($1) ORDER BY key FOR UPDATE)`, sessions)
+			WHERE key IN (SELECT key FROM sessions WHERE key = ANY($1) ORDER BY key FOR NO KEY UPDATE)`, sessions)
 	}
 	var overdue float64
 	scanOverdue := func(row pgx.Row) error { return row.Scan(&overdue) }

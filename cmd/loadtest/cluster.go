@@ -52,6 +52,7 @@ type clusterOptions struct {
 	rate        float64        // final: offered turns/s over all replicas
 	conns       int            // sender connections per replica (0: one per session; takeover: 64)
 	abortEvery  int            // final: every abortEvery-th session runs step-timeout turns (0: none)
+	noWatchers  bool           // final/scaling: no session is watched from another replica
 	stepTimeout time.Duration  // final: the ws channel's stepTimeoutSeconds
 	busySamples int            // busy: sends per path
 	kills       []killSize     // takeover: turns on the killed replica × kills
@@ -445,13 +446,15 @@ type driveResult struct {
 
 // driveCluster runs co.sessions sessions of co.turns turns: session s sends
 // through replica s%N on one of co.conns connections there and, with more
-// than one replica, is watched through replica (s+1)%N. rate 0 is a closed
+// than one replica and not co.noWatchers, is watched through replica
+// (s+1)%N. rate 0 is a closed
 // loop (the next turn as soon as the last ended); otherwise turn j of
 // session s is due at start + (j·S + s)/rate (later if its last turn has
 // not ended). Every abortEvery-th session (0: none) sends "/steps
 // shell:hang" instead, ended by the step timeout.
 func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate float64, abortEvery int) (driveResult, error) {
 	n := len(c.Gateways())
+	watch := n > 1 && !co.noWatchers // each session watched from another replica
 	tr := newTracker(co.counters)
 	d := &dialer{c: c, r: r, tr: tr}
 	senders := make([][]*wsclient.Client, n)
@@ -470,7 +473,7 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 			cl, id := d.dial(i)
 			senders[i] = append(senders[i], cl)
 			senderIDs[i] = append(senderIDs[i], id)
-			if n > 1 {
+			if watch {
 				cl, id = d.dial(i)
 				watchers[i] = append(watchers[i], cl)
 				watcherIDs[i] = append(watcherIDs[i], id)
@@ -483,7 +486,7 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 	for i := range n {
 		watched[i] = make([][]string, conns)
 	}
-	if n > 1 {
+	if watch {
 		for s := range co.sessions {
 			w := (s + 1) % n
 			watched[w][conn(s)] = append(watched[w][conn(s)], sess(s))
@@ -538,7 +541,7 @@ func driveCluster(r *tb.Run, co clusterOptions, c *clusterrig.Cluster, rate floa
 			k := conn(s)
 			cl, sender := senders[owner][k], senderIDs[owner][k]
 			watcher := 0
-			if n > 1 {
+			if watch {
 				watcher = watcherIDs[(s+1)%n][k]
 			}
 			abort := abortEvery > 0 && (s/n)%abortEvery == abortEvery-1 // every replica gets some

@@ -187,6 +187,7 @@ type costWatch struct {
 	names  []string // processes in report order
 	pids   map[string]int
 	before costSnap
+	locks  *lockSampler // on db between the snapshots; nil without db
 }
 
 // startCost connects to the rig's database and NATS and takes the first
@@ -229,6 +230,9 @@ func startCost(r *tb.Run, c *clusterrig.Cluster) *costWatch {
 	// they go idle: what the start-up did is counted before the turns.
 	time.Sleep(2 * time.Second) // real time: PostgreSQL's statistics interval
 	w.before = w.snap()
+	if w.db != nil {
+		w.locks = startLockSampler(w.db)
+	}
 	return w
 }
 
@@ -377,7 +381,12 @@ type costDiff struct {
 	walRecords int64
 	walWrites  int64
 	walSyncs   int64
-	slowest    stmtStat // highest mean time among the window's statements with ≥ 1 % of its calls
+	slowest    stmtStat           // highest mean time among the window's statements with ≥ 1 % of its calls
+	overMS     []stmtStat         // every statement of the window with a mean above 1 ms (issue 21's bound on lock waits), slowest first
+	stmts      map[int64]stmtStat // the window's statements by queryid
+	locks      []lockWait         // sampled lock waits (lockSampler), nil when not sampled
+	lockRounds int
+	lockErr    error
 	fsync      string
 	syncCommit string
 	errs       []error
@@ -405,6 +414,7 @@ func diffCost(names []string, a, b costSnap) costDiff {
 	d.walSyncs = b.pg.walSyncs - a.pg.walSyncs
 	d.fsync, d.syncCommit = b.pg.fsync, b.pg.syncCommit
 	var window []stmtStat
+	d.stmts = map[int64]stmtStat{}
 	for id, st := range b.pg.statements {
 		was := a.pg.statements[id]
 		st.calls -= was.calls
@@ -413,16 +423,23 @@ func diffCost(names []string, a, b costSnap) costDiff {
 			continue
 		}
 		d.calls += st.calls
+		d.stmts[id] = st
 		if !txOrSet(st.query) {
 			d.work += st.calls
 			window = append(window, st)
 		}
 	}
 	for _, st := range window {
+		if st.ms > float64(st.calls) {
+			d.overMS = append(d.overMS, st)
+		}
 		if 100*st.calls >= d.work && (d.slowest.calls == 0 || st.ms/float64(st.calls) > d.slowest.ms/float64(d.slowest.calls)) {
 			d.slowest = st
 		}
 	}
+	sort.Slice(d.overMS, func(i, j int) bool {
+		return d.overMS[i].ms/float64(d.overMS[i].calls) > d.overMS[j].ms/float64(d.overMS[j].calls)
+	})
 	for _, err := range []error{a.procsErr, b.procsErr, a.natsErr, b.natsErr, a.pgErr, b.pgErr} {
 		if err != nil {
 			d.errs = append(d.errs, err)
@@ -434,11 +451,17 @@ func diffCost(names []string, a, b costSnap) costDiff {
 // finish takes the second snapshot, after the backends reported the
 // turns' statistics, and writes the report for turns turns.
 func (w *costWatch) finish(out io.Writer, label string, turns int) {
-	procs := w.snapProcs()      // the CPU as the turns ended
+	procs := w.snapProcs() // the CPU as the turns ended
+	if w.locks != nil {
+		w.locks.stop() // before the snapshot: they share db
+	}
 	time.Sleep(2 * time.Second) // real time: PostgreSQL's statistics interval (see startCost)
 	after := w.snap()
 	after.at, after.procs, after.procsErr = procs.at, procs.procs, procs.procsErr
 	d := diffCost(w.names, w.before, after)
+	if w.locks != nil {
+		d.locks, d.lockRounds, d.lockErr = lockWaits(w.locks.samples, d.stmts), w.locks.rounds, w.locks.err
+	}
 	d.write(out, label, turns)
 }
 
@@ -483,6 +506,21 @@ func (d costDiff) write(out io.Writer, label string, turns int) {
 		fmt.Fprintf(out, "%s: PostgreSQL's slowest statement by mean time (of those with ≥ 1%% of the calls): %.3f ms over %d calls: %.80q\n",
 			label, d.slowest.ms/float64(d.slowest.calls), d.slowest.calls, oneLine(d.slowest.query))
 	}
+	over := []string{"none"}
+	if len(d.overMS) > 0 {
+		over = over[:0]
+	}
+	for i, st := range d.overMS {
+		if i == maxOverMS {
+			over = append(over, fmt.Sprintf("and %d more", len(d.overMS)-i))
+			break
+		}
+		over = append(over, fmt.Sprintf("%.3f ms × %d %.60q", st.ms/float64(st.calls), st.calls, oneLine(st.query)))
+	}
+	fmt.Fprintf(out, "%s: PostgreSQL's statements with a mean above 1 ms (any number of calls): %s\n", label, strings.Join(over, "; "))
+	if d.lockRounds > 0 || d.lockErr != nil {
+		fmt.Fprint(out, formatLockWaits(label, d.lockRounds, d.locks, d.lockErr))
+	}
 	var total uint64
 	var names []string
 	for k, v := range d.streams {
@@ -505,5 +543,8 @@ func (d costDiff) write(out io.Writer, label string, turns int) {
 		fmt.Fprintf(out, "%s: cost: not every counter was read: %v\n", label, err)
 	}
 }
+
+// maxOverMS bounds the statements the report names as above 1 ms.
+const maxOverMS = 6
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -88,8 +88,8 @@ func TestParseVarz(t *testing.T) {
 
 // The report divides each counter's difference by the turns: CPU per
 // process and per kind, PostgreSQL's commits, statements (this report's
-// own reads left out; BEGIN/COMMIT/SET apart), WAL and the slowest
-// statement, JetStream's stored messages per stream and each NATS
+// own reads left out; BEGIN/COMMIT/SET apart), WAL, the slowest
+// statement and those above 1 ms, JetStream's stored messages per stream and each NATS
 // server's messages in.
 func TestCostReportPerTurn(t *testing.T) {
 	names := []string{"gateway r1", "postgres", "nats n0", "nats n1", "load client"}
@@ -124,6 +124,7 @@ func TestCostReportPerTurn(t *testing.T) {
 		"scaling, 1 replica(s): CPU per turn, cluster total (gateways + PostgreSQL + NATS) 7.000 ms: gateways 3.000 ms, PostgreSQL 2.000 ms, NATS 2.000 ms\n",
 		"scaling, 1 replica(s): PostgreSQL per turn (fsync=on, synchronous_commit=on): 2.00 commits, 3.01 statements (2.01 without BEGIN/COMMIT/SET), 52.00 WAL records, 1.00 WAL writes, 0.30 WAL flushes\n",
 		`scaling, 1 replica(s): PostgreSQL's slowest statement by mean time (of those with ≥ 1% of the calls): 1.000 ms over 500 calls: "WITH claim AS (…) INSERT INTO turns"`,
+		`scaling, 1 replica(s): PostgreSQL's statements with a mean above 1 ms (any number of calls): 100.000 ms × 4 "SELECT rare"` + "\n",
 		"scaling, 1 replica(s): NATS per turn: 2.08 JetStream publishes stored (TG_EVENTS 2.00, TG_NEW 0.08); messages into the servers, all/from clients (/varz in_msgs/in_client_msgs): 14.00/4.00 (n0 10.00/4.00, n1 4.00/0.00)\n",
 	} {
 		if !strings.Contains(got, want) {
@@ -132,5 +133,24 @@ func TestCostReportPerTurn(t *testing.T) {
 	}
 	if strings.Contains(got, "not every counter") {
 		t.Errorf("errors reported without errors:\n%s", got)
+	}
+}
+
+// A statement's sampled lock waits are its samples × the interval, divided
+// over its calls in the window; one the window did not count is left out.
+func TestLockWaitsPerCall(t *testing.T) {
+	stmts := map[int64]stmtStat{
+		1: {calls: 500, ms: 900, query: "UPDATE turns\n  SET step_kind = $1"},
+		4: {calls: 200, ms: 20, query: "WITH lease AS (…)"},
+	}
+	waits := lockWaits(map[int64]int{1: 50, 4: 2, 9: 7}, stmts)
+	got := formatLockWaits("scaling, 3 replica(s)", 300, waits, nil)
+	want := `scaling, 3 replica(s): PostgreSQL lock waits (pg_stat_activity sampled every 10ms, 300 samples), estimated per call: ` +
+		`1.000 ms a call (50 samples, 500 calls) "UPDATE turns SET step_kind = $1"; 0.100 ms a call (2 samples, 200 calls) "WITH lease AS (…)"` + "\n"
+	if got != want {
+		t.Errorf("lock waits:\n%s\nwant\n%s", got, want)
+	}
+	if got := formatLockWaits("final", 10, nil, nil); !strings.Contains(got, "estimated per call: none seen\n") {
+		t.Errorf("no waits: %s", got)
 	}
 }

@@ -59,6 +59,7 @@ type options struct {
 	sessions    int
 	conns       int
 	abortEvery  int
+	noWatchers  bool
 	stepTimeout time.Duration
 	busySamples int
 	kills       string
@@ -81,6 +82,7 @@ func main() {
 	flag.StringVar(&o.phases, "phases", "scaling,final,busy,takeover", "cluster mode: which measurements, in this order")
 	flag.IntVar(&o.sessions, "sessions", 600, "cluster mode: sessions of the scaling and final phases (one turn at a time each)")
 	flag.IntVar(&o.conns, "conns", 0, "cluster mode: sender connections per replica (0: one per session; the takeover's senders: at most 64)")
+	flag.BoolVar(&o.noWatchers, "no-watchers", false, "cluster mode, scaling and final phases: watch no session from another replica (the same client load as one replica; what the watchers cost)")
 	flag.IntVar(&o.abortEvery, "abort-every", 10, "cluster mode, final phase: every n-th session runs hanging turns the step timeout ends (0: none)")
 	flag.DurationVar(&o.stepTimeout, "step-timeout", 500*time.Millisecond, "cluster mode, final phase: channels.ws.timeouts.stepTimeoutSeconds")
 	flag.IntVar(&o.busySamples, "busy-samples", 300, "cluster mode: busy answers timed per path")
@@ -220,7 +222,7 @@ func clusterMain(o options) error {
 	}
 	return runCluster(clusterOptions{
 		replicas: o.replicas, lease: o.lease, phases: o.phases, sessions: o.sessions, turns: o.turns,
-		rate: o.rate, conns: o.conns, abortEvery: o.abortEvery, stepTimeout: o.stepTimeout,
+		rate: o.rate, conns: o.conns, abortEvery: o.abortEvery, noWatchers: o.noWatchers, stepTimeout: o.stepTimeout,
 		busySamples: o.busySamples, kills: kills, script: o.script, turnWait: o.turnWait, max: o.max,
 		logf: func(s string) { fmt.Fprintln(os.Stderr, time.Now().Format("15:04:05.000"), s) }, out: o.out,
 		runName: "loadtest",

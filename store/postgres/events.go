@@ -23,23 +23,34 @@ type writer struct{ s *Store }
 // mode one that wrote only claimed turns' shadows with it off (commitMode).
 func (w writer) WriteBatch(ctx context.Context, evs []event.Event) error {
 	s := w.s
-	err := RetryConflicts(ctx, func() error { return w.writeBatch(ctx, evs) })
+	var skipped []stepRun
+	err := RetryConflicts(ctx, func() (err error) {
+		skipped, err = w.writeBatch(ctx, evs)
+		return err
+	})
+	if err == nil {
+		s.carried = skipped
+	}
 	if err == nil && s.afterCommit != nil {
 		s.afterCommit()
 	}
 	return err
 }
 
-// writeBatch is one attempt of WriteBatch.
-func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
+// writeBatch is one attempt of WriteBatch; it returns the step changes it
+// skipped (stepRows.skipped), which the next batch carries.
+func (w writer) writeBatch(ctx context.Context, evs []event.Event) ([]stepRun, error) {
 	s := w.s
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	b := batch{}
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		// The sessions of the batch's turn starts and endings: their rows
 		// exist before the turns' (one statement, only when a turn of the
 		// batch was not claimed: a claim makes its session's row), and are
-		// updated after them, in key order (the order takeovers lock them
-		// in), in the batch's last statement.
-		b := batch{}
+		// touched after them, without waiting for any lock
+		// (touchSessions), in the journal's statement at the batch's end.
+		// The last committed batch's skipped step changes go first.
+		b = batch{}
+		b.steps.carry(s.carried)
 		for i := range evs {
 			if k := evs[i].Kind; k == event.TurnStarted || k.Terminal() {
 				b.keys, b.ats = append(b.keys, evs[i].SessionKey), append(b.ats, store.EventTime(&evs[i]))
@@ -50,10 +61,12 @@ func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 				return err
 			}
 		}
-		if err := b.steps.flush(ctx, tx); err != nil {
+		// The turns' rows last: the batch holds their locks from there to
+		// its commit only (a claimed turn's Finish waits for them).
+		if err := b.journal.flush(ctx, tx, b.keys, b.ats, touchBound(s.shared), s.commitMode(&b)); err != nil {
 			return err
 		}
-		if err := b.journal.flush(ctx, tx, b.keys, b.ats, s.commitMode(&b)); err != nil {
+		if err := b.steps.flush(ctx, tx); err != nil {
 			return err
 		}
 		if s.commitCheck != nil {
@@ -68,6 +81,7 @@ func (w writer) writeBatch(ctx context.Context, evs []event.Event) error {
 		}
 		return nil
 	})
+	return b.steps.skipped, err
 }
 
 // batch is what one attempt of writeBatch has pending: the folded step
@@ -145,12 +159,10 @@ const (
 	// startClaimed gives a claimed running turn ($1) its limits and sender.
 	startClaimed = `UPDATE turns SET deadline_at = $2, ceiling_at = $3, step_timeout_ns = $4, sender = $5
 		WHERE run_id = $1 AND state = 'running' AND owner_epoch IS NOT NULL`
-	// startIfClaimed is startClaimed that says whether the turn is a
-	// claimed one, running or ended (its owner's Finish may come before
-	// the recorder writes its start).
-	startIfClaimed = `WITH c AS (SELECT owner_epoch IS NOT NULL AS claimed FROM turns WHERE run_id = $1),
-		u AS (` + startClaimed + `)
-		SELECT coalesce((SELECT claimed FROM c), false)`
+	// isClaimed says whether the turn $1 is a claimed one, running or
+	// ended (its owner's Finish may come before the recorder writes its
+	// start), and locks nothing.
+	isClaimed = `SELECT coalesce((SELECT owner_epoch IS NOT NULL FROM turns WHERE run_id = $1), false)`
 	// insertJournalRow inserts one journal row.
 	insertJournalRow = `INSERT INTO journal (run_id, session_key, seq, kind, stop_reason,
 			step_kind, step_name, step_seq, last_step, elapsed_ns, message, at)
@@ -163,21 +175,48 @@ const (
 		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
 			$9::text[], $10::bigint[], $11::text[], $12::timestamptz[]) WITH ORDINALITY AS j (r, s, q, k, sr, sk, sn, sq, ls, e, m, a, ord)
 		ORDER BY ord`
-	// flushJournal is a batch's last statement (or one before an
-	// approval event, without sessions): it cancels the pending approvals
-	// of the ended runs $13 at their ending's time $14, moves the
-	// updated_at of sessions $15 to the last of their times $16 (never
-	// back, locking the rows in key order), and inserts the journal rows.
-	// A data-modifying WITH runs whether or not it is referenced.
-	// With a $17 it sets synchronous_commit for the transaction to it.
+	// flushJournal is a batch's last statement but its steps' (or one
+	// before an approval event, without sessions): it cancels the pending approvals
+	// of the ended runs $13 at their ending's time $14, touches sessions
+	// $15 at their times $16 (touchSessions, $18 its bound in seconds),
+	// and inserts the journal rows. A data-modifying WITH runs whether or
+	// not it is referenced. With a $17 it sets synchronous_commit for the
+	// transaction to it.
 	flushJournal = `WITH cancelled AS (UPDATE approvals SET status = 'cancelled', resolved_at = c.a
 			FROM unnest($13::text[], $14::timestamptz[]) AS c (r, a) WHERE approvals.run_id = c.r AND approvals.status = 'pending'),
-		touched AS (UPDATE sessions SET updated_at = greatest(sessions.updated_at, t.a)
-			FROM (SELECT k, max(a) AS a FROM unnest($15::text[], $16::timestamptz[]) AS u (k, a) GROUP BY k) AS t
-			WHERE sessions.key = t.k AND sessions.key IN (SELECT key FROM sessions WHERE key = ANY ($15) ORDER BY key FOR UPDATE)),
+		touched AS (` + touchSessions + `),
 		journal AS (` + insertJournal + `)
 		SELECT $17::text IS NULL OR set_config('synchronous_commit', $17, true) IS NOT NULL`
+	// touchSessions moves the updated_at of sessions $15 to the last of
+	// their times $16 — never back, and only when that is more than $18
+	// seconds later (touchBound) — without ever waiting for a lock (issue
+	// 21: with three replicas this was the slowest statement, 12–22 ms,
+	// all lock waits). It locks FOR NO KEY UPDATE, which a claim's or
+	// finish's foreign-key check (FOR KEY SHARE on the session's row, held
+	// until their group commits) does not conflict with, where FOR UPDATE
+	// did; and SKIP LOCKED leaves a row another writer holds (another
+	// replica's recorder, a takeover, a reset) to that writer, which is
+	// moving the same session's time forward: the session's next start or
+	// ending touches it again.
+	touchSessions = `UPDATE sessions SET updated_at = greatest(sessions.updated_at, l.a)
+		FROM (SELECT s.key, t.a FROM sessions AS s
+			JOIN (SELECT k, max(a) AS a FROM unnest($15::text[], $16::timestamptz[]) AS u (k, a) GROUP BY k) AS t ON s.key = t.k
+			WHERE s.updated_at < t.a - $18::float8 * interval '1 second'
+			FOR NO KEY UPDATE OF s SKIP LOCKED) AS l
+		WHERE sessions.key = l.key`
 )
+
+// touchBound is how far behind a session's last recorded turn start or
+// ending its sessions.updated_at may stay (touchSessions): in shared mode
+// (cluster/pgcoord) the row is written only when its time moves by more
+// than a second, so the replicas' recorders and the claims of a busy
+// session rarely meet on it; with one gateway it is exact.
+func touchBound(shared bool) float64 {
+	if shared {
+		return 1
+	}
+	return 0
+}
 
 // journalRows are the journal rows of a batch not inserted yet, a slice
 // per column, and the ended runs whose pending approvals are cancelled:
@@ -208,15 +247,15 @@ func (jr *journalRows) cancel(run string, at time.Time) {
 }
 
 // flush inserts the rows added since the last flush, in order, cancels the
-// ended runs' pending approvals, touches sessions keys at ats and, with a
-// mode (commitMode), sets the transaction's synchronous_commit, in one
-// statement; none when there is nothing to do.
-func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, keys []string, ats []time.Time, mode any) error {
+// ended runs' pending approvals, touches sessions keys at ats (bound:
+// touchBound) and, with a mode (commitMode), sets the transaction's
+// synchronous_commit, in one statement; none when there is nothing to do.
+func (jr *journalRows) flush(ctx context.Context, tx pgx.Tx, keys []string, ats []time.Time, bound float64, mode any) error {
 	if len(jr.run) == 0 && len(jr.cancelRun) == 0 && len(keys) == 0 && mode == nil {
 		return nil
 	}
 	if _, err := tx.Exec(ctx, flushJournal, jr.run, jr.session, jr.seq, jr.kind, jr.reason, jr.stepKind, jr.stepName,
-		jr.stepSeq, jr.lastStep, jr.elapsed, jr.message, jr.at, jr.cancelRun, jr.cancelAt, keys, ats, mode); err != nil {
+		jr.stepSeq, jr.lastStep, jr.elapsed, jr.message, jr.at, jr.cancelRun, jr.cancelAt, keys, ats, mode, bound); err != nil {
 		return fmt.Errorf("journal %s: %w", strings.Join(slices.Compact(slices.Clone(jr.kind)), ", "), err)
 	}
 	*jr = journalRows{}
@@ -254,16 +293,16 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 		if s.shared {
 			// With several gateways a turn is claimed (cluster/pgcoord): its
 			// claim wrote the row and the user's message and removed its
-			// queued row, so one statement gives it its limits and sender
-			// (none if it has ended already: its Finish came first).
+			// queued row, so it only learns its limits and sender, with
+			// the batch's steps (stepRows.limits; none if it has ended
+			// already: its Finish came first).
 			var claimed bool
-			err := tx.QueryRow(ctx, startIfClaimed, ev.RunID, nullTime(ev.Deadline), nullTime(ev.Ceiling),
-				nullDuration(ev.StepTimeout), ev.Sender).Scan(&claimed)
-			if err != nil {
+			if err := tx.QueryRow(ctx, isClaimed, ev.RunID).Scan(&claimed); err != nil {
 				return fmt.Errorf("start claimed turn: %w", err)
 			}
 			if claimed {
 				s.claimed.add(ev.RunID)
+				st.limits(ev, at)
 				if len(ev.Joined) > 0 {
 					if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, ev.Joined); err != nil {
 						return fmt.Errorf("forget the started turn's queued messages: %w", err)
@@ -329,7 +368,7 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 		if len(jr.cancelRun) > 0 {
 			// An ending before it in the batch cancels its run's pending
 			// approvals first, as one ending at a time did.
-			if err := jr.flush(ctx, tx, nil, nil, nil); err != nil {
+			if err := jr.flush(ctx, tx, nil, nil, 0, nil); err != nil {
 				return err
 			}
 		}

@@ -94,6 +94,7 @@ type Store struct {
 	ownerLost bool // another gateway took ownerLock: the store is held unwritable
 	shared    bool
 	claimed   claimedRuns // the writer goroutine's: runs it saw claimed, not yet ended
+	carried   []stepRun   // the writer goroutine's: step changes its last batch skipped (stepRows.skipped)
 
 	*store.EventRecorder
 	rec store.RecorderControl
