@@ -371,7 +371,7 @@ func readPG(ctx context.Context, db *pgx.Conn) (pgStats, error) {
 // ownRead reports a statement of this report's own reads.
 func ownRead(query string) bool {
 	return hasPrefixFold(query, "select pg_stat", "select xact_commit", "select wal_records", "select current_setting",
-		"select queryid", "create extension")
+		"select queryid", "select relname", "create extension")
 }
 
 // txOrSet reports transaction control and settings: a statement, not a
