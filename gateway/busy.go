@@ -241,7 +241,7 @@ func (e *Engine) busyLocked(s *session, req SendRequest, mode BusyMode, maxQueue
 		if s.active != nil && len(s.queue) == 0 && s.active.State() == abort.StateRunning {
 			if t := e.turns[s.active.ID]; t != nil && t.inbox != nil && t.inbox.Put(req.Text) {
 				now := time.Now()
-				s.history = appendBounded(s.history, Message{Role: "user", Text: req.Text, Time: now}, e.cfg.Current().Server.HistoryLimit)
+				e.appendHistoryLocked(s, Message{Role: "user", Text: req.Text, Time: now}, e.cfg.Current().Server.HistoryLimit)
 				s.updated = now
 				id := s.active.ID
 				// Its run id answers for the turn it joined (a retry is not

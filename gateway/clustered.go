@@ -442,16 +442,20 @@ func (e *Engine) stopElsewhere(ctx context.Context, req StopRequest) (StopResult
 
 // refresh forgets the cached history of session key when it is idle here
 // (cluster mode): its turns may have run on another replica since, so the
-// next use reloads it from the store. It returns key.
+// next use reloads it from the store — or, with a HistoryChecker, checks
+// that the store shows no change since (checkHistory). It returns key.
 //
 // Lock contract: called without e.mu; it takes it once.
 func (e *Engine) refresh(key string) string {
-	if e.cluster == nil || e.loadHist == nil {
+	if e.cluster == nil || (e.loadHist == nil && e.histCheck == nil) {
 		return key
 	}
 	e.mu.Lock()
 	if s, ok := e.sessions[key]; ok && s.loaded && !s.reset && s.active == nil && len(s.queue) == 0 && s.ending == 0 &&
 		s.claiming == nil && s.loading == nil {
+		if s.marked {
+			s.cached = s.history // kept if the store shows no change (checkHistory)
+		}
 		s.loaded, s.history = false, nil
 	}
 	e.mu.Unlock()

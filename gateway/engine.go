@@ -100,6 +100,9 @@ type Options struct {
 	Runners map[string]runner.Runner // by name: demo, openai, exec
 	Log     *slog.Logger
 	History HistoryLoader
+	// HistoryCheck, optional, is used instead of History where set (a
+	// cluster's shared store): see HistoryChecker.
+	HistoryCheck HistoryChecker
 	// TurnDetails, optional, reads finished turns' steps and settled
 	// approvals (Engine.TurnDetails); nil: a history shows none.
 	TurnDetails TurnDetailsLoader
@@ -136,12 +139,15 @@ type Engine struct {
 	runners  map[string]runner.Runner
 	log      *slog.Logger
 	loadHist HistoryLoader
-	details  TurnDetailsLoader
-	onStuck  StuckRunsFunc
-	admit    func() error
-	qstore   QueueStore
-	settings SessionSettings
-	cluster  Cluster // nil: one process
+	// histCheck, optional (cluster mode), replaces loadHist: it loads
+	// with a mark and keeps an idle session's cache when nothing changed.
+	histCheck HistoryChecker
+	details   TurnDetailsLoader
+	onStuck   StuckRunsFunc
+	admit     func() error
+	qstore    QueueStore
+	settings  SessionSettings
+	cluster   Cluster // nil: one process
 
 	cancelSubs cancelSubs // OnQueueCancel
 
@@ -216,7 +222,7 @@ func New(opts Options) (*Engine, error) {
 		opts.Log = slog.Default()
 	}
 	e := &Engine{
-		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, details: opts.TurnDetails, onStuck: opts.StuckRuns,
+		cfg: opts.Config, runners: opts.Runners, log: opts.Log, loadHist: opts.History, histCheck: opts.HistoryCheck, details: opts.TurnDetails, onStuck: opts.StuckRuns,
 		admit: opts.Admit, qstore: opts.Queue, settings: opts.Settings, cluster: opts.Cluster, waiting: map[string]*queued{}, heldForFinalize: map[string]*session{}, stalled: map[*session]bool{}, alias: map[string]string{}, stuck: map[string]int{}, refusing: map[string]bool{},
 		stuckLimit: opts.Config.Current().Server.MaxStuckRuns,
 		approvals:  newApprovals(),

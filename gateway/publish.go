@@ -179,7 +179,7 @@ func (e *Engine) recordOutcome(ev event.Event, owned bool) (*turn, *session) {
 		// turn's runner).
 		if owned && (!live || t.sessionID == s.id) {
 			for _, m := range msgs {
-				s.history = appendBounded(s.history, m, cfg.Server.HistoryLimit)
+				e.appendHistoryLocked(s, m, cfg.Server.HistoryLimit)
 			}
 			s.updated = ev.Time
 		}

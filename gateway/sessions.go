@@ -50,6 +50,14 @@ type session struct {
 	// (SetBusyMode; "" = the channel's configured one), read from
 	// Options.Settings with the history.
 	busyMode BusyMode
+	// With a HistoryChecker (cluster mode): marked says mark is where the
+	// store's rows stood when the history was loaded or last checked, and
+	// sinceMark counts the messages appended to it since; cached is the
+	// history refresh set aside, kept if the check finds no difference.
+	marked    bool
+	mark      HistoryMark
+	sinceMark int
+	cached    []Message
 }
 
 // Active returns the session's active run, if any.
@@ -125,7 +133,7 @@ func (e *Engine) Reset(sessionKey string) SessionInfo {
 	e.touchLocked(s, time.Now())
 	e.evictLocked(time.Now(), s)
 	s.id, s.reset = uuid.NewString(), true
-	s.history = nil
+	s.history, s.cached, s.marked = nil, nil, false
 	// A fresh conversation: what waited (queued, or steered into the running
 	// turn and not taken) was for the old one.
 	dropped := e.dropQueueLocked(s, "", true)
@@ -202,7 +210,7 @@ type resetID struct{ key, id string }
 // history is yet to load (if there is a loader). Called with e.mu held.
 func (e *Engine) newSessionLocked(key string, now time.Time) *session {
 	s := &session{key: key, id: uuid.NewSHA1(e.idSpace, []byte(key)).String(), updated: now,
-		loaded: e.loadHist == nil && e.settings == nil}
+		loaded: e.loadHist == nil && e.histCheck == nil && e.settings == nil}
 	if el, ok := e.resetIDs[key]; ok {
 		s.id, s.reset = el.Value.(resetID).id, true
 		e.resetAge.Remove(el)
@@ -279,9 +287,16 @@ func (e *Engine) loadHistory(s *session, done chan struct{}) {
 	ctx, cancel := context.WithTimeout(base, historyLoadTimeout)
 	defer cancel()
 	limit := e.cfg.Current().Server.HistoryLimit
+	if e.checkHistory(ctx, s, done) {
+		return
+	}
 	var h []Message
+	var mark HistoryMark
 	var err error
-	if e.loadHist != nil {
+	switch {
+	case e.histCheck != nil:
+		h, mark, err = e.histCheck.LoadMarked(ctx, s.key, limit)
+	case e.loadHist != nil:
 		h, err = e.loadHist(ctx, s.key, limit)
 	}
 	mode := e.loadBusyMode(ctx, s.key)
@@ -308,12 +323,15 @@ func (e *Engine) loadHistory(s *session, done chan struct{}) {
 	if len(h) > 0 {
 		last = h[len(h)-1].Time
 	}
+	kept := 0
 	for _, m := range s.history {
 		if m.Time.After(last) {
 			h = append(h, m)
+			kept++
 		}
 	}
-	s.history = h
+	s.history, s.cached = h, nil
+	s.marked, s.mark, s.sinceMark = e.histCheck != nil, mark, kept
 	if limit > 0 && len(s.history) > limit {
 		s.history = s.history[len(s.history)-limit:]
 	}

@@ -118,7 +118,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	}
 	history := append([]runner.Message(nil), toRunnerHistory(s.history)...)
 	s.active = run
-	s.history = appendBounded(s.history, Message{RunID: run.ID, Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
+	e.appendHistoryLocked(s, Message{RunID: run.ID, Role: "user", Text: req.Text, Time: run.StartedAt()}, cfg.Server.HistoryLimit)
 	s.updated = run.StartedAt()
 	e.touchLocked(s, time.Now())
 	t := &turn{run: run, owner: req.Owner, runner: name, started: make(chan struct{}), done: make(chan struct{}),

@@ -25,6 +25,7 @@ import (
 	"github.com/turnguard/turnguard/ops/tracing"
 	execrunner "github.com/turnguard/turnguard/runner/exec"
 	"github.com/turnguard/turnguard/store"
+	"github.com/turnguard/turnguard/store/postgres"
 )
 
 // Bounds of the shutdown steps that do not have a configured limit.
@@ -138,6 +139,9 @@ func start(ctx context.Context, cfgPath string, cfg *config.Config, log *slog.Lo
 		TurnDetails: storeTurnDetails(a.store), Observer: a.ops.observer(), StuckRuns: a.ops.stuckRuns, Admit: a.store.Health, Queue: storeQueue{a.store, a.cfg}}
 	if a.node != nil {
 		opts.Cluster = a.node
+		if pg, ok := a.store.(*postgres.Store); ok {
+			opts.HistoryCheck = storeHistoryCheck{pg}
+		}
 	}
 	opts.Settings = a.store // a session's own busy mode (/queue <mode>), kept across restarts
 	a.eng, err = gateway.New(opts)
@@ -375,12 +379,41 @@ func storeHistory(st store.Reader) gateway.HistoryLoader {
 		if err != nil {
 			return nil, err
 		}
-		out := make([]gateway.Message, 0, len(msgs))
-		for _, m := range msgs {
-			out = append(out, gateway.Message{RunID: m.RunID, Role: string(m.Role), Text: m.Text, StopReason: m.StopReason, Time: m.Time})
-		}
-		return out, nil
+		return toEngineHistory(msgs), nil
 	}
+}
+
+// toEngineHistory is a stored history as the engine keeps it.
+func toEngineHistory(msgs []store.Message) []gateway.Message {
+	out := make([]gateway.Message, 0, len(msgs))
+	for _, m := range msgs {
+		out = append(out, gateway.Message{RunID: m.RunID, Role: string(m.Role), Text: m.Text, StopReason: m.StopReason, Time: m.Time})
+	}
+	return out
+}
+
+// storeHistoryCheck lets a replica keep an idle session's cached history
+// while the shared store shows no change (gateway.HistoryChecker).
+type storeHistoryCheck struct{ st *postgres.Store }
+
+func (c storeHistoryCheck) LoadMarked(ctx context.Context, sessionKey string, limit int) ([]gateway.Message, gateway.HistoryMark, error) {
+	msgs, mark, err := c.st.HistoryMarked(ctx, sessionKey, limit)
+	if err != nil {
+		return nil, gateway.HistoryMark{}, err
+	}
+	return toEngineHistory(msgs), gateway.HistoryMark(mark), nil
+}
+
+func (c storeHistoryCheck) Since(ctx context.Context, sessionKey string, mark gateway.HistoryMark, n int) (gateway.HistorySince, error) {
+	got, err := c.st.HistorySince(ctx, sessionKey, postgres.HistoryMark(mark), n)
+	if err != nil {
+		return gateway.HistorySince{}, err
+	}
+	out := gateway.HistorySince{Mark: gateway.HistoryMark(got.Mark), BusyMode: got.BusyMode}
+	for _, k := range got.Messages {
+		out.Messages = append(out.Messages, gateway.HistoryKey{RunID: k.RunID, Role: string(k.Role), StopReason: k.StopReason})
+	}
+	return out, nil
 }
 
 // detailsFlushWait bounds how long a history's turn details wait for the

@@ -19,9 +19,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -159,6 +161,13 @@ type pgStats struct {
 	walSyncs   int64 // flushes to disk (0 while fsync is off)
 	fsync      string
 	syncCommit string
+	tables     map[string]rowStat // the rows each table of the database's own was written
+}
+
+// rowStat is a table's rows written (pg_stat_user_tables): inserted,
+// updated (HOT: without a new index entry) and deleted.
+type rowStat struct {
+	ins, upd, hot, del int64
 }
 
 type stmtStat struct {
@@ -327,6 +336,24 @@ func readPG(ctx context.Context, db *pgx.Conn) (pgStats, error) {
 	if err := db.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('synchronous_commit')`).Scan(&s.fsync, &s.syncCommit); err != nil {
 		return s, err
 	}
+	trows, err := db.Query(ctx, `SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables`)
+	if err != nil {
+		return s, fmt.Errorf("pg_stat_user_tables: %w", err)
+	}
+	s.tables = map[string]rowStat{}
+	for trows.Next() {
+		var name string
+		var r rowStat
+		if err := trows.Scan(&name, &r.ins, &r.upd, &r.hot, &r.del); err != nil {
+			trows.Close()
+			return s, fmt.Errorf("pg_stat_user_tables: %w", err)
+		}
+		s.tables[name] = r
+	}
+	trows.Close()
+	if err := trows.Err(); err != nil {
+		return s, fmt.Errorf("pg_stat_user_tables: %w", err)
+	}
 	rows, err := db.Query(ctx, `SELECT queryid, calls, total_exec_time, query FROM pg_stat_statements
 		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND queryid IS NOT NULL`)
 	if err != nil {
@@ -348,7 +375,7 @@ func readPG(ctx context.Context, db *pgx.Conn) (pgStats, error) {
 // ownRead reports a statement of this report's own reads.
 func ownRead(query string) bool {
 	return hasPrefixFold(query, "select pg_stat", "select xact_commit", "select wal_records", "select current_setting",
-		"select queryid", "create extension")
+		"select queryid", "select relname", "create extension")
 }
 
 // txOrSet reports transaction control and settings: a statement, not a
@@ -366,6 +393,10 @@ func hasPrefixFold(s string, prefixes ...string) bool {
 	}
 	return false
 }
+
+// topStatements is how many statements the report breaks down by total
+// time.
+const topStatements = 8
 
 // costDiff is what happened between two snapshots.
 type costDiff struct {
@@ -387,6 +418,8 @@ type costDiff struct {
 	locks      []lockWait         // sampled lock waits (lockSampler), nil when not sampled
 	lockRounds int
 	lockErr    error
+	tables     map[string]rowStat
+	top        []stmtStat // the window's statements (BEGIN/COMMIT/SET apart) by total time, dearest first, at most topStatements
 	fsync      string
 	syncCommit string
 	errs       []error
@@ -413,6 +446,13 @@ func diffCost(names []string, a, b costSnap) costDiff {
 	d.walWrites = b.pg.walWrites - a.pg.walWrites
 	d.walSyncs = b.pg.walSyncs - a.pg.walSyncs
 	d.fsync, d.syncCommit = b.pg.fsync, b.pg.syncCommit
+	d.tables = map[string]rowStat{}
+	for name, r := range b.pg.tables {
+		was := a.pg.tables[name]
+		if r = (rowStat{ins: r.ins - was.ins, upd: r.upd - was.upd, hot: r.hot - was.hot, del: r.del - was.del}); r != (rowStat{}) {
+			d.tables[name] = r
+		}
+	}
 	var window []stmtStat
 	d.stmts = map[int64]stmtStat{}
 	for id, st := range b.pg.statements {
@@ -429,6 +469,13 @@ func diffCost(names []string, a, b costSnap) costDiff {
 			window = append(window, st)
 		}
 	}
+	sort.Slice(window, func(i, j int) bool {
+		if window[i].ms != window[j].ms {
+			return window[i].ms > window[j].ms
+		}
+		return window[i].query < window[j].query
+	})
+	d.top = window[:min(len(window), topStatements)]
 	for _, st := range window {
 		if st.ms > float64(st.calls) {
 			d.overMS = append(d.overMS, st)
@@ -520,6 +567,23 @@ func (d costDiff) write(out io.Writer, label string, turns int) {
 	fmt.Fprintf(out, "%s: PostgreSQL's statements with a mean above 1 ms (any number of calls): %s\n", label, strings.Join(over, "; "))
 	if d.lockRounds > 0 || d.lockErr != nil {
 		fmt.Fprint(out, formatLockWaits(label, d.lockRounds, d.locks, d.lockErr))
+	}
+	if len(d.top) > 0 {
+		var by []string
+		for _, st := range d.top {
+			by = append(by, fmt.Sprintf("%s calls, %.3f ms: %.60q", per(float64(st.calls)), st.ms/float64(max(turns, 1)), oneLine(st.query)))
+		}
+		fmt.Fprintf(out, "%s: PostgreSQL's statements by total execution time per turn (pg_stat_statements, the %d dearest): %s\n",
+			label, len(d.top), strings.Join(by, "; "))
+	}
+	if len(d.tables) > 0 {
+		var rows []string
+		for _, name := range slices.Sorted(maps.Keys(d.tables)) {
+			r := d.tables[name]
+			rows = append(rows, fmt.Sprintf("%s %s/%s (%s HOT)/%s", name, per(float64(r.ins)), per(float64(r.upd)), per(float64(r.hot)), per(float64(r.del))))
+		}
+		fmt.Fprintf(out, "%s: PostgreSQL rows per turn, inserted/updated (HOT: no index entry)/deleted (pg_stat_user_tables): %s\n",
+			label, strings.Join(rows, ", "))
 	}
 	var total uint64
 	var names []string

@@ -89,7 +89,7 @@ func TestParseVarz(t *testing.T) {
 // The report divides each counter's difference by the turns: CPU per
 // process and per kind, PostgreSQL's commits, statements (this report's
 // own reads left out; BEGIN/COMMIT/SET apart), WAL, the slowest
-// statement and those above 1 ms, JetStream's stored messages per stream and each NATS
+// statement, those above 1 ms and the statements by total time, the rows written per table, JetStream's stored messages per stream and each NATS
 // server's messages in.
 func TestCostReportPerTurn(t *testing.T) {
 	names := []string{"gateway r1", "postgres", "nats n0", "nats n1", "load client"}
@@ -98,23 +98,26 @@ func TestCostReportPerTurn(t *testing.T) {
 		procs:   map[string]int64{"gateway r1": 100, "postgres": 1000, "nats n0": 10, "nats n1": 20, "load client": 5},
 		varz:    []varz{{InMsgs: 100, InClientMsgs: 10}, {InMsgs: 200, InClientMsgs: 20}},
 		streams: map[string]uint64{"TG_EVENTS": 50, "KV_lease": 7},
-		pg: pgStats{commits: 40, walRecords: 1000, walWrites: 10, walSyncs: 5, statements: map[int64]stmtStat{
-			1: {calls: 10, ms: 5, query: "WITH claim AS (…) INSERT INTO turns"},
-			2: {calls: 10, ms: 1, query: "BEGIN"},
-			3: {calls: 3, ms: 1, query: "SELECT xact_commit FROM pg_stat_database"},
-		}},
+		pg: pgStats{commits: 40, walRecords: 1000, walWrites: 10, walSyncs: 5,
+			tables: map[string]rowStat{"turns": {ins: 10, upd: 30, hot: 5}, "leases": {upd: 3}}, statements: map[int64]stmtStat{
+				1: {calls: 10, ms: 5, query: "WITH claim AS (…) INSERT INTO turns"},
+				2: {calls: 10, ms: 1, query: "BEGIN"},
+				3: {calls: 3, ms: 1, query: "SELECT xact_commit FROM pg_stat_database"},
+			}},
 	}
 	b := costSnap{at: t0.Add(5 * time.Second),
 		procs:   map[string]int64{"gateway r1": 250, "postgres": 1100, "nats n0": 60, "nats n1": 70, "load client": 25},
 		varz:    []varz{{InMsgs: 5100, InClientMsgs: 2010}, {InMsgs: 2200, InClientMsgs: 20}},
 		streams: map[string]uint64{"TG_EVENTS": 1050, "KV_lease": 7, "TG_NEW": 40},
-		pg: pgStats{commits: 1040, walRecords: 27000, walWrites: 510, walSyncs: 155, fsync: "on", syncCommit: "on", statements: map[int64]stmtStat{
-			1: {calls: 510, ms: 505, query: "WITH claim AS (…) INSERT INTO turns"},
-			2: {calls: 510, ms: 2, query: "BEGIN"},
-			3: {calls: 9, ms: 2, query: "SELECT xact_commit FROM pg_stat_database"},
-			4: {calls: 500, ms: 100, query: "UPDATE turns\n  SET state = $1"},
-			5: {calls: 4, ms: 400, query: "SELECT rare"}, // under 1 % of the calls: not the slowest
-		}},
+		pg: pgStats{commits: 1040, walRecords: 27000, walWrites: 510, walSyncs: 155, fsync: "on", syncCommit: "on",
+			tables: map[string]rowStat{"turns": {ins: 510, upd: 1530, hot: 1005}, "leases": {upd: 3}, "queued": {ins: 50, del: 50}}, statements: map[int64]stmtStat{
+				1: {calls: 510, ms: 505, query: "WITH claim AS (…) INSERT INTO turns"},
+				2: {calls: 510, ms: 2, query: "BEGIN"},
+				3: {calls: 9, ms: 2, query: "SELECT xact_commit FROM pg_stat_database"},
+				6: {calls: 2, ms: 900, query: "SELECT relname, n_tup_ins FROM pg_stat_user_tables"}, // the report's own read
+				4: {calls: 500, ms: 100, query: "UPDATE turns\n  SET state = $1"},
+				5: {calls: 4, ms: 400, query: "SELECT rare"}, // under 1 % of the calls: not the slowest
+			}},
 	}
 	var out bytes.Buffer
 	diffCost(names, a, b).write(&out, "scaling, 1 replica(s)", 500)
@@ -125,6 +128,8 @@ func TestCostReportPerTurn(t *testing.T) {
 		"scaling, 1 replica(s): PostgreSQL per turn (fsync=on, synchronous_commit=on): 2.00 commits, 3.01 statements (2.01 without BEGIN/COMMIT/SET), 52.00 WAL records, 1.00 WAL writes, 0.30 WAL flushes\n",
 		`scaling, 1 replica(s): PostgreSQL's slowest statement by mean time (of those with ≥ 1% of the calls): 1.000 ms over 500 calls: "WITH claim AS (…) INSERT INTO turns"`,
 		`scaling, 1 replica(s): PostgreSQL's statements with a mean above 1 ms (any number of calls): 100.000 ms × 4 "SELECT rare"` + "\n",
+		`scaling, 1 replica(s): PostgreSQL's statements by total execution time per turn (pg_stat_statements, the 3 dearest): 1.00 calls, 1.000 ms: "WITH claim AS (…) INSERT INTO turns"; 0.01 calls, 0.800 ms: "SELECT rare"; 1.00 calls, 0.200 ms: "UPDATE turns SET state = $1"` + "\n",
+		"scaling, 1 replica(s): PostgreSQL rows per turn, inserted/updated (HOT: no index entry)/deleted (pg_stat_user_tables): queued 0.10/0.00 (0.00 HOT)/0.10, turns 1.00/3.00 (2.00 HOT)/0.00\n",
 		"scaling, 1 replica(s): NATS per turn: 2.08 JetStream publishes stored (TG_EVENTS 2.00, TG_NEW 0.08); messages into the servers, all/from clients (/varz in_msgs/in_client_msgs): 14.00/4.00 (n0 10.00/4.00, n1 4.00/0.00)\n",
 	} {
 		if !strings.Contains(got, want) {
