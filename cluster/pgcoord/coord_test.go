@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/internal/pgtest"
@@ -582,10 +585,10 @@ func TestFinishRetriedAcrossAFenceIsDone(t *testing.T) {
 
 // A dead replica's thousands of turns are taken over in batches of at most
 // takeoverBatch, each committed and handed to OnTakeover on its own (More
-// on all but the last, which deletes the lease), while three survivors
-// survey: every turn is ended exactly once, in exactly one batch.
+// on all but the last, which deletes the lease, committed after all the
+// others), while three survivors survey: every turn is ended exactly once,
+// in exactly one batch.
 func TestLargeTakeoverCommitsInBatchesExactlyOnce(t *testing.T) {
-	ctx := context.Background()
 	url := pgtest.New(t)
 	const lease = time.Second
 	const turns = 2*takeoverBatch + 500
@@ -595,36 +598,41 @@ func TestLargeTakeoverCommitsInBatchesExactlyOnce(t *testing.T) {
 		join(t, url, fmt.Sprintf("survivor-%d", i), lease, func(o *Options) { o.OnTakeover = seen.add })
 	}
 	p := db(t, url)
-	if _, err := p.Exec(ctx, `INSERT INTO sessions (key, created_at, updated_at)
-		SELECT 's-' || i, now(), now() FROM generate_series(0, $1 - 1) i`, turns); err != nil {
-		t.Fatal(err)
-	}
-	if err := insertTurns(ctx, p, dead, turns); err != nil {
-		t.Fatal(err)
-	}
-	die(dead)
-	testwait.Until(t, lease+30*time.Second, "the survivors take every turn over", func() bool {
-		_, _, taken := seen.of(dead.Epoch())
-		return len(taken) >= turns
-	})
-	seen.mu.Lock()
-	var batches []Takeover
-	for _, tk := range seen.all {
-		if tk.Epoch == dead.Epoch() {
-			batches = append(batches, tk)
+	killWithTurns(t, p, dead, turns)
+	batchesOf := func() []Takeover {
+		seen.mu.Lock()
+		defer seen.mu.Unlock()
+		var batches []Takeover
+		for _, tk := range seen.all {
+			if tk.Epoch == dead.Epoch() {
+				batches = append(batches, tk)
+			}
 		}
+		return batches
 	}
-	seen.mu.Unlock()
+	testwait.Until(t, lease+30*time.Second, "the survivors take every turn over and delete the lease", func() bool {
+		_, _, taken := seen.of(dead.Epoch())
+		return len(taken) >= turns && slices.ContainsFunc(batchesOf(), func(tk Takeover) bool { return !tk.More })
+	})
+	batches := batchesOf()
 	if len(batches) < 3 {
 		t.Fatalf("%d takeovers of %d turns, want batches of at most %d", len(batches), turns, takeoverBatch)
 	}
+	// The survivors' batches run at once and each survivor hands its own
+	// on, so they arrive in no set order; the last (More false, the lease
+	// deleted) is one, committed after every other (it waited for them:
+	// the latest on the database's clock).
 	runs := map[string]bool{}
+	last := slices.IndexFunc(batches, func(tk Takeover) bool { return !tk.More })
 	for i, tk := range batches {
 		if len(tk.Turns) > takeoverBatch {
 			t.Errorf("batch %d ended %d turns, want at most %d", i, len(tk.Turns), takeoverBatch)
 		}
-		if last := i == len(batches)-1; tk.More == last {
-			t.Errorf("batch %d of %d: More = %v", i+1, len(batches), tk.More)
+		if !tk.More && i != last {
+			t.Errorf("batches %d and %d of %d both last (More false)", last+1, i+1, len(batches))
+		}
+		if i != last && tk.Overdue >= batches[last].Overdue {
+			t.Errorf("batch %d (overdue %v) committed after the last (%v)", i+1, tk.Overdue, batches[last].Overdue)
 		}
 		for _, tt := range tk.Turns {
 			if runs[tt.RunID] {
@@ -648,5 +656,87 @@ func TestLargeTakeoverCommitsInBatchesExactlyOnce(t *testing.T) {
 	}
 	if n := count(t, p, `SELECT count(*) FROM leases WHERE epoch = $1`, dead.Epoch()); n != 0 {
 		t.Errorf("the dead epoch's lease is still there")
+	}
+}
+
+// TestSurvivorsEndBatchesOfOneEpochAtOnce: while another survivor's batch
+// holds a dead epoch's lease (FOR SHARE) and some of its turns, a survey
+// does not skip the epoch until the next survey: it ends a batch of the
+// other turns at once, leaves the lease to the batch still running (the
+// one that ends the last turns deletes it) and never ends a turn that
+// batch holds; once that batch committed, the next survey deletes the
+// lease. Every turn is ended once.
+func TestSurvivorsEndBatchesOfOneEpochAtOnce(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	const held, turns = 300, takeoverBatch + 300
+	dead, b := join(t, url, "dead", 30*time.Second), join(t, url, "b", 30*time.Second)
+	p := db(t, url)
+	killWithTurns(t, p, dead, turns)
+	expire(t, p, dead)
+
+	// The other survivor's batch, as takeOverNext's transaction holds it.
+	other, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback(ctx) }()
+	if _, err := other.Exec(ctx, `SELECT FROM leases WHERE epoch = $1 FOR SHARE`, dead.Epoch()); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := other.Query(ctx, `SELECT run_id FROM turns WHERE owner_epoch = $1 AND state = 'running'
+		ORDER BY run_id LIMIT $2 FOR UPDATE`, dead.Epoch(), held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldRuns, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := b.Survey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 1 || out[0].Epoch != dead.Epoch() || len(out[0].Turns) != takeoverBatch || !out[0].More {
+		t.Fatalf("Survey beside another batch = %d takeovers (%+v); want one batch of %d, More set", len(out), out, takeoverBatch)
+	}
+	isHeld := map[string]bool{}
+	for _, run := range heldRuns {
+		isHeld[run] = true
+	}
+	for _, tt := range out[0].Turns {
+		if isHeld[tt.RunID] {
+			t.Fatalf("ended %s, which the other batch holds", tt.RunID)
+		}
+	}
+	if n := count(t, p, `SELECT count(*) FROM leases WHERE epoch = $1`, dead.Epoch()); n != 1 {
+		t.Fatalf("the lease was deleted under the other batch")
+	}
+
+	// The other batch ends its turns and commits; the next survey deletes
+	// the lease, with nothing left to end.
+	if _, err := other.Exec(ctx, `UPDATE turns SET state = 'aborted', stop_reason = 'interrupted', ended_at = now()
+		WHERE run_id = ANY($1)`, heldRuns); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, err = b.Survey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 1 || out[0].Epoch != dead.Epoch() || len(out[0].Turns) != 0 || out[0].More {
+		t.Fatalf("Survey after the other batch = %+v; want the last, with no turn left", out)
+	}
+	if n := count(t, p, `SELECT count(*) FROM leases WHERE epoch = $1`, dead.Epoch()); n != 0 {
+		t.Errorf("the dead epoch's lease is still there")
+	}
+	if n := count(t, p, `SELECT count(*) FROM turns WHERE state = 'running'`); n != 0 {
+		t.Errorf("%d turns still running", n)
+	}
+	if n := count(t, p, `SELECT count(*) FROM journal WHERE stop_reason = 'interrupted'`); n != takeoverBatch {
+		t.Errorf("%d interrupted endings journaled by b, want %d", n, takeoverBatch)
 	}
 }

@@ -75,15 +75,19 @@
 // # Takeover
 //
 // Survey finds expired leases (expires_at <= now(), the database's clock)
-// with FOR UPDATE SKIP LOCKED, so concurrent survivors split them, and for
-// each, in one transaction: ends the epoch's running turns as aborted with
-// stop reason interrupted (through the index on owner and epoch: only that
-// epoch's rows, never a sweep), appends each notice to its session's
-// history, journals it, enqueues it in the outbox for an out-of-band
-// channel (UNIQUE (run_id, kind): one notice per run) and deletes the
-// lease. An epoch with more than takeoverBatch running turns is ended in
-// batches, a transaction each under the lease's row lock, the lease
-// deleted with the last (Takeover.More on the others); each batch goes to
-// OnTakeover while the next commits. Claim and Finish hold the owner's lease row FOR KEY SHARE, so a
-// claim can never commit under a lease a survivor is taking over.
+// and ends each epoch's running turns as aborted with stop reason
+// interrupted (through the index on owner and epoch: only that epoch's
+// rows, never a sweep), appends each notice to its session's history,
+// journals it, enqueues it in the outbox for an out-of-band channel
+// (UNIQUE (run_id, kind): one notice per run) and deletes the lease. The
+// turns are ended in batches of at most takeoverBatch, a transaction each
+// holding the lease FOR SHARE and its turns FOR UPDATE SKIP LOCKED, so the
+// survivors end batches of one epoch at once, each turn in exactly one;
+// each batch goes to OnTakeover (Takeover.More) while the next commits.
+// The last transaction holds the lease FOR UPDATE — it waits for every
+// batch, claim and finish holding the lease — ends whatever is still
+// running and deletes the lease (a small takeover is one Takeover).
+// Claim and Finish hold the owner's lease row FOR KEY SHARE and require
+// it unexpired, so a claim that commits beside a batch began before the
+// expiry, and its turn is ended by that last transaction.
 package pgcoord

@@ -123,6 +123,21 @@ func expire(t testing.TB, p *pgxpool.Pool, r *Replica) {
 	}
 }
 
+// killWithTurns gives r n running turns in new sessions s-0 … s-(n-1)
+// (insertTurns), then stops it as a SIGKILL would (die).
+func killWithTurns(t testing.TB, p *pgxpool.Pool, r *Replica, n int) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := p.Exec(ctx, `INSERT INTO sessions (key, created_at, updated_at)
+		SELECT 's-' || i, now(), now() FROM generate_series(0, $1 - 1) i`, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := insertTurns(ctx, p, r, n); err != nil {
+		t.Fatal(err)
+	}
+	die(r)
+}
+
 func finished(runID, reply string) event.Event {
 	return event.Event{Kind: event.Finished, RunID: runID, StopReason: event.ReasonStop, FullText: reply, Time: time.Now()}
 }

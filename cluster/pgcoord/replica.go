@@ -290,7 +290,7 @@ func (r *Replica) Leave(ctx context.Context) error {
 		r.bg.Wait()
 		if r.end(fmt.Errorf("%w: left the cluster", ErrFenced)) {
 			var t Takeover
-			if t, err = r.takeOver(ctx, lease{epoch: r.epoch, replica: r.id}); err != nil {
+			if t, _, err = r.takeOver(ctx, lease{epoch: r.epoch, replica: r.id}, 0); err != nil {
 				err = fmt.Errorf("leave the cluster: %w", err)
 			} else if len(t.Turns) > 0 && r.opts.OnLeave != nil {
 				r.opts.OnLeave(t)

@@ -54,14 +54,18 @@ type lease struct {
 }
 
 // Survey takes over every lease that has expired on the database's clock
-// and that no other survivor is taking over right now (FOR UPDATE SKIP
-// LOCKED), one transaction per dead epoch (see takeOver), and returns what
-// it took over: tell the sessions' watchers and run their queued messages.
-// An epoch with more than takeoverBatch running turns is taken over in
-// batches, one Takeover each (More set on all but the last), each its own
-// transaction under the lease's row lock; the turns of a batch are ended
-// once whichever survivor commits it, and the lease, expired, can no
-// longer be renewed nor finish a turn in between.
+// and that no other survivor is deleting right now, and returns what it
+// took over: tell the sessions' watchers and run their queued messages.
+// An epoch's running turns are ended in batches of at most takeoverBatch,
+// one Takeover each (More set on all but the last), each its own
+// transaction holding the lease FOR SHARE: other survivors end other
+// batches of the same epoch at once (each turn once, whichever survivor
+// commits it: FOR UPDATE SKIP LOCKED), and the lease, expired, can no
+// longer be renewed nor finish a turn in between. The last transaction
+// (finishTakeover) holds the lease FOR UPDATE, after every batch, and
+// deletes it; a takeover of fewer than takeoverBatch turns is one
+// Takeover. An epoch whose running turns are all in other survivors'
+// batches is left to them.
 // With nothing expired it costs one read. A fenced replica surveys nothing
 // (ErrFenced): it is no longer the one to act on what it would find.
 func (r *Replica) Survey(ctx context.Context) ([]Takeover, error) {
@@ -89,33 +93,80 @@ func (r *Replica) survey(ctx context.Context, emit func(Takeover)) (time.Duratio
 		next = time.Duration(*nextSecs * float64(time.Second))
 	}
 	for done := 0; done < expired; {
-		t, ok, err := r.takeOverNext(ctx)
+		t, ok, elsewhere, err := r.takeOverNext(ctx)
 		if err != nil {
 			return next, err
 		}
 		if !ok {
 			break
 		}
-		emit(t)
-		if !t.More {
-			done++
+		if len(t.Turns) == takeoverBatch {
+			emit(t)
+			continue
+		}
+		done++
+		if elsewhere {
+			// Its running turns are all in other survivors' batches: the
+			// one of them that ends the last deletes the lease.
+			continue
+		}
+		if err := r.finishTakeover(ctx, t, emit); err != nil {
+			return next, err
 		}
 	}
 	return next, nil
 }
 
-// takeOverNext takes over one expired lease no one else holds; ok false
-// when there is none.
-func (r *Replica) takeOverNext(ctx context.Context) (Takeover, bool, error) {
-	var t Takeover
-	found := false
-	err := r.retryConflicts(ctx, func() error {
-		t, found = Takeover{}, false
-		var err error
-		err = r.inTx(ctx, func(tx pgx.Tx) error {
+// finishTakeover is the end of a survey's takeover of epoch t, the batch
+// this survivor just committed (fewer than takeoverBatch turns, perhaps
+// none): other survivors' batches may still be ending the rest. It waits
+// for them (the lease FOR UPDATE, takeOver), ends what is still running —
+// in batches — and deletes the lease, unless another survivor did first.
+// t goes to emit with More false when nothing else was left, so a small
+// takeover is one Takeover, as it was one transaction.
+func (r *Replica) finishTakeover(ctx context.Context, t Takeover, emit func(Takeover)) error {
+	for {
+		f, found, err := r.takeOver(ctx, lease{epoch: t.Epoch, replica: t.Replica}, takeoverBatch)
+		if err != nil {
+			if len(t.Turns) > 0 {
+				emit(t) // committed: its ends are due whatever comes next
+			}
+			return err
+		}
+		if found && len(f.Turns) == 0 && !f.More && len(t.Turns) > 0 {
+			t.More, t.Overdue = false, f.Overdue
+			emit(t)
+			return nil
+		}
+		if len(t.Turns) > 0 {
+			emit(t)
+		}
+		if !found {
+			return nil
+		}
+		if !f.More {
+			emit(f)
+			return nil
+		}
+		t = f
+	}
+}
+
+// takeOverNext ends a batch of the running turns of an expired lease that
+// no survivor is finishing (deleting); ok false when there is none. It
+// holds the lease FOR SHARE, so the survivors end batches of one dead
+// epoch at once (each locks its batch's turns, skipping those another
+// locked), while the lease can be neither deleted nor renewed; the batch
+// has More set and leaves the lease (finishTakeover deletes it).
+// elsewhere is true when it found no turn to end but the epoch still has
+// running ones: other survivors' batches hold them.
+func (r *Replica) takeOverNext(ctx context.Context) (t Takeover, found, elsewhere bool, err error) {
+	err = r.retryConflicts(ctx, func() error {
+		t, found, elsewhere = Takeover{}, false, false
+		return r.inTx(ctx, func(tx pgx.Tx) error {
 			var l lease
 			err := tx.QueryRow(ctx, `SELECT epoch, replica_id FROM leases WHERE expires_at <= now()
-				ORDER BY expires_at LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&l.epoch, &l.replica)
+				ORDER BY expires_at LIMIT 1 FOR SHARE SKIP LOCKED`).Scan(&l.epoch, &l.replica)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
@@ -123,18 +174,24 @@ func (r *Replica) takeOverNext(ctx context.Context) (Takeover, bool, error) {
 				return fmt.Errorf("lock an expired lease: %w", err)
 			}
 			found = true
-			t, err = r.interrupt(ctx, tx, l, takeoverBatch)
-			return err
+			if t, err = r.interrupt(ctx, tx, l, takeoverBatch, false); err != nil || len(t.Turns) > 0 {
+				return err
+			}
+			err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM turns WHERE owner_replica = $1 AND owner_epoch = $2
+				AND state = 'running')`, l.replica, l.epoch).Scan(&elsewhere)
+			if err != nil {
+				return fmt.Errorf("look for the turns other survivors are ending: %w", err)
+			}
+			return nil
 		})
-		return err
 	})
 	if err != nil {
-		return Takeover{}, false, fmt.Errorf("take over an expired lease: %w", err)
+		return Takeover{}, false, false, fmt.Errorf("take over an expired lease: %w", err)
 	}
-	if found {
+	if len(t.Turns) > 0 {
 		r.afterTakeover(t)
 	}
-	return t, found, nil
+	return t, found, elsewhere, nil
 }
 
 // resume returns the notice that ends the taken-over turn tr: Notice's,
@@ -167,10 +224,15 @@ func (r *Replica) resume(ctx context.Context, tx pgx.Tx, tr store.Turn) (string,
 }
 
 // takeOver ends epoch l's running turns and deletes its lease whether or
-// not it has expired (Leave: this replica's own).
-func (r *Replica) takeOver(ctx context.Context, l lease) (Takeover, error) {
-	var t Takeover
-	err := r.retryConflicts(ctx, func() error {
+// not it has expired (Leave: this replica's own; Survey: the last
+// transactions of a dead one's takeover); found false when the lease was
+// gone already. It waits for the lease FOR UPDATE: for every batch, claim
+// and finish that holds it, so what it finds running is all that is left.
+// With limit > 0 it ends at most limit turns and, when it ended limit,
+// leaves the lease (More set): call it again.
+func (r *Replica) takeOver(ctx context.Context, l lease, limit int) (t Takeover, found bool, err error) {
+	err = r.retryConflicts(ctx, func() error {
+		t, found = Takeover{}, false
 		return r.inTx(ctx, func(tx pgx.Tx) error {
 			var one int
 			err := tx.QueryRow(ctx, `SELECT 1 FROM leases WHERE epoch = $1 FOR UPDATE`, l.epoch).Scan(&one)
@@ -180,32 +242,42 @@ func (r *Replica) takeOver(ctx context.Context, l lease) (Takeover, error) {
 			if err != nil {
 				return fmt.Errorf("lock the lease: %w", err)
 			}
-			t, err = r.interrupt(ctx, tx, l, 0)
+			found = true
+			t, err = r.interrupt(ctx, tx, l, limit, true)
 			return err
 		})
 	})
 	if err != nil {
-		return Takeover{}, fmt.Errorf("take over %s#%d: %w", l.replica, l.epoch, err)
+		return Takeover{}, false, fmt.Errorf("take over %s#%d: %w", l.replica, l.epoch, err)
 	}
-	r.afterTakeover(t)
-	return t, nil
+	if found {
+		r.afterTakeover(t)
+	}
+	return t, found, nil
 }
 
-// interrupt does a takeover inside tx, which holds l's lease row FOR UPDATE:
-// it ends l's running turns as interrupted (through turns_by_owner: only
-// that epoch's rows), appends their notices to the history, journals them,
-// enqueues them for outbox channels (one per run: UNIQUE (run_id, kind)),
-// expires the questions (approvals) they waited on, touches their sessions
-// and deletes the lease. With limit > 0 it ends at most limit turns, and
-// when it ended limit it leaves the lease (and the release of its outbox
-// claims) to the next batch: the Takeover has More set.
-func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease, limit int) (Takeover, error) {
+// interrupt does a takeover inside tx: it ends l's running turns as
+// interrupted (through turns_by_owner: only that epoch's rows), appends
+// their notices to the history, journals them, enqueues them for outbox
+// channels (one per run: UNIQUE (run_id, kind)), expires the questions
+// (approvals) they waited on and touches their sessions. With limit > 0
+// it ends at most limit turns. When exclusive, tx holds l's lease row FOR
+// UPDATE: unless it ended limit turns (More set), it also releases the
+// epoch's outbox claims and deletes the lease. Otherwise (a survivor's
+// batch) tx holds the lease FOR SHARE, as other survivors' batches may:
+// it locks its turns FOR UPDATE SKIP LOCKED (another batch has the
+// others) and leaves the lease: the Takeover has More set.
+func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease, limit int, exclusive bool) (Takeover, error) {
 	t := Takeover{Replica: l.replica, Epoch: l.epoch}
 	// The batch's run ids first, through turns_by_owner (LIMIT NULL: all),
 	// then each row by its key: one plan for any size.
 	var batch []string
-	idRows, err := tx.Query(ctx, `SELECT run_id FROM turns WHERE owner_replica = $1 AND owner_epoch = $2 AND state = 'running'
-		LIMIT nullif($3::int, 0)`, l.replica, l.epoch, max(limit, 0))
+	idSQL := `SELECT run_id FROM turns WHERE owner_replica = $1 AND owner_epoch = $2 AND state = 'running'
+		LIMIT nullif($3::int, 0)`
+	if !exclusive {
+		idSQL += ` FOR UPDATE SKIP LOCKED`
+	}
+	idRows, err := tx.Query(ctx, idSQL, l.replica, l.epoch, max(limit, 0))
 	if err == nil {
 		batch, err = pgx.CollectRows(idRows, pgx.RowTo[string])
 	}
@@ -295,10 +367,10 @@ func (r *Replica) interrupt(ctx context.Context, tx pgx.Tx, l lease, limit int) 
 	}
 	var overdue float64
 	scanOverdue := func(row pgx.Row) error { return row.Scan(&overdue) }
-	t.More = limit > 0 && n == limit
+	t.More = !exclusive || (limit > 0 && n == limit)
 	if t.More {
 		// A batch: the lease stays (expired, under this lock until the
-		// commit) for the next one.
+		// commit) for the next one and the last transaction.
 		b.Queue(`SELECT extract(epoch FROM clock_timestamp() - expires_at)::float8
 			FROM leases WHERE epoch = $1`, l.epoch).QueryRow(scanOverdue)
 	} else {
