@@ -226,13 +226,18 @@ func TestTakeoverWithinLeasePlusOneSecondExactlyOnce(t *testing.T) {
 	} else {
 		t.Logf("taken over %s after the death (lease %s)", took.Round(time.Millisecond), lease)
 	}
-	if n != 1 || len(taken) != turns {
-		t.Fatalf("%d takeovers with %d turns, want 1 with %d", n, len(taken), turns)
+	// The survivors may share the epoch's batches (a small one is one
+	// Takeover; another survivor may end nothing and delete the lease),
+	// but every turn is ended once and the epoch has one last takeover.
+	testwait.Until(t, lease+2*time.Second, "the dead epoch's last takeover", func() bool { return seen.lasts(dead.Epoch()) > 0 })
+	n, _, taken = seen.of(dead.Epoch())
+	if last := seen.lasts(dead.Epoch()); n > 3 || last != 1 || len(taken) != turns {
+		t.Fatalf("%d takeovers (%d last) with %d turns, want at most one per survivor, one last, %d turns", n, last, len(taken), turns)
 	}
-	// Give the other survivors a few more surveys: still one of each.
+	// Give the other survivors a few more surveys: still the same.
 	time.Sleep(lease / 2) // real time: the survivors' survey loops run on real timers
-	if n, _, _ := seen.of(dead.Epoch()); n != 1 {
-		t.Errorf("%d takeovers of the dead epoch, want 1", n)
+	if m, _, again := seen.of(dead.Epoch()); m != n || len(again) != turns || seen.lasts(dead.Epoch()) != 1 {
+		t.Errorf("%d takeovers with %d turns of the dead epoch after more surveys, want %d with %d", m, len(again), n, turns)
 	}
 	if n := count(t, p, `SELECT count(*) FROM (SELECT run_id FROM messages WHERE stop_reason = 'interrupted'
 		GROUP BY run_id HAVING count(*) = 1) o`); n != turns {

@@ -59,6 +59,20 @@ func (k *takeovers) of(epoch int64) (n int, first time.Time, turns []TakenTurn) 
 	return n, first, turns
 }
 
+// lasts is how many of epoch's takeovers were its last (More false):
+// exactly one once the epoch is taken over, whichever survivors ended
+// its batches (an empty one when others' batches ended every turn).
+func (k *takeovers) lasts(epoch int64) (n int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, t := range k.all {
+		if t.Epoch == epoch && !t.More {
+			n++
+		}
+	}
+	return n
+}
+
 // join makes a replica on url that leaves at the test's end.
 func join(t testing.TB, url, id string, lease time.Duration, edit ...func(*Options)) *Replica {
 	t.Helper()

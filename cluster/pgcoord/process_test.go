@@ -128,8 +128,14 @@ func TestSIGSTOPedOwnerIsTakenOverAndItsLateFinalRefused(t *testing.T) {
 	if took := first.Sub(stopped); took > childLease+time.Second {
 		t.Errorf("taken over %s after SIGSTOP, want ≤ lease + 1 s = %s", took, childLease+time.Second)
 	}
-	if n != 1 || len(taken) != 1 || taken[0].RunID != childRun || !taken[0].Outboxed {
-		t.Fatalf("%d takeovers of the stopped epoch, turns %+v; want 1 with %s, its notice in the outbox", n, taken, childRun)
+	// Both survivors may take part (one ends the turn in a batch, the
+	// other deletes the lease), but the turn is ended once and the epoch
+	// has one last takeover.
+	testwait.Until(t, childLease+3*time.Second, "the stopped epoch's last takeover", func() bool { return seen.lasts(epoch) > 0 })
+	n, _, taken = seen.of(epoch)
+	if last := seen.lasts(epoch); n > 2 || last != 1 || len(taken) != 1 || taken[0].RunID != childRun || !taken[0].Outboxed {
+		t.Fatalf("%d takeovers of the stopped epoch (%d last), turns %+v; want 1 or 2, one last, one turn %s, its notice in the outbox",
+			n, last, taken, childRun)
 	}
 	time.Sleep(time.Until(stopped.Add(2 * childLease))) // real time: the owner stays stopped for two leases
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
