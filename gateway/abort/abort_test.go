@@ -394,3 +394,94 @@ func TestTerminalPublishHoldsNoLockReadersWaitFor(t *testing.T) {
 		t.Fatalf("published %v, want %v", got, want)
 	}
 }
+
+// countingCtx is a cancellable context that counts the children registered
+// with it: the context package registers a child through AfterFunc when its
+// parent is not one of its own.
+type countingCtx struct {
+	context.Context
+	done     chan struct{}
+	mu       sync.Mutex
+	children []func()
+}
+
+func newCountingCtx() *countingCtx {
+	return &countingCtx{Context: context.WithValue(context.Background(), ctxKey{}, "base"), done: make(chan struct{})}
+}
+
+type ctxKey struct{}
+
+func (c *countingCtx) Done() <-chan struct{} { return c.done }
+
+func (c *countingCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+
+func (c *countingCtx) AfterFunc(f func()) func() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.children = append(c.children, f)
+	return func() bool { return true }
+}
+
+func (c *countingCtx) registered() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.children)
+}
+
+func (c *countingCtx) cancel() {
+	c.mu.Lock()
+	fs := c.children
+	c.mu.Unlock()
+	close(c.done)
+	for _, f := range fs {
+		f()
+	}
+}
+
+// TestRunsDoNotRegisterWithTheBaseContext: every run is registered with the
+// gateway's one base context; a run's context must not be a child of it
+// directly (one map of every live turn, under one lock, at every start and
+// end), yet must carry its values and end with it.
+func TestRunsDoNotRegisterWithTheBaseContext(t *testing.T) {
+	base := newCountingCtx()
+	g := New(nil)
+	const n = 1000
+	runs := make([]*Run, n)
+	for i := range runs {
+		r, err := g.Register(base, Spec{RunID: string(rune('a'+i%26)) + strings.Repeat("x", i/26), Settings: timeout.Defaults()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs[i] = r
+	}
+	if got := base.registered(); got > Slots {
+		t.Fatalf("%d children registered with the base context for %d runs, want at most %d (one per shard)", got, n, Slots)
+	}
+	if v := runs[0].Context().Value(ctxKey{}); v != "base" {
+		t.Fatalf("a run's context lost the base context's values: %v", v)
+	}
+	// A run that ends leaves the others alone; the base's end ends them all.
+	if _, ok := runs[0].Abort(event.ReasonStop); !ok {
+		t.Fatal("abort lost")
+	}
+	if runs[1].Context().Err() != nil {
+		t.Fatal("aborting one run ended another's context")
+	}
+	base.cancel()
+	for _, r := range runs[1:] {
+		if !errors.Is(r.Context().Err(), context.Canceled) {
+			t.Fatalf("run %s: context %v after the base context ended", r.ID, r.Context().Err())
+		}
+	}
+	var ae *AbortError
+	if !errors.As(context.Cause(runs[0].Context()), &ae) || ae.Reason != event.ReasonStop {
+		t.Fatalf("the aborted run's cause = %v", context.Cause(runs[0].Context()))
+	}
+}

@@ -50,7 +50,39 @@ type Registry struct {
 type shard struct {
 	mu   sync.Mutex
 	runs map[string]*Run
-	_    [40]byte // keep shards on separate cache lines
+	// base is the first cancellable context Register was given for this
+	// shard and parent a context derived from it once, which the shard's
+	// runs' contexts derive from (see parentFor).
+	base   context.Context
+	parent context.Context
+	stop   context.CancelFunc // parent's; never called: parent ends with base
+	_      [8]byte            // keep shards on separate cache lines
+}
+
+// parentFor returns the context a run registered with ctx derives its own
+// from. Every run of the gateway is registered with the same base context,
+// and a cancellable context keeps a map of its children under one lock: a
+// run's context derived from it directly would insert into one map of every
+// live turn at each start and delete from it at each abort or release, under
+// one lock for the whole gateway. So each shard derives its own parent from
+// the first cancellable context it is given, once, and derives its runs'
+// contexts from that: the map and its lock are the shard's (1/64 of the
+// live turns). Values, cancellation and its cause reach the run as they
+// would directly. A run registered with any other context derives from it
+// directly. Contexts are compared as interface values (every context of
+// the standard library is a pointer). Called with s.mu held.
+func (s *shard) parentFor(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx // never cancelled: deriving from it registers nothing
+	}
+	if s.base == nil {
+		s.base = ctx
+		s.parent, s.stop = context.WithCancel(ctx)
+	}
+	if s.base == ctx {
+		return s.parent
+	}
+	return ctx
 }
 
 // New returns an empty registry whose clock starts now. onRelease, if not
@@ -132,7 +164,7 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef, Attempt: max(spec.Attempt, 1),
 		Settings: spec.Settings, reg: g, start: now, slot: slot,
 	}
-	r.ctx, r.cancel = context.WithCancelCause(ctx)
+	r.ctx, r.cancel = context.WithCancelCause(s.parentFor(ctx))
 	s.runs[spec.RunID] = r
 	return r, nil
 }
