@@ -75,6 +75,13 @@ func TestFrameRoundTrip(t *testing.T) {
 			t.Fatalf("header: got %+v want %+v", g, f)
 		}
 		sameEvent(t, g.ev, f.ev)
+		// The head a watcher reads before deciding to decode agrees.
+		h, err := peekFrame(b)
+		if err != nil || h.kind != f.kind || h.seq != f.seq || string(h.tenure) != f.tenure || h.base != f.base ||
+			h.hintSeq != f.hintSeq || h.hintStream != f.hintStream || string(h.key) != f.ev.SessionKey ||
+			(f.kind == frameEvent || f.kind == frameDelta) && (h.evKind != f.ev.Kind || string(h.runID) != f.ev.RunID || h.evSeq != f.ev.Seq) {
+			t.Fatalf("kind %d: head %+v, %v; want the frame's %+v", f.kind, h, err, f)
+		}
 	}
 }
 
@@ -128,6 +135,7 @@ func FuzzFrame(f *testing.F) {
 	f.Add(appendFrame(nil, &frame{kind: frameDelta, seq: 3, ev: event.Event{Kind: event.Delta, Text: "a"}}))
 	f.Add(appendFrame(nil, &frame{kind: frameLost, seq: 4, ev: event.Event{SessionKey: "k"}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _ = peekFrame(data) // never panics either
 		g, err := decodeFrame(data)
 		if err != nil {
 			return
