@@ -476,6 +476,10 @@ func (w *Watcher) offer(s *watchSession, f frame) {
 		w.stats.Late++
 		return
 	}
+	if f.seq == s.d+1 && len(s.ahead) == 0 {
+		w.next(s, &f) // the next one, nothing held: passed at once, never held in ahead
+		return
+	}
 	if len(s.ahead) >= w.opt.MaxAhead {
 		w.gap(s, GapOverflow, f.seq)
 		return
@@ -516,6 +520,9 @@ func (s *watchSession) isOld(tenure string) bool {
 // earlierTenure reports whether tenure a was numbered by the same exporter
 // as tenure b, before it.
 func earlierTenure(a, b string) bool {
+	if a == b {
+		return false // the common case, without parsing
+	}
 	ia, ib := strings.LastIndexByte(a, '.'), strings.LastIndexByte(b, '.')
 	if ia <= 0 || ib <= 0 || a[:ia] != b[:ib] {
 		return false
@@ -537,35 +544,8 @@ func (w *Watcher) drain(s *watchSession) {
 			w.stats.Late++
 			break
 		}
-		if s.tenure != "" && f.tenure != s.tenure {
-			if f.base != s.d {
-				w.gap(s, GapConflict, f.seq)
-				return
-			}
-			s.old = append(s.old, s.tenure)
-			if len(s.old) > 4 {
-				s.old = s.old[1:]
-			}
-		}
-		s.tenure = f.tenure
-		s.d = f.seq
-		if f.hintSeq > s.hintSeq && f.hintSeq <= s.d {
-			s.hintSeq, s.hintStrm = f.hintSeq, f.hintStream
-		}
-		switch f.kind {
-		case frameLost:
-			w.gap(s, GapLost, f.seq)
+		if !w.next(s, &f) {
 			return
-		case frameSync:
-		default:
-			s.terminal = f.ev.Kind.Terminal() || f.ev.Kind == event.ForceFinalized || f.ev.Kind == event.SessionReset
-			s.runID, s.runSeq = f.ev.RunID, f.ev.Seq
-			if w.skipped(f.tenure) {
-				w.stats.Skipped++
-				continue
-			}
-			w.stats.Delivered++
-			w.h(f.ev)
 		}
 	}
 	if len(s.ahead) == 0 {
@@ -573,6 +553,43 @@ func (w *Watcher) drain(s *watchSession) {
 	} else if s.gapSince.IsZero() {
 		s.gapSince = time.Now()
 	}
+}
+
+// next passes f, the frame after s.d (not of an old tenure), delivering
+// its event unless it is SkipOrigin's. It returns false when it reported
+// a gap instead (s starts afresh).
+func (w *Watcher) next(s *watchSession, f *frame) bool {
+	if s.tenure != "" && f.tenure != s.tenure {
+		if f.base != s.d {
+			w.gap(s, GapConflict, f.seq)
+			return false
+		}
+		s.old = append(s.old, s.tenure)
+		if len(s.old) > 4 {
+			s.old = s.old[1:]
+		}
+	}
+	s.tenure = f.tenure
+	s.d = f.seq
+	if f.hintSeq > s.hintSeq && f.hintSeq <= s.d {
+		s.hintSeq, s.hintStrm = f.hintSeq, f.hintStream
+	}
+	switch f.kind {
+	case frameLost:
+		w.gap(s, GapLost, f.seq)
+		return false
+	case frameSync:
+	default:
+		s.terminal = f.ev.Kind.Terminal() || f.ev.Kind == event.ForceFinalized || f.ev.Kind == event.SessionReset
+		s.runID, s.runSeq = f.ev.RunID, f.ev.Seq
+		if w.skipped(f.tenure) {
+			w.stats.Skipped++
+			return true
+		}
+		w.stats.Delivered++
+		w.h(f.ev)
+	}
+	return true
 }
 
 // repair fetches the missing frames (d+1 up to the first frame held
