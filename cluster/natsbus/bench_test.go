@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/internal/natstest"
 )
@@ -130,6 +132,49 @@ func BenchmarkBusPath(b *testing.B) {
 			start := time.Now()
 			turns := drive(rate, bus.Publish)
 			l.report(b, turns, time.Since(start))
+		})
+	}
+}
+
+// BenchmarkImportReceive is what a replica's watcher of every session
+// spends on one frame it receives (issue 21, three replicas: each frame
+// reaches every replica), in process, without NATS: a frame its own
+// exporter published (SkipOrigin), one of a session it does not show
+// (Follow says no) and one of a session it shows. The frames are a turn's
+// — TurnStarted, StepStarted, two deltas, StepCompleted, Finished — over
+// benchSessions sessions, each session's numbered in order.
+func BenchmarkImportReceive(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		origin string
+		follow bool
+	}{{"own", "me", true}, {"unshown", "other", false}, {"shown", "other", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			opt := WatchOptions{SkipOrigin: "me"}
+			opt.Follow = func(string) bool { return c.follow }
+			w := &Watcher{opt: opt.withDefaults(), h: func(event.Event) {}, sessions: map[string]*watchSession{}, live: map[string]*watchSession{}}
+			msgs := make([]*nats.Msg, b.N)
+			seqs := make([]uint64, benchSessions)
+			kinds := []event.Kind{event.TurnStarted, event.StepStarted, event.Delta, event.Delta, event.StepCompleted, event.Finished}
+			for i := range msgs {
+				turn, j := i/len(kinds), i%len(kinds)
+				s := turn % benchSessions
+				f := frame{kind: frameEvent, tenure: c.origin + ".1", ev: event.Event{Kind: kinds[j], RunID: "r" + strconv.Itoa(turn),
+					SessionKey: "agent:main:bench:" + strconv.Itoa(s), Channel: "ws", Seq: uint64(j + 1), Time: time.Now(),
+					Text: "chunk", FullText: "the reply so far", Step: event.Step{Kind: event.StepTool, Name: "shell", Seq: 1}}}
+				if kinds[j] == event.Delta {
+					f.kind, f.seq = frameDelta, seqs[s]
+				} else {
+					seqs[s]++
+					f.seq = seqs[s]
+				}
+				msgs[i] = &nats.Msg{Data: appendFrame(nil, &f)}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for _, m := range msgs {
+				w.receive(m)
+			}
 		})
 	}
 }

@@ -20,7 +20,11 @@
 //     events in sequence order, drops late and duplicate frames, repairs a
 //     gap from the stream and, when it cannot, reports it (OnGap, a
 //     *GapError) so a WebSocket connection closes with 1012 and its client
-//     reloads history: never a silent gap.
+//     reloads history: never a silent gap. A watcher of every
+//     session follows in sequence only the sessions its replica shows
+//     (WatchOptions.Follow) and decodes nothing it will not deliver: of
+//     the others only turns' ends, and none of its own exporter's frames
+//     (their head keeps the sequence).
 //
 // The guarantee, and where it ends: a watcher either delivers a session's
 // kept events exactly in sequence with none missing, or calls OnGap. Three

@@ -56,9 +56,10 @@ type Interest struct {
 	done chan struct{}
 	once sync.Once
 
-	mu       sync.Mutex // local
+	mu       sync.Mutex // local, localAll, asked
 	local    map[string]struct{}
 	localAll bool
+	asked    map[string]time.Time // Asked: until when
 
 	rmu     sync.RWMutex // remotes, counts, allN, touched
 	remotes map[string]*remoteInterest
@@ -97,7 +98,7 @@ func NewInterest(nc *nats.Conn, opt InterestOptions) (*Interest, error) {
 		return nil, fmt.Errorf("natsbus: interest: no replica id")
 	}
 	i := &Interest{opt: opt, nc: nc, subj: opt.Prefix + ".int", quit: make(chan struct{}), done: make(chan struct{}),
-		local: map[string]struct{}{}, remotes: map[string]*remoteInterest{}, counts: map[string]int{}, touched: map[string]time.Time{}}
+		local: map[string]struct{}{}, asked: map[string]time.Time{}, remotes: map[string]*remoteInterest{}, counts: map[string]int{}, touched: map[string]time.Time{}}
 	sub, err := nc.Subscribe(i.subj, i.receive)
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: interest: subscribe %s: %w", i.subj, err)
@@ -154,6 +155,33 @@ func (i *Interest) WatchAll(on bool) {
 		i.localAll = on
 		i.announceLocked()
 	}
+}
+
+// Asked records that this replica asked another about sessionKey (a
+// forwarded status or send, which makes that replica Touch it): Shows
+// reports it for as long as the other replica's Touch lasts, three
+// Refresh periods.
+func (i *Interest) Asked(sessionKey string) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.asked[sessionKey] = time.Now().Add(3 * i.opt.Refresh)
+}
+
+// Shows reports whether this replica wants sessionKey's events itself: it
+// shows the session to someone (Watch, WatchAll) or recently Asked about
+// it. It is the filter of this replica's watcher of every session
+// (WatchOptions.Follow), called once per frame: one uncontended lock.
+func (i *Interest) Shows(sessionKey string) bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.localAll {
+		return true
+	}
+	if _, ok := i.local[sessionKey]; ok {
+		return true
+	}
+	until, ok := i.asked[sessionKey]
+	return ok && time.Now().Before(until)
 }
 
 // Touch makes replica want sessionKey now, for three Refresh periods (its
@@ -228,10 +256,16 @@ func (i *Interest) loop() {
 			return
 		case <-t.C:
 		}
+		now := time.Now()
 		i.mu.Lock()
 		i.announceLocked()
+		for k, until := range i.asked {
+			if !now.Before(until) {
+				delete(i.asked, k)
+			}
+		}
 		i.mu.Unlock()
-		i.expire(time.Now())
+		i.expire(now)
 	}
 }
 

@@ -610,3 +610,82 @@ func TestLateFrameOfAnEarlierTenureIsNotAConflict(t *testing.T) {
 		t.Fatalf("kept %v, %d gaps; want %d events in order and no gap", got, gaps, n+1)
 	}
 }
+
+// TestSkipOriginFramesAreNeverDecoded (issue 21): a watcher of every
+// session decodes none of SkipOrigin's frames — kept or delta — whole; it
+// reads their heads, which keep the session's sequence, so the other
+// exporter's events that follow them are delivered in order with no gap.
+func TestSkipOriginFramesAreNeverDecoded(t *testing.T) {
+	c := natstest.Start(t, 1)
+	nc := connect(t, c, 0)
+	a := newExporter(t, nc, ExporterOptions{})
+	b := newExporter(t, connect(t, c, 0), ExporterOptions{})
+	r, w := watchStats(t, nc, "", WatchOptions{SkipOrigin: a.Origin()})
+	const key = "agent:main:ws:own"
+	for i := 1; i <= 5; i++ {
+		a.Publish(keptEvent(key, i, 0))
+		a.Publish(deltaEvent(key, i))
+	}
+	testwait.Until(t, 10*time.Second, "a's frames acknowledged", func() bool { return a.Stats().Acked >= 5 })
+	if _, err := b.Adopt(testContext(t, 10*time.Second), key, 0); err != nil {
+		t.Fatal(err)
+	}
+	b.Publish(keptEvent(key, 6, 0))
+	testwait.Until(t, 10*time.Second, "b's event", func() bool { return len(r.kept()) >= 1 })
+	if got := r.kept(); !slices.Equal(got, []string{"k6"}) {
+		t.Fatalf("kept %v; want b's event only, no gap", got)
+	}
+	if st := w.Stats(); st.Decoded != 1 || st.Skipped != 5 || st.Gaps != 0 || st.Repaired != 0 {
+		t.Errorf("watcher stats %+v; want only b's frame decoded, a's 5 kept events skipped in sequence, no gap or repair", st)
+	}
+}
+
+// TestFollowDeliversOnlyTheEndsOfOtherSessions (issue 21): a watcher of
+// every session with Follow delivers the sessions it follows whole and in
+// order, and of the others only their turns' ends, decoding nothing else;
+// a session it starts to follow is delivered whole from its next turn on,
+// with no gap, and one it stops following falls back to its ends.
+func TestFollowDeliversOnlyTheEndsOfOtherSessions(t *testing.T) {
+	c := natstest.Start(t, 1)
+	nc := connect(t, c, 0)
+	x := newExporter(t, nc, ExporterOptions{})
+	var mu sync.Mutex
+	shown := map[string]bool{"shown": true}
+	follow := func(key string) bool { mu.Lock(); defer mu.Unlock(); return shown[key] }
+	r, w := watchStats(t, nc, "", WatchOptions{Follow: follow})
+	turn := func(key string, from int) {
+		for i := from; i < from+3; i++ {
+			ev := keptEvent(key, i, from+2)
+			ev.Text = key + ev.Text
+			x.Publish(ev)
+			d := deltaEvent(key, i)
+			d.Text = key + d.Text
+			x.Publish(d)
+		}
+	}
+	wait := func(n int) {
+		t.Helper()
+		testwait.Until(t, 10*time.Second, fmt.Sprintf("%d kept events", n), func() bool { return len(r.kept()) >= n })
+	}
+	turn("shown", 1)
+	turn("other", 1)
+	wait(4)
+	if got, want := r.kept(), []string{"kshown1", "kshown2", "kshown3", "kother3"}; !slices.Equal(got, want) {
+		t.Fatalf("kept %v; want the shown session whole and the other's end only %v", got, want)
+	}
+	if st := w.Stats(); st.Unfollowed != 5 {
+		t.Errorf("watcher stats %+v; want the other session's 2 steps and 3 deltas dropped undecoded", st)
+	}
+	mu.Lock()
+	shown["other"], shown["shown"] = true, false
+	mu.Unlock()
+	turn("other", 4)
+	turn("shown", 4)
+	wait(8)
+	if got, want := r.kept()[4:], []string{"kother4", "kother5", "kother6", "kshown6"}; !slices.Equal(got, want) {
+		t.Fatalf("kept %v after the switch; want %v", got, want)
+	}
+	if st := w.Stats(); st.Gaps != 0 || st.Repaired != 0 {
+		t.Errorf("watcher stats %+v; want no gap and no repair", st)
+	}
+}

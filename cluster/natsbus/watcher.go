@@ -103,8 +103,24 @@ type WatchOptions struct {
 	// exporter published still count in their sessions' sequences (so
 	// another owner's frames that follow them are in order) but their
 	// events are not delivered. A replica watching every session sets its
-	// own exporter's, so it hears only the other replicas' events.
+	// own exporter's, so it hears only the other replicas' events. Such a
+	// frame is never decoded whole: its head (peekFrame) is what its
+	// session's sequence needs.
 	SkipOrigin string
+	// Follow, for a watcher of every session, names the sessions it
+	// delivers in sequence: those this replica shows to someone (issue
+	// 21: each replica receives every session's frames, and most are of
+	// sessions it shows nobody). nil follows every session. Of a session
+	// it does not follow, the watcher delivers only the ends of turns
+	// (a terminal event not of SkipOrigin), each once per tenure and
+	// sequence, outside any sequence check (no gap is repaired or
+	// reported); its other frames are dropped after their head, never
+	// decoded. A session it starts to follow is followed afresh from the
+	// next frame it receives, as a session it had never heard of; one it
+	// stops following is forgotten but for its last end. Follow is called
+	// on the watcher's goroutine for each frame: it must be quick and
+	// must not block.
+	Follow func(sessionKey string) bool
 }
 
 func (o WatchOptions) withDefaults() WatchOptions {
@@ -133,6 +149,8 @@ type WatcherStats struct {
 	Repaired      uint64 // frames fetched from the stream to fill a gap
 	Gaps          uint64 // OnGap calls
 	Skipped       uint64 // kept events of SkipOrigin passed in sequence, not delivered
+	Decoded       uint64 // frames decoded whole (a SkipOrigin frame and a frame not followed never are)
+	Unfollowed    uint64 // frames of sessions not followed (WatchOptions.Follow) dropped after their head
 }
 
 // Watcher delivers the events of one session, or of all, from the wire,
@@ -164,6 +182,13 @@ type Watcher struct {
 type watchSession struct {
 	key  string
 	subj subjects
+
+	// loose: the watcher does not follow the session (WatchOptions.Follow)
+	// and delivers only its turns' ends; endTenure and endSeq are the
+	// last one's, to drop it when it comes again.
+	loose     bool
+	endTenure string
+	endSeq    uint64
 
 	started   bool
 	d         uint64 // last sequence delivered (or passed: sync frames)
@@ -275,12 +300,16 @@ func (w *Watcher) run(first *watchSession) {
 			if r != reconnects || dr != dropped {
 				reconnects, dropped = r, dr
 				for _, s := range w.sessions {
-					if s.started {
+					if s.started && w.follows(s.key) {
 						w.checkTail(s)
 					}
 				}
 			}
 			for _, s := range w.live {
+				if !w.follows(s.key) {
+					w.unfollow(s)
+					continue
+				}
 				switch {
 				case len(s.ahead) > 0:
 					w.repair(s)
@@ -293,17 +322,45 @@ func (w *Watcher) run(first *watchSession) {
 }
 
 func (w *Watcher) receive(m *nats.Msg) {
-	f, err := decodeFrame(m.Data)
+	h, err := peekFrame(m.Data)
 	if err != nil {
 		w.stats.Late++ // not ours to deliver; nothing to repair from
 		return
 	}
-	key := f.ev.SessionKey
-	if w.key != "" && key != w.key {
+	if w.key != "" && string(h.key) != w.key {
 		return // a hash collision, or a foreign publisher
 	}
-	s := w.session(key)
+	s := w.sessions[string(h.key)] // no copy of the key for a session already known
+	var key string
+	if s != nil {
+		key = s.key
+	} else {
+		key = string(h.key)
+	}
+	own := w.skippedBytes(h.tenure)
+	if !w.follows(key) {
+		w.loose(s, key, &h, own, m.Data)
+		return
+	}
+	if s == nil {
+		s = w.session(key)
+	} else if s.loose {
+		*s = watchSession{key: s.key, subj: s.subj, terminal: true} // followed afresh
+	}
 	s.heard = time.Now()
+	var f frame
+	switch {
+	case own && h.kind == frameDelta:
+		return // never delivered, and a delta has no place in the sequence
+	case own:
+		f = s.headFrame(&h)
+	default:
+		if f, err = decodeFrame(m.Data); err != nil {
+			w.stats.Late++
+			return
+		}
+		w.stats.Decoded++
+	}
 	if f.kind == frameDelta {
 		w.delta(s, &f)
 		return
@@ -311,6 +368,65 @@ func (w *Watcher) receive(m *nats.Msg) {
 	w.offer(s, f)
 	w.drain(s)
 	w.repair(s)
+}
+
+// follows says whether the watcher delivers key's events in sequence
+// (WatchOptions.Follow).
+func (w *Watcher) follows(key string) bool {
+	return w.key != "" || w.opt.Follow == nil || w.opt.Follow(key)
+}
+
+// loose takes a frame of a session the watcher does not follow (s may be
+// nil): a turn's end that is not SkipOrigin's is delivered, once; anything
+// else is dropped undecoded.
+func (w *Watcher) loose(s *watchSession, key string, h *head, own bool, data []byte) {
+	if s != nil && !s.loose {
+		w.unfollow(s)
+	}
+	if own || h.kind != frameEvent || !h.evKind.Terminal() {
+		w.stats.Unfollowed++
+		return
+	}
+	if s == nil {
+		s = w.session(key)
+		s.loose = true
+	}
+	if string(h.tenure) == s.endTenure && h.seq <= s.endSeq {
+		w.stats.Late++ // a publish retried after an ack timeout
+		return
+	}
+	f, err := decodeFrame(data)
+	if err != nil {
+		w.stats.Late++
+		return
+	}
+	w.stats.Decoded++
+	s.endTenure, s.endSeq = f.tenure, f.seq
+	w.stats.Delivered++
+	w.h(f.ev)
+}
+
+// unfollow forgets s's sequence: the watcher no longer follows it. What it
+// delivered last stands as its last end, so that end is not delivered
+// again.
+func (w *Watcher) unfollow(s *watchSession) {
+	*s = watchSession{key: s.key, subj: s.subj, terminal: true, loose: true, endTenure: s.tenure, endSeq: s.d}
+	delete(w.live, s.key)
+}
+
+// headFrame is the frame h heads, with only what its place in s's sequence
+// needs (SkipOrigin's frames, never delivered). The strings s already
+// holds are reused, not copied again.
+func (s *watchSession) headFrame(h *head) frame {
+	f := frame{kind: h.kind, seq: h.seq, base: h.base, hintSeq: h.hintSeq, hintStream: h.hintStream, tenure: s.tenure}
+	if string(h.tenure) != s.tenure {
+		f.tenure = string(h.tenure)
+	}
+	f.ev = event.Event{Kind: h.evKind, SessionKey: s.key, Seq: h.evSeq, RunID: s.runID}
+	if string(h.runID) != s.runID {
+		f.ev.RunID = string(h.runID)
+	}
+	return f
 }
 
 // track keeps the live set: sessions whose turn runs or that have a gap.
@@ -360,6 +476,10 @@ func (w *Watcher) offer(s *watchSession, f frame) {
 		w.stats.Late++
 		return
 	}
+	if f.seq == s.d+1 && len(s.ahead) == 0 {
+		w.next(s, &f) // the next one, nothing held: passed at once, never held in ahead
+		return
+	}
 	if len(s.ahead) >= w.opt.MaxAhead {
 		w.gap(s, GapOverflow, f.seq)
 		return
@@ -374,6 +494,12 @@ func (w *Watcher) offer(s *watchSession, f frame) {
 func (w *Watcher) skipped(tenure string) bool {
 	o := w.opt.SkipOrigin
 	return o != "" && len(tenure) > len(o) && tenure[len(o)] == '.' && tenure[:len(o)] == o
+}
+
+// skippedBytes is skipped of a tenure still in the message.
+func (w *Watcher) skippedBytes(tenure []byte) bool {
+	o := w.opt.SkipOrigin
+	return o != "" && len(tenure) > len(o) && tenure[len(o)] == '.' && string(tenure[:len(o)]) == o
 }
 
 func (s *watchSession) isOld(tenure string) bool {
@@ -394,6 +520,9 @@ func (s *watchSession) isOld(tenure string) bool {
 // earlierTenure reports whether tenure a was numbered by the same exporter
 // as tenure b, before it.
 func earlierTenure(a, b string) bool {
+	if a == b {
+		return false // the common case, without parsing
+	}
 	ia, ib := strings.LastIndexByte(a, '.'), strings.LastIndexByte(b, '.')
 	if ia <= 0 || ib <= 0 || a[:ia] != b[:ib] {
 		return false
@@ -415,35 +544,8 @@ func (w *Watcher) drain(s *watchSession) {
 			w.stats.Late++
 			break
 		}
-		if s.tenure != "" && f.tenure != s.tenure {
-			if f.base != s.d {
-				w.gap(s, GapConflict, f.seq)
-				return
-			}
-			s.old = append(s.old, s.tenure)
-			if len(s.old) > 4 {
-				s.old = s.old[1:]
-			}
-		}
-		s.tenure = f.tenure
-		s.d = f.seq
-		if f.hintSeq > s.hintSeq && f.hintSeq <= s.d {
-			s.hintSeq, s.hintStrm = f.hintSeq, f.hintStream
-		}
-		switch f.kind {
-		case frameLost:
-			w.gap(s, GapLost, f.seq)
+		if !w.next(s, &f) {
 			return
-		case frameSync:
-		default:
-			s.terminal = f.ev.Kind.Terminal() || f.ev.Kind == event.ForceFinalized || f.ev.Kind == event.SessionReset
-			s.runID, s.runSeq = f.ev.RunID, f.ev.Seq
-			if w.skipped(f.tenure) {
-				w.stats.Skipped++
-				continue
-			}
-			w.stats.Delivered++
-			w.h(f.ev)
 		}
 	}
 	if len(s.ahead) == 0 {
@@ -451,6 +553,43 @@ func (w *Watcher) drain(s *watchSession) {
 	} else if s.gapSince.IsZero() {
 		s.gapSince = time.Now()
 	}
+}
+
+// next passes f, the frame after s.d (not of an old tenure), delivering
+// its event unless it is SkipOrigin's. It returns false when it reported
+// a gap instead (s starts afresh).
+func (w *Watcher) next(s *watchSession, f *frame) bool {
+	if s.tenure != "" && f.tenure != s.tenure {
+		if f.base != s.d {
+			w.gap(s, GapConflict, f.seq)
+			return false
+		}
+		s.old = append(s.old, s.tenure)
+		if len(s.old) > 4 {
+			s.old = s.old[1:]
+		}
+	}
+	s.tenure = f.tenure
+	s.d = f.seq
+	if f.hintSeq > s.hintSeq && f.hintSeq <= s.d {
+		s.hintSeq, s.hintStrm = f.hintSeq, f.hintStream
+	}
+	switch f.kind {
+	case frameLost:
+		w.gap(s, GapLost, f.seq)
+		return false
+	case frameSync:
+	default:
+		s.terminal = f.ev.Kind.Terminal() || f.ev.Kind == event.ForceFinalized || f.ev.Kind == event.SessionReset
+		s.runID, s.runSeq = f.ev.RunID, f.ev.Seq
+		if w.skipped(f.tenure) {
+			w.stats.Skipped++
+			return true
+		}
+		w.stats.Delivered++
+		w.h(f.ev)
+	}
+	return true
 }
 
 // repair fetches the missing frames (d+1 up to the first frame held

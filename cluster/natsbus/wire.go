@@ -156,18 +156,11 @@ var errCorrupt = errors.New("natsbus: corrupt frame")
 func decodeFrame(data []byte) (frame, error) {
 	d := decoder{b: data}
 	var f frame
-	if v := d.byte(); v != wireVersion {
-		if d.err != nil {
-			return f, d.err
-		}
-		return f, fmt.Errorf("%w: version %d", errCorrupt, v)
+	var h head
+	if !d.transport(&h) {
+		return f, d.err
 	}
-	f.kind = frameKind(d.byte())
-	f.seq = d.uvarint()
-	f.tenure = d.string()
-	f.base = d.uvarint()
-	f.hintSeq = d.uvarint()
-	f.hintStream = d.uvarint()
+	f.kind, f.seq, f.tenure, f.base, f.hintSeq, f.hintStream = h.kind, h.seq, string(h.tenure), h.base, h.hintSeq, h.hintStream
 	switch f.kind {
 	case frameLost, frameSync:
 		f.ev.SessionKey = d.string()
@@ -182,6 +175,64 @@ func decodeFrame(data []byte) (frame, error) {
 		d.err = fmt.Errorf("%w: %d trailing bytes", errCorrupt, len(d.b))
 	}
 	return f, d.err
+}
+
+// head is what a watcher reads of a frame before it decides whether to
+// decode the frame whole (peekFrame): the transport's fields and, for an
+// event or a delta, the few that its session's sequence needs. Its byte
+// slices alias the message.
+type head struct {
+	kind                           frameKind
+	seq, base, hintSeq, hintStream uint64
+	tenure                         []byte
+	key                            []byte // the session key
+	evKind                         event.Kind
+	runID                          []byte
+	evSeq                          uint64
+}
+
+// peekFrame reads f's head without copying or allocating anything. It
+// checks only the head: the rest of the frame is decodeFrame's to check.
+func peekFrame(data []byte) (head, error) {
+	d := decoder{b: data}
+	var h head
+	if !d.transport(&h) {
+		return h, d.err
+	}
+	switch h.kind {
+	case frameLost, frameSync:
+		h.key = d.bytes()
+	case frameEvent, frameDelta:
+		h.evKind = event.Kind(d.byte())
+		h.runID = d.bytes()
+		h.key = d.bytes()
+		d.bytes() // Channel
+		d.bytes() // ChatRef
+		h.evSeq = d.uvarint()
+	default:
+		if d.err == nil {
+			d.err = fmt.Errorf("%w: frame kind %d", errCorrupt, h.kind)
+		}
+	}
+	return h, d.err
+}
+
+// transport reads a frame's version and transport fields into h; false
+// if the version is not wireVersion (d.err says why).
+func (d *decoder) transport(h *head) bool {
+	if v := d.byte(); v != wireVersion {
+		if d.err == nil {
+			d.err = fmt.Errorf("%w: version %d", errCorrupt, v)
+		}
+		return false
+	}
+	h.kind = frameKind(d.byte())
+	h.seq = d.uvarint()
+	h.tenure = d.bytes()
+	h.base = d.uvarint()
+	h.hintSeq = d.uvarint()
+	h.hintStream = d.uvarint()
+	return true
 }
 
 type decoder struct {
@@ -227,13 +278,16 @@ func (d *decoder) varint() int64 {
 	return v
 }
 
-func (d *decoder) string() string {
+func (d *decoder) string() string { return string(d.bytes()) }
+
+// bytes is string without the copy: the slice aliases the input.
+func (d *decoder) bytes() []byte {
 	n := d.uvarint()
 	if n > uint64(len(d.b)) || n > maxString {
 		d.fail("string past the end")
-		return ""
+		return nil
 	}
-	s := string(d.b[:n])
+	s := d.b[:n:n]
 	d.b = d.b[n:]
 	return s
 }

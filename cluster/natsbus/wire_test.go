@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/turnguard/turnguard/event"
 )
@@ -75,6 +79,13 @@ func TestFrameRoundTrip(t *testing.T) {
 			t.Fatalf("header: got %+v want %+v", g, f)
 		}
 		sameEvent(t, g.ev, f.ev)
+		// The head a watcher reads before deciding to decode agrees.
+		h, err := peekFrame(b)
+		if err != nil || h.kind != f.kind || h.seq != f.seq || string(h.tenure) != f.tenure || h.base != f.base ||
+			h.hintSeq != f.hintSeq || h.hintStream != f.hintStream || string(h.key) != f.ev.SessionKey ||
+			(f.kind == frameEvent || f.kind == frameDelta) && (h.evKind != f.ev.Kind || string(h.runID) != f.ev.RunID || h.evSeq != f.ev.Seq) {
+			t.Fatalf("kind %d: head %+v, %v; want the frame's %+v", f.kind, h, err, f)
+		}
 	}
 }
 
@@ -128,6 +139,7 @@ func FuzzFrame(f *testing.F) {
 	f.Add(appendFrame(nil, &frame{kind: frameDelta, seq: 3, ev: event.Event{Kind: event.Delta, Text: "a"}}))
 	f.Add(appendFrame(nil, &frame{kind: frameLost, seq: 4, ev: event.Event{SessionKey: "k"}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _ = peekFrame(data) // never panics either
 		g, err := decodeFrame(data)
 		if err != nil {
 			return
@@ -137,4 +149,65 @@ func FuzzFrame(f *testing.F) {
 			t.Fatalf("re-encoding differs:\n in %x\nout %x", data, again)
 		}
 	})
+}
+
+// TestFramesInSequenceAreNeverHeld (issue 21): a frame that is the next of
+// its session while none waits is passed at once — never put in the
+// session's ahead map, whose insertions cost more than the rest of the
+// frame — and one of SkipOrigin's costs no allocation at all (its head
+// is read in place); a frame ahead of a missing one still waits for it.
+func TestFramesInSequenceAreNeverHeld(t *testing.T) {
+	var got []string
+	opt := WatchOptions{SkipOrigin: "me"}.withDefaults()
+	w := &Watcher{opt: opt, h: func(ev event.Event) { got = append(got, ev.Text) },
+		sessions: map[string]*watchSession{}, live: map[string]*watchSession{}}
+	msg := func(origin string, seq uint64) *nats.Msg {
+		f := frame{kind: frameEvent, seq: seq, tenure: origin + ".1",
+			ev: event.Event{Kind: event.StepCompleted, RunID: "r", SessionKey: "k", Seq: seq, Text: strconv.FormatUint(seq, 10)}}
+		return &nats.Msg{Data: appendFrame(nil, &f)}
+	}
+	var own []*nats.Msg
+	for seq := uint64(1); seq <= 102; seq++ {
+		own = append(own, msg("me", seq))
+	}
+	w.receive(own[0])
+	i := 1 // AllocsPerRun calls once more than it counts: 101 calls
+	if a := testing.AllocsPerRun(100, func() { w.receive(own[i]); i++ }); a != 0 {
+		t.Errorf("a SkipOrigin frame in sequence allocates %.1f times; want 0", a)
+	}
+	s := w.sessions["k"]
+	if s == nil || s.d != 102 || s.ahead != nil || len(got) != 0 {
+		t.Fatalf("after 102 own frames: session %+v, delivered %q; want d 102, nothing held or delivered", s, got)
+	}
+	// Another owner continues the session: in sequence, passed at once.
+	next := func(seq uint64) *nats.Msg {
+		f := frame{kind: frameEvent, seq: seq, tenure: "other.1", base: 102,
+			ev: event.Event{Kind: event.StepCompleted, RunID: "r2", SessionKey: "k", Seq: seq, Text: strconv.FormatUint(seq, 10)}}
+		return &nats.Msg{Data: appendFrame(nil, &f)}
+	}
+	w.receive(next(103))
+	if s.ahead != nil || !slices.Equal(got, []string{"103"}) {
+		t.Fatalf("the next owner's first frame: held %v, delivered %q; want delivered at once", s.ahead, got)
+	}
+	// 105 before 104: 105 waits, then both go in order.
+	w.live = map[string]*watchSession{} // repair would ask the stream: none here, and none needed
+	s.ahead = map[uint64]frame{}
+	w.offer(s, mustDecode(t, next(105).Data))
+	if len(s.ahead) != 1 {
+		t.Fatalf("a frame ahead of a missing one is not held: %v", s.ahead)
+	}
+	w.offer(s, mustDecode(t, next(104).Data))
+	w.drain(s)
+	if !slices.Equal(got, []string{"103", "104", "105"}) || len(s.ahead) != 0 {
+		t.Fatalf("delivered %q, held %v; want 103 104 105 in order, nothing held", got, s.ahead)
+	}
+}
+
+func mustDecode(t *testing.T, b []byte) frame {
+	t.Helper()
+	f, err := decodeFrame(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

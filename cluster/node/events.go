@@ -264,7 +264,10 @@ func (n *Node) flushEnds(d time.Duration) {
 
 // Import watches every session and calls h with the events the other
 // replicas export, in each session's order, and gap with a session it
-// could not deliver in order. If NATS cannot be reached now, it keeps
+// could not deliver in order — for the sessions this replica shows
+// (Watching, WatchingAll) or asked another replica about (a forwarded
+// send or status, for as long as the other wants it for us); of the
+// others, only the ends of their turns, each once, outside any order. If NATS cannot be reached now, it keeps
 // trying in the background; events exported before the watch is up are
 // not delivered (a client that connects meanwhile loads the history). stop
 // ends it; no call follows stop's return.
@@ -276,7 +279,9 @@ func (n *Node) Import(h event.Handler, gap func(sessionKey string)) (stop func()
 			gap(g.SessionKey)
 		}
 	}
-	opt := natsbus.WatchOptions{Config: n.cfg, SkipOrigin: n.exp.Origin()}
+	// Only the sessions this replica shows are followed (issue 21): of the
+	// others, only the ends of turns are decoded and delivered.
+	opt := natsbus.WatchOptions{Config: n.cfg, SkipOrigin: n.exp.Origin(), Follow: n.interest.Shows}
 	watch := func() (*natsbus.Watcher, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

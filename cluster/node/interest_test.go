@@ -201,3 +201,73 @@ func cut2(s string) (kind, run string, ok bool) {
 	_, err := fmt.Sscanf(s, "%s %s %d", &kind, &run, &seq)
 	return kind, run, err == nil
 }
+
+// Issue 21, three replicas: a replica imports in sequence only the
+// sessions it shows. a runs a turn that b watches, so a publishes all its
+// kept events; w shows nobody the session, so its Import delivers the
+// turn's end alone (it used to deliver, and decode, every frame of every
+// session); once w shows the session too, it gets the next turn whole, in
+// order, with no gap.
+func TestImportFollowsOnlyTheSessionsItShows(t *testing.T) {
+	c := natstest.Start(t, 1)
+	dbURL := pgtest.New(t)
+	ctx := testContext(t, 60*time.Second)
+	a, b, w := start(t, dbURL, c, "a"), start(t, dbURL, c, "b"), start(t, dbURL, c, "w")
+	fromB, fromW := clustertest.Import(t, b), clustertest.Import(t, w)
+	const key = "ws:shown-by-b"
+	turn := func(run string) []event.Event {
+		t.Helper()
+		if err := a.Claim(ctx, gateway.ClaimRequest{RunID: run, SessionKey: key, Channel: "ws", Text: "hi"}); err != nil {
+			t.Fatal(err)
+		}
+		evs := threeStepTurn(run, key)
+		for _, ev := range evs {
+			if ev.Kind == event.Finished {
+				if err := a.Finish(ctx, ev); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a.Export(ev)
+		}
+		return evs
+	}
+	of := func(l *clustertest.Imported, run string) []string {
+		var out []string
+		for _, s := range l.Snapshot() {
+			if k, r, ok := cut2(s); ok && r == run && k != event.Delta.String() {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	b.Watching(key, true)
+	testwait.Until(t, 15*time.Second, "a knows b watches", func() bool { return a.WatchedElsewhere(key) })
+	evs := turn("run-1")
+	end := kept(evs)[len(kept(evs))-1]
+	testwait.Until(t, 15*time.Second, "b and w import run-1's end", func() bool {
+		gb, gw := of(fromB, "run-1"), of(fromW, "run-1")
+		return len(gb) > 0 && gb[len(gb)-1] == end && len(gw) > 0 && gw[len(gw)-1] == end
+	})
+	if got, want := of(fromB, "run-1"), kept(evs); !reflect.DeepEqual(got, want) {
+		t.Errorf("b (showing the session) imported %q; want %q", got, want)
+	}
+	if got := of(fromW, "run-1"); !reflect.DeepEqual(got, []string{end}) {
+		t.Errorf("w (showing nobody the session) imported %q; want its end only %q", got, end)
+	}
+
+	w.Watching(key, true)
+	evs = turn("run-2")
+	end = kept(evs)[len(kept(evs))-1]
+	testwait.Until(t, 15*time.Second, "w imports run-2's end", func() bool {
+		gw := of(fromW, "run-2")
+		return len(gw) > 0 && gw[len(gw)-1] == end
+	})
+	if got, want := of(fromW, "run-2"), kept(evs); !reflect.DeepEqual(got, want) {
+		t.Errorf("w, showing the session now, imported %q; want %q", got, want)
+	}
+	for _, s := range fromW.Snapshot() {
+		if s == "gap "+key {
+			t.Fatalf("w saw a gap: %q", fromW.Snapshot())
+		}
+	}
+}

@@ -255,6 +255,7 @@ func serveStatus(_ context.Context, h Handler, data []byte) answer {
 func (n *Node) ForwardStatus(ctx context.Context, replica, sessionKey string) (gateway.TurnStatus, error) {
 	var a answer
 	b := statusBody{SessionKey: sessionKey}
+	n.interest.Asked(sessionKey) // replica wants it for us now (serve: Touch); Import follows it
 	if err := n.request(ctx, replica, "status", func(d time.Duration) any { b.Budget = d; return b }, &a); err != nil {
 		return gateway.TurnStatus{}, fmt.Errorf("ask the status of session %q: %w", sessionKey, err)
 	}
@@ -307,6 +308,7 @@ func (n *Node) Forward(ctx context.Context, replica string, req gateway.SendRequ
 	var a answer
 	b := sendBody{SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef, RunID: req.RunID,
 		Text: req.Text, Timeout: req.Timeout, Owner: req.Owner, Restored: req.Restored}
+	n.interest.Asked(req.SessionKey) // as ForwardStatus
 	if err := n.request(ctx, replica, "send", func(d time.Duration) any { b.Budget = d; return b }, &a); err != nil {
 		return gateway.Ack{}, fmt.Errorf("forward run %q of session %q: %w", req.RunID, req.SessionKey, err)
 	}
