@@ -418,7 +418,7 @@ func (e *Engine) pumpLocked(s *session) func() {
 		first := q.msgs[0]
 		req := SendRequest{SessionKey: first.SessionKey, Channel: first.Channel, ChatRef: first.ChatRef,
 			RunID: first.RunID, Text: q.text(), Timeout: q.timeout, Owner: first.Owner, Resume: first.Resume}
-		start, err := e.beginLocked(e.cfg.Current(), s, req)
+		start, err := e.beginLocked(e.cfg.Current(), s, req, 0)
 		var stuck *RunnerStuckError
 		if errors.As(err, &stuck) {
 			// It waits: the session's next message or a restart tries again.

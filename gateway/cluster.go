@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/turnguard/turnguard/event"
 )
@@ -119,6 +120,12 @@ type ClaimRequest struct {
 	ChatRef    string
 	Text       string   // the user's message ("" when it is already in the history)
 	Joined     []string // run ids of the queued messages this turn runs (collect)
+	// The turn's limits and sender, as its TurnStarted will carry them:
+	// the claim writes them with the turn (issue 21).
+	Deadline    time.Time
+	Ceiling     time.Time // zero: none
+	StepTimeout time.Duration
+	Sender      string
 }
 
 // AbortRequest is an abort forwarded to the replica that runs the turn

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -273,4 +274,72 @@ func clusterConfig(t *testing.T, mode string) *config.Config {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// claimsSeen is an inproc member that keeps every claim's request, and
+// takes 50 ms to answer: a claim's round trip.
+type claimsSeen struct {
+	*inproc.Member
+	mu     sync.Mutex
+	claims map[string]gateway.ClaimRequest
+}
+
+func (m *claimsSeen) Claim(ctx context.Context, c gateway.ClaimRequest) error {
+	time.Sleep(50 * time.Millisecond)
+	m.mu.Lock()
+	m.claims[c.RunID] = c
+	m.mu.Unlock()
+	return m.Member.Claim(ctx, c)
+}
+
+// TestClusterClaimCarriesTheTurnsLimits (issue 21): a claim carries the
+// deadline, ceiling, step timeout and sender its turn's TurnStarted will
+// carry — a new message's (whose turn starts before its claim, so the
+// claim's round trip counts) and a queued message's — so the claim writes
+// them with the turn's row and the store's recorder writes nothing for the
+// start.
+func TestClusterClaimCarriesTheTurnsLimits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := clusterConfig(t, config.BusyQueue)
+		ceiling := 600.0
+		c.Agents.Defaults.MaxTurnTimeSeconds = &ceiling
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		m := &claimsSeen{Member: inproc.NewHub().Join("a"), claims: map[string]gateway.ClaimRequest{}}
+		e := clusterEngine(t, c, m, &memQueue{})
+		var mu sync.Mutex
+		started := map[string]event.Event{}
+		unsub := e.Bus().Subscribe("", func(ev event.Event) {
+			if ev.Kind == event.TurnStarted {
+				mu.Lock()
+				started[ev.RunID] = ev
+				mu.Unlock()
+			}
+		})
+		defer unsub()
+		if ack, err := send(t, e, "r1", "/steps shell:1s say:first"); err != nil || ack.Status != gateway.StatusStarted {
+			t.Fatalf("r1: %+v %v, want started", ack, err)
+		}
+		if ack, err := send(t, e, "r2", "/steps say:second"); err != nil || ack.Status != gateway.StatusQueued {
+			t.Fatalf("r2: %+v %v, want queued", ack, err)
+		}
+		for _, id := range []string{"r1", "r2"} {
+			if out, ok := e.Wait(context.Background(), id); !ok || out.Status != gateway.StatusOK {
+				t.Fatalf("%s: %+v %v, want it run", id, out, ok)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, tc := range []struct{ name, run string }{{"a new message's claim", "r1"}, {"a queued message's claim", "r2"}} {
+			cl, ev := m.claims[tc.run], started[tc.run]
+			if ev.Deadline.IsZero() || ev.Ceiling.IsZero() || ev.StepTimeout <= 0 || ev.Sender != "u1" {
+				t.Errorf("%s: TurnStarted %v %v %v %q: want every limit and the sender", tc.name, ev.Deadline, ev.Ceiling, ev.StepTimeout, ev.Sender)
+			}
+			if !cl.Deadline.Equal(ev.Deadline) || !cl.Ceiling.Equal(ev.Ceiling) || cl.StepTimeout != ev.StepTimeout || cl.Sender != ev.Sender {
+				t.Errorf("%s: claimed with %v %v %v %q; its TurnStarted carries %v %v %v %q", tc.name,
+					cl.Deadline, cl.Ceiling, cl.StepTimeout, cl.Sender, ev.Deadline, ev.Ceiling, ev.StepTimeout, ev.Sender)
+			}
+		}
+	})
 }

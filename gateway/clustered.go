@@ -45,6 +45,7 @@ const (
 // begun by claimBeginLocked and ended by claimEndLocked.
 type sessionClaim struct {
 	req      ClaimRequest
+	start    time.Duration // the turn's start in registry time: the claim's limits count from it
 	claiming chan struct{} // s.claiming while the claim is in flight; closed when it ends
 	fences   uint64        // e.fences when it began: a lease lost meanwhile voids it
 }
@@ -63,9 +64,17 @@ func (e *Engine) claimBeginLocked(cfg *config.Config, s *session, req SendReques
 	if n, limit := e.stuck[name], e.stuckLimit; limit > 0 && n >= limit {
 		return nil, &RunnerStuckError{Runner: name, Stuck: n, Limit: limit}
 	}
+	// The turn starts now, before its claim: the claim writes the limits
+	// its TurnStarted will carry (beginLocked registers the run with this
+	// start), so the store's recorder writes nothing for it.
+	start := e.reg.Now()
+	st := cfg.TurnSettings(req.Channel, req.Timeout)
+	deadline, ceiling := turnLimits(st, e.reg.Wall(start))
 	c := &sessionClaim{
 		req: ClaimRequest{RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel,
-			ChatRef: req.ChatRef, Text: req.Text},
+			ChatRef: req.ChatRef, Text: req.Text,
+			Deadline: deadline, Ceiling: ceiling, StepTimeout: st.StepTimeout, Sender: req.Owner},
+		start:    start,
 		claiming: make(chan struct{}),
 		fences:   e.fences,
 	}
@@ -217,8 +226,10 @@ func (e *Engine) releaseClaim(req SendRequest, cause error) {
 // it claims unlocked and takes e.mu only to read the fence count.
 func (e *Engine) claimQueued(rn runner.Runner, t *turn, rt runner.Turn) {
 	ctx, cancel := context.WithTimeout(e.baseCtx, claimTimeout)
+	deadline, ceiling := turnLimits(t.run.Settings, t.run.StartedAt())
 	err := e.cluster.Claim(ctx, ClaimRequest{RunID: t.run.ID, SessionKey: t.run.SessionKey, Channel: t.run.Channel,
-		ChatRef: t.run.ChatRef, Text: rt.Message, Joined: t.joined})
+		ChatRef: t.run.ChatRef, Text: rt.Message, Joined: t.joined,
+		Deadline: deadline, Ceiling: ceiling, StepTimeout: t.run.Settings.StepTimeout, Sender: t.owner})
 	cancel()
 	if err != nil && e.claimReadBack(t.run.ID, t.run.SessionKey, err) {
 		err = nil

@@ -458,6 +458,7 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 		return Ack{}, &BusyError{SessionKey: req.SessionKey, RunID: a.ID, Stopping: a.State() != abort.StateRunning}
 	}
 	claimed := false
+	var start time.Duration // 0: the turn starts as it registers
 	if e.cluster != nil {
 		// Three steps, each with its own hold of e.mu or none: begin the
 		// claim (decided with the check above), claim unlocked, end it.
@@ -476,9 +477,10 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 			return effect(ctx)
 		}
 		claimed = true
+		start = c.start
 		cfg = e.cfg.Current() // the claim may have waited across a reload too
 	}
-	start, err := e.beginLocked(cfg, s, req)
+	begin, err := e.beginLocked(cfg, s, req, start)
 	if claimed && err == nil {
 		e.turns[req.RunID].claimed.Store(true)
 	}
@@ -499,11 +501,11 @@ func (e *Engine) Send(ctx context.Context, req SendRequest) (Ack, error) {
 	// starts this turn right after it, so everyone sees the ending first.
 	deferred := s.ending > 0
 	if deferred {
-		s.deferred = append(s.deferred, start)
+		s.deferred = append(s.deferred, begin)
 	}
 	e.mu.Unlock()
 	if !deferred {
-		start()
+		begin()
 	}
 	return Ack{RunID: req.RunID, Status: StatusStarted}, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/turnguard/turnguard/gateway/abort"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/runner"
+	"github.com/turnguard/turnguard/timeout"
 )
 
 // turn is a live turn: registered by beginLocked, in Engine.turns until
@@ -98,9 +99,10 @@ type turn struct {
 // the session's active turn; the returned function starts it (TurnStarted,
 // scheduler, runner) and must be called once e.mu is released — right away,
 // or by the publisher of the session's previous ending (s.deferred). Called
-// with e.mu held. Errors: ErrNoRunner, *RunnerStuckError, a wrapped
-// abort.ErrDuplicate.
-func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (func(), error) {
+// with e.mu held. start is when the turn started in registry time (its
+// claim's start, claimBeginLocked), 0 for now. Errors: ErrNoRunner,
+// *RunnerStuckError, a wrapped abort.ErrDuplicate.
+func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest, start time.Duration) (func(), error) {
 	name := cfg.RunnerFor(req.Channel)
 	rn, ok := e.runners[name]
 	if !ok {
@@ -111,7 +113,7 @@ func (e *Engine) beginLocked(cfg *config.Config, s *session, req SendRequest) (f
 	}
 	run, err := e.reg.Register(e.baseCtx, abort.Spec{
 		RunID: req.RunID, SessionKey: req.SessionKey, Channel: req.Channel, ChatRef: req.ChatRef,
-		Settings: cfg.TurnSettings(req.Channel, req.Timeout), Attempt: req.Resume.attempt(),
+		Settings: cfg.TurnSettings(req.Channel, req.Timeout), Attempt: req.Resume.attempt(), Start: start,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("send: %w", err)
@@ -157,11 +159,8 @@ func (e *Engine) startTurn(rn runner.Runner, t *turn, rt runner.Turn) {
 // Lock contract: called without e.mu, once per turn.
 func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 	run := t.run
-	started := event.Event{Kind: event.TurnStarted, Text: rt.Message, StepTimeout: run.Settings.StepTimeout,
-		Deadline: run.StartedAt().Add(run.Settings.Timeout)}
-	if run.Settings.MaxTurnTime > 0 {
-		started.Ceiling = run.StartedAt().Add(run.Settings.MaxTurnTime)
-	}
+	started := event.Event{Kind: event.TurnStarted, Text: rt.Message, StepTimeout: run.Settings.StepTimeout}
+	started.Deadline, started.Ceiling = turnLimits(run.Settings, run.StartedAt())
 	started.Joined = t.joined // the store forgets these queued rows with the turn's own
 	started.Runner = t.runner
 	started.Sender = t.owner
@@ -177,6 +176,16 @@ func (e *Engine) launch(rn runner.Runner, t *turn, rt runner.Turn) {
 	e.sched.Track(run)
 	rn, rt = resumed(rn, rt, t.resume) // after TurnStarted: the history keeps the person's words
 	go e.runTurn(rn, t, rt)
+}
+
+// turnLimits are the deadline and ceiling (zero: none) of a turn with
+// settings st that started at start: its TurnStarted's, and its claim's.
+func turnLimits(st timeout.Settings, start time.Time) (deadline, ceiling time.Time) {
+	deadline = start.Add(st.Timeout)
+	if st.MaxTurnTime > 0 {
+		ceiling = start.Add(st.MaxTurnTime)
+	}
+	return deadline, ceiling
 }
 
 // runTurn runs the runner and records its outcome. A panicking runner is an

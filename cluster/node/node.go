@@ -70,6 +70,9 @@ type Options struct {
 	// lease buckets; 0 means 3 when NATSURLs lists three servers or more,
 	// else 1.
 	StreamReplicas int
+	// Claims is pgcoord.Options.Claims: this process's store's
+	// (postgres.Store.Claims), told of every claim this replica commits.
+	Claims *pgcoord.Claims
 }
 
 // NATSAuth is how a replica authenticates to NATS. At most one of
@@ -256,6 +259,7 @@ func (n *Node) join(ctx context.Context) (*pgcoord.Replica, error) {
 		OnTakeover:     n.tookOver,
 		OnLeave:        n.left,
 		Logger:         n.opts.Logger,
+		Claims:         n.opts.Claims,
 	})
 }
 
@@ -403,7 +407,8 @@ func (n *Node) closeExporters(ctx context.Context) error {
 // Claim reserves the session for the run on every replica (pgcoord.Claim).
 func (n *Node) Claim(ctx context.Context, c gateway.ClaimRequest) error {
 	prevMine, err := n.coord.Load().ClaimAfter(ctx, pgcoord.Claim{RunID: c.RunID, SessionKey: c.SessionKey, Channel: c.Channel,
-		ChatRef: c.ChatRef, Text: c.Text, Joined: c.Joined})
+		ChatRef: c.ChatRef, Text: c.Text, Joined: c.Joined,
+		Limits: pgcoord.Limits{Deadline: c.Deadline, Ceiling: c.Ceiling, StepTimeout: c.StepTimeout, Sender: c.Sender}})
 	if err == nil {
 		// Another replica may have numbered the session's events since this
 		// one last did: continue after them. Not when the session's last

@@ -26,7 +26,18 @@ type Claim struct {
 	// Joined are the run ids of queued messages this turn runs (collect
 	// mode); they leave the queue with the claim, as RunID's own does.
 	Joined []string
+	// Limits are the turn's deadline, ceiling, step timeout and sender,
+	// written with its row (issue 21: the recorder's TurnStarted of a turn
+	// this process claimed then writes nothing; Options.Claims).
+	Limits Limits
 }
+
+// Limits are a claimed turn's limits and sender (postgres.Limits).
+type Limits = postgres.Limits
+
+// Claims are the claims of this process its store's recorder knows about
+// (postgres.Claims: Options.Claims).
+type Claims = postgres.Claims
 
 // BusyError is Claim's answer when the session has a running turn
 // anywhere in the cluster.
@@ -101,11 +112,13 @@ func (r *Replica) ClaimAfter(ctx context.Context, c Claim) (prevMine bool, err e
 			// unanswered, the turn would stay running under a live epoch
 			// with nothing running it, and the session busy for good.
 			if r.claimCommitted(ctx, c) {
+				r.opts.Claims.Add(c.RunID, c.Limits)
 				return false, nil
 			}
 			return false, fmt.Errorf("claim run %q: %w", c.RunID, err)
 		}
 		if won {
+			r.opts.Claims.Add(c.RunID, c.Limits)
 			return mine, nil
 		}
 		// Lost to a turn committed after the statement's snapshot: try
@@ -161,7 +174,8 @@ func (r *Replica) Holder(ctx context.Context, sessionKey string) (runID, replica
 // conflict with: TestClaimAndFinishDoNotWaitForTheSessionsWriters), the turn (ON CONFLICT
 // DO NOTHING: the unique indexes decide between concurrent claims), the
 // user's message and the queued messages' removal, these three only when
-// the turn's row was inserted. It also says whether the session's previous
+// the turn's row was inserted; the turn's row has its limits and sender
+// ($9–$12: Claim.Limits). It also says whether the session's previous
 // turn was this epoch's own and ended by it. synchronous_commit is set on
 // for the statement's transaction (set_config local), so the commit is
 // durable whatever the database's default.
@@ -172,8 +186,9 @@ const claimSQL = `WITH held AS (SELECT run_id, session_key, state, stop_reason, 
 	free AS (SELECT 1 FROM leases WHERE epoch = $6 AND expires_at > now() AND NOT EXISTS (SELECT FROM held) FOR KEY SHARE),
 	sess AS (INSERT INTO sessions (key, created_at, updated_at) SELECT $2, now(), now() FROM free
 		WHERE NOT EXISTS (SELECT FROM sessions WHERE key = $2) ON CONFLICT (key) DO NOTHING),
-	turn AS (INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at, owner_replica, owner_epoch)
-		SELECT $1, $2, $3, $4, 'running', now(), now(), $5, $6 FROM free ON CONFLICT DO NOTHING RETURNING run_id),
+	turn AS (INSERT INTO turns (run_id, session_key, channel, chat_ref, state, started_at, updated_at, owner_replica, owner_epoch,
+			deadline_at, ceiling_at, step_timeout_ns, sender)
+		SELECT $1, $2, $3, $4, 'running', now(), now(), $5, $6, $9, $10, $11, $12 FROM free ON CONFLICT DO NOTHING RETURNING run_id),
 	msg AS (INSERT INTO messages (session_key, run_id, role, text, created_at)
 		SELECT $2, $1, 'user', $7, now() FROM turn WHERE $7 <> ''),
 	dq AS (DELETE FROM queued WHERE run_id = ANY($8) AND EXISTS (SELECT FROM turn)),
@@ -195,8 +210,9 @@ func (r *Replica) insertClaim(ctx context.Context, c Claim) (won, prevMine bool,
 		var sync, leaseOK bool
 		var runID, session, state, reason, owner *string
 		var same *bool
+		deadline, ceiling, stepTimeout, sender := c.Limits.Args()
 		err := r.group.queryRow(ctx, claimSQL, []any{c.RunID, c.SessionKey, c.Channel, c.ChatRef, r.id, r.epoch, c.Text,
-			append([]string{c.RunID}, c.Joined...)}, &sync, &leaseOK, &won, &prevMine,
+			append([]string{c.RunID}, c.Joined...), deadline, ceiling, stepTimeout, sender}, &sync, &leaseOK, &won, &prevMine,
 			&runID, &session, &state, &reason, &owner, &same)
 		switch {
 		case err != nil:

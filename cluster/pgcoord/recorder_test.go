@@ -131,3 +131,108 @@ func TestRecorderAndClaimsWriteEachTurnOnce(t *testing.T) {
 		t.Errorf("b fenced: %v", b.Err())
 	}
 }
+
+// A claim writes its turn's limits and sender with the turn's row, so they
+// are there before the recorder writes anything of the turn; the store's
+// recorder then writes nothing for a TurnStarted of a claim of its own
+// process (postgres.Claims) that carries the same limits — the row keeps
+// what the claim wrote, even if changed meanwhile (a sentinel here) — and
+// writes the limits as before when they differ, when the claim is another
+// process's (not in the store's Claims), and never restarts a turn whose
+// Finish came first.
+func TestClaimWritesTheLimits(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	s := sharedStore(t, url)
+	mine := join(t, url, "mine", 30*time.Second, func(o *Options) { o.Claims = s.Claims() })
+	other := join(t, url, "other", 30*time.Second)
+	p := db(t, url)
+	claimed := postgres.Limits{Deadline: storetest.T0.Add(time.Minute), Ceiling: storetest.T0.Add(time.Hour),
+		StepTimeout: 30 * time.Second, Sender: "ann"}
+	reloaded := postgres.Limits{Deadline: storetest.T0.Add(2 * time.Minute), StepTimeout: time.Minute, Sender: "ann"}
+	sentinel := storetest.T0.Add(24 * time.Hour)
+	limitsOf := func(run string) postgres.Limits {
+		t.Helper()
+		turn, err := s.Turn(ctx, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return postgres.Limits{Deadline: turn.Deadline, Ceiling: turn.Ceiling, StepTimeout: turn.StepTimeout, Sender: turn.Sender}
+	}
+	for i, c := range []struct {
+		name        string
+		by          *Replica
+		claim       postgres.Limits // what the claim writes
+		started     postgres.Limits // what the TurnStarted carries
+		finishFirst bool
+		want        postgres.Limits // the row's after the recorder's batch
+	}{
+		{name: "this process's claim, same limits: nothing written", by: mine, claim: claimed, started: claimed,
+			want: postgres.Limits{Deadline: sentinel, Ceiling: claimed.Ceiling, StepTimeout: claimed.StepTimeout, Sender: claimed.Sender}},
+		{name: "this process's claim, the limits changed before the start", by: mine, claim: claimed, started: reloaded, want: reloaded},
+		{name: "another process's claim", by: other, started: claimed, want: claimed},
+		{name: "started after its Finish", by: mine, claim: claimed, started: reloaded, finishFirst: true,
+			want: postgres.Limits{Deadline: sentinel, Ceiling: claimed.Ceiling, StepTimeout: claimed.StepTimeout, Sender: claimed.Sender}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tr := storetest.NewTurn(fmt.Sprintf("run-%d", i), fmt.Sprintf("telegram:%d", i))
+			if err := c.by.Claim(ctx, Claim{RunID: tr.Run, SessionKey: tr.Session, Channel: tr.Channel, ChatRef: tr.Chat,
+				Text: "hi", Limits: c.claim}); err != nil {
+				t.Fatal(err)
+			}
+			// Right after the claim, before any batch of the recorder.
+			if got := limitsOf(tr.Run); !sameLimits(got, c.claim) {
+				t.Errorf("after the claim: %+v, want the claim's %+v", got, c.claim)
+			}
+			if _, err := p.Exec(ctx, `UPDATE turns SET deadline_at = $2 WHERE run_id = $1`, tr.Run, sentinel); err != nil {
+				t.Fatal(err)
+			}
+			end := tr.Ev(event.Finished, 2*time.Second, func(e *event.Event) { e.StopReason, e.FullText = event.ReasonStop, "done" })
+			if c.finishFirst {
+				if err := c.by.Finish(ctx, end); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.Handle(tr.Ev(event.TurnStarted, 0, func(e *event.Event) {
+				e.Text, e.Deadline, e.Ceiling, e.StepTimeout, e.Sender = "hi", c.started.Deadline, c.started.Ceiling,
+					c.started.StepTimeout, c.started.Sender
+			}))
+			storetest.Flush(t, s)
+			if got := limitsOf(tr.Run); !sameLimits(got, c.want) {
+				t.Errorf("after the recorder's batch: %+v, want %+v", got, c.want)
+			}
+			wantState := store.TurnRunning
+			if c.finishFirst {
+				wantState = store.TurnFinished
+			}
+			if turn, _ := s.Turn(ctx, tr.Run); turn.State != wantState {
+				t.Errorf("state %s, want %s", turn.State, wantState)
+			}
+			if n := count(t, p, `SELECT count(*) FROM messages WHERE run_id = $1 AND role = 'user'`, tr.Run); n != 1 {
+				t.Errorf("%d user messages, want 1", n)
+			}
+		})
+	}
+	if st := s.Stats(); st.Failed != 0 {
+		t.Errorf("%d events failed to be written", st.Failed)
+	}
+}
+
+// sameLimits compares limits as the row stores them (microseconds).
+func sameLimits(a, b postgres.Limits) bool {
+	return a.Deadline.Truncate(time.Microsecond).Equal(b.Deadline.Truncate(time.Microsecond)) &&
+		a.Ceiling.Truncate(time.Microsecond).Equal(b.Ceiling.Truncate(time.Microsecond)) &&
+		a.StepTimeout == b.StepTimeout && a.Sender == b.Sender
+}
+
+// sharedStore is a replica's store (shared mode) on url, closed at the
+// test's end.
+func sharedStore(t *testing.T, url string) *postgres.Store {
+	t.Helper()
+	s, err := postgres.Open(context.Background(), url, postgres.Options{Shared: true, Logger: quiet, OutboxChannels: []string{"telegram"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}

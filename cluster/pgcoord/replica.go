@@ -95,6 +95,11 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxConns bounds the pool JoinURL opens; 0 means 8.
 	MaxConns int32
+	// Claims, when set, is told of every claim this replica committed, with
+	// the limits it wrote: pass the Claims of this process's store
+	// (postgres.Store.Claims), whose recorder then writes nothing for those
+	// turns' starts (issue 21).
+	Claims *Claims
 }
 
 // Replica is one gateway's membership in the cluster: its lease (one epoch)

@@ -15,6 +15,7 @@ import (
 	"github.com/turnguard/turnguard/event"
 	"github.com/turnguard/turnguard/messages"
 	"github.com/turnguard/turnguard/store"
+	"github.com/turnguard/turnguard/store/postgres"
 )
 
 // clusterLeaveWait bounds giving the lease back at shutdown (survivors then
@@ -81,6 +82,7 @@ func (a *app) joinCluster(ctx context.Context, cfg *config.Config) error {
 			}
 		},
 		Logger: a.log.With("cluster", "node"),
+		Claims: claimsOf(a.store),
 	})
 	if err != nil {
 		return fmt.Errorf("cluster (cluster.enabled): %w", scrubbed(err, cfg.Secrets()))
@@ -174,4 +176,13 @@ func takeoverAttrs(t pgcoord.Takeover) []any {
 		attrs = append(attrs, "more", true) // one batch of a large takeover; more of its turns follow
 	}
 	return attrs
+}
+
+// claimsOf is where the replica's claims tell the store's recorder about
+// them (postgres.Store.Claims); nil for another store.
+func claimsOf(s store.Backend) *postgres.Claims {
+	if ps, ok := s.(*postgres.Store); ok {
+		return ps.Claims()
+	}
+	return nil
 }

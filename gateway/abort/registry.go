@@ -143,6 +143,10 @@ type Spec struct {
 	// up for a turn dispatched again after a restart or a takeover; 0 or 1
 	// for a first attempt (Run.Attempt is then 1).
 	Attempt int
+	// Start is when the run started, in registry time (Registry.Now),
+	// taken before Register (a cluster claim, decided first, wrote the
+	// limits it implies); 0, or a time after Register's, means Register's.
+	Start time.Duration
 }
 
 // Register creates the Run for spec. Its context derives from ctx, which must
@@ -159,10 +163,13 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 	if old, ok := s.runs[spec.RunID]; ok {
 		return nil, &DuplicateError{Run: old}
 	}
-	now := g.now()
+	start := g.now()
+	if spec.Start > 0 && int64(spec.Start) < start {
+		start = int64(spec.Start)
+	}
 	r := &Run{
 		ID: spec.RunID, SessionKey: spec.SessionKey, Channel: spec.Channel, ChatRef: spec.ChatRef, Attempt: max(spec.Attempt, 1),
-		Settings: spec.Settings, reg: g, start: now, slot: slot,
+		Settings: spec.Settings, reg: g, start: start, slot: slot,
 	}
 	r.ctx, r.cancel = context.WithCancelCause(s.parentFor(ctx))
 	s.runs[spec.RunID] = r

@@ -293,16 +293,23 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, ev *event.Event, b *batch)
 		if s.shared {
 			// With several gateways a turn is claimed (cluster/pgcoord): its
 			// claim wrote the row and the user's message and removed its
-			// queued row, so it only learns its limits and sender, with
-			// the batch's steps (stepRows.limits; none if it has ended
-			// already: its Finish came first).
-			var claimed bool
-			if err := tx.QueryRow(ctx, isClaimed, ev.RunID).Scan(&claimed); err != nil {
-				return fmt.Errorf("start claimed turn: %w", err)
+			// queued row. A claim of this process (Claims) wrote its limits
+			// and sender too: nothing to write, unless they differ. Any
+			// other claimed turn learns them with the batch's steps
+			// (stepRows.limits; none if it has ended already: its Finish
+			// came first).
+			lim, claimed := s.claims.take(ev.RunID)
+			mine := claimed
+			if !claimed {
+				if err := tx.QueryRow(ctx, isClaimed, ev.RunID).Scan(&claimed); err != nil {
+					return fmt.Errorf("start claimed turn: %w", err)
+				}
 			}
 			if claimed {
 				s.claimed.add(ev.RunID)
-				st.limits(ev, at)
+				if !mine || !lim.same(LimitsOf(ev)) {
+					st.limits(ev, at)
+				}
 				if len(ev.Joined) > 0 {
 					if _, err := tx.Exec(ctx, `DELETE FROM queued WHERE run_id = ANY($1)`, ev.Joined); err != nil {
 						return fmt.Errorf("forget the started turn's queued messages: %w", err)

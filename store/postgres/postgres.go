@@ -94,6 +94,7 @@ type Store struct {
 	ownerLost bool // another gateway took ownerLock: the store is held unwritable
 	shared    bool
 	claimed   claimedRuns // the writer goroutine's: runs it saw claimed, not yet ended
+	claims    *Claims     // shared mode: the turns this process claimed, until their TurnStarted
 	carried   []stepRun   // the writer goroutine's: step changes its last batch skipped (stepRows.skipped)
 
 	*store.EventRecorder
@@ -149,6 +150,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (_ *Store, err error
 	}
 	s := &Store{log: opts.Logger, retention: opts.Retention, where: where, shared: opts.Shared,
 		beforeCommit: opts.beforeCommit, afterCommit: opts.afterCommit, commitCheck: opts.commitCheck}
+	if s.shared {
+		s.claims = &Claims{}
+	}
 	s.EventRecorder, s.rec, err = store.NewEventRecorder(writer{s}, store.RecorderOptions{
 		QueueSize: opts.QueueSize, BatchSize: opts.BatchSize, Logger: opts.Logger, OnHealth: opts.OnHealth,
 		OutboxChannels: opts.OutboxChannels, OnOutbox: opts.OnOutbox, BeforeBatch: opts.beforeBatch,
