@@ -3,6 +3,7 @@ package abort
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"strings"
@@ -467,6 +468,12 @@ func TestRunsDoNotRegisterWithTheBaseContext(t *testing.T) {
 	if v := runs[0].Context().Value(ctxKey{}); v != "base" {
 		t.Fatalf("a run's context lost the base context's values: %v", v)
 	}
+	// Nor with any other cancellable context: its abort or release then
+	// removes it from no parent's map (the context package names each
+	// layer; a run's parent is the base without its cancellation).
+	if name := fmt.Sprint(runs[0].Context()); !strings.HasSuffix(name, ".WithoutCancel.WithCancel") {
+		t.Fatalf("a run's context %s derives from a cancellable parent", name)
+	}
 	// A run that ends leaves the others alone; the base's end ends them all.
 	if _, ok := runs[0].Abort(event.ReasonStop); !ok {
 		t.Fatal("abort lost")
@@ -475,7 +482,15 @@ func TestRunsDoNotRegisterWithTheBaseContext(t *testing.T) {
 		t.Fatal("aborting one run ended another's context")
 	}
 	base.cancel()
-	for _, r := range runs[1:] {
+	late, err := g.Register(base, Spec{RunID: "after-the-end", Settings: timeout.Defaults()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range append(runs[1:], late) {
+		select { // the shards end their runs from an AfterFunc's goroutine
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
 		if !errors.Is(r.Context().Err(), context.Canceled) {
 			t.Fatalf("run %s: context %v after the base context ended", r.ID, r.Context().Err())
 		}

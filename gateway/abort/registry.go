@@ -51,38 +51,56 @@ type shard struct {
 	mu   sync.Mutex
 	runs map[string]*Run
 	// base is the first cancellable context Register was given for this
-	// shard and parent a context derived from it once, which the shard's
-	// runs' contexts derive from (see parentFor).
+	// shard and parent its values without its cancellation, which the
+	// shard's runs' contexts derive from (see parentFor).
 	base   context.Context
 	parent context.Context
-	stop   context.CancelFunc // parent's; never called: parent ends with base
-	_      [8]byte            // keep shards on separate cache lines
+	stop   func() bool // base's AfterFunc; never called: it ends the shard's runs
+	_      [8]byte     // keep shards on separate cache lines
 }
 
 // parentFor returns the context a run registered with ctx derives its own
 // from. Every run of the gateway is registered with the same base context,
 // and a cancellable context keeps a map of its children under one lock: a
-// run's context derived from it directly would insert into one map of every
-// live turn at each start and delete from it at each abort or release, under
-// one lock for the whole gateway. So each shard derives its own parent from
-// the first cancellable context it is given, once, and derives its runs'
-// contexts from that: the map and its lock are the shard's (1/64 of the
-// live turns). Values, cancellation and its cause reach the run as they
-// would directly. A run registered with any other context derives from it
-// directly. Contexts are compared as interface values (every context of
-// the standard library is a pointer). Called with s.mu held.
+// run's context derived from it (or from one cancellable parent per shard)
+// would insert into that map at each start and delete from it at each abort
+// or release — in the scheduler's abort burst, that map delete was its
+// largest single cost (docs/performance.md, "queueing"). So each shard
+// takes the first cancellable context it is given as its base, derives its
+// runs' contexts from the base's values without its cancellation
+// (context.WithoutCancel: nothing is registered, nothing removed), and ends
+// its live runs itself when the base ends, with the base's cause, from one
+// context.AfterFunc registered once (endAll). A run registered after the
+// base ended is ended by Register. Values and cause reach the run as they
+// would directly; the base's deadline does not (the gateway's base has
+// none), and a run's Err is context.Canceled. A run registered with any
+// other context derives from it directly. Contexts are compared as
+// interface values (every context of the standard library is a pointer).
+// Called with s.mu held.
 func (s *shard) parentFor(ctx context.Context) context.Context {
 	if ctx.Done() == nil {
 		return ctx // never cancelled: deriving from it registers nothing
 	}
 	if s.base == nil {
 		s.base = ctx
-		s.parent, s.stop = context.WithCancel(ctx)
+		s.parent = context.WithoutCancel(ctx)
+		s.stop = context.AfterFunc(ctx, s.endAll)
 	}
 	if s.base == ctx {
 		return s.parent
 	}
 	return ctx
+}
+
+// endAll ends the shard's live runs' contexts with the cause of its base,
+// which has ended.
+func (s *shard) endAll() {
+	cause := context.Cause(s.base)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.runs {
+		r.cancel(cause)
+	}
 }
 
 // New returns an empty registry whose clock starts now. onRelease, if not
@@ -172,6 +190,9 @@ func (g *Registry) Register(ctx context.Context, spec Spec) (*Run, error) {
 		Settings: spec.Settings, reg: g, start: start, slot: slot,
 	}
 	r.ctx, r.cancel = context.WithCancelCause(s.parentFor(ctx))
+	if ctx == s.base && ctx.Err() != nil {
+		r.cancel(context.Cause(ctx)) // the base ended: endAll may have run before r was added
+	}
 	s.runs[spec.RunID] = r
 	return r, nil
 }

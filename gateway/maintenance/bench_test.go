@@ -184,6 +184,11 @@ func BenchmarkAbortLatency(b *testing.B) {
 				b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms")
 			}
 		})
+		b.Run(fmt.Sprintf("timer-per-run/turns=%d", n), func(b *testing.B) {
+			for range b.N {
+				benchLatencyTimerPerRun(b, n)
+			}
+		})
 		b.Run(fmt.Sprintf("sweep-1s/turns=%d", n), func(b *testing.B) {
 			for range b.N {
 				lat := newLatencies(n)
@@ -207,40 +212,46 @@ func BenchmarkAbortLatency(b *testing.B) {
 	}
 }
 
-func benchLatencyScheduler(b *testing.B, n int) {
-	lat := newLatencies(n)
-	var reg *abort.Registry
-	var sched *Scheduler
-	runs := make([]*abort.Run, n)
-	done := make(chan struct{})
-	// The publish reads the clock first and finds its run by index, as the
-	// timer design's callback does (it is handed its turn): the moment of
-	// the publish is the abort's, and the benchmark's own look-up is not
-	// billed to it.
-	publish := func(ev event.Event) {
+// latencyPublish is the latency scenario's publish over the registry's
+// runs: it records each Aborted event's lateness and releases the run. It
+// reads the clock first and finds its run by index, as the timer design's
+// callback does (it is handed its turn): the moment of the publish is the
+// abort's, and the benchmark's own look-up is not billed to it.
+func latencyPublish(reg **abort.Registry, runs []*abort.Run, lat *latencies, done chan struct{}) func(event.Event) {
+	return func(ev event.Event) {
 		if ev.Kind != event.Aborted {
 			return
 		}
-		now := reg.Now()
+		now := (*reg).Now()
 		i, err := strconv.Atoi(ev.RunID)
 		if err != nil {
 			panic(err)
 		}
 		r := runs[i]
 		v := r.View()
-		if lat.add(now-(v.LivenessRef+v.Settings.StepTimeout), n) {
+		if lat.add(now-(v.LivenessRef+v.Settings.StepTimeout), len(runs)) {
 			close(done)
 		}
-		reg.Release(r)
+		(*reg).Release(r)
 	}
+}
+
+var latencySettings = timeout.Settings{Timeout: time.Hour, StepTimeout: stepWindow, ProgressRepeat: time.Minute, AbortGrace: time.Second}
+
+func benchLatencyScheduler(b *testing.B, n int) {
+	lat := newLatencies(n)
+	var reg *abort.Registry
+	var sched *Scheduler
+	runs := make([]*abort.Run, n)
+	done := make(chan struct{})
+	publish := latencyPublish(&reg, runs, lat, done)
 	reg = abort.New(func(r *abort.Run) { sched.Remove(r) })
 	sched = New(reg, publish, Observer{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go sched.Run(ctx)
-	st := timeout.Settings{Timeout: time.Hour, StepTimeout: stepWindow, ProgressRepeat: time.Minute, AbortGrace: time.Second}
 	registerAlive(n, func(i int) {
-		r, err := reg.Register(ctx, abort.Spec{RunID: strconv.Itoa(i), SessionKey: "s", Settings: st})
+		r, err := reg.Register(ctx, abort.Spec{RunID: strconv.Itoa(i), SessionKey: "s", Settings: latencySettings})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -257,6 +268,61 @@ func benchLatencyScheduler(b *testing.B, n int) {
 	lat.report(b, n)
 	b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms")
 	b.ReportMetric(float64(after.Rearms-before.Rearms)/float64(n), "lazy-rearms/turn")
+}
+
+// benchLatencyTimerPerRun is the timer design doing the product's abort:
+// the registry's runs, one runtime timer per run (Timer.Reset after each
+// step completion, on the completing goroutine), and a callback that makes
+// the scheduler's decision and abort (Decide, AbortDue, Publish through the
+// same publish). It tells the design apart from the abort's own work, which
+// the timer-per-turn baseline (a bare context cancel) does not do.
+func benchLatencyTimerPerRun(b *testing.B, n int) {
+	lat := newLatencies(n)
+	var reg *abort.Registry
+	runs := make([]*abort.Run, n)
+	timers := make([]*time.Timer, n)
+	done := make(chan struct{})
+	publish := latencyPublish(&reg, runs, lat, done)
+	reg = abort.New(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fire := func(i int) {
+		r := runs[i]
+		now := reg.Now()
+		d := Decide(now, r.View(), Policy{Enabled: true, AutoAbort: true})
+		switch d.Action {
+		case Abort:
+			if ev, ok := r.AbortDue(d.Reason); ok {
+				r.Publish(publish, ev)
+			}
+		case None:
+			if d.Next > 0 {
+				timers[i].Reset(d.Next - now)
+			}
+		}
+	}
+	complete := func(i int) {
+		runs[i].StepCompleted("tool", "web_search")
+		timers[i].Reset(stepWindow)
+	}
+	registerAlive(n, func(i int) {
+		r, err := reg.Register(ctx, abort.Spec{RunID: strconv.Itoa(i), SessionKey: "s", Settings: latencySettings})
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.StepStarted("tool", "web_search")
+		runs[i] = r
+		timers[i] = time.AfterFunc(stepWindow, func() { fire(i) })
+	}, complete)
+	cpu0 := cpuTime()
+	go driveSteps(n, silences(n), complete)
+	waitAborts(b, done, lat, n)
+	cpu := cpuTime() - cpu0
+	for _, t := range timers {
+		t.Stop()
+	}
+	lat.report(b, n)
+	b.ReportMetric(float64(cpu.Microseconds())/1000, "cpu-ms")
 }
 
 var farSettings = timeout.Settings{Timeout: time.Hour, StepTimeout: time.Hour, MaxTurnTime: 2 * time.Hour,
