@@ -181,7 +181,7 @@ func Join(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Replica, erro
 		return nil, fmt.Errorf("join the cluster as %q: %w", opts.ReplicaID, err)
 	}
 	r := &Replica{pool: pool, id: opts.ReplicaID, lease: opts.Lease, opts: opts, outbox: map[string]bool{},
-		log: opts.Logger.With("replica", opts.ReplicaID), fenced: make(chan struct{}), group: committer{pool: pool}}
+		log: opts.Logger.With("replica", opts.ReplicaID), fenced: make(chan struct{}), group: committer{pool: pool, pace: groupPace}}
 	for _, c := range opts.OutboxChannels {
 		r.outbox[c] = true
 	}
