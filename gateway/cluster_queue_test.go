@@ -285,7 +285,7 @@ type claimsSeen struct {
 }
 
 func (m *claimsSeen) Claim(ctx context.Context, c gateway.ClaimRequest) error {
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // real time: no — inside the synctest bubble: the claim's round trip on the fake clock
 	m.mu.Lock()
 	m.claims[c.RunID] = c
 	m.mu.Unlock()

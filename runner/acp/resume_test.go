@@ -167,7 +167,7 @@ func crashForgetting(g *sessionsRig, c *conv) {
 // idleStop lets idleSeconds pass: the session expires and the agent left
 // without one is stopped.
 func idleStop(g *sessionsRig, _ *conv) {
-	time.Sleep(1500 * time.Millisecond) // real time, as in TestIdle: idleSeconds of a real agent process must pass
+	time.Sleep(1500 * time.Millisecond) // real time: as in TestIdle, idleSeconds of a real agent process must pass
 	if !strings.Contains(g.logs.String(), "reason=idle") {
 		g.t.Fatalf("the idle agent was not stopped:\n%s", cutLog(g.logs.String()))
 	}
