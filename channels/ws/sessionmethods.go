@@ -83,6 +83,16 @@ func (p keyParams) canonical(method string) (string, *rpcError) {
 	return canonicalKey(method, k)
 }
 
+// requestKey decodes req's keyParams and returns their canonical session
+// key: the methods that name one existing or new session by key.
+func requestKey(req request) (string, *rpcError) {
+	var p keyParams
+	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
+		return "", rerr
+	}
+	return p.canonical(req.Method)
+}
+
 // describe returns the row of key, creating the session if it is new.
 func (s *Server) describe(ctx context.Context, key string) sessionRow {
 	id, _, _ := s.eng.History(ctx, key, 1) // the id only: it is known without the stored history
@@ -95,11 +105,7 @@ func (s *Server) describe(ctx context.Context, key string) sessionRow {
 }
 
 func sessionsDescribe(c *conn, req request) (any, *rpcError) {
-	var p keyParams
-	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
-		return nil, rerr
-	}
-	key, rerr := p.canonical(req.Method)
+	key, rerr := requestKey(req)
 	if rerr != nil {
 		return nil, rerr
 	}
@@ -110,11 +116,7 @@ func sessionsDescribe(c *conn, req request) (any, *rpcError) {
 // sessionsPatch accepts a patch but changes nothing: verbose and thinking
 // levels are fixed ("on", "off"); the answer shows the unchanged row.
 func sessionsPatch(c *conn, req request) (any, *rpcError) {
-	var p keyParams
-	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
-		return nil, rerr
-	}
-	key, rerr := p.canonical(req.Method)
+	key, rerr := requestKey(req)
 	if rerr != nil {
 		return nil, rerr
 	}
@@ -122,11 +124,7 @@ func sessionsPatch(c *conn, req request) (any, *rpcError) {
 }
 
 func sessionsReset(c *conn, req request) (any, *rpcError) {
-	var p keyParams
-	if rerr := decodeParams(req.Method, req.Params, &p); rerr != nil {
-		return nil, rerr
-	}
-	key, rerr := p.canonical(req.Method)
+	key, rerr := requestKey(req)
 	if rerr != nil {
 		return nil, rerr
 	}
